@@ -1,0 +1,38 @@
+"""jobtui: background jobs and cron schedules on one PostgreSQL table.
+
+import jobtui
+queue = jobtui.Queue("postgresql://localhost/app")
+queue.enqueue("email.send", {"user_id": 42}, key="welcome:42")
+"""
+
+from .backoff import BackoffPolicy
+from .domain import ClaimedJob, FailOutcome, Failure, JobRow, JobStatus, Lease, NewJob, Reaped
+from .errors import (
+    DatabaseUnavailable,
+    InvalidInput,
+    JobtuiError,
+    SchemaNotMigrated,
+    SchemaTooNew,
+    UnknownJob,
+)
+from .queue import AsyncQueue, Queue
+
+__all__ = [
+    "AsyncQueue",
+    "BackoffPolicy",
+    "ClaimedJob",
+    "DatabaseUnavailable",
+    "FailOutcome",
+    "Failure",
+    "InvalidInput",
+    "JobRow",
+    "JobStatus",
+    "JobtuiError",
+    "Lease",
+    "NewJob",
+    "Queue",
+    "Reaped",
+    "SchemaNotMigrated",
+    "SchemaTooNew",
+    "UnknownJob",
+]

@@ -1,0 +1,164 @@
+"""The `jobtui` command. User mistakes print one line on stderr and exit with 2."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
+
+from . import migrate as migrations
+from .db import connect, describe_dsn, embedded_dsn, resolve_dsn
+from .durations import parse_duration
+from .errors import InvalidInput, JobtuiError, UnknownJob
+from .explain import explain
+from .queue import Queue
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def default_actor() -> str:
+    """Who is acting, for the audit trail: the OS user at this host."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in this environment (some containers)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def database_dsn(args: argparse.Namespace) -> str:
+    """The DSN from --dsn / JOBTUI_DSN / DATABASE_URL, else the embedded server's."""
+    dsn = resolve_dsn(args.dsn)
+    if dsn is None:
+        dsn = embedded_dsn()
+        print(f"jobtui: no DSN given, using the embedded PostgreSQL ({describe_dsn(dsn)})", file=sys.stderr)
+    return dsn
+
+
+def open_queue(args: argparse.Namespace, *, check: bool = True) -> Queue:
+    queue = Queue(database_dsn(args), schema=args.schema)
+    if check:
+        queue.check_schema()
+    return queue
+
+
+def parse_payload(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(
+            f"--payload is not valid JSON ({exc.msg} at character {exc.pos}); e.g. '{{\"id\": 1}}'"
+        ) from None
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    dsn = database_dsn(args)
+    with connect(dsn, autocommit=True) as conn:
+        applied = migrations.migrate(conn, args.schema)
+    if applied:
+        for m in applied:
+            print(f"applied {m.version:04d}_{m.name}")
+    print(f"schema {args.schema!r} is at version {migrations.code_version()}")
+    return 0
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    payload = parse_payload(args.payload)
+    delay = parse_duration(args.delay)
+    with open_queue(args) as queue:
+        job_id = queue.enqueue(args.type, payload, key=args.key, delay=delay, max_attempts=args.max_attempts)
+    print(job_id)
+    return 0
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    with open_queue(args) as queue:
+        job = queue.get(args.id)
+    if job is None:
+        raise UnknownJob(f"no job with id {args.id} in schema {args.schema!r}; list jobs with `jobtui stats`")
+    if args.json:
+        print(json.dumps(_job_json(job), default=str, indent=2))
+    else:
+        print("\n".join(explain(job)))
+    return 0
+
+
+def _job_json(job: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    data = asdict(job)
+    data["status"] = job.status.value
+    return data
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def job_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a job id (a whole number)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a job id (ids start at 1)")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jobtui", description="PostgreSQL job queue and operator console")
+    parser.add_argument("--dsn", help="PostgreSQL DSN (default: JOBTUI_DSN, DATABASE_URL, else embedded server)")
+    parser.add_argument("--schema", default="jobtui", help="schema holding jobtui's tables (default: jobtui)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("migrate", help="create or upgrade the schema")
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("enqueue", help="add a job")
+    p.add_argument("type", help="job type, e.g. email.send")
+    p.add_argument("--payload", default="{}", help="JSON payload (default {})")
+    p.add_argument("--key", help="idempotency key: a second enqueue with it returns the first job")
+    p.add_argument("--delay", default="0", help="run after this long, e.g. 30s, 5m")
+    p.add_argument("--max-attempts", type=positive_int, default=25)
+    p.set_defaults(func=cmd_enqueue)
+
+    p = sub.add_parser("job", help="explain one job from its row")
+    p.add_argument("id", type=job_id)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_job)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Command | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 0
+    try:
+        return func(args)
+    except JobtuiError as exc:
+        print(f"jobtui: error: {exc}", file=sys.stderr)
+        return 2
+    except psycopg.Error as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"jobtui: database error: {first}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

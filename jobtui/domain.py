@@ -1,0 +1,130 @@
+"""States and plain records of the queue. Standard library only."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+DEFAULT_SCHEMA = "jobtui"
+DEFAULT_MAX_ATTEMPTS = 25
+DEFAULT_LEASE_SECONDS = 30.0
+MAX_PAYLOAD_BYTES = 1_000_000
+
+
+class JobStatus(enum.StrEnum):
+    """Where a job is in its life; see the transitions in the README."""
+
+    READY = "ready"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """What a worker must show to write a job's outcome: the id and the claim's token."""
+
+    job_id: int
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job a worker holds: what it needs to run it and to write its outcome."""
+
+    id: int
+    type: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    lease_token: int
+    locked_until: datetime
+    created_at: datetime
+    run_at: datetime
+
+    @property
+    def lease(self) -> Lease:
+        return Lease(self.id, self.lease_token)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A counted failure to record: retried after `delay` seconds unless attempts are spent."""
+
+    lease: Lease
+    error: str
+    delay: float
+
+
+@dataclass(frozen=True, slots=True)
+class FailOutcome:
+    """Where a failed job went: back to `ready`, or `dead` when it had no attempts left."""
+
+    job_id: int
+    status: JobStatus
+    type: str
+    attempt: int
+    max_attempts: int
+    worker: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Reaped:
+    """A job whose lease expired, and where the reaper sent it."""
+
+    job_id: int
+    type: str
+    worker: str | None
+    attempt: int
+    status: JobStatus
+    expired_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """One job for `enqueue_many`."""
+
+    type: str
+    payload: Any = None
+    key: str | None = None
+    delay: float = 0.0
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorEntry:
+    """One entry of a job's history: an error, an expired lease or an operator's action."""
+
+    at: str
+    attempt: int
+    worker: str | None
+    kind: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """A whole job row, as `jobtui job ID` and the console explain it."""
+
+    id: int
+    type: str
+    payload: Any
+    idempotency_key: str | None
+    status: JobStatus
+    run_at: datetime
+    attempts: int
+    max_attempts: int
+    locked_by: str | None
+    locked_until: datetime | None
+    lease_token: int
+    heartbeat_at: datetime | None
+    last_error: str | None
+    errors: list[ErrorEntry] = field(default_factory=list)
+    lease_expirations: int = 0
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    db_now: datetime | None = None

@@ -1,0 +1,99 @@
+"""A job row told in words, for `jobtui job ID` and the console's detail screen. Pure."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+
+from .domain import JobRow, JobStatus
+
+
+def human_delta(delta: timedelta) -> str:
+    """`delta` as a short duration: 45s, 3m12s, 2h05m, 4d03h.
+
+    >>> human_delta(timedelta(seconds=192))
+    '3m12s'
+    """
+    seconds = int(abs(delta.total_seconds()))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+
+
+def _when(moment: datetime | None, now: datetime) -> str:
+    if moment is None:
+        return "-"
+    delta = moment - now
+    word = "in " + human_delta(delta) if delta.total_seconds() > 0 else human_delta(delta) + " ago"
+    return f"{moment.isoformat(timespec='seconds')} ({word})"
+
+
+def state_sentence(job: JobRow, now: datetime) -> str:
+    """One sentence saying what the job is doing and what happens next."""
+    attempts = f"attempt {job.attempts} of {job.max_attempts}"
+    match job.status:
+        case JobStatus.READY:
+            if job.run_at > now:
+                return (
+                    f"Waiting: will run {_when(job.run_at, now)}; {job.attempts} of {job.max_attempts} attempts used."
+                )
+            return (
+                f"Ready: waiting for a worker since {_when(job.run_at, now)}; "
+                f"{job.attempts} of {job.max_attempts} attempts used."
+            )
+        case JobStatus.RUNNING:
+            assert job.locked_until is not None
+            if job.locked_until < now:
+                return (
+                    f"Running ({attempts}) on {job.locked_by}, but its lease expired {_when(job.locked_until, now)}: "
+                    "the worker is probably gone and the reaper will return the job."
+                )
+            return f"Running ({attempts}) on {job.locked_by}, lease held until {_when(job.locked_until, now)}."
+        case JobStatus.DONE:
+            return f"Done {_when(job.finished_at, now)} after {job.attempts} attempt(s), last run by {job.locked_by}."
+        case JobStatus.FAILED:
+            return f"Failed for good {_when(job.finished_at, now)} ({attempts}): {first_line(job.last_error)}"
+        case JobStatus.DEAD:
+            return (
+                f"Dead {_when(job.finished_at, now)}: all {job.max_attempts} attempts failed; requeue it to try again."
+            )
+    raise AssertionError(job.status)
+
+
+def first_line(text: str | None) -> str:
+    if not text:
+        return "-"
+    return text.strip().splitlines()[0] if text.strip() else "-"
+
+
+def explain(job: JobRow, now: datetime | None = None) -> list[str]:
+    """The job as lines of text: state, facts, error history, payload."""
+    now = now or job.db_now or datetime.now().astimezone()
+    lines = [
+        f"Job {job.id} ({job.type}): {job.status.value}",
+        state_sentence(job, now),
+        "",
+        f"  attempts      {job.attempts} of {job.max_attempts}",
+        f"  created       {_when(job.created_at, now)}",
+        f"  run at        {_when(job.run_at, now)}",
+        f"  started       {_when(job.started_at, now)}",
+        f"  finished      {_when(job.finished_at, now)}",
+        f"  worker        {job.locked_by or '-'}",
+        f"  lease until   {_when(job.locked_until, now)}",
+        f"  heartbeat     {_when(job.heartbeat_at, now)}",
+        f"  lease token   {job.lease_token}",
+        f"  key           {job.idempotency_key or '-'}",
+        f"  expired leases {job.lease_expirations}",
+        f"  last error    {first_line(job.last_error)}",
+    ]
+    if job.errors:
+        lines += ["", f"History ({len(job.errors)}):"]
+        for entry in job.errors:
+            lines.append(f"  {entry.at}  attempt {entry.attempt}  {entry.kind:<13} {entry.worker or '-'}")
+            lines.append(f"      {first_line(entry.error)}")
+    lines += ["", "Payload:", json.dumps(job.payload, indent=2, ensure_ascii=False, sort_keys=True)]
+    return lines

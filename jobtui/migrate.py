@@ -1,0 +1,120 @@
+"""Forward-only migrations, applied under an advisory lock so many processes may race."""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from .db import check_schema_name, migrations_dir
+from .domain import DEFAULT_SCHEMA
+from .errors import SchemaNotMigrated, SchemaTooNew
+
+_FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    path: Path
+
+    def text(self, schema: str) -> str:
+        # Only the schema identifier is substituted, always quoted; nothing else is templated.
+        quoted = '"' + check_schema_name(schema) + '"'
+        return self.path.read_text(encoding="utf-8").replace("{schema}", quoted)
+
+
+def available(directory: Path | None = None) -> list[Migration]:
+    """The migrations this code ships, in version order."""
+    found = []
+    for path in sorted((directory or migrations_dir()).iterdir()):
+        match = _FILE.match(path.name)
+        if match:
+            found.append(Migration(int(match.group(1)), match.group(2), path))
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"migrations must be numbered 1..n without gaps, found {versions}")
+    return found
+
+
+def code_version() -> int:
+    """The schema version this code expects."""
+    return len(available())
+
+
+def _lock_key(schema: str) -> int:
+    # A stable 32-bit key per schema, in the namespace of the jobtui lock class.
+    return zlib.crc32(f"jobtui.migrate.{schema}".encode())
+
+
+def applied_version(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> int | None:
+    """The newest applied version, or None when the schema has no migration table."""
+    exists = conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL", (f'"{check_schema_name(schema)}".migration',)
+    ).fetchone()
+    if not exists or not exists[0]:
+        return None
+    row = conn.execute(
+        sql.SQL("SELECT coalesce(max(version), 0) FROM {}.migration").format(sql.Identifier(schema))
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def check(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> int:
+    """Raise SchemaNotMigrated unless the schema is at least at this code's version."""
+    version = applied_version(conn, schema)
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+        conn.rollback()
+    expected = code_version()
+    if version is None or version < expected:
+        found = "missing" if version is None else f"at version {version}"
+        raise SchemaNotMigrated(
+            f"schema {schema!r} is {found}, this jobtui needs version {expected}: run `jobtui migrate`"
+        )
+    return version
+
+
+def migrate(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> list[Migration]:
+    """Apply every missing migration to `schema`; return the ones applied.
+
+    Safe to run from several processes at once: they queue on an advisory lock and the
+    later ones find nothing left to do. Refuses a schema newer than this code.
+    """
+    check_schema_name(schema)
+    ident = sql.Identifier(schema)
+    conn.autocommit = True
+    conn.execute("SELECT pg_advisory_lock(%s)", (_lock_key(schema),))
+    try:
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {}.migration ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            ).format(ident)
+        )
+        current = applied_version(conn, schema) or 0
+        known = available()
+        if current > len(known):
+            raise SchemaTooNew(
+                f"schema {schema!r} is at version {current} but this jobtui knows only "
+                f"{len(known)}: upgrade jobtui instead of migrating"
+            )
+        done = []
+        for migration in known[current:]:
+            with conn.transaction():
+                conn.execute(migration.text(schema).encode())
+                conn.execute(
+                    sql.SQL("INSERT INTO {}.migration (version, name) VALUES (%s, %s)").format(ident),
+                    (migration.version, migration.name),
+                )
+            done.append(migration)
+        return done
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(schema),))

@@ -1,0 +1,636 @@
+"""The queue's operations: enqueue, claim, heartbeat, complete, fail, release, reap, and the
+operator's requeue, kill-lease and cancel.
+
+Each operation is built once as a `Call` (statement name, parameters, decoder) and run by
+the sync `Queue` or the async `AsyncQueue`, or by a worker on its own connection.
+
+    queue = Queue("postgresql://localhost/app")
+    job_id = queue.enqueue("email.send", {"user_id": 42}, key="welcome:42")
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import psycopg
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+
+from . import migrate
+from .db import connect, resolve_dsn, statements, unavailable
+from .domain import (
+    DEFAULT_LEASE_SECONDS,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_SCHEMA,
+    MAX_PAYLOAD_BYTES,
+    ClaimedJob,
+    ErrorEntry,
+    FailOutcome,
+    Failure,
+    JobRow,
+    JobStatus,
+    Lease,
+    NewJob,
+    Reaped,
+)
+from .errors import InvalidInput
+
+T = TypeVar("T")
+Rows = list[TupleRow]
+
+# Error texts are kept whole up to this size; longer ones (huge tracebacks) are cut.
+MAX_ERROR_CHARS = 8000
+MAX_TYPE_CHARS = 200
+MAX_KEY_CHARS = 1000
+COPY_THRESHOLD = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One statement to run and how to read its rows."""
+
+    name: str
+    params: dict[str, Any]
+    decode: Callable[[Rows], T]
+
+
+# -- validation ---------------------------------------------------------------------------
+
+
+def encode_payload(payload: Any) -> str:
+    """The payload as JSON text, or InvalidInput saying why it cannot be stored."""
+    try:
+        text = json.dumps({} if payload is None else payload, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"payload is not JSON-serialisable ({exc}); pass dicts, lists, str, numbers") from None
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidInput("payload holds text that is not valid UTF-8; clean it before enqueueing") from None
+    if "\\u0000" in text or "\x00" in text:
+        raise InvalidInput("payload holds a NUL character, which PostgreSQL cannot store in jsonb")
+    if size > MAX_PAYLOAD_BYTES:
+        raise InvalidInput(
+            f"payload is {size} bytes, over the {MAX_PAYLOAD_BYTES} limit; "
+            "store the data elsewhere and pass a reference"
+        )
+    return text
+
+
+def check_type(job_type: str) -> str:
+    if not isinstance(job_type, str) or not job_type.strip() or len(job_type) > MAX_TYPE_CHARS:
+        raise InvalidInput(f"bad job type {job_type!r}: give a non-empty name of at most {MAX_TYPE_CHARS} characters")
+    if "\x00" in job_type:
+        raise InvalidInput("bad job type: it holds a NUL character")
+    return job_type
+
+
+def check_key(key: str | None) -> str | None:
+    if key is None:
+        return None
+    if not key or len(key) > MAX_KEY_CHARS or "\x00" in key:
+        raise InvalidInput(f"bad idempotency key {key[:40]!r}: give 1 to {MAX_KEY_CHARS} characters, no NUL")
+    return key
+
+
+def check_delay(delay: float) -> float:
+    if not isinstance(delay, (int, float)) or not math.isfinite(delay) or delay < 0 or delay > 10 * 365 * 86400:
+        raise InvalidInput(f"bad delay {delay!r}: give seconds between 0 and 10 years")
+    return float(delay)
+
+
+def check_max_attempts(max_attempts: int) -> int:
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 1000:
+        raise InvalidInput(f"bad max attempts {max_attempts!r}: give a whole number from 1 to 1000")
+    return max_attempts
+
+
+def clip_error(error: str) -> str:
+    """An error text that fits the row: NULs removed, long texts cut in the middle."""
+    error = error.replace("\x00", "")
+    if len(error) <= MAX_ERROR_CHARS:
+        return error
+    half = MAX_ERROR_CHARS // 2
+    return f"{error[:half]}\n... [{len(error) - MAX_ERROR_CHARS} characters cut] ...\n{error[-half:]}"
+
+
+# -- calls --------------------------------------------------------------------------------
+
+
+def _first_id(rows: Rows) -> int | None:
+    return int(rows[0][0]) if rows else None
+
+
+def _ids(rows: Rows) -> set[int]:
+    return {int(r[0]) for r in rows}
+
+
+def _id_list(rows: Rows) -> list[int]:
+    return [int(r[0]) for r in rows]
+
+
+def _leases(leases: Sequence[Lease]) -> dict[str, Any]:
+    return {"ids": [lease.job_id for lease in leases], "tokens": [lease.token for lease in leases]}
+
+
+def enqueue_call(
+    job_type: str,
+    payload: Any = None,
+    *,
+    key: str | None = None,
+    delay: float = 0.0,
+    run_at: Any = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+) -> Call[int | None]:
+    params = {
+        "type": check_type(job_type),
+        "payload": encode_payload(payload),
+        "key": check_key(key),
+        "delay": check_delay(delay),
+        "run_at": run_at,
+        "max_attempts": check_max_attempts(max_attempts),
+    }
+    return Call("enqueue", params, _first_id)
+
+
+def enqueue_many_params(jobs: Sequence[NewJob]) -> dict[str, Any]:
+    return {
+        "types": [check_type(j.type) for j in jobs],
+        "payloads": [encode_payload(j.payload) for j in jobs],
+        "keys": [check_key(j.key) for j in jobs],
+        "delays": [check_delay(j.delay) for j in jobs],
+        "max_attempts": [check_max_attempts(j.max_attempts) for j in jobs],
+    }
+
+
+def _claimed(rows: Rows) -> list[ClaimedJob]:
+    return [
+        ClaimedJob(
+            id=r[0],
+            type=r[1],
+            payload=r[2],
+            attempt=r[3],
+            max_attempts=r[4],
+            lease_token=r[5],
+            locked_until=r[6],
+            created_at=r[7],
+            run_at=r[8],
+        )
+        for r in rows
+    ]
+
+
+def claim_call(
+    types: Sequence[str], *, worker: str, limit: int, lease: float = DEFAULT_LEASE_SECONDS
+) -> Call[list[ClaimedJob]]:
+    if limit < 1:
+        raise InvalidInput(f"claim limit must be at least 1, got {limit}")
+    params = {"types": list(types), "worker": worker, "limit": limit, "lease": float(lease)}
+    return Call("claim", params, _claimed)
+
+
+def heartbeat_call(leases: Sequence[Lease], lease: float = DEFAULT_LEASE_SECONDS) -> Call[set[int]]:
+    return Call("heartbeat", {**_leases(leases), "lease": float(lease)}, _ids)
+
+
+def complete_call(leases: Sequence[Lease]) -> Call[set[int]]:
+    return Call("complete", _leases(leases), _ids)
+
+
+def _fail_outcomes(rows: Rows) -> list[FailOutcome]:
+    return [FailOutcome(r[0], JobStatus(r[1]), r[2], r[3], r[4], r[5]) for r in rows]
+
+
+def fail_call(failures: Sequence[Failure]) -> Call[list[FailOutcome]]:
+    params = {
+        **_leases([f.lease for f in failures]),
+        "delays": [check_delay(f.delay) for f in failures],
+        "errors": [clip_error(f.error) for f in failures],
+    }
+    return Call("fail", params, _fail_outcomes)
+
+
+def fail_permanently_call(leases: Sequence[Lease], errors: Sequence[str]) -> Call[set[int]]:
+    params = {**_leases(leases), "errors": [clip_error(e) for e in errors]}
+    return Call("fail_permanently", params, _ids)
+
+
+def release_call(leases: Sequence[Lease], delays: Sequence[float] | None = None) -> Call[set[int]]:
+    params = {**_leases(leases), "delays": [check_delay(d) for d in (delays or [0.0] * len(leases))]}
+    return Call("release", params, _ids)
+
+
+def _reaped(rows: Rows) -> list[Reaped]:
+    return [Reaped(r[0], r[1], r[2], r[3], JobStatus(r[4]), r[5]) for r in rows]
+
+
+def reap_call(limit: int = 1000) -> Call[list[Reaped]]:
+    return Call("reap", {"limit": limit}, _reaped)
+
+
+def requeue_call(ids: Sequence[int], actor: str) -> Call[list[int]]:
+    return Call("requeue_by_id", {"ids": list(ids), "actor": actor}, _id_list)
+
+
+def _matching(job_type: str | None, error: str | None) -> dict[str, Any]:
+    return {"type": job_type, "error": error}
+
+
+def requeue_matching_count_call(job_type: str | None, error: str | None) -> Call[int]:
+    return Call("requeue_matching_count", _matching(job_type, error), lambda rows: int(rows[0][0]))
+
+
+def requeue_matching_call(job_type: str | None, error: str | None, actor: str) -> Call[list[int]]:
+    return Call("requeue_matching", {**_matching(job_type, error), "actor": actor}, _id_list)
+
+
+def kill_lease_call(ids: Sequence[int], actor: str) -> Call[list[int]]:
+    return Call("kill_lease", {"ids": list(ids), "actor": actor}, _id_list)
+
+
+def cancel_call(ids: Sequence[int], actor: str) -> Call[list[int]]:
+    return Call("cancel", {"ids": list(ids), "actor": actor}, _id_list)
+
+
+def _job_row(rows: Rows) -> JobRow | None:
+    if not rows:
+        return None
+    r = rows[0]
+    errors = [
+        ErrorEntry(
+            at=str(e.get("at", "")),
+            attempt=int(e.get("attempt") or 0),
+            worker=e.get("worker"),
+            kind=str(e.get("kind", "error")),
+            error=str(e.get("error", "")),
+        )
+        for e in (r[13] or [])
+    ]
+    return JobRow(
+        id=r[0],
+        type=r[1],
+        payload=r[2],
+        idempotency_key=r[3],
+        status=JobStatus(r[4]),
+        run_at=r[5],
+        attempts=r[6],
+        max_attempts=r[7],
+        locked_by=r[8],
+        locked_until=r[9],
+        lease_token=r[10],
+        heartbeat_at=r[11],
+        last_error=r[12],
+        errors=errors,
+        lease_expirations=r[14],
+        created_at=r[15],
+        started_at=r[16],
+        finished_at=r[17],
+        db_now=r[18],
+    )
+
+
+def get_job_call(job_id: int) -> Call[JobRow | None]:
+    return Call("get_job", {"id": job_id}, _job_row)
+
+
+def job_statuses_call(ids: Sequence[int]) -> Call[dict[int, JobStatus]]:
+    return Call("job_statuses", {"ids": list(ids)}, lambda rows: {int(r[0]): JobStatus(r[1]) for r in rows})
+
+
+# -- running calls ------------------------------------------------------------------------
+
+
+def run(conn: psycopg.Connection[Any], call: Call[T], schema: str = DEFAULT_SCHEMA) -> T:
+    """Run `call` on `conn` inside whatever transaction the connection is in."""
+    with conn.cursor() as cur:
+        cur.execute(statements(schema)[call.name], call.params)
+        return call.decode(cur.fetchall() if cur.description else [])
+
+
+async def arun(conn: psycopg.AsyncConnection[Any], call: Call[T], schema: str = DEFAULT_SCHEMA) -> T:
+    """Async counterpart of `run`."""
+    async with conn.cursor() as cur:
+        await cur.execute(statements(schema)[call.name], call.params)
+        return call.decode(await cur.fetchall() if cur.description else [])
+
+
+def _copy_rows(ids: Sequence[int], jobs: Sequence[NewJob], params: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
+    return zip(ids, params["types"], params["payloads"], params["max_attempts"], strict=True)
+
+
+def _can_copy(jobs: Sequence[NewJob]) -> bool:
+    # COPY cannot skip duplicate keys or add a delay to the database's clock.
+    return len(jobs) >= COPY_THRESHOLD and all(j.key is None and j.delay == 0 for j in jobs)
+
+
+def _merge_existing(jobs: Sequence[NewJob], inserted: Rows, existing: Rows) -> list[int]:
+    """Ids in input order: new rows by position, duplicates by their existing key."""
+    by_key = {key: int(i) for i, key in existing}
+    by_key.update({key: int(i) for i, key in inserted if key is not None})
+    new_ids = iter(int(i) for i, key in inserted if key is None)
+    result = []
+    for job in jobs:
+        result.append(by_key[job.key] if job.key is not None else next(new_ids))
+    return result
+
+
+def enqueue_many(conn: psycopg.Connection[Any], jobs: Sequence[NewJob], schema: str = DEFAULT_SCHEMA) -> list[int]:
+    """Insert `jobs` on `conn` (in its transaction); return their ids in input order.
+
+    A job whose key already exists is not inserted; its existing id is returned.
+    """
+    if not jobs:
+        return []
+    params = enqueue_many_params(jobs)
+    stmts = statements(schema)
+    with conn.cursor() as cur:
+        if _can_copy(jobs):
+            cur.execute(stmts["reserve_ids"], {"table": f'"{schema}".job', "n": len(jobs)})
+            ids = [int(r[0]) for r in cur.fetchall()]
+            with cur.copy(stmts["copy_jobs"]) as copy:
+                for row in _copy_rows(ids, jobs, params):
+                    copy.write_row(row)
+            return ids
+        cur.execute(stmts["enqueue_many"], params)
+        inserted = cur.fetchall()
+        existing: Rows = []
+        if len(inserted) < len(jobs):
+            missing = list({j.key for j in jobs if j.key is not None} - {k for _, k in inserted})
+            cur.execute(stmts["enqueue_existing_many"], {"keys": missing})
+            existing = cur.fetchall()
+    return _merge_existing(jobs, inserted, existing)
+
+
+async def aenqueue_many(
+    conn: psycopg.AsyncConnection[Any], jobs: Sequence[NewJob], schema: str = DEFAULT_SCHEMA
+) -> list[int]:
+    """Async counterpart of `enqueue_many`."""
+    if not jobs:
+        return []
+    params = enqueue_many_params(jobs)
+    stmts = statements(schema)
+    async with conn.cursor() as cur:
+        if _can_copy(jobs):
+            await cur.execute(stmts["reserve_ids"], {"table": f'"{schema}".job', "n": len(jobs)})
+            ids = [int(r[0]) for r in await cur.fetchall()]
+            async with cur.copy(stmts["copy_jobs"]) as copy:
+                for row in _copy_rows(ids, jobs, params):
+                    await copy.write_row(row)
+            return ids
+        await cur.execute(stmts["enqueue_many"], params)
+        inserted = await cur.fetchall()
+        existing: Rows = []
+        if len(inserted) < len(jobs):
+            missing = list({j.key for j in jobs if j.key is not None} - {k for _, k in inserted})
+            await cur.execute(stmts["enqueue_existing_many"], {"keys": missing})
+            existing = await cur.fetchall()
+    return _merge_existing(jobs, inserted, existing)
+
+
+def enqueue(conn: psycopg.Connection[Any], call: Call[int | None], schema: str = DEFAULT_SCHEMA) -> int:
+    """Run an enqueue call; with a key that exists already, the existing job's id."""
+    job_id = run(conn, call, schema)
+    if job_id is None:
+        job_id = run(conn, Call("enqueue_existing", {"key": call.params["key"]}, _first_id), schema)
+    if job_id is None:
+        # The job holding the key was deleted between the two statements: insert again.
+        return enqueue(conn, call, schema)
+    return job_id
+
+
+async def aenqueue(conn: psycopg.AsyncConnection[Any], call: Call[int | None], schema: str = DEFAULT_SCHEMA) -> int:
+    """Async counterpart of `enqueue`."""
+    job_id = await arun(conn, call, schema)
+    if job_id is None:
+        job_id = await arun(conn, Call("enqueue_existing", {"key": call.params["key"]}, _first_id), schema)
+    if job_id is None:
+        return await aenqueue(conn, call, schema)
+    return job_id
+
+
+# -- clients ------------------------------------------------------------------------------
+
+
+class Queue:
+    """The sync client: enqueue from application code, operate the queue from scripts.
+
+    queue = jobtui.Queue(dsn)
+    queue.enqueue("email.send", {"user_id": 42}, key="welcome:42")
+    with psycopg.connect(dsn) as conn:      # the job commits with this transaction
+        queue.enqueue("email.send", {"user_id": 43}, conn=conn)
+    """
+
+    def __init__(self, dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, max_connections: int = 4) -> None:
+        resolved = resolve_dsn(dsn)
+        if resolved is None:
+            raise InvalidInput("no database given: pass a DSN or set JOBTUI_DSN")
+        self.dsn = resolved
+        self.schema = statements(schema).schema
+        self._max_connections = max_connections
+        self._pool: ConnectionPool[Any] | None = None
+
+    def _get_pool(self) -> ConnectionPool[Any]:
+        if self._pool is None:
+            self._pool = ConnectionPool(
+                self.dsn,
+                min_size=1,
+                max_size=self._max_connections,
+                open=False,
+                kwargs={"connect_timeout": 10},
+            )
+            self._pool.open(wait=False)
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _with_conn(self, conn: psycopg.Connection[Any] | None, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        if conn is not None:
+            return fn(conn)
+        try:
+            with self._get_pool().connection(timeout=15) as pooled:
+                return fn(pooled)
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise unavailable(self.dsn, exc) from None
+
+    def run(self, call: Call[T], conn: psycopg.Connection[Any] | None = None) -> T:
+        """Run any `Call` (in `conn`'s transaction when given, else in its own)."""
+        return self._with_conn(conn, lambda c: run(c, call, self.schema))
+
+    def check_schema(self) -> int:
+        """Raise SchemaNotMigrated unless `jobtui migrate` has been run for this code."""
+        with connect(self.dsn) as conn:
+            return migrate.check(conn, self.schema)
+
+    def enqueue(
+        self,
+        job_type: str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+        delay: float = 0.0,
+        run_at: Any = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> int:
+        """Insert one job and return its id; a key that exists returns the existing job's id."""
+        call = enqueue_call(job_type, payload, key=key, delay=delay, run_at=run_at, max_attempts=max_attempts)
+        return self._with_conn(conn, lambda c: enqueue(c, call, self.schema))
+
+    def enqueue_many(self, jobs: Iterable[NewJob], *, conn: psycopg.Connection[Any] | None = None) -> list[int]:
+        """Insert many jobs in one statement (COPY for large batches); ids in input order."""
+        batch = list(jobs)
+        return self._with_conn(conn, lambda c: enqueue_many(c, batch, self.schema))
+
+    def claim(
+        self, types: Sequence[str], *, worker: str, limit: int = 1, lease: float = DEFAULT_LEASE_SECONDS
+    ) -> list[ClaimedJob]:
+        return self.run(claim_call(types, worker=worker, limit=limit, lease=lease))
+
+    def heartbeat(self, leases: Sequence[Lease], lease: float = DEFAULT_LEASE_SECONDS) -> set[int]:
+        """Extend leases; returns the ids still held (the others were lost)."""
+        return self.run(heartbeat_call(leases, lease))
+
+    def complete(self, leases: Sequence[Lease]) -> set[int]:
+        """Mark jobs done; returns the ids written (a missing id lost its lease)."""
+        return self.run(complete_call(leases))
+
+    def fail(self, failures: Sequence[Failure]) -> list[FailOutcome]:
+        """Record counted failures; jobs out of attempts go dead. Lost leases are left out."""
+        return self.run(fail_call(failures))
+
+    def fail_permanently(self, leases: Sequence[Lease], errors: Sequence[str]) -> set[int]:
+        return self.run(fail_permanently_call(leases, errors))
+
+    def release(self, leases: Sequence[Lease], delays: Sequence[float] | None = None) -> set[int]:
+        """Return jobs to ready without counting the attempt."""
+        return self.run(release_call(leases, delays))
+
+    def reap(self, limit: int = 1000) -> list[Reaped]:
+        """Return expired leases to ready (or dead when attempts are spent)."""
+        return self.run(reap_call(limit))
+
+    def get(self, job_id: int) -> JobRow | None:
+        return self.run(get_job_call(job_id))
+
+    def requeue(self, ids: Sequence[int], *, actor: str) -> list[int]:
+        """Move dead or failed jobs back to ready; returns the ids moved."""
+        return self._notify_after(requeue_call(ids, actor))
+
+    def requeue_matching(self, *, job_type: str | None = None, error: str | None = None, actor: str) -> list[int]:
+        """Requeue every dead or failed job of `job_type` whose last error matches `error`."""
+        return self._notify_after(requeue_matching_call(job_type, error, actor))
+
+    def count_requeueable(self, *, job_type: str | None = None, error: str | None = None) -> int:
+        return self.run(requeue_matching_count_call(job_type, error))
+
+    def kill_lease(self, ids: Sequence[int], *, actor: str) -> list[int]:
+        """Return running jobs to ready now; their workers' late outcomes are rejected."""
+        return self._notify_after(kill_lease_call(ids, actor))
+
+    def cancel(self, ids: Sequence[int], *, actor: str) -> list[int]:
+        """Mark ready or running jobs failed."""
+        return self.run(cancel_call(ids, actor))
+
+    def _notify_after(self, call: Call[list[int]]) -> list[int]:
+        def both(conn: psycopg.Connection[Any]) -> list[int]:
+            ids = run(conn, call, self.schema)
+            if ids:
+                run(
+                    conn,
+                    Call("notify_ready", {"channel": statements(self.schema).channel}, lambda r: None),
+                    self.schema,
+                )
+            return ids
+
+        return self._with_conn(None, both)
+
+
+class AsyncQueue:
+    """The asyncio client for enqueueing from async applications.
+
+    queue = jobtui.AsyncQueue(dsn)
+    await queue.enqueue("email.send", {"user_id": 42})
+    """
+
+    def __init__(self, dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, max_connections: int = 4) -> None:
+        resolved = resolve_dsn(dsn)
+        if resolved is None:
+            raise InvalidInput("no database given: pass a DSN or set JOBTUI_DSN")
+        self.dsn = resolved
+        self.schema = statements(schema).schema
+        self._max_connections = max_connections
+        self._pool: AsyncConnectionPool[Any] | None = None
+
+    async def _get_pool(self) -> AsyncConnectionPool[Any]:
+        if self._pool is None:
+            self._pool = AsyncConnectionPool(
+                self.dsn,
+                min_size=1,
+                max_size=self._max_connections,
+                open=False,
+                kwargs={"connect_timeout": 10},
+            )
+            await self._pool.open(wait=False)
+        return self._pool
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def __aenter__(self) -> AsyncQueue:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def run(self, call: Call[T], conn: psycopg.AsyncConnection[Any] | None = None) -> T:
+        """Run any `Call` (in `conn`'s transaction when given, else in its own)."""
+        if conn is not None:
+            return await arun(conn, call, self.schema)
+        try:
+            async with (await self._get_pool()).connection(timeout=15) as pooled:
+                return await arun(pooled, call, self.schema)
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise unavailable(self.dsn, exc) from None
+
+    async def enqueue(
+        self,
+        job_type: str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+        delay: float = 0.0,
+        run_at: Any = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> int:
+        """Insert one job and return its id; a key that exists returns the existing job's id."""
+        call = enqueue_call(job_type, payload, key=key, delay=delay, run_at=run_at, max_attempts=max_attempts)
+        if conn is not None:
+            return await aenqueue(conn, call, self.schema)
+        async with (await self._get_pool()).connection(timeout=15) as pooled:
+            return await aenqueue(pooled, call, self.schema)
+
+    async def enqueue_many(
+        self, jobs: Iterable[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None
+    ) -> list[int]:
+        """Insert many jobs in one statement (COPY for large batches); ids in input order."""
+        batch = list(jobs)
+        if conn is not None:
+            return await aenqueue_many(conn, batch, self.schema)
+        async with (await self._get_pool()).connection(timeout=15) as pooled:
+            return await aenqueue_many(pooled, batch, self.schema)
