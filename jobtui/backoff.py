@@ -50,4 +50,4 @@ def delay(attempt: int, policy: BackoffPolicy = DEFAULT_POLICY, rng: random.Rand
     if policy.jitter:
         spread = (rng or random).uniform(-policy.jitter, policy.jitter)
         raw *= 1 + spread
-    return min(raw, policy.cap)
+    return float(min(raw, policy.cap))
