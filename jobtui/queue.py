@@ -634,3 +634,17 @@ class AsyncQueue:
             return await aenqueue_many(conn, batch, self.schema)
         async with (await self._get_pool()).connection(timeout=15) as pooled:
             return await aenqueue_many(pooled, batch, self.schema)
+
+
+# -- effects (the handlers' idempotency helper) --------------------------------------------
+
+
+def record_effect_call(key: str, job_id: int | None) -> Call[bool]:
+    """Record effect `key` as done; True when this call recorded it, False when it was done."""
+    if not key or "\x00" in key:
+        raise InvalidInput("an effect key must be a non-empty string without NUL")
+    return Call("effect_record", {"key": key, "job_id": job_id}, lambda rows: bool(rows))
+
+
+def effect_exists_call(key: str) -> Call[bool]:
+    return Call("effect_exists", {"key": key}, lambda rows: bool(rows and rows[0][0]))
