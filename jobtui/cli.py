@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import getpass
 import json
+import logging
+import os
+import signal
 import socket
 import sys
 from collections.abc import Callable, Sequence
@@ -96,6 +100,61 @@ def _job_json(job: Any) -> dict[str, Any]:
     return data
 
 
+def setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from .registry import load_app
+    from .worker import Worker
+
+    jobs = load_app(args.app)
+    types = [t.strip() for t in args.types.split(",") if t.strip()] if args.types else None
+    dsn = database_dsn(args)
+    worker = Worker(
+        jobs,
+        dsn,
+        concurrency=args.concurrency,
+        types=types,
+        lease=parse_duration(args.lease),
+        worker_id=args.id,
+        schema=args.schema,
+        shutdown_timeout=parse_duration(args.shutdown_timeout),
+        poll_interval=parse_duration(args.poll),
+    )
+    with connect(dsn) as conn:
+        migrations.check(conn, args.schema)
+    setup_logging(args.verbose)
+    asyncio.run(_run_until_signalled(worker))
+    return 0
+
+
+async def _run_until_signalled(worker: Any) -> None:
+    """Run `worker`; the first SIGTERM/SIGINT stops it gracefully, a second exits at once."""
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen > 1:
+            # Leases of unfinished jobs expire and the reaper of another worker recovers them.
+            logging.getLogger("jobtui.worker").error("second signal: exiting at once")
+            os._exit(1)
+        logging.getLogger("jobtui.worker").info(
+            "%s: stopping; waiting for in-flight jobs (signal again to exit at once)", signal.Signals(signum).name
+        )
+        worker.stop()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    await worker.run()
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -132,6 +191,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delay", default="0", help="run after this long, e.g. 30s, 5m")
     p.add_argument("--max-attempts", type=positive_int, default=25)
     p.set_defaults(func=cmd_enqueue)
+
+    p = sub.add_parser("worker", help="run jobs with the handlers of an app")
+    p.add_argument("--app", required=True, help="the Jobs registry, as pkg.module:jobs")
+    p.add_argument("--concurrency", type=positive_int, default=10, help="jobs run at once (default 10)")
+    p.add_argument("--types", help="comma-separated job types to run (default: every registered type)")
+    p.add_argument("--lease", default="30s", help="lease length; heartbeats extend it (default 30s)")
+    p.add_argument("--id", help="worker name shown as locked_by (default host:pid)")
+    p.add_argument("--shutdown-timeout", default="30s", help="time in-flight jobs get on SIGTERM (default 30s)")
+    p.add_argument("--poll", default="1s", help="poll interval besides LISTEN wake-ups (default 1s)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("job", help="explain one job from its row")
     p.add_argument("id", type=job_id)

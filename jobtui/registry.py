@@ -1,0 +1,210 @@
+"""The user's side of jobtui: handlers, schedules and what a running handler receives.
+
+jobs = jobtui.Jobs()
+
+@jobs.handler("email.send", max_attempts=5, timeout=30)
+def send_email(job: jobtui.Job) -> None:
+    with psycopg.connect(APP_DSN) as conn:
+        if not job.once(conn, f"welcome-email:{job.payload['user_id']}"):
+            return                      # an earlier attempt already did it
+        conn.execute("INSERT INTO sent_email ...")   # same transaction as the record
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import psycopg
+
+from .backoff import DEFAULT_POLICY, BackoffPolicy
+from .domain import DEFAULT_MAX_ATTEMPTS, ClaimedJob, FailOutcome
+from .errors import InvalidInput, JobtuiError
+from .queue import arun, check_max_attempts, check_type, effect_exists_call, record_effect_call, run
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Permanent(Exception):
+    """Raise from a handler when retrying cannot help: the job becomes `failed` at once."""
+
+
+class Retry(Exception):
+    """Raise from a handler to run the job again after `delay` seconds, without counting
+    the attempt (a rate limit, a dependency that asked to come back later)."""
+
+    def __init__(self, delay: float = 0.0, reason: str = "") -> None:
+        super().__init__(reason or f"retry in {delay}s")
+        self.delay = delay
+
+
+class LeaseLost(JobtuiError):
+    """The job's lease was lost (reaped, killed or cancelled); its outcome will not be written."""
+
+
+@dataclass(frozen=True, slots=True)
+class Handler:
+    """A registered handler and its policy."""
+
+    type: str
+    fn: Callable[[Job], Any]
+    is_async: bool
+    max_attempts: int
+    timeout: float | None
+    backoff: BackoffPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleSpec:
+    """A schedule declared in code; synced to the schedule table when a worker starts."""
+
+    name: str
+    cron: str
+    type: str
+    payload: Any = None
+    timezone: str = "UTC"
+    offset: float | None = None
+    missed: str = "once"
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+
+
+DeadCallback = Callable[[FailOutcome], Any]
+
+
+@dataclass
+class Jobs:
+    """The registry of handlers and schedules; a worker loads it with `--app pkg.module:jobs`."""
+
+    handlers: dict[str, Handler] = field(default_factory=dict)
+    schedules: dict[str, ScheduleSpec] = field(default_factory=dict)
+    dead_callbacks: list[DeadCallback] = field(default_factory=list)
+
+    def handler(
+        self,
+        job_type: str,
+        *,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        timeout: float | None = None,
+        backoff: BackoffPolicy = DEFAULT_POLICY,
+    ) -> Callable[[F], F]:
+        """Register the decorated function (plain or `async def`) for jobs of `job_type`."""
+        check_type(job_type)
+        check_max_attempts(max_attempts)
+        if timeout is not None and not timeout > 0:
+            raise InvalidInput(f"handler {job_type!r}: timeout must be a positive number of seconds")
+        if job_type in self.handlers:
+            raise InvalidInput(f"handler {job_type!r} is registered twice")
+
+        def register(fn: F) -> F:
+            self.handlers[job_type] = Handler(
+                type=job_type,
+                fn=fn,
+                is_async=inspect.iscoroutinefunction(fn),
+                max_attempts=max_attempts,
+                timeout=timeout,
+                backoff=backoff,
+            )
+            return fn
+
+        return register
+
+    def on_dead(self, fn: DeadCallback) -> DeadCallback:
+        """Register a callback run (in the worker) each time a job goes dead."""
+        self.dead_callbacks.append(fn)
+        return fn
+
+    def schedule(
+        self,
+        name: str,
+        *,
+        cron: str,
+        type: str,
+        payload: Any = None,
+        timezone: str = "UTC",
+        offset: float | None = None,
+        missed: str = "once",
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    ) -> ScheduleSpec:
+        """Declare a cron schedule that enqueues a job of `type` once per slot."""
+        from .cronslots import validate_schedule
+
+        validate_schedule(name, cron, timezone, missed, offset)
+        check_type(type)
+        spec = ScheduleSpec(name, cron, type, payload, timezone, offset, missed, max_attempts)
+        self.schedules[name] = spec
+        return spec
+
+
+class Job:
+    """What a handler receives: the job's fields, its attempt, and the idempotency helper."""
+
+    def __init__(self, claimed: ClaimedJob, worker_id: str, schema: str) -> None:
+        self.id = claimed.id
+        self.type = claimed.type
+        self.payload: Any = claimed.payload
+        self.attempt = claimed.attempt
+        self.max_attempts = claimed.max_attempts
+        self.worker_id = worker_id
+        self.lease_token = claimed.lease_token
+        self._schema = schema
+        self._lost = threading.Event()
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease was lost; the handler should stop, its outcome is discarded."""
+        return self._lost.is_set()
+
+    def mark_lost(self) -> None:
+        self._lost.set()
+
+    def heartbeat(self) -> bool:
+        """Whether the lease is still held; long handlers call it between steps and stop
+        when it returns False. The worker itself extends every in-flight lease on an
+        interval, as long as the process is alive and the handler within its timeout."""
+        return not self.lost
+
+    def once(self, conn: psycopg.Connection[Any], key: str) -> bool:
+        """Record effect `key` in `conn`'s transaction; False when it was already done.
+
+        Do the effect in the same transaction, after this returns True: if the transaction
+        rolls back, the record goes with it and a later attempt does the effect again.
+        """
+        if self.lost:
+            raise LeaseLost(f"job {self.id} lost its lease; not recording effect {key!r}")
+        return run(conn, record_effect_call(key, self.id), self._schema)
+
+    async def once_async(self, conn: psycopg.AsyncConnection[Any], key: str) -> bool:
+        """Async counterpart of `once`."""
+        if self.lost:
+            raise LeaseLost(f"job {self.id} lost its lease; not recording effect {key!r}")
+        return await arun(conn, record_effect_call(key, self.id), self._schema)
+
+    def effect_done(self, conn: psycopg.Connection[Any], key: str) -> bool:
+        """Whether effect `key` was recorded (committed) by any attempt."""
+        return run(conn, effect_exists_call(key), self._schema)
+
+    def __repr__(self) -> str:
+        return f"Job(id={self.id}, type={self.type!r}, attempt={self.attempt}/{self.max_attempts})"
+
+
+def load_app(spec: str) -> Jobs:
+    """The Jobs registry named by `pkg.module:attr`, or InvalidInput saying what is wrong."""
+    import importlib
+    import sys
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise InvalidInput(f"bad --app {spec!r}: write it as pkg.module:jobs")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # like `python -m`, find modules in the current directory
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidInput(f"cannot import {module_name!r} for --app ({exc}); check the module path") from None
+    registry = getattr(module, attr, None)
+    if not isinstance(registry, Jobs):
+        raise InvalidInput(f"{spec!r} is not a jobtui.Jobs registry (found {type(registry).__name__})")
+    return registry

@@ -1,0 +1,574 @@
+"""The worker: claims jobs, runs their handlers, keeps their leases, writes their outcomes.
+
+    worker = Worker(jobs, dsn, concurrency=20)
+    asyncio.run(worker.run())         # until worker.stop() (or SIGTERM via run_cli_worker)
+
+One asyncio loop per process. Async handlers run on the loop; sync handlers run in a
+bounded thread pool so they never block it. Several connections, each with one job:
+claims, outcome writes (batched), heartbeats and reaping, and LISTEN for wake-ups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import sql
+
+from .backoff import delay as backoff_delay
+from .db import aconnect, statements
+from .domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJob, FailOutcome, Failure, JobStatus, Lease
+from .errors import InvalidInput
+from .queue import (
+    Call,
+    arun,
+    claim_call,
+    complete_call,
+    fail_call,
+    fail_permanently_call,
+    heartbeat_call,
+    reap_call,
+    release_call,
+)
+from .registry import Handler, Job, Jobs, Permanent, Retry
+
+log = logging.getLogger("jobtui.worker")
+T = TypeVar("T")
+
+# Outcomes are buffered this long so that a burst of completions is one statement.
+FLUSH_DELAY = 0.002
+MAX_RECONNECT_DELAY = 10.0
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Connection:
+    """One database connection that reconnects with backoff, logging each outage once."""
+
+    def __init__(
+        self,
+        dsn: str,
+        role: str,
+        *,
+        on_connect: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
+    ) -> None:
+        self.dsn = dsn
+        self.role = role
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._on_connect = on_connect
+        self._down_since: float | None = None
+
+    async def get(self, stopping: asyncio.Event | None = None) -> psycopg.AsyncConnection[Any]:
+        delay = 0.1
+        while self._conn is None or self._conn.closed:
+            try:
+                conn = await aconnect(self.dsn, autocommit=True)
+                if self._on_connect is not None:
+                    await self._on_connect(conn)
+                self._conn = conn
+            except Exception as exc:
+                self.lost(exc)
+                if stopping is not None and stopping.is_set():
+                    raise
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, MAX_RECONNECT_DELAY)
+        if self._down_since is not None:
+            log.warning("%s connection back after %.1fs", self.role, time.monotonic() - self._down_since)
+            self._down_since = None
+        return self._conn
+
+    def lost(self, exc: BaseException) -> None:
+        """Forget the connection after an error; the next `get` reconnects."""
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.warning("%s connection lost (%s); reconnecting", self.role, first)
+        if self._conn is not None and not self._conn.closed:
+            # Close quietly in the background: the server may be gone.
+            asyncio.get_running_loop().create_task(self._close(self._conn))
+        self._conn = None
+
+    @staticmethod
+    async def _close(conn: psycopg.AsyncConnection[Any]) -> None:
+        # Closing a broken connection can fail in many ways; it is gone either way.
+        with contextlib.suppress(Exception):
+            await conn.close()
+
+    async def run(self, call: Call[T], schema: str, stopping: asyncio.Event | None = None) -> T:
+        """Run `call`, reconnecting and retrying while the database is unreachable.
+
+        Only connection failures are retried: every call the worker makes is fenced by
+        lease token, so running it again after an unknown outcome is harmless.
+        """
+        while True:
+            conn = await self.get(stopping)
+            try:
+                return await arun(conn, call, schema)
+            except psycopg.OperationalError as exc:
+                self.lost(exc)
+                if stopping is not None and stopping.is_set():
+                    raise
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._close(self._conn)
+            self._conn = None
+
+
+@dataclass
+class _Pending:
+    kind: str
+    lease: Lease
+    error: str = ""
+    delay: float = 0.0
+    done: asyncio.Future[bool] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class OutcomeWriter:
+    """Writes job outcomes in batches; each submitter learns whether its row was written."""
+
+    def __init__(self, conn: Connection, schema: str, on_dead: Callable[[FailOutcome], None]) -> None:
+        self._conn = conn
+        self._schema = schema
+        self._on_dead = on_dead
+        self._pending: list[_Pending] = []
+        self._wake = asyncio.Event()
+
+    async def submit(self, kind: str, lease: Lease, error: str = "", delay: float = 0.0) -> bool:
+        """Queue an outcome and wait until it is written; False means the lease was lost."""
+        item = _Pending(kind, lease, error, delay)
+        self._pending.append(item)
+        self._wake.set()
+        return await item.done
+
+    async def run(self, stopped: asyncio.Event) -> None:
+        while not (stopped.is_set() and not self._pending):
+            if not self._pending:
+                self._wake.clear()
+                waiter = asyncio.ensure_future(self._wake.wait())
+                stop_waiter = asyncio.ensure_future(stopped.wait())
+                await asyncio.wait({waiter, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                stop_waiter.cancel()
+                continue
+            await asyncio.sleep(FLUSH_DELAY)
+            batch, self._pending = self._pending, []
+            await self._flush(batch)
+
+    async def _flush(self, batch: list[_Pending]) -> None:
+        by_kind: dict[str, list[_Pending]] = {}
+        for item in batch:
+            by_kind.setdefault(item.kind, []).append(item)
+        written: set[int] = set()
+        for kind, items in by_kind.items():
+            try:
+                written |= await self._write(kind, items)
+            except psycopg.Error as exc:
+                # Not a lost connection (that is retried): the leases will expire and the
+                # reaper will return these jobs.
+                log.error("could not write %d %s outcome(s): %s", len(items), kind, _first(str(exc)))
+        for item in batch:
+            if not item.done.done():
+                item.done.set_result(item.lease.job_id in written)
+
+    async def _write(self, kind: str, items: list[_Pending]) -> set[int]:
+        leases = [i.lease for i in items]
+        if kind == "complete":
+            return await self._conn.run(complete_call(leases), self._schema)
+        if kind == "permanent":
+            return await self._conn.run(fail_permanently_call(leases, [i.error for i in items]), self._schema)
+        if kind == "release":
+            return await self._conn.run(release_call(leases, [i.delay for i in items]), self._schema)
+        if kind == "fail":
+            failures = [Failure(i.lease, i.error, i.delay) for i in items]
+            outcomes = await self._conn.run(fail_call(failures), self._schema)
+            for outcome in outcomes:
+                if outcome.status is JobStatus.DEAD:
+                    self._on_dead(outcome)
+            return {o.job_id for o in outcomes}
+        raise AssertionError(kind)
+
+
+@dataclass
+class InFlight:
+    """A job this worker is running, as the console shows it."""
+
+    job: Job
+    claimed: ClaimedJob
+    started: float
+    deadline: float | None
+    task: asyncio.Task[None] | None = None
+
+
+class Worker:
+    """Runs handlers of `jobs` for jobs in the queue until stopped.
+
+    Embeddable: `run()` installs no signal handlers; call `stop()` to shut down gracefully.
+    """
+
+    def __init__(
+        self,
+        jobs: Jobs,
+        dsn: str,
+        *,
+        concurrency: int = 10,
+        types: Sequence[str] | None = None,
+        lease: float = DEFAULT_LEASE_SECONDS,
+        worker_id: str | None = None,
+        schema: str = DEFAULT_SCHEMA,
+        poll_interval: float = 1.0,
+        heartbeat_interval: float | None = None,
+        reap_interval: float | None = None,
+        shutdown_timeout: float = 30.0,
+    ) -> None:
+        if concurrency < 1:
+            raise InvalidInput(f"concurrency must be at least 1, got {concurrency}")
+        if not lease >= 1:
+            raise InvalidInput(f"lease must be at least 1 second, got {lease}")
+        handled = list(jobs.handlers)
+        selected = list(types) if types else handled
+        unknown = [t for t in selected if t not in jobs.handlers]
+        if unknown:
+            raise InvalidInput(
+                f"no handler for job type(s) {', '.join(unknown)}; registered: {', '.join(handled) or 'none'}"
+            )
+        if not selected:
+            raise InvalidInput("the app registers no handlers: decorate functions with @jobs.handler(TYPE)")
+        self.jobs = jobs
+        self.dsn = dsn
+        self.concurrency = concurrency
+        self.types = selected
+        self.lease = lease
+        self.worker_id = worker_id or default_worker_id()
+        self.schema = statements(schema).schema
+        self.poll_interval = poll_interval
+        self.heartbeat_interval = heartbeat_interval or lease / 3
+        self.reap_interval = reap_interval or min(lease / 2, 15.0)
+        self.shutdown_timeout = shutdown_timeout
+        self.in_flight: dict[int, InFlight] = {}
+        self.paused = False
+        self.counts = {"done": 0, "failed": 0, "retried": 0, "dead": 0, "lost": 0, "released": 0}
+        self._stopping: asyncio.Event | None = None
+        self._kick: asyncio.Event | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._rng = random.Random()
+        self._running = False
+
+    # -- control -------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming; in-flight jobs get `shutdown_timeout` seconds, then are released."""
+        if self._stopping is not None:
+            self._stopping.set()
+        if self._kick is not None:
+            self._kick.set()
+
+    def pause(self) -> None:
+        """Stop claiming new jobs; in-flight ones finish."""
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        if self._kick is not None:
+            self._kick.set()
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    # -- main loop -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run until `stop()`; returns after in-flight jobs are finished or released."""
+        self._stopping = asyncio.Event()
+        self._kick = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="jobtui-handler")
+        stopped_writing = asyncio.Event()
+        claim_conn = Connection(self.dsn, "claim")
+        write_conn = Connection(self.dsn, "outcome")
+        maint_conn = Connection(self.dsn, "heartbeat")
+        self._writer = OutcomeWriter(write_conn, self.schema, self._job_died)
+        log.info(
+            "worker %s started: types %s, concurrency %d, lease %.0fs",
+            self.worker_id,
+            ", ".join(self.types),
+            self.concurrency,
+            self.lease,
+        )
+        self._running = True
+        background = [
+            asyncio.create_task(self._writer.run(stopped_writing), name="jobtui-writer"),
+            asyncio.create_task(self._heartbeat_loop(maint_conn), name="jobtui-heartbeat"),
+            asyncio.create_task(self._reap_loop(maint_conn), name="jobtui-reaper"),
+            asyncio.create_task(self._listen_loop(), name="jobtui-listen"),
+        ]
+        try:
+            await self._claim_loop(claim_conn)
+            await self._drain()
+        finally:
+            stopped_writing.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(background[0]), timeout=self.shutdown_timeout + 5)
+            except TimeoutError:
+                log.error("could not write the last outcomes: the database did not answer")
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            for conn in (claim_conn, write_conn, maint_conn):
+                await conn.close()
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._running = False
+            log.info("worker %s stopped: %s", self.worker_id, ", ".join(f"{k} {v}" for k, v in self.counts.items()))
+
+    async def _claim_loop(self, conn: Connection) -> None:
+        assert self._stopping is not None and self._kick is not None
+        while not self._stopping.is_set():
+            free = self.concurrency - len(self.in_flight)
+            if self.paused or free <= 0:
+                self._kick.clear()
+                await self._wait_kick(self.poll_interval)
+                continue
+            # Clear before claiming: a notification arriving during the claim sets it again.
+            self._kick.clear()
+            try:
+                claimed = await conn.run(
+                    claim_call(self.types, worker=self.worker_id, limit=free, lease=self.lease),
+                    self.schema,
+                    self._stopping,
+                )
+            except psycopg.OperationalError:
+                continue
+            except psycopg.Error as exc:
+                log.error("claim failed: %s", str(exc).strip().splitlines()[0])
+                await self._wait_kick(self.poll_interval)
+                continue
+            for job in claimed:
+                self._start(job)
+            if len(claimed) < free:
+                await self._wait_kick(self.poll_interval)
+
+    async def _wait_kick(self, timeout: float) -> None:
+        assert self._kick is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._kick.wait(), timeout)
+
+    def _start(self, claimed: ClaimedJob) -> None:
+        handler = self.jobs.handlers[claimed.type]
+        job = Job(claimed, self.worker_id, self.schema)
+        now = time.monotonic()
+        flight = InFlight(job, claimed, now, now + handler.timeout if handler.timeout else None)
+        self.in_flight[claimed.id] = flight
+        flight.task = asyncio.create_task(self._execute(handler, flight))
+
+    async def _execute(self, handler: Handler, flight: InFlight) -> None:
+        job = flight.job
+        try:
+            kind, error, delay = await self._call(handler, job)
+            if job.lost:
+                self._lost(job, "its lease was lost while it ran")
+                return
+            if kind == "timeout":
+                # A sync handler keeps running in its thread: refuse its later effects.
+                job.mark_lost()
+                kind = "fail"
+            written = await self._writer.submit(kind, flight.claimed.lease, error, delay)
+            if not written:
+                self._lost(job, "its lease was lost before the outcome was written")
+                return
+            self._count(kind, job, error)
+            if delay and self._kick is not None:
+                # Wake up to claim it again when it is due, instead of at the next poll.
+                asyncio.get_running_loop().call_later(delay, self._kick.set)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug in the worker itself must not kill the loop
+            log.exception("job %d (%s): internal error while finishing", job.id, job.type)
+        finally:
+            self.in_flight.pop(job.id, None)
+            if self._kick is not None:
+                self._kick.set()
+
+    async def _call(self, handler: Handler, job: Job) -> tuple[str, str, float]:
+        """Run the handler; return (outcome kind, error text, delay)."""
+        try:
+            if handler.is_async:
+                awaitable = handler.fn(job)
+                await asyncio.wait_for(awaitable, handler.timeout)
+            else:
+                loop = asyncio.get_running_loop()
+                future = loop.run_in_executor(self._executor, handler.fn, job)
+                await asyncio.wait_for(future, handler.timeout)
+            return "complete", "", 0.0
+        except Permanent as exc:
+            return "permanent", _error_text(exc), 0.0
+        except Retry as exc:
+            return "release", "", max(0.0, float(exc.delay))
+        except TimeoutError:
+            return (
+                "timeout",
+                f"TimeoutError: handler ran over its timeout of {handler.timeout}s",
+                self._backoff(handler, job),
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return "fail", _error_text(exc), self._backoff(handler, job)
+
+    def _backoff(self, handler: Handler, job: Job) -> float:
+        return backoff_delay(job.attempt, handler.backoff, self._rng)
+
+    def _count(self, kind: str, job: Job, error: str) -> None:
+        if kind == "complete":
+            self.counts["done"] += 1
+        elif kind == "permanent":
+            self.counts["failed"] += 1
+            log.warning(
+                "job %d (%s) failed permanently on attempt %d: %s", job.id, job.type, job.attempt, _first(error)
+            )
+        elif kind == "release":
+            self.counts["released"] += 1
+        elif job.attempt < job.max_attempts:
+            self.counts["retried"] += 1
+            log.warning(
+                "job %d (%s) attempt %d of %d failed, will retry: %s",
+                job.id,
+                job.type,
+                job.attempt,
+                job.max_attempts,
+                _first(error),
+            )
+
+    def _lost(self, job: Job, why: str) -> None:
+        self.counts["lost"] += 1
+        log.warning("job %d (%s) attempt %d: outcome not written, %s", job.id, job.type, job.attempt, why)
+
+    def _job_died(self, outcome: FailOutcome) -> None:
+        self.counts["dead"] += 1
+        log.error(
+            "job %d (%s) is dead after %d of %d attempts",
+            outcome.job_id,
+            outcome.type,
+            outcome.attempt,
+            outcome.max_attempts,
+        )
+        for callback in self.jobs.dead_callbacks:
+            try:
+                callback(outcome)
+            except Exception:  # a user's callback must not stop the worker
+                log.exception("on_dead callback failed for job %d", outcome.job_id)
+
+    # -- leases --------------------------------------------------------------------------
+
+    async def _heartbeat_loop(self, conn: Connection) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            await self.heartbeat_now(conn)
+
+    async def heartbeat_now(self, conn: Connection) -> None:
+        """Extend every in-flight lease in one statement; mark the ones lost."""
+        now = time.monotonic()
+        # A job over its timeout gets no more heartbeats: its lease may expire and be reaped.
+        flights = [f for f in self.in_flight.values() if not f.job.lost and (f.deadline is None or now < f.deadline)]
+        if not flights:
+            return
+        try:
+            held = await conn.run(heartbeat_call([f.claimed.lease for f in flights], self.lease), self.schema)
+        except psycopg.Error as exc:
+            log.warning("heartbeat failed: %s", str(exc).strip().splitlines()[0])
+            return
+        for flight in flights:
+            if flight.claimed.id not in held and not flight.job.lost:
+                flight.job.mark_lost()
+                log.warning(
+                    "job %d (%s) attempt %d: lease lost (reaped, killed or cancelled); its outcome will be discarded",
+                    flight.job.id,
+                    flight.job.type,
+                    flight.job.attempt,
+                )
+
+    async def _reap_loop(self, conn: Connection) -> None:
+        while True:
+            # Spread reapers of many workers over the interval.
+            await asyncio.sleep(self.reap_interval * (0.75 + self._rng.random() / 2))
+            try:
+                reaped = await conn.run(reap_call(), self.schema)
+            except psycopg.Error as exc:
+                log.warning("reap failed: %s", str(exc).strip().splitlines()[0])
+                continue
+            for job in reaped:
+                if job.status is JobStatus.DEAD:
+                    self._job_died(FailOutcome(job.job_id, job.status, job.type, job.attempt, job.attempt, job.worker))
+                else:
+                    log.warning(
+                        "job %d (%s) attempt %d: lease of worker %s expired; back to ready",
+                        job.job_id,
+                        job.type,
+                        job.attempt,
+                        job.worker,
+                    )
+
+    async def _listen_loop(self) -> None:
+        assert self._kick is not None
+        channel = statements(self.schema).channel
+
+        async def subscribe(conn: psycopg.AsyncConnection[Any]) -> None:
+            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+        listener = Connection(self.dsn, "listen", on_connect=subscribe)
+        try:
+            while True:
+                conn = await listener.get()
+                self._kick.set()  # notifications may have been missed while disconnected
+                try:
+                    async for _ in conn.notifies():
+                        self._kick.set()
+                except psycopg.OperationalError as exc:
+                    listener.lost(exc)
+        finally:
+            await listener.close()
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        """Wait for in-flight jobs up to the shutdown timeout, then release the rest."""
+        tasks = [f.task for f in self.in_flight.values() if f.task is not None]
+        if tasks:
+            log.info("waiting up to %.0fs for %d in-flight job(s)", self.shutdown_timeout, len(tasks))
+            await asyncio.wait(tasks, timeout=self.shutdown_timeout)
+        left = list(self.in_flight.values())
+        if not left:
+            return
+        for flight in left:
+            flight.job.mark_lost()
+            if flight.task is not None:
+                flight.task.cancel()
+        released = 0
+        for flight in left:
+            if await self._writer.submit("release", flight.claimed.lease):
+                released += 1
+        self.counts["released"] += released
+        log.warning("released %d unfinished job(s) back to ready, attempts not counted", released)
+
+
+def _error_text(exc: BaseException) -> str:
+    """The error class and message, then the traceback, for the job's history."""
+    head = f"{type(exc).__name__}: {exc}"
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return f"{head}\n{tb}"
+
+
+def _first(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
