@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
+import random
 import re
+import time
+from collections.abc import Awaitable, Callable
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg import sql
 
 from .domain import DEFAULT_SCHEMA
 from .errors import DatabaseUnavailable, InvalidInput
+
+if TYPE_CHECKING:
+    from .queue import Call
+
+T = TypeVar("T")
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -155,3 +166,82 @@ def migrations_dir() -> Path:
     if packaged.is_dir():
         return packaged
     return Path(__file__).resolve().parent.parent / "migrations"
+
+
+log = logging.getLogger("jobtui.db")
+MAX_RECONNECT_DELAY = 10.0
+
+
+class Connection:
+    """One database connection that reconnects with backoff, logging each outage once."""
+
+    def __init__(
+        self,
+        dsn: str,
+        role: str,
+        *,
+        on_connect: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
+    ) -> None:
+        self.dsn = dsn
+        self.role = role
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._on_connect = on_connect
+        self._down_since: float | None = None
+
+    async def get(self, stopping: asyncio.Event | None = None) -> psycopg.AsyncConnection[Any]:
+        delay = 0.1
+        while self._conn is None or self._conn.closed:
+            try:
+                conn = await aconnect(self.dsn, autocommit=True)
+                if self._on_connect is not None:
+                    await self._on_connect(conn)
+                self._conn = conn
+            except Exception as exc:
+                self.lost(exc)
+                if stopping is not None and stopping.is_set():
+                    raise
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, MAX_RECONNECT_DELAY)
+        if self._down_since is not None:
+            log.warning("%s connection back after %.1fs", self.role, time.monotonic() - self._down_since)
+            self._down_since = None
+        return self._conn
+
+    def lost(self, exc: BaseException) -> None:
+        """Forget the connection after an error; the next `get` reconnects."""
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.warning("%s connection lost (%s); reconnecting", self.role, first)
+        if self._conn is not None and not self._conn.closed:
+            # Close quietly in the background: the server may be gone.
+            asyncio.get_running_loop().create_task(self._close(self._conn))
+        self._conn = None
+
+    @staticmethod
+    async def _close(conn: psycopg.AsyncConnection[Any]) -> None:
+        # Closing a broken connection can fail in many ways; it is gone either way.
+        with contextlib.suppress(Exception):
+            await conn.close()
+
+    async def run(self, call: Call[T], schema: str, stopping: asyncio.Event | None = None) -> T:
+        """Run `call`, reconnecting and retrying while the database is unreachable.
+
+        Only connection failures are retried: every call the worker makes is fenced by
+        lease token, so running it again after an unknown outcome is harmless.
+        """
+        while True:
+            conn = await self.get(stopping)
+            try:
+                from .queue import arun  # queue builds on db; imported here to keep that direction
+
+                return await arun(conn, call, schema)
+            except psycopg.OperationalError as exc:
+                self.lost(exc)
+                if stopping is not None and stopping.is_set():
+                    raise
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._close(self._conn)
+            self._conn = None

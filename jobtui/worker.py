@@ -18,21 +18,19 @@ import random
 import socket
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from .backoff import delay as backoff_delay
-from .db import aconnect, statements
+from .db import Connection, statements
 from .domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJob, FailOutcome, Failure, JobStatus, Lease
 from .errors import InvalidInput
 from .queue import (
-    Call,
-    arun,
     claim_call,
     complete_call,
     fail_call,
@@ -44,88 +42,13 @@ from .queue import (
 from .registry import Handler, Job, Jobs, Permanent, Retry
 
 log = logging.getLogger("jobtui.worker")
-T = TypeVar("T")
 
 # Outcomes are buffered this long so that a burst of completions is one statement.
 FLUSH_DELAY = 0.002
-MAX_RECONNECT_DELAY = 10.0
 
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-class Connection:
-    """One database connection that reconnects with backoff, logging each outage once."""
-
-    def __init__(
-        self,
-        dsn: str,
-        role: str,
-        *,
-        on_connect: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
-    ) -> None:
-        self.dsn = dsn
-        self.role = role
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._on_connect = on_connect
-        self._down_since: float | None = None
-
-    async def get(self, stopping: asyncio.Event | None = None) -> psycopg.AsyncConnection[Any]:
-        delay = 0.1
-        while self._conn is None or self._conn.closed:
-            try:
-                conn = await aconnect(self.dsn, autocommit=True)
-                if self._on_connect is not None:
-                    await self._on_connect(conn)
-                self._conn = conn
-            except Exception as exc:
-                self.lost(exc)
-                if stopping is not None and stopping.is_set():
-                    raise
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, MAX_RECONNECT_DELAY)
-        if self._down_since is not None:
-            log.warning("%s connection back after %.1fs", self.role, time.monotonic() - self._down_since)
-            self._down_since = None
-        return self._conn
-
-    def lost(self, exc: BaseException) -> None:
-        """Forget the connection after an error; the next `get` reconnects."""
-        if self._down_since is None:
-            self._down_since = time.monotonic()
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            log.warning("%s connection lost (%s); reconnecting", self.role, first)
-        if self._conn is not None and not self._conn.closed:
-            # Close quietly in the background: the server may be gone.
-            asyncio.get_running_loop().create_task(self._close(self._conn))
-        self._conn = None
-
-    @staticmethod
-    async def _close(conn: psycopg.AsyncConnection[Any]) -> None:
-        # Closing a broken connection can fail in many ways; it is gone either way.
-        with contextlib.suppress(Exception):
-            await conn.close()
-
-    async def run(self, call: Call[T], schema: str, stopping: asyncio.Event | None = None) -> T:
-        """Run `call`, reconnecting and retrying while the database is unreachable.
-
-        Only connection failures are retried: every call the worker makes is fenced by
-        lease token, so running it again after an unknown outcome is harmless.
-        """
-        while True:
-            conn = await self.get(stopping)
-            try:
-                return await arun(conn, call, schema)
-            except psycopg.OperationalError as exc:
-                self.lost(exc)
-                if stopping is not None and stopping.is_set():
-                    raise
-
-    async def close(self) -> None:
-        if self._conn is not None:
-            await self._close(self._conn)
-            self._conn = None
 
 
 @dataclass

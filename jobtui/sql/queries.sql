@@ -38,8 +38,9 @@ RETURNING id, idempotency_key;
 SELECT id, idempotency_key FROM {schema}.job WHERE idempotency_key = ANY(%(keys)s::text[]);
 
 -- name: reserve_ids
--- Ids for a COPY of many jobs, drawn from the table's own sequence.
-SELECT nextval(pg_get_serial_sequence(%(table)s, 'id')) FROM generate_series(1, %(n)s);
+-- Ids for a COPY of many jobs, drawn from the table's own sequence. The sequence is looked
+-- up once (an InitPlan), not once per id: per row it cost more than the COPY's own parsing.
+SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id')::regclass)) FROM generate_series(1, %(n)s);
 
 -- name: copy_jobs
 -- Bulk insert without keys or delays: run_at takes its default, the database's now().
@@ -158,15 +159,15 @@ WITH expired AS (
     INSERT INTO {schema}.lease_expiry (job_id, job_type, worker, attempt, expired_at, outcome)
     SELECT id, type, locked_by, attempts, expired_at, status FROM reaped
 )
-SELECT id, type, locked_by, attempts, status FROM reaped;
+SELECT id, type, locked_by, attempts, status, expired_at FROM reaped;
 
 -- name: requeue_by_id
 -- Operator: dead or failed jobs back to ready now with a fresh set of attempts.
 UPDATE {schema}.job AS j
 SET status = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
     errors = (j.errors || jsonb_build_array(jsonb_build_object(
-                 'at', now(), 'attempt', j.attempts, 'worker', %(actor)s,
-                 'kind', 'requeued', 'error', format('requeued from %%s by %%s', j.status, %(actor)s))))
+                 'at', now(), 'attempt', j.attempts, 'worker', %(actor)s::text,
+                 'kind', 'requeued', 'error', format('requeued from %%s by %%s', j.status, %(actor)s::text))))
              - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status IN ('dead', 'failed')
 RETURNING j.id;
@@ -181,8 +182,8 @@ WHERE status IN ('dead', 'failed')
 UPDATE {schema}.job AS j
 SET status = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
     errors = (j.errors || jsonb_build_array(jsonb_build_object(
-                 'at', now(), 'attempt', j.attempts, 'worker', %(actor)s,
-                 'kind', 'requeued', 'error', format('requeued from %%s by %%s', j.status, %(actor)s))))
+                 'at', now(), 'attempt', j.attempts, 'worker', %(actor)s::text,
+                 'kind', 'requeued', 'error', format('requeued from %%s by %%s', j.status, %(actor)s::text))))
              - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
 WHERE j.status IN ('dead', 'failed')
   AND (%(type)s::text IS NULL OR j.type = %(type)s)
@@ -194,10 +195,10 @@ RETURNING j.id;
 -- because the status (and later the lease token) no longer match.
 UPDATE {schema}.job AS j
 SET status = 'ready', run_at = now(), locked_until = NULL,
-    last_error = format('lease killed by %%s during attempt %%s', %(actor)s, j.attempts),
+    last_error = format('lease killed by %%s during attempt %%s', %(actor)s::text, j.attempts),
     errors = (j.errors || jsonb_build_array(jsonb_build_object(
                  'at', now(), 'attempt', j.attempts, 'worker', j.locked_by,
-                 'kind', 'lease_killed', 'error', format('lease killed by %%s', %(actor)s))))
+                 'kind', 'lease_killed', 'error', format('lease killed by %%s', %(actor)s::text))))
              - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'running'
 RETURNING j.id;
@@ -206,10 +207,10 @@ RETURNING j.id;
 -- Operator: a ready or running job becomes failed; it will not run again unless requeued.
 UPDATE {schema}.job AS j
 SET status = 'failed', locked_until = NULL, finished_at = now(),
-    last_error = format('cancelled by %%s', %(actor)s),
+    last_error = format('cancelled by %%s', %(actor)s::text),
     errors = (j.errors || jsonb_build_array(jsonb_build_object(
                  'at', now(), 'attempt', j.attempts, 'worker', j.locked_by,
-                 'kind', 'cancelled', 'error', format('cancelled by %%s', %(actor)s))))
+                 'kind', 'cancelled', 'error', format('cancelled by %%s', %(actor)s::text))))
              - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status IN ('ready', 'running')
 RETURNING j.id;
@@ -234,3 +235,147 @@ RETURNING key;
 
 -- name: effect_exists
 SELECT EXISTS (SELECT 1 FROM {schema}.effect WHERE key = %(key)s);
+
+-- name: db_now
+SELECT now();
+
+-- name: schedule_upsert
+-- Declares a schedule (from code or the CLI). A changed cron line or timezone restarts the
+-- slot sequence from now; otherwise the slots already handled are kept.
+INSERT INTO {schema}.schedule AS s
+    (name, job_type, cron, timezone, payload, max_attempts, offset_seconds, missed_policy,
+     next_run_at, last_slot, source)
+VALUES (%(name)s, %(job_type)s, %(cron)s, %(timezone)s, %(payload)s, %(max_attempts)s,
+        %(offset)s, %(missed_policy)s, %(next_run_at)s, now(), %(source)s)
+ON CONFLICT (name) DO UPDATE
+SET job_type = excluded.job_type,
+    payload = excluded.payload,
+    max_attempts = excluded.max_attempts,
+    offset_seconds = excluded.offset_seconds,
+    missed_policy = excluded.missed_policy,
+    source = excluded.source,
+    next_run_at = CASE WHEN (s.cron, s.timezone) = (excluded.cron, excluded.timezone)
+                       THEN s.next_run_at ELSE excluded.next_run_at END,
+    last_slot = CASE WHEN (s.cron, s.timezone) = (excluded.cron, excluded.timezone)
+                     THEN s.last_slot ELSE now() END,
+    cron = excluded.cron,
+    timezone = excluded.timezone,
+    updated_at = now()
+RETURNING id;
+
+-- name: schedule_due
+-- Due schedules, locked for this transaction; other instances skip them.
+SELECT id, name, job_type, cron, timezone, payload, max_attempts, offset_seconds,
+       missed_policy, last_slot, now()
+FROM {schema}.schedule
+WHERE NOT paused AND next_run_at <= now()
+ORDER BY next_run_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: schedule_enqueue
+-- One slot's job; the key makes a second enqueue of the same slot do nothing.
+INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts)
+VALUES (%(type)s, %(payload)s, %(key)s, %(run_at)s, coalesce(%(max_attempts)s, 25))
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id;
+
+-- name: schedule_advance
+UPDATE {schema}.schedule AS s
+SET last_slot = %(last_slot)s,
+    next_run_at = %(next_run_at)s,
+    last_fired_slot = coalesce(%(fired_slot)s, s.last_fired_slot),
+    last_job_id = coalesce(%(job_id)s, s.last_job_id),
+    missed_count = s.missed_count + cardinality(%(missed)s::timestamptz[]),
+    missed_slots = (SELECT coalesce(jsonb_agg(x ORDER BY x), '[]'::jsonb)
+                    FROM (SELECT x FROM (SELECT jsonb_array_elements_text(s.missed_slots)::timestamptz AS x
+                                         UNION ALL SELECT unnest(%(missed)s::timestamptz[])) AS a
+                          ORDER BY x DESC LIMIT 20) AS newest),
+    updated_at = now()
+WHERE s.id = %(id)s;
+
+-- name: schedule_next_due
+-- Seconds until the next schedule is due (NULL when none is active).
+SELECT extract(epoch FROM min(next_run_at) - now()) FROM {schema}.schedule WHERE NOT paused;
+
+-- name: schedule_list
+SELECT id, name, job_type, cron, timezone, payload, max_attempts, offset_seconds, missed_policy,
+       paused, paused_at, next_run_at, last_slot, last_fired_slot, last_job_id, missed_count,
+       missed_slots, skipped_count, source, created_at, now()
+FROM {schema}.schedule
+ORDER BY name;
+
+-- name: schedule_lock
+SELECT id, cron, timezone, paused, last_slot, paused_at, now()
+FROM {schema}.schedule WHERE name = %(name)s FOR UPDATE;
+
+-- name: schedule_pause
+UPDATE {schema}.schedule SET paused = true, paused_at = now(), updated_at = now()
+WHERE name = %(name)s AND NOT paused
+RETURNING id;
+
+-- name: schedule_resume
+-- Slots that passed while paused are counted as skipped; the sequence restarts from now.
+UPDATE {schema}.schedule
+SET paused = false, paused_at = NULL, last_slot = now(), next_run_at = %(next_run_at)s,
+    skipped_count = skipped_count + %(skipped)s, updated_at = now()
+WHERE name = %(name)s AND paused
+RETURNING id;
+
+-- name: schedule_remove
+DELETE FROM {schema}.schedule WHERE name = %(name)s RETURNING id;
+
+-- name: schedule_get
+SELECT id, job_type, payload, max_attempts FROM {schema}.schedule WHERE name = %(name)s;
+
+-- name: archive_done
+-- Moves done jobs past their retention to job_archive, a bounded batch at a time; SKIP
+-- LOCKED lets several archivers share the work.
+WITH moved AS (
+    DELETE FROM {schema}.job
+    WHERE id IN (SELECT id FROM {schema}.job
+                 WHERE status = 'done' AND finished_at < now() - make_interval(secs => %(retention)s)
+                 ORDER BY finished_at
+                 LIMIT %(limit)s
+                 FOR UPDATE SKIP LOCKED)
+    RETURNING *
+), archived AS (
+    INSERT INTO {schema}.job_archive SELECT * FROM moved RETURNING 1
+)
+SELECT count(*) FROM archived;
+
+-- name: delete_done
+WITH gone AS (
+    DELETE FROM {schema}.job
+    WHERE id IN (SELECT id FROM {schema}.job
+                 WHERE status = 'done' AND finished_at < now() - make_interval(secs => %(retention)s)
+                 ORDER BY finished_at
+                 LIMIT %(limit)s
+                 FOR UPDATE SKIP LOCKED)
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
+
+-- name: delete_dead
+-- Dead and failed jobs nobody acted on within their (longer) retention.
+WITH gone AS (
+    DELETE FROM {schema}.job
+    WHERE id IN (SELECT id FROM {schema}.job
+                 WHERE status IN ('dead', 'failed')
+                   AND finished_at < now() - make_interval(secs => %(retention)s)
+                 ORDER BY finished_at
+                 LIMIT %(limit)s
+                 FOR UPDATE SKIP LOCKED)
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
+
+-- name: delete_archive
+WITH gone AS (
+    DELETE FROM {schema}.job_archive
+    WHERE id IN (SELECT id FROM {schema}.job_archive
+                 WHERE archived_at < now() - make_interval(secs => %(retention)s)
+                 LIMIT %(limit)s)
+    RETURNING 1
+)
+SELECT count(*) FROM gone;

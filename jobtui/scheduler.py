@@ -1,0 +1,260 @@
+"""Cron schedules turned into jobs, exactly once per slot, however many instances run.
+
+    scheduler = Scheduler(dsn)
+    await scheduler.run(stop_event)      # also runs inside every worker by default
+
+Each tick locks the due schedule rows (SKIP LOCKED), enqueues one job per slot with the
+idempotency key `schedule:<id>:<slot>`, and advances the row in the same transaction. All
+slot arithmetic starts from the database's now(), never from this machine's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from . import cronslots
+from .cronslots import MissedPolicy
+from .db import Connection, statements
+from .domain import DEFAULT_SCHEMA
+from .errors import InvalidInput, JobtuiError
+from .queue import Call, arun, check_type, encode_payload, run
+from .registry import ScheduleSpec
+
+log = logging.getLogger("jobtui.scheduler")
+
+# The newest due slot counts as on time within this lateness; older due slots were missed.
+GRACE = timedelta(seconds=30)
+MAX_TICK = 1.0
+# Counting skipped slots of a long pause stops here (a per-second schedule paused for days).
+MAX_SKIPPED_COUNTED = 100_000
+
+
+class UnknownSchedule(JobtuiError):
+    """No schedule has the given name."""
+
+
+def slot_key(schedule_id: int, slot: datetime) -> str:
+    """The idempotency key of a slot's job."""
+    return f"schedule:{schedule_id}:{slot.isoformat()}"
+
+
+@dataclass(frozen=True, slots=True)
+class Fired:
+    schedule: str
+    slot: datetime
+    job_id: int | None
+    missed: int
+
+
+def _rows(rows: list[Any]) -> list[Any]:
+    return rows
+
+
+def _now(conn: psycopg.Connection[Any], schema: str) -> datetime:
+    now: datetime = run(conn, Call("db_now", {}, lambda r: r[0][0]), schema)
+    return now
+
+
+def upsert(conn: psycopg.Connection[Any], spec: ScheduleSpec, *, source: str, schema: str = DEFAULT_SCHEMA) -> int:
+    """Create or update a schedule from `spec`; returns its id. Runs in `conn`'s transaction."""
+    cronslots.validate_schedule(spec.name, spec.cron, spec.timezone, spec.missed, spec.offset)
+    check_type(spec.type)
+    now = _now(conn, schema)
+    offset = spec.offset
+    if offset is None:
+        offset = cronslots.stable_offset(spec.name, cronslots.spread_bound(spec.cron, spec.timezone, now))
+    params = {
+        "name": spec.name,
+        "job_type": spec.type,
+        "cron": spec.cron,
+        "timezone": spec.timezone,
+        "payload": encode_payload(spec.payload),
+        "max_attempts": spec.max_attempts,
+        "offset": offset,
+        "missed_policy": spec.missed,
+        "next_run_at": cronslots.next_slot(spec.cron, spec.timezone, now),
+        "source": source,
+    }
+    schedule_id: int = run(conn, Call("schedule_upsert", params, lambda r: int(r[0][0])), schema)
+    return schedule_id
+
+
+def sync(conn: psycopg.Connection[Any], specs: list[ScheduleSpec], schema: str = DEFAULT_SCHEMA) -> None:
+    """Write the schedules declared in code (a worker does this when it starts)."""
+    with conn.transaction():
+        for spec in specs:
+            upsert(conn, spec, source="code", schema=schema)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRow:
+    """A schedule as `jobtui schedule list`, stats and the console show it."""
+
+    id: int
+    name: str
+    job_type: str
+    cron: str
+    timezone: str
+    payload: Any
+    max_attempts: int | None
+    offset_seconds: float
+    missed_policy: str
+    paused: bool
+    paused_at: datetime | None
+    next_run_at: datetime
+    last_slot: datetime
+    last_fired_slot: datetime | None
+    last_job_id: int | None
+    missed_count: int
+    missed_slots: list[str]
+    skipped_count: int
+    source: str
+    created_at: datetime
+    db_now: datetime
+
+
+def list_schedules(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> list[ScheduleRow]:
+    return run(conn, Call("schedule_list", {}, lambda rows: [ScheduleRow(*r) for r in rows]), schema)
+
+
+def pause(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA) -> bool:
+    """Pause `name`; False when it was already paused. Takes effect at the next tick."""
+    with conn.transaction():
+        _lock(conn, name, schema)
+        return bool(run(conn, Call("schedule_pause", {"name": name}, _rows), schema))
+
+
+def resume(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA) -> bool:
+    """Resume `name`; slots passed while paused count as skipped. False when not paused."""
+    with conn.transaction():
+        _, cron, timezone, paused, last_slot, _, now = _lock(conn, name, schema)
+        if not paused:
+            return False
+        skipped = len(cronslots.slots_between(cron, timezone, last_slot, now, limit=MAX_SKIPPED_COUNTED))
+        params = {"name": name, "next_run_at": cronslots.next_slot(cron, timezone, now), "skipped": skipped}
+        return bool(run(conn, Call("schedule_resume", params, _rows), schema))
+
+
+def remove(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA) -> None:
+    if not run(conn, Call("schedule_remove", {"name": name}, _rows), schema):
+        raise UnknownSchedule(f"no schedule named {name!r}; see `jobtui schedule list`")
+
+
+def run_now(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA) -> int:
+    """Enqueue the schedule's job now, outside its slots; returns the job id."""
+    rows = run(conn, Call("schedule_get", {"name": name}, _rows), schema)
+    if not rows:
+        raise UnknownSchedule(f"no schedule named {name!r}; see `jobtui schedule list`")
+    schedule_id, job_type, payload, max_attempts = rows[0]
+    now = _now(conn, schema)
+    params = {
+        "type": job_type,
+        "payload": json.dumps(payload),
+        "key": f"schedule:{schedule_id}:manual:{now.isoformat()}",
+        "run_at": now,
+        "max_attempts": max_attempts,
+    }
+    job_id: int = run(conn, Call("schedule_enqueue", params, lambda r: int(r[0][0])), schema)
+    return job_id
+
+
+def _lock(conn: psycopg.Connection[Any], name: str, schema: str) -> Any:
+    rows = run(conn, Call("schedule_lock", {"name": name}, _rows), schema)
+    if not rows:
+        raise UnknownSchedule(f"no schedule named {name!r}; see `jobtui schedule list`")
+    return rows[0]
+
+
+async def fire_due(conn: psycopg.AsyncConnection[Any], schema: str = DEFAULT_SCHEMA, limit: int = 100) -> list[Fired]:
+    """One tick: enqueue the jobs of every due slot and advance the schedules, atomically."""
+    fired: list[Fired] = []
+    async with conn.transaction():
+        due = await arun(conn, Call("schedule_due", {"limit": limit}, _rows), schema)
+        for sid, name, job_type, cron, timezone, payload, max_attempts, offset, policy, last_slot, now in due:
+            try:
+                slot_plan = cronslots.plan(cron, timezone, last_slot, now, MissedPolicy(policy), GRACE)
+            except (InvalidInput, ValueError) as exc:
+                log.error("schedule %s: cannot compute its slots (%s); pause or fix it", name, exc)
+                continue
+            job_id = None
+            for slot in slot_plan.fire:
+                params = {
+                    "type": job_type,
+                    "payload": json.dumps(payload),
+                    "key": slot_key(sid, slot),
+                    "run_at": slot + timedelta(seconds=offset),
+                    "max_attempts": max_attempts,
+                }
+                ids = await arun(conn, Call("schedule_enqueue", params, _rows), schema)
+                job_id = int(ids[0][0]) if ids else job_id
+                fired.append(Fired(name, slot, job_id, len(slot_plan.missed)))
+            handled = slot_plan.fire + slot_plan.missed
+            if slot_plan.missed:
+                log.warning(
+                    "schedule %s missed %d slot(s) (%s to %s) while no scheduler ran; policy %s",
+                    name,
+                    len(slot_plan.missed),
+                    slot_plan.missed[0].isoformat(),
+                    slot_plan.missed[-1].isoformat(),
+                    policy,
+                )
+            params = {
+                "id": sid,
+                "last_slot": max(handled) if handled else now,
+                "next_run_at": slot_plan.next_slot,
+                "fired_slot": slot_plan.fire[-1] if slot_plan.fire else None,
+                "job_id": job_id,
+                "missed": slot_plan.missed,
+            }
+            await arun(conn, Call("schedule_advance", params, _rows), schema)
+    return fired
+
+
+class Scheduler:
+    """The scheduler loop; runs alone (`jobtui scheduler`) or inside a worker."""
+
+    def __init__(self, dsn: str, *, schema: str = DEFAULT_SCHEMA, specs: list[ScheduleSpec] | None = None) -> None:
+        self.dsn = dsn
+        self.schema = statements(schema).schema
+        self.specs = specs or []
+        self.fired_count = 0
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Tick until `stopping` is set; reconnects by itself after database outages."""
+        conn = Connection(self.dsn, "scheduler")
+        if self.specs:
+            await asyncio.to_thread(self._sync_specs)
+        try:
+            while not stopping.is_set():
+                wait = MAX_TICK
+                try:
+                    live = await conn.get(stopping)
+                    fired = await fire_due(live, self.schema)
+                    self.fired_count += len(fired)
+                    for f in fired:
+                        log.info("schedule %s: slot %s -> job %s", f.schedule, f.slot.isoformat(), f.job_id)
+                    until = await arun(live, Call("schedule_next_due", {}, _rows), self.schema)
+                    if until and until[0][0] is not None:
+                        wait = max(0.01, min(MAX_TICK, float(until[0][0])))
+                except psycopg.OperationalError as exc:
+                    conn.lost(exc)
+                except psycopg.Error as exc:
+                    log.error("scheduler tick failed: %s", str(exc).strip().splitlines()[0])
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), wait)
+        finally:
+            await conn.close()
+
+    def _sync_specs(self) -> None:
+        from .db import connect
+
+        with connect(self.dsn) as sync_conn:
+            sync(sync_conn, self.specs, self.schema)
