@@ -21,7 +21,9 @@ from .db import connect, describe_dsn, embedded_dsn, resolve_dsn
 from .durations import parse_duration
 from .errors import InvalidInput, JobtuiError, UnknownJob
 from .explain import explain
+from .maintenance import Retention
 from .queue import Queue
+from .registry import ScheduleSpec, load_app
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -109,7 +111,6 @@ def setup_logging(verbose: bool = False) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from .registry import load_app
     from .worker import Worker
 
     jobs = load_app(args.app)
@@ -125,6 +126,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
         schema=args.schema,
         shutdown_timeout=parse_duration(args.shutdown_timeout),
         poll_interval=parse_duration(args.poll),
+        scheduler=not args.no_scheduler,
+        retention=Retention(
+            done=parse_duration(args.retention),
+            dead=parse_duration(args.dead_retention),
+            delete_done=args.delete_done,
+        ),
     )
     with connect(dsn) as conn:
         migrations.check(conn, args.schema)
@@ -153,6 +160,95 @@ async def _run_until_signalled(worker: Any) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
     await worker.run()
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    from .scheduler import Scheduler
+
+    dsn = database_dsn(args)
+    with connect(dsn) as conn:
+        migrations.check(conn, args.schema)
+    specs = list(load_app(args.app).schedules.values()) if args.app else []
+    setup_logging(args.verbose)
+    asyncio.run(_run_until_signalled(_StandaloneScheduler(Scheduler(dsn, schema=args.schema, specs=specs))))
+    return 0
+
+
+class _StandaloneScheduler:
+    """Gives the scheduler the worker's run/stop shape for the signal handling above."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        logging.getLogger("jobtui.scheduler").info("scheduler started")
+        await self.scheduler.run(self._stopping)
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    from . import scheduler as sched
+
+    dsn = database_dsn(args)
+    with connect(dsn, autocommit=True) as conn:
+        migrations.check(conn, args.schema)
+        action = args.schedule_action
+        if action == "add":
+            spec = ScheduleSpec(
+                name=args.name,
+                cron=args.cron,
+                type=args.type,
+                payload=parse_payload(args.payload),
+                timezone=args.timezone,
+                offset=None if args.offset is None else parse_duration(args.offset),
+                missed=args.missed,
+                max_attempts=args.max_attempts,
+            )
+            with conn.transaction():
+                sched.upsert(conn, spec, source="cli", schema=args.schema)
+            print(f"schedule {args.name!r} saved")
+        elif action == "list":
+            _print_schedules(sched.list_schedules(conn, args.schema), as_json=args.json)
+        elif action == "pause":
+            changed = sched.pause(conn, args.name, args.schema)
+            print(f"schedule {args.name!r} {'paused' if changed else 'was already paused'}")
+        elif action == "resume":
+            changed = sched.resume(conn, args.name, args.schema)
+            print(f"schedule {args.name!r} {'resumed' if changed else 'was not paused'}")
+        elif action == "remove":
+            sched.remove(conn, args.name, args.schema)
+            print(f"schedule {args.name!r} removed")
+        elif action == "run-now":
+            print(sched.run_now(conn, args.name, args.schema))
+    return 0
+
+
+def _print_schedules(rows: list[Any], *, as_json: bool) -> None:
+    if as_json:
+        from dataclasses import asdict
+
+        print(json.dumps([asdict(r) for r in rows], default=str, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("name", "type", "cron", "tz", "next run", "last slot", "missed", "skipped", "state")
+    for r in rows:
+        table.add_row(
+            r.name,
+            r.job_type,
+            r.cron,
+            r.timezone,
+            r.next_run_at.isoformat(timespec="seconds"),
+            r.last_slot.isoformat(timespec="seconds"),
+            str(r.missed_count),
+            str(r.skipped_count),
+            "paused" if r.paused else "active",
+        )
+    Console().print(table)
 
 
 def positive_int(text: str) -> int:
@@ -200,8 +296,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id", help="worker name shown as locked_by (default host:pid)")
     p.add_argument("--shutdown-timeout", default="30s", help="time in-flight jobs get on SIGTERM (default 30s)")
     p.add_argument("--poll", default="1s", help="poll interval besides LISTEN wake-ups (default 1s)")
+    p.add_argument("--no-scheduler", action="store_true", help="do not run the scheduler in this worker")
+    p.add_argument("--retention", default="1d", help="how long done jobs stay before archiving (default 1d)")
+    p.add_argument("--dead-retention", default="30d", help="how long dead/failed jobs stay (default 30d)")
+    p.add_argument("--delete-done", action="store_true", help="delete done jobs instead of archiving them")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("scheduler", help="run only the scheduler (workers run one too)")
+    p.add_argument("--app", help="also sync the schedules declared in this app (pkg.module:jobs)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_scheduler)
+
+    p = sub.add_parser("schedule", help="manage cron schedules")
+    ssub = p.add_subparsers(dest="schedule_action", metavar="ACTION", required=True)
+    a = ssub.add_parser("add", help="create or update a schedule")
+    a.add_argument("name")
+    a.add_argument("--cron", required=True, help="5 fields, or 6 with seconds first")
+    a.add_argument("--type", required=True, help="job type to enqueue")
+    a.add_argument("--payload", default="{}")
+    a.add_argument("--timezone", default="UTC")
+    a.add_argument("--offset", help="delay added to each slot (default: stable spread from the name)")
+    a.add_argument("--missed", choices=["skip", "once", "all"], default="once", help="missed-slot policy")
+    a.add_argument("--max-attempts", type=positive_int, default=25)
+    a = ssub.add_parser("list", help="list schedules")
+    a.add_argument("--json", action="store_true")
+    for action, text in (
+        ("pause", "stop firing (slots count as skipped)"),
+        ("resume", "fire again from the next slot"),
+        ("remove", "delete a schedule"),
+        ("run-now", "enqueue the schedule's job now"),
+    ):
+        a = ssub.add_parser(action, help=text)
+        a.add_argument("name")
+    p.set_defaults(func=cmd_schedule)
 
     p = sub.add_parser("job", help="explain one job from its row")
     p.add_argument("id", type=job_id)

@@ -30,6 +30,7 @@ from .backoff import delay as backoff_delay
 from .db import Connection, statements
 from .domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJob, FailOutcome, Failure, JobStatus, Lease
 from .errors import InvalidInput
+from .maintenance import ARCHIVE_TYPE, Retention, with_builtins
 from .queue import (
     claim_call,
     complete_call,
@@ -40,6 +41,9 @@ from .queue import (
     release_call,
 )
 from .registry import Handler, Job, Jobs, Permanent, Retry
+from .scheduler import Scheduler
+
+DEFAULT_RETENTION = Retention()
 
 log = logging.getLogger("jobtui.worker")
 
@@ -156,6 +160,8 @@ class Worker:
         heartbeat_interval: float | None = None,
         reap_interval: float | None = None,
         shutdown_timeout: float = 30.0,
+        scheduler: bool = True,
+        retention: Retention | None = DEFAULT_RETENTION,
     ) -> None:
         if concurrency < 1:
             raise InvalidInput(f"concurrency must be at least 1, got {concurrency}")
@@ -163,6 +169,10 @@ class Worker:
             raise InvalidInput(f"lease must be at least 1 second, got {lease}")
         handled = list(jobs.handlers)
         selected = list(types) if types else handled
+        if retention is not None:
+            # The built-in archive job runs on every worker, whatever types it was given.
+            jobs = with_builtins(jobs, dsn, schema, retention)
+            selected = [*selected, ARCHIVE_TYPE]
         unknown = [t for t in selected if t not in jobs.handlers]
         if unknown:
             raise InvalidInput(
@@ -181,6 +191,7 @@ class Worker:
         self.heartbeat_interval = heartbeat_interval or lease / 3
         self.reap_interval = reap_interval or min(lease / 2, 15.0)
         self.shutdown_timeout = shutdown_timeout
+        self.scheduler = Scheduler(dsn, schema=schema, specs=list(jobs.schedules.values())) if scheduler else None
         self.in_flight: dict[int, InFlight] = {}
         self.paused = False
         self.counts = {"done": 0, "failed": 0, "retried": 0, "dead": 0, "lost": 0, "released": 0}
@@ -238,6 +249,8 @@ class Worker:
             asyncio.create_task(self._reap_loop(maint_conn), name="jobtui-reaper"),
             asyncio.create_task(self._listen_loop(), name="jobtui-listen"),
         ]
+        if self.scheduler is not None:
+            background.append(asyncio.create_task(self.scheduler.run(self._stopping), name="jobtui-scheduler"))
         try:
             await self._claim_loop(claim_conn)
             await self._drain()

@@ -1,0 +1,104 @@
+"""Keeping the queue table small: finished jobs move to `job_archive` (or are deleted) once
+their retention passes, in bounded batches.
+
+The archiver runs as a built-in schedule (`jobtui.archive`, every minute) whose job any
+worker runs, so it happens once per minute however many workers there are; the reaper
+lives in the worker itself (see worker.py) because it must run even when no job can.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from .domain import DEFAULT_SCHEMA
+from .queue import Call, run
+from .registry import Job, Jobs, ScheduleSpec
+
+ARCHIVE_TYPE = "jobtui.archive"
+ARCHIVE_CRON = "* * * * *"
+BATCH = 5000
+# One run stops after this many rows, so a large backlog is worked off over several minutes
+# instead of in one long job.
+MAX_ROWS_PER_RUN = 200_000
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long finished jobs stay in the queue table (seconds)."""
+
+    done: float = 86400.0
+    dead: float = 30 * 86400.0
+    archive: float | None = 30 * 86400.0  # rows in job_archive; None keeps them forever
+    delete_done: bool = False  # delete done jobs instead of archiving them
+
+    def payload(self) -> dict[str, Any]:
+        return {"done": self.done, "dead": self.dead, "archive": self.archive, "delete_done": self.delete_done}
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> Retention:
+        return cls(
+            done=float(payload.get("done", 86400.0)),
+            dead=float(payload.get("dead", 30 * 86400.0)),
+            archive=None if payload.get("archive") is None else float(payload["archive"]),
+            delete_done=bool(payload.get("delete_done", False)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Swept:
+    archived: int
+    deleted_done: int
+    deleted_dead: int
+    deleted_archive: int
+
+
+def _count(rows: list[Any]) -> int:
+    return int(rows[0][0]) if rows else 0
+
+
+def _batches(conn: psycopg.Connection[Any], name: str, retention: float, schema: str) -> int:
+    total = 0
+    while total < MAX_ROWS_PER_RUN:
+        with conn.transaction():
+            n = run(conn, Call(name, {"retention": retention, "limit": BATCH}, _count), schema)
+        total += n
+        if n < BATCH:
+            break
+    return total
+
+
+def sweep(conn: psycopg.Connection[Any], retention: Retention, schema: str = DEFAULT_SCHEMA) -> Swept:
+    """Archive (or delete) done jobs past retention; delete dead/failed past theirs.
+
+    Each batch is its own short transaction so the sweep never holds many locks.
+    """
+    archived = deleted_done = deleted_archive = 0
+    if retention.delete_done:
+        deleted_done = _batches(conn, "delete_done", retention.done, schema)
+    else:
+        archived = _batches(conn, "archive_done", retention.done, schema)
+    deleted_dead = _batches(conn, "delete_dead", retention.dead, schema)
+    if retention.archive is not None:
+        deleted_archive = _batches(conn, "delete_archive", retention.archive, schema)
+    return Swept(archived, deleted_done, deleted_dead, deleted_archive)
+
+
+def with_builtins(jobs: Jobs, dsn: str, schema: str, retention: Retention) -> Jobs:
+    """A copy of `jobs` plus the built-in archive handler and its schedule."""
+    merged = Jobs(dict(jobs.handlers), dict(jobs.schedules), list(jobs.dead_callbacks))
+
+    @merged.handler(ARCHIVE_TYPE, max_attempts=3, timeout=600)
+    def archive(job: Job) -> None:
+        from .db import connect
+
+        with connect(dsn) as conn:
+            conn.autocommit = True
+            sweep(conn, Retention.from_payload(job.payload or {}), schema)
+
+    merged.schedules[ARCHIVE_TYPE] = ScheduleSpec(
+        name=ARCHIVE_TYPE, cron=ARCHIVE_CRON, type=ARCHIVE_TYPE, payload=retention.payload(), offset=0.0, missed="once"
+    )
+    return merged
