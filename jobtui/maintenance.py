@@ -86,6 +86,17 @@ def sweep(conn: psycopg.Connection[Any], retention: Retention, schema: str = DEF
     return Swept(archived, deleted_done, deleted_dead, deleted_archive)
 
 
+def summarise_hours(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> int:
+    """Summarise each completed hour of the last day once (for day-long figures); returns
+    the number of hours summarised. Runs before archiving, which removes their rows."""
+    hours = run(conn, Call("stats_missing_hours", {}, lambda rows: [r[0] for r in rows]), schema)
+    for hour in hours:
+        with conn.transaction():
+            run(conn, Call("stats_summarise_hour", {"hour": hour}, _count), schema)
+    run(conn, Call("stats_prune_hours", {}, _count), schema)
+    return len(hours)
+
+
 def with_builtins(jobs: Jobs, dsn: str, schema: str, retention: Retention) -> Jobs:
     """A copy of `jobs` plus the built-in archive handler and its schedule."""
     merged = Jobs(dict(jobs.handlers), dict(jobs.schedules), list(jobs.dead_callbacks))
@@ -96,6 +107,7 @@ def with_builtins(jobs: Jobs, dsn: str, schema: str, retention: Retention) -> Jo
 
         with connect(dsn) as conn:
             conn.autocommit = True
+            summarise_hours(conn, schema)
             sweep(conn, Retention.from_payload(job.payload or {}), schema)
 
     merged.schedules[ARCHIVE_TYPE] = ScheduleSpec(

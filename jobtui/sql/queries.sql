@@ -340,7 +340,15 @@ WITH moved AS (
                  FOR UPDATE SKIP LOCKED)
     RETURNING *
 ), archived AS (
-    INSERT INTO {schema}.job_archive SELECT * FROM moved RETURNING 1
+    INSERT INTO {schema}.job_archive
+        (id, type, payload, idempotency_key, status, run_at, attempts, max_attempts, locked_by,
+         locked_until, lease_token, heartbeat_at, last_error, errors, lease_expirations,
+         created_at, started_at, finished_at, error_fingerprint)
+    SELECT id, type, payload, idempotency_key, status, run_at, attempts, max_attempts, locked_by,
+           locked_until, lease_token, heartbeat_at, last_error, errors, lease_expirations,
+           created_at, started_at, finished_at, error_fingerprint
+    FROM moved
+    RETURNING 1
 )
 SELECT count(*) FROM archived;
 
@@ -379,3 +387,109 @@ WITH gone AS (
     RETURNING 1
 )
 SELECT count(*) FROM gone;
+
+-- name: metrics_ready
+-- Ready jobs by type; the age counts only jobs already due (a delayed job is not late).
+SELECT type, count(*), count(*) FILTER (WHERE run_at <= now()),
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now()))
+FROM {schema}.job WHERE status = 'ready'
+GROUP BY type;
+
+-- name: metrics_running
+SELECT type, locked_by, count(*), count(*) FILTER (WHERE locked_until < now()),
+       extract(epoch FROM now() - min(heartbeat_at))
+FROM {schema}.job WHERE status = 'running'
+GROUP BY type, locked_by;
+
+-- name: metrics_dead
+-- Dead and failed jobs grouped by type and error fingerprint.
+SELECT status, type, coalesce(error_fingerprint, ''), count(*), min(finished_at), max(finished_at),
+       max(id), (array_agg(attempts ORDER BY id DESC))[1]
+FROM {schema}.job WHERE status IN ('dead', 'failed')
+GROUP BY status, type, error_fingerprint
+ORDER BY count(*) DESC;
+
+-- name: metrics_dead_attempts
+SELECT attempts, count(*) FROM {schema}.job WHERE status IN ('dead', 'failed') AND finished_at > now() - interval '1 hour'
+GROUP BY attempts;
+
+-- name: metrics_done_last_hour
+-- Done jobs of the last hour by minute and attempts used: throughput and the attempts
+-- distribution from the index alone.
+SELECT extract(epoch FROM now() - date_trunc('minute', finished_at))::int / 60, attempts, count(*)
+FROM {schema}.job WHERE status = 'done' AND finished_at > now() - interval '1 hour'
+GROUP BY 1, 2;
+
+-- name: metrics_day
+-- The last 24 completed hours' summaries (filled by the archiver).
+SELECT status, attempts, sum(jobs)::bigint FROM {schema}.stats_hourly
+WHERE hour >= date_trunc('hour', now()) - interval '24 hours'
+GROUP BY status, attempts;
+
+-- name: metrics_lease_expiries
+-- Expirations per hour of the last 24 hours (hours ago, count), and the latest ones.
+SELECT extract(epoch FROM date_trunc('hour', now()) - date_trunc('hour', reaped_at))::int / 3600, count(*)
+FROM {schema}.lease_expiry WHERE reaped_at > now() - interval '24 hours'
+GROUP BY 1;
+
+-- name: metrics_recent_expiries
+SELECT job_id, job_type, worker, attempt, expired_at, reaped_at, outcome
+FROM {schema}.lease_expiry ORDER BY reaped_at DESC, id DESC LIMIT %(limit)s;
+
+-- name: metrics_schedules
+SELECT name, job_type, cron, paused, next_run_at, last_slot, missed_count, skipped_count,
+       missed_slots, extract(epoch FROM next_run_at - now())
+FROM {schema}.schedule ORDER BY name;
+
+-- name: metrics_tables
+-- Table health from the statistics collector, plus an estimate of all rows (no scan).
+SELECT s.relname, s.n_live_tup, s.n_dead_tup, s.last_autovacuum, s.last_vacuum,
+       s.last_autoanalyze, c.reltuples::bigint
+FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+WHERE s.schemaname = %(schema_name)s;
+
+-- name: metrics_lock_waits
+-- Sessions waiting for a lock on one of jobtui's tables, and the longest wait.
+SELECT count(*), coalesce(max(extract(epoch FROM now() - a.state_change)), 0)
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+JOIN pg_class c ON c.oid = l.relation JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE NOT l.granted AND n.nspname = %(schema_name)s;
+
+-- name: metrics_oldest_xact
+-- The oldest open transaction of this database: it holds back vacuum on the queue table.
+SELECT extract(epoch FROM now() - xact_start), pid, coalesce(application_name, ''), coalesce(state, '')
+FROM pg_stat_activity
+WHERE datname = current_database() AND xact_start IS NOT NULL AND backend_xmin IS NOT NULL
+  AND pid <> pg_backend_pid()
+ORDER BY xact_start LIMIT 1;
+
+-- name: stats_missing_hours
+-- Completed hours of the last day that have no summary yet.
+SELECT h FROM generate_series(date_trunc('hour', now()) - interval '24 hours',
+                              date_trunc('hour', now()) - interval '1 hour', interval '1 hour') AS h
+WHERE NOT EXISTS (SELECT 1 FROM {schema}.stats_hourly s WHERE s.hour = h);
+
+-- name: stats_summarise_hour
+-- One completed hour's finished jobs by type, status and attempts, plus a marker row so an
+-- hour with no jobs is not summarised again.
+INSERT INTO {schema}.stats_hourly (hour, type, status, attempts, jobs)
+SELECT %(hour)s::timestamptz, type, status, attempts, count(*)
+FROM {schema}.job
+WHERE status IN ('done', 'dead', 'failed')
+  AND finished_at >= %(hour)s::timestamptz AND finished_at < %(hour)s::timestamptz + interval '1 hour'
+GROUP BY type, status, attempts
+UNION ALL
+SELECT %(hour)s::timestamptz, '', 'summarised', 0, 0
+ON CONFLICT DO NOTHING;
+
+-- name: stats_prune_hours
+DELETE FROM {schema}.stats_hourly WHERE hour < now() - interval '8 days';
+
+-- name: audit_insert
+INSERT INTO {schema}.audit (actor, action, target, job_ids, rows, detail)
+VALUES (%(actor)s, %(action)s, %(target)s, %(job_ids)s, %(rows)s, %(detail)s)
+RETURNING id;
+
+-- name: audit_list
+SELECT id, at, actor, action, target, job_ids, rows, detail FROM {schema}.audit
+ORDER BY id DESC LIMIT %(limit)s;

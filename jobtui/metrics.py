@@ -1,0 +1,257 @@
+"""Read-only snapshots of the queue's health, for `jobtui stats`, the console and Prometheus.
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        snap = snapshot(conn)
+        print(snap.oldest_ready_age)
+
+Every query reads a partial index (ready, running, dead/failed, the last hour of done) or a
+small table; none reads the done history. The done count is the planner's estimate and is
+labelled so (`done_estimate`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from .domain import DEFAULT_SCHEMA
+from .queue import Call, run
+
+
+@dataclass(frozen=True, slots=True)
+class TypeCounts:
+    type: str
+    ready: int = 0
+    ready_due: int = 0
+    oldest_ready_age: float | None = None  # seconds the oldest due job has waited
+    running: int = 0
+    dead: int = 0
+    failed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RunningGroup:
+    type: str
+    worker: str | None
+    jobs: int
+    expired: int  # leases past locked_until, not reaped yet
+    oldest_heartbeat_age: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadGroup:
+    status: str
+    type: str
+    fingerprint: str
+    jobs: int
+    first_seen: datetime | None
+    last_seen: datetime | None
+    latest_job_id: int
+    latest_attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseExpiry:
+    job_id: int
+    type: str
+    worker: str | None
+    attempt: int
+    expired_at: datetime
+    reaped_at: datetime
+    outcome: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleHealth:
+    name: str
+    job_type: str
+    cron: str
+    paused: bool
+    next_run_at: datetime
+    last_slot: datetime
+    missed: int
+    skipped: int
+    missed_slots: list[str]
+    next_in: float
+
+
+@dataclass(frozen=True, slots=True)
+class TableHealth:
+    table: str
+    live_rows: int
+    dead_rows: int
+    last_autovacuum: datetime | None
+    last_vacuum: datetime | None
+    last_autoanalyze: datetime | None
+    rows_estimate: int
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything the console header and panes need, from one round of queries."""
+
+    taken_at: datetime
+    by_type: list[TypeCounts]
+    running: list[RunningGroup]
+    dead: list[DeadGroup]
+    done_per_minute: list[int]  # index 0 = the current minute, up to 60 minutes back
+    attempts_last_hour: dict[str, dict[int, int]]  # status -> attempts -> jobs
+    attempts_last_day: dict[str, dict[int, int]]
+    lease_expiries_per_hour: list[int]  # index 0 = the current hour, 24 hours back
+    recent_expiries: list[LeaseExpiry]
+    schedules: list[ScheduleHealth]
+    tables: list[TableHealth]
+    lock_waits: int
+    longest_lock_wait: float
+    oldest_xact_age: float | None
+    oldest_xact_pid: int | None
+    done_estimate: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ready(self) -> int:
+        return sum(t.ready for t in self.by_type)
+
+    @property
+    def ready_due(self) -> int:
+        return sum(t.ready_due for t in self.by_type)
+
+    @property
+    def running_count(self) -> int:
+        return sum(t.running for t in self.by_type)
+
+    @property
+    def dead_count(self) -> int:
+        return sum(t.dead for t in self.by_type)
+
+    @property
+    def failed_count(self) -> int:
+        return sum(t.failed for t in self.by_type)
+
+    @property
+    def oldest_ready_age(self) -> float | None:
+        ages = [t.oldest_ready_age for t in self.by_type if t.oldest_ready_age is not None]
+        return max(ages) if ages else None
+
+    @property
+    def expired_leases(self) -> int:
+        return sum(g.expired for g in self.running)
+
+    @property
+    def lease_expiries_last_hour(self) -> int:
+        return self.lease_expiries_per_hour[0] if self.lease_expiries_per_hour else 0
+
+    @property
+    def missed_slots(self) -> int:
+        return sum(s.missed for s in self.schedules)
+
+    @property
+    def done_last_minute(self) -> int:
+        # The current minute is partial; the last full minute is the steadier figure.
+        return self.done_per_minute[1] if len(self.done_per_minute) > 1 else 0
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["totals"] = {
+            "ready": self.ready,
+            "ready_due": self.ready_due,
+            "running": self.running_count,
+            "dead": self.dead_count,
+            "failed": self.failed_count,
+            "done_estimate": self.done_estimate,
+            "oldest_ready_age": self.oldest_ready_age,
+            "expired_leases": self.expired_leases,
+            "lease_expiries_last_hour": self.lease_expiries_last_hour,
+            "missed_slots": self.missed_slots,
+            "done_last_minute": self.done_last_minute,
+        }
+        return data
+
+
+def _rows(rows: list[Any]) -> list[Any]:
+    return rows
+
+
+def _q(conn: psycopg.Connection[Any], name: str, schema: str, **params: Any) -> list[Any]:
+    return run(conn, Call(name, params, _rows), schema)
+
+
+def _distribution(rows: list[Any]) -> dict[str, dict[int, int]]:
+    out: dict[str, dict[int, int]] = {}
+    for status, attempts, jobs in rows:
+        if status in ("done", "dead", "failed"):
+            out.setdefault(status, {})[int(attempts)] = int(jobs)
+    return out
+
+
+def snapshot(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, recent_expiries: int = 50) -> Snapshot:
+    """Take a snapshot; read-only, safe with a role that can only SELECT."""
+    counts: dict[str, dict[str, Any]] = {}
+
+    def slot(job_type: str) -> dict[str, Any]:
+        return counts.setdefault(job_type, {"type": job_type})
+
+    with conn.transaction():
+        # One REPEATABLE READ-like view is not needed: each figure is independent.
+        taken_at = _q(conn, "db_now", schema)[0][0]
+        for job_type, ready, due, age in _q(conn, "metrics_ready", schema):
+            slot(job_type).update(ready=ready, ready_due=due, oldest_ready_age=None if age is None else float(age))
+        running = []
+        for job_type, worker, jobs, expired, hb_age in _q(conn, "metrics_running", schema):
+            running.append(RunningGroup(job_type, worker, jobs, expired, None if hb_age is None else float(hb_age)))
+            s = slot(job_type)
+            s["running"] = s.get("running", 0) + jobs
+        dead = []
+        for status, job_type, fp, jobs, first, last, latest, attempts in _q(conn, "metrics_dead", schema):
+            dead.append(DeadGroup(status, job_type, fp, jobs, first, last, latest, attempts))
+            s = slot(job_type)
+            s[status] = s.get(status, 0) + jobs
+        per_minute = [0] * 61
+        hour_attempts: dict[int, int] = {}
+        for minutes_ago, attempts, jobs in _q(conn, "metrics_done_last_hour", schema):
+            if 0 <= minutes_ago <= 60:
+                per_minute[minutes_ago] += jobs
+            hour_attempts[attempts] = hour_attempts.get(attempts, 0) + jobs
+        attempts_hour: dict[str, dict[int, int]] = {"done": hour_attempts}
+        dead_attempts = {int(a): int(n) for a, n in _q(conn, "metrics_dead_attempts", schema)}
+        if dead_attempts:
+            attempts_hour["dead_or_failed"] = dead_attempts
+        attempts_day = _distribution(_q(conn, "metrics_day", schema))
+        per_hour = [0] * 25
+        for hours_ago, jobs in _q(conn, "metrics_lease_expiries", schema):
+            if 0 <= hours_ago <= 24:
+                per_hour[hours_ago] += jobs
+        expiries = [LeaseExpiry(*r) for r in _q(conn, "metrics_recent_expiries", schema, limit=recent_expiries)]
+        schedules = [
+            ScheduleHealth(n, t, c, p, nr, ls, m, sk, list(ms or []), float(ni or 0.0))
+            for n, t, c, p, nr, ls, m, sk, ms, ni in _q(conn, "metrics_schedules", schema)
+        ]
+        tables = [TableHealth(*r) for r in _q(conn, "metrics_tables", schema, schema_name=schema)]
+        waits, longest = _q(conn, "metrics_lock_waits", schema, schema_name=schema)[0]
+        oldest = _q(conn, "metrics_oldest_xact", schema)
+    by_type = [TypeCounts(**counts[t]) for t in sorted(counts)]
+    job_table = next((t for t in tables if t.table == "job"), None)
+    exact = sum(t.ready + t.running + t.dead + t.failed for t in by_type)
+    done_estimate = max(0, (job_table.rows_estimate if job_table else 0) - exact)
+    return Snapshot(
+        taken_at=taken_at,
+        by_type=by_type,
+        running=running,
+        dead=dead,
+        done_per_minute=per_minute[:60],
+        attempts_last_hour=attempts_hour,
+        attempts_last_day=attempts_day,
+        lease_expiries_per_hour=per_hour[:24],
+        recent_expiries=expiries,
+        schedules=schedules,
+        tables=tables,
+        lock_waits=int(waits),
+        longest_lock_wait=float(longest),
+        oldest_xact_age=float(oldest[0][0]) if oldest else None,
+        oldest_xact_pid=int(oldest[0][1]) if oldest else None,
+        done_estimate=done_estimate,
+        notes=["done_estimate comes from the planner's row estimate, not a count"],
+    )
