@@ -61,10 +61,15 @@ class Call(Generic[T]):
 # -- validation ---------------------------------------------------------------------------
 
 
+# json.dumps with non-default options builds a new encoder per call; bulk enqueue encodes
+# one payload per job, so the encoder is built once (same options, same output).
+_JSON_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+
+
 def encode_payload(payload: Any) -> str:
     """The payload as JSON text, or InvalidInput saying why it cannot be stored."""
     try:
-        text = json.dumps({} if payload is None else payload, ensure_ascii=False, allow_nan=False)
+        text = _JSON_ENCODER.encode({} if payload is None else payload)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"payload is not JSON-serialisable ({exc}); pass dicts, lists, str, numbers") from None
     try:
@@ -526,36 +531,126 @@ class Queue:
         return self.run(get_job_call(job_id))
 
     def requeue(self, ids: Sequence[int], *, actor: str) -> list[int]:
-        """Move dead or failed jobs back to ready; returns the ids moved."""
-        return self._notify_after(requeue_call(ids, actor))
+        """Move dead or failed jobs back to ready; returns the ids moved. Audited."""
+        return self._operate(requeue_call(ids, actor), "requeue", actor, _ids_target(ids), notify=True)
 
     def requeue_matching(self, *, job_type: str | None = None, error: str | None = None, actor: str) -> list[int]:
-        """Requeue every dead or failed job of `job_type` whose last error matches `error`."""
-        return self._notify_after(requeue_matching_call(job_type, error, actor))
+        """Requeue every dead or failed job of `job_type` whose last error matches `error`
+        (a case-insensitive regular expression). Audited."""
+        check_pattern(error)
+        call = requeue_matching_call(job_type, error, actor)
+        return self._operate(call, "requeue", actor, _match_target(job_type, error), notify=True)
 
-    def count_requeueable(self, *, job_type: str | None = None, error: str | None = None) -> int:
-        return self.run(requeue_matching_count_call(job_type, error))
+    def count_requeueable(
+        self, *, job_type: str | None = None, error: str | None = None, actor: str | None = None
+    ) -> int:
+        """How many jobs `requeue_matching` would move; audited as a dry run when `actor` is given."""
+        check_pattern(error)
+        count = self.run(requeue_matching_count_call(job_type, error))
+        if actor is not None:
+            self._operate(None, "requeue-dry-run", actor, _match_target(job_type, error), rows=count)
+        return count
 
     def kill_lease(self, ids: Sequence[int], *, actor: str) -> list[int]:
-        """Return running jobs to ready now; their workers' late outcomes are rejected."""
-        return self._notify_after(kill_lease_call(ids, actor))
+        """Return running jobs to ready now; their workers' late outcomes are rejected. Audited."""
+        return self._operate(kill_lease_call(ids, actor), "kill-lease", actor, _ids_target(ids), notify=True)
 
     def cancel(self, ids: Sequence[int], *, actor: str) -> list[int]:
-        """Mark ready or running jobs failed."""
-        return self.run(cancel_call(ids, actor))
+        """Mark ready or running jobs failed. Audited."""
+        return self._operate(cancel_call(ids, actor), "cancel", actor, _ids_target(ids))
 
-    def _notify_after(self, call: Call[list[int]]) -> list[int]:
+    def audit(self, limit: int = 100) -> list[AuditEntry]:
+        """The newest operator actions first."""
+        return self.run(audit_list_call(limit))
+
+    def _operate(
+        self,
+        call: Call[list[int]] | None,
+        action: str,
+        actor: str,
+        target: str,
+        *,
+        notify: bool = False,
+        rows: int | None = None,
+    ) -> list[int]:
+        """Run an operator's change and its audit row in one transaction."""
+
         def both(conn: psycopg.Connection[Any]) -> list[int]:
-            ids = run(conn, call, self.schema)
-            if ids:
-                run(
-                    conn,
-                    Call("notify_ready", {"channel": statements(self.schema).channel}, lambda r: None),
-                    self.schema,
-                )
+            with conn.transaction():
+                ids = run(conn, call, self.schema) if call is not None else []
+                run(conn, audit_call(actor, action, target, ids, len(ids) if rows is None else rows), self.schema)
+                if notify and ids:
+                    channel = statements(self.schema).channel
+                    run(conn, Call("notify_ready", {"channel": channel}, lambda r: None), self.schema)
             return ids
 
         return self._with_conn(None, both)
+
+
+def _match_target(job_type: str | None, error: str | None) -> str:
+    return f"type={job_type or '*'} error={error or '*'}"
+
+
+def _ids_target(ids: Sequence[int]) -> str:
+    shown = ",".join(str(i) for i in list(ids)[:20])
+    return f"jobs {shown}{'...' if len(ids) > 20 else ''}"
+
+
+def check_pattern(pattern: str | None) -> None:
+    """Raise InvalidInput unless `pattern` is a regular expression PostgreSQL accepts."""
+    if pattern is None:
+        return
+    import re
+
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise InvalidInput(f"bad --error pattern {pattern!r}: {exc}; it is a regular expression") from None
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    id: int
+    at: Any
+    actor: str
+    action: str
+    target: str | None
+    job_ids: list[int]
+    rows: int
+    detail: Any
+
+
+def audit_call(
+    actor: str, action: str, target: str | None, job_ids: Sequence[int], rows: int, detail: Any = None
+) -> Call[int]:
+    params = {
+        "actor": actor,
+        "action": action,
+        "target": target,
+        "job_ids": list(job_ids),
+        "rows": rows,
+        "detail": json.dumps(detail or {}),
+    }
+    return Call("audit_insert", params, lambda r: int(r[0][0]))
+
+
+def audit_list_call(limit: int) -> Call[list[AuditEntry]]:
+    return Call("audit_list", {"limit": limit}, lambda rows: [AuditEntry(*r) for r in rows])
+
+
+def record_audit(
+    conn: psycopg.Connection[Any],
+    actor: str,
+    action: str,
+    target: str | None,
+    rows: int,
+    *,
+    job_ids: Sequence[int] = (),
+    detail: Any = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> int:
+    """Write one audit row on `conn` (in its transaction)."""
+    return run(conn, audit_call(actor, action, target, job_ids, rows, detail), schema)
 
 
 class AsyncQueue:
