@@ -16,13 +16,14 @@ from typing import Any
 
 import psycopg
 
+from . import cli_ops as ops
 from . import migrate as migrations
 from .db import connect, describe_dsn, embedded_dsn, resolve_dsn
 from .durations import parse_duration
 from .errors import InvalidInput, JobtuiError, UnknownJob
 from .explain import explain
 from .maintenance import Retention
-from .queue import Queue
+from .queue import Queue, record_audit
 from .registry import ScheduleSpec, load_app
 
 Command = Callable[[argparse.Namespace], int]
@@ -136,6 +137,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     with connect(dsn) as conn:
         migrations.check(conn, args.schema)
     setup_logging(args.verbose)
+    if args.metrics_port:
+        from .prometheus import serve
+
+        serve(dsn, args.metrics_port, args.schema)
     asyncio.run(_run_until_signalled(worker))
     return 0
 
@@ -209,20 +214,21 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             )
             with conn.transaction():
                 sched.upsert(conn, spec, source="cli", schema=args.schema)
+                record_audit(conn, args.actor, "schedule-add", f"schedule {args.name}", 1, schema=args.schema)
             print(f"schedule {args.name!r} saved")
         elif action == "list":
             _print_schedules(sched.list_schedules(conn, args.schema), as_json=args.json)
         elif action == "pause":
-            changed = sched.pause(conn, args.name, args.schema)
+            changed = sched.pause(conn, args.name, args.schema, actor=args.actor)
             print(f"schedule {args.name!r} {'paused' if changed else 'was already paused'}")
         elif action == "resume":
-            changed = sched.resume(conn, args.name, args.schema)
+            changed = sched.resume(conn, args.name, args.schema, actor=args.actor)
             print(f"schedule {args.name!r} {'resumed' if changed else 'was not paused'}")
         elif action == "remove":
-            sched.remove(conn, args.name, args.schema)
+            sched.remove(conn, args.name, args.schema, actor=args.actor)
             print(f"schedule {args.name!r} removed")
         elif action == "run-now":
-            print(sched.run_now(conn, args.name, args.schema))
+            print(sched.run_now(conn, args.name, args.schema, actor=args.actor))
     return 0
 
 
@@ -271,10 +277,75 @@ def job_id(text: str) -> int:
     return value
 
 
+def _with_dsn(fn: Callable[[argparse.Namespace, str], int]) -> Command:
+    def command(args: argparse.Namespace) -> int:
+        dsn = database_dsn(args)
+        with connect(dsn) as conn:
+            migrations.check(conn, args.schema)
+        return fn(args, dsn)
+
+    return command
+
+
+def _with_queue(fn: Callable[[argparse.Namespace, Queue], int]) -> Command:
+    def command(args: argparse.Namespace) -> int:
+        with open_queue(args) as queue:
+            return fn(args, queue)
+
+    return command
+
+
+def port_number(text: str) -> int:
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
+    return value
+
+
+def add_operator_commands(sub: Any) -> None:
+    p = sub.add_parser("stats", help="the queue's health: ages, counts, throughput, dead groups")
+    p.add_argument("--json", action="store_true", help="one JSON document for scripts")
+    p.add_argument("--watch", type=float, nargs="?", const=2.0, help="refresh every N seconds (default 2)")
+    p.set_defaults(func=_with_dsn(ops.cmd_stats))
+
+    p = sub.add_parser("dead", help="dead and failed jobs grouped by error fingerprint")
+    p.add_argument("--type", help="only this job type")
+    p.add_argument("--error", help="only fingerprints matching this regular expression")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_with_dsn(ops.cmd_dead))
+
+    p = sub.add_parser("requeue", help="move dead/failed jobs back to ready")
+    p.add_argument("ids", nargs="*", type=job_id, help="job ids")
+    p.add_argument("--type", help="every dead/failed job of this type")
+    p.add_argument("--error", help="whose last error matches this regular expression (case-insensitive)")
+    p.add_argument("--all", action="store_true", help="every dead/failed job")
+    p.add_argument("--dry-run", action="store_true", help="count, change nothing")
+    p.set_defaults(func=_with_queue(ops.cmd_requeue))
+
+    p = sub.add_parser("kill-lease", help="return running jobs to ready now")
+    p.add_argument("ids", nargs="+", type=job_id)
+    p.set_defaults(func=_with_queue(ops.cmd_kill_lease))
+
+    p = sub.add_parser("cancel", help="mark ready or running jobs failed")
+    p.add_argument("ids", nargs="+", type=job_id)
+    p.set_defaults(func=_with_queue(ops.cmd_cancel))
+
+    p = sub.add_parser("audit", help="operator actions, newest first")
+    p.add_argument("--limit", type=positive_int, default=50)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_with_queue(ops.cmd_audit))
+
+    p = sub.add_parser("metrics", help="serve Prometheus metrics")
+    p.add_argument("--port", type=port_number, required=True)
+    p.add_argument("--addr", default="0.0.0.0", help="listen address (default 0.0.0.0)")
+    p.set_defaults(func=_with_dsn(ops.cmd_metrics))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jobtui", description="PostgreSQL job queue and operator console")
     parser.add_argument("--dsn", help="PostgreSQL DSN (default: JOBTUI_DSN, DATABASE_URL, else embedded server)")
     parser.add_argument("--schema", default="jobtui", help="schema holding jobtui's tables (default: jobtui)")
+    parser.add_argument("--actor", default=default_actor(), help="who acts, for the audit log (default user@host)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("migrate", help="create or upgrade the schema")
@@ -297,6 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-timeout", default="30s", help="time in-flight jobs get on SIGTERM (default 30s)")
     p.add_argument("--poll", default="1s", help="poll interval besides LISTEN wake-ups (default 1s)")
     p.add_argument("--no-scheduler", action="store_true", help="do not run the scheduler in this worker")
+    p.add_argument("--metrics-port", type=port_number, help="serve Prometheus /metrics on this port")
     p.add_argument("--retention", default="1d", help="how long done jobs stay before archiving (default 1d)")
     p.add_argument("--dead-retention", default="30d", help="how long dead/failed jobs stay (default 30d)")
     p.add_argument("--delete-done", action="store_true", help="delete done jobs instead of archiving them")
@@ -330,6 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
         a = ssub.add_parser(action, help=text)
         a.add_argument("name")
     p.set_defaults(func=cmd_schedule)
+
+    add_operator_commands(sub)
 
     p = sub.add_parser("job", help="explain one job from its row")
     p.add_argument("id", type=job_id)

@@ -109,6 +109,7 @@ class Snapshot:
     oldest_xact_age: float | None
     oldest_xact_pid: int | None
     done_estimate: int = 0
+    lease_expirations_total: int = 0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -224,6 +225,7 @@ def snapshot(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, recent
         for hours_ago, jobs in _q(conn, "metrics_lease_expiries", schema):
             if 0 <= hours_ago <= 24:
                 per_hour[hours_ago] += jobs
+        expirations_total = int(_q(conn, "metrics_lease_expiry_total", schema)[0][0])
         expiries = [LeaseExpiry(*r) for r in _q(conn, "metrics_recent_expiries", schema, limit=recent_expiries)]
         schedules = [
             ScheduleHealth(n, t, c, p, nr, ls, m, sk, list(ms or []), float(ni or 0.0))
@@ -253,5 +255,6 @@ def snapshot(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, recent
         oldest_xact_age=float(oldest[0][0]) if oldest else None,
         oldest_xact_pid=int(oldest[0][1]) if oldest else None,
         done_estimate=done_estimate,
+        lease_expirations_total=expirations_total,
         notes=["done_estimate comes from the planner's row estimate, not a count"],
     )

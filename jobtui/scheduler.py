@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -25,7 +25,7 @@ from .cronslots import MissedPolicy
 from .db import Connection, statements
 from .domain import DEFAULT_SCHEMA
 from .errors import InvalidInput, JobtuiError
-from .queue import Call, arun, check_type, encode_payload, run
+from .queue import Call, arun, check_type, encode_payload, record_audit, run
 from .registry import ScheduleSpec
 
 log = logging.getLogger("jobtui.scheduler")
@@ -125,31 +125,50 @@ def list_schedules(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) 
     return run(conn, Call("schedule_list", {}, lambda rows: [ScheduleRow(*r) for r in rows]), schema)
 
 
-def pause(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA) -> bool:
+def pause(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA, *, actor: str | None = None) -> bool:
     """Pause `name`; False when it was already paused. Takes effect at the next tick."""
     with conn.transaction():
         _lock(conn, name, schema)
-        return bool(run(conn, Call("schedule_pause", {"name": name}, _rows), schema))
+        changed = bool(run(conn, Call("schedule_pause", {"name": name}, _rows), schema))
+        _audit(conn, actor, "schedule-pause", name, int(changed), schema)
+        return changed
 
 
-def resume(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA) -> bool:
+def resume(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA, *, actor: str | None = None) -> bool:
     """Resume `name`; slots passed while paused count as skipped. False when not paused."""
     with conn.transaction():
         _, cron, timezone, paused, last_slot, _, now = _lock(conn, name, schema)
-        if not paused:
-            return False
-        skipped = len(cronslots.slots_between(cron, timezone, last_slot, now, limit=MAX_SKIPPED_COUNTED))
-        params = {"name": name, "next_run_at": cronslots.next_slot(cron, timezone, now), "skipped": skipped}
-        return bool(run(conn, Call("schedule_resume", params, _rows), schema))
+        changed = False
+        if paused:
+            skipped = len(cronslots.slots_between(cron, timezone, last_slot, now, limit=MAX_SKIPPED_COUNTED))
+            params = {"name": name, "next_run_at": cronslots.next_slot(cron, timezone, now), "skipped": skipped}
+            changed = bool(run(conn, Call("schedule_resume", params, _rows), schema))
+        _audit(conn, actor, "schedule-resume", name, int(changed), schema)
+        return changed
 
 
-def remove(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA) -> None:
-    if not run(conn, Call("schedule_remove", {"name": name}, _rows), schema):
-        raise UnknownSchedule(f"no schedule named {name!r}; see `jobtui schedule list`")
+def remove(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA, *, actor: str | None = None) -> None:
+    with conn.transaction():
+        if not run(conn, Call("schedule_remove", {"name": name}, _rows), schema):
+            raise UnknownSchedule(f"no schedule named {name!r}; see `jobtui schedule list`")
+        _audit(conn, actor, "schedule-remove", name, 1, schema)
 
 
-def run_now(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA) -> int:
+def _audit(conn: psycopg.Connection[Any], actor: str | None, action: str, name: str, rows: int, schema: str) -> None:
+    if actor is not None:
+        record_audit(conn, actor, action, f"schedule {name}", rows, schema=schema)
+
+
+def run_now(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA, *, actor: str | None = None) -> int:
     """Enqueue the schedule's job now, outside its slots; returns the job id."""
+    with conn.transaction():
+        job_id = _run_now(conn, name, schema)
+        if actor is not None:
+            record_audit(conn, actor, "schedule-run-now", f"schedule {name}", 1, job_ids=[job_id], schema=schema)
+        return job_id
+
+
+def _run_now(conn: psycopg.Connection[Any], name: str, schema: str) -> int:
     rows = run(conn, Call("schedule_get", {"name": name}, _rows), schema)
     if not rows:
         raise UnknownSchedule(f"no schedule named {name!r}; see `jobtui schedule list`")
@@ -190,29 +209,32 @@ async def fire_due(conn: psycopg.AsyncConnection[Any], schema: str = DEFAULT_SCH
                     "type": job_type,
                     "payload": json.dumps(payload),
                     "key": slot_key(sid, slot),
-                    "run_at": slot + timedelta(seconds=offset),
+                    # In UTC: adding to a wall-clock time is off by an hour across a DST change.
+                    "run_at": slot.astimezone(UTC) + timedelta(seconds=offset),
                     "max_attempts": max_attempts,
                 }
                 ids = await arun(conn, Call("schedule_enqueue", params, _rows), schema)
                 job_id = int(ids[0][0]) if ids else job_id
-                fired.append(Fired(name, slot, job_id, len(slot_plan.missed)))
+                fired.append(Fired(name, slot, job_id, slot_plan.missed_count))
             handled = slot_plan.fire + slot_plan.missed
             if slot_plan.missed:
                 log.warning(
-                    "schedule %s missed %d slot(s) (%s to %s) while no scheduler ran; policy %s",
+                    "schedule %s missed %d slot(s) (newest %s to %s) while no scheduler ran; policy %s",
                     name,
-                    len(slot_plan.missed),
+                    slot_plan.missed_count,
                     slot_plan.missed[0].isoformat(),
                     slot_plan.missed[-1].isoformat(),
                     policy,
                 )
             params = {
                 "id": sid,
-                "last_slot": max(handled) if handled else now,
+                # Compared in UTC: the same ZoneInfo compares wall clocks, ignoring DST's fold.
+                "last_slot": max(handled, key=lambda s: s.astimezone(UTC)) if handled else now,
                 "next_run_at": slot_plan.next_slot,
                 "fired_slot": slot_plan.fire[-1] if slot_plan.fire else None,
                 "job_id": job_id,
                 "missed": slot_plan.missed,
+                "missed_count": slot_plan.missed_count,
             }
             await arun(conn, Call("schedule_advance", params, _rows), schema)
     return fired

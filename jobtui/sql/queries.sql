@@ -281,12 +281,13 @@ ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING id;
 
 -- name: schedule_advance
+-- missed_count counts every missed slot; `missed` lists only the newest of them.
 UPDATE {schema}.schedule AS s
 SET last_slot = %(last_slot)s,
     next_run_at = %(next_run_at)s,
     last_fired_slot = coalesce(%(fired_slot)s, s.last_fired_slot),
     last_job_id = coalesce(%(job_id)s, s.last_job_id),
-    missed_count = s.missed_count + cardinality(%(missed)s::timestamptz[]),
+    missed_count = s.missed_count + %(missed_count)s,
     missed_slots = (SELECT coalesce(jsonb_agg(x ORDER BY x), '[]'::jsonb)
                     FROM (SELECT x FROM (SELECT jsonb_array_elements_text(s.missed_slots)::timestamptz AS x
                                          UNION ALL SELECT unnest(%(missed)s::timestamptz[])) AS a
@@ -493,3 +494,13 @@ RETURNING id;
 -- name: audit_list
 SELECT id, at, actor, action, target, job_ids, rows, detail FROM {schema}.audit
 ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: metrics_lease_expiry_total
+-- Every expiry ever recorded: identity values only grow, even after old rows are pruned.
+SELECT coalesce(max(id), 0) FROM {schema}.lease_expiry;
+
+-- name: prune_lease_expiry
+DELETE FROM {schema}.lease_expiry WHERE reaped_at < now() - interval '8 days';
+
+-- name: prune_audit
+DELETE FROM {schema}.audit WHERE at < now() - make_interval(secs => %(retention)s);

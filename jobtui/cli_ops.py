@@ -1,0 +1,203 @@
+"""Operator commands of the `jobtui` CLI: stats, dead, requeue, kill-lease, cancel, audit,
+metrics. Every change an operator makes writes an audit row."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .db import connect
+from .errors import InvalidInput, UnknownJob
+from .explain import human_delta
+from .metrics import Snapshot, snapshot
+from .queue import Queue, check_pattern, job_statuses_call
+
+Opener = Callable[[argparse.Namespace], Queue]
+
+
+def _age(seconds: float | None) -> str:
+    from datetime import timedelta
+
+    return "-" if seconds is None else human_delta(timedelta(seconds=seconds))
+
+
+def render_stats(snap: Snapshot, console: Console) -> None:
+    """People's view of a snapshot: vital signs, then per type, dead groups, schedules."""
+    console.print(
+        f"[bold]oldest ready[/] {_age(snap.oldest_ready_age)}   [bold]ready[/] {snap.ready} ({snap.ready_due} due)   "
+        f"[bold]running[/] {snap.running_count}   [bold]dead[/] {snap.dead_count}   "
+        f"[bold]failed[/] {snap.failed_count}   "
+        f"[bold]done/min[/] {snap.done_last_minute}   [bold]lease expiries 1h[/] {snap.lease_expiries_last_hour}   "
+        f"[bold]missed slots[/] {snap.missed_slots}   [dim]done ≈ {snap.done_estimate} (estimate)[/]"
+    )
+    types = Table("type", "ready", "due", "oldest ready", "running", "dead", "failed", title="Jobs by type")
+    for t in snap.by_type:
+        types.add_row(
+            t.type,
+            str(t.ready),
+            str(t.ready_due),
+            _age(t.oldest_ready_age),
+            str(t.running),
+            str(t.dead),
+            str(t.failed),
+        )
+    console.print(types)
+    if snap.running:
+        running = Table("type", "worker", "jobs", "expired leases", "oldest heartbeat", title="Running")
+        for g in snap.running:
+            running.add_row(g.type, g.worker or "-", str(g.jobs), str(g.expired), _age(g.oldest_heartbeat_age))
+        console.print(running)
+    if snap.dead:
+        render_dead(snap, console)
+    hour = snap.attempts_last_hour.get("done", {})
+    if hour:
+        dist = ", ".join(f"{a}: {n}" for a, n in sorted(hour.items()))
+        console.print(f"attempts used by jobs done in the last hour: {dist}")
+    if snap.schedules:
+        sched = Table("schedule", "type", "cron", "next in", "missed", "skipped", "state", title="Schedules")
+        for s in snap.schedules:
+            nxt = _age(s.next_in) if s.next_in >= 0 else f"overdue {_age(-s.next_in)}"
+            sched.add_row(
+                s.name, s.job_type, s.cron, nxt, str(s.missed), str(s.skipped), "paused" if s.paused else "active"
+            )
+        console.print(sched)
+    console.print(
+        f"[dim]lock waits {snap.lock_waits} (longest {snap.longest_lock_wait:.1f}s) · oldest transaction "
+        f"{_age(snap.oldest_xact_age)} · "
+        + " · ".join(
+            f"{t.table}: {t.live_rows} live / {t.dead_rows} dead tuples" for t in snap.tables if t.table == "job"
+        )
+        + "[/]"
+    )
+
+
+def render_dead(snap: Snapshot, console: Console, groups: list[Any] | None = None) -> None:
+    table = Table(
+        "status", "type", "jobs", "error fingerprint", "first seen", "last seen", "latest job", title="Dead and failed"
+    )
+    for g in groups if groups is not None else snap.dead:
+        table.add_row(
+            g.status,
+            g.type,
+            str(g.jobs),
+            g.fingerprint,
+            g.first_seen.isoformat(timespec="seconds") if g.first_seen else "-",
+            g.last_seen.isoformat(timespec="seconds") if g.last_seen else "-",
+            str(g.latest_job_id),
+        )
+    console.print(table)
+
+
+def cmd_stats(args: argparse.Namespace, dsn: str) -> int:
+    console = Console()
+    while True:
+        with connect(dsn, autocommit=True) as conn:
+            snap = snapshot(conn, args.schema)
+        if args.json:
+            print(json.dumps(snap.to_json(), default=str, indent=2))
+        else:
+            if args.watch:
+                console.clear()
+            render_stats(snap, console)
+        if not args.watch:
+            return 0
+        time.sleep(args.watch)
+
+
+def cmd_dead(args: argparse.Namespace, dsn: str) -> int:
+    check_pattern(args.error)
+    with connect(dsn, autocommit=True) as conn:
+        snap = snapshot(conn, args.schema)
+    pattern = re.compile(args.error, re.IGNORECASE) if args.error else None
+    groups = [
+        g
+        for g in snap.dead
+        if (args.type is None or g.type == args.type) and (pattern is None or pattern.search(g.fingerprint))
+    ]
+    if args.json:
+        from dataclasses import asdict
+
+        print(json.dumps([asdict(g) for g in groups], default=str, indent=2))
+    elif groups:
+        render_dead(snap, Console(), groups)
+    else:
+        print("no dead or failed jobs match")
+    return 0
+
+
+def _check_ids(queue: Queue, ids: list[int], wanted: set[str], verb: str) -> list[int]:
+    """The ids in a state `verb` applies to; unknown ids are an error (nothing is changed)."""
+    statuses = queue.run(job_statuses_call(ids))
+    missing = [i for i in ids if i not in statuses]
+    if missing:
+        raise UnknownJob(f"no job with id {', '.join(map(str, missing))}; nothing was changed")
+    for i in ids:
+        if statuses[i].value not in wanted:
+            print(f"job {i} is {statuses[i].value}: cannot {verb} it (only {' or '.join(sorted(wanted))}); skipped")
+    return [i for i in ids if statuses[i].value in wanted]
+
+
+def cmd_requeue(args: argparse.Namespace, queue: Queue) -> int:
+    if args.ids and (args.type or args.error or args.all):
+        raise InvalidInput("give job ids, or --type/--error/--all, not both")
+    if args.ids:
+        ids = _check_ids(queue, args.ids, {"dead", "failed"}, "requeue")
+        moved = queue.requeue(ids, actor=args.actor) if ids else []
+        print(f"requeued {len(moved)} job(s)")
+        return 0
+    if not (args.type or args.error or args.all):
+        raise InvalidInput("say which jobs: ids, --type T, --error PATTERN, or --all for every dead/failed job")
+    if args.dry_run:
+        n = queue.count_requeueable(job_type=args.type, error=args.error, actor=args.actor)
+        print(f"would requeue {n} job(s) (dry run, nothing changed)")
+        return 0
+    moved = queue.requeue_matching(job_type=args.type, error=args.error, actor=args.actor)
+    print(f"requeued {len(moved)} job(s)")
+    return 0
+
+
+def cmd_kill_lease(args: argparse.Namespace, queue: Queue) -> int:
+    ids = _check_ids(queue, args.ids, {"running"}, "kill the lease of")
+    killed = queue.kill_lease(ids, actor=args.actor) if ids else []
+    print(f"killed {len(killed)} lease(s); the job(s) are ready again")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace, queue: Queue) -> int:
+    ids = _check_ids(queue, args.ids, {"ready", "running"}, "cancel")
+    cancelled = queue.cancel(ids, actor=args.actor) if ids else []
+    print(f"cancelled {len(cancelled)} job(s)")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace, queue: Queue) -> int:
+    entries = queue.audit(args.limit)
+    if args.json:
+        from dataclasses import asdict
+
+        print(json.dumps([asdict(e) for e in entries], default=str, indent=2))
+        return 0
+    table = Table("when", "who", "action", "target", "rows", title="Operator actions (newest first)")
+    for e in entries:
+        table.add_row(e.at.isoformat(timespec="seconds"), e.actor, e.action, e.target or "-", str(e.rows))
+    Console().print(table)
+    return 0
+
+
+def cmd_metrics(args: argparse.Namespace, dsn: str) -> int:
+    from .prometheus import serve
+
+    serve(dsn, args.port, args.schema, addr=args.addr)
+    print(f"serving Prometheus metrics on http://{args.addr}:{args.port}/metrics (Ctrl-C to stop)")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,116 @@
+"""Prometheus exposition of the queue's measures: `/metrics` for `jobtui metrics --port`
+and `jobtui worker --metrics-port`.
+
+Each scrape takes one snapshot (cached for a second, so several scrapers cost one).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from .db import connect
+from .domain import DEFAULT_SCHEMA
+from .metrics import Snapshot, snapshot
+
+CACHE_SECONDS = 1.0
+
+
+class QueueCollector(Collector):
+    """Collects a snapshot per scrape and turns it into metric families."""
+
+    def __init__(self, dsn: str, schema: str = DEFAULT_SCHEMA) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self._lock = threading.Lock()
+        self._cached: tuple[float, Snapshot] | None = None
+
+    def _snapshot(self) -> Snapshot:
+        with self._lock:
+            if self._cached and time.monotonic() - self._cached[0] < CACHE_SECONDS:
+                return self._cached[1]
+            with connect(self.dsn, autocommit=True) as conn:
+                snap = snapshot(conn, self.schema)
+            self._cached = (time.monotonic(), snap)
+            return snap
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("jobtui_up", "1 when the last scrape reached the database")
+        try:
+            snap = self._snapshot()
+        except Exception:  # the scrape must answer even when the database does not
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from families(snap)
+
+
+def families(snap: Snapshot) -> Iterator[Metric]:
+    """The metric families of one snapshot."""
+    age = GaugeMetricFamily(
+        "jobtui_oldest_ready_age_seconds", "Seconds the oldest due ready job has waited", labels=["type"]
+    )
+    jobs = GaugeMetricFamily(
+        "jobtui_jobs", "Jobs by status and type (done is not counted here)", labels=["status", "type"]
+    )
+    for t in snap.by_type:
+        age.add_metric([t.type], t.oldest_ready_age or 0.0)
+        for status, value in (("ready", t.ready), ("running", t.running), ("dead", t.dead), ("failed", t.failed)):
+            jobs.add_metric([status, t.type], value)
+    yield age
+    yield jobs
+    overall = GaugeMetricFamily("jobtui_oldest_ready_age_max_seconds", "The oldest due ready job's wait, any type")
+    overall.add_metric([], snap.oldest_ready_age or 0.0)
+    yield overall
+    done = GaugeMetricFamily("jobtui_jobs_done_estimate", "Done jobs in the queue table (planner estimate)")
+    done.add_metric([], snap.done_estimate)
+    yield done
+    per_minute = GaugeMetricFamily("jobtui_done_last_minute", "Jobs done in the last full minute")
+    per_minute.add_metric([], snap.done_last_minute)
+    yield per_minute
+    expirations = CounterMetricFamily("jobtui_lease_expirations", "Leases the reaper found expired")
+    expirations.add_metric([], snap.lease_expirations_total)
+    yield expirations
+    expired_now = GaugeMetricFamily("jobtui_expired_leases", "Running jobs whose lease expired, not yet reaped")
+    expired_now.add_metric([], snap.expired_leases)
+    yield expired_now
+    missed = CounterMetricFamily(
+        "jobtui_missed_slots", "Schedule slots missed while no scheduler ran", labels=["schedule"]
+    )
+    paused = GaugeMetricFamily("jobtui_schedule_paused", "1 when the schedule is paused", labels=["schedule"])
+    for s in snap.schedules:
+        missed.add_metric([s.name], s.missed)
+        paused.add_metric([s.name], 1 if s.paused else 0)
+    yield missed
+    yield paused
+    waits = GaugeMetricFamily("jobtui_lock_waits", "Sessions waiting for a lock on jobtui's tables")
+    waits.add_metric([], snap.lock_waits)
+    yield waits
+    xact = GaugeMetricFamily(
+        "jobtui_oldest_transaction_age_seconds", "Age of the oldest open transaction (holds back vacuum)"
+    )
+    xact.add_metric([], snap.oldest_xact_age or 0.0)
+    yield xact
+    dead_tuples = GaugeMetricFamily("jobtui_table_dead_tuples", "Dead tuples awaiting vacuum", labels=["table"])
+    live_tuples = GaugeMetricFamily("jobtui_table_live_tuples", "Live tuples", labels=["table"])
+    for table in snap.tables:
+        dead_tuples.add_metric([table.table], table.dead_rows)
+        live_tuples.add_metric([table.table], table.live_rows)
+    yield dead_tuples
+    yield live_tuples
+
+
+def serve(dsn: str, port: int, schema: str = DEFAULT_SCHEMA, addr: str = "0.0.0.0") -> Any:
+    """Serve /metrics on `port` in a background thread; returns the server."""
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(dsn, schema))
+    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    return server
