@@ -277,6 +277,34 @@ def job_id(text: str) -> int:
     return value
 
 
+def cmd_console(args: argparse.Namespace) -> int:
+    """The Textual console (imported only here: the core never needs textual)."""
+    from .tui.app import JobtuiApp
+    from .tui.render import Thresholds
+
+    thresholds = Thresholds(
+        oldest_ready_warn=parse_duration(args.warn_age),
+        oldest_ready_crit=parse_duration(args.crit_age),
+        dead_warn=args.warn_dead,
+        dead_crit=args.crit_dead,
+    )
+    dsn = database_dsn(args)
+    with connect(dsn) as conn:
+        migrations.check(conn, args.schema)
+    worker = None
+    if args.work:
+        from .worker import Worker
+
+        if args.read_only:
+            raise InvalidInput("--work runs jobs, which --read-only forbids; drop one of them")
+        worker = Worker(load_app(args.work), dsn, concurrency=args.concurrency, schema=args.schema)
+    app = JobtuiApp(
+        dsn, schema=args.schema, actor=args.actor, read_only=args.read_only, thresholds=thresholds, worker=worker
+    )
+    app.run()
+    return 0
+
+
 def _with_dsn(fn: Callable[[argparse.Namespace, str], int]) -> Command:
     def command(args: argparse.Namespace) -> int:
         dsn = database_dsn(args)
@@ -346,6 +374,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dsn", help="PostgreSQL DSN (default: JOBTUI_DSN, DATABASE_URL, else embedded server)")
     parser.add_argument("--schema", default="jobtui", help="schema holding jobtui's tables (default: jobtui)")
     parser.add_argument("--actor", default=default_actor(), help="who acts, for the audit log (default user@host)")
+    console = parser.add_argument_group("console (jobtui with no command)")
+    console.add_argument("--read-only", action="store_true", help="hide and refuse every action")
+    console.add_argument("--work", metavar="M:ATTR", help="run a worker (and scheduler) inside the console")
+    console.add_argument(
+        "--concurrency", type=positive_int, default=4, help="embedded worker's concurrency (default 4)"
+    )
+    console.add_argument("--warn-age", default="1m", help="oldest ready age that turns amber (default 1m)")
+    console.add_argument("--crit-age", default="5m", help="oldest ready age that turns red (default 5m)")
+    console.add_argument("--warn-dead", type=int, default=1, help="dead count that turns amber (default 1)")
+    console.add_argument("--crit-dead", type=int, default=100, help="dead count that turns red (default 100)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("migrate", help="create or upgrade the schema")
@@ -415,10 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    func: Command | None = getattr(args, "func", None)
-    if func is None:
-        parser.print_help()
-        return 0
+    func: Command = getattr(args, "func", None) or cmd_console
     try:
         return func(args)
     except JobtuiError as exc:

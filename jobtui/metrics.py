@@ -18,7 +18,15 @@ from typing import Any
 import psycopg
 
 from .domain import DEFAULT_SCHEMA
+from .errors import JobtuiError
 from .queue import Call, run
+
+# How long a snapshot waits for a lock on a queue table before giving up (seconds).
+LOCK_TIMEOUT = 2.0
+
+
+class QueueLocked(JobtuiError):
+    """A queue table stayed locked (ALTER TABLE, VACUUM FULL, LOCK TABLE) past the timeout."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,14 +196,40 @@ def _distribution(rows: list[Any]) -> dict[str, dict[int, int]]:
     return out
 
 
-def snapshot(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, recent_expiries: int = 50) -> Snapshot:
-    """Take a snapshot; read-only, safe with a role that can only SELECT."""
+def snapshot(
+    conn: psycopg.Connection[Any],
+    schema: str = DEFAULT_SCHEMA,
+    recent_expiries: int = 50,
+    lock_timeout: float = LOCK_TIMEOUT,
+) -> Snapshot:
+    """Take a snapshot; read-only, safe with a role that can only SELECT.
+
+    Raises QueueLocked, naming the waiting sessions, when a queue table stays locked for
+    `lock_timeout` seconds, instead of waiting behind the lock for as long as it is held.
+    """
+    try:
+        return _snapshot(conn, schema, recent_expiries, lock_timeout)
+    except psycopg.errors.LockNotAvailable:
+        waits, longest = _q(conn, "metrics_lock_waits", schema, schema_name=schema)[0]
+        oldest = _q(conn, "metrics_oldest_xact", schema)
+        holder = (
+            f"; the oldest open transaction is pid {oldest[0][1]}, open {float(oldest[0][0]):.0f}s" if oldest else ""
+        )
+        raise QueueLocked(
+            f"a queue table in schema {schema!r} stayed locked for over {lock_timeout:g}s: "
+            f"{int(waits)} session(s) wait for locks on it, the longest for {float(longest):.0f}s{holder}; "
+            "see pg_locks and pg_stat_activity"
+        ) from None
+
+
+def _snapshot(conn: psycopg.Connection[Any], schema: str, recent_expiries: int, lock_timeout: float) -> Snapshot:
     counts: dict[str, dict[str, Any]] = {}
 
     def slot(job_type: str) -> dict[str, Any]:
         return counts.setdefault(job_type, {"type": job_type})
 
     with conn.transaction():
+        _q(conn, "metrics_lock_timeout", schema, timeout=f"{max(1, round(lock_timeout * 1000))}ms")
         # One REPEATABLE READ-like view is not needed: each figure is independent.
         taken_at = _q(conn, "db_now", schema)[0][0]
         for job_type, ready, due, age in _q(conn, "metrics_ready", schema):
@@ -258,3 +292,79 @@ def snapshot(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, recent
         lease_expirations_total=expirations_total,
         notes=["done_estimate comes from the planner's row estimate, not a count"],
     )
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    id: int
+    type: str
+    worker: str | None
+    attempt: int
+    max_attempts: int
+    heartbeat_age: float | None
+    lease_left: float  # negative once the lease expired
+    running_for: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyJob:
+    id: int
+    type: str
+    attempts: int
+    max_attempts: int
+    waiting: float  # seconds since run_at; negative while delayed
+    age: float
+    last_error: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeadJob:
+    id: int
+    type: str
+    status: str
+    attempts: int
+    max_attempts: int
+    finished_at: datetime | None
+    worker: str | None
+    last_error: str
+
+
+def _floats(row: Any, *positions: int) -> list[Any]:
+    values = list(row)
+    for p in positions:
+        values[p] = None if values[p] is None else float(values[p])
+    return values
+
+
+def running_jobs(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, limit: int = 500) -> list[RunningJob]:
+    """Running jobs, the leases closest to expiry (or expired) first."""
+    return [RunningJob(*_floats(r, 5, 6, 7)) for r in _q(conn, "list_running", schema, limit=limit)]
+
+
+def ready_jobs(
+    conn: psycopg.Connection[Any], job_type: str, schema: str = DEFAULT_SCHEMA, limit: int = 200
+) -> list[ReadyJob]:
+    """Ready jobs of `job_type` in the order workers will claim them."""
+    return [ReadyJob(*_floats(r, 4, 5)) for r in _q(conn, "list_ready", schema, type=job_type, limit=limit)]
+
+
+def dead_jobs(
+    conn: psycopg.Connection[Any],
+    status: str,
+    job_type: str,
+    fingerprint: str | None,
+    schema: str = DEFAULT_SCHEMA,
+    limit: int = 200,
+) -> list[DeadJob]:
+    """The jobs of one dead-letter group, newest first."""
+    rows = _q(
+        conn, "list_dead_group", schema, status=status, type=job_type, fingerprint=fingerprint or None, limit=limit
+    )
+    return [DeadJob(*r) for r in rows]
+
+
+def count_dead_group(
+    conn: psycopg.Connection[Any], status: str, job_type: str, fingerprint: str | None, schema: str = DEFAULT_SCHEMA
+) -> int:
+    rows = _q(conn, "count_dead_group", schema, status=status, type=job_type, fingerprint=fingerprint or None)
+    return int(rows[0][0])

@@ -536,8 +536,8 @@ class Queue:
 
     def requeue_matching(self, *, job_type: str | None = None, error: str | None = None, actor: str) -> list[int]:
         """Requeue every dead or failed job of `job_type` whose last error matches `error`
-        (a case-insensitive regular expression). Audited."""
-        check_pattern(error)
+        (a case-insensitive PostgreSQL regular expression). Audited."""
+        self._check_regex(error)
         call = requeue_matching_call(job_type, error, actor)
         return self._operate(call, "requeue", actor, _match_target(job_type, error), notify=True)
 
@@ -545,11 +545,29 @@ class Queue:
         self, *, job_type: str | None = None, error: str | None = None, actor: str | None = None
     ) -> int:
         """How many jobs `requeue_matching` would move; audited as a dry run when `actor` is given."""
-        check_pattern(error)
+        self._check_regex(error)
         count = self.run(requeue_matching_count_call(job_type, error))
         if actor is not None:
             self._operate(None, "requeue-dry-run", actor, _match_target(job_type, error), rows=count)
         return count
+
+    def requeue_dead_group(self, status: str, job_type: str, fingerprint: str | None, *, actor: str) -> list[int]:
+        """Requeue one dead-letter group (status, type, error fingerprint), as the console
+        shows it. Audited."""
+        params = {"status": status, "type": job_type, "fingerprint": fingerprint or None, "actor": actor}
+        call = Call("requeue_dead_group", params, _id_list)
+        target = f"{status} group type={job_type} error={fingerprint or '-'}"
+        return self._operate(call, "requeue", actor, target, notify=True)
+
+    def _check_regex(self, pattern: str | None) -> None:
+        """InvalidInput unless PostgreSQL, which does the matching, accepts `pattern`."""
+        if pattern is None:
+            return
+        try:
+            self.run(Call("check_regex", {"pattern": pattern}, lambda rows: None))
+        except psycopg.errors.InvalidRegularExpression as exc:
+            first = str(exc).strip().splitlines()[0]
+            raise InvalidInput(f"bad --error pattern {pattern!r}: {first}; it is a regular expression") from None
 
     def kill_lease(self, ids: Sequence[int], *, actor: str) -> list[int]:
         """Return running jobs to ready now; their workers' late outcomes are rejected. Audited."""
@@ -597,7 +615,8 @@ def _ids_target(ids: Sequence[int]) -> str:
 
 
 def check_pattern(pattern: str | None) -> None:
-    """Raise InvalidInput unless `pattern` is a regular expression PostgreSQL accepts."""
+    """Raise InvalidInput unless `pattern` is a regular expression Python accepts (for
+    matching done in Python; `Queue` checks the patterns PostgreSQL matches with PostgreSQL)."""
     if pattern is None:
         return
     import re

@@ -172,6 +172,10 @@ SET status = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status IN ('dead', 'failed')
 RETURNING j.id;
 
+-- name: check_regex
+-- Compiles the pattern once, so a bad one is an error even when no row would be compared.
+SELECT '' ~* %(pattern)s;
+
 -- name: requeue_matching_count
 SELECT count(*) FROM {schema}.job
 WHERE status IN ('dead', 'failed')
@@ -389,6 +393,11 @@ WITH gone AS (
 )
 SELECT count(*) FROM gone;
 
+-- name: metrics_lock_timeout
+-- For the snapshot's own transaction: wait this long for a lock on a queue table, then fail
+-- (a snapshot must not hang behind the lock it would report).
+SELECT set_config('lock_timeout', %(timeout)s, true);
+
 -- name: metrics_ready
 -- Ready jobs by type; the age counts only jobs already due (a delayed job is not late).
 SELECT type, count(*), count(*) FILTER (WHERE run_at <= now()),
@@ -417,7 +426,9 @@ GROUP BY attempts;
 -- name: metrics_done_last_hour
 -- Done jobs of the last hour by minute and attempts used: throughput and the attempts
 -- distribution from the index alone.
-SELECT extract(epoch FROM now() - date_trunc('minute', finished_at))::int / 60, attempts, count(*)
+-- Whole minutes between the two truncated times: the difference is an exact multiple of 60
+-- (an unrounded now() would round 59.7 s up into the previous minute's bucket).
+SELECT extract(epoch FROM date_trunc('minute', now()) - date_trunc('minute', finished_at))::int / 60, attempts, count(*)
 FROM {schema}.job WHERE status = 'done' AND finished_at > now() - interval '1 hour'
 GROUP BY 1, 2;
 
@@ -457,10 +468,12 @@ JOIN pg_class c ON c.oid = l.relation JOIN pg_namespace n ON n.oid = c.relnamesp
 WHERE NOT l.granted AND n.nspname = %(schema_name)s;
 
 -- name: metrics_oldest_xact
--- The oldest open transaction of this database: it holds back vacuum on the queue table.
+-- The oldest open transaction of a client session in this database: it holds back vacuum on
+-- the queue table (by its snapshot or its transaction id; an idle one in READ COMMITTED has
+-- neither between statements, but takes a snapshot again at its next one) and keeps its locks.
 SELECT extract(epoch FROM now() - xact_start), pid, coalesce(application_name, ''), coalesce(state, '')
 FROM pg_stat_activity
-WHERE datname = current_database() AND xact_start IS NOT NULL AND backend_xmin IS NOT NULL
+WHERE datname = current_database() AND xact_start IS NOT NULL AND backend_type = 'client backend'
   AND pid <> pg_backend_pid()
 ORDER BY xact_start LIMIT 1;
 
@@ -504,3 +517,45 @@ DELETE FROM {schema}.lease_expiry WHERE reaped_at < now() - interval '8 days';
 
 -- name: prune_audit
 DELETE FROM {schema}.audit WHERE at < now() - make_interval(secs => %(retention)s);
+
+-- name: list_running
+-- Running jobs for the console: oldest lease first, expired leases included.
+SELECT id, type, locked_by, attempts, max_attempts,
+       extract(epoch FROM now() - heartbeat_at), extract(epoch FROM locked_until - now()),
+       extract(epoch FROM now() - started_at)
+FROM {schema}.job WHERE status = 'running'
+ORDER BY locked_until
+LIMIT %(limit)s;
+
+-- name: list_ready
+-- Ready jobs of one type, in claim order.
+SELECT id, type, attempts, max_attempts, extract(epoch FROM now() - run_at),
+       extract(epoch FROM now() - created_at), coalesce(split_part(last_error, E'\n', 1), '')
+FROM {schema}.job WHERE status = 'ready' AND type = %(type)s
+ORDER BY run_at, id
+LIMIT %(limit)s;
+
+-- name: list_dead_group
+-- The jobs of one dead-letter group, newest first.
+SELECT id, type, status, attempts, max_attempts, finished_at, locked_by,
+       coalesce(split_part(last_error, E'\n', 1), '')
+FROM {schema}.job
+WHERE status = %(status)s AND type = %(type)s AND error_fingerprint IS NOT DISTINCT FROM %(fingerprint)s
+ORDER BY finished_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: count_dead_group
+SELECT count(*) FROM {schema}.job
+WHERE status = %(status)s AND type = %(type)s AND error_fingerprint IS NOT DISTINCT FROM %(fingerprint)s;
+
+-- name: requeue_dead_group
+-- Operator: every job of one dead-letter group back to ready with a fresh set of attempts.
+UPDATE {schema}.job AS j
+SET status = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
+    errors = (j.errors || jsonb_build_array(jsonb_build_object(
+                 'at', now(), 'attempt', j.attempts, 'worker', %(actor)s::text,
+                 'kind', 'requeued', 'error', format('requeued from %%s by %%s', j.status, %(actor)s::text))))
+             - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
+WHERE j.status = %(status)s AND j.type = %(type)s
+  AND j.error_fingerprint IS NOT DISTINCT FROM %(fingerprint)s
+RETURNING j.id;

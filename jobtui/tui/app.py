@@ -1,0 +1,477 @@
+"""`jobtui`, the operator console: live panes of the queue, and the keys to repair it.
+
+jobtui --dsn postgresql://.../app            # watch and operate
+jobtui --read-only                           # watch only
+jobtui --work myapp.jobs:jobs                # with a worker inside the console
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rich.text import Text
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.widgets import Footer, Input, Label, RichLog, Static, TabbedContent, TabPane
+
+from ..metrics import DeadGroup, Snapshot
+from . import render
+from .data import Actions, DataSource, Fetched
+from .screens import ConfirmScreen, HelpScreen, JobDetailScreen, JobListScreen
+from .widgets import KeyedTable
+
+PANES = ["ready", "running", "dead", "expiries", "schedules", "worker"]
+HISTORY = 120  # samples of the oldest ready age kept for the sparkline
+
+
+class LogToWidget(logging.Handler):
+    """Keeps the embedded worker's log lines for the Worker pane (instead of the terminal)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: collections.deque[str] = collections.deque(maxlen=2000)
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+class JobtuiApp(App[None]):
+    """The console. Reads every second in a worker thread; never blocks on the database."""
+
+    TITLE = "jobtui"
+    CSS = """
+    Screen { layout: vertical; overflow: hidden; }
+    #vitals { height: 1; padding: 0 1; background: $boost; }
+    #panes { height: 1fr; }
+    #status { height: 1; padding: 0 1; color: $text-muted; background: $boost; }
+    #filter { display: none; }
+    #filter.visible { display: block; }
+    KeyedTable { height: 1fr; }
+    TabPane { padding: 0; }
+    #worker-state { height: auto; padding: 0 1; }
+    """
+
+    BINDINGS = [
+        Binding("1", "pane('ready')", "Ready", show=False),
+        Binding("2", "pane('running')", "Running", show=False),
+        Binding("3", "pane('dead')", "Dead", show=False),
+        Binding("4", "pane('expiries')", "Expiries", show=False),
+        Binding("5", "pane('schedules')", "Schedules", show=False),
+        Binding("6", "pane('worker')", "Worker", show=False),
+        Binding("enter", "open", "Open", show=False),
+        Binding("slash", "filter", "Filter"),
+        Binding("s", "sort", "Sort"),
+        Binding("r", "requeue", "Requeue"),
+        Binding("k", "kill_lease", "Kill lease"),
+        Binding("c", "cancel", "Cancel"),
+        Binding("p", "pause_schedule", "Pause/resume"),
+        Binding("n", "run_now", "Run now"),
+        Binding("w", "toggle_worker", "Worker on/off"),
+        Binding("question_mark", "help", "Help"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "jobtui",
+        actor: str = "console",
+        read_only: bool = False,
+        thresholds: render.Thresholds | None = None,
+        worker: Any = None,
+        refresh_interval: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.dsn = dsn
+        self.schema = schema
+        self.read_only = read_only
+        self.thresholds = thresholds or render.Thresholds()
+        self.source = DataSource(dsn, schema)
+        self.actions_ = None if read_only else Actions(dsn, schema, actor)
+        self.embedded_worker = worker
+        self.refresh_interval = refresh_interval
+        self.latest: Fetched | None = None
+        self.history: collections.deque[float] = collections.deque(maxlen=HISTORY)
+        self.connected = True
+        self.last_error = ""
+        self.needle = ""
+        self._log_handler = LogToWidget() if worker is not None else None
+        self._worker_lines_shown = 0
+
+    # -- layout ----------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text("connecting..."), id="vitals")
+        with TabbedContent(initial="ready", id="panes"):
+            with TabPane("1 Ready", id="ready"):
+                yield KeyedTable(render.COLUMNS["ready"], id="table-ready")
+            with TabPane("2 Running", id="running"):
+                yield KeyedTable(render.COLUMNS["running"], id="table-running")
+            with TabPane("3 Dead", id="dead"):
+                yield KeyedTable(render.COLUMNS["dead"], id="table-dead")
+            with TabPane("4 Lease expiries", id="expiries"):
+                yield KeyedTable(render.COLUMNS["expiries"], id="table-expiries")
+            with TabPane("5 Schedules", id="schedules"):
+                yield KeyedTable(render.COLUMNS["schedules"], id="table-schedules")
+            if self.embedded_worker is not None:
+                with TabPane("6 Worker", id="worker"):
+                    yield Label("", id="worker-state")
+                    yield RichLog(id="worker-log", max_lines=2000, wrap=False)
+        yield Input(placeholder="filter by type or text; enter to apply, escape to clear", id="filter")
+        yield Static("", id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = "read-only" if self.read_only else ""
+        if self.embedded_worker is not None:
+            assert self._log_handler is not None
+            for name in ("jobtui.worker", "jobtui.scheduler", "jobtui.db"):
+                logger = logging.getLogger(name)
+                logger.addHandler(self._log_handler)
+                logger.setLevel(logging.INFO)
+                logger.propagate = False
+            self.run_worker(self.embedded_worker.run(), name="embedded-worker", group="embedded", exit_on_error=False)
+        self.refresh_data()
+        self.set_interval(self.refresh_interval, self.refresh_data)
+        self.set_interval(0.25, self.tick)
+        self.current_table().focus()
+
+    # -- data ------------------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="refresh")
+    def refresh_data(self) -> None:
+        try:
+            fetched = self.source.fetch()
+        except Exception as exc:  # shown in the header; the data on screen stays
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self.call_from_thread(self._disconnected, message)
+            return
+        self.call_from_thread(self._apply, fetched)
+
+    def _disconnected(self, message: str) -> None:
+        self.connected = False
+        self.last_error = message
+        self.tick()
+
+    def _apply(self, fetched: Fetched) -> None:
+        self.connected = True
+        self.last_error = ""
+        self.latest = fetched
+        self.history.append(fetched.snapshot.oldest_ready_age or 0.0)
+        self.render_panes()
+
+    def render_panes(self) -> None:
+        if self.latest is None:
+            return
+        snap = self.latest.snapshot
+        elapsed = time.monotonic() - self.latest.read_at
+        needle = self.needle
+        self._table("ready").sync(render.ready_rows(snap.by_type, needle, self.thresholds))
+        self._table("running").sync(render.running_rows(self.latest.running, needle, elapsed))
+        self._table("dead").sync(render.dead_rows(snap.dead, needle))
+        self._table("expiries").sync(render.expiry_rows(snap.recent_expiries, needle))
+        self._table("schedules").sync(render.schedule_rows(snap.schedules, needle, elapsed))
+        self._render_vitals(snap, elapsed)
+
+    def tick(self) -> None:
+        """Between reads: advance countdowns and ages, show the worker's state."""
+        if self.latest is not None:
+            elapsed = time.monotonic() - self.latest.read_at
+            self._table("running").sync(render.running_rows(self.latest.running, self.needle, elapsed))
+            self._render_vitals(self.latest.snapshot, elapsed)
+        elif not self.connected:
+            self.query_one("#vitals", Static).update(
+                Text(f" DATABASE UNREACHABLE: {self.last_error} ", style="bold white on red3")
+            )
+        self._render_worker()
+
+    def _render_vitals(self, snap: Snapshot, elapsed: float) -> None:
+        line = render.vitals(snap, list(self.history), self.thresholds, connected=self.connected, stale_for=elapsed)
+        self.query_one("#vitals", Static).update(line)
+        status = f"{self.schema} · {'read-only · ' if self.read_only else ''}"
+        status += f"filter: {self.needle!r} · " if self.needle else ""
+        status += f"last error: {self.last_error}" if not self.connected else f"updated {render.age(elapsed)} ago"
+        self.query_one("#status", Static).update(status)
+
+    def _render_worker(self) -> None:
+        if self.embedded_worker is None or self._log_handler is None:
+            return
+        w = self.embedded_worker
+        state = "paused" if w.paused else ("running" if w.running else "stopped")
+        flights = ", ".join(f"{f.job.id} {f.job.type}" for f in list(w.in_flight.values())[:8])
+        counts = " · ".join(f"{k} {v}" for k, v in w.counts.items())
+        self.query_one("#worker-state", Label).update(
+            f"local worker {w.worker_id}: [b]{state}[/] · {len(w.in_flight)}/{w.concurrency} in flight"
+            f"{': ' + flights if flights else ''}\n{counts}"
+        )
+        lines = list(self._log_handler.lines)
+        log = self.query_one("#worker-log", RichLog)
+        for line in lines[self._worker_lines_shown :]:
+            log.write(line)
+        self._worker_lines_shown = len(lines)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _table(self, pane: str) -> KeyedTable:
+        return self.query_one(f"#table-{pane}", KeyedTable)
+
+    @property
+    def pane(self) -> str:
+        active = self.query_one("#panes", TabbedContent).active
+        return active or "ready"
+
+    def current_table(self) -> KeyedTable:
+        pane = self.pane if self.pane != "worker" else "ready"
+        return self._table(pane)
+
+    def selected(self) -> str | None:
+        return None if self.pane == "worker" else self.current_table().selected_key
+
+    def _dead_group(self, key: str) -> DeadGroup | None:
+        if self.latest is None:
+            return None
+        return next((g for g in self.latest.snapshot.dead if render.dead_key(g) == key), None)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Hide actions that do not apply to the current pane (and all of them in read-only)."""
+        changes = {"requeue", "kill_lease", "cancel", "pause_schedule", "run_now"}
+        if action in changes and self.read_only:
+            return None
+        where = {
+            "requeue": {"dead"},
+            "kill_lease": {"running"},
+            "cancel": {"running"},
+            "pause_schedule": {"schedules"},
+            "run_now": {"schedules"},
+        }
+        if action in where:
+            return self.pane in where[action]
+        if action == "toggle_worker":
+            return self.embedded_worker is not None
+        return True
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self.refresh_bindings()
+        if self.pane != "worker":
+            self.current_table().focus()
+
+    # -- navigation ------------------------------------------------------------------------
+
+    def action_pane(self, pane: str) -> None:
+        if pane == "worker" and self.embedded_worker is None:
+            self.notify("no embedded worker: start the console with --work pkg.module:jobs", severity="warning")
+            return
+        self.query_one("#panes", TabbedContent).active = pane
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_sort(self) -> None:
+        if self.pane != "worker":
+            self.notify(self.current_table().cycle_sort(), timeout=2)
+            self.render_panes()
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.add_class("visible")
+        box.value = self.needle
+        box.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.needle = event.value.strip()
+        event.input.remove_class("visible")
+        self.current_table().focus()
+        self.render_panes()
+
+    def on_key(self, event: Any) -> None:
+        box = self.query_one("#filter", Input)
+        if event.key == "escape" and box.has_class("visible"):
+            self.needle = ""
+            box.value = ""
+            box.remove_class("visible")
+            self.current_table().focus()
+            self.render_panes()
+            event.stop()
+
+    def on_data_table_row_selected(self, event: KeyedTable.RowSelected) -> None:
+        self.action_open()
+
+    def action_open(self) -> None:
+        key = self.selected()
+        if key is None:
+            return
+        if self.pane == "ready":
+            self.push_screen(JobListScreen("ready", f"Ready jobs of {key} (claim order)", job_type=key))
+        elif self.pane == "dead":
+            group = self._dead_group(key)
+            if group is not None:
+                title = f"{group.status} jobs of {group.type}: {group.fingerprint or '-'}"
+                self.push_screen(
+                    JobListScreen(
+                        "dead", title, job_type=group.type, status=group.status, fingerprint=group.fingerprint
+                    )
+                )
+        elif self.pane == "running":
+            self.push_screen(JobDetailScreen(int(key)))
+        elif self.pane == "expiries":
+            self.push_screen(JobDetailScreen(int(key.split("\x1f")[0])))
+
+    # -- actions ---------------------------------------------------------------------------
+
+    def confirm_then(self, question: str, action: Callable[..., Any], *args: Any) -> None:
+        """Ask `question`; on yes, run `action(*args)` in a worker thread."""
+        if self.read_only or self.actions_ is None:
+            self.notify("read-only console: actions are disabled", severity="error")
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._run_action(action, *args)
+
+        self.push_screen(ConfirmScreen(question), answered)
+
+    @work(thread=True, group="actions")
+    def _run_action(self, action: Callable[..., Any], *args: Any) -> None:
+        try:
+            message = action(*args)
+        except Exception as exc:  # one line for the operator; nothing half-done (one transaction)
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self.call_from_thread(self.notify, f"failed: {text}", severity="error", timeout=8)
+            return
+        self.call_from_thread(self.notify, message, timeout=5)
+        self.call_from_thread(self.refresh_data)
+
+    def do_requeue_jobs(self, ids: list[int]) -> str:
+        assert self.actions_ is not None
+        return f"requeued {self.actions_.requeue_jobs(ids)} job(s)"
+
+    def do_requeue_group(self, status: str, job_type: str, fingerprint: str) -> str:
+        assert self.actions_ is not None
+        return f"requeued {self.actions_.requeue_group(status, job_type, fingerprint)} job(s)"
+
+    def do_kill_lease(self, job_id: int) -> str:
+        assert self.actions_ is not None
+        n = self.actions_.kill_lease(job_id)
+        return f"lease of job {job_id} killed; it is ready again" if n else f"job {job_id} was no longer running"
+
+    def do_cancel(self, job_id: int) -> str:
+        assert self.actions_ is not None
+        n = self.actions_.cancel(job_id)
+        return f"job {job_id} cancelled" if n else f"job {job_id} was no longer ready or running"
+
+    def ask_requeue_group(self, status: str, job_type: str, fingerprint: str) -> None:
+        self._count_then_confirm(status, job_type, fingerprint)
+
+    @work(thread=True, group="actions")
+    def _count_then_confirm(self, status: str, job_type: str, fingerprint: str) -> None:
+        try:
+            count = self.source.count_dead_group(status, job_type, fingerprint)
+        except Exception as exc:
+            self.call_from_thread(self.notify, f"cannot count the group: {exc}", severity="error")
+            return
+        question = (
+            f"Requeue every {status} job of type {job_type} with error\n  {fingerprint or '-'}\n"
+            f"{count} row(s) will change (back to ready, attempts reset)."
+        )
+        self.call_from_thread(self.confirm_then, question, self.do_requeue_group, status, job_type, fingerprint)
+
+    def action_requeue(self) -> None:
+        key = self.selected()
+        group = self._dead_group(key) if key else None
+        if group is not None:
+            self.ask_requeue_group(group.status, group.type, group.fingerprint)
+
+    def _running_job(self) -> tuple[int, str] | None:
+        key = self.selected()
+        if key is None or self.latest is None:
+            return None
+        job = next((j for j in self.latest.running if str(j.id) == key), None)
+        return None if job is None else (job.id, f"job {job.id} ({job.type}) on {job.worker}")
+
+    def action_kill_lease(self) -> None:
+        found = self._running_job()
+        if found:
+            job_id, what = found
+            self.confirm_then(
+                f"Kill the lease of {what}?\nIt returns to ready now; 1 row will change.", self.do_kill_lease, job_id
+            )
+
+    def action_cancel(self) -> None:
+        found = self._running_job()
+        if found:
+            job_id, what = found
+            self.confirm_then(f"Cancel {what}? It becomes failed.\n1 row will change.", self.do_cancel, job_id)
+
+    def _schedule(self) -> Any:
+        key = self.selected()
+        if key is None or self.latest is None:
+            return None
+        return next((s for s in self.latest.snapshot.schedules if s.name == key), None)
+
+    def action_pause_schedule(self) -> None:
+        schedule = self._schedule()
+        if schedule is None or self.actions_ is None:
+            return
+        actions = self.actions_
+        if schedule.paused:
+            self._run_action(
+                lambda: (
+                    f"schedule {schedule.name} "
+                    + ("resumed" if actions.resume_schedule(schedule.name) else "was not paused")
+                )
+            )
+        else:
+            self._run_action(
+                lambda: (
+                    f"schedule {schedule.name} "
+                    + ("paused" if actions.pause_schedule(schedule.name) else "was already paused")
+                )
+            )
+
+    def action_run_now(self) -> None:
+        schedule = self._schedule()
+        if schedule is None or self.actions_ is None:
+            return
+        actions = self.actions_
+        self.confirm_then(
+            f"Run schedule {schedule.name} now?\nOne {schedule.job_type} job will be enqueued.",
+            lambda: f"enqueued job {actions.run_schedule_now(schedule.name)}",
+        )
+
+    def action_toggle_worker(self) -> None:
+        w = self.embedded_worker
+        if w is None:
+            return
+        if w.paused:
+            w.resume()
+            self.notify("local worker resumed")
+        else:
+            w.pause()
+            self.notify("local worker paused: in-flight jobs finish, no new ones are claimed")
+
+    async def action_quit(self) -> None:
+        w = self.embedded_worker
+        if w is not None and w.running:
+            self.notify(f"stopping the local worker: waiting for {len(w.in_flight)} in-flight job(s)...", timeout=30)
+            w.stop()
+            for _ in range(int((w.shutdown_timeout + 10) / 0.1)):
+                if not w.running:
+                    break
+                await self._sleep(0.1)
+        self.source.close()
+        if self.actions_ is not None:
+            self.actions_.close()
+        self.exit()
+
+    @staticmethod
+    async def _sleep(seconds: float) -> None:
+        import asyncio
+
+        await asyncio.sleep(seconds)

@@ -1,0 +1,111 @@
+"""What the console reads and changes, on its own connections (called from worker threads)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from .. import metrics
+from .. import scheduler as schedules
+from ..db import connect
+from ..domain import JobRow
+from ..metrics import DeadJob, ReadyJob, RunningJob, Snapshot
+from ..queue import Queue
+
+
+@dataclass
+class Fetched:
+    """One refresh: the snapshot and the running jobs, with when they were read."""
+
+    snapshot: Snapshot
+    running: list[RunningJob]
+    read_at: float = field(default_factory=time.monotonic)
+
+
+class DataSource:
+    """Reads for the panes over one connection that is reopened after a failure."""
+
+    def __init__(self, dsn: str, schema: str) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = connect(self.dsn, autocommit=True)
+        return self._conn
+
+    def _read(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(self._connection(), *args)
+        except psycopg.OperationalError:
+            self.close()
+            raise
+
+    def fetch(self) -> Fetched:
+        snap = self._read(lambda c: metrics.snapshot(c, self.schema))
+        running = self._read(lambda c: metrics.running_jobs(c, self.schema))
+        return Fetched(snap, running)
+
+    def ready_jobs(self, job_type: str) -> list[ReadyJob]:
+        result: list[ReadyJob] = self._read(lambda c: metrics.ready_jobs(c, job_type, self.schema))
+        return result
+
+    def dead_jobs(self, status: str, job_type: str, fingerprint: str) -> list[DeadJob]:
+        result: list[DeadJob] = self._read(lambda c: metrics.dead_jobs(c, status, job_type, fingerprint, self.schema))
+        return result
+
+    def count_dead_group(self, status: str, job_type: str, fingerprint: str) -> int:
+        result: int = self._read(lambda c: metrics.count_dead_group(c, status, job_type, fingerprint, self.schema))
+        return result
+
+    def job(self, job_id: int) -> JobRow | None:
+        with Queue(self.dsn, schema=self.schema, max_connections=1) as queue:
+            return queue.get(job_id)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+
+class Actions:
+    """Operator actions; each writes its audit row in the same transaction."""
+
+    def __init__(self, dsn: str, schema: str, actor: str) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self.actor = actor
+        self._queue = Queue(dsn, schema=schema, max_connections=2)
+
+    def requeue_jobs(self, ids: list[int]) -> int:
+        return len(self._queue.requeue(ids, actor=self.actor))
+
+    def requeue_group(self, status: str, job_type: str, fingerprint: str) -> int:
+        return len(self._queue.requeue_dead_group(status, job_type, fingerprint or None, actor=self.actor))
+
+    def kill_lease(self, job_id: int) -> int:
+        return len(self._queue.kill_lease([job_id], actor=self.actor))
+
+    def cancel(self, job_id: int) -> int:
+        return len(self._queue.cancel([job_id], actor=self.actor))
+
+    def pause_schedule(self, name: str) -> bool:
+        with connect(self.dsn, autocommit=True) as conn:
+            return schedules.pause(conn, name, self.schema, actor=self.actor)
+
+    def resume_schedule(self, name: str) -> bool:
+        with connect(self.dsn, autocommit=True) as conn:
+            return schedules.resume(conn, name, self.schema, actor=self.actor)
+
+    def run_schedule_now(self, name: str) -> int:
+        with connect(self.dsn, autocommit=True) as conn:
+            return schedules.run_now(conn, name, self.schema, actor=self.actor)
+
+    def close(self) -> None:
+        self._queue.close()

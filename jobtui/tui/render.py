@@ -1,0 +1,292 @@
+"""Pure rendering of snapshots into the console's rows and vital signs.
+
+No database, no clock: everything comes in as arguments, so panes are testable from plain
+data. Each row has a key so the tables update rows in place instead of being rebuilt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from rich.text import Text
+
+from ..explain import human_delta
+from ..metrics import DeadGroup, DeadJob, LeaseExpiry, ReadyJob, RunningJob, ScheduleHealth, Snapshot, TypeCounts
+
+# Colours readable on both light and dark backgrounds.
+STYLE = {"ok": "", "warn": "bold dark_orange", "crit": "bold red3", "dim": "grey50"}
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """When a vital sign turns amber (warn) and red (crit)."""
+
+    oldest_ready_warn: float = 60.0
+    oldest_ready_crit: float = 300.0
+    dead_warn: int = 1
+    dead_crit: int = 100
+    expiries_warn: int = 1
+    expiries_crit: int = 20
+    missed_warn: int = 1
+    missed_crit: int = 10
+
+    def level(self, value: float | None, warn: float, crit: float) -> str:
+        if value is None or value < warn:
+            return "ok"
+        return "crit" if value >= crit else "warn"
+
+
+Row = tuple[str, list[Text | str]]
+
+
+def age(seconds: float | None) -> str:
+    """Seconds as a short duration (`3m12s`), `-` for none.
+
+    >>> age(192.4)
+    '3m12s'
+    """
+    return "-" if seconds is None else human_delta(timedelta(seconds=seconds))
+
+
+def sparkline(values: Sequence[float], width: int = 20) -> str:
+    """The last `width` values as block characters scaled to their own maximum.
+
+    >>> sparkline([0, 1, 2, 4], width=4)
+    '▁▂▄█'
+    """
+    data = list(values)[-width:]
+    if not data:
+        return ""
+    top = max(data)
+    if top <= 0:
+        return SPARK[0] * len(data)
+    return "".join(SPARK[min(len(SPARK) - 1, int(v / top * (len(SPARK) - 1) + 0.5))] for v in data)
+
+
+def styled(text: str, level: str) -> Text:
+    return Text(text, style=STYLE[level])
+
+
+def vitals(
+    snap: Snapshot, history: Sequence[float], thresholds: Thresholds, *, connected: bool = True, stale_for: float = 0.0
+) -> Text:
+    """The header line: the figures an operator looks at first, coloured by thresholds."""
+    t = thresholds
+    line = Text()
+    if not connected:
+        line.append(f" DATABASE UNREACHABLE · data {age(stale_for)} old ", style="bold white on red3")
+        line.append("  ")
+    oldest = snap.oldest_ready_age
+    parts: list[tuple[str, str, str]] = [
+        ("oldest ready", age(oldest), t.level(oldest, t.oldest_ready_warn, t.oldest_ready_crit)),
+        (
+            "ready",
+            f"{snap.ready_due:,}" + (f"+{snap.ready - snap.ready_due:,}" if snap.ready > snap.ready_due else ""),
+            "ok",
+        ),
+        ("running", f"{snap.running_count:,}", "warn" if snap.expired_leases else "ok"),
+        ("dead", f"{snap.dead_count:,}", t.level(snap.dead_count, t.dead_warn, t.dead_crit)),
+        ("failed", f"{snap.failed_count:,}", "ok"),
+        ("done/min", f"{snap.done_last_minute:,}", "ok"),
+        (
+            "lease expiries 1h",
+            f"{snap.lease_expiries_last_hour:,}",
+            t.level(snap.lease_expiries_last_hour, t.expiries_warn, t.expiries_crit),
+        ),
+        ("missed slots", f"{snap.missed_slots:,}", t.level(snap.missed_slots, t.missed_warn, t.missed_crit)),
+    ]
+    for i, (label, value, level) in enumerate(parts):
+        if i:
+            line.append("  ")
+        line.append(f"{label} ", style=STYLE["dim"])
+        line.append(value, style=STYLE[level] or "bold")
+        if i == 0 and history:
+            line.append(" " + sparkline(history, 16), style=STYLE[level] or "")
+    return line
+
+
+def _matches(needle: str, *fields: str | None) -> bool:
+    if not needle:
+        return True
+    lowered = needle.lower()
+    return any(f is not None and lowered in f.lower() for f in fields)
+
+
+def ready_rows(by_type: Sequence[TypeCounts], needle: str, thresholds: Thresholds) -> list[Row]:
+    """One row per type with ready jobs: counts and the oldest wait."""
+    rows: list[Row] = []
+    for t in by_type:
+        if t.ready == 0 or not _matches(needle, t.type):
+            continue
+        level = thresholds.level(t.oldest_ready_age, thresholds.oldest_ready_warn, thresholds.oldest_ready_crit)
+        rows.append(
+            (
+                t.type,
+                [
+                    t.type,
+                    f"{t.ready_due:,}",
+                    f"{t.ready - t.ready_due:,}",
+                    styled(age(t.oldest_ready_age), level),
+                    f"{t.running:,}",
+                ],
+            )
+        )
+    return rows
+
+
+def running_rows(jobs: Sequence[RunningJob], needle: str, elapsed: float = 0.0) -> list[Row]:
+    """Running jobs; `elapsed` seconds since the data was read make the countdowns live."""
+    rows: list[Row] = []
+    for j in jobs:
+        if not _matches(needle, j.type, j.worker, str(j.id)):
+            continue
+        left = j.lease_left - elapsed
+        if left < 0:
+            lease = styled(f"EXPIRED {age(-left)} ago", "crit")
+        else:
+            lease = styled(age(left), "warn" if left < 5 else "ok")
+        hb = None if j.heartbeat_age is None else j.heartbeat_age + elapsed
+        rows.append(
+            (
+                str(j.id),
+                [
+                    str(j.id),
+                    j.type,
+                    j.worker or "-",
+                    f"{j.attempt}/{j.max_attempts}",
+                    age(hb),
+                    lease,
+                    age(None if j.running_for is None else j.running_for + elapsed),
+                ],
+            )
+        )
+    return rows
+
+
+def dead_key(group: DeadGroup) -> str:
+    return f"{group.status}\x1f{group.type}\x1f{group.fingerprint}"
+
+
+def dead_rows(groups: Sequence[DeadGroup], needle: str) -> list[Row]:
+    rows: list[Row] = []
+    for g in groups:
+        if not _matches(needle, g.type, g.fingerprint, g.status):
+            continue
+        rows.append(
+            (
+                dead_key(g),
+                [
+                    styled(g.status, "crit" if g.status == "dead" else "warn"),
+                    g.type,
+                    f"{g.jobs:,}",
+                    g.fingerprint or "-",
+                    g.first_seen.strftime("%m-%d %H:%M:%S") if g.first_seen else "-",
+                    g.last_seen.strftime("%m-%d %H:%M:%S") if g.last_seen else "-",
+                    str(g.latest_job_id),
+                ],
+            )
+        )
+    return rows
+
+
+def expiry_rows(expiries: Sequence[LeaseExpiry], needle: str) -> list[Row]:
+    rows: list[Row] = []
+    for e in expiries:
+        if not _matches(needle, e.type, e.worker, str(e.job_id)):
+            continue
+        rows.append(
+            (
+                f"{e.job_id}\x1f{e.attempt}\x1f{e.reaped_at.isoformat()}",
+                [
+                    e.reaped_at.strftime("%m-%d %H:%M:%S"),
+                    str(e.job_id),
+                    e.type,
+                    e.worker or "-",
+                    str(e.attempt),
+                    styled(e.outcome, "crit" if e.outcome == "dead" else "ok"),
+                ],
+            )
+        )
+    return rows
+
+
+def schedule_rows(schedules: Sequence[ScheduleHealth], needle: str, elapsed: float = 0.0) -> list[Row]:
+    rows: list[Row] = []
+    for s in schedules:
+        if not _matches(needle, s.name, s.job_type):
+            continue
+        left = s.next_in - elapsed
+        if s.paused:
+            nxt: Text | str = styled("paused", "warn")
+        elif left < -5:
+            nxt = styled(f"overdue {age(-left)}", "crit")  # no scheduler is running
+        else:
+            nxt = age(max(0.0, left))
+        missed = styled(str(s.missed), "warn" if s.missed else "ok")
+        last_missed = s.missed_slots[-1][5:19].replace("T", " ") if s.missed_slots else "-"
+        rows.append(
+            (
+                s.name,
+                [
+                    s.name,
+                    s.job_type,
+                    s.cron,
+                    nxt,
+                    s.last_slot.strftime("%m-%d %H:%M:%S"),
+                    missed,
+                    last_missed,
+                    str(s.skipped),
+                    "paused" if s.paused else "active",
+                ],
+            )
+        )
+    return rows
+
+
+def ready_job_rows(jobs: Sequence[ReadyJob]) -> list[Row]:
+    return [
+        (
+            str(j.id),
+            [
+                str(j.id),
+                j.type,
+                f"{j.attempts}/{j.max_attempts}",
+                age(j.waiting) if j.waiting >= 0 else f"in {age(-j.waiting)}",
+                age(j.age),
+                j.last_error or "-",
+            ],
+        )
+        for j in jobs
+    ]
+
+
+def dead_job_rows(jobs: Sequence[DeadJob]) -> list[Row]:
+    return [
+        (
+            str(j.id),
+            [
+                str(j.id),
+                j.type,
+                j.status,
+                f"{j.attempts}/{j.max_attempts}",
+                j.finished_at.strftime("%m-%d %H:%M:%S") if j.finished_at else "-",
+                j.worker or "-",
+                j.last_error,
+            ],
+        )
+        for j in jobs
+    ]
+
+
+COLUMNS = {
+    "ready": ["type", "due", "delayed", "oldest wait", "running"],
+    "running": ["id", "type", "worker", "attempt", "heartbeat", "lease left", "running for"],
+    "dead": ["status", "type", "jobs", "error fingerprint", "first seen", "last seen", "latest"],
+    "expiries": ["reaped", "job", "type", "worker", "attempt", "outcome"],
+    "schedules": ["name", "type", "cron", "next", "last slot", "missed", "last missed", "skipped", "state"],
+    "ready_jobs": ["id", "type", "attempts", "waiting", "age", "last error"],
+    "dead_jobs": ["id", "type", "status", "attempts", "finished", "worker", "last error"],
+}

@@ -1,0 +1,205 @@
+"""Modal and drill-down screens of the console."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Button, Footer, Label, Static
+
+from ..explain import explain
+from . import render
+from .widgets import KeyedTable
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """Asks before a change; says exactly what will change and how many rows."""
+
+    BINDINGS = [
+        Binding("y", "answer(True)", "Yes"),
+        Binding("enter", "answer(True)", "Yes", show=False),
+        Binding("n", "answer(False)", "No"),
+        Binding("escape", "answer(False)", "No", show=False),
+    ]
+
+    DEFAULT_CSS = """
+    ConfirmScreen { align: center middle; }
+    #dialog { width: 72; max-width: 95%; height: auto; border: thick $warning; background: $surface; padding: 1 2; }
+    #question { width: 100%; margin-bottom: 1; }
+    #buttons { height: auto; width: 100%; align-horizontal: right; }
+    Button { margin-left: 2; }
+    """
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog"):
+            yield Label(self.question, id="question")
+            with Vertical(id="buttons"):
+                yield Button("Yes (y)", variant="warning", id="yes")
+                yield Button("No (n)", id="no")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, answer: bool) -> None:
+        self.dismiss(answer)
+
+
+HELP = """\
+[b]Panes[/]            1 ready · 2 running · 3 dead · 4 lease expiries · 5 schedules · 6 worker
+                   tab / shift+tab also switch; the mouse works too
+[b]Move[/]             arrows, page up/down, home/end
+[b]enter[/]            drill down: a type's ready jobs, a dead group's jobs, a job's detail
+[b]/[/]                filter by type or text (escape clears)
+[b]s[/]                sort by the next column (press again to reverse)
+
+[b]Actions[/] (each asks first and writes the audit log; hidden with --read-only)
+[b]r[/]                requeue the selected dead/failed group (or job, in a group's list)
+[b]k[/]                kill the lease of the selected running job (it is ready again now)
+[b]c[/]                cancel the selected job (it becomes failed)
+[b]p[/]                pause or resume the selected schedule
+[b]n[/]                run the selected schedule now
+[b]w[/]                pause or resume the embedded worker (--work)
+
+[b]?[/] this help · [b]q[/] quit (an embedded worker finishes its jobs first)
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    #help {
+        width: 90; max-width: 98%; height: auto; max-height: 95%;
+        border: thick $primary; background: $surface; padding: 1 2;
+    }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static(HELP, id="help")
+
+
+class JobDetailScreen(Screen[None]):
+    """One job explained from its row, refreshed every second."""
+
+    BINDINGS = [Binding("escape,q", "app.pop_screen", "Back")]
+    DEFAULT_CSS = "#detail { padding: 0 1; }"
+
+    def __init__(self, job_id: int) -> None:
+        super().__init__()
+        self.job_id = job_id
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Static(f"Loading job {self.job_id}...", id="detail")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.load()
+        self.set_interval(1.0, self.load)
+
+    @work(thread=True, exclusive=True, group="detail")
+    def load(self) -> None:
+        app: Any = self.app
+        try:
+            job = app.source.job(self.job_id)
+        except Exception as exc:  # shown in place; the next tick tries again
+            text = f"Cannot read job {self.job_id}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        else:
+            text = f"No job {self.job_id} (archived or deleted)." if job is None else "\n".join(explain(job))
+        self.app.call_from_thread(self._show, text)
+
+    def _show(self, text: str) -> None:
+        self.query_one("#detail", Static).update(text)
+
+
+class JobListScreen(Screen[None]):
+    """A drill-down list: the ready jobs of a type, or the jobs of a dead-letter group."""
+
+    BINDINGS = [
+        Binding("escape,q", "app.pop_screen", "Back"),
+        Binding("enter", "open", "Detail"),
+        Binding("r", "requeue", "Requeue job"),
+        Binding("R", "requeue_group", "Requeue group"),
+        Binding("c", "cancel", "Cancel job"),
+    ]
+    DEFAULT_CSS = "#title { padding: 0 1; background: $boost; width: 100%; }"
+
+    def __init__(self, kind: str, title: str, *, job_type: str, status: str = "", fingerprint: str = "") -> None:
+        super().__init__()
+        self.kind = kind  # "ready" or "dead"
+        self.title_text = title
+        self.job_type = job_type
+        self.status = status
+        self.fingerprint = fingerprint
+
+    def compose(self) -> ComposeResult:
+        yield Label(self.title_text, id="title")
+        yield KeyedTable(render.COLUMNS["ready_jobs" if self.kind == "ready" else "dead_jobs"], id="jobs")
+        yield Footer()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        app: Any = self.app
+        if action in ("requeue", "requeue_group", "cancel") and app.read_only:
+            return None
+        if action in ("requeue", "requeue_group"):
+            return self.kind == "dead"
+        if action == "cancel":
+            return self.kind == "ready"
+        return True
+
+    def on_mount(self) -> None:
+        self.query_one(KeyedTable).focus()
+        self.load()
+        self.set_interval(1.0, self.load)
+
+    @work(thread=True, exclusive=True, group="list")
+    def load(self) -> None:
+        app: Any = self.app
+        try:
+            if self.kind == "ready":
+                rows = render.ready_job_rows(app.source.ready_jobs(self.job_type))
+            else:
+                rows = render.dead_job_rows(app.source.dead_jobs(self.status, self.job_type, self.fingerprint))
+        except Exception:  # the header already says the database is unreachable
+            return
+        self.app.call_from_thread(self.query_one(KeyedTable).sync, rows)
+
+    def _selected_id(self) -> int | None:
+        key = self.query_one(KeyedTable).selected_key
+        return int(key) if key else None
+
+    def action_open(self) -> None:
+        job_id = self._selected_id()
+        if job_id is not None:
+            self.app.push_screen(JobDetailScreen(job_id))
+
+    def on_data_table_row_selected(self, event: KeyedTable.RowSelected) -> None:
+        self.action_open()
+
+    def action_requeue(self) -> None:
+        app: Any = self.app
+        job_id = self._selected_id()
+        if job_id is not None:
+            app.confirm_then(
+                f"Requeue job {job_id} ({self.job_type})?\n1 row will change.", app.do_requeue_jobs, [job_id]
+            )
+
+    def action_requeue_group(self) -> None:
+        app: Any = self.app
+        app.ask_requeue_group(self.status, self.job_type, self.fingerprint)
+
+    def action_cancel(self) -> None:
+        app: Any = self.app
+        job_id = self._selected_id()
+        if job_id is not None:
+            app.confirm_then(
+                f"Cancel job {job_id} ({self.job_type})? It becomes failed.\n1 row will change.", app.do_cancel, job_id
+            )
