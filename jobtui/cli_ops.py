@@ -63,7 +63,8 @@ def render_stats(snap: Snapshot, console: Console) -> None:
     if snap.schedules:
         sched = Table("schedule", "type", "cron", "next in", "missed", "skipped", "state", title="Schedules")
         for s in snap.schedules:
-            nxt = _age(s.next_in) if s.next_in >= 0 else f"overdue {_age(-s.next_in)}"
+            overdue = f"overdue {_age(-s.next_in)}"
+            nxt = "-" if s.paused else (_age(s.next_in) if s.next_in >= 0 else overdue)
             sched.add_row(
                 s.name, s.job_type, s.cron, nxt, str(s.missed), str(s.skipped), "paused" if s.paused else "active"
             )
@@ -95,8 +96,14 @@ def render_dead(snap: Snapshot, console: Console, groups: list[Any] | None = Non
     console.print(table)
 
 
-def cmd_stats(args: argparse.Namespace, dsn: str) -> int:
+def wide_console() -> Console:
+    """A console that does not squeeze tables to 80 columns when piped or logged."""
     console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+def cmd_stats(args: argparse.Namespace, dsn: str) -> int:
+    console = wide_console()
     while True:
         with connect(dsn, autocommit=True) as conn:
             snap = snapshot(conn, args.schema)
@@ -126,7 +133,7 @@ def cmd_dead(args: argparse.Namespace, dsn: str) -> int:
 
         print(json.dumps([asdict(g) for g in groups], default=str, indent=2))
     elif groups:
-        render_dead(snap, Console(), groups)
+        render_dead(snap, wide_console(), groups)
     else:
         print("no dead or failed jobs match")
     return 0
@@ -187,7 +194,7 @@ def cmd_audit(args: argparse.Namespace, queue: Queue) -> int:
     table = Table("when", "who", "action", "target", "rows", title="Operator actions (newest first)")
     for e in entries:
         table.add_row(e.at.isoformat(timespec="seconds"), e.actor, e.action, e.target or "-", str(e.rows))
-    Console().print(table)
+    wide_console().print(table)
     return 0
 
 

