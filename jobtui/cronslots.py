@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import zlib
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
@@ -57,7 +57,7 @@ def check_cron(expr: str) -> str:
 def check_timezone(name: str) -> ZoneInfo:
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a directory such as "Europe"
         raise InvalidInput(f"unknown timezone {name!r}: use an IANA name such as UTC or Europe/Paris") from None
 
 
@@ -82,13 +82,23 @@ def next_slot(cron: str, timezone: str, after: datetime) -> datetime:
 
 def slots_between(cron: str, timezone: str, after: datetime, upto: datetime, limit: int = 10_000) -> list[datetime]:
     """Slots s with after < s <= upto, oldest first, at most `limit` (the newest kept)."""
+    return _due(cron, timezone, after, upto, limit)[0]
+
+
+def _due(cron: str, timezone: str, after: datetime, upto: datetime, limit: int) -> tuple[list[datetime], int]:
+    """The newest `limit` slots in (after, upto], and how many slots that interval holds."""
     tz = check_timezone(timezone)
     it = _cron(cron, after.astimezone(tz))
+    # Compared in UTC: two datetimes with the same ZoneInfo compare by wall clock, ignoring
+    # `fold`, which puts the repeated hour of a DST change before or after the wrong instants.
+    upto = upto.astimezone(UTC)
     found: list[datetime] = []
+    count = 0
     while True:
         slot: datetime = it.get_next(datetime)
         if slot > upto:
-            return found[-limit:] if limit else []
+            return (found[-limit:] if limit else []), count
+        count += 1
         found.append(slot)
         if len(found) > 2 * limit:
             del found[:limit]
@@ -105,7 +115,8 @@ def spread_bound(cron: str, timezone: str, now: datetime) -> float:
     between slots, at most MAX_OFFSET_SECONDS."""
     first = next_slot(cron, timezone, now)
     second = next_slot(cron, timezone, first)
-    return min(MAX_OFFSET_SECONDS, (second - first).total_seconds() / 10)
+    gap = second.astimezone(UTC) - first.astimezone(UTC)  # real time, not wall clock, across DST
+    return min(MAX_OFFSET_SECONDS, gap.total_seconds() / 10)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +124,9 @@ class SlotPlan:
     """What a scheduler does for one schedule at `now`."""
 
     fire: list[datetime]
-    missed: list[datetime]
+    missed: list[datetime]  # the newest missed slots (at most MAX_BACKFILL + 1)
     next_slot: datetime
+    missed_count: int = 0  # every missed slot, also those older than the `missed` list
 
 
 def plan(
@@ -130,12 +142,12 @@ def plan(
     The newest due slot is fired when it is within `grace` of now; every earlier slot (and
     the newest, when late) passed while no scheduler ran, and `policy` decides its fate.
     """
-    due = slots_between(cron, timezone, last_slot, now, limit=MAX_BACKFILL + 1)
+    due, total = _due(cron, timezone, last_slot, now, MAX_BACKFILL + 1)
     upcoming = next_slot(cron, timezone, now)
     if not due:
         return SlotPlan([], [], upcoming)
     latest = due[-1]
-    on_time = now - latest <= grace
+    on_time = now.astimezone(UTC) - latest <= grace
     missed = due[:-1] if on_time else due
     fire = [latest] if on_time else []
     match policy:
@@ -146,6 +158,6 @@ def plan(
                 fire = [missed[-1]]
                 missed = missed[:-1]
         case MissedPolicy.ALL:
-            fire = (missed + fire)[-MAX_BACKFILL:]
-            missed = []
-    return SlotPlan(fire, missed, upcoming)
+            missed, fire = (missed + fire)[:-MAX_BACKFILL], (missed + fire)[-MAX_BACKFILL:]
+    # Slots older than the newest MAX_BACKFILL + 1 were neither fired nor listed: missed too.
+    return SlotPlan(fire, missed, upcoming, total - len(fire))

@@ -1,0 +1,520 @@
+"""Cron schedules against real PostgreSQL and real scheduler processes.
+
+Scheduler processes run `python -m jobtui.cli scheduler`; the missed-slot policies are
+driven through `fire_due` (one tick) after moving a schedule's last slot into the past,
+since waiting for real missed minutes would take minutes. All times are the database's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from jobtui.cronslots import MAX_BACKFILL, spread_bound, stable_offset
+from jobtui.registry import Job, Jobs, ScheduleSpec
+from jobtui.scheduler import fire_due, pause, resume, slot_key, upsert
+from jobtui.worker import Worker
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+SECOND = timedelta(seconds=1)
+
+Conn = psycopg.Connection[Any]
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def cli_env(dsn: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "FAKETIME", "LD_PRELOAD")}
+    return {**env, "JOBTUI_DSN": dsn, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "jobtui.cli", *args],
+        cwd=ROOT,
+        env=cli_env(dsn),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def cli_many(dsn: str, commands: list[list[str]]) -> list[tuple[int, str, str]]:
+    """Run several CLI commands at once (each is a Python start-up); (rc, stdout, stderr)."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "jobtui.cli", *args],
+            cwd=ROOT,
+            env=cli_env(dsn),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for args in commands
+    ]
+    results = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=60)
+            results.append((p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return results
+
+
+class SchedulerProcess:
+    """`jobtui scheduler` in its own process, its log in a file."""
+
+    def __init__(self, dsn: str, log_path: Path, extra_env: dict[str, str] | None = None) -> None:
+        self.log_path = log_path
+        self._log_file = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jobtui.cli", "scheduler"],
+            cwd=ROOT,
+            env=cli_env(dsn, **(extra_env or {})),
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_started(self, timeout: float = 20) -> None:
+        def started() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"scheduler exited with {self.proc.returncode}:\n{self.log()}")
+            return "scheduler started" in self.log()
+
+        wait_for(started, timeout, "the scheduler to start")
+
+    def stop(self, timeout: float = 15) -> int:
+        """SIGTERM, then wait; kills it if it does not exit in time."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._log_file.close()
+
+    def fired_slots(self, name: str) -> list[str]:
+        """Slots this process logged as fired (with a new job) for schedule `name`."""
+        return re.findall(rf"schedule {re.escape(name)}: slot (\S+) -> job \d+", self.log())
+
+
+Spawn = Callable[..., SchedulerProcess]
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Spawn]:
+    started: list[SchedulerProcess] = []
+
+    def start(dsn: str, *, extra_env: dict[str, str] | None = None) -> SchedulerProcess:
+        p = SchedulerProcess(dsn, tmp_path / f"scheduler-{len(started)}.log", extra_env)
+        started.append(p)
+        return p
+
+    try:
+        yield start
+    finally:
+        for p in started:
+            p.kill()
+
+
+def schedule_row(conn: Conn, name: str) -> dict[str, Any]:
+    cur = conn.execute("SELECT * FROM jobtui.schedule WHERE name = %s", (name,))
+    row = cur.fetchone()
+    assert row is not None, f"no schedule {name!r}"
+    assert cur.description is not None
+    return dict(zip([c.name for c in cur.description], row, strict=True))
+
+
+def slot_jobs(conn: Conn, schedule_id: int) -> list[tuple[datetime, datetime, str, int]]:
+    """(slot from the key, run_at, key, id) of each slot job of a schedule, oldest slot first."""
+    rows = conn.execute(
+        "SELECT idempotency_key, run_at, id FROM jobtui.job WHERE idempotency_key LIKE %s",
+        (f"schedule:{schedule_id}:%",),
+    ).fetchall()
+    out = []
+    for key, run_at, job_id in rows:
+        slot_text = key.split(":", 2)[2]
+        if slot_text.startswith("manual:"):
+            continue
+        out.append((datetime.fromisoformat(slot_text), run_at, key, job_id))
+    return sorted(out)
+
+
+def assert_consecutive_seconds(slots: list[datetime]) -> None:
+    gaps = [(a, b) for a, b in itertools.pairwise(slots) if b - a != SECOND]
+    assert not gaps, f"slots not one second apart: {gaps[:5]}"
+    assert all(s.microsecond == 0 for s in slots)
+
+
+def db_now(conn: Conn) -> datetime:
+    now: datetime = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+    return now
+
+
+async def tick(dsn: str) -> list[Any]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+        return await fire_due(aconn)
+
+
+def add(conn: Conn, name: str, cron: str, *, missed: str = "once", offset: float | None = 0.0, **kw: Any) -> int:
+    spec = ScheduleSpec(name=name, cron=cron, type=kw.pop("type", "t"), missed=missed, offset=offset, **kw)
+    with conn.transaction():
+        return upsert(conn, spec, source="cli")
+
+
+def rewind(conn: Conn, name: str, last_slot: datetime) -> None:
+    """Pretend no scheduler ran since `last_slot`: the schedule is due from there."""
+    conn.execute(
+        "UPDATE jobtui.schedule SET last_slot = %s, next_run_at = %s WHERE name = %s",
+        (last_slot, last_slot, name),
+    )
+
+
+# -- several schedulers, one job per slot -----------------------------------------------------
+
+
+def test_three_schedulers_fire_each_slot_exactly_once(dsn: str, conn: Conn, spawn: Spawn) -> None:
+    procs = [spawn(dsn) for _ in range(3)]
+    for p in procs:
+        p.wait_started()
+    added = cli(dsn, "schedule", "add", "tick", "--cron", "* * * * * *", "--type", "t", "--offset", "0")
+    assert added.returncode == 0, added.stderr
+    sid = schedule_row(conn, "tick")["id"]
+    time.sleep(20)
+    for p in procs:
+        assert p.stop() == 0, p.log()
+
+    jobs = slot_jobs(conn, sid)
+    slots = [slot for slot, *_ in jobs]
+    assert len(jobs) >= 17, f"only {len(jobs)} slots fired in 20 s"
+    assert len(set(slots)) == len(slots), "two jobs for one slot"
+    assert_consecutive_seconds(slots)
+    assert all(run_at == slot for slot, run_at, *_ in jobs)  # offset 0
+    assert all(key == slot_key(sid, slot) for slot, _, key, _ in jobs)
+    row = schedule_row(conn, "tick")
+    assert row["missed_count"] == 0 and row["missed_slots"] == []
+    assert row["last_fired_slot"] == slots[-1] and row["last_job_id"] == jobs[-1][3]
+    # No two processes fired the same slot (the key would have hidden a second insert).
+    logged = [s for p in procs for s in p.fired_slots("tick")]
+    assert sorted(datetime.fromisoformat(s) for s in logged) == slots
+
+
+# -- missed-slot policies ---------------------------------------------------------------------
+
+
+async def test_per_second_policies_after_ten_minutes_without_scheduler(dsn: str, conn: Conn) -> None:
+    """600 slots passed; the newest is at most a second old, so on time."""
+    ids = {policy: add(conn, f"ps-{policy}", "* * * * * *", missed=policy) for policy in ("skip", "once", "all")}
+    start = conn.execute("SELECT date_trunc('second', now()) - interval '10 min'").fetchone()[0]  # type: ignore[index]
+    for policy in ids:
+        rewind(conn, f"ps-{policy}", start)
+    fired = await tick(dsn)
+
+    for policy, sid in ids.items():
+        row = schedule_row(conn, f"ps-{policy}")
+        newest = row["updated_at"].replace(microsecond=0)  # the tick's now(), floored to a slot
+        due = int((newest - start).total_seconds())
+        assert due >= 600
+        jobs = slot_jobs(conn, sid)
+        slots = [s for s, *_ in jobs]
+        n_fired = MAX_BACKFILL if policy == "all" else 1
+        assert slots == [newest - n * SECOND for n in range(n_fired - 1, -1, -1)], policy
+        assert [f.slot for f in fired if f.schedule == f"ps-{policy}"] == slots
+        assert row["missed_count"] == due - n_fired, policy
+        missed = [datetime.fromisoformat(s) for s in row["missed_slots"]]
+        if policy == "all":
+            assert missed == [newest - MAX_BACKFILL * SECOND]
+        else:
+            assert missed == [newest - n * SECOND for n in range(20, 0, -1)]  # the newest 20
+        assert row["last_slot"] == newest and row["last_fired_slot"] == newest
+        assert row["next_run_at"] == newest + SECOND
+        assert row["last_job_id"] == jobs[-1][3]
+
+    # Rewinding again re-plans the same slots: their keys exist, so no slot gets a second job.
+    before = {sid: len(slot_jobs(conn, sid)) for sid in ids.values()}
+    rewind(conn, "ps-all", start)
+    await tick(dsn)
+    slots = [s for s, *_ in slot_jobs(conn, ids["all"])]
+    assert len(set(slots)) == len(slots) and len(slots) >= before[ids["all"]]
+    assert_consecutive_seconds(slots)
+
+
+def minute_cron_late_by(conn: Conn, seconds: int) -> tuple[str, datetime]:
+    """A once-a-minute cron whose newest slot is `seconds` (+ under 1 s) before the database's now."""
+    now = db_now(conn)
+    return f"{(now.second - seconds) % 60} * * * * *", now
+
+
+@pytest.mark.parametrize(
+    ("lateness", "expected"),
+    [
+        # policy: (slots fired, counting back from the newest; missed count)
+        pytest.param(45, {"skip": (0, 10), "once": (1, 9), "all": (10, 0)}, id="newest-late"),
+        pytest.param(10, {"skip": (1, 9), "once": (1, 9), "all": (10, 0)}, id="newest-on-time"),
+    ],
+)
+async def test_minute_policies_after_ten_minutes_without_scheduler(
+    dsn: str, conn: Conn, lateness: int, expected: dict[str, tuple[int, int]]
+) -> None:
+    cron, now = minute_cron_late_by(conn, lateness)
+    ids = {policy: add(conn, f"m-{policy}", cron, missed=policy) for policy in expected}
+    for policy in ids:
+        rewind(conn, f"m-{policy}", now - timedelta(minutes=10))
+    await tick(dsn)
+
+    for policy, (n_fired, n_missed) in expected.items():
+        row = schedule_row(conn, f"m-{policy}")
+        late = row["updated_at"] - row["last_slot"]  # the newest due slot, handled either way
+        assert timedelta(seconds=lateness) <= late < timedelta(seconds=lateness + 5)
+        newest = row["last_slot"]
+        all_slots = [newest - timedelta(minutes=k) for k in range(9, -1, -1)]
+        slots = [s for s, *_ in slot_jobs(conn, ids[policy])]
+        assert slots == all_slots[len(all_slots) - n_fired :], policy
+        assert row["missed_count"] == n_missed, policy
+        missed = [datetime.fromisoformat(s) for s in row["missed_slots"]]
+        assert missed == all_slots[: len(all_slots) - n_fired], policy
+        assert row["last_fired_slot"] == (slots[-1] if slots else None)
+        assert row["next_run_at"] == newest + timedelta(minutes=1)
+
+
+# -- pause and resume -------------------------------------------------------------------------
+
+
+def test_pause_and_resume_take_effect_in_a_running_scheduler(dsn: str, conn: Conn, spawn: Spawn) -> None:
+    proc = spawn(dsn)
+    proc.wait_started()
+    sid = add(conn, "beat", "* * * * * *")
+
+    def count() -> int:
+        return len(slot_jobs(conn, sid))
+
+    wait_for(lambda: count() >= 2, 10, "the first slots")
+    paused = cli(dsn, "schedule", "pause", "beat")
+    assert paused.returncode == 0 and "paused" in paused.stdout, paused.stderr
+    at_pause = count()
+    last_slot = schedule_row(conn, "beat")["last_slot"]
+    time.sleep(3)
+    assert count() == at_pause, "a paused schedule fired"
+    assert proc.proc.poll() is None
+
+    resumed = cli(dsn, "schedule", "resume", "beat")
+    assert resumed.returncode == 0 and "resumed" in resumed.stdout, resumed.stderr
+    row = schedule_row(conn, "beat")
+    resumed_at = row["updated_at"]  # the resume transaction's now()
+    assert not row["paused"] and row["paused_at"] is None
+    assert row["skipped_count"] == int((resumed_at.replace(microsecond=0) - last_slot).total_seconds())
+    assert row["skipped_count"] >= 3
+    assert row["missed_count"] == 0
+
+    wait_for(lambda: count() >= at_pause + 2, 10, "slots after resume")
+    assert proc.stop() == 0, proc.log()
+    slots = [s for s, *_ in slot_jobs(conn, sid)]
+    before, after = slots[:at_pause], slots[at_pause:]
+    assert before[-1] == last_slot
+    assert after[0] == resumed_at.replace(microsecond=0) + SECOND  # from the next slot on
+    assert_consecutive_seconds(before)
+    assert_consecutive_seconds(after)
+    assert schedule_row(conn, "beat")["missed_count"] == 0
+
+
+def test_pause_and_resume_report_when_nothing_changes(conn: Conn) -> None:
+    add(conn, "nightly", "0 3 * * *")
+    assert resume(conn, "nightly") is False
+    assert pause(conn, "nightly") is True
+    assert pause(conn, "nightly") is False
+    assert resume(conn, "nightly") is True
+    assert schedule_row(conn, "nightly")["skipped_count"] == 0
+
+
+# -- offsets ----------------------------------------------------------------------------------
+
+
+async def test_default_offset_is_the_stable_spread_offset(dsn: str, conn: Conn) -> None:
+    name = "report-a"
+    args = ["schedule", "add", name, "--cron", "* * * * *", "--type", "report"]
+    assert cli(dsn, *args).returncode == 0
+    expected = stable_offset(name, spread_bound("* * * * *", "UTC", db_now(conn)))
+    assert expected > 0
+    row = schedule_row(conn, name)
+    assert row["offset_seconds"] == pytest.approx(expected)
+    assert cli(dsn, *args).returncode == 0  # re-adding keeps it
+    assert schedule_row(conn, name)["offset_seconds"] == pytest.approx(expected)
+    add(conn, "report-b", "* * * * *", offset=None)
+    assert schedule_row(conn, "report-b")["offset_seconds"] != pytest.approx(expected)
+
+    rewind(conn, name, db_now(conn) - timedelta(minutes=2))
+    await tick(dsn)
+    jobs = slot_jobs(conn, row["id"])
+    assert jobs, "no slot fired"
+    for slot, run_at, *_ in jobs:
+        assert (run_at - slot).total_seconds() == pytest.approx(expected, abs=1e-6)
+
+
+# -- run-now, remove, errors ------------------------------------------------------------------
+
+
+def test_run_now_remove_and_unknown_names(dsn: str, conn: Conn) -> None:
+    sid = add(conn, "nightly", "0 3 * * *", type="report.build", payload={"k": 1}, max_attempts=3)
+    result = cli(dsn, "schedule", "run-now", "nightly")
+    assert result.returncode == 0, result.stderr
+    job_id = int(result.stdout.strip())
+    job = conn.execute(
+        "SELECT type, payload, status, max_attempts, idempotency_key, run_at <= now() FROM jobtui.job WHERE id = %s",
+        (job_id,),
+    ).fetchone()
+    assert job is not None
+    assert job[:4] == ("report.build", {"k": 1}, "ready", 3)
+    assert job[4].startswith(f"schedule:{sid}:manual:") and job[5]
+
+    result = cli(dsn, "schedule", "remove", "nightly")
+    assert result.returncode == 0 and "removed" in result.stdout
+    assert conn.execute("SELECT count(*) FROM jobtui.schedule").fetchone() == (0,)
+
+    results = cli_many(dsn, [["schedule", action, "ghost"] for action in ("pause", "resume", "remove", "run-now")])
+    for rc, out, err in results:
+        assert rc == 2 and out == ""
+        lines = err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("jobtui: error: ") and "'ghost'" in lines[0], err
+    assert conn.execute("SELECT count(*) FROM jobtui.job").fetchone() == (1,)
+
+
+BAD_ADDS = [
+    (["--cron", "61 * * * *"], "'61 * * * *'"),
+    (["--cron", "* * * *"], "'* * * *'"),
+    (["--cron", "0 0 31 2 *"], "'0 0 31 2 *'"),
+    (["--cron", "* * * * * *", "--timezone", "Mars/Olympus"], "'Mars/Olympus'"),
+    (["--cron", "* * * * *", "--timezone", "Europe"], "'Europe'"),
+    (["--cron", "* * * * *", "--offset", "90s"], "offset"),
+]
+
+
+def test_bad_schedules_via_cli_are_one_line_errors_and_write_nothing(dsn: str, conn: Conn) -> None:
+    results = cli_many(dsn, [["schedule", "add", "bad", "--type", "t", *args] for args, _ in BAD_ADDS])
+    for (args, needle), (rc, out, err) in zip(BAD_ADDS, results, strict=True):
+        lines = err.splitlines()
+        assert rc == 2, (args, err)
+        assert out == "" and len(lines) == 1 and lines[0].startswith("jobtui: error: "), (args, err)
+        assert needle in lines[0], (args, err)
+    assert conn.execute("SELECT count(*) FROM jobtui.schedule").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM jobtui.job").fetchone() == (0,)
+
+
+# -- clock skew -------------------------------------------------------------------------------
+
+
+def faketime_env() -> dict[str, str]:
+    """The environment that puts a process 3 hours behind, or skip when it does not work."""
+    if not FAKETIME_LIB.exists():
+        pytest.skip(f"libfaketime is not installed ({FAKETIME_LIB} missing); cannot skew a clock")
+    env = {"FAKETIME": "-3h", "LD_PRELOAD": str(FAKETIME_LIB)}
+    probe = subprocess.run(
+        [sys.executable, "-c", "import time; print(time.time())"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"a Python process does not start under libfaketime: {probe.stderr.strip()[:200]}")
+    shift = time.time() - float(probe.stdout)
+    if abs(shift - 3 * 3600) > 60:
+        pytest.skip(f"libfaketime did not shift the clock by 3 h (shift {shift:.0f} s)")
+    return env
+
+
+def test_scheduler_with_a_clock_three_hours_behind_fires_at_database_time(dsn: str, conn: Conn, spawn: Spawn) -> None:
+    env = faketime_env()
+    proc = spawn(dsn, extra_env=env)
+    proc.wait_started()
+    sid = add(conn, "skewed", "* * * * * *")
+    wait_for(lambda: len(slot_jobs(conn, sid)) >= 4, 10, "slots fired by the skewed scheduler")
+    assert proc.stop() == 0, proc.log()
+
+    rows = conn.execute(
+        "SELECT idempotency_key, run_at, created_at FROM jobtui.job WHERE idempotency_key LIKE %s",
+        (f"schedule:{sid}:%",),
+    ).fetchall()
+    for key, run_at, created_at in rows:
+        lag = (created_at - run_at).total_seconds()
+        assert 0 <= lag < 2, f"{key} created {lag:.1f} s after its slot"
+    slots = [s for s, *_ in slot_jobs(conn, sid)]
+    assert_consecutive_seconds(slots)
+    row = schedule_row(conn, "skewed")
+    assert row["missed_count"] == 0 and row["skipped_count"] == 0
+    # The process really ran 3 hours behind: its own log lines carry its clock.
+    stamps = re.findall(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ INFO jobtui.scheduler: schedule", proc.log(), re.M)
+    assert stamps
+    local = datetime.fromisoformat(stamps[-1]).astimezone()
+    assert abs((slots[-1] - local).total_seconds() - 3 * 3600) < 120
+
+
+# -- a worker runs the scheduler --------------------------------------------------------------
+
+
+async def test_worker_syncs_declared_schedules_and_fires_them(dsn: str, conn: Conn) -> None:
+    jobs = Jobs()
+    ran: list[int] = []
+
+    @jobs.handler("beat")
+    def beat(job: Job) -> None:
+        ran.append(job.id)
+
+    jobs.schedule("beat-every-second", cron="* * * * * *", type="beat", offset=0.0, payload={"from": "code"})
+    worker = Worker(jobs, dsn, concurrency=2, poll_interval=0.2, shutdown_timeout=5)
+    task = asyncio.create_task(worker.run())
+    try:
+        deadline = time.monotonic() + 15
+        while len(ran) < 3 and time.monotonic() < deadline and not task.done():
+            await asyncio.sleep(0.1)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 20)
+    assert len(ran) >= 3, f"the worker ran {len(ran)} scheduled jobs"
+
+    row = schedule_row(conn, "beat-every-second")
+    assert row["source"] == "code" and row["job_type"] == "beat" and row["payload"] == {"from": "code"}
+    keyed = {job_id: slot for slot, _, _, job_id in slot_jobs(conn, row["id"])}
+    assert set(ran) <= set(keyed)
+    done = conn.execute("SELECT id FROM jobtui.job WHERE id = ANY(%s) AND status = 'done'", (ran,)).fetchall()
+    assert {r[0] for r in done} == set(ran)
+    assert_consecutive_seconds(sorted(keyed.values()))
+    # The built-in archiver's schedule is declared by every worker too.
+    assert schedule_row(conn, "jobtui.archive")["source"] == "code"
