@@ -3,8 +3,9 @@
     worker = Worker(jobs, dsn, concurrency=20)
     asyncio.run(worker.run())         # until worker.stop() (or SIGTERM via run_cli_worker)
 
-One asyncio loop per process. Async handlers run on the loop; sync handlers run in a
-bounded thread pool so they never block it. Several connections, each with one job:
+One asyncio loop per process. Async handlers run on the loop; sync handlers run each in
+a daemon thread of its own so they never block it (at most `concurrency` at once, besides
+any that ran over their timeout and were abandoned). Several connections, each with one job:
 claims, outcome writes (batched), heartbeats and reaping, and LISTEN for wake-ups.
 """
 
@@ -16,10 +17,10 @@ import logging
 import os
 import random
 import socket
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,7 +198,6 @@ class Worker:
         self.counts = {"done": 0, "failed": 0, "retried": 0, "dead": 0, "lost": 0, "released": 0}
         self._stopping: asyncio.Event | None = None
         self._kick: asyncio.Event | None = None
-        self._executor: ThreadPoolExecutor | None = None
         self._rng = random.Random()
         self._running = False
 
@@ -229,7 +229,6 @@ class Worker:
         """Run until `stop()`; returns after in-flight jobs are finished or released."""
         self._stopping = asyncio.Event()
         self._kick = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="jobtui-handler")
         stopped_writing = asyncio.Event()
         claim_conn = Connection(self.dsn, "claim")
         write_conn = Connection(self.dsn, "outcome")
@@ -265,7 +264,6 @@ class Worker:
             await asyncio.gather(*background, return_exceptions=True)
             for conn in (claim_conn, write_conn, maint_conn):
                 await conn.close()
-            self._executor.shutdown(wait=False, cancel_futures=True)
             self._running = False
             log.info("worker %s stopped: %s", self.worker_id, ", ".join(f"{k} {v}" for k, v in self.counts.items()))
 
@@ -344,9 +342,7 @@ class Worker:
                 awaitable = handler.fn(job)
                 await asyncio.wait_for(awaitable, handler.timeout)
             else:
-                loop = asyncio.get_running_loop()
-                future = loop.run_in_executor(self._executor, handler.fn, job)
-                await asyncio.wait_for(future, handler.timeout)
+                await asyncio.wait_for(_in_thread(handler.fn, job), handler.timeout)
             return "complete", "", 0.0
         except Permanent as exc:
             return "permanent", _error_text(exc), 0.0
@@ -497,6 +493,39 @@ class Worker:
                 released += 1
         self.counts["released"] += released
         log.warning("released %d unfinished job(s) back to ready, attempts not counted", released)
+
+
+def _in_thread(fn: Callable[[Job], Any], job: Job) -> asyncio.Future[Any]:
+    """Run a sync handler in a daemon thread of its own; the future settles when it returns.
+
+    Not a pool: a thread abandoned at its timeout or at shutdown (Python cannot stop it)
+    must neither hold up the jobs claimed after it nor keep the process from exiting; its
+    job is marked lost, so `Job.once` refuses its late effects.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, exc: BaseException | None) -> None:
+        if future.done():  # cancelled: the handler ran over its timeout or was abandoned
+            return
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    def target() -> None:
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = fn(job)
+        except BaseException as exc:  # handed to the loop, as a thread pool would
+            error = exc
+        # The loop is closed when the worker stopped before the handler returned.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=target, name=f"jobtui-handler-{job.id}", daemon=True).start()
+    return future
 
 
 def _error_text(exc: BaseException) -> str:

@@ -1,0 +1,138 @@
+"""Handlers for the worker runtime tests, driven by each job's payload.
+
+Every handler records what it did in tables of the test database (created by the tests):
+
+    run_log(job_id, attempt, worker, event, at)       one row per event, no idempotency
+    effect_log(key, job_id, attempt, worker)          the effect; deliberately no unique key,
+                                                      so a duplicated effect shows as two rows
+
+Effects go through the idempotency helper: `job.once(conn, key)` and the insert share one
+transaction on the handler's own connection.
+
+Sleeps (`before`, `after`, `sleep`) are seconds, or a list of seconds indexed by attempt - 1
+(missing entries mean 0), so a job can be slow on its first attempt only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import psycopg
+
+from jobtui.backoff import BackoffPolicy
+from jobtui.registry import Job, Jobs, Permanent, Retry
+
+jobs = Jobs()
+not_jobs = {"handlers": {}}  # for the bad --app tests: an attribute that is not a Jobs registry
+
+FAST = BackoffPolicy(base=0.1, cap=0.2)
+
+
+def _dsn() -> str:
+    return os.environ["JOBTUI_DSN"]
+
+
+def _seconds(value: Any, job: Job) -> float:
+    if isinstance(value, list):
+        return float(value[job.attempt - 1]) if job.attempt <= len(value) else 0.0
+    return float(value or 0)
+
+
+def _log(job: Job, event: str) -> None:
+    with psycopg.connect(_dsn(), autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO run_log (job_id, attempt, worker, event) VALUES (%s, %s, %s, %s)",
+            (job.id, job.attempt, job.worker_id, event),
+        )
+
+
+async def _alog(job: Job, event: str) -> None:
+    async with await psycopg.AsyncConnection.connect(_dsn(), autocommit=True) as conn:
+        await conn.execute(
+            "INSERT INTO run_log (job_id, attempt, worker, event) VALUES (%s, %s, %s, %s)",
+            (job.id, job.attempt, job.worker_id, event),
+        )
+
+
+def _effect(job: Job, key: str) -> None:
+    # psycopg commits on leaving the block and rolls back on an exception.
+    with psycopg.connect(_dsn()) as conn:
+        if job.once(conn, key):
+            conn.execute(
+                "INSERT INTO effect_log (key, job_id, attempt, worker) VALUES (%s, %s, %s, %s)",
+                (key, job.id, job.attempt, job.worker_id),
+            )
+
+
+@jobs.handler("effect", backoff=FAST)
+def effect(job: Job) -> None:
+    """Sleep `before`, do effect `key` once, sleep `after`."""
+    _log(job, "start")
+    time.sleep(_seconds(job.payload.get("before"), job))
+    _effect(job, job.payload["key"])
+    _log(job, "effect")
+    time.sleep(_seconds(job.payload.get("after"), job))
+    _log(job, "end")
+
+
+@jobs.handler("effect_async", backoff=FAST)
+async def effect_async(job: Job) -> None:
+    """Async counterpart of `effect`."""
+    await _alog(job, "start")
+    await asyncio.sleep(_seconds(job.payload.get("before"), job))
+    async with await psycopg.AsyncConnection.connect(_dsn()) as conn:
+        if await job.once_async(conn, job.payload["key"]):
+            await conn.execute(
+                "INSERT INTO effect_log (key, job_id, attempt, worker) VALUES (%s, %s, %s, %s)",
+                (job.payload["key"], job.id, job.attempt, job.worker_id),
+            )
+    await _alog(job, "effect")
+    await asyncio.sleep(_seconds(job.payload.get("after"), job))
+    await _alog(job, "end")
+
+
+@jobs.handler("permanent")
+def permanent(job: Job) -> None:
+    _log(job, "start")
+    raise Permanent(f"cannot ever work: {job.payload.get('why', 'bad input')}")
+
+
+@jobs.handler("retry_later")
+def retry_later(job: Job) -> None:
+    """Ask to run again after `delay` seconds the first `retries` times it runs, then succeed."""
+    _log(job, "start")
+    with psycopg.connect(_dsn(), autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM run_log WHERE job_id = %s AND event = 'start'", (job.id,)).fetchone()
+    runs = int(row[0]) if row else 0
+    if runs <= int(job.payload.get("retries", 1)):
+        raise Retry(float(job.payload.get("delay", 0.5)), "come back later")
+    _log(job, "end")
+
+
+@jobs.handler("boom", backoff=FAST)
+def boom(job: Job) -> None:
+    _log(job, "start")
+    raise ValueError(f"boom on attempt {job.attempt}")
+
+
+@jobs.handler("slow_async", timeout=0.5, backoff=FAST)
+async def slow_async(job: Job) -> None:
+    await _alog(job, "start")
+    await asyncio.sleep(float(job.payload.get("sleep", 5)))
+    await _alog(job, "end")
+
+
+@jobs.handler("slow_sync", timeout=0.5, backoff=FAST)
+def slow_sync(job: Job) -> None:
+    """Runs over its timeout, then tries its effect: the helper must refuse it."""
+    _log(job, "start")
+    time.sleep(float(job.payload.get("sleep", 1.5)))
+    try:
+        _effect(job, job.payload["key"])
+    except Exception as exc:
+        _log(job, f"effect refused: {type(exc).__name__}")
+        raise
+    _log(job, "end")

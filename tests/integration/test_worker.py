@@ -1,0 +1,489 @@
+"""The worker runtime against real PostgreSQL and real worker processes.
+
+Worker processes run `python -m jobtui.cli worker --app tests.apps.worker_app:jobs`; their
+handlers (tests/apps/worker_app.py) log each run to `run_log` and do their effects through
+the idempotency helper into `effect_log`, which has no unique key so that a duplicated
+effect would show. Conditions are polled with a deadline, never waited for with a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from jobtui.domain import JobRow, JobStatus
+from jobtui.queue import enqueue as enqueue_job
+from jobtui.queue import enqueue_call, get_job_call, run
+from jobtui.registry import Job, Jobs
+from jobtui.worker import Worker
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "tests.apps.worker_app:jobs"
+
+Conn = psycopg.Connection[Any]
+
+APP_TABLES = """
+CREATE TABLE run_log (
+    id bigserial PRIMARY KEY, job_id bigint, attempt int, worker text, event text,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE effect_log (id bigserial PRIMARY KEY, key text NOT NULL, job_id bigint, attempt int, worker text);
+"""
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, logs: Callable[[], str] | None = None) -> Any:
+    """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            extra = f"\n--- worker logs ---\n{logs()}" if logs else ""
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}{extra}")
+        time.sleep(0.05)
+
+
+def enqueue(conn: Conn, job_type: str, payload: Any = None, **kwargs: Any) -> int:
+    return enqueue_job(conn, enqueue_call(job_type, payload, **kwargs))
+
+
+def get(conn: Conn, job_id: int) -> JobRow:
+    row = run(conn, get_job_call(job_id))
+    assert row is not None, f"job {job_id} does not exist"
+    return row
+
+
+def statuses(conn: Conn, ids: list[int]) -> dict[int, str]:
+    rows = conn.execute("SELECT id, status FROM jobtui.job WHERE id = ANY(%s)", (ids,)).fetchall()
+    return {int(r[0]): str(r[1]) for r in rows}
+
+
+def all_status(conn: Conn, ids: list[int], status: str) -> bool:
+    found = statuses(conn, ids)
+    return len(found) == len(ids) and all(s == status for s in found.values())
+
+
+def runs(conn: Conn, job_id: int, event: str = "start") -> list[tuple[int, str]]:
+    """(attempt, worker) of each `event` logged by the handlers of job `job_id`, in order."""
+    rows = conn.execute(
+        "SELECT attempt, worker FROM run_log WHERE job_id = %s AND event = %s ORDER BY id", (job_id, event)
+    ).fetchall()
+    return [(int(r[0]), str(r[1])) for r in rows]
+
+
+def effects(conn: Conn, key: str) -> list[tuple[int, int, str]]:
+    """(job_id, attempt, worker) of each time effect `key` was done."""
+    rows = conn.execute("SELECT job_id, attempt, worker FROM effect_log WHERE key = %s ORDER BY id", (key,)).fetchall()
+    return [(int(r[0]), int(r[1]), str(r[2])) for r in rows]
+
+
+class WorkerProcess:
+    """A `jobtui worker` subprocess whose stderr (its log) goes to a file."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.name = name
+        self.log_path = log_path
+        self._log_file = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jobtui.cli", "worker", "--app", APP, "--id", name, *args],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_started(self, timeout: float = 15) -> None:
+        wait_for(
+            lambda: f"worker {self.name} started" in self.log() or self.proc.poll() is not None,
+            timeout,
+            f"worker {self.name} to start",
+            self.log,
+        )
+        assert self.proc.poll() is None, f"worker {self.name} exited with {self.proc.returncode}:\n{self.log()}"
+
+    def wait_log(self, text: str, timeout: float) -> None:
+        wait_for(lambda: text in self.log(), timeout, f"{text!r} in the log of worker {self.name}", self.log)
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
+
+    def wait_exit(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"worker {self.name} still running after {timeout}s:\n{self.log()}") from None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()  # SIGKILL ends a stopped (SIGSTOP) process too
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+        self._log_file.close()
+
+
+Spawn = Callable[..., WorkerProcess]
+
+
+@pytest.fixture
+def app_dsn(dsn: str) -> str:
+    """The test database with the app's tables."""
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(APP_TABLES)
+    return dsn
+
+
+@pytest.fixture
+def db(app_dsn: str) -> Iterator[Conn]:
+    with psycopg.connect(app_dsn, autocommit=True) as connection:
+        yield connection
+
+
+@pytest.fixture
+def spawn(app_dsn: str, tmp_path: Path) -> Iterator[Spawn]:
+    """Start worker processes; every one is killed at the end of the test."""
+    started: list[WorkerProcess] = []
+    env = {**os.environ, "JOBTUI_DSN": app_dsn, "PYTHONUNBUFFERED": "1"}
+    env.pop("DATABASE_URL", None)
+
+    def start(name: str, *args: str, lease: str = "2s", wait: bool = True) -> WorkerProcess:
+        worker = WorkerProcess(name, ["--lease", lease, *args], env, tmp_path / f"{name}.log")
+        started.append(worker)
+        if wait:
+            worker.wait_started()
+        return worker
+
+    try:
+        yield start
+    finally:
+        for worker in started:
+            worker.kill()
+
+
+# -- crashes and leases -------------------------------------------------------------------
+
+
+def test_killed_worker_job_is_reaped_and_rerun_with_its_effect_once(db: Conn, spawn: Spawn) -> None:
+    a = spawn("A")
+    # The first attempt does its effect, then hangs until the worker is killed.
+    job_id = enqueue(db, "effect", {"key": "k-kill", "after": [60]})
+    wait_for(lambda: effects(db, "k-kill"), 10, "the first attempt's effect", a.log)
+    b = spawn("B")  # started after A claimed the job: only A's lease can bring it to B
+    a.signal(signal.SIGKILL)
+    a.wait_exit(5)
+
+    wait_for(lambda: get(db, job_id).status == JobStatus.DONE, 15, "the job done by B", b.log)
+    row = get(db, job_id)
+    assert (row.attempts, row.lease_expirations, row.locked_by) == (2, 1, "B")
+    assert runs(db, job_id) == [(1, "A"), (2, "B")]
+    assert runs(db, job_id, "end") == [(2, "B")]
+    # The second attempt found the effect recorded and did not do it again.
+    assert effects(db, "k-kill") == [(job_id, 1, "A")]
+    expiry = db.execute("SELECT job_id, worker, attempt, outcome FROM jobtui.lease_expiry").fetchall()
+    assert expiry == [(job_id, "A", 1, "ready")]
+    [entry] = row.errors
+    assert (entry.kind, entry.attempt, entry.worker) == ("lease_expired", 1, "A")
+    assert f"job {job_id} (effect) attempt 1: lease of worker A expired" in b.log()
+
+
+def test_heartbeats_keep_a_lease_longer_than_the_lease_time(db: Conn, spawn: Spawn) -> None:
+    w = spawn("W", "--concurrency", "4")
+    # Lease 2s; each job runs 5s. The worker's own reaper would take them back without heartbeats.
+    ids = [
+        enqueue(db, "effect", {"key": "k-hb-sync", "after": 5}),
+        enqueue(db, "effect_async", {"key": "k-hb-async", "after": 5}),
+    ]
+    wait_for(lambda: all_status(db, ids, "done"), 15, "both long jobs done", w.log)
+    for job_id in ids:
+        row = get(db, job_id)
+        assert (row.attempts, row.lease_expirations, row.errors) == (1, 0, [])
+        assert runs(db, job_id) == [(1, "W")]
+    assert db.execute("SELECT count(*) FROM jobtui.lease_expiry").fetchone() == (0,)
+    assert len(effects(db, "k-hb-sync")) == len(effects(db, "k-hb-async")) == 1
+
+
+def test_stopped_worker_loses_its_lease_and_its_late_outcome_is_rejected(db: Conn, spawn: Spawn) -> None:
+    a = spawn("A")
+    # The first attempt sleeps before its effect; the second does it at once.
+    job_id = enqueue(db, "effect", {"key": "k-stop", "before": [4]})
+    wait_for(lambda: runs(db, job_id), 10, "A to start the job", a.log)
+    b = spawn("B")
+    a.signal(signal.SIGSTOP)  # no heartbeats: the lease expires and B's reaper returns the job
+    try:
+        wait_for(lambda: get(db, job_id).status == JobStatus.DONE, 15, "the job done by B", b.log)
+        done = get(db, job_id)
+        assert (done.locked_by, done.attempts, done.lease_expirations) == ("B", 2, 1)
+    finally:
+        a.signal(signal.SIGCONT)
+    # A wakes up, finishes its handler and tries to write its outcome with its old lease.
+    a.wait_log(f"job {job_id} (effect) attempt 1: outcome not written", 15)
+    row = get(db, job_id)
+    assert (row.status, row.locked_by, row.attempts) == (JobStatus.DONE, "B", 2)
+    assert row.finished_at == done.finished_at and row.lease_token == done.lease_token
+    assert effects(db, "k-stop") == [(job_id, 2, "B")]
+    assert a.proc.poll() is None, "the worker must keep running after losing a lease"
+
+
+def test_sigterm_finishes_short_jobs_and_releases_long_ones(db: Conn, spawn: Spawn) -> None:
+    w = spawn("W", "--concurrency", "10", "--shutdown-timeout", "2s", lease="5s")
+    short = [
+        enqueue(db, "effect", {"key": "k-short-sync", "after": 0.7}),
+        enqueue(db, "effect_async", {"key": "k-short-async", "after": 0.7}),
+    ]
+    long = [
+        enqueue(db, "effect", {"key": "k-long-sync", "before": 60}),
+        enqueue(db, "effect_async", {"key": "k-long-async", "before": 60}),
+    ]
+    ids = short + long
+    wait_for(lambda: all(runs(db, i) for i in ids), 10, "every job to start", w.log)
+    sent = time.monotonic()
+    w.signal(signal.SIGTERM)
+    assert w.wait_exit(15) == 0, w.log()
+    took = time.monotonic() - sent
+    for job_id in short:
+        row = get(db, job_id)
+        assert (row.status, row.attempts) == (JobStatus.DONE, 1)
+    for job_id in long:
+        row = get(db, job_id)
+        assert (row.status, row.attempts, row.locked_until) == (JobStatus.READY, 0, None)
+        assert row.errors == [] and row.lease_expirations == 0
+    assert [len(effects(db, k)) for k in ("k-short-sync", "k-short-async", "k-long-sync", "k-long-async")] == [
+        1,
+        1,
+        0,
+        0,
+    ]
+    assert "released 2 unfinished job(s)" in w.log()
+    # The shutdown timeout bounds the exit, even with a sync handler still sleeping in its thread.
+    assert took < 6, f"exit took {took:.1f}s with --shutdown-timeout 2s"
+
+
+# -- connections --------------------------------------------------------------------------
+
+
+def test_worker_recovers_from_terminated_connections(db: Conn, spawn: Spawn) -> None:
+    w = spawn("W", "--concurrency", "5", lease="3s")
+    kill_all = (
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+
+    def started(ids: list[int]) -> int:
+        row = db.execute("SELECT count(DISTINCT job_id) FROM run_log WHERE job_id = ANY(%s)", (ids,)).fetchone()
+        return int(row[0]) if row else 0
+
+    # A long job sleeps (holding no connection of its own) through both kills: its lease
+    # needs the heartbeat connection to come back.
+    long = enqueue(db, "effect_async", {"key": "k-term-long", "after": 5})
+    keys = [f"k-term-{i}" for i in range(30)]
+    ids = [enqueue(db, "effect", {"key": k, "after": 0.3}) for k in keys[:15]]
+    # Kill once every connection of the worker is in use: jobs done, a heartbeat sent.
+    wait_for(
+        lambda: (
+            runs(db, long, "effect")
+            and sum(s == "done" for s in statuses(db, ids).values()) >= 3
+            and (row := get(db, long)).heartbeat_at is not None
+            and row.started_at is not None
+            and row.heartbeat_at > row.started_at
+        ),
+        10,
+        "jobs done and a heartbeat",
+        w.log,
+    )
+    killed = db.execute(kill_all).fetchone()
+    assert killed is not None and killed[0] >= 4  # at least claim, outcome, heartbeat and listen
+    # More jobs while the worker reconnects, and a second kill while they run.
+    ids += [enqueue(db, "effect_async", {"key": k, "after": 0.2}) for k in keys[15:]]
+    wait_for(lambda: started(ids[15:]) >= 3, 15, "second batch running", w.log)
+    db.execute(kill_all)
+
+    wait_for(lambda: all_status(db, [*ids, long], "done"), 40, "every job done", w.log)
+    for key in [*keys, "k-term-long"]:
+        assert len(effects(db, key)) == 1, f"effect {key} done {len(effects(db, key))} times"
+    row = get(db, long)
+    assert (row.attempts, row.lease_expirations) == (1, 0)
+    log = w.log()
+    for role in ("claim", "outcome", "heartbeat", "listen"):
+        assert f"{role} connection lost" in log and f"{role} connection back" in log, log
+    assert w.proc.poll() is None
+    # And the reconnected worker keeps taking jobs.
+    late = enqueue(db, "effect_async", {"key": "k-term-late"})
+    wait_for(lambda: get(db, late).status == JobStatus.DONE, 10, "a job enqueued after recovery", w.log)
+    assert len(effects(db, "k-term-late")) == 1
+
+
+def test_notify_wakes_an_idle_worker(db: Conn, spawn: Spawn) -> None:
+    w = spawn("W", "--poll", "30s")
+    wait_for(
+        lambda: db.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%%'"
+        ).fetchone()[0],
+        10,
+        "the worker to LISTEN",
+        w.log,
+    )
+    for n in range(2):
+        time.sleep(1.0)  # idle: the claim loop now waits for a notification or the 30s poll
+        enqueued = time.monotonic()
+        job_id = enqueue(db, "effect_async", {"key": f"k-wake-{n}"})
+        wait_for(lambda: get(db, job_id).status == JobStatus.DONE, 10, "the job done", w.log)  # noqa: B023
+        latency = time.monotonic() - enqueued
+        row = get(db, job_id)
+        assert row.started_at is not None and row.created_at is not None
+        started_after = (row.started_at - row.created_at).total_seconds()
+        assert started_after < 1.0 and latency < 2.0, (started_after, latency)
+
+
+# -- handler outcomes ---------------------------------------------------------------------
+
+
+def test_handler_exceptions_and_timeouts(db: Conn, spawn: Spawn) -> None:
+    w = spawn("W", "--concurrency", "10")
+    permanent = enqueue(db, "permanent", {"why": "no such user"})
+    retried = enqueue(db, "retry_later", {"retries": 2, "delay": 0.4})
+    boom = enqueue(db, "boom", max_attempts=2)
+    slow_async = enqueue(db, "slow_async", {"sleep": 5}, max_attempts=1)
+    slow_sync = enqueue(db, "slow_sync", {"sleep": 1.5, "key": "k-too-late"}, max_attempts=1)
+
+    def final() -> bool:
+        s = statuses(db, [permanent, retried, boom, slow_async, slow_sync])
+        return s == {permanent: "failed", retried: "done", boom: "dead", slow_async: "dead", slow_sync: "dead"}
+
+    wait_for(final, 20, "every job in its final state", w.log)
+
+    row = get(db, permanent)
+    assert row.attempts == 1 and row.last_error is not None
+    assert row.last_error.startswith("Permanent: cannot ever work: no such user")
+    assert [(e.kind, e.attempt, e.worker) for e in row.errors] == [("permanent", 1, "W")]
+    assert runs(db, permanent) == [(1, "W")]
+
+    # Retry runs it again later without counting the attempt.
+    row = get(db, retried)
+    assert row.attempts == 1 and row.errors == []
+    assert runs(db, retried) == [(1, "W")] * 3 and runs(db, retried, "end") == [(1, "W")]
+    starts = [
+        r[0] for r in db.execute("SELECT at FROM run_log WHERE job_id = %s AND event = 'start' ORDER BY id", (retried,))
+    ]
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(starts)]
+    assert all(g >= 0.35 for g in gaps), gaps
+
+    # A plain exception is retried with backoff, then the job is dead after max_attempts.
+    row = get(db, boom)
+    assert row.attempts == 2 and row.last_error is not None
+    assert row.last_error.startswith("ValueError: boom on attempt 2")
+    assert [(e.kind, e.attempt, e.worker) for e in row.errors] == [("error", 1, "W"), ("error", 2, "W")]
+    assert row.errors[0].error.startswith("ValueError: boom on attempt 1") and "Traceback" in row.errors[0].error
+    assert runs(db, boom) == [(1, "W"), (2, "W")]
+    at = [r[0] for r in db.execute("SELECT at FROM run_log WHERE job_id = %s AND event = 'start' ORDER BY id", (boom,))]
+    assert (at[1] - at[0]).total_seconds() >= 0.07  # backoff base 0.1s, jitter 25%
+    assert f"job {boom} (boom) is dead after 2 of 2 attempts" in w.log()
+
+    # Over the timeout: a counted failure naming the timeout.
+    for job_id in (slow_async, slow_sync):
+        row = get(db, job_id)
+        assert row.attempts == 1 and row.last_error is not None
+        assert "timeout" in row.last_error and "0.5s" in row.last_error, row.last_error
+        assert [(e.kind, e.attempt, e.worker) for e in row.errors] == [("error", 1, "W")]
+        assert runs(db, job_id, "end") == []
+    # The sync handler keeps running in its thread after its timeout; its late effect is refused.
+    wait_for(lambda: runs(db, slow_sync, "effect refused: LeaseLost"), 10, "the late effect refused", w.log)
+    assert effects(db, "k-too-late") == []
+    assert w.proc.poll() is None
+
+
+# -- in process -----------------------------------------------------------------------------
+
+
+async def test_sync_handlers_do_not_block_async_ones(db: Conn, app_dsn: str) -> None:
+    jobs = Jobs()
+    times: dict[str, float] = {}
+    async_done: list[float] = []
+
+    @jobs.handler("slow_sync")
+    def slow_sync(job: Job) -> None:
+        times["sync_start"] = time.monotonic()
+        time.sleep(2)
+        times["sync_end"] = time.monotonic()
+
+    @jobs.handler("quick_async")
+    async def quick_async(job: Job) -> None:
+        await asyncio.sleep(0.01)
+        async_done.append(time.monotonic())
+
+    ids = [enqueue(db, "slow_sync")] + [enqueue(db, "quick_async", {"n": n}) for n in range(50)]
+    worker = Worker(jobs, app_dsn, concurrency=60, lease=5, poll_interval=0.2, worker_id="inproc")
+    task = asyncio.create_task(worker.run())
+    try:
+        deadline = time.monotonic() + 15
+        while not all_status(db, ids, "done"):
+            assert not task.done(), f"worker stopped: {task}"
+            assert time.monotonic() < deadline, f"jobs not done: {statuses(db, ids)}"
+            await asyncio.sleep(0.05)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    assert len(async_done) == 50
+    # They ran while the sync handler slept, not after it.
+    assert times["sync_start"] < max(async_done) < times["sync_end"] - 1.0, (times, max(async_done))
+    assert worker.counts["done"] == 51
+
+
+# -- bad --app ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "app",
+    [
+        "tests.apps.worker_app",  # no colon
+        "tests.apps.worker_app:",  # no attribute
+        "tests.apps.no_such_module:jobs",
+        "tests.apps.worker_app:not_jobs",  # not a Jobs registry
+        "tests.apps.worker_app:missing",
+    ],
+)
+def test_bad_app_is_one_line_error(app: str, app_dsn: str) -> None:
+    env = {**os.environ, "JOBTUI_DSN": app_dsn}
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobtui.cli", "worker", "--app", app],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jobtui: error:"), proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_sync_handler_over_its_timeout_does_not_hold_up_the_next_job(db: Conn, spawn: Spawn) -> None:
+    w = spawn("W", "--concurrency", "1")
+    # The first keeps sleeping in its thread long after its 0.5s timeout; the second is quick.
+    runaway = enqueue(db, "slow_sync", {"sleep": 4, "key": "k-runaway"}, max_attempts=1)
+    quick = enqueue(db, "slow_sync", {"sleep": 0.05, "key": "k-quick"}, max_attempts=1)
+    wait_for(lambda: statuses(db, [runaway, quick]) == {runaway: "dead", quick: "done"}, 10, "outcomes", w.log)
+    assert effects(db, "k-quick") == [(quick, 1, "W")]
