@@ -33,6 +33,8 @@ log = logging.getLogger("jobtui.scheduler")
 # The newest due slot counts as on time within this lateness; older due slots were missed.
 GRACE = timedelta(seconds=30)
 MAX_TICK = 1.0
+# A schedule whose slots cannot be computed (its row no longer valid) is retried this late.
+RETRY_BROKEN = timedelta(minutes=1)
 # Counting skipped slots of a long pause stops here (a per-second schedule paused for days).
 MAX_SKIPPED_COUNTED = 100_000
 
@@ -208,6 +210,8 @@ async def fire_due(conn: psycopg.AsyncConnection[Any], schema: str = DEFAULT_SCH
                 slot_plan = cronslots.plan(cron, timezone, last_slot, now, MissedPolicy(policy), GRACE)
             except (InvalidInput, ValueError) as exc:
                 log.error("schedule %s: cannot compute its slots (%s); pause or fix it", name, exc)
+                # Not due again at every tick: that would spin every scheduler on it.
+                await arun(conn, Call("schedule_defer", {"id": sid, "until": now + RETRY_BROKEN}, _rows), schema)
                 continue
             job_id = None
             for slot in slot_plan.fire:

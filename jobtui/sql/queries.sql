@@ -299,6 +299,11 @@ SET last_slot = %(last_slot)s,
     updated_at = now()
 WHERE s.id = %(id)s;
 
+-- name: schedule_defer
+-- A schedule whose slots cannot be computed waits until `until` instead of being due at
+-- every tick; its last_slot is kept.
+UPDATE {schema}.schedule SET next_run_at = %(until)s, updated_at = now() WHERE id = %(id)s;
+
 -- name: schedule_next_due
 -- Seconds until the next schedule is due (NULL when none is active).
 SELECT extract(epoch FROM min(next_run_at) - now()) FROM {schema}.schedule WHERE NOT paused;

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import logging
 import os
 import re
 import signal
@@ -315,6 +317,36 @@ async def test_minute_policies_after_ten_minutes_without_scheduler(
         assert row["next_run_at"] == newest + timedelta(minutes=1)
 
 
+async def test_a_schedule_whose_slots_cannot_be_computed_does_not_stop_the_others(
+    dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A row no longer valid (here a zone removed from tzdata) is logged and left alone."""
+    broken = add(conn, "broken", "* * * * * *")
+    fine = add(conn, "fine", "* * * * * *")
+    start = db_now(conn) - timedelta(seconds=5)
+    for name in ("broken", "fine"):
+        rewind(conn, name, start)
+    conn.execute("UPDATE jobtui.schedule SET timezone = 'Gone/Zone' WHERE id = %s", (broken,))
+    with caplog.at_level(logging.ERROR, logger="jobtui.scheduler"):
+        fired = await tick(dsn)
+    assert {f.schedule for f in fired} == {"fine"}
+    assert slot_jobs(conn, fine) and not slot_jobs(conn, broken)
+    row = schedule_row(conn, "broken")
+    assert row["last_slot"] == start  # no slot handled, none counted
+    assert any("broken" in r.getMessage() and "Gone/Zone" in r.getMessage() for r in caplog.records)
+    # Not due again at the next tick (a scheduler would spin on it): looked at a minute later.
+    assert timedelta(seconds=55) < row["next_run_at"] - row["updated_at"] <= timedelta(minutes=1)
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="jobtui.scheduler"):
+        await tick(dsn)
+    assert not caplog.records
+
+    add(conn, "broken", "* * * * * *")  # fixed: a valid zone again restarts its slots from now
+    await asyncio.sleep(1.1)
+    await tick(dsn)
+    assert slot_jobs(conn, broken)
+
+
 # -- pause and resume -------------------------------------------------------------------------
 
 
@@ -403,6 +435,12 @@ def test_run_now_remove_and_unknown_names(dsn: str, conn: Conn) -> None:
     assert job is not None
     assert job[:4] == ("report.build", {"k": 1}, "ready", 3)
     assert job[4].startswith(f"schedule:{sid}:manual:") and job[5]
+
+    listed = cli(dsn, "schedule", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    [entry] = json.loads(listed.stdout)
+    assert entry["name"] == "nightly" and entry["cron"] == "0 3 * * *" and entry["job_type"] == "report.build"
+    assert entry["id"] == sid and entry["paused"] is False and entry["missed_count"] == 0
 
     result = cli(dsn, "schedule", "remove", "nightly")
     assert result.returncode == 0 and "removed" in result.stdout
