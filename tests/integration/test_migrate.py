@@ -1,0 +1,310 @@
+"""Migrations: applied once, safe to race, refused on a newer schema, in any schema name,
+and producing exactly the schema the named statements of queries.sql expect."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from jobtui import Failure, InvalidInput, JobStatus, NewJob, Queue, SchemaNotMigrated, SchemaTooNew
+from jobtui import migrate as migrations
+from jobtui.db import query_names, statements
+from jobtui.queue import COPY_THRESHOLD
+
+Conn = psycopg.Connection[Any]
+
+
+@pytest.fixture
+def empty_conn(empty_dsn: str) -> Iterator[Conn]:
+    with psycopg.connect(empty_dsn, autocommit=True) as connection:
+        yield connection
+
+
+# Advisory locks held in this test's own database (other databases of the server may hold theirs).
+ADVISORY_LOCKS_HERE = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
+
+def versions(conn: Conn, schema: str = "jobtui") -> list[int]:
+    query = sql.SQL("SELECT version FROM {}.migration ORDER BY version").format(sql.Identifier(schema))
+    return [r[0] for r in conn.execute(query).fetchall()]
+
+
+def schema_exists(conn: Conn, schema: str) -> bool:
+    return bool(conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()[0])  # type: ignore[index]
+
+
+def test_migrate_applies_every_version_once(empty_conn: Conn) -> None:
+    expected = list(range(1, migrations.code_version() + 1))
+    assert migrations.code_version() >= 1
+    assert migrations.applied_version(empty_conn) is None
+    applied = migrations.migrate(empty_conn)
+    assert [m.version for m in applied] == expected
+    assert [m.name for m in applied] == [m.name for m in migrations.available()]
+    assert applied[0].version == 1 and applied[0].name == "job_queue"
+    assert versions(empty_conn) == expected
+    assert migrations.applied_version(empty_conn) == expected[-1]
+    assert migrations.check(empty_conn) == expected[-1]
+    # The second run finds nothing to do and changes nothing.
+    assert migrations.migrate(empty_conn) == []
+    assert versions(empty_conn) == expected
+
+
+def test_migrate_applies_only_the_missing_versions(empty_conn: Conn) -> None:
+    if migrations.code_version() < 2:
+        pytest.skip("needs at least two migrations")
+    first = migrations.available()[0]
+    empty_conn.execute("CREATE SCHEMA jobtui")
+    empty_conn.execute("CREATE TABLE jobtui.migration (version integer PRIMARY KEY, name text NOT NULL,"
+                       " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
+    empty_conn.execute(first.text("jobtui").encode())
+    empty_conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (1, %s)", (first.name,))
+    with pytest.raises(SchemaNotMigrated, match="at version 1"):
+        migrations.check(empty_conn)
+    applied = migrations.migrate(empty_conn)
+    assert [m.version for m in applied] == list(range(2, migrations.code_version() + 1))
+    assert versions(empty_conn) == list(range(1, migrations.code_version() + 1))
+
+
+def test_concurrent_migrations_of_an_empty_database(empty_dsn: str, empty_conn: Conn) -> None:
+    workers = 4
+    barrier = threading.Barrier(workers, timeout=10)
+    applied: list[list[int]] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        try:
+            with psycopg.connect(empty_dsn, autocommit=True) as own:
+                barrier.wait()
+                done = migrations.migrate(own)
+            with lock:
+                applied.append([m.version for m in done])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert len(applied) == workers
+    expected = list(range(1, migrations.code_version() + 1))
+    # One migrator applied everything; the others found nothing left to do.
+    assert sorted(applied, key=len) == [[]] * (workers - 1) + [expected]
+    assert versions(empty_conn) == expected
+    assert migrations.check(empty_conn) == expected[-1]
+    # Every advisory lock was released.
+    assert empty_conn.execute(ADVISORY_LOCKS_HERE).fetchone() == (0,)
+
+
+def test_a_newer_schema_is_refused(conn: Conn) -> None:
+    conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (99, 'from_the_future')")
+    before = versions(conn)
+    with pytest.raises(SchemaTooNew) as info:
+        migrations.migrate(conn)
+    message = str(info.value)
+    assert "99" in message and str(migrations.code_version()) in message
+    assert "upgrade jobtui" in message and "\n" not in message
+    assert versions(conn) == before
+    assert conn.execute(ADVISORY_LOCKS_HERE).fetchone() == (0,)
+
+
+def test_check_on_an_empty_database(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn) as own:
+        with pytest.raises(SchemaNotMigrated) as info:
+            migrations.check(own)
+        assert "missing" in str(info.value) and "jobtui migrate" in str(info.value)
+        # check leaves no transaction open on the caller's connection.
+        assert own.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with Queue(empty_dsn) as queue, pytest.raises(SchemaNotMigrated):
+        queue.check_schema()
+
+
+def test_check_on_an_older_schema(conn: Conn) -> None:
+    newest = migrations.code_version()
+    assert migrations.check(conn) == newest
+    conn.execute("DELETE FROM jobtui.migration WHERE version = %s", (newest,))
+    with pytest.raises(SchemaNotMigrated, match=f"at version {newest - 1}, this jobtui needs version {newest}"):
+        migrations.check(conn)
+
+
+@pytest.mark.parametrize("bad", ["", "Jobs", "jobs-alt", "1jobs", "jobs alt", 'x"; DROP TABLE y; --', "a" * 64])
+def test_bad_schema_names_are_refused(empty_conn: Conn, empty_dsn: str, bad: str) -> None:
+    with pytest.raises(InvalidInput, match="bad schema name"):
+        migrations.migrate(empty_conn, bad)
+    with pytest.raises(InvalidInput, match="bad schema name"):
+        Queue(empty_dsn, schema=bad)
+    assert empty_conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname NOT LIKE 'pg_%' "
+                              "AND nspname NOT IN ('public', 'information_schema')").fetchone() == (0,)  # fmt: skip
+
+
+def test_a_custom_schema(empty_dsn: str, empty_conn: Conn) -> None:
+    applied = migrations.migrate(empty_conn, "jobs_alt")
+    assert [m.version for m in applied] == list(range(1, migrations.code_version() + 1))
+    assert schema_exists(empty_conn, "jobs_alt") and not schema_exists(empty_conn, "jobtui")
+    assert migrations.check(empty_conn, "jobs_alt") == migrations.code_version()
+    with pytest.raises(SchemaNotMigrated):
+        migrations.check(empty_conn, "jobtui")
+
+    empty_conn.execute('LISTEN "jobs_alt.job"')
+    with Queue(empty_dsn, schema="jobs_alt") as q:
+        q.check_schema()
+        first = q.enqueue("t", {"n": 1}, key="k")
+        assert q.enqueue("t", {"n": 2}, key="k") == first
+        small = q.enqueue_many([NewJob("t", key="k"), NewJob("t", {"n": 3})])
+        assert small[0] == first
+        bulk = q.enqueue_many([NewJob("bulk", {"i": i}) for i in range(COPY_THRESHOLD)])
+        assert len(bulk) == COPY_THRESHOLD and bulk == sorted(bulk)
+        assert len(list(empty_conn.notifies(timeout=5, stop_after=1))) >= 1
+
+        a, b = q.claim(["t"], worker="w1", limit=5)
+        assert {a.id, b.id} == {first, small[1]}
+        assert q.heartbeat([a.lease, b.lease]) == {a.id, b.id}
+        assert q.complete([a.lease]) == {a.id}
+        [outcome] = q.fail([Failure(b.lease, "boom", 0)])
+        assert outcome.status == JobStatus.READY
+        [again] = q.claim(["t"], worker="w2", lease=300)
+        empty_conn.execute("UPDATE jobs_alt.job SET locked_until = now() - interval '1 second' WHERE id = %s",
+                           (again.id,))  # fmt: skip
+        [reaped] = q.reap()
+        assert reaped.job_id == again.id
+        [c] = q.claim(["t"], worker="w3")
+        assert q.fail_permanently([c.lease], ["no"]) == {c.id}
+        assert q.count_requeueable(job_type="t") == 1
+        assert q.requeue([c.id], actor="op") == [c.id]
+        [d] = q.claim(["t"], worker="w4")
+        assert q.kill_lease([d.id], actor="op") == [d.id]
+        assert q.cancel([d.id], actor="op") == [d.id]
+        assert q.requeue_matching(error="cancelled", actor="op") == [d.id]
+        [e] = q.claim(["t"], worker="w5")
+        assert q.release([e.lease]) == {e.id}
+        row = q.get(e.id)
+        assert row is not None and row.status == JobStatus.READY
+
+    counts = empty_conn.execute("SELECT count(*), count(*) FILTER (WHERE status = 'done') FROM jobs_alt.job").fetchone()
+    assert counts == (2 + COPY_THRESHOLD, 1)
+    assert empty_conn.execute("SELECT count(*) FROM jobs_alt.lease_expiry").fetchone() == (1,)
+
+
+# -- the schema matches the code -----------------------------------------------------------
+
+_PLACEHOLDER = re.compile(r"%%|%\((\w+)\)s|%s")
+_COPY = re.compile(r"^(\s*--[^\n]*\n)*\s*COPY\b", re.IGNORECASE)
+
+
+def as_server_statement(text: str) -> str:
+    """psycopg's %(name)s placeholders as $n (one number per name), and %% as %."""
+    numbers: dict[str, int] = {}
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "%%":
+            return "%"
+        key = match.group(1) or f"#{len(numbers)}"
+        numbers.setdefault(key, len(numbers) + 1)
+        return f"${numbers[key]}"
+
+    return _PLACEHOLDER.sub(replace, text)
+
+
+def test_placeholder_conversion() -> None:
+    converted = as_server_statement("SELECT %(a)s, %(b)s, %(a)s, format('%%s', %(c)s) FROM x WHERE y LIKE 'z%%'")
+    assert converted == "SELECT $1, $2, $1, format('%s', $3) FROM x WHERE y LIKE 'z%'"
+
+
+@pytest.mark.parametrize("schema", ["jobtui", "jobs_alt"])
+def test_every_named_statement_prepares_against_the_migrated_schema(dsn: str, schema: str) -> None:
+    """PREPARE makes the server resolve every table, column, function and parameter type
+    without running anything. A parameter whose type cannot be inferred fails here as it
+    fails when psycopg binds a str (sent untyped)."""
+    names = query_names()
+    assert {"enqueue", "claim", "heartbeat", "complete", "fail", "reap", "copy_jobs"} <= set(names)
+    failures = []
+    skipped = []
+    with psycopg.connect(dsn, autocommit=True) as own:
+        if schema != "jobtui":
+            migrations.migrate(own, schema)
+        for name in names:
+            text = statements(schema)[name].as_string(own)
+            if _COPY.match(text):
+                skipped.append(name)
+                continue
+            try:
+                own.execute(f"PREPARE jobtui_check AS {as_server_statement(text)}".encode())
+                own.execute("DEALLOCATE jobtui_check")
+            except psycopg.Error as exc:
+                failures.append(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    assert not failures, "\n".join(failures)
+    assert "copy_jobs" in skipped and all("copy" in name for name in skipped), skipped
+
+
+def test_copy_statement_matches_the_table(conn: Conn) -> None:
+    """COPY cannot be prepared: run it for real with one row, inside a rolled-back transaction."""
+    with conn.transaction(force_rollback=True), conn.cursor() as cur:
+        cur.execute(statements("jobtui")["reserve_ids"], {"table": '"jobtui".job', "n": 1})
+        [(job_id,)] = cur.fetchall()
+        with cur.copy(statements("jobtui")["copy_jobs"]) as copy:
+            copy.write_row((job_id, "t", '{"a": 1}', 3))
+        cur.execute("SELECT type, payload, max_attempts, status FROM jobtui.job WHERE id = %s", (job_id,))
+        assert cur.fetchone() == ("t", {"a": 1}, 3, "ready")
+
+
+# Columns of the job table by the migration that added them; the union up to the code's
+# version must be exactly what the database has.
+JOB_COLUMNS_BY_VERSION: dict[int, dict[str, str]] = {
+    1: {
+        "id": "bigint",
+        "type": "text",
+        "payload": "jsonb",
+        "idempotency_key": "text",
+        "status": "text",
+        "run_at": "timestamp with time zone",
+        "attempts": "integer",
+        "max_attempts": "integer",
+        "locked_by": "text",
+        "locked_until": "timestamp with time zone",
+        "lease_token": "bigint",
+        "heartbeat_at": "timestamp with time zone",
+        "last_error": "text",
+        "errors": "jsonb",
+        "lease_expirations": "integer",
+        "created_at": "timestamp with time zone",
+        "started_at": "timestamp with time zone",
+        "finished_at": "timestamp with time zone",
+    },
+    3: {"error_fingerprint": "text"},
+}
+
+
+def test_the_job_table_has_exactly_the_expected_columns(dsn: str, conn: Conn) -> None:
+    expected: dict[str, str] = {}
+    for version, columns in JOB_COLUMNS_BY_VERSION.items():
+        if version <= migrations.code_version():
+            expected.update(columns)
+    rows = conn.execute(
+        "SELECT column_name, data_type FROM information_schema.columns"
+        " WHERE table_schema = 'jobtui' AND table_name = 'job'"
+    ).fetchall()
+    assert dict(rows) == expected
+    # get_job reads every column it knows by position: the row decodes as a JobRow.
+    with Queue(dsn) as q:
+        job_id = q.enqueue("t", {"x": 1}, key="k")
+        row = q.get(job_id)
+    assert row is not None and row.idempotency_key == "k" and row.payload == {"x": 1}
+
+
+def test_the_indexes_the_claim_and_reaper_rely_on(conn: Conn) -> None:
+    rows = conn.execute("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'jobtui' AND tablename = 'job'")
+    indexes = dict(rows.fetchall())
+    assert "(run_at, id) WHERE (status = 'ready'::text)" in indexes["job_ready_idx"]
+    assert "(locked_until) WHERE (status = 'running'::text)" in indexes["job_running_idx"]
+    assert "UNIQUE" in next(d for d in indexes.values() if "(idempotency_key)" in d)
