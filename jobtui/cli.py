@@ -449,7 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--payload", default="{}", help="JSON payload (default {})")
     p.add_argument("--key", help="idempotency key: a second enqueue with it returns the first job")
     p.add_argument("--delay", default="0", help="run after this long, e.g. 30s, 5m")
-    p.add_argument("--max-attempts", type=positive_int, default=25)
+    p.add_argument("--max-attempts", type=positive_int, help="attempts before dead (default: the handler's)")
     p.set_defaults(func=cmd_enqueue)
 
     p = sub.add_parser("worker", help="run jobs with the handlers of an app")
@@ -483,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--timezone", default="UTC")
     a.add_argument("--offset", help="delay added to each slot (default: stable spread from the name)")
     a.add_argument("--missed", choices=["skip", "once", "all"], default="once", help="missed-slot policy")
-    a.add_argument("--max-attempts", type=positive_int, default=25)
+    a.add_argument("--max-attempts", type=positive_int, help="attempts before dead (default: the handler's)")
     a = ssub.add_parser("list", help="list schedules")
     a.add_argument("--json", action="store_true")
     for action, text in (

@@ -22,6 +22,8 @@ from .errors import InvalidInput
 
 # Spread offsets stay below this, so a slot's job never runs closer to the next slot.
 MAX_OFFSET_SECONDS = 60.0
+# A scheduler this many slot intervals late still fires those slots as on time.
+LATE_SLOTS = 3
 # Backfill bound of the `all` missed-slot policy.
 MAX_BACKFILL = 100
 
@@ -139,17 +141,22 @@ def plan(
 ) -> SlotPlan:
     """Slots after `last_slot` up to `now`, split into those to fire and those missed.
 
-    The newest due slot is fired when it is within `grace` of now; every earlier slot (and
-    the newest, when late) passed while no scheduler ran, and `policy` decides its fate.
+    The newest due slot is on time within `grace`; older due slots are on time within
+    LATE_SLOTS slot intervals (and `grace`), so a scheduler that ticks a little late (a busy
+    machine, a database hiccup) still fires a per-second schedule's slots it was late for.
+    Slots older than that passed while no scheduler ran, and `policy` decides their fate.
     """
     due, total = _due(cron, timezone, last_slot, now, MAX_BACKFILL + 1)
     upcoming = next_slot(cron, timezone, now)
     if not due:
         return SlotPlan([], [], upcoming)
-    latest = due[-1]
-    on_time = now.astimezone(UTC) - latest <= grace
-    missed = due[:-1] if on_time else due
-    fire = [latest] if on_time else []
+    now_utc = now.astimezone(UTC)
+    interval = upcoming.astimezone(UTC) - due[-1].astimezone(UTC)
+    window = min(grace, LATE_SLOTS * interval)
+    fire = [s for s in due[:-1] if now_utc - s <= window]
+    if now_utc - due[-1] <= grace:
+        fire.append(due[-1])
+    missed = [s for s in due if s not in fire]
     match policy:
         case MissedPolicy.SKIP:
             pass

@@ -91,7 +91,7 @@ class NewJob:
     payload: Any = None
     key: str | None = None
     delay: float = 0.0
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    max_attempts: int | None = None  # None: the handler's limit, set at the first claim
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +116,7 @@ class JobRow:
     status: JobStatus
     run_at: datetime
     attempts: int
-    max_attempts: int
+    max_attempts: int | None  # None until the first claim sets the handler's limit
     locked_by: str | None
     locked_until: datetime | None
     lease_token: int

@@ -34,16 +34,14 @@ def _when(moment: datetime | None, now: datetime) -> str:
 
 def state_sentence(job: JobRow, now: datetime) -> str:
     """One sentence saying what the job is doing and what happens next."""
-    attempts = f"attempt {job.attempts} of {job.max_attempts}"
+    limit = job.max_attempts if job.max_attempts is not None else "the handler's limit"
+    attempts = f"attempt {job.attempts} of {limit}"
     match job.status:
         case JobStatus.READY:
             if job.run_at > now:
-                return (
-                    f"Waiting: will run {_when(job.run_at, now)}; {job.attempts} of {job.max_attempts} attempts used."
-                )
+                return f"Waiting: will run {_when(job.run_at, now)}; {job.attempts} of {limit} attempts used."
             return (
-                f"Ready: waiting for a worker since {_when(job.run_at, now)}; "
-                f"{job.attempts} of {job.max_attempts} attempts used."
+                f"Ready: waiting for a worker since {_when(job.run_at, now)}; {job.attempts} of {limit} attempts used."
             )
         case JobStatus.RUNNING:
             assert job.locked_until is not None
@@ -77,7 +75,7 @@ def explain(job: JobRow, now: datetime | None = None) -> list[str]:
         f"Job {job.id} ({job.type}): {job.status.value}",
         state_sentence(job, now),
         "",
-        f"  attempts      {job.attempts} of {job.max_attempts}",
+        f"  attempts      {job.attempts} of {job.max_attempts or 'the handler limit (set at first claim)'}",
         f"  created       {_when(job.created_at, now)}",
         f"  run at        {_when(job.run_at, now)}",
         f"  started       {_when(job.started_at, now)}",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -108,7 +108,10 @@ def check_delay(delay: float) -> float:
     return float(delay)
 
 
-def check_max_attempts(max_attempts: int) -> int:
+def check_max_attempts(max_attempts: int | None) -> int | None:
+    """None leaves the limit to the job's handler (or the default of 25)."""
+    if max_attempts is None:
+        return None
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 1000:
         raise InvalidInput(f"bad max attempts {max_attempts!r}: give a whole number from 1 to 1000")
     return max_attempts
@@ -149,7 +152,7 @@ def enqueue_call(
     key: str | None = None,
     delay: float = 0.0,
     run_at: Any = None,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    max_attempts: int | None = None,
 ) -> Call[int | None]:
     params = {
         "type": check_type(job_type),
@@ -190,11 +193,26 @@ def _claimed(rows: Rows) -> list[ClaimedJob]:
 
 
 def claim_call(
-    types: Sequence[str], *, worker: str, limit: int, lease: float = DEFAULT_LEASE_SECONDS
+    types: Sequence[str],
+    *,
+    worker: str,
+    limit: int,
+    lease: float = DEFAULT_LEASE_SECONDS,
+    max_attempts: Mapping[str, int] | None = None,
 ) -> Call[list[ClaimedJob]]:
+    """Claim up to `limit` jobs of `types`; jobs enqueued without a limit of attempts take
+    theirs from `max_attempts` (by type, usually the handlers'), else DEFAULT_MAX_ATTEMPTS."""
     if limit < 1:
         raise InvalidInput(f"claim limit must be at least 1, got {limit}")
-    params = {"types": list(types), "worker": worker, "limit": limit, "lease": float(lease)}
+    limits = max_attempts or {}
+    params = {
+        "types": list(types),
+        "max_attempts": [limits.get(t) for t in types],
+        "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
+        "worker": worker,
+        "limit": limit,
+        "lease": float(lease),
+    }
     return Call("claim", params, _claimed)
 
 
@@ -487,7 +505,7 @@ class Queue:
         key: str | None = None,
         delay: float = 0.0,
         run_at: Any = None,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_attempts: int | None = None,
         conn: psycopg.Connection[Any] | None = None,
     ) -> int:
         """Insert one job and return its id; a key that exists returns the existing job's id."""
@@ -729,7 +747,7 @@ class AsyncQueue:
         key: str | None = None,
         delay: float = 0.0,
         run_at: Any = None,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_attempts: int | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> int:
         """Insert one job and return its id; a key that exists returns the existing job's id."""

@@ -68,7 +68,7 @@ class ScheduleSpec:
     timezone: str = "UTC"
     offset: float | None = None
     missed: str = "once"
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    max_attempts: int | None = None
 
 
 DeadCallback = Callable[[FailOutcome], Any]
@@ -126,7 +126,7 @@ class Jobs:
         timezone: str = "UTC",
         offset: float | None = None,
         missed: str = "once",
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_attempts: int | None = None,
     ) -> ScheduleSpec:
         """Declare a cron schedule that enqueues a job of `type` once per slot."""
         from .cronslots import validate_schedule

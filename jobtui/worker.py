@@ -194,6 +194,7 @@ class Worker:
         self.shutdown_timeout = shutdown_timeout
         self.scheduler = Scheduler(dsn, schema=schema, specs=list(jobs.schedules.values())) if scheduler else None
         self.in_flight: dict[int, InFlight] = {}
+        self._limits = {t: h.max_attempts for t, h in jobs.handlers.items()}
         self.paused = False
         self.counts = {"done": 0, "failed": 0, "retried": 0, "dead": 0, "lost": 0, "released": 0}
         self._stopping: asyncio.Event | None = None
@@ -279,7 +280,9 @@ class Worker:
             self._kick.clear()
             try:
                 claimed = await conn.run(
-                    claim_call(self.types, worker=self.worker_id, limit=free, lease=self.lease),
+                    claim_call(
+                        self.types, worker=self.worker_id, limit=free, lease=self.lease, max_attempts=self._limits
+                    ),
                     self.schema,
                     self._stopping,
                 )

@@ -13,7 +13,8 @@ CREATE TABLE {schema}.job (
                       CHECK (status IN ('ready', 'running', 'done', 'failed', 'dead')),
     run_at            timestamptz NOT NULL DEFAULT now(),
     attempts          integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0),
-    max_attempts      integer     NOT NULL DEFAULT 25 CHECK (max_attempts BETWEEN 1 AND 1000),
+    -- NULL until the first claim, which fills in the handler's own limit.
+    max_attempts      integer     CHECK (max_attempts BETWEEN 1 AND 1000),
     -- The worker that holds the lease while running, or last held it afterwards.
     locked_by         text,
     locked_until      timestamptz,

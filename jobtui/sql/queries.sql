@@ -60,6 +60,11 @@ UPDATE {schema}.job AS j
 SET status = 'running',
     attempts = j.attempts + 1,
     lease_token = j.lease_token + 1,
+    -- A job enqueued without a limit takes its handler's (or the default) at first claim.
+    max_attempts = coalesce(
+        j.max_attempts,
+        (SELECT h.m FROM unnest(%(types)s::text[], %(max_attempts)s::int[]) AS h(t, m) WHERE h.t = j.type),
+        %(default_max_attempts)s),
     locked_by = %(worker)s,
     locked_until = now() + make_interval(secs => %(lease)s),
     heartbeat_at = now(),
@@ -280,7 +285,7 @@ FOR UPDATE SKIP LOCKED;
 -- name: schedule_enqueue
 -- One slot's job; the key makes a second enqueue of the same slot do nothing.
 INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts)
-VALUES (%(type)s, %(payload)s, %(key)s, %(run_at)s, coalesce(%(max_attempts)s, 25))
+VALUES (%(type)s, %(payload)s, %(key)s, %(run_at)s, %(max_attempts)s)
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING id;
 

@@ -261,10 +261,18 @@ def test_all_backfills_at_most_max_backfill_and_counts_the_rest_as_missed() -> N
 @pytest.mark.parametrize("policy", [MissedPolicy.SKIP, MissedPolicy.ONCE])
 def test_every_missed_slot_is_counted_beyond_the_backfill_bound(policy: MissedPolicy) -> None:
     result = plan(PER_SECOND, "UTC", TEN_MINUTES_AGO, NOW, policy, GRACE)
-    assert result.fire == [utc("2026-01-01 12:00:10")]
-    assert result.missed_count == 599
+    # The newest LATE_SLOTS slots (at most 3 s late) count as on time: a late tick, not an outage.
+    assert result.fire == [utc("2026-01-01 12:00:08"), utc("2026-01-01 12:00:09"), utc("2026-01-01 12:00:10")]
+    assert result.missed_count == 597
     assert len(result.missed) <= MAX_BACKFILL + 1
-    assert result.missed[-1] == utc("2026-01-01 12:00:09")
+    assert result.missed[-1] == utc("2026-01-01 12:00:07")
+
+
+def test_a_late_tick_on_a_per_second_schedule_fires_every_slot_it_was_late_for() -> None:
+    last = utc("2026-01-01 12:00:07")
+    result = plan(PER_SECOND, "UTC", last, utc("2026-01-01 12:00:09.8"), MissedPolicy.SKIP, GRACE)
+    assert result.fire == [utc("2026-01-01 12:00:08"), utc("2026-01-01 12:00:09")]
+    assert result.missed == [] and result.missed_count == 0
 
 
 def test_all_with_exactly_max_backfill_late_slots_fires_them_all() -> None:
