@@ -360,6 +360,21 @@ async def _run_for(worker: Any, seconds: float) -> None:
     await task
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from . import bench
+
+    dsn = database_dsn(args)
+    print(f"jobtui bench: {args.jobs} no-op jobs, {args.workers} worker process(es) x concurrency {args.concurrency}")
+    result = bench.run(dsn, n=args.jobs, workers=args.workers, concurrency=args.concurrency)
+    print(f"  enqueue (COPY, batches of 10,000)   {result.enqueue_per_s:>10,.0f} jobs/s")
+    print(f"  drain                               {result.drain_per_s:>10,.0f} jobs/s")
+    print(
+        f"  enqueue-to-start latency, low load  p50 {result.latency_p50_ms:.1f} ms  p90 {result.latency_p90_ms:.1f} ms"
+        f"  p99 {result.latency_p99_ms:.1f} ms  ({result.latency_samples} jobs, one every 10 ms)"
+    )
+    return 0
+
+
 def _with_dsn(fn: Callable[[argparse.Namespace, str], int]) -> Command:
     def command(args: argparse.Namespace) -> int:
         dsn = database_dsn(args)
@@ -497,6 +512,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_schedule)
 
     add_operator_commands(sub)
+
+    p = sub.add_parser("bench", help="measure enqueue, drain and latency on this database (own schema)")
+    p.add_argument("--jobs", type=positive_int, default=100_000)
+    p.add_argument("--workers", type=positive_int, default=2, help="worker processes (default 2)")
+    p.add_argument("--concurrency", type=positive_int, default=100, help="per worker (default 100)")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("demo", help="a live demo queue showing every failure mode, in the console")
     p.add_argument("--no-tui", action="store_true", help="run headless and print the stats at the end")

@@ -64,18 +64,21 @@ class Statements:
     def __init__(self, schema: str = DEFAULT_SCHEMA) -> None:
         self.schema = check_schema_name(schema)
         self._identifier = sql.Identifier(schema)
-        self._compiled: dict[str, sql.Composed] = {}
+        self._compiled: dict[str, sql.SQL] = {}
 
     @property
     def channel(self) -> str:
         """The LISTEN/NOTIFY channel announcing new ready jobs in this schema."""
         return f"{self.schema}.job"
 
-    def __getitem__(self, name: str) -> sql.Composed:
+    def __getitem__(self, name: str) -> sql.SQL:
         compiled = self._compiled.get(name)
         if compiled is None:
             text = _query_texts()[name]
-            compiled = sql.SQL(text).format(schema=self._identifier)  # type: ignore[arg-type,unused-ignore]
+            composed = sql.SQL(text).format(schema=self._identifier)  # type: ignore[arg-type,unused-ignore]
+            # Rendered once (the identifier quoted now): executing a plain SQL object costs
+            # one encode, where a Composed would be composed again on every execution.
+            compiled = sql.SQL(composed.as_string(None))  # type: ignore[arg-type,unused-ignore]
             self._compiled[name] = compiled
         return compiled
 

@@ -13,7 +13,6 @@ def send_email(job: jobtui.Job) -> None:
 from __future__ import annotations
 
 import inspect
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -150,15 +149,17 @@ class Job:
         self.worker_id = worker_id
         self.lease_token = claimed.lease_token
         self._schema = schema
-        self._lost = threading.Event()
+        # A plain flag: set once by the worker, read by the handler's thread; assignments of
+        # a bool are atomic in CPython, and an Event per job cost a lock and a condition.
+        self._lost = False
 
     @property
     def lost(self) -> bool:
         """True once the lease was lost; the handler should stop, its outcome is discarded."""
-        return self._lost.is_set()
+        return self._lost
 
     def mark_lost(self) -> None:
-        self._lost.set()
+        self._lost = True
 
     def heartbeat(self) -> bool:
         """Whether the lease is still held; long handlers call it between steps and stop

@@ -194,6 +194,7 @@ class Worker:
         self.shutdown_timeout = shutdown_timeout
         self.scheduler = Scheduler(dsn, schema=schema, specs=list(jobs.schedules.values())) if scheduler else None
         self.in_flight: dict[int, InFlight] = {}
+        self._busy = 0  # handlers running now (in_flight also holds outcomes being written)
         self._limits = {t: h.max_attempts for t, h in jobs.handlers.items()}
         self.paused = False
         self.counts = {"done": 0, "failed": 0, "retried": 0, "dead": 0, "lost": 0, "released": 0}
@@ -231,7 +232,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._kick = asyncio.Event()
         stopped_writing = asyncio.Event()
-        claim_conn = Connection(self.dsn, "claim")
+        claim_conn = Connection(self.dsn, "claim", on_connect=_claim_session)
         write_conn = Connection(self.dsn, "outcome")
         maint_conn = Connection(self.dsn, "heartbeat")
         self._writer = OutcomeWriter(write_conn, self.schema, self._job_died)
@@ -271,7 +272,9 @@ class Worker:
     async def _claim_loop(self, conn: Connection) -> None:
         assert self._stopping is not None and self._kick is not None
         while not self._stopping.is_set():
-            free = self.concurrency - len(self.in_flight)
+            # Handlers running stay within concurrency; outcomes still being written may add
+            # up to as many again, which bounds the memory a slow database can cost.
+            free = min(self.concurrency - self._busy, 2 * self.concurrency - len(self.in_flight))
             if self.paused or free <= 0:
                 self._kick.clear()
                 await self._wait_kick(self.poll_interval)
@@ -308,12 +311,20 @@ class Worker:
         now = time.monotonic()
         flight = InFlight(job, claimed, now, now + handler.timeout if handler.timeout else None)
         self.in_flight[claimed.id] = flight
+        self._busy += 1
         flight.task = asyncio.create_task(self._execute(handler, flight))
 
     async def _execute(self, handler: Handler, flight: InFlight) -> None:
         job = flight.job
         try:
-            kind, error, delay = await self._call(handler, job)
+            try:
+                kind, error, delay = await self._call(handler, job)
+            finally:
+                # The handler is finished: its slot is free while the outcome is written, so
+                # the next claim overlaps this write instead of waiting for it.
+                self._busy -= 1
+                if self._kick is not None:
+                    self._kick.set()
             if job.lost:
                 self._lost(job, "its lease was lost while it ran")
                 return
@@ -529,6 +540,18 @@ def _in_thread(fn: Callable[[Job], Any], job: Job) -> asyncio.Future[Any]:
 
     threading.Thread(target=target, name=f"jobtui-handler-{job.id}", daemon=True).start()
     return future
+
+
+async def _claim_session(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Settings of the claiming connection: the claim must walk the ready index in order.
+
+    After a bulk enqueue, statistics lag (autovacuum analyzes later) and the planner may
+    choose a bitmap scan that sorts every ready row to take the first few hundred; on this
+    connection, which runs nothing but claims, those plans are switched off.
+    """
+    await conn.execute("SET enable_bitmapscan = off")
+    await conn.execute("SET enable_seqscan = off")
+    await conn.execute("SET jit = off")
 
 
 def _error_text(exc: BaseException) -> str:

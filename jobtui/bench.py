@@ -1,0 +1,148 @@
+"""`jobtui bench`: how fast this database runs jobtui, for sizing.
+
+In its own schema (dropped afterwards): inserts N no-op jobs, drains them with P worker
+processes, then measures enqueue-to-start latency at low load (one job every 10 ms). Every
+time is read from the database (created_at, started_at, finished_at), never a local clock.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import sql
+
+from . import migrate
+from .db import connect
+from .domain import NewJob
+from .queue import Queue
+from .registry import Job, Jobs
+
+BENCH_SCHEMA = "jobtui_bench"
+NOOP = "bench.noop"
+
+jobs = Jobs()
+
+
+@jobs.handler(NOOP)
+async def noop(job: Job) -> None:
+    """Does nothing: the benchmark measures the queue, not the work."""
+
+
+@dataclass(frozen=True, slots=True)
+class BenchResult:
+    jobs: int
+    workers: int
+    concurrency: int
+    enqueue_per_s: float
+    drain_per_s: float
+    latency_p50_ms: float
+    latency_p90_ms: float
+    latency_p99_ms: float
+    latency_samples: int
+
+
+def _spawn_workers(dsn: str, schema: str, workers: int, concurrency: int) -> list[subprocess.Popen[bytes]]:
+    cmd = [
+        sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "--schema", schema, "worker", "--app", "jobtui.bench:jobs",
+        "--types", NOOP, "--concurrency", str(concurrency), "--no-scheduler", "--poll", "1s",
+    ]  # fmt: skip
+    return [
+        subprocess.Popen(
+            [*cmd, "--id", f"bench-{i}"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        for i in range(workers)
+    ]
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def _scalar(conn: Any, query: sql.Composable, params: Any = None) -> Any:
+    row = conn.execute(query, params).fetchone()
+    return row[0] if row else None
+
+
+def run(
+    dsn: str, *, n: int = 100_000, workers: int = 2, concurrency: int = 100, latency_jobs: int = 300
+) -> BenchResult:
+    """Run the benchmark against `dsn` in its own schema; returns the figures."""
+    schema = BENCH_SCHEMA
+    ident = sql.Identifier(schema)
+    with connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(ident))
+        migrate.migrate(conn, schema)
+    try:
+        with Queue(dsn, schema=schema) as queue:
+            t0 = time.perf_counter()
+            for start in range(0, n, 10_000):
+                queue.enqueue_many([NewJob(NOOP) for _ in range(min(10_000, n - start))])
+            enqueue_rate = n / (time.perf_counter() - t0)
+        with connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("VACUUM ANALYZE {}.job").format(ident))
+            procs = _spawn_workers(dsn, schema, workers, concurrency)
+            try:
+                deadline = time.monotonic() + 600
+                while time.monotonic() < deadline:
+                    left = _scalar(conn, sql.SQL("SELECT count(*) FROM {}.job WHERE status <> 'done'").format(ident))
+                    if left == 0:
+                        break
+                    if any(p.poll() is not None for p in procs):
+                        raise RuntimeError("a bench worker exited: " + _stderr(procs))
+                    time.sleep(0.2)
+                else:
+                    raise RuntimeError("the jobs were not drained within 10 minutes")
+                # Drain rate from the database's own timestamps: first start to last finish.
+                span = _scalar(
+                    conn,
+                    sql.SQL("SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM {}.job").format(ident),
+                )
+                drain_rate = n / float(span)
+                latencies = _latency(conn, dsn, schema, latency_jobs)
+            finally:
+                _stop(procs)
+    finally:
+        with connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(ident))
+    q = statistics.quantiles(latencies, n=100, method="inclusive")
+    return BenchResult(n, workers, concurrency, enqueue_rate, drain_rate, q[49], q[89], q[98], len(latencies))
+
+
+def _latency(conn: Any, dsn: str, schema: str, count: int) -> list[float]:
+    """Enqueue `count` jobs one by one every 10 ms to idle workers; started_at - created_at."""
+    ident = sql.Identifier(schema)
+    with Queue(dsn, schema=schema, max_connections=1) as queue:
+        queue.enqueue(NOOP)  # warm the connection and the workers
+        time.sleep(0.5)
+        first = queue.enqueue(NOOP)
+        for _ in range(count - 1):
+            time.sleep(0.01)
+            queue.enqueue(NOOP)
+    deadline = time.monotonic() + 30
+    query = sql.SQL("SELECT count(*) FROM {}.job WHERE id >= %s AND status <> 'done'").format(ident)
+    while _scalar(conn, query, (first,)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    rows = conn.execute(
+        sql.SQL("SELECT extract(epoch FROM started_at - created_at) * 1000 FROM {}.job WHERE id >= %s").format(ident),
+        (first,),
+    ).fetchall()
+    return [float(r[0]) for r in rows if r[0] is not None]
+
+
+def _stderr(procs: list[subprocess.Popen[bytes]]) -> str:
+    for p in procs:
+        if p.poll() is not None and p.stderr is not None:
+            return p.stderr.read().decode(errors="replace").strip().splitlines()[-1:][0] if p.stderr else ""
+    return ""
