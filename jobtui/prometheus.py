@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from .db import connect
 from .domain import DEFAULT_SCHEMA
+from .errors import InvalidInput
 from .metrics import Snapshot, snapshot
 
 CACHE_SECONDS = 1.0
@@ -112,5 +113,10 @@ def serve(dsn: str, port: int, schema: str = DEFAULT_SCHEMA, addr: str = "0.0.0.
     """Serve /metrics on `port` in a background thread; returns the server."""
     registry = CollectorRegistry()
     registry.register(QueueCollector(dsn, schema))
-    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    try:
+        server, _thread = start_http_server(port, addr=addr, registry=registry)
+    except OSError as exc:  # port taken, no permission, address not on this host
+        raise InvalidInput(
+            f"cannot serve metrics on {addr}:{port} ({exc.strerror or exc}); choose another --port"
+        ) from None
     return server

@@ -52,6 +52,12 @@ CREATE INDEX audit_at_idx ON {schema}.audit (at);
 DROP INDEX {schema}.job_finished_idx;
 CREATE INDEX job_finished_idx ON {schema}.job (finished_at) INCLUDE (type, attempts) WHERE status = 'done';
 
+-- Ready jobs by claim order, carrying their type: the claim reads it as before (by run_at, id),
+-- and the ready-by-type figures (counts, oldest due job) read the index alone, not the heap
+-- rows of a backlog.
+DROP INDEX {schema}.job_ready_idx;
+CREATE INDEX job_ready_idx ON {schema}.job (run_at, id) INCLUDE (type) WHERE status = 'ready';
+
 -- Completed hours summarised once (by the archiver), so day-long figures cost 24 rows.
 CREATE TABLE {schema}.stats_hourly (
     hour      timestamptz NOT NULL,

@@ -422,12 +422,15 @@ FROM {schema}.job WHERE status = 'running'
 GROUP BY type, locked_by;
 
 -- name: metrics_dead
--- Dead and failed jobs grouped by type and error fingerprint.
-SELECT status, type, coalesce(error_fingerprint, ''), count(*), min(finished_at), max(finished_at),
-       max(id), (array_agg(attempts ORDER BY id DESC))[1]
-FROM {schema}.job WHERE status IN ('dead', 'failed')
-GROUP BY status, type, error_fingerprint
-ORDER BY count(*) DESC;
+-- Dead and failed jobs grouped by type and error fingerprint. Plain aggregates (hashed, no
+-- sort of the error texts); the latest job's attempts are one primary-key lookup per group.
+SELECT g.status, g.type, g.fingerprint, g.jobs, g.first_seen, g.last_seen, g.latest_id, j.attempts
+FROM (SELECT status, type, coalesce(error_fingerprint, '') AS fingerprint, count(*) AS jobs,
+             min(finished_at) AS first_seen, max(finished_at) AS last_seen, max(id) AS latest_id
+      FROM {schema}.job WHERE status IN ('dead', 'failed')
+      GROUP BY status, type, error_fingerprint) AS g
+JOIN {schema}.job AS j ON j.id = g.latest_id
+ORDER BY g.jobs DESC;
 
 -- name: metrics_dead_attempts
 SELECT attempts, count(*) FROM {schema}.job WHERE status IN ('dead', 'failed') AND finished_at > now() - interval '1 hour'
@@ -435,10 +438,14 @@ GROUP BY attempts;
 
 -- name: metrics_done_last_hour
 -- Done jobs of the last hour by minute and attempts used: throughput and the attempts
--- distribution from the index alone.
--- Whole minutes between the two truncated times: the difference is an exact multiple of 60
--- (an unrounded now() would round 59.7 s up into the previous minute's bucket).
-SELECT extract(epoch FROM date_trunc('minute', now()) - date_trunc('minute', finished_at))::int / 60, attempts, count(*)
+-- distribution from the index alone. Minutes ago counts whole minutes between the two
+-- truncated times, found by a binary search of the 61 minute starts (width_bucket): per row
+-- that is a few comparisons, where date_trunc per row cost a time zone conversion.
+SELECT 61 - width_bucket(finished_at,
+                         (SELECT array_agg(m ORDER BY m)
+                          FROM generate_series(date_trunc('minute', now()) - interval '60 minutes',
+                                               date_trunc('minute', now()), interval '1 minute') AS m)),
+       attempts, count(*)
 FROM {schema}.job WHERE status = 'done' AND finished_at > now() - interval '1 hour'
 GROUP BY 1, 2;
 
@@ -449,8 +456,13 @@ WHERE hour >= date_trunc('hour', now()) - interval '24 hours'
 GROUP BY status, attempts;
 
 -- name: metrics_lease_expiries
--- Expirations per hour of the last 24 hours (hours ago, count), and the latest ones.
-SELECT extract(epoch FROM date_trunc('hour', now()) - date_trunc('hour', reaped_at))::int / 3600, count(*)
+-- Expirations per hour of the last 24 hours (hours ago, count): whole hours between the
+-- truncated times, by a binary search of the 25 hour starts as above.
+SELECT 25 - width_bucket(reaped_at,
+                         (SELECT array_agg(h ORDER BY h)
+                          FROM generate_series(date_trunc('hour', now()) - interval '24 hours',
+                                               date_trunc('hour', now()), interval '1 hour') AS h)),
+       count(*)
 FROM {schema}.lease_expiry WHERE reaped_at > now() - interval '24 hours'
 GROUP BY 1;
 

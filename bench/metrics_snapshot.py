@@ -1,0 +1,344 @@
+"""Benchmark of `jobtui.metrics.snapshot()` on a queue table of a million rows.
+
+    .venv/bin/python bench/metrics_snapshot.py [--dsn DSN] [--runs 30] [--warmup 5] [--keep]
+
+A benchmark, not a test: it creates its own database (jobtui_bench_metrics) on the server
+of --dsn, migrates it with jobtui.migrate.migrate, fills it with INSERT ... SELECT
+generate_series, measures, and drops the database again (unless --keep). Nothing else on
+the server is touched.
+
+The table, like a queue a day into production:
+
+    900,000 done     finished_at spread evenly over the last 24 hours (so ~37,500 in the
+                     last hour), attempts mostly 1, some 2-5, over 8 types
+     90,000 ready    over 6 types; 10% delayed into the next hour, the rest due up to an hour late
+     10,000 dead     varied errors (numbers, hex ids, UUIDs) that group into ~12 fingerprints
+        200 running  (besides the million) over 4 workers, 20 of them past their lease
+      5,000 lease expiries over the last 24 hours, 24 summarised hours, 20 schedules
+
+then VACUUM ANALYZE. Measured:
+
+1. The whole snapshot, on one autocommit connection, as `jobtui stats` and the Prometheus
+   collector take it: median, p95 and min over --runs runs after --warmup runs.
+2. Each named statement of the snapshot on its own, run through jobtui.queue.run with a
+   Call (median over --runs), so the slow one shows.
+3. EXPLAIN (ANALYZE, BUFFERS) of each statement that reads the job table: no Seq Scan on
+   job (every one reads a partial index), and the done-last-hour statement reads only the
+   last hour's index entries (its index scan returns as many rows as there are done jobs of
+   the last hour, with no heap fetches).
+
+The target is a median snapshot of at most 50 ms; the exit status is 1 when it is missed
+or when a plan check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from jobtui.db import statements
+from jobtui.maintenance import summarise_hours
+from jobtui.metrics import snapshot
+from jobtui.migrate import migrate
+from jobtui.queue import Call, run
+
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+BENCH_DB = "jobtui_bench_metrics"
+SCHEMA = "jobtui"
+TARGET_MS = 50.0
+
+DONE, READY, DEAD, RUNNING, EXPIRIES, SCHEDULES = 900_000, 90_000, 10_000, 200, 5_000, 20
+SIZES = {
+    name: sql.Literal(n)
+    for name, n in (
+        ("done", DONE),
+        ("ready", READY),
+        ("dead", DEAD),
+        ("running", RUNNING),
+        ("expiries", EXPIRIES),
+        ("schedules", SCHEDULES),
+    )
+}
+
+# The statements snapshot() runs, in its order, with the parameters it gives them.
+SNAPSHOT_QUERIES: list[tuple[str, dict[str, Any]]] = [
+    ("metrics_lock_timeout", {"timeout": "2000ms"}),
+    ("db_now", {}),
+    ("metrics_ready", {}),
+    ("metrics_running", {}),
+    ("metrics_dead", {}),
+    ("metrics_done_last_hour", {}),
+    ("metrics_dead_attempts", {}),
+    ("metrics_day", {}),
+    ("metrics_lease_expiries", {}),
+    ("metrics_lease_expiry_total", {}),
+    ("metrics_recent_expiries", {"limit": 50}),
+    ("metrics_schedules", {}),
+    ("metrics_tables", {"schema_name": SCHEMA}),
+    ("metrics_lock_waits", {"schema_name": SCHEMA}),
+    ("metrics_oldest_xact", {}),
+]
+JOB_QUERIES = ["metrics_ready", "metrics_running", "metrics_dead", "metrics_done_last_hour", "metrics_dead_attempts"]
+
+FILL = [
+    # Done: finished_at evenly over the last 24 hours, newest first by id.
+    """
+INSERT INTO {schema}.job (type, status, run_at, attempts, max_attempts, locked_by, lease_token,
+                           heartbeat_at, created_at, started_at, finished_at)
+SELECT 'type_' || (i % 8), 'done', f - interval '2 seconds',
+       CASE WHEN i % 20 = 0 THEN 2 + i % 4 ELSE 1 END, 25, 'worker-' || (i % 16), 1,
+       f - interval '1 second', f - interval '3 seconds', f - interval '1 second', f
+FROM (SELECT i, now() - (i * interval '86400 seconds') / {done} AS f
+      FROM generate_series(1, {done}) AS i) AS s
+""",
+    # Ready: 10% delayed (up to an hour ahead), the rest due (up to an hour late).
+    """
+INSERT INTO {schema}.job (type, status, run_at, attempts)
+SELECT 'type_' || (i % 6),
+       'ready',
+       CASE WHEN i % 10 = 0 THEN now() + (i * interval '3600 seconds') / {ready}
+            ELSE now() - (i * interval '3600 seconds') / {ready} END,
+       CASE WHEN i % 7 = 0 THEN 1 ELSE 0 END
+FROM generate_series(1, {ready}) AS i
+""",
+    # Dead: errors with numbers, hex ids and UUIDs in them, finished over the last 7 days.
+    """
+INSERT INTO {schema}.job (type, status, run_at, attempts, max_attempts, locked_by, last_error,
+                           created_at, finished_at)
+SELECT 'type_' || (i % 5), 'dead', now() - interval '8 days', 25, 25, 'worker-' || (i % 16),
+       CASE i % 6
+           WHEN 0 THEN format('KeyError: ''user %s''', i) || E'\\nTraceback (most recent call last): ...'
+           WHEN 1 THEN format('TimeoutError: upstream %s took %sms', i % 9, 1000 + i)
+           WHEN 2 THEN 'ValueError: no order ' || md5(i::text)::uuid::text
+           WHEN 3 THEN 'ConnectionError: session ' || substr(md5(i::text), 1, 20) || ' reset'
+           WHEN 4 THEN format('RuntimeError: handle 0x%s closed', to_hex(i * 7919))
+           ELSE format('lease expired: worker w%s stopped heartbeating during attempt 25 of 25', i % 16)
+       END,
+       now() - interval '8 days', now() - (i * interval '604800 seconds') / {dead}
+FROM generate_series(1, {dead}) AS i
+""",
+    # Running: 4 workers; every tenth lease expired and not reaped yet.
+    """
+INSERT INTO {schema}.job (type, status, run_at, attempts, locked_by, locked_until, lease_token,
+                           heartbeat_at, started_at)
+SELECT 'type_' || (i % 6), 'running', now() - interval '1 minute', 1, 'worker-' || (i % 4),
+       CASE WHEN i % 10 = 0 THEN now() - interval '5 seconds' ELSE now() + interval '25 seconds' END,
+       1, now() - (i % 30) * interval '1 second', now() - interval '30 seconds'
+FROM generate_series(1, {running}) AS i
+""",
+    """
+INSERT INTO {schema}.lease_expiry (job_id, job_type, worker, attempt, expired_at, reaped_at, outcome)
+SELECT i, 'type_' || (i % 6), 'worker-' || (i % 4), 1 + i % 3,
+       now() - (i * interval '86400 seconds') / {expiries} - interval '10 seconds',
+       now() - (i * interval '86400 seconds') / {expiries}, CASE WHEN i % 50 = 0 THEN 'dead' ELSE 'ready' END
+FROM generate_series(1, {expiries}) AS i
+""",
+    """
+INSERT INTO {schema}.schedule (name, job_type, cron, next_run_at, last_slot, missed_count, missed_slots)
+SELECT 'schedule-' || i, 'type_' || (i % 6), '*/5 * * * *', date_trunc('hour', now()) + interval '1 hour',
+       date_trunc('hour', now()), i % 3, '[]'::jsonb
+FROM generate_series(1, {schedules}) AS i
+""",
+]
+
+
+def with_dbname(dsn: str, dbname: str) -> str:
+    params = conninfo_to_dict(dsn)
+    params["dbname"] = dbname
+    return make_conninfo(**params)
+
+
+def create_database(admin_dsn: str) -> str:
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(BENCH_DB)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(BENCH_DB)))
+    dsn = with_dbname(admin_dsn, BENCH_DB)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate(conn, SCHEMA)
+    return dsn
+
+
+def drop_database(admin_dsn: str) -> None:
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(BENCH_DB)))
+
+
+def fill(dsn: str) -> dict[str, float]:
+    """Fill the tables; the seconds each step took."""
+    took = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for i, text in enumerate(FILL):
+            start = time.perf_counter()
+            conn.execute(sql.SQL(text).format(schema=sql.Identifier(SCHEMA), **SIZES))  # type: ignore[arg-type]
+            took[f"fill {i + 1}"] = time.perf_counter() - start
+        start = time.perf_counter()
+        # The archiver's hourly summaries, as a day of running it leaves them.
+        summarise_hours(conn, SCHEMA)
+        took["summarise_hours (24 h)"] = time.perf_counter() - start
+        start = time.perf_counter()
+        conn.execute("VACUUM ANALYZE")
+        took["vacuum analyze"] = time.perf_counter() - start
+    return took
+
+
+def timed(fn: Callable[[], Any], runs: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return times
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+@dataclass
+class PlanCheck:
+    name: str
+    execution_ms: float
+    scans: list[str]  # one line per node that reads the job table
+    problems: list[str]
+
+
+def explain(conn: psycopg.Connection[Any], name: str, params: dict[str, Any], done_last_hour: int) -> PlanCheck:
+    statement = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + statements(SCHEMA)[name]
+    row = conn.execute(statement, params).fetchone()
+    assert row is not None
+    data = row[0] if isinstance(row[0], list) else json.loads(row[0])
+    root = data[0]["Plan"]
+    scans, problems = [], []
+    for node in plan_nodes(root):
+        index = node.get("Index Name")
+        relation = node.get("Relation Name")
+        if relation != "job" and not (index or "").startswith("job_"):
+            continue
+        blocks = node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)
+        line = f"{node['Node Type']}"
+        if index:
+            line += f" using {index}"
+        if relation:
+            line += f" on {relation}"
+        line += f": {node.get('Actual Rows', 0) * node.get('Actual Loops', 1)} rows, {blocks} buffers"
+        if "Heap Fetches" in node:
+            line += f", {node['Heap Fetches']} heap fetches"
+        if node.get("Rows Removed by Filter"):
+            line += f", {node['Rows Removed by Filter']} removed by filter"
+        scans.append(line)
+        if node["Node Type"] == "Seq Scan":
+            problems.append(f"{name}: Seq Scan on job")
+        if name == "metrics_done_last_hour" and node["Node Type"] in ("Index Only Scan", "Index Scan"):
+            if index != "job_finished_idx":
+                problems.append(f"{name}: reads {index}, not job_finished_idx")
+            read = node.get("Actual Rows", 0) * node.get("Actual Loops", 1)
+            if abs(read - done_last_hour) > done_last_hour // 100:  # jobs age out while we measure
+                problems.append(f"{name}: read {read} index entries for {done_last_hour} done jobs of the last hour")
+            if node.get("Heap Fetches", 0):
+                problems.append(f"{name}: {node['Heap Fetches']} heap fetches (visibility map not set?)")
+    return PlanCheck(name, float(data[0]["Execution Time"]), scans, problems)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", default=os.environ.get("JOBTUI_BENCH_DSN", DEFAULT_DSN))
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--keep", action="store_true", help=f"keep the {BENCH_DB} database afterwards")
+    args = parser.parse_args(argv)
+
+    print(f"python {platform.python_version()}, psycopg {psycopg.__version__}, {os.cpu_count()} CPUs")
+    dsn = create_database(args.dsn)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+            print(f"PostgreSQL {row[0] if row else '?'}, database {BENCH_DB}")
+        start = time.perf_counter()
+        took = fill(dsn)
+        print(f"filled in {time.perf_counter() - start:.1f}s: " + ", ".join(f"{k} {v:.1f}s" for k, v in took.items()))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            job = sql.SQL("{}.job").format(sql.Identifier(SCHEMA))
+            counts = dict(
+                conn.execute(sql.SQL("SELECT status, count(*) FROM {} GROUP BY status").format(job)).fetchall()
+            )
+            size = conn.execute("SELECT pg_size_pretty(pg_total_relation_size(%s))", (f"{SCHEMA}.job",)).fetchone()
+            last_hour = conn.execute(
+                sql.SQL(
+                    "SELECT count(*) FROM {} WHERE status = 'done' AND finished_at > now() - interval '1 hour'"
+                ).format(job)
+            ).fetchone()
+            done_last_hour = int(last_hour[0]) if last_hour else 0
+            print(
+                f"job table: {counts}, {size[0] if size else '?'} with indexes; done in the last hour: {done_last_hour}"
+            )
+
+            snap = snapshot(conn, SCHEMA)
+            print(
+                f"snapshot: ready {snap.ready} ({snap.ready_due} due), running {snap.running_count} "
+                f"({snap.expired_leases} expired), dead {snap.dead_count} in {len(snap.dead)} groups, "
+                f"done last hour {sum(snap.attempts_last_hour['done'].values())}, "
+                f"done estimate {snap.done_estimate}, lease expiries 24h {sum(snap.lease_expiries_per_hour)}"
+            )
+
+            whole = timed(lambda: snapshot(conn, SCHEMA), args.runs, args.warmup)
+            per_query = {}
+            for name, params in SNAPSHOT_QUERIES:
+                call = Call(name, params, lambda rows: rows)
+                per_query[name] = timed(lambda call=call: run(conn, call, SCHEMA), args.runs, 2)  # type: ignore[misc]
+            checks = [explain(conn, name, dict(SNAPSHOT_QUERIES)[name], done_last_hour) for name in JOB_QUERIES]
+    finally:
+        if not args.keep:
+            drop_database(args.dsn)
+
+    median = statistics.median(whole)
+    print()
+    print(f"snapshot() over {args.runs} runs: median {median:.1f} ms, p95 {p95(whole):.1f} ms, min {min(whole):.1f} ms")
+    print()
+    print(f"{'statement':<28} {'median ms':>10} {'p95 ms':>8}")
+    for name, times in per_query.items():
+        print(f"{name:<28} {statistics.median(times):>10.2f} {p95(times):>8.2f}")
+    total = sum(statistics.median(t) for t in per_query.values())
+    print(f"{'sum of medians':<28} {total:>10.2f}")
+    print()
+    problems = []
+    for check in checks:
+        print(f"EXPLAIN ANALYZE {check.name}: {check.execution_ms:.2f} ms")
+        for line in check.scans:
+            print(f"    {line}")
+        problems += check.problems
+    print()
+    for problem in problems:
+        print(f"PLAN PROBLEM: {problem}")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"load average (1, 5, 15 min) at the end: {load} on {os.cpu_count()} CPUs")
+    verdict = "met" if median <= TARGET_MS else "MISSED"
+    print(f"target: median snapshot <= {TARGET_MS:.0f} ms: {verdict} ({median:.1f} ms); plan checks: "
+          f"{'all pass' if not problems else f'{len(problems)} problem(s)'}")  # fmt: skip
+    if not args.keep:
+        print(f"dropped {BENCH_DB}")
+    return 0 if median <= TARGET_MS and not problems else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

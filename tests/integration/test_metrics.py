@@ -1,0 +1,784 @@
+"""The queue's measures against real PostgreSQL: `metrics.snapshot()`, the hourly summaries,
+the Prometheus endpoint and the dead-letter alert (callback, NOTIFY, log line).
+
+Each test builds its jobs with `jobtui.Queue` and moves them into place with direct SQL
+(statuses, run_at, finished_at, attempts, errors, expired leases), then checks every figure
+exactly. Figures that depend on the clock are computed from the snapshot's own `taken_at`,
+which is the now() every one of its queries used, so a minute or hour boundary passing
+during a test moves the expectation with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import threading
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from psycopg import sql
+
+from jobtui import FailOutcome, JobStatus, Queue
+from jobtui import scheduler as sched
+from jobtui.maintenance import Retention, summarise_hours, sweep
+from jobtui.metrics import QueueLocked, Snapshot, snapshot
+from jobtui.prometheus import serve
+from jobtui.queue import Call
+from jobtui.registry import Job, Jobs, ScheduleSpec
+from jobtui.worker import Worker
+
+Conn = psycopg.Connection[Any]
+
+KEYERROR_17 = "KeyError: 'user 17'\nTraceback (most recent call last):\n  File \"app.py\", line 12, in send"
+KEYERROR_42 = "KeyError: 'user 42'"
+UUID_ERROR = "ValueError: no order 3f2a9c1e-4b5d-4e6f-8a7b-9c0d1e2f3a4b"
+HEX_ERROR_1 = "RuntimeError: handle 0xDEADbeef closed at step 12"
+HEX_ERROR_2 = "RuntimeError: handle 0x1f closed at step 7"
+LONG_HEX_ERROR = "ConnectionError: session 9f86d081884c7d65 expired"
+LEASE_DEAD_ERROR = (
+    "lease expired: worker w<n> stopped heartbeating during attempt <n> of <n>"
+    " (attempts exhausted: the job may be crashing its worker)"
+)
+AGE_TOLERANCE = 5.0  # seconds the database clock may move between setting up and measuring
+
+
+def execute(conn: Conn, query: str, *params: Any) -> None:
+    conn.execute(query, params)
+
+
+def finished_at(conn: Conn, ids: list[int]) -> dict[int, datetime]:
+    rows = conn.execute("SELECT id, finished_at FROM jobtui.job WHERE id = ANY(%s)", (ids,)).fetchall()
+    return {int(r[0]): r[1] for r in rows}
+
+
+def minute(t: datetime) -> datetime:
+    return t.replace(second=0, microsecond=0)
+
+
+def hour(t: datetime) -> datetime:
+    return t.replace(minute=0, second=0, microsecond=0)
+
+
+def away_from_hour_boundary(conn: Conn, margin: float = 5.0) -> None:
+    """Sleep past the next full hour when it is less than `margin` seconds away, for tests
+    whose setup and measurement must fall in the same hour."""
+    row = conn.execute("SELECT extract(epoch FROM date_trunc('hour', now()) + interval '1 hour' - now())").fetchone()
+    assert row is not None
+    if float(row[0]) < margin:
+        time.sleep(float(row[0]) + 0.2)
+
+
+def make_done(conn: Conn, q: Queue, job_type: str, attempts: int, ago: str) -> int:
+    """A done job that used `attempts` attempts and finished `ago` (an SQL interval) ago."""
+    job_id = q.enqueue(job_type)
+    execute(
+        conn,
+        "UPDATE jobtui.job SET status = 'done', attempts = %s, finished_at = now() - %s::interval WHERE id = %s",
+        attempts,
+        ago,
+        job_id,
+    )
+    return job_id
+
+
+def make_finished(conn: Conn, q: Queue, job_type: str, status: str, attempts: int, ago: str, error: str) -> int:
+    job_id = q.enqueue(job_type)
+    execute(
+        conn,
+        "UPDATE jobtui.job SET status = %s, attempts = %s, finished_at = now() - %s::interval, last_error = %s "
+        "WHERE id = %s",
+        status,
+        attempts,
+        ago,
+        error,
+        job_id,
+    )
+    return job_id
+
+
+@dataclass
+class World:
+    """The ids of the jobs `build_world` made, by role."""
+
+    running_w1: list[int]
+    running_expired: int
+    running_w2: int
+    crash_dead: int
+    crash_ready: list[int]
+    ready_old: int
+    done_recent: dict[int, int]  # id -> attempts, finished within the last hour
+    done_old: list[int]
+    keyerror: tuple[int, int]  # (user 17, user 42)
+    uuid_dead: int
+    hex_dead: tuple[int, int]
+    long_hex_dead: int
+    failed: int
+
+
+def build_world(dsn: str, conn: Conn) -> World:
+    """Jobs in every state, with known ages, attempts and errors:
+
+    type    ready (due)  oldest due  running (expired)  dead  failed
+    crash   2 (0)        -           0                  1     0
+    email   3 (2)        ~100 s      2 (1), worker w1   3     0
+    report  1 (1)        ~30 s       1 (0), worker w2   3     1
+    """
+    with Queue(dsn) as q:
+        # Leases that expired and were reaped: the job on its last attempt goes dead.
+        crash_dead = q.enqueue("crash", max_attempts=1)
+        crash_ready = [q.enqueue("crash", max_attempts=5), q.enqueue("crash", max_attempts=5)]
+        assert {j.id for j in q.claim(["crash"], worker="w3", limit=3)} == {crash_dead, *crash_ready}
+        execute(conn, "UPDATE jobtui.job SET locked_until = now() - interval '1 second' WHERE type = 'crash'")
+        reaped = {r.job_id: r.status for r in q.reap()}
+        assert reaped == {crash_dead: JobStatus.DEAD, crash_ready[0]: JobStatus.READY, crash_ready[1]: JobStatus.READY}
+        # Back to ready, but delayed: a type with no due job has no oldest-ready age.
+        execute(conn, "UPDATE jobtui.job SET run_at = now() + interval '1 hour' WHERE id = ANY(%s)", crash_ready)
+        # One expiry two hours ago, one 30 hours ago (outside the per-hour window).
+        execute(
+            conn,
+            "UPDATE jobtui.lease_expiry SET reaped_at = now() - interval '2 hours' WHERE job_id = %s",
+            crash_ready[0],
+        )
+        execute(
+            conn,
+            "UPDATE jobtui.lease_expiry SET reaped_at = now() - interval '30 hours' WHERE job_id = %s",
+            crash_ready[1],
+        )
+
+        # Running: two for w1 (one of them past its lease, not reaped), one for w2.
+        running_w1 = [q.enqueue("email"), q.enqueue("email")]
+        running_w2 = q.enqueue("report")
+        assert {j.id for j in q.claim(["email"], worker="w1", limit=2)} == set(running_w1)
+        assert [j.id for j in q.claim(["report"], worker="w2", limit=1)] == [running_w2]
+        execute(
+            conn,
+            "UPDATE jobtui.job SET heartbeat_at = now() - interval '40 seconds' WHERE id = ANY(%s)",
+            running_w1,
+        )
+        execute(conn, "UPDATE jobtui.job SET locked_until = now() - interval '5 seconds' WHERE id = %s", running_w1[1])
+
+        # Ready: two due email jobs (100 s and 20 s late) and a delayed one; one due report.
+        ready_old = q.enqueue("email")
+        execute(conn, "UPDATE jobtui.job SET run_at = now() - interval '100 seconds' WHERE id = %s", ready_old)
+        execute(conn, "UPDATE jobtui.job SET run_at = now() - interval '20 seconds' WHERE id = %s", q.enqueue("email"))
+        q.enqueue("email", delay=3600)
+        execute(conn, "UPDATE jobtui.job SET run_at = now() - interval '30 seconds' WHERE id = %s", q.enqueue("report"))
+
+        # Done: five in the last hour (attempts 1, 1, 1, 2, 3), two before it.
+        done_recent = {
+            make_done(conn, q, "email", 1, "5 seconds"): 1,
+            make_done(conn, q, "email", 1, "70 seconds"): 1,
+            make_done(conn, q, "report", 1, "130 seconds"): 1,
+            make_done(conn, q, "email", 2, "10 seconds"): 2,
+            make_done(conn, q, "report", 3, "30 minutes"): 3,
+        }
+        done_old = [make_done(conn, q, "email", 5, "2 hours"), make_done(conn, q, "email", 1, "3 days")]
+
+        # Dead and failed, with errors that group by fingerprint.
+        k17 = make_finished(conn, q, "email", "dead", 3, "10 minutes", KEYERROR_17)
+        k42 = make_finished(conn, q, "email", "dead", 4, "2 days", KEYERROR_42)
+        uuid_dead = make_finished(conn, q, "email", "dead", 2, "5 minutes", UUID_ERROR)
+        hex1 = make_finished(conn, q, "report", "dead", 1, "15 minutes", HEX_ERROR_1)
+        hex2 = make_finished(conn, q, "report", "dead", 1, "3 hours", HEX_ERROR_2)
+        long_hex = make_finished(conn, q, "report", "dead", 6, "30 minutes", LONG_HEX_ERROR)
+        failed = make_finished(conn, q, "report", "failed", 1, "1 minute", "Permanent: invalid address")
+
+    # Schedules: one that missed 7 slots while no scheduler ran, one paused.
+    sched.upsert(conn, ScheduleSpec("nightly", "0 3 * * *", "report"), source="cli")
+    sched.upsert(conn, ScheduleSpec("every-minute", "* * * * *", "email", offset=0.0), source="cli")
+    execute(
+        conn,
+        "UPDATE jobtui.schedule SET missed_count = 7, missed_slots = %s::jsonb WHERE name = 'nightly'",
+        json.dumps(["2024-01-01T03:00:00+00:00", "2024-01-02T03:00:00+00:00"]),
+    )
+    assert sched.pause(conn, "every-minute")
+    return World(
+        running_w1=running_w1,
+        running_expired=running_w1[1],
+        running_w2=running_w2,
+        crash_dead=crash_dead,
+        crash_ready=crash_ready,
+        ready_old=ready_old,
+        done_recent=done_recent,
+        done_old=done_old,
+        keyerror=(k17, k42),
+        uuid_dead=uuid_dead,
+        hex_dead=(hex1, hex2),
+        long_hex_dead=long_hex,
+        failed=failed,
+    )
+
+
+@pytest.fixture
+def world(dsn: str, conn: Conn) -> World:
+    return build_world(dsn, conn)
+
+
+# -- snapshot -----------------------------------------------------------------------------
+
+
+def by_type(snap: Snapshot) -> dict[str, Any]:
+    return {t.type: t for t in snap.by_type}
+
+
+def test_counts_and_oldest_ready_age_by_type(conn: Conn, world: World) -> None:
+    snap = snapshot(conn)
+    types = by_type(snap)
+    assert sorted(types) == ["crash", "email", "report"]
+    counts = {t: (c.ready, c.ready_due, c.running, c.dead, c.failed) for t, c in types.items()}
+    assert counts == {
+        "crash": (2, 0, 0, 1, 0),
+        "email": (3, 2, 2, 3, 0),
+        "report": (1, 1, 1, 3, 1),
+    }
+    # Only due jobs count: crash's ready jobs are delayed, so it has no age at all.
+    assert types["crash"].oldest_ready_age is None
+    email_age, report_age = types["email"].oldest_ready_age, types["report"].oldest_ready_age
+    assert email_age is not None and 100 <= email_age < 100 + AGE_TOLERANCE
+    assert report_age is not None and 30 <= report_age < 30 + AGE_TOLERANCE
+    assert snap.oldest_ready_age == email_age
+    assert (snap.ready, snap.ready_due, snap.running_count, snap.dead_count, snap.failed_count) == (6, 3, 3, 7, 1)
+
+
+def test_running_by_type_and_worker_counts_expired_leases(conn: Conn, world: World) -> None:
+    snap = snapshot(conn)
+    groups = {(g.type, g.worker): g for g in snap.running}
+    assert {k: (g.jobs, g.expired) for k, g in groups.items()} == {("email", "w1"): (2, 1), ("report", "w2"): (1, 0)}
+    w1_heartbeat = groups["email", "w1"].oldest_heartbeat_age
+    w2_heartbeat = groups["report", "w2"].oldest_heartbeat_age
+    assert w1_heartbeat is not None and 40 <= w1_heartbeat < 40 + AGE_TOLERANCE
+    assert w2_heartbeat is not None and 0 <= w2_heartbeat < AGE_TOLERANCE
+    assert snap.expired_leases == 1
+
+
+def test_done_per_minute_and_attempts_of_the_last_hour(conn: Conn, world: World) -> None:
+    snap = snapshot(conn)
+    finished = finished_at(conn, list(world.done_recent) + world.done_old)
+    now = snap.taken_at
+    expected_minutes = [0] * 60
+    for job_id in world.done_recent:
+        expected_minutes[int((minute(now) - minute(finished[job_id])).total_seconds()) // 60] += 1
+    for job_id in world.done_old:
+        assert now - finished[job_id] > timedelta(hours=1)
+    assert snap.done_per_minute == expected_minutes
+    assert sum(snap.done_per_minute) == 5
+    assert snap.done_last_minute == expected_minutes[1]
+    assert snap.attempts_last_hour["done"] == {1: 3, 2: 1, 3: 1}
+    # Dead and failed jobs that finished in the last hour, by attempts: the reaped crash
+    # job (1), KeyError 17 (3), the UUID one (2), a hex one (1), the long hex one (6) and
+    # the failed one (1); KeyError 42 and the other hex one are older.
+    assert snap.attempts_last_hour["dead_or_failed"] == {1: 3, 2: 1, 3: 1, 6: 1}
+
+
+def test_lease_expirations_per_hour_total_and_recent(conn: Conn, world: World) -> None:
+    snap = snapshot(conn)
+    rows = conn.execute("SELECT job_id, reaped_at FROM jobtui.lease_expiry").fetchall()
+    reaped = {int(job_id): at for job_id, at in rows}
+    expected = [0] * 24
+    for at in reaped.values():
+        hours_ago = int((hour(snap.taken_at) - hour(at)).total_seconds()) // 3600
+        if snap.taken_at - at < timedelta(hours=24):
+            expected[hours_ago] += 1
+    assert snap.lease_expiries_per_hour == expected
+    assert sum(expected) == 2  # the 30-hour-old expiry is outside the window
+    assert snap.lease_expiries_last_hour == expected[0]
+    assert snap.lease_expirations_total == 3
+    recent = [(e.job_id, e.type, e.worker, e.attempt, e.outcome) for e in snap.recent_expiries]
+    assert recent == [
+        (world.crash_dead, "crash", "w3", 1, "dead"),
+        (world.crash_ready[0], "crash", "w3", 1, "ready"),
+        (world.crash_ready[1], "crash", "w3", 1, "ready"),
+    ]
+    assert all(e.expired_at < e.reaped_at for e in snap.recent_expiries[:1])
+    assert [e.job_id for e in snapshot(conn, recent_expiries=1).recent_expiries] == [world.crash_dead]
+
+
+def test_dead_groups_by_type_and_fingerprint(conn: Conn, world: World) -> None:
+    snap = snapshot(conn)
+    groups = {(g.status, g.type, g.fingerprint): g for g in snap.dead}
+    assert {k: g.jobs for k, g in groups.items()} == {
+        ("dead", "email", "KeyError: 'user <n>'"): 2,
+        ("dead", "email", "ValueError: no order <uuid>"): 1,
+        ("dead", "report", "RuntimeError: handle <hex> closed at step <n>"): 2,
+        ("dead", "report", "ConnectionError: session <hex> expired"): 1,
+        ("failed", "report", "Permanent: invalid address"): 1,
+        ("dead", "crash", LEASE_DEAD_ERROR): 1,
+    }
+    # The biggest groups come first.
+    assert [g.jobs for g in snap.dead][:2] == [2, 2]
+    k17, k42 = world.keyerror
+    keyerror = groups["dead", "email", "KeyError: 'user <n>'"]
+    finished = finished_at(conn, [k17, k42])
+    assert (keyerror.first_seen, keyerror.last_seen) == (finished[k42], finished[k17])
+    assert (keyerror.latest_job_id, keyerror.latest_attempts) == (k42, 4)
+    hexes = groups["dead", "report", "RuntimeError: handle <hex> closed at step <n>"]
+    assert (hexes.latest_job_id, hexes.latest_attempts) == (world.hex_dead[1], 1)
+
+
+def test_missed_slots_per_schedule(conn: Conn, world: World) -> None:
+    snap = snapshot(conn)
+    assert [s.name for s in snap.schedules] == ["every-minute", "nightly"]
+    every, nightly = snap.schedules
+    assert (nightly.job_type, nightly.cron, nightly.paused, nightly.missed, nightly.skipped) == (
+        "report",
+        "0 3 * * *",
+        False,
+        7,
+        0,
+    )
+    assert nightly.missed_slots == ["2024-01-01T03:00:00+00:00", "2024-01-02T03:00:00+00:00"]
+    assert 0 < nightly.next_in <= 86400
+    assert nightly.next_in == pytest.approx((nightly.next_run_at - snap.taken_at).total_seconds(), abs=1e-3)
+    assert (every.paused, every.missed, every.missed_slots) == (True, 0, [])
+    assert snap.missed_slots == 7
+
+
+def test_tables_and_done_estimate(conn: Conn, world: World) -> None:
+    execute(conn, "ANALYZE jobtui.job")
+    snap = snapshot(conn)
+    assert {t.table for t in snap.tables} >= {"job", "job_archive", "lease_expiry", "schedule", "audit", "stats_hourly"}
+    job = next(t for t in snap.tables if t.table == "job")
+    total = conn.execute("SELECT count(*) FROM jobtui.job").fetchone()
+    assert total is not None and job.rows_estimate == total[0] == 24
+    # Everything not counted exactly is done: 7 done jobs, from the planner's estimate.
+    assert snap.done_estimate == 7
+    data = json.loads(json.dumps(snap.to_json(), default=str))
+    assert data["totals"] == {
+        "ready": 6,
+        "ready_due": 3,
+        "running": 3,
+        "dead": 7,
+        "failed": 1,
+        "done_estimate": 7,
+        "oldest_ready_age": snap.oldest_ready_age,
+        "expired_leases": 1,
+        "lease_expiries_last_hour": snap.lease_expiries_per_hour[0],
+        "missed_slots": 7,
+        "done_last_minute": snap.done_last_minute,
+    }
+
+
+def test_empty_queue(conn: Conn) -> None:
+    snap = snapshot(conn)
+    assert snap.by_type == [] and snap.running == [] and snap.dead == [] and snap.schedules == []
+    assert snap.oldest_ready_age is None
+    assert snap.done_per_minute == [0] * 60 and snap.lease_expiries_per_hour == [0] * 24
+    assert snap.attempts_last_hour == {"done": {}} and snap.attempts_last_day == {}
+    assert (snap.lease_expirations_total, snap.lock_waits, snap.done_estimate) == (0, 0, 0)
+    assert snap.oldest_xact_age is None and snap.oldest_xact_pid is None
+
+
+FAKE_NOW = "2024-05-01 12:05:59.7+00"
+
+
+def test_done_per_minute_counts_whole_minutes_at_a_minute_boundary(dsn: str, conn: Conn) -> None:
+    """now() 0.3 s before the next minute: a job done at :10 of this minute is in bucket 0.
+
+    The database's now() is replaced for this connection by a function earlier on the
+    search_path than pg_catalog's, so the boundary is hit every time.
+    """
+    with Queue(dsn) as q:
+        expected = {
+            "2024-05-01 12:05:10+00": 0,
+            "2024-05-01 12:04:59.9+00": 1,
+            "2024-05-01 12:04:00+00": 1,
+            "2024-05-01 12:03:59.99+00": 2,
+            "2024-05-01 11:06:30+00": 59,
+            "2024-05-01 11:05:00+00": None,  # more than an hour ago
+        }
+        for attempts, at in enumerate(expected, start=1):
+            job_id = q.enqueue("t")
+            execute(
+                conn,
+                "UPDATE jobtui.job SET status = 'done', attempts = %s, finished_at = %s WHERE id = %s",
+                attempts,
+                at,
+                job_id,
+            )
+    execute(conn, "CREATE SCHEMA faketime")
+    execute(
+        conn,
+        "CREATE FUNCTION faketime.now() RETURNS timestamptz LANGUAGE sql STABLE "
+        f"AS $$ SELECT '{FAKE_NOW}'::timestamptz $$",
+    )
+    execute(conn, "SET search_path = faketime, pg_catalog, public")
+    snap = snapshot(conn)
+    assert snap.taken_at.isoformat() == "2024-05-01T12:05:59.700000+00:00"
+    buckets = Counter(b for b in expected.values() if b is not None)
+    assert snap.done_per_minute == [buckets.get(i, 0) for i in range(60)]
+    assert snap.done_last_minute == 2
+    assert snap.attempts_last_hour["done"] == {1: 1, 2: 1, 3: 1, 4: 1, 5: 1}
+
+
+# -- locks and transactions ---------------------------------------------------------------
+
+
+def _blocked_session(dsn: str, statement: str, started: threading.Event, errors: list[BaseException]) -> None:
+    try:
+        with psycopg.connect(dsn, autocommit=True) as blocked:
+            started.set()
+            blocked.execute(statement)
+    except BaseException as exc:  # reported to the test
+        errors.append(exc)
+
+
+@pytest.fixture
+def holder(dsn: str) -> Iterator[Conn]:
+    """A connection whose open transaction the test takes locks in; rolled back at the end."""
+    with psycopg.connect(dsn) as connection:
+        yield connection
+        connection.rollback()
+
+
+def _wait_until_waiting(conn: Conn, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+            "WHERE NOT l.granted AND d.datname = current_database()"
+        ).fetchone()
+        if row is not None and row[0] >= count:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no session started waiting for a lock within 10s (wanted {count})")
+
+
+def test_lock_waits(dsn: str, conn: Conn, holder: Conn) -> None:
+    with Queue(dsn) as q:
+        job_id = q.enqueue("t")
+    # SHARE blocks writers (an UPDATE waits) but not readers, so the snapshot itself runs.
+    holder.execute("LOCK TABLE jobtui.job IN SHARE MODE")
+    started, errors = threading.Event(), []
+    thread = threading.Thread(
+        target=_blocked_session,
+        args=(dsn, f"UPDATE jobtui.job SET payload = '{{}}' WHERE id = {job_id}", started, errors),
+    )
+    thread.start()
+    try:
+        _wait_until_waiting(conn, 1)
+        time.sleep(0.2)
+        snap = snapshot(conn)
+        assert snap.lock_waits == 1
+        assert 0.2 <= snap.longest_lock_wait < 10
+        # The lock holder's transaction is the oldest open one.
+        assert snap.oldest_xact_pid == holder.info.backend_pid
+    finally:
+        holder.rollback()
+        thread.join(10)
+    assert not errors and not thread.is_alive()
+    assert snapshot(conn).lock_waits == 0
+
+
+def test_snapshot_gives_up_behind_an_access_exclusive_lock(dsn: str, conn: Conn, holder: Conn) -> None:
+    """An ALTER TABLE or VACUUM FULL stuck behind a long transaction blocks every reader:
+    the snapshot says so after its lock timeout instead of waiting with them."""
+    holder.execute("LOCK TABLE jobtui.job IN ACCESS EXCLUSIVE MODE")
+    started, errors = threading.Event(), []
+    thread = threading.Thread(target=_blocked_session, args=(dsn, "SELECT count(*) FROM jobtui.job", started, errors))
+    thread.start()
+    try:
+        _wait_until_waiting(conn, 1)
+        began = time.monotonic()
+        with pytest.raises(QueueLocked) as caught:
+            snapshot(conn, lock_timeout=0.3)
+        assert time.monotonic() - began < 5
+        message = str(caught.value)
+        assert "stayed locked for over 0.3s: 1 session(s) wait for locks on it" in message
+        assert f"the oldest open transaction is pid {holder.info.backend_pid}" in message
+    finally:
+        holder.rollback()
+        thread.join(10)
+    assert not errors and not thread.is_alive()
+    # The connection is usable again and the lock timeout did not outlive the snapshot.
+    assert snapshot(conn).lock_waits == 0
+    row = conn.execute("SHOW lock_timeout").fetchone()
+    assert row is not None and row[0] == "0"
+
+
+@pytest.mark.parametrize("isolation", [psycopg.IsolationLevel.READ_COMMITTED, psycopg.IsolationLevel.REPEATABLE_READ])
+def test_oldest_transaction_after_a_select(dsn: str, conn: Conn, isolation: psycopg.IsolationLevel) -> None:
+    assert snapshot(conn).oldest_xact_age is None
+    with psycopg.connect(dsn) as other:
+        other.isolation_level = isolation
+        other.execute("SELECT count(*) FROM jobtui.job").fetchall()
+        time.sleep(0.3)
+        snap = snapshot(conn)
+        assert snap.oldest_xact_pid == other.info.backend_pid
+        assert snap.oldest_xact_age is not None and 0.3 <= snap.oldest_xact_age < 10
+        other.rollback()
+    assert snapshot(conn).oldest_xact_age is None
+
+
+def test_oldest_transaction_that_wrote(dsn: str, conn: Conn) -> None:
+    """Idle after an UPDATE (READ COMMITTED): no snapshot, but its transaction id holds
+    back vacuum."""
+    with Queue(dsn) as q:
+        job_id = q.enqueue("t")
+    with psycopg.connect(dsn) as other:
+        other.execute("UPDATE jobtui.job SET payload = '{\"x\": 1}' WHERE id = %s", (job_id,))
+        snap = snapshot(conn)
+        assert snap.oldest_xact_pid == other.info.backend_pid
+        other.rollback()
+    assert snapshot(conn).oldest_xact_pid is None
+
+
+# -- hourly summaries ---------------------------------------------------------------------
+
+
+def test_summarised_hours_give_the_day_distribution_and_survive_archiving(dsn: str, conn: Conn) -> None:
+    away_from_hour_boundary(conn)
+    hour_ago = "date_trunc('hour', now()) - interval '{} hours' + interval '{} minutes'"
+    with Queue(dsn) as q:
+        placed = [
+            ("done", 1, hour_ago.format(2, 10)),
+            ("done", 1, hour_ago.format(2, 50)),
+            ("done", 2, hour_ago.format(3, 5)),
+            ("done", 4, "now() - interval '30 hours'"),  # older than the day
+            ("done", 1, "now()"),  # this hour is not complete yet
+            ("dead", 3, hour_ago.format(2, 20)),
+            ("failed", 1, hour_ago.format(5, 0)),
+        ]
+        for status, attempts, at in placed:
+            job_id = q.enqueue("t")
+            execute(
+                conn,
+                f"UPDATE jobtui.job SET status = %s, attempts = %s, finished_at = {at} WHERE id = %s",
+                status,
+                attempts,
+                job_id,
+            )
+    assert snapshot(conn).attempts_last_day == {}
+    assert summarise_hours(conn) == 24
+    day = {"done": {1: 2, 2: 1}, "dead": {3: 1}, "failed": {1: 1}}
+    assert snapshot(conn).attempts_last_day == day
+    # Each hour is summarised once: a second run adds nothing.
+    assert summarise_hours(conn) == 0
+    assert snapshot(conn).attempts_last_day == day
+    # Archiving removes the done rows older than an hour; the day's figures stay.
+    swept = sweep(conn, Retention(done=3600, dead=30 * 86400, archive=None))
+    assert (swept.archived, swept.deleted_done, swept.deleted_dead, swept.deleted_archive) == (4, 0, 0, 0)
+    assert snapshot(conn).attempts_last_day == day
+    row = conn.execute("SELECT count(*) FROM jobtui.job WHERE status = 'done'").fetchone()
+    assert row is not None and row[0] == 1
+
+
+# -- Prometheus ---------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The samples of http://127.0.0.1:PORT/metrics, by name and sorted labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        assert response.status == 200
+        text = response.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[s.name, tuple(sorted(s.labels.items()))] = s.value
+    return samples
+
+
+def scrape_text(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+@pytest.fixture
+def metrics_server(dsn: str) -> Iterator[int]:
+    port = free_port()
+    server = serve(dsn, port, addr="127.0.0.1")
+    yield port
+    server.shutdown()
+    server.server_close()
+
+
+def test_prometheus_endpoint(dsn: str, conn: Conn, world: World, metrics_server: int) -> None:
+    samples = scrape(metrics_server)
+    assert samples["jobtui_up", ()] == 1
+    age = samples["jobtui_oldest_ready_age_seconds", (("type", "email"),)]
+    assert 100 <= age < 100 + AGE_TOLERANCE
+    assert samples["jobtui_oldest_ready_age_seconds", (("type", "crash"),)] == 0
+    assert samples["jobtui_oldest_ready_age_max_seconds", ()] == age
+    jobs = {labels: v for (name, labels), v in samples.items() if name == "jobtui_jobs"}
+    assert jobs == {
+        (("status", status), ("type", job_type)): float(n)
+        for job_type, figures in {"crash": (2, 0, 1, 0), "email": (3, 2, 3, 0), "report": (1, 1, 3, 1)}.items()
+        for status, n in zip(("ready", "running", "dead", "failed"), figures, strict=True)
+    }
+    assert samples["jobtui_lease_expirations_total", ()] == 3
+    assert samples["jobtui_expired_leases", ()] == 1
+    assert samples["jobtui_missed_slots_total", (("schedule", "nightly"),)] == 7
+    assert samples["jobtui_missed_slots_total", (("schedule", "every-minute"),)] == 0
+    assert samples["jobtui_schedule_paused", (("schedule", "every-minute"),)] == 1
+    assert samples["jobtui_lock_waits", ()] == 0
+    assert ("jobtui_table_dead_tuples", (("table", "job"),)) in samples
+    # The exposition's own lines, as Prometheus reads them.
+    text = scrape_text(metrics_server)
+    for line in (
+        'jobtui_jobs{status="dead",type="email"} 3.0',
+        'jobtui_jobs{status="failed",type="report"} 1.0',
+        "jobtui_lease_expirations_total 3.0",
+        'jobtui_missed_slots_total{schedule="nightly"} 7.0',
+        "jobtui_up 1.0",
+    ):
+        assert line in text.splitlines()
+
+
+def test_prometheus_scrapes_within_a_second_share_one_snapshot(dsn: str, metrics_server: int) -> None:
+    with Queue(dsn) as q:
+        q.enqueue("t")
+        first = scrape(metrics_server)[("jobtui_jobs", (("status", "ready"), ("type", "t")))]
+        q.enqueue("t")
+        assert scrape(metrics_server)[("jobtui_jobs", (("status", "ready"), ("type", "t")))] == first == 1
+        time.sleep(1.1)
+        assert scrape(metrics_server)[("jobtui_jobs", (("status", "ready"), ("type", "t")))] == 2
+
+
+def test_prometheus_answers_when_the_database_does_not() -> None:
+    port = free_port()
+    server = serve("postgresql://postgres@127.0.0.1:1/nowhere?connect_timeout=3", port, addr="127.0.0.1")
+    try:
+        samples = scrape(port)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert samples[("jobtui_up", ())] == 0
+    assert not any(name.startswith("jobtui_jobs") for name, _ in samples)
+
+
+# -- dead-letter alert --------------------------------------------------------------------
+
+
+async def _listen_dead(dsn: str) -> psycopg.AsyncConnection[Any]:
+    listener = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    await listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier("jobtui.dead")))
+    return listener
+
+
+async def _notifications(listener: psycopg.AsyncConnection[Any], n: int) -> list[Any]:
+    got = []
+    async for notify in listener.notifies(timeout=15, stop_after=n):
+        got.append(notify)
+    return got
+
+
+async def _until(condition: Any, what: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def _alert_jobs(seen: list[FailOutcome]) -> Jobs:
+    jobs = Jobs()
+
+    @jobs.handler("alert.fail", max_attempts=1)
+    def fail(job: Job) -> None:
+        raise RuntimeError(f"payment 42 declined for order {job.payload['order']}")
+
+    @jobs.handler("alert.crash")
+    def never(job: Job) -> None:  # its job is claimed by a worker that then vanishes
+        raise AssertionError("not run")
+
+    @jobs.on_dead
+    def broken(outcome: FailOutcome) -> None:
+        raise ValueError("a callback that fails must not stop the others or the worker")
+
+    jobs.on_dead(seen.append)
+    return jobs
+
+
+async def test_dead_letter_alert_when_the_last_attempt_fails(dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="jobtui.worker")
+    seen: list[FailOutcome] = []
+    listener = await _listen_dead(dsn)
+    worker = Worker(_alert_jobs(seen), dsn, concurrency=2, scheduler=False, retention=None, poll_interval=0.1)
+    with Queue(dsn) as q:
+        job_id = q.enqueue("alert.fail", {"order": 7}, max_attempts=1)
+    task = asyncio.create_task(worker.run())
+    try:
+        [notify] = await _notifications(listener, 1)
+        await _until(lambda: seen, "the on_dead callback")
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 15)
+        await listener.close()
+    assert notify.channel == "jobtui.dead"
+    assert json.loads(notify.payload) == {
+        "id": job_id,
+        "type": "alert.fail",
+        "attempts": 1,
+        "error": "RuntimeError: payment 42 declined for order 7",
+    }
+    assert seen == [FailOutcome(job_id, JobStatus.DEAD, "alert.fail", 1, 1, worker.worker_id)]
+    errors = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "jobtui.worker" and r.levelno >= 40]
+    assert ("ERROR", f"job {job_id} (alert.fail) is dead after 1 of 1 attempts") in errors
+    assert ("ERROR", f"on_dead callback failed for job {job_id}") in errors
+    assert worker.counts["dead"] == 1
+    with Queue(dsn) as q:
+        row = q.get(job_id)
+    assert row is not None and row.status is JobStatus.DEAD
+
+
+async def test_dead_letter_alert_when_the_reaper_ends_a_crash_loop(dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="jobtui.worker")
+    seen: list[FailOutcome] = []
+    listener = await _listen_dead(dsn)
+    with Queue(dsn) as q:
+        job_id = q.enqueue("alert.crash", max_attempts=1)
+        [claimed] = q.claim(["alert.crash"], worker="ghost", limit=1)
+        assert claimed.id == job_id
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("UPDATE jobtui.job SET locked_until = now() - interval '1 second' WHERE id = %s", (job_id,))
+    worker = Worker(_alert_jobs(seen), dsn, scheduler=False, retention=None, poll_interval=0.1, reap_interval=0.1)
+    task = asyncio.create_task(worker.run())
+    try:
+        [notify] = await _notifications(listener, 1)
+        await _until(lambda: seen, "the on_dead callback")
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 15)
+        await listener.close()
+    assert notify.channel == "jobtui.dead"
+    assert json.loads(notify.payload) == {
+        "id": job_id,
+        "type": "alert.crash",
+        "attempts": 1,
+        "error": "lease expired: worker ghost stopped heartbeating during attempt 1 of 1"
+        " (attempts exhausted: the job may be crashing its worker)",
+    }
+    assert seen == [FailOutcome(job_id, JobStatus.DEAD, "alert.crash", 1, 1, "ghost")]
+    messages = [r.getMessage() for r in caplog.records if r.name == "jobtui.worker" and r.levelname == "ERROR"]
+    assert f"job {job_id} (alert.crash) is dead after 1 of 1 attempts" in messages
+
+
+def test_reaper_dead_notifies_without_a_worker(dsn: str) -> None:
+    """`Queue.reap` (any reaper) sends the alert: the trigger, not the worker, sends it."""
+    with psycopg.connect(dsn, autocommit=True) as listener, Queue(dsn) as q:
+        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier("jobtui.dead")))
+        dead = q.enqueue("crash", max_attempts=1)
+        retry = q.enqueue("crash", max_attempts=2)
+        q.claim(["crash"], worker="w9", limit=2)
+        listener.execute("UPDATE jobtui.job SET locked_until = now() - interval '1 second'")
+        assert {r.job_id: r.status for r in q.reap()} == {dead: JobStatus.DEAD, retry: JobStatus.READY}
+        # A marker sent after the reap committed: every alert of the reap arrives before it.
+        q.run(Call("notify_ready", {"channel": "jobtui.dead"}, lambda rows: None))
+        got = list(listener.notifies(timeout=10, stop_after=2))
+    assert [n.payload and json.loads(n.payload)["id"] for n in got] == [dead, ""]
