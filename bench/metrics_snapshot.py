@@ -42,6 +42,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -193,15 +194,49 @@ def fill(dsn: str) -> dict[str, float]:
     return took
 
 
-def timed(fn: Callable[[], Any], runs: int, warmup: int) -> list[float]:
+@dataclass
+class Timing:
+    """Wall-clock milliseconds of each run, and CPU per run: the database backend's time on a
+    CPU and waiting for one (from /proc/PID/schedstat; the server is on this machine), and
+    this process's. On a shared machine the CPU figures stay put when the wall clock does not:
+    wall ~= server CPU + server wait + client CPU + round trips."""
+
+    wall: list[float]
+    server_cpu: float | None
+    server_wait: float | None
+    client_cpu: float
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.wall)
+
+
+def schedstat(pid: int) -> tuple[int, int] | None:
+    """Nanoseconds `pid` has run on a CPU and waited for one, or None off Linux / remote."""
+    try:
+        run_ns, wait_ns, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
+    except (OSError, ValueError):
+        return None
+    return int(run_ns), int(wait_ns)
+
+
+def timed(fn: Callable[[], Any], runs: int, warmup: int, backend_pid: int) -> Timing:
     for _ in range(warmup):
         fn()
     times = []
+    before, client = schedstat(backend_pid), time.thread_time()
     for _ in range(runs):
         start = time.perf_counter()
         fn()
         times.append((time.perf_counter() - start) * 1000)
-    return times
+    after, client = schedstat(backend_pid), time.thread_time() - client
+    if before is None or after is None:
+        return Timing(times, None, None, client * 1000 / runs)
+    return Timing(times, (after[0] - before[0]) / 1e6 / runs, (after[1] - before[1]) / 1e6 / runs, client * 1000 / runs)
+
+
+def fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def p95(values: list[float]) -> float:
@@ -301,25 +336,31 @@ def main(argv: list[str] | None = None) -> int:
                 f"done estimate {snap.done_estimate}, lease expiries 24h {sum(snap.lease_expiries_per_hour)}"
             )
 
-            whole = timed(lambda: snapshot(conn, SCHEMA), args.runs, args.warmup)
+            pid = conn.info.backend_pid
+            whole = timed(lambda: snapshot(conn, SCHEMA), args.runs, args.warmup, pid)
             per_query = {}
             for name, params in SNAPSHOT_QUERIES:
                 call = Call(name, params, lambda rows: rows)
-                per_query[name] = timed(lambda call=call: run(conn, call, SCHEMA), args.runs, 2)  # type: ignore[misc]
+                per_query[name] = timed(lambda call=call: run(conn, call, SCHEMA), args.runs, 2, pid)  # type: ignore[misc]
             checks = [explain(conn, name, dict(SNAPSHOT_QUERIES)[name], done_last_hour) for name in JOB_QUERIES]
     finally:
         if not args.keep:
             drop_database(args.dsn)
 
-    median = statistics.median(whole)
+    median = whole.median
     print()
-    print(f"snapshot() over {args.runs} runs: median {median:.1f} ms, p95 {p95(whole):.1f} ms, min {min(whole):.1f} ms")
+    print(
+        f"snapshot() over {args.runs} runs: median {median:.1f} ms, p95 {p95(whole.wall):.1f} ms, "
+        f"min {min(whole.wall):.1f} ms; per snapshot: server CPU {fmt(whole.server_cpu)} ms, "
+        f"server waiting for a CPU {fmt(whole.server_wait)} ms, client CPU {whole.client_cpu:.2f} ms"
+    )
     print()
-    print(f"{'statement':<28} {'median ms':>10} {'p95 ms':>8}")
-    for name, times in per_query.items():
-        print(f"{name:<28} {statistics.median(times):>10.2f} {p95(times):>8.2f}")
-    total = sum(statistics.median(t) for t in per_query.values())
-    print(f"{'sum of medians':<28} {total:>10.2f}")
+    print(f"{'statement':<28} {'median ms':>10} {'p95 ms':>8} {'server CPU ms':>14}")
+    for name, timing in per_query.items():
+        print(f"{name:<28} {timing.median:>10.2f} {p95(timing.wall):>8.2f} {fmt(timing.server_cpu):>14}")
+    total = sum(t.median for t in per_query.values())
+    cpu = sum(t.server_cpu or 0.0 for t in per_query.values())
+    print(f"{'sum':<28} {total:>10.2f} {'':>8} {cpu:>14.2f}")
     print()
     problems = []
     for check in checks:

@@ -132,6 +132,29 @@ def test_stats_text(dsn: str, seeded: Seeded) -> None:
     assert "KeyError: 'user <n>'" in out and "Permanent: invalid address <n>" in out
 
 
+def test_stats_text_shows_throughput_and_schedules(dsn: str, conn: Conn, seeded: Seeded) -> None:
+    with Queue(dsn) as q:
+        done = q.enqueue("email")
+    conn.execute(
+        "UPDATE jobtui.job SET status = 'done', attempts = 2, finished_at = now() - interval '5 seconds' WHERE id = %s",
+        (done,),
+    )
+    ok(jobtui(dsn, "schedule", "add", "nightly", "--cron", "0 3 * * *", "--type", "report"))
+    ok(jobtui(dsn, "schedule", "add", "hourly", "--cron", "0 * * * *", "--type", "email"))
+    ok(jobtui(dsn, "schedule", "pause", "hourly"))
+    conn.execute("UPDATE jobtui.schedule SET missed_count = 3 WHERE name = 'nightly'")
+    out = ok(jobtui(dsn, "stats"))
+    assert "missed slots 3" in out.splitlines()[0]
+    assert "attempts used by jobs done in the last hour: 2: 1" in out
+    schedules = {
+        cells[0]: cells
+        for cells in ([c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.count("│") == 8)
+        if cells[0] in ("nightly", "hourly")
+    }
+    assert schedules["nightly"][1:3] == ["report", "0 3 * * *"] and schedules["nightly"][4:] == ["3", "0", "active"]
+    assert schedules["hourly"][3:] == ["-", "0", "0", "paused"]
+
+
 def test_stats_json(dsn: str, seeded: Seeded) -> None:
     data = json.loads(ok(jobtui(dsn, "stats", "--json")))
     totals = data["totals"]
