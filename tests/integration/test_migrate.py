@@ -305,6 +305,6 @@ def test_the_job_table_has_exactly_the_expected_columns(dsn: str, conn: Conn) ->
 def test_the_indexes_the_claim_and_reaper_rely_on(conn: Conn) -> None:
     rows = conn.execute("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'jobtui' AND tablename = 'job'")
     indexes = dict(rows.fetchall())
-    assert "(run_at, id) WHERE (status = 'ready'::text)" in indexes["job_ready_idx"]
+    assert "(run_at, id) INCLUDE (type) WHERE (status = 'ready'::text)" in indexes["job_ready_idx"]
     assert "(locked_until) WHERE (status = 'running'::text)" in indexes["job_running_idx"]
     assert "UNIQUE" in next(d for d in indexes.values() if "(idempotency_key)" in d)
