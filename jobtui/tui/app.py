@@ -8,6 +8,7 @@ jobtui --work myapp.jobs:jobs                # with a worker inside the console
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.widgets import Footer, Input, Label, RichLog, Static, TabbedContent, TabPane
 
 from ..metrics import DeadGroup, Snapshot
@@ -32,13 +34,21 @@ HISTORY = 120  # samples of the oldest ready age kept for the sparkline
 class LogToWidget(logging.Handler):
     """Keeps the embedded worker's log lines for the Worker pane (instead of the terminal)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = 2000) -> None:
         super().__init__()
-        self.lines: collections.deque[str] = collections.deque(maxlen=2000)
+        self.lines: collections.deque[tuple[int, str]] = collections.deque(maxlen=keep)
+        self.total = 0  # lines ever emitted: the pane's position, still right once old lines are dropped
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(self.format(record))
+        self.lines.append((record.levelno, self.format(record)))
+        self.total += 1
+
+    def since(self, seen: int) -> tuple[list[tuple[int, str]], int]:
+        """The (level, line)s emitted after the first `seen` that are still kept, and the new total."""
+        with self.lock:  # type: ignore[union-attr]  # created by Handler.__init__
+            new = min(self.total - seen, len(self.lines))
+            return (list(self.lines)[len(self.lines) - new :] if new > 0 else []), self.total
 
 
 class JobtuiApp(App[None]):
@@ -47,7 +57,7 @@ class JobtuiApp(App[None]):
     TITLE = "jobtui"
     CSS = """
     Screen { layout: vertical; overflow: hidden; }
-    #vitals { height: 1; padding: 0 1; background: $boost; }
+    #vitals { height: auto; padding: 0 1; background: $boost; }
     #panes { height: 1fr; }
     #status { height: 1; padding: 0 1; color: $text-muted; background: $boost; }
     #filter { display: none; }
@@ -103,7 +113,12 @@ class JobtuiApp(App[None]):
         self.last_error = ""
         self.needle = ""
         self._log_handler = LogToWidget() if worker is not None else None
+        self._saved_loggers: list[tuple[logging.Logger, int, bool]] = []
+        self._vitals_width: int | None = None
+        self._vitals_lines = 0
         self._worker_lines_shown = 0
+        # Seconds on a monotonic clock, for the live countdowns; tests substitute a fixed one.
+        self.clock: Callable[[], float] = time.monotonic
 
     # -- layout ----------------------------------------------------------------------------
 
@@ -131,17 +146,34 @@ class JobtuiApp(App[None]):
     def on_mount(self) -> None:
         self.sub_title = "read-only" if self.read_only else ""
         if self.embedded_worker is not None:
-            assert self._log_handler is not None
-            for name in ("jobtui.worker", "jobtui.scheduler", "jobtui.db"):
-                logger = logging.getLogger(name)
-                logger.addHandler(self._log_handler)
-                logger.setLevel(logging.INFO)
-                logger.propagate = False
+            self._capture_logs()
             self.run_worker(self.embedded_worker.run(), name="embedded-worker", group="embedded", exit_on_error=False)
         self.refresh_data()
         self.set_interval(self.refresh_interval, self.refresh_data)
         self.set_interval(0.25, self.tick)
         self.current_table().focus()
+
+    def on_unmount(self) -> None:
+        self._release_logs()
+
+    def _capture_logs(self) -> None:
+        """Send the embedded worker's log lines to the Worker pane instead of the terminal."""
+        assert self._log_handler is not None
+        for name in ("jobtui.worker", "jobtui.scheduler", "jobtui.db"):
+            logger = logging.getLogger(name)
+            self._saved_loggers.append((logger, logger.level, logger.propagate))
+            logger.addHandler(self._log_handler)
+            logger.setLevel(logging.INFO)
+            logger.propagate = False
+
+    def _release_logs(self) -> None:
+        """Put the loggers back as they were (the console may run inside a longer process)."""
+        while self._saved_loggers:
+            logger, level, propagate = self._saved_loggers.pop()
+            if self._log_handler is not None:
+                logger.removeHandler(self._log_handler)
+            logger.setLevel(level)
+            logger.propagate = propagate
 
     # -- data ------------------------------------------------------------------------------
 
@@ -168,10 +200,15 @@ class JobtuiApp(App[None]):
         self.render_panes()
 
     def render_panes(self) -> None:
+        # A read or a tick can land while the app is closing, after its widgets are gone.
+        with contextlib.suppress(NoMatches):
+            self._render_panes()
+
+    def _render_panes(self) -> None:
         if self.latest is None:
             return
         snap = self.latest.snapshot
-        elapsed = time.monotonic() - self.latest.read_at
+        elapsed = self.clock() - self.latest.read_at
         needle = self.needle
         self._table("ready").sync(render.ready_rows(snap.by_type, needle, self.thresholds))
         self._table("running").sync(render.running_rows(self.latest.running, needle, elapsed))
@@ -182,8 +219,12 @@ class JobtuiApp(App[None]):
 
     def tick(self) -> None:
         """Between reads: advance countdowns and ages, show the worker's state."""
+        with contextlib.suppress(NoMatches):
+            self._tick()
+
+    def _tick(self) -> None:
         if self.latest is not None:
-            elapsed = time.monotonic() - self.latest.read_at
+            elapsed = self.clock() - self.latest.read_at
             self._table("running").sync(render.running_rows(self.latest.running, self.needle, elapsed))
             self._render_vitals(self.latest.snapshot, elapsed)
         elif not self.connected:
@@ -193,8 +234,20 @@ class JobtuiApp(App[None]):
         self._render_worker()
 
     def _render_vitals(self, snap: Snapshot, elapsed: float) -> None:
-        line = render.vitals(snap, list(self.history), self.thresholds, connected=self.connected, stale_for=elapsed)
-        self.query_one("#vitals", Static).update(line)
+        box = self.query_one("#vitals", Static)
+        width = box.content_size.width or None  # unknown before the first layout
+        line = render.vitals(
+            snap, list(self.history), self.thresholds, connected=self.connected, stale_for=elapsed, width=width
+        )
+        # The header wraps when the figures outgrow the width. It keeps its tallest height until
+        # the terminal is resized, so the panes below do not jump as numbers grow and shrink.
+        lines = line.plain.count("\n") + 1
+        if width != self._vitals_width:
+            self._vitals_width, self._vitals_lines = width, 0
+        if lines > self._vitals_lines:
+            self._vitals_lines = lines
+            box.styles.min_height = lines
+        box.update(line)
         status = f"{self.schema} · {'read-only · ' if self.read_only else ''}"
         status += f"filter: {self.needle!r} · " if self.needle else ""
         status += f"last error: {self.last_error}" if not self.connected else f"updated {render.age(elapsed)} ago"
@@ -208,14 +261,16 @@ class JobtuiApp(App[None]):
         flights = ", ".join(f"{f.job.id} {f.job.type}" for f in list(w.in_flight.values())[:8])
         counts = " · ".join(f"{k} {v}" for k, v in w.counts.items())
         self.query_one("#worker-state", Label).update(
-            f"local worker {w.worker_id}: [b]{state}[/] · {len(w.in_flight)}/{w.concurrency} in flight"
-            f"{': ' + flights if flights else ''}\n{counts}"
+            Text.assemble(
+                f"local worker {w.worker_id}: ",
+                (state, "bold"),
+                f" · {len(w.in_flight)}/{w.concurrency} in flight{': ' + flights if flights else ''}\n{counts}",
+            )
         )
-        lines = list(self._log_handler.lines)
+        lines, self._worker_lines_shown = self._log_handler.since(self._worker_lines_shown)
         log = self.query_one("#worker-log", RichLog)
-        for line in lines[self._worker_lines_shown :]:
-            log.write(line)
-        self._worker_lines_shown = len(lines)
+        for level, line in lines:
+            log.write(render.log_line(level, line))
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -239,11 +294,21 @@ class JobtuiApp(App[None]):
             return None
         return next((g for g in self.latest.snapshot.dead if render.dead_key(g) == key), None)
 
+    def on_main_screen(self) -> bool:
+        """False while a drill-down, detail or dialog screen is on top of the panes."""
+        return len(self.screen_stack) <= 1
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Hide actions that do not apply to the current pane (and all of them in read-only)."""
+        """Hide actions that do not apply to the current pane (and all of them in read-only).
+
+        Textual's meaning: True shows and enables, False hides and disables, None shows dimmed.
+        """
         changes = {"requeue", "kill_lease", "cancel", "pause_schedule", "run_now"}
         if action in changes and self.read_only:
-            return None
+            return False
+        # The panes' keys act on the pane's selection: not while another screen covers it.
+        if action in changes | {"pane", "open", "filter", "sort"} and not self.on_main_screen():
+            return False
         where = {
             "requeue": {"dead"},
             "kill_lease": {"running"},
@@ -301,7 +366,8 @@ class JobtuiApp(App[None]):
             event.stop()
 
     def on_data_table_row_selected(self, event: KeyedTable.RowSelected) -> None:
-        self.action_open()
+        if self.on_main_screen():
+            self.action_open()
 
     def action_open(self) -> None:
         key = self.selected()
@@ -343,18 +409,21 @@ class JobtuiApp(App[None]):
             message = action(*args)
         except Exception as exc:  # one line for the operator; nothing half-done (one transaction)
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            self.call_from_thread(self.notify, f"failed: {text}", severity="error", timeout=8)
+            self.call_from_thread(self.notify, f"failed: {text}", severity="error", timeout=8, markup=False)
             return
-        self.call_from_thread(self.notify, message, timeout=5)
+        self.call_from_thread(self.notify, message, timeout=5, markup=False)
         self.call_from_thread(self.refresh_data)
 
     def do_requeue_jobs(self, ids: list[int]) -> str:
         assert self.actions_ is not None
         return f"requeued {self.actions_.requeue_jobs(ids)} job(s)"
 
-    def do_requeue_group(self, status: str, job_type: str, fingerprint: str) -> str:
+    def do_requeue_group(self, status: str, job_type: str, fingerprint: str, counted: int | None = None) -> str:
         assert self.actions_ is not None
-        return f"requeued {self.actions_.requeue_group(status, job_type, fingerprint)} job(s)"
+        n = self.actions_.requeue_group(status, job_type, fingerprint)
+        if counted is not None and n != counted:  # jobs joined or left the group since the question
+            return f"requeued {n} job(s), not the {counted} counted: the group changed in the meantime"
+        return f"requeued {n} job(s)"
 
     def do_kill_lease(self, job_id: int) -> str:
         assert self.actions_ is not None
@@ -374,13 +443,13 @@ class JobtuiApp(App[None]):
         try:
             count = self.source.count_dead_group(status, job_type, fingerprint)
         except Exception as exc:
-            self.call_from_thread(self.notify, f"cannot count the group: {exc}", severity="error")
+            self.call_from_thread(self.notify, f"cannot count the group: {exc}", severity="error", markup=False)
             return
         question = (
             f"Requeue every {status} job of type {job_type} with error\n  {fingerprint or '-'}\n"
             f"{count} row(s) will change (back to ready, attempts reset)."
         )
-        self.call_from_thread(self.confirm_then, question, self.do_requeue_group, status, job_type, fingerprint)
+        self.call_from_thread(self.confirm_then, question, self.do_requeue_group, status, job_type, fingerprint, count)
 
     def action_requeue(self) -> None:
         key = self.selected()

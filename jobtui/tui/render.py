@@ -6,6 +6,7 @@ data. Each row has a key so the tables update rows in place instead of being reb
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -55,7 +56,7 @@ def sparkline(values: Sequence[float], width: int = 20) -> str:
     """The last `width` values as block characters scaled to their own maximum.
 
     >>> sparkline([0, 1, 2, 4], width=4)
-    '▁▂▄█'
+    '▁▃▅█'
     """
     data = list(values)[-width:]
     if not data:
@@ -71,14 +72,23 @@ def styled(text: str, level: str) -> Text:
 
 
 def vitals(
-    snap: Snapshot, history: Sequence[float], thresholds: Thresholds, *, connected: bool = True, stale_for: float = 0.0
+    snap: Snapshot,
+    history: Sequence[float],
+    thresholds: Thresholds,
+    *,
+    connected: bool = True,
+    stale_for: float = 0.0,
+    width: int | None = None,
 ) -> Text:
-    """The header line: the figures an operator looks at first, coloured by thresholds."""
+    """The header: the figures an operator looks at first, coloured by thresholds.
+
+    With a `width`, figures that would overflow the line start a new one (a figure is never
+    split from its label), so a narrow terminal shows every figure on a second line.
+    """
     t = thresholds
-    line = Text()
+    pieces: list[Text] = []
     if not connected:
-        line.append(f" DATABASE UNREACHABLE · data {age(stale_for)} old ", style="bold white on red3")
-        line.append("  ")
+        pieces.append(Text(f" DATABASE UNREACHABLE · data {age(stale_for)} old ", style="bold white on red3"))
     oldest = snap.oldest_ready_age
     parts: list[tuple[str, str, str]] = [
         ("oldest ready", age(oldest), t.level(oldest, t.oldest_ready_warn, t.oldest_ready_crit)),
@@ -92,20 +102,41 @@ def vitals(
         ("failed", f"{snap.failed_count:,}", "ok"),
         ("done/min", f"{snap.done_last_minute:,}", "ok"),
         (
-            "lease expiries 1h",
+            "expiries 1h",
             f"{snap.lease_expiries_last_hour:,}",
             t.level(snap.lease_expiries_last_hour, t.expiries_warn, t.expiries_crit),
         ),
         ("missed slots", f"{snap.missed_slots:,}", t.level(snap.missed_slots, t.missed_warn, t.missed_crit)),
     ]
     for i, (label, value, level) in enumerate(parts):
-        if i:
-            line.append("  ")
-        line.append(f"{label} ", style=STYLE["dim"])
-        line.append(value, style=STYLE[level] or "bold")
+        piece = Text()
+        piece.append(f"{label} ", style=STYLE["dim"])
+        piece.append(value, style=STYLE[level] or "bold")
         if i == 0 and history:
-            line.append(" " + sparkline(history, 16), style=STYLE[level] or "")
-    return line
+            piece.append(" " + sparkline(history, 16), style=STYLE[level] or "")
+        pieces.append(piece)
+    return pack(pieces, width)
+
+
+def pack(pieces: Sequence[Text], width: int | None, gap: int = 2) -> Text:
+    """`pieces` separated by `gap` spaces, on as many lines of `width` cells as they need.
+
+    >>> pack([Text("aaa"), Text("bb"), Text("cccc")], width=8).plain
+    'aaa  bb\\ncccc'
+    """
+    out = Text()
+    used = 0
+    for piece in pieces:
+        size = piece.cell_len
+        if used and width is not None and used + gap + size > width:
+            out.append("\n")
+            used = 0
+        elif used:
+            out.append(" " * gap)
+            used += gap
+        out.append_text(piece)
+        used += size
+    return out
 
 
 def _matches(needle: str, *fields: str | None) -> bool:
@@ -182,9 +213,9 @@ def dead_rows(groups: Sequence[DeadGroup], needle: str) -> list[Row]:
                     styled(g.status, "crit" if g.status == "dead" else "warn"),
                     g.type,
                     f"{g.jobs:,}",
+                    g.last_seen.strftime("%m-%d %H:%M:%S") if g.last_seen else "-",
                     g.fingerprint or "-",
                     g.first_seen.strftime("%m-%d %H:%M:%S") if g.first_seen else "-",
-                    g.last_seen.strftime("%m-%d %H:%M:%S") if g.last_seen else "-",
                     str(g.latest_job_id),
                 ],
             )
@@ -232,18 +263,33 @@ def schedule_rows(schedules: Sequence[ScheduleHealth], needle: str, elapsed: flo
                 s.name,
                 [
                     s.name,
-                    s.job_type,
-                    s.cron,
                     nxt,
-                    s.last_slot.strftime("%m-%d %H:%M:%S"),
                     missed,
                     last_missed,
                     str(s.skipped),
+                    s.job_type,
+                    s.cron,
+                    s.last_slot.strftime("%m-%d %H:%M:%S"),
                     "paused" if s.paused else "active",
                 ],
             )
         )
     return rows
+
+
+def log_line(level: int, line: str) -> Text:
+    """A line of the embedded worker's log with its level name coloured (amber, red).
+
+    >>> log_line(logging.ERROR, "12:00:01 ERROR job 7 is dead").spans
+    [Span(9, 14, 'bold red3')]
+    """
+    text = Text(line)
+    name = logging.getLevelName(level)
+    at = line.find(f" {name} ")
+    kind = "crit" if level >= logging.ERROR else "warn" if level >= logging.WARNING else "ok"
+    if at >= 0 and STYLE[kind]:
+        text.stylize(STYLE[kind], at + 1, at + 1 + len(name))
+    return text
 
 
 def ready_job_rows(jobs: Sequence[ReadyJob]) -> list[Row]:
@@ -284,9 +330,11 @@ def dead_job_rows(jobs: Sequence[DeadJob]) -> list[Row]:
 COLUMNS = {
     "ready": ["type", "due", "delayed", "oldest wait", "running"],
     "running": ["id", "type", "worker", "attempt", "heartbeat", "lease left", "running for"],
-    "dead": ["status", "type", "jobs", "error fingerprint", "first seen", "last seen", "latest"],
+    # What an operator needs first comes first, so an 80-column terminal shows it without
+    # scrolling: which error, how many, still happening; then the schedules' health.
+    "dead": ["status", "type", "jobs", "last seen", "error fingerprint", "first seen", "latest"],
     "expiries": ["reaped", "job", "type", "worker", "attempt", "outcome"],
-    "schedules": ["name", "type", "cron", "next", "last slot", "missed", "last missed", "skipped", "state"],
+    "schedules": ["name", "next", "missed", "last missed", "skipped", "type", "cron", "last slot", "state"],
     "ready_jobs": ["id", "type", "attempts", "waiting", "age", "last error"],
     "dead_jobs": ["id", "type", "status", "attempts", "finished", "worker", "last error"],
 }

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Footer, Label, Static
 
@@ -40,8 +41,8 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
-            yield Label(self.question, id="question")
-            with Vertical(id="buttons"):
+            yield Label(Text(self.question), id="question")  # not markup: it quotes error messages
+            with Horizontal(id="buttons"):
                 yield Button("Yes (y)", variant="warning", id="yes")
                 yield Button("No (n)", id="no")
 
@@ -53,22 +54,23 @@ class ConfirmScreen(ModalScreen[bool]):
 
 
 HELP = """\
-[b]Panes[/]            1 ready · 2 running · 3 dead · 4 lease expiries · 5 schedules · 6 worker
-                   tab / shift+tab also switch; the mouse works too
-[b]Move[/]             arrows, page up/down, home/end
-[b]enter[/]            drill down: a type's ready jobs, a dead group's jobs, a job's detail
-[b]/[/]                filter by type or text (escape clears)
-[b]s[/]                sort by the next column (press again to reverse)
+[b]Panes[/]   1 ready · 2 running · 3 dead · 4 lease expiries · 5 schedules
+        6 worker (with --work); tab, shift+tab and the mouse work too
+[b]Move[/]    arrows, page up/down, home/end
+[b]enter[/]   drill down: a type's ready jobs, a dead group's jobs, a job
+[b]/[/]       filter by type or text (escape clears)
+[b]s[/]       sort by the next column (again: reversed)
 
-[b]Actions[/] (each asks first and writes the audit log; hidden with --read-only)
-[b]r[/]                requeue the selected dead/failed group (or job, in a group's list)
-[b]k[/]                kill the lease of the selected running job (it is ready again now)
-[b]c[/]                cancel the selected job (it becomes failed)
-[b]p[/]                pause or resume the selected schedule
-[b]n[/]                run the selected schedule now
-[b]w[/]                pause or resume the embedded worker (--work)
+[b]Actions[/] each asks first and writes the audit log; hidden with --read-only
+[b]r[/]       requeue the selected dead group (in a group's list: the job)
+[b]R[/]       requeue the whole group, from a group's list
+[b]k[/]       kill the lease of the selected running job (ready again now)
+[b]c[/]       cancel the selected job (it becomes failed)
+[b]p[/]       pause or resume the selected schedule
+[b]n[/]       run the selected schedule now
+[b]w[/]       pause or resume the embedded worker (--work)
 
-[b]?[/] this help · [b]q[/] quit (an embedded worker finishes its jobs first)
+[b]?[/] this help · [b]esc[/] back · [b]q[/] quit (a worker finishes its jobs first)
 """
 
 
@@ -77,8 +79,8 @@ class HelpScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
     #help {
-        width: 90; max-width: 98%; height: auto; max-height: 95%;
-        border: thick $primary; background: $surface; padding: 1 2;
+        width: 82; max-width: 100%; height: auto; max-height: 100%;
+        border: thick $primary; background: $surface; padding: 0 1;
     }
     """
 
@@ -117,7 +119,7 @@ class JobDetailScreen(Screen[None]):
         self.app.call_from_thread(self._show, text)
 
     def _show(self, text: str) -> None:
-        self.query_one("#detail", Static).update(text)
+        self.query_one("#detail", Static).update(Text(text))  # payloads and errors are not markup
 
 
 class JobListScreen(Screen[None]):
@@ -141,14 +143,14 @@ class JobListScreen(Screen[None]):
         self.fingerprint = fingerprint
 
     def compose(self) -> ComposeResult:
-        yield Label(self.title_text, id="title")
+        yield Label(Text(self.title_text), id="title")
         yield KeyedTable(render.COLUMNS["ready_jobs" if self.kind == "ready" else "dead_jobs"], id="jobs")
         yield Footer()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         app: Any = self.app
         if action in ("requeue", "requeue_group", "cancel") and app.read_only:
-            return None
+            return False  # hidden (None would show them dimmed)
         if action in ("requeue", "requeue_group"):
             return self.kind == "dead"
         if action == "cancel":
@@ -182,6 +184,7 @@ class JobListScreen(Screen[None]):
             self.app.push_screen(JobDetailScreen(job_id))
 
     def on_data_table_row_selected(self, event: KeyedTable.RowSelected) -> None:
+        event.stop()  # handled here: the app would open the main pane's selection as well
         self.action_open()
 
     def action_requeue(self) -> None:

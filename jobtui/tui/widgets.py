@@ -13,6 +13,13 @@ from .render import Row
 _NUMBER = re.compile(r"^-?[\d,]+(\.\d+)?$")
 
 
+def literal(cell: Text | str) -> Text:
+    """A cell as text shown as is: DataTable reads plain strings as markup, and job types,
+    workers and error messages are free text (`list[int]` would lose `[int]`, `[/x]` would fail).
+    """
+    return cell if isinstance(cell, Text) else Text(cell)
+
+
 def sort_value(cell: Text | str) -> tuple[int, Any]:
     """Numbers sort as numbers, everything else as lower-case text."""
     plain = cell.plain if isinstance(cell, Text) else str(cell)
@@ -58,6 +65,7 @@ class KeyedTable(DataTable[Any]):
         return f"sorted by {self.column_names[self.sort_column]}{' (descending)' if self.sort_reverse else ''}"
 
     def sync(self, rows: list[Row]) -> None:
+        rows = [(key, [literal(cell) for cell in cells]) for key, cells in rows]
         if self.sort_column is not None:
             column = self.sort_column
             rows = sorted(rows, key=lambda r: sort_value(r[1][column]), reverse=self.sort_reverse)

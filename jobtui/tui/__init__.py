@@ -1,0 +1,1 @@
+"""The operator console (Textual); imported only by `jobtui` with no command."""

@@ -1,0 +1,195 @@
+"""Regenerate the console screenshots in this folder from a live demo workload.
+
+    .venv/bin/python screenshots/make_screenshots.py                      # JOBTUI_DSN's server
+    .venv/bin/python screenshots/make_screenshots.py --dsn postgresql://postgres@127.0.0.1/postgres
+
+It (re)creates its own database (jobtui_screens by default) on the given server, runs the demo
+workload of `jobtui demo` in it (traffic, a worker inside the console, the crashing worker
+process) long enough for every pane to have something to show, then drives the console with
+Textual's pilot and saves one SVG per view:
+
+    ready.svg  running.svg  job-detail.svg  dead.svg  confirm.svg  dead-drilldown.svg
+    expiries.svg  schedules.svg  worker.svg  console-80x24.svg  dead-80x24.svg
+
+Convert one to look at it: rsvg-convert -o /tmp/ready.png screenshots/ready.svg
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from jobtui import demo, migrate
+from jobtui.queue import Queue
+from jobtui.tui.app import JobtuiApp
+from jobtui.tui.screens import ConfirmScreen, JobDetailScreen, JobListScreen
+from jobtui.tui.widgets import KeyedTable
+from jobtui.worker import Worker
+
+HERE = Path(__file__).resolve().parent
+SCHEMA = "jobtui"
+GHOST = "batch-7:31337"  # a worker that "crashed" holding a lease, for the expired row
+
+
+def with_dbname(dsn: str, dbname: str) -> str:
+    params = conninfo_to_dict(dsn)
+    params["dbname"] = dbname
+    return make_conninfo(**params)
+
+
+def create_database(server_dsn: str, name: str) -> str:
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = with_dbname(server_dsn, name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate.migrate(conn, SCHEMA)
+    return dsn
+
+
+async def wait_for(pilot: Any, condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await pilot.pause(0.1)
+
+
+def table_rows(app: JobtuiApp, pane: str) -> int:
+    return app.query_one(f"#table-{pane}", KeyedTable).row_count
+
+
+def row_keys(table: KeyedTable) -> list[str]:
+    return [str(row.key.value) for row in table.ordered_rows]
+
+
+async def select(pilot: Any, app: JobtuiApp, pane: str, key: str | None) -> None:
+    """Put the cursor on the row `key` of `pane` (None: the first row)."""
+    table = app.query_one(f"#table-{pane}", KeyedTable)
+    await wait_for(pilot, lambda: table.row_count > 0 and (key is None or key in row_keys(table)), 10, f"row {key}")
+    table.move_cursor(row=0 if key is None else row_keys(table).index(key))
+
+
+async def shoot(app: JobtuiApp, pilot: Any, out: Path, name: str) -> None:
+    await pilot.pause(0.3)
+    app.save_screenshot(f"{name}.svg", str(out))
+    print(f"  {out / (name + '.svg')}", file=sys.stderr)
+
+
+def expire_a_lease(dsn: str) -> int:
+    """A worker claims an image job and 'dies' holding it: its lease runs out unreaped."""
+    with Queue(dsn, schema=SCHEMA, max_connections=1) as queue:
+        queue.enqueue("image.resize", {"image": 4711}, max_attempts=2)
+        claimed = queue.claim(["image.resize"], worker=GHOST, lease=2)
+        return claimed[0].id
+
+
+async def drive(dsn: str, out: Path, warmup: float) -> None:
+    # The worker inside the console: the demo's main worker. Its reaper is slowed down so the
+    # expired lease made below stays visible (the crash worker, which also reaps, is stopped
+    # by then).
+    worker = Worker(demo.jobs, dsn, concurrency=8, types=demo.MAIN_TYPES, lease=demo.LEASE, schema=SCHEMA,
+                    shutdown_timeout=5, worker_id="demo-main", reap_interval=60)  # fmt: skip
+    traffic = demo.Traffic(dsn, SCHEMA)
+    crasher = demo.CrashWorker(dsn, SCHEMA)
+    app = JobtuiApp(dsn, schema=SCHEMA, actor="screenshots", worker=worker, refresh_interval=0.5)
+    traffic.start()
+    crasher.start()
+    try:
+        async with app.run_test(size=(120, 36)) as pilot:
+            print(f"warming up for {warmup:.0f}s (traffic, worker, crash worker)...", file=sys.stderr)
+            await asyncio.sleep(warmup)
+            crasher.stop()
+            ghost = expire_a_lease(dsn)
+            await wait_for(
+                pilot,
+                lambda: any(j.id == ghost and j.lease_left < -1 for j in (app.latest.running if app.latest else [])),
+                20,
+                "the ghost lease to expire",
+            )
+            print("screenshots:", file=sys.stderr)
+            # The worker keeps up with the demo traffic; pausing it a moment lets work queue up.
+            await pilot.press("w")
+            await asyncio.sleep(4)
+            await pilot.pause(0.6)  # a refresh
+            await shoot(app, pilot, out, "ready")
+            await pilot.press("w")
+
+            await pilot.press("2")
+            await select(pilot, app, "running", str(ghost))
+            await shoot(app, pilot, out, "running")
+
+            await pilot.press("enter")  # the expired lease, explained
+            await wait_for(pilot, lambda: isinstance(app.screen, JobDetailScreen), 5, "the detail screen")
+            await wait_for(pilot, lambda: "Loading" not in str(app.screen.query_one("#detail").render()), 10, "job")
+            await shoot(app, pilot, out, "job-detail")
+            await pilot.press("escape")
+
+            await pilot.press("3")
+            await wait_for(pilot, lambda: table_rows(app, "dead") > 0, 10, "dead groups")
+            await select(pilot, app, "dead", None)  # the largest group
+            await shoot(app, pilot, out, "dead")
+            await pilot.press("r")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10, "the confirmation")
+            await shoot(app, pilot, out, "confirm")
+            await pilot.press("n")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: isinstance(app.screen, JobListScreen), 5, "the group's jobs")
+            await wait_for(pilot, lambda: app.screen.query_one(KeyedTable).row_count > 0, 10, "the group's jobs")
+            await shoot(app, pilot, out, "dead-drilldown")
+            await pilot.press("escape")
+
+            await pilot.press("4")
+            await wait_for(pilot, lambda: table_rows(app, "expiries") > 0, 10, "lease expiries")
+            await shoot(app, pilot, out, "expiries")
+
+            await pilot.press("5")
+            await wait_for(pilot, lambda: table_rows(app, "schedules") > 0, 10, "schedules")
+            await shoot(app, pilot, out, "schedules")
+
+            await pilot.press("6")
+            await shoot(app, pilot, out, "worker")
+
+            await pilot.press("1")
+            await pilot.resize_terminal(80, 24)
+            await shoot(app, pilot, out, "console-80x24")
+            await pilot.press("3")
+            await shoot(app, pilot, out, "dead-80x24")
+
+            await pilot.press("q")
+            await wait_for(pilot, lambda: not worker.running, 30, "the worker to stop")
+    finally:
+        traffic.stop()
+        crasher.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dsn", default=os.environ.get("JOBTUI_DSN"), help="a server to create the database on")
+    parser.add_argument("--database", default="jobtui_screens", help="the database to (re)create")
+    parser.add_argument("--warmup", type=float, default=40.0, help="seconds of workload before the screenshots")
+    parser.add_argument("--out", type=Path, default=HERE, help="where the SVGs go (default: this folder)")
+    args = parser.parse_args()
+    if not args.dsn:
+        parser.error("give --dsn or set JOBTUI_DSN")
+    logging.getLogger("jobtui").setLevel(logging.ERROR)
+    args.out.mkdir(parents=True, exist_ok=True)
+    dsn = create_database(args.dsn, args.database)
+    demo.prepare(dsn, SCHEMA)
+    asyncio.run(drive(dsn, args.out, args.warmup))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

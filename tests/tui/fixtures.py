@@ -1,0 +1,197 @@
+"""Fixed console data for pictures and pure rendering tests: no database, no clock, no hostnames.
+
+`FixedApp` is the real JobtuiApp whose DataSource returns the values below and whose clock
+stands still, so every countdown and age on screen is the same on every run. This is not a
+stand-in for the database in the SQL-backed tests (test_console.py uses a real one); it is
+fixed data for snapshot pictures, which render.py is designed to draw from plain values.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from jobtui.domain import ErrorEntry, JobRow, JobStatus
+from jobtui.errors import DatabaseUnavailable
+from jobtui.metrics import (
+    DeadGroup,
+    DeadJob,
+    LeaseExpiry,
+    ReadyJob,
+    RunningGroup,
+    RunningJob,
+    ScheduleHealth,
+    Snapshot,
+    TypeCounts,
+)
+from jobtui.tui.app import JobtuiApp
+from jobtui.tui.data import DataSource, Fetched
+
+NOW = datetime(2025, 3, 14, 9, 26, 53, tzinfo=UTC)
+READ_AT = 1000.0  # the fixed monotonic time the data was "read"
+ELAPSED = 2.0  # and how long ago, by the fixed clock
+HISTORY = [3, 4, 4, 6, 9, 14, 22, 31, 35, 38, 41, 40, 44, 52, 61, 58, 64, 71, 75]
+
+EXPIRED_JOB = 4130  # the running job whose lease expired (its worker crashed)
+
+
+def ago(seconds: float) -> datetime:
+    return NOW - timedelta(seconds=seconds)
+
+
+def by_type() -> list[TypeCounts]:
+    return [
+        TypeCounts("email.send", ready=1204, ready_due=1180, oldest_ready_age=42.0, running=6),
+        TypeCounts("image.resize", ready=1, ready_due=1, oldest_ready_age=3.0, running=1, dead=3),
+        TypeCounts("invoice.render", ready=4, ready_due=0, running=0, dead=19, failed=9),
+        TypeCounts("report.build", ready=3, ready_due=3, oldest_ready_age=412.0, running=2),
+        TypeCounts("webhook.deliver", ready=36, ready_due=12, oldest_ready_age=95.0, running=1, dead=2),
+    ]
+
+
+def dead_groups() -> list[DeadGroup]:
+    return [
+        DeadGroup("dead", "invoice.render", "KeyError: 'customer <n> has no billing address'", 19,
+                  ago(3300), ago(40), 4127, 3),
+        DeadGroup("failed", "invoice.render", "Permanent: currency XYZ of invoice <n> is not supported", 9,
+                  ago(3100), ago(95), 4119, 1),
+        DeadGroup("dead", "image.resize", "lease expired: worker render-2 stopped heartbeating during attempt "
+                  "<n> of <n>", 3, ago(1800), ago(300), 3990, 2),
+        DeadGroup("dead", "webhook.deliver", "ConnectionError: POST https://hooks.example.com/<n>: connection "
+                  "reset by peer", 2, ago(900), ago(610), 3871, 6),
+    ]  # fmt: skip
+
+
+def running_jobs() -> list[RunningJob]:
+    return [
+        RunningJob(EXPIRED_JOB, "image.resize", "render-2", 1, 2, heartbeat_age=27.0, lease_left=-12.0,
+                   running_for=27.5),
+        RunningJob(4101, "report.build", "worker-a", 1, 3, heartbeat_age=1.5, lease_left=8.0, running_for=74.0),
+        RunningJob(4133, "webhook.deliver", "worker-b", 3, 6, heartbeat_age=0.2, lease_left=29.0, running_for=0.4),
+        RunningJob(4102, "report.build", "worker-a", 2, 3, heartbeat_age=2.4, lease_left=27.1, running_for=12.9),
+        RunningJob(4134, "email.send", "worker-b", 1, 25, heartbeat_age=0.1, lease_left=29.9, running_for=0.1),
+    ]  # fmt: skip
+
+
+def expiries() -> list[LeaseExpiry]:
+    return [
+        LeaseExpiry(3990, "image.resize", "render-2", 2, ago(310), ago(300), "dead"),
+        LeaseExpiry(3990, "image.resize", "render-2", 1, ago(1210), ago(1200), "ready"),
+        LeaseExpiry(3985, "report.build", "worker-c", 1, ago(2000), ago(1995), "ready"),
+    ]
+
+
+def schedules() -> list[ScheduleHealth]:
+    return [
+        ScheduleHealth("billing.nightly", "invoice.render", "0 2 * * *", False, NOW + timedelta(hours=16, minutes=33),
+                       NOW.replace(hour=2, minute=0, second=0), 0, 0, [], 59587.0),
+        ScheduleHealth("catch-up", "email.send", "* * * * *", False, NOW + timedelta(seconds=7),
+                       NOW.replace(second=0), 14, 0, ["2025-03-14T09:11:00+00:00", "2025-03-14T09:24:00+00:00"], 7.0),
+        ScheduleHealth("digest.weekly", "email.send", "0 8 * * 1", True, NOW + timedelta(days=3),
+                       ago(4 * 86400), 0, 3, [], 254000.0),
+        ScheduleHealth("heartbeat", "email.send", "*/5 * * * * *", False, NOW + timedelta(seconds=2),
+                       ago(3), 0, 0, [], 2.0),
+        ScheduleHealth("reports.hourly", "report.build", "0 * * * *", False, ago(120), ago(3720), 0, 0, [], -120.0),
+    ]  # fmt: skip
+
+
+def snapshot() -> Snapshot:
+    return Snapshot(
+        taken_at=NOW,
+        by_type=by_type(),
+        running=[
+            RunningGroup("email.send", "worker-b", 6, 0, 0.1),
+            RunningGroup("image.resize", "render-2", 1, 1, 27.0),
+            RunningGroup("report.build", "worker-a", 2, 0, 2.4),
+            RunningGroup("webhook.deliver", "worker-b", 1, 0, 0.2),
+        ],
+        dead=dead_groups(),
+        done_per_minute=[61, 174, 168, 181] + [150] * 56,
+        attempts_last_hour={"done": {1: 9800, 2: 310, 3: 42}},
+        attempts_last_day={},
+        lease_expiries_per_hour=[7, 2] + [0] * 22,
+        recent_expiries=expiries(),
+        schedules=schedules(),
+        tables=[],
+        lock_waits=0,
+        longest_lock_wait=0.0,
+        oldest_xact_age=None,
+        oldest_xact_pid=None,
+    )
+
+
+def ready_jobs(job_type: str) -> list[ReadyJob]:
+    return [ReadyJob(4000 + i, job_type, i % 2, 3, 412.0 - 30 * i, 415.0 - 30 * i, "") for i in range(3)]
+
+
+def dead_jobs(status: str, job_type: str, fingerprint: str) -> list[DeadJob]:
+    return [
+        DeadJob(4127 - 7 * i, job_type, status, 3, 3, ago(40 + 170 * i), "worker-a",
+                f"KeyError: 'customer {311 + 97 * i} has no billing address'")
+        for i in range(5)
+    ]  # fmt: skip
+
+
+def job(job_id: int) -> JobRow:
+    """The expired running job, told by the detail screen."""
+    return JobRow(
+        id=job_id,
+        type="image.resize",
+        payload={"image": "s3://uploads/2025/03/14/cat.png", "sizes": [64, 256]},
+        idempotency_key=None,
+        status=JobStatus.RUNNING,
+        run_at=ago(28),
+        attempts=1,
+        max_attempts=2,
+        locked_by="render-2",
+        locked_until=ago(12),
+        lease_token=1,
+        heartbeat_at=ago(27),
+        last_error=None,
+        errors=[ErrorEntry(ago(3600).isoformat(), 0, "ops", "requeued", "requeued from dead by ops")],
+        lease_expirations=0,
+        created_at=ago(3700),
+        started_at=ago(27.5),
+        finished_at=None,
+        db_now=NOW,
+    )
+
+
+class FixedSource(DataSource):
+    """The console's reads, answered from the values above."""
+
+    def __init__(self) -> None:
+        super().__init__("postgresql://fixed.invalid/jobtui", "jobtui")
+        self.unreachable = False  # set to make every read fail as a lost server does
+
+    def fetch(self) -> Fetched:
+        if self.unreachable:
+            raise DatabaseUnavailable("cannot reach PostgreSQL at db.example.com:5432: connection refused")
+        return Fetched(snapshot(), running_jobs(), read_at=READ_AT)
+
+    def ready_jobs(self, job_type: str) -> list[ReadyJob]:
+        return ready_jobs(job_type)
+
+    def dead_jobs(self, status: str, job_type: str, fingerprint: str) -> list[DeadJob]:
+        return dead_jobs(status, job_type, fingerprint)
+
+    def count_dead_group(self, status: str, job_type: str, fingerprint: str) -> int:
+        return next(
+            g.jobs for g in dead_groups() if (g.status, g.type, g.fingerprint) == (status, job_type, fingerprint)
+        )
+
+    def job(self, job_id: int) -> JobRow | None:
+        return job(job_id)
+
+    def close(self) -> None:
+        pass
+
+
+class FixedApp(JobtuiApp):
+    """The console on fixed data and a stopped clock; reads once (at mount)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__("postgresql://fixed.invalid/jobtui", refresh_interval=3600, **kwargs)
+        self.source = FixedSource()
+        self.clock = lambda: READ_AT + ELAPSED
+        self.history.extend(HISTORY)

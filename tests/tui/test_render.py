@@ -1,0 +1,365 @@
+"""render.py from fixed values: thresholds and colours, countdowns, keys, filters, sparklines."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+from rich.text import Text
+
+from jobtui.metrics import DeadGroup, DeadJob, ReadyJob, RunningJob, ScheduleHealth, TypeCounts
+from jobtui.tui import render
+from jobtui.tui.render import STYLE, Thresholds
+from jobtui.tui.widgets import literal, sort_value
+
+from . import fixtures as fx
+
+T = Thresholds()
+WARN, CRIT = STYLE["warn"], STYLE["crit"]
+
+
+def plain(cell: Text | str) -> str:
+    return cell.plain if isinstance(cell, Text) else cell
+
+
+def col(pane: str, name: str) -> int:
+    return render.COLUMNS[pane].index(name)
+
+
+def named(pane: str, cells: list[Text | str]) -> dict[str, str]:
+    """A row's cells by column name, as plain text."""
+    return dict(zip(render.COLUMNS[pane], (plain(c) for c in cells), strict=True))
+
+
+def style_of(cell: Text | str) -> str:
+    """The style of a cell made by `render.styled` ('' for a plain string)."""
+    return str(cell.style) if isinstance(cell, Text) else ""
+
+
+def figure_style(line: Text, label: str) -> str:
+    """The style of the value printed after `label ` in the vitals line."""
+    start = line.plain.index(label + " ") + len(label) + 1
+    styles = [str(s.style) for s in line.spans if s.start == start]
+    assert styles, f"no styled value after {label!r} in {line.plain!r}"
+    return styles[0]
+
+
+# -- thresholds ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "level"),
+    [(None, "ok"), (0, "ok"), (59.9, "ok"), (60, "warn"), (299.9, "warn"), (300, "crit"), (10_000, "crit")],
+)
+def test_level_boundaries(value: float | None, level: str) -> None:
+    assert T.level(value, 60, 300) == level
+
+
+def test_styles_are_distinct_and_ok_is_unstyled() -> None:
+    assert STYLE["ok"] == ""
+    assert len({STYLE["warn"], STYLE["crit"], STYLE["dim"]}) == 3
+
+
+# -- vitals -------------------------------------------------------------------------------
+
+
+def snap_with(**changes: object) -> render.Snapshot:
+    return dataclasses.replace(fx.snapshot(), **changes)  # type: ignore[arg-type]
+
+
+def test_vitals_shows_every_figure() -> None:
+    line = render.vitals(fx.snapshot(), [], T)
+    text = line.plain
+    # oldest due job 412 s; 1,196 due of 1,248 ready; 10 running; 24 dead; 9 failed
+    for figure in ("oldest ready 6m52s", "ready 1,196+52", "running 10", "dead 24", "failed 9",
+                   "done/min 174", "expiries 1h 7", "missed slots 14"):  # fmt: skip
+        assert figure in text, (figure, text)
+    assert "UNREACHABLE" not in text
+    assert "\n" not in text  # no width: one line
+
+
+def test_vitals_colours_follow_thresholds() -> None:
+    line = render.vitals(fx.snapshot(), [], T)
+    assert figure_style(line, "oldest ready") == CRIT  # 412 s >= 300 s
+    assert figure_style(line, "running") == WARN  # one lease expired
+    assert figure_style(line, "dead") == WARN  # 24: >= 1, < 100
+    assert figure_style(line, "expiries 1h") == WARN
+    assert figure_style(line, "missed slots") == CRIT  # 14 >= 10
+    assert figure_style(line, "failed") == "bold"  # never coloured
+
+
+def test_vitals_thresholds_are_configurable_and_a_quiet_queue_is_all_ok() -> None:
+    line = render.vitals(fx.snapshot(), [], Thresholds(missed_crit=20, oldest_ready_crit=600))
+    assert figure_style(line, "missed slots") == WARN
+    assert figure_style(line, "oldest ready") == WARN
+    quiet = snap_with(
+        by_type=[TypeCounts("email.send", ready=2, ready_due=2, oldest_ready_age=1.0)],
+        running=[],
+        lease_expiries_per_hour=[0] * 24,
+        schedules=[],
+    )
+    line = render.vitals(quiet, [], T)
+    for label in ("oldest ready", "running", "dead", "expiries 1h", "missed slots"):
+        assert figure_style(line, label) == "bold", label
+    assert "ready 2 " in line.plain + " "  # nothing delayed: no "+0"
+
+
+def test_vitals_dead_turns_red_at_crit() -> None:
+    many = snap_with(by_type=[TypeCounts("x", dead=150)])
+    assert figure_style(render.vitals(many, [], T), "dead") == CRIT
+    assert figure_style(render.vitals(many, [], Thresholds(dead_crit=1000)), "dead") == WARN
+
+
+def test_vitals_sparkline_follows_oldest_ready() -> None:
+    line = render.vitals(fx.snapshot(), [0, 5, 10], T)
+    assert "oldest ready 6m52s ▁▅█" in line.plain
+
+
+def test_vitals_unreachable_banner_says_how_old_the_data_is() -> None:
+    line = render.vitals(fx.snapshot(), [], T, connected=False, stale_for=75)
+    assert line.plain.startswith(" DATABASE UNREACHABLE · data 1m15s old ")
+    assert "dead 24" in line.plain  # the last figures stay
+    assert any("red3" in str(s.style) for s in line.spans)
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 118, 200])
+def test_vitals_wraps_between_figures_never_inside(width: int) -> None:
+    line = render.vitals(fx.snapshot(), fx.HISTORY, T, connected=False, stale_for=3, width=width)
+    lines = line.plain.split("\n")
+    assert all(len(text) <= width for text in lines), lines
+    assert lines[0].startswith(" DATABASE UNREACHABLE")
+    joined = " ".join(lines)
+    for figure in ("ready 1,196+52", "done/min 174", "expiries 1h 7", "missed slots 14"):
+        assert figure in joined, (figure, lines)
+    if width >= 200:
+        assert len(lines) == 1
+
+
+# -- sparkline ----------------------------------------------------------------------------
+
+
+def test_sparkline() -> None:
+    assert render.sparkline([]) == ""
+    assert render.sparkline([0, 0, 0]) == "▁▁▁"
+    assert render.sparkline([0, 1, 2, 4], width=4) == "▁▃▅█"  # linear, rounded to 8 levels
+    assert render.sparkline([5, 5]) == "██"
+    assert render.sparkline(list(range(100)), width=16) == render.sparkline(list(range(84, 100)), width=16)
+    assert len(render.sparkline(list(range(100)), width=16)) == 16
+    assert render.sparkline([-3, 0]) == "▁▁"
+
+
+def test_age() -> None:
+    assert render.age(None) == "-"
+    assert render.age(0) == "0s"
+    assert render.age(59.9) == "59s"
+    assert render.age(192.4) == "3m12s"
+    assert render.age(7300) == "2h01m"
+
+
+# -- ready --------------------------------------------------------------------------------
+
+
+def test_ready_rows_skip_empty_types_and_colour_the_wait() -> None:
+    rows = dict(render.ready_rows(fx.by_type(), "", T))
+    assert "invoice.render" in rows  # 4 delayed, none due
+    assert list(rows) == ["email.send", "image.resize", "invoice.render", "report.build", "webhook.deliver"]
+    assert [plain(c) for c in rows["email.send"]] == ["email.send", "1,180", "24", "42s", "6"]
+    assert style_of(rows["email.send"][3]) == ""
+    assert style_of(rows["webhook.deliver"][3]) == WARN  # 95 s
+    assert style_of(rows["report.build"][3]) == CRIT  # 412 s
+    assert plain(rows["invoice.render"][3]) == "-"
+    empty = render.ready_rows([TypeCounts("quiet", ready=0, running=3)], "", T)
+    assert empty == []
+
+
+def test_ready_rows_filter_is_case_insensitive() -> None:
+    assert [k for k, _ in render.ready_rows(fx.by_type(), "REPORT", T)] == ["report.build"]
+    assert render.ready_rows(fx.by_type(), "nothing-like-it", T) == []
+
+
+# -- running ------------------------------------------------------------------------------
+
+
+def test_running_rows_mark_expired_leases() -> None:
+    rows = dict(render.running_rows(fx.running_jobs(), ""))
+    expired = rows[str(fx.EXPIRED_JOB)]
+    assert plain(expired[5]) == "EXPIRED 12s ago"
+    assert style_of(expired[5]) == CRIT
+    assert [plain(c) for c in expired] == [str(fx.EXPIRED_JOB), "image.resize", "render-2", "1/2", "27s",
+                                           "EXPIRED 12s ago", "27s"]  # fmt: skip
+    healthy = rows["4133"]
+    assert plain(healthy[5]) == "29s" and style_of(healthy[5]) == ""
+    assert style_of(rows["4101"][5]) == ""  # 8 s left
+    assert list(rows) == [str(j.id) for j in fx.running_jobs()]  # the query's order is kept
+
+
+def test_running_rows_count_down_with_elapsed_time() -> None:
+    job = RunningJob(1, "t", None, 1, 3, heartbeat_age=1.0, lease_left=10.0, running_for=5.0)
+    ((_, cells),) = render.running_rows([job], "", elapsed=0.0)
+    assert (plain(cells[4]), plain(cells[5]), plain(cells[6])) == ("1s", "10s", "5s")
+    assert plain(cells[2]) == "-"  # no worker recorded
+    ((_, cells),) = render.running_rows([job], "", elapsed=6.0)
+    assert (plain(cells[4]), plain(cells[5]), plain(cells[6])) == ("7s", "4s", "11s")
+    assert style_of(cells[5]) == WARN  # under 5 s left
+    ((_, cells),) = render.running_rows([job], "", elapsed=13.0)
+    assert plain(cells[5]) == "EXPIRED 3s ago" and style_of(cells[5]) == CRIT
+    no_heartbeat = dataclasses.replace(job, heartbeat_age=None, running_for=None)
+    ((_, cells),) = render.running_rows([no_heartbeat], "", elapsed=3.0)
+    assert (plain(cells[4]), plain(cells[6])) == ("-", "-")
+
+
+def test_running_rows_filter_by_type_worker_or_id() -> None:
+    jobs = fx.running_jobs()
+    assert [k for k, _ in render.running_rows(jobs, "worker-a")] == ["4101", "4102"]
+    assert [k for k, _ in render.running_rows(jobs, "4133")] == ["4133"]
+    assert [k for k, _ in render.running_rows(jobs, "image")] == [str(fx.EXPIRED_JOB)]
+
+
+# -- dead ---------------------------------------------------------------------------------
+
+
+def test_dead_rows_keys_identify_the_group() -> None:
+    groups = fx.dead_groups()
+    rows = render.dead_rows(groups, "")
+    assert [k for k, _ in rows] == [render.dead_key(g) for g in groups]
+    assert len({k for k, _ in rows}) == len(groups)
+    key, cells = rows[0]
+    assert key == "dead\x1finvoice.render\x1fKeyError: 'customer <n> has no billing address'"
+    assert key.split("\x1f") == ["dead", "invoice.render", groups[0].fingerprint]
+    assert named("dead", cells) == {
+        "status": "dead",
+        "type": "invoice.render",
+        "jobs": "19",
+        "last seen": "03-14 09:26:13",
+        "error fingerprint": "KeyError: 'customer <n> has no billing address'",
+        "first seen": "03-14 08:31:53",
+        "latest": "4127",
+    }
+    assert style_of(cells[0]) == CRIT
+    assert style_of(rows[1][1][0]) == WARN  # failed: amber
+    # What matters first is on screen at 80 columns: which error, how many, still happening.
+    assert render.COLUMNS["dead"][:5] == ["status", "type", "jobs", "last seen", "error fingerprint"]
+
+
+def test_dead_rows_same_fingerprint_different_status_are_different_rows() -> None:
+    a = DeadGroup("dead", "t", "E", 1, None, None, 1, 1)
+    b = dataclasses.replace(a, status="failed")
+    rows = render.dead_rows([a, b], "")
+    assert len({k for k, _ in rows}) == 2
+    row = named("dead", rows[0][1])
+    assert (row["first seen"], row["last seen"]) == ("-", "-")  # no finish times recorded
+
+
+def test_dead_rows_empty_fingerprint_and_filter() -> None:
+    nofp = DeadGroup("dead", "t", "", 2, None, None, 9, 3)
+    ((key, cells),) = render.dead_rows([nofp], "")
+    assert key == "dead\x1ft\x1f" and named("dead", cells)["error fingerprint"] == "-"
+    assert [k.split("\x1f")[1] for k, _ in render.dead_rows(fx.dead_groups(), "billing")] == ["invoice.render"]
+    assert len(render.dead_rows(fx.dead_groups(), "FAILED")) == 1  # by status too
+
+
+# -- expiries, schedules, drill-downs --------------------------------------------------------
+
+
+def test_expiry_rows() -> None:
+    rows = render.expiry_rows(fx.expiries(), "")
+    keys = [k for k, _ in rows]
+    assert len(set(keys)) == 3  # the same job twice (two attempts) is two rows
+    assert [plain(c) for c in rows[0][1]] == ["03-14 09:21:53", "3990", "image.resize", "render-2", "2", "dead"]
+    assert style_of(rows[0][1][5]) == CRIT and style_of(rows[1][1][5]) == ""
+    assert len(render.expiry_rows(fx.expiries(), "worker-c")) == 1
+    anonymous = dataclasses.replace(fx.expiries()[0], worker=None)
+    assert plain(render.expiry_rows([anonymous], "")[0][1][3]) == "-"
+
+
+def test_schedule_rows_overdue_paused_and_missed() -> None:
+    rows = dict(render.schedule_rows(fx.schedules(), ""))
+    assert list(rows) == [s.name for s in fx.schedules()]
+    nxt, missed = col("schedules", "next"), col("schedules", "missed")
+    paused = rows["digest.weekly"]
+    assert plain(paused[nxt]) == "paused" and style_of(paused[nxt]) == WARN
+    assert named("schedules", paused)["state"] == "paused"
+    assert named("schedules", paused)["skipped"] == "3"
+    overdue = rows["reports.hourly"]
+    assert plain(overdue[nxt]) == "overdue 2m00s" and style_of(overdue[nxt]) == CRIT
+    assert named("schedules", overdue)["state"] == "active"
+    catch_up = rows["catch-up"]
+    assert plain(catch_up[missed]) == "14" and style_of(catch_up[missed]) == WARN
+    assert named("schedules", catch_up)["last missed"] == "03-14 09:24:00"  # the newest missed slot
+    assert named("schedules", rows["heartbeat"]) == {
+        "name": "heartbeat",
+        "next": "2s",
+        "missed": "0",
+        "last missed": "-",
+        "skipped": "0",
+        "type": "email.send",
+        "cron": "*/5 * * * * *",
+        "last slot": "03-14 09:26:50",
+        "state": "active",
+    }
+    assert style_of(rows["heartbeat"][missed]) == ""
+    assert plain(rows["billing.nightly"][nxt]) == "16h33m"
+    # The schedules' health first: on screen at 80 columns.
+    assert render.COLUMNS["schedules"][:5] == ["name", "next", "missed", "last missed", "skipped"]
+
+
+def test_schedule_rows_countdown_and_grace() -> None:
+    s = ScheduleHealth("s", "t", "* * * * *", False, fx.NOW, fx.NOW, 0, 0, [], 10.0)
+    nxt = col("schedules", "next")
+    assert plain(render.schedule_rows([s], "", elapsed=4)[0][1][nxt]) == "6s"
+    assert plain(render.schedule_rows([s], "", elapsed=13)[0][1][nxt]) == "0s"  # due: a scheduler picks it up
+    late = render.schedule_rows([s], "", elapsed=16)[0][1][nxt]
+    assert plain(late) == "overdue 6s" and style_of(late) == CRIT  # > 5 s late: no scheduler runs
+    assert [k for k, _ in render.schedule_rows(fx.schedules(), "report.build")] == ["reports.hourly"]
+
+
+def test_ready_and_dead_job_rows() -> None:
+    rows = render.ready_job_rows([ReadyJob(1, "t", 0, 3, 12.0, 20.0, ""), ReadyJob(2, "t", 1, 3, -5.0, 3.0, "boom")])
+    assert [plain(c) for c in rows[0][1]] == ["1", "t", "0/3", "12s", "20s", "-"]
+    assert [plain(c) for c in rows[1][1]] == ["2", "t", "1/3", "in 5s", "3s", "boom"]
+    dead = render.dead_job_rows([DeadJob(7, "t", "dead", 3, 3, None, None, "E")])
+    assert dead == [("7", ["7", "t", "dead", "3/3", "-", "-", "E"])]
+    for name, cells in (("ready_jobs", rows[0][1]), ("dead_jobs", dead[0][1])):
+        assert len(cells) == len(render.COLUMNS[name])
+
+
+def test_every_pane_row_matches_its_columns() -> None:
+    built = {
+        "ready": render.ready_rows(fx.by_type(), "", T),
+        "running": render.running_rows(fx.running_jobs(), ""),
+        "dead": render.dead_rows(fx.dead_groups(), ""),
+        "expiries": render.expiry_rows(fx.expiries(), ""),
+        "schedules": render.schedule_rows(fx.schedules(), ""),
+    }
+    for pane, rows in built.items():
+        assert rows, pane
+        assert all(len(cells) == len(render.COLUMNS[pane]) for _, cells in rows), pane
+
+
+def test_worker_log_lines_colour_their_level() -> None:
+    def level_style(level: int, line: str) -> list[tuple[str, str]]:
+        text = render.log_line(level, line)
+        return [(text.plain[span.start : span.end], str(span.style)) for span in text.spans]
+
+    assert level_style(logging.INFO, "12:00:00 INFO worker started") == []
+    assert level_style(logging.WARNING, "12:00:00 WARNING job 1 will retry") == [("WARNING", WARN)]
+    assert level_style(logging.ERROR, "12:00:00 ERROR job 1 is dead") == [("ERROR", CRIT)]
+    assert level_style(logging.CRITICAL, "12:00:00 CRITICAL x") == [("CRITICAL", CRIT)]
+    assert render.log_line(logging.ERROR, "12:00:00 ERROR [b]1[/b]").plain == "12:00:00 ERROR [b]1[/b]"
+
+
+# -- cells in the table ----------------------------------------------------------------------
+
+
+def test_literal_cells_are_never_markup() -> None:
+    cell = literal("ValueError: expected list[int], got [/oops] [bold]x")
+    assert cell.plain == "ValueError: expected list[int], got [/oops] [bold]x"
+    assert cell.spans == []
+    styled = render.styled("dead", "crit")
+    assert literal(styled) is styled
+
+
+def test_sort_value_numbers_then_text() -> None:
+    cells: list[Text | str] = ["1,204", "36", Text("9"), "-", "b", "A"]
+    assert sorted(cells, key=sort_value) == [Text("9"), "36", "1,204", "-", "A", "b"]
