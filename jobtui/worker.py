@@ -139,6 +139,9 @@ class InFlight:
     started: float
     deadline: float | None
     task: asyncio.Task[None] | None = None
+    # Set when the outcome is handed to the writer: from then on the row may leave
+    # `running` at any moment, and the write itself tells whether the lease held.
+    writing: bool = False
 
 
 class Worker:
@@ -168,6 +171,8 @@ class Worker:
             raise InvalidInput(f"concurrency must be at least 1, got {concurrency}")
         if not lease >= 1:
             raise InvalidInput(f"lease must be at least 1 second, got {lease}")
+        if not poll_interval >= 0.01:  # 0 would spin on the database
+            raise InvalidInput(f"poll interval must be at least 10ms, got {poll_interval}")
         handled = list(jobs.handlers)
         selected = list(types) if types else handled
         if retention is not None:
@@ -332,6 +337,7 @@ class Worker:
                 # A sync handler keeps running in its thread: refuse its later effects.
                 job.mark_lost()
                 kind = "fail"
+            flight.writing = True
             written = await self._writer.submit(kind, flight.claimed.lease, error, delay)
             if not written:
                 self._lost(job, "its lease was lost before the outcome was written")
@@ -427,7 +433,11 @@ class Worker:
         """Extend every in-flight lease in one statement; mark the ones lost."""
         now = time.monotonic()
         # A job over its timeout gets no more heartbeats: its lease may expire and be reaped.
-        flights = [f for f in self.in_flight.values() if not f.job.lost and (f.deadline is None or now < f.deadline)]
+        flights = [
+            f
+            for f in self.in_flight.values()
+            if not f.job.lost and not f.writing and (f.deadline is None or now < f.deadline)
+        ]
         if not flights:
             return
         try:
@@ -436,7 +446,8 @@ class Worker:
             log.warning("heartbeat failed: %s", str(exc).strip().splitlines()[0])
             return
         for flight in flights:
-            if flight.claimed.id not in held and not flight.job.lost:
+            # A job whose outcome was written while the heartbeat ran is not lost: done.
+            if flight.claimed.id not in held and not flight.job.lost and not flight.writing:
                 flight.job.mark_lost()
                 log.warning(
                     "job %d (%s) attempt %d: lease lost (reaped, killed or cancelled); its outcome will be discarded",
