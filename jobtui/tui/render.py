@@ -202,8 +202,11 @@ def dead_key(group: DeadGroup) -> str:
 
 
 def dead_rows(groups: Sequence[DeadGroup], needle: str) -> list[Row]:
+    """Dead and failed groups, oldest first: a stable order, so a growing group never moves
+    the row under the operator's cursor (press `s` to sort by count)."""
     rows: list[Row] = []
-    for g in groups:
+    stable = sorted(groups, key=lambda g: (g.first_seen is None, g.first_seen or 0, dead_key(g)))
+    for g in stable:
         if not _matches(needle, g.type, g.fingerprint, g.status):
             continue
         rows.append(
