@@ -105,7 +105,7 @@ class Snapshot:
     by_type: list[TypeCounts]
     running: list[RunningGroup]
     dead: list[DeadGroup]
-    done_per_minute: list[int]  # index 0 = the current minute, up to 60 minutes back
+    done_per_minute: list[int]  # index 0 = the last 60 seconds, rolling, up to 60 minutes back
     attempts_last_hour: dict[str, dict[int, int]]  # status -> attempts -> jobs
     attempts_last_day: dict[str, dict[int, int]]
     lease_expiries_per_hour: list[int]  # index 0 = the current hour, 24 hours back
@@ -159,8 +159,8 @@ class Snapshot:
 
     @property
     def done_last_minute(self) -> int:
-        # The current minute is partial; the last full minute is the steadier figure.
-        return self.done_per_minute[1] if len(self.done_per_minute) > 1 else 0
+        """Jobs done in the last 60 seconds (the minutes are rolling, not calendar ones)."""
+        return self.done_per_minute[0] if self.done_per_minute else 0
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -446,13 +446,13 @@ GROUP BY attempts;
 
 -- name: metrics_done_last_hour
 -- Done jobs of the last hour by minute and attempts used: throughput and the attempts
--- distribution from the index alone. Minutes ago counts whole minutes between the two
--- truncated times, found by a binary search of the 61 minute starts (width_bucket): per row
--- that is a few comparisons, where date_trunc per row cost a time zone conversion.
-SELECT 61 - width_bucket(finished_at,
+-- distribution from the index alone. Minutes are rolling (0 = the last 60 seconds, so the
+-- figure is whole at any moment), found by a binary search of the 61 minute marks
+-- (width_bucket): per row a few comparisons, where date_trunc per row cost a time zone
+-- conversion.
+SELECT 60 - width_bucket(finished_at,
                          (SELECT array_agg(m ORDER BY m)
-                          FROM generate_series(date_trunc('minute', now()) - interval '60 minutes',
-                                               date_trunc('minute', now()), interval '1 minute') AS m)),
+                          FROM generate_series(now() - interval '60 minutes', now(), interval '1 minute') AS m)),
        attempts, count(*)
 FROM {schema}.job WHERE status = 'done' AND finished_at > now() - interval '1 hour'
 GROUP BY 1, 2;

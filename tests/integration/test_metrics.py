@@ -267,12 +267,12 @@ def test_done_per_minute_and_attempts_of_the_last_hour(conn: Conn, world: World)
     now = snap.taken_at
     expected_minutes = [0] * 60
     for job_id in world.done_recent:
-        expected_minutes[int((minute(now) - minute(finished[job_id])).total_seconds()) // 60] += 1
+        expected_minutes[int((now - finished[job_id]).total_seconds()) // 60] += 1  # rolling minutes
     for job_id in world.done_old:
         assert now - finished[job_id] > timedelta(hours=1)
     assert snap.done_per_minute == expected_minutes
     assert sum(snap.done_per_minute) == 5
-    assert snap.done_last_minute == expected_minutes[1]
+    assert snap.done_last_minute == expected_minutes[0]
     assert snap.attempts_last_hour["done"] == {1: 3, 2: 1, 3: 1}
     # Dead and failed jobs that finished in the last hour, by attempts: the reaped crash
     # job (1), KeyError 17 (3), the UUID one (2), a hex one (1), the long hex one (6) and
@@ -382,17 +382,17 @@ FAKE_NOW = "2024-05-01 12:05:59.7+00"
 
 
 def test_done_per_minute_counts_whole_minutes_at_a_minute_boundary(dsn: str, conn: Conn) -> None:
-    """now() 0.3 s before the next minute: a job done at :10 of this minute is in bucket 0.
+    """Rolling minutes: bucket 0 holds the 60 seconds before now(), whatever the clock says.
 
     The database's now() is replaced for this connection by a function earlier on the
     search_path than pg_catalog's, so the boundary is hit every time.
     """
     with Queue(dsn) as q:
         expected = {
-            "2024-05-01 12:05:10+00": 0,
-            "2024-05-01 12:04:59.9+00": 1,
-            "2024-05-01 12:04:00+00": 1,
-            "2024-05-01 12:03:59.99+00": 2,
+            "2024-05-01 12:05:10+00": 0,  # 49.7 s before now()
+            "2024-05-01 12:04:59.9+00": 0,  # 59.8 s: still the last 60 seconds
+            "2024-05-01 12:04:00+00": 1,  # 119.7 s
+            "2024-05-01 12:03:59.99+00": 1,
             "2024-05-01 11:06:30+00": 59,
             "2024-05-01 11:05:00+00": None,  # more than an hour ago
         }
