@@ -517,9 +517,16 @@ WHERE NOT EXISTS (SELECT 1 FROM {schema}.stats_hourly s WHERE s.hour = h);
 -- One completed hour's finished jobs by type, status and attempts, plus a marker row so an
 -- hour with no jobs is not summarised again.
 INSERT INTO {schema}.stats_hourly (hour, type, status, attempts, jobs)
+-- Done and dead/failed are read apart so each part uses its own partial index.
+SELECT %(hour)s::timestamptz, type, 'done', attempts, count(*)
+FROM {schema}.job
+WHERE status = 'done'
+  AND finished_at >= %(hour)s::timestamptz AND finished_at < %(hour)s::timestamptz + interval '1 hour'
+GROUP BY type, attempts
+UNION ALL
 SELECT %(hour)s::timestamptz, type, status, attempts, count(*)
 FROM {schema}.job
-WHERE status IN ('done', 'dead', 'failed')
+WHERE status IN ('dead', 'failed')
   AND finished_at >= %(hour)s::timestamptz AND finished_at < %(hour)s::timestamptz + interval '1 hour'
 GROUP BY type, status, attempts
 UNION ALL
