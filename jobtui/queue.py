@@ -771,11 +771,13 @@ class AsyncQueue:
 # -- effects (the handlers' idempotency helper) --------------------------------------------
 
 
-def record_effect_call(key: str, job_id: int | None) -> Call[bool]:
-    """Record effect `key` as done; True when this call recorded it, False when it was done."""
+def record_effect_call(key: str, job_id: int | None, token: int | None = None) -> Call[tuple[bool, bool]]:
+    """Record effect `key` as done: (lease held, recorded by this call). With a lease `token`,
+    nothing is recorded unless job `job_id` still runs under that lease."""
     if not key or "\x00" in key:
         raise InvalidInput("an effect key must be a non-empty string without NUL")
-    return Call("effect_record", {"key": key, "job_id": job_id}, lambda rows: bool(rows))
+    params = {"key": key, "job_id": job_id, "token": token}
+    return Call("effect_record", params, lambda rows: (bool(rows[0][0]), bool(rows[0][1])))
 
 
 def effect_exists_call(key: str) -> Call[bool]:

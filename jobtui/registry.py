@@ -22,7 +22,7 @@ import psycopg
 from .backoff import DEFAULT_POLICY, BackoffPolicy
 from .domain import DEFAULT_MAX_ATTEMPTS, ClaimedJob, FailOutcome
 from .errors import InvalidInput, JobtuiError
-from .queue import arun, check_max_attempts, check_type, effect_exists_call, record_effect_call, run
+from .queue import Call, arun, check_max_attempts, check_type, effect_exists_call, record_effect_call, run
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -172,16 +172,31 @@ class Job:
 
         Do the effect in the same transaction, after this returns True: if the transaction
         rolls back, the record goes with it and a later attempt does the effect again.
+        Raises LeaseLost, recording nothing, when the job no longer runs under this
+        attempt's lease (checked in the database: a worker that froze or was cut off past
+        its lease may not know yet that the job was reaped or re-claimed).
         """
         if self.lost:
             raise LeaseLost(f"job {self.id} lost its lease; not recording effect {key!r}")
-        return run(conn, record_effect_call(key, self.id), self._schema)
+        return self._recorded(run(conn, self._record(key), self._schema), key)
 
     async def once_async(self, conn: psycopg.AsyncConnection[Any], key: str) -> bool:
         """Async counterpart of `once`."""
         if self.lost:
             raise LeaseLost(f"job {self.id} lost its lease; not recording effect {key!r}")
-        return await arun(conn, record_effect_call(key, self.id), self._schema)
+        return self._recorded(await arun(conn, self._record(key), self._schema), key)
+
+    def _record(self, key: str) -> Call[tuple[bool, bool]]:
+        # Fenced by the lease in the database: this worker may not know yet that it lost it
+        # (it was frozen or cut off past its lease, and no heartbeat has told it since).
+        return record_effect_call(key, self.id, self.lease_token)
+
+    def _recorded(self, outcome: tuple[bool, bool], key: str) -> bool:
+        held, recorded = outcome
+        if not held:
+            self.mark_lost()
+            raise LeaseLost(f"job {self.id} lost its lease; not recording effect {key!r}")
+        return recorded
 
     def effect_done(self, conn: psycopg.Connection[Any], key: str) -> bool:
         """Whether effect `key` was recorded (committed) by any attempt."""

@@ -237,10 +237,22 @@ FROM {schema}.job WHERE id = %(id)s;
 SELECT pg_notify(%(channel)s, '');
 
 -- name: effect_record
--- Records effect `key` as done; inserts nothing when an earlier attempt already did.
-INSERT INTO {schema}.effect (key, job_id) VALUES (%(key)s, %(job_id)s)
-ON CONFLICT (key) DO NOTHING
-RETURNING key;
+-- Records effect `key` as done; inserts nothing when an earlier attempt already did. With a
+-- lease token, only while that lease is the job's current one: a worker that froze or was cut
+-- off past its lease (the job reaped, re-claimed or finished meanwhile) must not do effects.
+-- Returns (lease held, recorded by this call).
+WITH lease AS (
+    SELECT %(token)s::bigint IS NULL
+           OR EXISTS (SELECT 1 FROM {schema}.job
+                      WHERE id = %(job_id)s::bigint AND lease_token = %(token)s::bigint
+                        AND status = 'running') AS held
+), recorded AS (
+    INSERT INTO {schema}.effect (key, job_id)
+    SELECT %(key)s::text, %(job_id)s::bigint FROM lease WHERE lease.held
+    ON CONFLICT (key) DO NOTHING
+    RETURNING key
+)
+SELECT (SELECT held FROM lease), EXISTS (SELECT 1 FROM recorded);
 
 -- name: effect_exists
 SELECT EXISTS (SELECT 1 FROM {schema}.effect WHERE key = %(key)s);
