@@ -16,7 +16,7 @@ INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts)
 VALUES (%(type)s, %(payload)s, %(key)s,
         coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s),
         %(max_attempts)s)
-ON CONFLICT (idempotency_key) DO NOTHING
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
 -- name: enqueue_existing
@@ -31,7 +31,7 @@ FROM unnest(%(types)s::text[], %(payloads)s::text[], %(keys)s::text[],
             %(delays)s::float8[], %(max_attempts)s::int[])
      WITH ORDINALITY AS t(type, payload, key, delay, max_attempts, ord)
 ORDER BY t.ord
-ON CONFLICT (idempotency_key) DO NOTHING
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, idempotency_key;
 
 -- name: enqueue_existing_many
@@ -298,7 +298,7 @@ FOR UPDATE SKIP LOCKED;
 -- One slot's job; the key makes a second enqueue of the same slot do nothing.
 INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts)
 VALUES (%(type)s, %(payload)s, %(key)s, %(run_at)s, %(max_attempts)s)
-ON CONFLICT (idempotency_key) DO NOTHING
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
 -- name: schedule_advance

@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui.cronslots import MAX_BACKFILL, spread_bound, stable_offset
+from jobtui.cronslots import LATE_SLOTS, MAX_BACKFILL, spread_bound, stable_offset
 from jobtui.registry import Job, Jobs, ScheduleSpec
 from jobtui.scheduler import fire_due, pause, resume, slot_key, upsert
 from jobtui.worker import Worker
@@ -243,7 +243,7 @@ def test_three_schedulers_fire_each_slot_exactly_once(dsn: str, conn: Conn, spaw
 
 
 async def test_per_second_policies_after_ten_minutes_without_scheduler(dsn: str, conn: Conn) -> None:
-    """600 slots passed; the newest is at most a second old, so on time."""
+    """600 slots passed; the newest LATE_SLOTS (at most 3 s late) are on time, the rest missed."""
     ids = {policy: add(conn, f"ps-{policy}", "* * * * * *", missed=policy) for policy in ("skip", "once", "all")}
     start = conn.execute("SELECT date_trunc('second', now()) - interval '10 min'").fetchone()[0]  # type: ignore[index]
     for policy in ids:
@@ -257,7 +257,7 @@ async def test_per_second_policies_after_ten_minutes_without_scheduler(dsn: str,
         assert due >= 600
         jobs = slot_jobs(conn, sid)
         slots = [s for s, *_ in jobs]
-        n_fired = MAX_BACKFILL if policy == "all" else 1
+        n_fired = MAX_BACKFILL if policy == "all" else LATE_SLOTS
         assert slots == [newest - n * SECOND for n in range(n_fired - 1, -1, -1)], policy
         assert [f.slot for f in fired if f.schedule == f"ps-{policy}"] == slots
         assert row["missed_count"] == due - n_fired, policy
@@ -265,7 +265,8 @@ async def test_per_second_policies_after_ten_minutes_without_scheduler(dsn: str,
         if policy == "all":
             assert missed == [newest - MAX_BACKFILL * SECOND]
         else:
-            assert missed == [newest - n * SECOND for n in range(20, 0, -1)]  # the newest 20
+            # the newest 20 missed slots, just before the on-time ones
+            assert missed == [newest - n * SECOND for n in range(19 + LATE_SLOTS, LATE_SLOTS - 1, -1)]
         assert row["last_slot"] == newest and row["last_fired_slot"] == newest
         assert row["next_run_at"] == newest + SECOND
         assert row["last_job_id"] == jobs[-1][3]
