@@ -1,0 +1,533 @@
+"""Benchmark of the queue core: bulk enqueue, and claim+complete through jobtui against raw psycopg.
+
+    .venv/bin/python bench/core.py [--dsn DSN] [--jobs N] [--rounds 3]
+
+A benchmark, not a test: it creates its own database (jobtui_bench_core) on the server of
+--dsn, migrates it with jobtui.migrate.migrate, measures, prints a table of medians over
+the rounds and drops the database again. Nothing else on the server is touched.
+
+Measured in one run, side by side:
+
+1. Bulk enqueue through `jobtui.Queue(dsn).enqueue_many`, in calls of --enqueue-batch jobs:
+   without keys (the COPY path, taken at >= 1000 jobs without keys or delays) and, for
+   information, with idempotency keys (the INSERT ... unnest path). Next to them, as the
+   reference of what the machine allows at that moment, a raw COPY of the same rows with
+   psycopg (ids from the sequence, no validation), a transaction per call like the pool's.
+   The three run in turn, their order rotating every round.
+2. Claim(batch) + complete(batch), single process, at each --claim-batches size, by three
+   loops, each completing --prefill jobs:
+     raw    handwritten SQL strings executed with psycopg on one autocommit connection;
+     core   the Call layer on one autocommit connection:
+            run(conn, claim_call(...)) then run(conn, complete_call(leases));
+     client Queue.claim / Queue.complete, which check out a pool connection per call
+            (and so run each statement in its own transaction: BEGIN ... COMMIT).
+   Every round fills one table with the jobs of all three, and the loops drain it taking
+   turns of --slice jobs (the order of the turns rotating), each loop's clock running only
+   in its own turns: noise on the shared machine falls on all of them alike. Connections
+   and the pool are opened before the clock starts.
+   Ratios are against raw: the median of the per-round ratios, and the ratio of the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from jobtui import NewJob, Queue
+from jobtui.domain import DEFAULT_MAX_ATTEMPTS
+from jobtui.migrate import migrate
+from jobtui.queue import claim_call, complete_call, run
+
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+BENCH_DB = "jobtui_bench_core"
+JOB_TYPE = "bench.core"
+WORKER = "bench-worker"
+LEASE_SECONDS = 30.0
+TARGET_ENQUEUE = 100_000.0
+TARGET_RATIO = 0.70
+
+# The raw loop's statements: what a developer would write by hand for the same work (the
+# same claim and the same complete as jobtui's queries.sql, kept in step with them by hand),
+# with positional parameters.
+RAW_CLAIM = """
+WITH picked AS (
+    SELECT id FROM jobtui.job
+    WHERE status = 'ready' AND run_at <= now() AND type = ANY(%s::text[])
+    ORDER BY run_at, id
+    LIMIT %s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobtui.job AS j
+SET status = 'running', attempts = j.attempts + 1, lease_token = j.lease_token + 1,
+    max_attempts = coalesce(
+        j.max_attempts,
+        (SELECT h.m FROM unnest(%s::text[], %s::int[]) AS h(t, m) WHERE h.t = j.type),
+        %s),
+    locked_by = %s, locked_until = now() + make_interval(secs => %s),
+    heartbeat_at = now(), started_at = now()
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.id, j.type, j.payload, j.attempts, j.max_attempts, j.lease_token,
+          j.locked_until, j.created_at, j.run_at
+"""
+
+RAW_COMPLETE = """
+UPDATE jobtui.job AS j
+SET status = 'done', locked_until = NULL, finished_at = now()
+FROM unnest(%s::bigint[], %s::bigint[]) AS t(id, token)
+WHERE j.id = t.id AND j.status = 'running' AND j.lease_token = t.token
+RETURNING j.id
+"""
+
+RAW_RESERVE = "SELECT nextval('jobtui.job_id_seq') FROM generate_series(1, %s)"
+RAW_COPY = "COPY jobtui.job (id, type, payload, max_attempts) FROM STDIN"
+
+
+# -- database -----------------------------------------------------------------------------
+
+
+def with_dbname(dsn: str, dbname: str) -> str:
+    params = conninfo_to_dict(dsn)
+    params["dbname"] = dbname
+    return make_conninfo("", **params)
+
+
+def create_database(admin_dsn: str, name: str, synchronous_commit: str) -> str:
+    """A fresh, migrated database `name` on the server of `admin_dsn`; its DSN.
+
+    synchronous_commit "server" keeps the server's setting; "on"/"off" set it for every
+    connection to this database (off: commits do not wait for the WAL flush, which leaves
+    the client's own costs more visible).
+    """
+    ident = sql.Identifier(name)
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(ident))
+        if synchronous_commit != "server":
+            admin.execute(
+                sql.SQL("ALTER DATABASE {} SET synchronous_commit = {}").format(ident, sql.Literal(synchronous_commit))
+            )
+    dsn = with_dbname(admin_dsn, name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate(conn)
+    return dsn
+
+
+def drop_database(admin_dsn: str, name: str, attempts: int = 10) -> None:
+    """Drop the bench database, waiting a little for a server that is restarting."""
+    for attempt in range(attempts):
+        try:
+            with psycopg.connect(admin_dsn, autocommit=True) as admin:
+                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            return
+        except psycopg.OperationalError as exc:
+            if attempt == attempts - 1:
+                log(f"could not drop {name} ({str(exc).strip().splitlines()[0]}); drop it by hand")
+                return
+            time.sleep(3)
+
+
+def reset(dsn: str) -> None:
+    """Empty the queue, so every measured run starts from the same table."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE jobtui.job, jobtui.lease_expiry, jobtui.effect RESTART IDENTITY CASCADE")
+        # No run pays for the dirty pages of the one before (needs pg_checkpoint or superuser).
+        with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+            conn.execute("CHECKPOINT")
+
+
+def settle(dsn: str) -> None:
+    """Fresh statistics and visibility map after a fill (autovacuum may be off)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE jobtui.job")
+
+
+def count_status(dsn: str) -> dict[str, int]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT status, count(*) FROM jobtui.job GROUP BY status").fetchall()
+    return {str(s): int(n) for s, n in rows}
+
+
+# -- workloads ----------------------------------------------------------------------------
+
+
+def new_jobs(n: int, *, keyed: bool, offset: int = 0) -> list[NewJob]:
+    if keyed:
+        return [NewJob(JOB_TYPE, {"n": offset + i}, key=f"bench:{offset + i}") for i in range(n)]
+    return [NewJob(JOB_TYPE, {"n": offset + i}) for i in range(n)]
+
+
+def batches(jobs: Sequence[NewJob], size: int) -> list[Sequence[NewJob]]:
+    return [jobs[i : i + size] for i in range(0, len(jobs), size)]
+
+
+def enqueue_raw(conn: psycopg.Connection[Any], chunk: Sequence[NewJob]) -> list[int]:
+    """The reference for the COPY path: ids from the sequence, then COPY, no validation."""
+    with conn.cursor() as cur:
+        cur.execute(RAW_RESERVE, (len(chunk),))
+        ids = [r[0] for r in cur.fetchall()]
+        with cur.copy(RAW_COPY) as copy:
+            for job_id, job in zip(ids, chunk, strict=True):
+                copy.write_row((job_id, job.type, json.dumps(job.payload), job.max_attempts))
+    conn.commit()
+    return ids
+
+
+def enqueue_run(dsn: str, total: int, batch: int, kind: str) -> float:
+    """Jobs/s of one bulk enqueue of `total` jobs in calls of `batch`.
+
+    kind "copy" and "unnest": Queue.enqueue_many without and with keys; "raw": enqueue_raw,
+    a transaction per call like the Queue's pool. The NewJob objects are built before the
+    clock starts (they are the caller's data); connections and the pool are opened before
+    it too.
+    """
+    reset(dsn)
+    calls = batches(new_jobs(total, keyed=kind == "unnest"), batch)
+    with Queue(dsn) as q, psycopg.connect(dsn) as conn:
+        q.get(0)  # open the pool and its first connection
+        conn.rollback()
+        t0 = time.perf_counter()
+        for chunk in calls:
+            ids = enqueue_raw(conn, chunk) if kind == "raw" else q.enqueue_many(chunk)
+            if len(ids) != len(chunk):
+                raise RuntimeError(f"enqueue returned {len(ids)} ids for {len(chunk)} jobs")
+        elapsed = time.perf_counter() - t0
+    counts = count_status(dsn)
+    if counts.get("ready") != total:
+        raise RuntimeError(f"expected {total} ready jobs after enqueue, found {counts}")
+    return total / elapsed
+
+
+def prefill(dsn: str, n: int) -> None:
+    reset(dsn)
+    with Queue(dsn) as q:
+        for chunk in batches(new_jobs(n, keyed=False), 10_000):
+            q.enqueue_many(chunk)
+    settle(dsn)
+
+
+class RawLoop:
+    """Handwritten SQL with psycopg on one autocommit connection and one cursor."""
+
+    label = "raw psycopg, one conn"
+
+    def __init__(self, dsn: str) -> None:
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        self.cur = self.conn.cursor()
+        self.types = [JOB_TYPE]
+        self.limits: list[int | None] = [None]  # no per-type limit, as claim_call without max_attempts
+
+    def cycle(self, batch: int) -> int:
+        cur = self.cur
+        types = self.types
+        cur.execute(RAW_CLAIM, (types, batch, types, self.limits, DEFAULT_MAX_ATTEMPTS, WORKER, LEASE_SECONDS))
+        rows = cur.fetchall()
+        if not rows:
+            return 0
+        cur.execute(RAW_COMPLETE, ([r[0] for r in rows], [r[5] for r in rows]))
+        return len(cur.fetchall())
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class CoreLoop:
+    """jobtui's Call layer on one autocommit connection: run(conn, claim_call / complete_call)."""
+
+    label = "core Call layer, one conn"
+
+    def __init__(self, dsn: str) -> None:
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        self.types = [JOB_TYPE]
+
+    def cycle(self, batch: int) -> int:
+        jobs = run(self.conn, claim_call(self.types, worker=WORKER, limit=batch, lease=LEASE_SECONDS))
+        if not jobs:
+            return 0
+        return len(run(self.conn, complete_call([j.lease for j in jobs])))
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class ClientLoop:
+    """Queue.claim / Queue.complete: a pool connection and a transaction per call."""
+
+    label = "Queue.claim/complete (pool)"
+
+    def __init__(self, dsn: str) -> None:
+        self.queue = Queue(dsn)
+        self.queue.get(0)  # open the pool and its first connection before the clock runs
+        self.types = [JOB_TYPE]
+
+    def cycle(self, batch: int) -> int:
+        jobs = self.queue.claim(self.types, worker=WORKER, limit=batch, lease=LEASE_SECONDS)
+        if not jobs:
+            return 0
+        return len(self.queue.complete([j.lease for j in jobs]))
+
+    def close(self) -> None:
+        self.queue.close()
+
+
+LOOPS: dict[str, type[RawLoop | CoreLoop | ClientLoop]] = {"raw": RawLoop, "core": CoreLoop, "client": ClientLoop}
+
+
+def claim_round(dsn: str, batch: int, quota: int, slice_jobs: int) -> dict[str, float]:
+    """Jobs/s of each loop, draining one shared table in alternating slices.
+
+    The table is filled with `quota` jobs per loop. The loops then take turns, each running
+    `slice_jobs` jobs' worth of claim+complete cycles on its own connection, the order of the
+    turns rotating, until each has completed exactly `quota` jobs. Each loop's clock runs
+    only during its own slices, so a burst of noise on the shared machine falls on all of
+    them alike, and all of them see the table at the same stages of its draining.
+    """
+    names = list(LOOPS)
+    prefill(dsn, quota * len(names))
+    loops = {name: LOOPS[name](dsn) for name in names}
+    try:
+        elapsed = dict.fromkeys(names, 0.0)
+        done = dict.fromkeys(names, 0)
+        cycles = max(1, slice_jobs // batch)
+        turn = 0
+        while any(done[n] < quota for n in names):
+            if turn > 10 * len(names) * (quota // batch + 1):
+                raise RuntimeError(f"claim loops did not finish: {done}")
+            order = names[turn % len(names) :] + names[: turn % len(names)]
+            turn += 1
+            for name in order:
+                loop = loops[name]
+                todo = min(cycles, (quota - done[name]) // batch)
+                if todo <= 0:
+                    continue
+                n = 0
+                t0 = time.perf_counter()
+                for _ in range(todo):
+                    n += loop.cycle(batch)
+                elapsed[name] += time.perf_counter() - t0
+                if n != todo * batch:
+                    raise RuntimeError(f"{name} completed {n} jobs in {todo} cycles of {batch}")
+                done[name] += n
+    finally:
+        for loop in loops.values():
+            loop.close()
+    left = count_status(dsn)
+    if left.get("done") != quota * len(names) or len(left) != 1:
+        raise RuntimeError(f"expected {quota * len(names)} done jobs, found {left}")
+    return {name: done[name] / elapsed[name] for name in names}
+
+
+# -- report -------------------------------------------------------------------------------
+
+
+@dataclass
+class Results:
+    command: str
+    settings: dict[str, Any]
+    enqueue: dict[str, list[float]] = field(default_factory=dict)
+    claim: dict[int, dict[str, list[float]]] = field(default_factory=dict)
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def paired_ratio(num: Sequence[float], den: Sequence[float]) -> float:
+    return median([a / b for a, b in zip(num, den, strict=True)])
+
+
+def fmt_rate(x: float) -> str:
+    return f"{x:>10,.0f}"
+
+
+def fmt_rounds(xs: Sequence[float]) -> str:
+    return " ".join(f"{x / 1000:.1f}k" for x in xs)
+
+
+def verdict(ok: bool) -> str:
+    return "meets target" if ok else "BELOW TARGET"
+
+
+def report(res: Results) -> str:
+    s = res.settings
+    out = [
+        "jobtui core benchmark",
+        f"command:  {res.command}",
+        f"machine:  {s['machine']}",
+        f"versions: {s['versions']}",
+        f"settings: {s['rounds']} rounds; enqueue {s['jobs']:,} jobs in calls of {s['enqueue_batch']:,}; "
+        f"each claim loop drains {s['prefill']:,} jobs of a shared table in alternating slices of "
+        f"{s['slice']:,}; synchronous_commit={s['synchronous_commit']}",
+        f"load:     1-min load average {s['load_before']:.1f} at the start, {load_average():.1f} at the end",
+        "",
+    ]
+    if res.enqueue:
+        out.append(
+            "Bulk enqueue: Queue.enqueue_many                 median jobs/s   per round"
+            "                 vs raw (paired / of medians)"
+        )
+    labels = {
+        "raw": "raw COPY, no validation (reference)",
+        "copy": "COPY path (no keys)",
+        "unnest": "unnest path (idempotency keys, info)",
+    }
+    for name in ("raw", "copy", "unnest"):
+        rates = res.enqueue.get(name)
+        if not rates:
+            continue
+        line = f"  {labels[name]:<45}{fmt_rate(median(rates))}   {fmt_rounds(rates):<24}"
+        if name != "raw" and res.enqueue.get("raw"):
+            raw = res.enqueue["raw"]
+            line += f" {paired_ratio(rates, raw):6.0%} / {median(rates) / median(raw):4.0%}"
+        if name == "copy":
+            line += f"   target >= {TARGET_ENQUEUE:,.0f}: {verdict(median(rates) >= TARGET_ENQUEUE)}"
+        out.append(line)
+    if res.claim:
+        out += [
+            *([""] if res.enqueue else []),
+            "Claim(batch) + complete(batch), single process  median jobs/s   per round"
+            "                 vs raw (paired / of medians)",
+        ]
+    for batch, by_variant in res.claim.items():
+        raw = by_variant["raw"]
+        for variant in ("raw", "core", "client"):
+            rates = by_variant[variant]
+            line = f"  batch {batch:<4} {LOOPS[variant].label:<34}{fmt_rate(median(rates))}   {fmt_rounds(rates):<24}"
+            if variant != "raw":
+                paired = paired_ratio(rates, raw)
+                line += f" {paired:6.0%} / {median(rates) / median(raw):4.0%}"
+                if variant == "core":
+                    line += f"   target >= {TARGET_RATIO:.0%}: {verdict(paired >= TARGET_RATIO)}"
+            out.append(line)
+    return "\n".join(out)
+
+
+def load_average() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return float("nan")
+
+
+def machine_note(dsn: str) -> tuple[str, str, str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT current_setting('server_version'), current_setting('synchronous_commit')").fetchone()
+        assert row is not None
+        host = conninfo_to_dict(dsn).get("host", "local socket")
+    cpus = os.cpu_count()
+    machine = f"{cpus} CPUs ({platform.processor() or platform.machine()}), shared with PostgreSQL at {host}"
+    versions = (
+        f"PostgreSQL {row[0]}, Python {platform.python_version()}, "
+        f"psycopg {psycopg.__version__} ({psycopg.pq.__impl__}), jobtui {version('jobtui')}"
+    )
+    return machine, versions, str(row[1])
+
+
+# -- main ---------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "--dsn",
+        default=os.environ.get("JOBTUI_BENCH_DSN") or os.environ.get("JOBTUI_TEST_DSN") or DEFAULT_DSN,
+        help=f"a server to create the bench database on (default: $JOBTUI_BENCH_DSN, $JOBTUI_TEST_DSN, {DEFAULT_DSN})",
+    )
+    p.add_argument("--jobs", type=int, default=200_000, help="jobs per bulk-enqueue run (default 200,000)")
+    p.add_argument("--enqueue-batch", type=int, default=10_000, help="jobs per enqueue_many call (default 10,000)")
+    p.add_argument("--prefill", type=int, default=50_000, help="jobs drained by each claim loop (default 50,000)")
+    p.add_argument(
+        "--slice", type=int, default=1000, help="jobs a claim loop runs before the next takes its turn (default 1000)"
+    )
+    p.add_argument("--claim-batches", default="10,100", help="claim sizes, comma-separated (default 10,100)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds; medians are reported (default 3)")
+    p.add_argument("--dbname", default=BENCH_DB, help=f"the bench database, dropped at the end (default {BENCH_DB})")
+    p.add_argument(
+        "--synchronous-commit",
+        choices=["server", "on", "off"],
+        default="server",
+        help="synchronous_commit for the bench database (default: the server's own)",
+    )
+    p.add_argument("--skip-enqueue", action="store_true", help="measure the claim loops only")
+    p.add_argument("--skip-claim", action="store_true", help="measure bulk enqueue only")
+    p.add_argument("--json", type=Path, help="also write the raw figures to this file (e.g. bench/results/core.json)")
+    args = p.parse_args(argv)
+    if not args.dbname.startswith("jobtui_bench"):
+        p.error("--dbname must start with jobtui_bench (the database is dropped at the end)")
+    if min(args.jobs, args.enqueue_batch, args.prefill, args.rounds, args.slice) < 1:
+        p.error("--jobs, --enqueue-batch, --prefill, --slice and --rounds must be positive")
+    args.claim_batch_list = [int(b) for b in args.claim_batches.split(",") if b.strip()]
+    if any(b < 1 or args.prefill % b for b in args.claim_batch_list):
+        p.error("--prefill must be a multiple of every claim batch size")
+    return args
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    command = shlex.join([".venv/bin/python", "bench/core.py", *(sys.argv[1:] if argv is None else argv)])
+    dsn = create_database(args.dsn, args.dbname, args.synchronous_commit)
+    try:
+        machine, versions, sync_commit = machine_note(dsn)
+        res = Results(
+            command,
+            {
+                "machine": machine,
+                "versions": versions,
+                "synchronous_commit": sync_commit,
+                "rounds": args.rounds,
+                "jobs": args.jobs,
+                "enqueue_batch": args.enqueue_batch,
+                "prefill": args.prefill,
+                "slice": args.slice,
+                "load_before": load_average(),
+            },
+        )
+        if not args.skip_enqueue:
+            kinds = ["copy", "raw", "unnest"]
+            res.enqueue = {k: [] for k in kinds}
+            for r in range(args.rounds):
+                # Rotate the order each round: no kind always runs first or last.
+                for name in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:
+                    rate = enqueue_run(dsn, args.jobs, args.enqueue_batch, name)
+                    res.enqueue[name].append(rate)
+                    log(f"round {r + 1} enqueue {name:<6} {rate:>10,.0f} jobs/s")
+        if not args.skip_claim:
+            for batch in args.claim_batch_list:
+                res.claim[batch] = {v: [] for v in LOOPS}
+                for r in range(args.rounds):
+                    rates = claim_round(dsn, batch, args.prefill, args.slice)
+                    for variant, rate in rates.items():
+                        res.claim[batch][variant].append(rate)
+                    log(f"round {r + 1} batch {batch:<4} " + "  ".join(f"{v} {x:,.0f}" for v, x in rates.items()))
+        print()
+        print(report(res))
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(res.__dict__, indent=2, default=str) + "\n", encoding="utf-8")
+    finally:
+        drop_database(args.dsn, args.dbname)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
