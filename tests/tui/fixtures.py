@@ -106,7 +106,7 @@ def snapshot() -> Snapshot:
             RunningGroup("webhook.deliver", "worker-b", 1, 0, 0.2),
         ],
         dead=dead_groups(),
-        done_per_minute=[61, 174, 168, 181] + [150] * 56,
+        done_per_minute=[174, 168, 181] + [150] * 57,  # rolling minutes: index 0 = the last 60 s
         attempts_last_hour={"done": {1: 9800, 2: 310, 3: 42}},
         attempts_last_day={},
         lease_expiries_per_hour=[7, 2] + [0] * 22,
