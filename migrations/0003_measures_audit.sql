@@ -4,14 +4,16 @@
 -- on different jobs groups together ("KeyError: 'user_<n>'").
 CREATE FUNCTION {schema}.error_fingerprint(err text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT left(
+    -- Most rows have no error: skip the regular expressions for them (every insert and
+    -- update computes this column).
+    SELECT CASE WHEN err IS NULL THEN NULL ELSE left(
         regexp_replace(
             regexp_replace(
                 regexp_replace(split_part(coalesce(err, ''), E'\n', 1),
                                '[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}', '<uuid>', 'gi'),
                 '0x[0-9a-f]+|\m[0-9a-f]{16,}\M', '<hex>', 'gi'),
             '[0-9]+([.][0-9]+)?', '<n>', 'g'),
-        300)
+        300) END
 $$;
 
 ALTER TABLE {schema}.job
