@@ -12,7 +12,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 
@@ -61,6 +61,8 @@ def parse_payload(text: str) -> Any:
         raise InvalidInput(
             f"--payload is not valid JSON ({exc.msg} at character {exc.pos}); e.g. '{{\"id\": 1}}'"
         ) from None
+    except RecursionError:
+        raise InvalidInput("--payload nests too deeply; flatten it") from None
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -116,7 +118,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from .worker import Worker
 
     jobs = load_app(args.app)
-    types = [t.strip() for t in args.types.split(",") if t.strip()] if args.types else None
+    types = [t.strip() for t in args.types.split(",") if t.strip()] if args.types is not None else None
+    if types == []:
+        raise InvalidInput(f"--types {args.types!r} names no job type; give them comma-separated, or leave it out")
     dsn = database_dsn(args)
     worker = Worker(
         jobs,
@@ -268,13 +272,26 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0.1 <= value <= 86400:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"{text!r} must be between 0.1 and 86400 seconds")
+    return value
+
+
+MAX_JOB_ID = 2**63 - 1  # ids are bigint
+
+
 def job_id(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a job id (a whole number)") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a job id (ids start at 1)")
+    if not 1 <= value <= MAX_JOB_ID:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a job id (ids go from 1 to {MAX_JOB_ID})")
     return value
 
 
@@ -403,7 +420,7 @@ def port_number(text: str) -> int:
 def add_operator_commands(sub: Any) -> None:
     p = sub.add_parser("stats", help="the queue's health: ages, counts, throughput, dead groups")
     p.add_argument("--json", action="store_true", help="one JSON document for scripts")
-    p.add_argument("--watch", type=float, nargs="?", const=2.0, help="refresh every N seconds (default 2)")
+    p.add_argument("--watch", type=positive_seconds, nargs="?", const=2.0, help="refresh every N seconds (default 2)")
     p.set_defaults(func=_with_dsn(ops.cmd_stats))
 
     p = sub.add_parser("dead", help="dead and failed jobs grouped by error fingerprint")
@@ -439,8 +456,15 @@ def add_operator_commands(sub: Any) -> None:
     p.set_defaults(func=_with_dsn(ops.cmd_metrics))
 
 
+class _Parser(argparse.ArgumentParser):
+    """Reports a usage mistake in one line, like every other user error (exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"jobtui: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jobtui", description="PostgreSQL job queue and operator console")
+    parser = _Parser(prog="jobtui", description="PostgreSQL job queue and operator console")
     parser.add_argument("--dsn", help="PostgreSQL DSN (default: JOBTUI_DSN, DATABASE_URL, else embedded server)")
     parser.add_argument("--schema", default="jobtui", help="schema holding jobtui's tables (default: jobtui)")
     parser.add_argument("--actor", default=default_actor(), help="who acts, for the audit log (default user@host)")
@@ -534,6 +558,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    for arg in argv:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8, decoded by Python as surrogates
+            print(f"jobtui: error: argument {arg!r} is not valid UTF-8 text; check its encoding", file=sys.stderr)
+            return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Command = getattr(args, "func", None) or cmd_console
@@ -541,6 +572,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return func(args)
     except JobtuiError as exc:
         print(f"jobtui: error: {exc}", file=sys.stderr)
+        return 2
+    except psycopg.errors.InsufficientPrivilege as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(
+            f"jobtui: error: {first}: the database role lacks a privilege this command needs "
+            "(see Privileges in jobtui's README)",
+            file=sys.stderr,
+        )
         return 2
     except psycopg.Error as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

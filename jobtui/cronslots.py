@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterError, croniter
+from croniter import CroniterBadDateError, CroniterError, croniter
 
 from .errors import InvalidInput
 
@@ -51,6 +51,11 @@ def check_cron(expr: str) -> str:
         )
     try:
         _cron(expr, datetime(2026, 1, 1, tzinfo=ZoneInfo("UTC"))).get_next(datetime)
+    except CroniterBadDateError:
+        # croniter gives up after decades without a match: a date that does not exist.
+        raise InvalidInput(
+            f"bad cron expression {expr!r}: it never fires (no date matches it, like 31 February)"
+        ) from None
     except (CroniterError, ValueError, KeyError) as exc:
         raise InvalidInput(f"bad cron expression {expr!r}: {str(exc).splitlines()[0]}") from None
     return expr
@@ -67,6 +72,10 @@ def validate_schedule(name: str, cron: str, timezone: str, missed: str, offset: 
     """Raise InvalidInput with one line naming what is wrong with a schedule's settings."""
     if not name or len(name) > 200 or "\x00" in name:
         raise InvalidInput(f"bad schedule name {name[:40]!r}: give 1 to 200 characters")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"bad schedule name {name[:40]!r}: it is not valid UTF-8 text") from None
     check_cron(cron)
     check_timezone(timezone)
     if missed not in {p.value for p in MissedPolicy}:

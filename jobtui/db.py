@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from .domain import DEFAULT_SCHEMA
 from .errors import DatabaseUnavailable, InvalidInput
@@ -96,7 +97,31 @@ def resolve_dsn(dsn: str | None = None) -> str | None:
 
 def describe_dsn(dsn: str) -> str:
     """The DSN without its password, for messages."""
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", dsn)
+    dsn = re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", dsn)
+    # key=value form, and the password parameter of a URI's query.
+    return re.sub(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", r"\1***", dsn)
+
+
+DEFAULT_CONNECT_TIMEOUT = 10
+
+
+def check_dsn(dsn: str) -> str:
+    """`dsn` if it parses as a libpq connection string; InvalidInput saying why otherwise."""
+    try:
+        conninfo_to_dict(dsn)
+    except (psycopg.ProgrammingError, UnicodeEncodeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InvalidInput(
+            f"bad DSN {describe_dsn(dsn)!r} ({first}); write it like postgresql://user@host:5432/dbname"
+        ) from None
+    return dsn
+
+
+def connect_timeout(dsn: str) -> dict[str, Any]:
+    """The default connect timeout, unless the DSN (or PGCONNECT_TIMEOUT) sets its own."""
+    if "connect_timeout" in conninfo_to_dict(check_dsn(dsn)) or os.environ.get("PGCONNECT_TIMEOUT"):
+        return {}
+    return {"connect_timeout": DEFAULT_CONNECT_TIMEOUT}
 
 
 def unavailable(dsn: str, exc: BaseException) -> DatabaseUnavailable:
@@ -110,16 +135,18 @@ def unavailable(dsn: str, exc: BaseException) -> DatabaseUnavailable:
 
 def connect(dsn: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:
     """A new connection, or DatabaseUnavailable with a message that says what to check."""
+    options = {**connect_timeout(dsn), **kwargs}
     try:
-        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=10, **kwargs)
+        return psycopg.connect(dsn, autocommit=autocommit, **options)
     except psycopg.OperationalError as exc:
         raise unavailable(dsn, exc) from None
 
 
 async def aconnect(dsn: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
     """Async counterpart of `connect`."""
+    options = {**connect_timeout(dsn), **kwargs}
     try:
-        return await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit, connect_timeout=10, **kwargs)
+        return await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit, **options)
     except psycopg.OperationalError as exc:
         raise unavailable(dsn, exc) from None
 

@@ -14,6 +14,7 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 import psycopg
@@ -21,7 +22,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from . import migrate
-from .db import connect, resolve_dsn, statements, unavailable
+from .db import check_dsn, connect, connect_timeout, resolve_dsn, statements, unavailable
 from .domain import (
     DEFAULT_LEASE_SECONDS,
     DEFAULT_MAX_ATTEMPTS,
@@ -72,6 +73,8 @@ def encode_payload(payload: Any) -> str:
         text = _JSON_ENCODER.encode({} if payload is None else payload)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"payload is not JSON-serialisable ({exc}); pass dicts, lists, str, numbers") from None
+    except RecursionError:
+        raise InvalidInput("payload nests too deeply to encode; flatten it") from None
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
@@ -86,12 +89,22 @@ def encode_payload(payload: Any) -> str:
     return text
 
 
+def check_text(value: str, what: str) -> str:
+    """`value` if PostgreSQL can store it as text: no NUL, and valid UTF-8 (no lone surrogates,
+    which is how Python decodes bytes that are not UTF-8, e.g. in argv or file names)."""
+    if "\x00" in value:
+        raise InvalidInput(f"bad {what}: it holds a NUL character, which PostgreSQL cannot store")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"bad {what} {value[:40]!r}: it is not valid UTF-8 text") from None
+    return value
+
+
 def check_type(job_type: str) -> str:
     if not isinstance(job_type, str) or not job_type.strip() or len(job_type) > MAX_TYPE_CHARS:
         raise InvalidInput(f"bad job type {job_type!r}: give a non-empty name of at most {MAX_TYPE_CHARS} characters")
-    if "\x00" in job_type:
-        raise InvalidInput("bad job type: it holds a NUL character")
-    return job_type
+    return check_text(job_type, "job type")
 
 
 def check_key(key: str | None) -> str | None:
@@ -99,13 +112,26 @@ def check_key(key: str | None) -> str | None:
         return None
     if not key or len(key) > MAX_KEY_CHARS or "\x00" in key:
         raise InvalidInput(f"bad idempotency key {key[:40]!r}: give 1 to {MAX_KEY_CHARS} characters, no NUL")
-    return key
+    return check_text(key, "idempotency key")
 
 
 def check_delay(delay: float) -> float:
     if not isinstance(delay, (int, float)) or not math.isfinite(delay) or delay < 0 or delay > 10 * 365 * 86400:
         raise InvalidInput(f"bad delay {delay!r}: give seconds between 0 and 10 years")
     return float(delay)
+
+
+def check_lease(lease: float) -> float:
+    if not isinstance(lease, (int, float)) or not math.isfinite(lease) or lease < 0 or lease > 10 * 365 * 86400:
+        raise InvalidInput(f"bad lease {lease!r}: give seconds between 0 and 10 years")
+    return float(lease)
+
+
+def check_run_at(run_at: Any) -> Any:
+    """None (now) or a timezone-aware datetime: a naive one would be read in the session's zone."""
+    if run_at is not None and not (isinstance(run_at, datetime) and run_at.utcoffset() is not None):
+        raise InvalidInput(f"bad run_at {run_at!r}: give a timezone-aware datetime")
+    return run_at
 
 
 def check_max_attempts(max_attempts: int | None) -> int | None:
@@ -118,8 +144,10 @@ def check_max_attempts(max_attempts: int | None) -> int | None:
 
 
 def clip_error(error: str) -> str:
-    """An error text that fits the row: NULs removed, long texts cut in the middle."""
-    error = error.replace("\x00", "")
+    """An error text that fits the row: NULs removed, text that is not UTF-8 (lone surrogates,
+    from undecodable bytes in a message) escaped, long texts cut in the middle."""
+    # Whatever a handler raised, its outcome must be writable.
+    error = error.replace("\x00", "").encode("utf-8", "backslashreplace").decode("utf-8")
     if len(error) <= MAX_ERROR_CHARS:
         return error
     half = MAX_ERROR_CHARS // 2
@@ -159,7 +187,7 @@ def enqueue_call(
         "payload": encode_payload(payload),
         "key": check_key(key),
         "delay": check_delay(delay),
-        "run_at": run_at,
+        "run_at": check_run_at(run_at),
         "max_attempts": check_max_attempts(max_attempts),
     }
     return Call("enqueue", params, _first_id)
@@ -206,18 +234,18 @@ def claim_call(
         raise InvalidInput(f"claim limit must be at least 1, got {limit}")
     limits = max_attempts or {}
     params = {
-        "types": list(types),
+        "types": [check_text(t, "job type") for t in types],
         "max_attempts": [limits.get(t) for t in types],
         "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
-        "worker": worker,
+        "worker": check_text(worker, "worker id"),
         "limit": limit,
-        "lease": float(lease),
+        "lease": check_lease(lease),
     }
     return Call("claim", params, _claimed)
 
 
 def heartbeat_call(leases: Sequence[Lease], lease: float = DEFAULT_LEASE_SECONDS) -> Call[set[int]]:
-    return Call("heartbeat", {**_leases(leases), "lease": float(lease)}, _ids)
+    return Call("heartbeat", {**_leases(leases), "lease": check_lease(lease)}, _ids)
 
 
 def complete_call(leases: Sequence[Lease]) -> Call[set[int]]:
@@ -252,6 +280,8 @@ def _reaped(rows: Rows) -> list[Reaped]:
 
 
 def reap_call(limit: int = 1000) -> Call[list[Reaped]]:
+    if limit < 1:
+        raise InvalidInput(f"reap limit must be at least 1, got {limit}")
     return Call("reap", {"limit": limit}, _reaped)
 
 
@@ -260,6 +290,8 @@ def requeue_call(ids: Sequence[int], actor: str) -> Call[list[int]]:
 
 
 def _matching(job_type: str | None, error: str | None) -> dict[str, Any]:
+    if job_type is not None:
+        check_text(job_type, "job type")
     return {"type": job_type, "error": error}
 
 
@@ -451,7 +483,7 @@ class Queue:
         resolved = resolve_dsn(dsn)
         if resolved is None:
             raise InvalidInput("no database given: pass a DSN or set JOBTUI_DSN")
-        self.dsn = resolved
+        self.dsn = check_dsn(resolved)
         self.schema = statements(schema).schema
         self._max_connections = max_connections
         self._pool: ConnectionPool[Any] | None = None
@@ -463,7 +495,7 @@ class Queue:
                 min_size=1,
                 max_size=self._max_connections,
                 open=False,
-                kwargs={"connect_timeout": 10},
+                kwargs=connect_timeout(self.dsn),
             )
             self._pool.open(wait=False)
         return self._pool
@@ -581,6 +613,7 @@ class Queue:
         """InvalidInput unless PostgreSQL, which does the matching, accepts `pattern`."""
         if pattern is None:
             return
+        check_text(pattern, "--error pattern")
         try:
             self.run(Call("check_regex", {"pattern": pattern}, lambda rows: None))
         except psycopg.errors.InvalidRegularExpression as exc:
@@ -610,6 +643,7 @@ class Queue:
         rows: int | None = None,
     ) -> list[int]:
         """Run an operator's change and its audit row in one transaction."""
+        check_text(actor, "actor")
 
         def both(conn: psycopg.Connection[Any]) -> list[int]:
             with conn.transaction():
@@ -637,6 +671,7 @@ def check_pattern(pattern: str | None) -> None:
     matching done in Python; `Queue` checks the patterns PostgreSQL matches with PostgreSQL)."""
     if pattern is None:
         return
+    check_text(pattern, "--error pattern")
     import re
 
     try:
@@ -661,7 +696,7 @@ def audit_call(
     actor: str, action: str, target: str | None, job_ids: Sequence[int], rows: int, detail: Any = None
 ) -> Call[int]:
     params = {
-        "actor": actor,
+        "actor": check_text(actor, "actor"),
         "action": action,
         "target": target,
         "job_ids": list(job_ids),
@@ -701,7 +736,7 @@ class AsyncQueue:
         resolved = resolve_dsn(dsn)
         if resolved is None:
             raise InvalidInput("no database given: pass a DSN or set JOBTUI_DSN")
-        self.dsn = resolved
+        self.dsn = check_dsn(resolved)
         self.schema = statements(schema).schema
         self._max_connections = max_connections
         self._pool: AsyncConnectionPool[Any] | None = None
@@ -713,7 +748,7 @@ class AsyncQueue:
                 min_size=1,
                 max_size=self._max_connections,
                 open=False,
-                kwargs={"connect_timeout": 10},
+                kwargs=connect_timeout(self.dsn),
             )
             await self._pool.open(wait=False)
         return self._pool

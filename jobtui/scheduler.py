@@ -25,7 +25,7 @@ from .cronslots import MissedPolicy
 from .db import Connection, statements
 from .domain import DEFAULT_SCHEMA
 from .errors import InvalidInput, JobtuiError
-from .queue import Call, arun, check_type, encode_payload, record_audit, run
+from .queue import Call, arun, check_max_attempts, check_text, check_type, encode_payload, record_audit, run
 from .registry import ScheduleSpec
 
 log = logging.getLogger("jobtui.scheduler")
@@ -69,6 +69,7 @@ def upsert(conn: psycopg.Connection[Any], spec: ScheduleSpec, *, source: str, sc
     """Create or update a schedule from `spec`; returns its id. Runs in `conn`'s transaction."""
     cronslots.validate_schedule(spec.name, spec.cron, spec.timezone, spec.missed, spec.offset)
     check_type(spec.type)
+    check_max_attempts(spec.max_attempts)
     now = _now(conn, schema)
     offset = spec.offset
     if offset is None:
@@ -150,6 +151,7 @@ def resume(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEM
 
 
 def remove(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA, *, actor: str | None = None) -> None:
+    check_text(name, "schedule name")
     with conn.transaction():
         if not run(conn, Call("schedule_remove", {"name": name}, _rows), schema):
             raise UnknownSchedule(f"no schedule named {name!r}; see `jobtui schedule list`")
@@ -177,6 +179,7 @@ def run_now(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHE
 
 
 def _run_now(conn: psycopg.Connection[Any], name: str, schema: str) -> int:
+    check_text(name, "schedule name")
     rows = run(conn, Call("schedule_get", {"name": name}, _rows), schema)
     if not rows:
         raise UnknownSchedule(f"no schedule named {name!r}; see `jobtui schedule list`")
@@ -194,6 +197,7 @@ def _run_now(conn: psycopg.Connection[Any], name: str, schema: str) -> int:
 
 
 def _lock(conn: psycopg.Connection[Any], name: str, schema: str) -> Any:
+    check_text(name, "schedule name")
     rows = run(conn, Call("schedule_lock", {"name": name}, _rows), schema)
     if not rows:
         raise UnknownSchedule(f"no schedule named {name!r}; see `jobtui schedule list`")

@@ -1,0 +1,43 @@
+-- Privileges for the roles that use jobtui, once its schema exists (`jobtui migrate`, run by
+-- the role that owns the schema). Apply with psql, which quotes the names given with -v:
+--
+--   psql "$OWNER_DSN" -v schema=jobtui -v role=jobtui_worker -f docs/grants.sql
+--   psql "$OWNER_DSN" -v schema=jobtui -v role=jobtui_readonly -v read_only=1 -f docs/grants.sql
+--
+-- The first gives a role what workers, schedulers, enqueueing applications and operators
+-- (`jobtui requeue`, `kill-lease`, `cancel`, `schedule`, the console) need, and nothing that
+-- changes the schema; the second gives SELECT only (`jobtui stats`, `job`, `dead`, `audit`,
+-- `jobtui --read-only`, Prometheus metrics). Every statement can be run again: re-run the file
+-- after a `jobtui migrate` that adds tables.
+
+\set ON_ERROR_STOP on
+
+GRANT USAGE ON SCHEMA :"schema" TO :"role";
+
+\if :{?read_only}
+
+GRANT SELECT ON ALL TABLES IN SCHEMA :"schema" TO :"role";
+
+\else
+
+-- The queue itself: enqueue, claim, heartbeat, outcomes, reaping, operators' changes, and
+-- the archiver, which deletes done jobs past their retention.
+GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".job TO :"role";
+-- Schedules: synced from code by each worker, advanced by the scheduler, managed by the CLI.
+GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".schedule TO :"role";
+-- The archiver moves done jobs here, and deletes them after their own retention.
+GRANT SELECT, INSERT, DELETE ON :"schema".job_archive TO :"role";
+-- Lease expiries (recorded by the reaper) and hourly summaries, pruned by the archiver.
+GRANT SELECT, INSERT, DELETE ON :"schema".lease_expiry, :"schema".stats_hourly TO :"role";
+-- Effects recorded by handlers (`job.once`), and the operators' audit log: written, never
+-- changed or deleted by this role.
+GRANT SELECT, INSERT ON :"schema".effect, :"schema".audit TO :"role";
+-- Checking that the schema is migrated; migrating is left to the owner.
+GRANT SELECT ON :"schema".migration TO :"role";
+-- Ids for bulk enqueue (COPY) are drawn from the job table's sequence.
+GRANT USAGE ON ALL SEQUENCES IN SCHEMA :"schema" TO :"role";
+-- The error fingerprint of the job table's generated column (PUBLIC may execute functions by
+-- default; granted here for databases that revoke that).
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA :"schema" TO :"role";
+
+\endif
