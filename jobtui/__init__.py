@@ -16,6 +16,8 @@ from .errors import (
     UnknownJob,
 )
 from .queue import AsyncQueue, Queue
+from .registry import Job, Jobs, LeaseLost, Permanent, Retry, ScheduleSpec
+from .worker import Worker
 
 __all__ = [
     "AsyncQueue",
@@ -25,14 +27,21 @@ __all__ = [
     "FailOutcome",
     "Failure",
     "InvalidInput",
+    "Job",
     "JobRow",
     "JobStatus",
+    "Jobs",
     "JobtuiError",
     "Lease",
+    "LeaseLost",
     "NewJob",
+    "Permanent",
     "Queue",
     "Reaped",
+    "Retry",
+    "ScheduleSpec",
     "SchemaNotMigrated",
     "SchemaTooNew",
     "UnknownJob",
+    "Worker",
 ]

@@ -1,0 +1,28 @@
+"""The public API the README shows exists, and the core never imports the console."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jobtui
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_every_name_the_readme_uses_is_exported() -> None:
+    names = set(re.findall(r"\bjobtui\.([A-Z]\w*)", README.read_text(encoding="utf-8")))
+    assert {"Jobs", "Job", "Queue", "AsyncQueue", "NewJob", "Permanent", "Retry"} <= names
+    missing = sorted(n for n in names if not hasattr(jobtui, n))
+    assert missing == []
+
+
+def test_the_core_does_not_import_the_console() -> None:
+    code = (
+        "import sys, jobtui, jobtui.worker, jobtui.scheduler, jobtui.metrics, jobtui.cli; "
+        "print(sorted(m for m in sys.modules if m == 'textual' or m.startswith('textual.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
