@@ -48,8 +48,10 @@ DEFAULT_RETENTION = Retention()
 
 log = logging.getLogger("jobtui.worker")
 
-# Outcomes are buffered this long so that a burst of completions is one statement.
-FLUSH_DELAY = 0.002
+# Outcomes are written as soon as the previous write returns; what finishes meanwhile joins
+# the next statement, so batches form by themselves under load without a fixed delay (a
+# fixed delay paced low concurrency: 2 ms cost a quarter of the drain at concurrency 10).
+FLUSH_DELAY = 0.0
 
 
 def default_worker_id() -> str:
