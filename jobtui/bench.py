@@ -10,9 +10,10 @@ from __future__ import annotations
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from psycopg import sql
 
@@ -46,15 +47,17 @@ class BenchResult:
     latency_samples: int
 
 
-def _spawn_workers(dsn: str, schema: str, workers: int, concurrency: int) -> list[subprocess.Popen[bytes]]:
+def _spawn_workers(
+    dsn: str, schema: str, workers: int, concurrency: int, log: IO[bytes]
+) -> list[subprocess.Popen[bytes]]:
+    """Start the worker processes; their logs go to `log`, a file (a pipe nobody reads would
+    fill up and stall a worker mid-benchmark)."""
     cmd = [
         sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "--schema", schema, "worker", "--app", "jobtui.bench:jobs",
         "--types", NOOP, "--concurrency", str(concurrency), "--no-scheduler", "--poll", "1s",
     ]  # fmt: skip
     return [
-        subprocess.Popen(
-            [*cmd, "--id", f"bench-{i}"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
+        subprocess.Popen([*cmd, "--id", f"bench-{i}"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
         for i in range(workers)
     ]
 
@@ -90,9 +93,9 @@ def run(
             for start in range(0, n, 10_000):
                 queue.enqueue_many([NewJob(NOOP) for _ in range(min(10_000, n - start))])
             enqueue_rate = n / (time.perf_counter() - t0)
-        with connect(dsn, autocommit=True) as conn:
+        with connect(dsn, autocommit=True) as conn, tempfile.TemporaryFile() as log:
             conn.execute(sql.SQL("VACUUM ANALYZE {}.job").format(ident))
-            procs = _spawn_workers(dsn, schema, workers, concurrency)
+            procs = _spawn_workers(dsn, schema, workers, concurrency, log)
             try:
                 deadline = time.monotonic() + 600
                 while time.monotonic() < deadline:
@@ -100,7 +103,7 @@ def run(
                     if left == 0:
                         break
                     if any(p.poll() is not None for p in procs):
-                        raise RuntimeError("a bench worker exited: " + _stderr(procs))
+                        raise RuntimeError("a bench worker exited: " + _last_line(log))
                     time.sleep(0.2)
                 else:
                     raise RuntimeError("the jobs were not drained within 10 minutes")
@@ -141,8 +144,7 @@ def _latency(conn: Any, dsn: str, schema: str, count: int) -> list[float]:
     return [float(r[0]) for r in rows if r[0] is not None]
 
 
-def _stderr(procs: list[subprocess.Popen[bytes]]) -> str:
-    for p in procs:
-        if p.poll() is not None and p.stderr is not None:
-            return p.stderr.read().decode(errors="replace").strip().splitlines()[-1:][0] if p.stderr else ""
-    return ""
+def _last_line(log: IO[bytes]) -> str:
+    log.seek(0)
+    lines = log.read().decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else "(no output)"

@@ -229,8 +229,8 @@ def _snapshot(conn: psycopg.Connection[Any], schema: str, recent_expiries: int, 
         return counts.setdefault(job_type, {"type": job_type})
 
     with conn.transaction():
+        # One transaction for the round of reads, so lock_timeout applies to all of them.
         _q(conn, "metrics_lock_timeout", schema, timeout=f"{max(1, round(lock_timeout * 1000))}ms")
-        # One REPEATABLE READ-like view is not needed: each figure is independent.
         taken_at = _q(conn, "db_now", schema)[0][0]
         for job_type, ready, due, age in _q(conn, "metrics_ready", schema):
             slot(job_type).update(ready=ready, ready_due=due, oldest_ready_age=None if age is None else float(age))
