@@ -16,7 +16,7 @@ from rich.table import Table
 from .db import connect
 from .errors import InvalidInput, UnknownJob
 from .explain import human_delta
-from .metrics import Snapshot, snapshot
+from .metrics import DoneHistory, Snapshot, snapshot
 from .queue import Queue, check_pattern, job_statuses_call
 
 Opener = Callable[[argparse.Namespace], Queue]
@@ -104,9 +104,10 @@ def wide_console() -> Console:
 
 def cmd_stats(args: argparse.Namespace, dsn: str) -> int:
     console = wide_console()
+    history = DoneHistory()
     while True:
         with connect(dsn, autocommit=True) as conn:
-            snap = snapshot(conn, args.schema)
+            snap = snapshot(conn, args.schema, history=history)
         if args.json:
             print(json.dumps(snap.to_json(), default=str, indent=2))
         else:

@@ -6,23 +6,35 @@
 
 Every query reads a partial index (ready, running, dead/failed, the last hour of done) or a
 small table; none reads the done history. The done count is the planner's estimate and is
-labelled so (`done_estimate`).
+labelled so (`done_estimate`). The statements of a snapshot go to the server in one pipeline:
+one round trip, not fifteen.
+
+A reader that takes snapshots again and again (the console, `stats --watch`, Prometheus)
+passes a `DoneHistory`: the done jobs of minutes that can no longer change are then read once
+instead of on every snapshot.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 
+from .db import statements
 from .domain import DEFAULT_SCHEMA
 from .errors import JobtuiError
 from .queue import Call, run
 
 # How long a snapshot waits for a lock on a queue table before giving up (seconds).
 LOCK_TIMEOUT = 2.0
+
+# Minutes of done jobs a DoneHistory reads again on every snapshot. finished_at is the time
+# the outcome statement started; it commits milliseconds later, so a minute that ended this
+# long ago has all its rows (the archiver deletes only far older ones).
+UNSETTLED_MINUTES = 5
+MINUTE = timedelta(minutes=1)
 
 
 class QueueLocked(JobtuiError):
@@ -105,7 +117,7 @@ class Snapshot:
     by_type: list[TypeCounts]
     running: list[RunningGroup]
     dead: list[DeadGroup]
-    done_per_minute: list[int]  # index 0 = the last 60 seconds, rolling, up to 60 minutes back
+    done_per_minute: list[int]  # index 0 = the current calendar minute (so far), 59 = 59 minutes ago
     attempts_last_hour: dict[str, dict[int, int]]  # status -> attempts -> jobs
     attempts_last_day: dict[str, dict[int, int]]
     lease_expiries_per_hour: list[int]  # index 0 = the current hour, 24 hours back
@@ -118,6 +130,7 @@ class Snapshot:
     oldest_xact_pid: int | None
     done_estimate: int = 0
     lease_expirations_total: int = 0
+    done_last_minute: int = 0  # jobs done in the 60 seconds before taken_at
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -157,11 +170,6 @@ class Snapshot:
     def missed_slots(self) -> int:
         return sum(s.missed for s in self.schedules)
 
-    @property
-    def done_last_minute(self) -> int:
-        """Jobs done in the last 60 seconds (the minutes are rolling, not calendar ones)."""
-        return self.done_per_minute[0] if self.done_per_minute else 0
-
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["totals"] = {
@@ -188,6 +196,22 @@ def _q(conn: psycopg.Connection[Any], name: str, schema: str, **params: Any) -> 
     return run(conn, Call(name, params, _rows), schema)
 
 
+def _pipelined(conn: psycopg.Connection[Any], schema: str, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    """Run the statements in one round trip (pipeline mode) and return each one's rows."""
+    sql = statements(schema)
+    cursors = []
+    with conn.pipeline():
+        for name, params in calls:
+            cur = conn.cursor()
+            cur.execute(sql[name], params)
+            cursors.append(cur)
+    try:
+        return [cur.fetchall() if cur.description else [] for cur in cursors]
+    finally:
+        for cur in cursors:
+            cur.close()
+
+
 def _distribution(rows: list[Any]) -> dict[str, dict[int, int]]:
     out: dict[str, dict[int, int]] = {}
     for status, attempts, jobs in rows:
@@ -196,19 +220,58 @@ def _distribution(rows: list[Any]) -> dict[str, dict[int, int]]:
     return out
 
 
+def _minute(at: datetime) -> datetime:
+    """The calendar minute `at` falls in, as the database's date_bin gives it."""
+    return at.astimezone(UTC).replace(second=0, microsecond=0)
+
+
+class DoneHistory:
+    """Done jobs per minute and attempts, kept between the snapshots of one reader.
+
+    The first snapshot reads the whole last hour from the index; later ones read only the
+    last UNSETTLED_MINUTES and keep the rest, so a reader refreshing every second pays for a
+    few minutes of done jobs instead of an hour of them. Not shared between threads.
+    """
+
+    def __init__(self) -> None:
+        self._settled: dict[datetime, dict[int, int]] = {}  # minute -> attempts -> jobs
+        self._read_from: datetime | None = None  # first minute not settled yet
+
+    @property
+    def read_from(self) -> datetime | None:
+        return self._read_from
+
+    def update(self, taken_at: datetime, rows: list[Any]) -> dict[datetime, dict[int, int]]:
+        """Fold in the rows of one snapshot; return every minute of the last hour."""
+        current = _minute(taken_at)
+        window_start = current - 59 * MINUTE
+        settle_before = current - UNSETTLED_MINUTES * MINUTE
+        fresh: dict[datetime, dict[int, int]] = {}
+        for minute, attempts, jobs, _recent in rows:
+            by_attempts = fresh.setdefault(_minute(minute), {})
+            by_attempts[int(attempts)] = by_attempts.get(int(attempts), 0) + int(jobs)
+        minutes = {m: c for m, c in self._settled.items() if m >= window_start}
+        minutes.update(fresh)
+        self._settled = {m: c for m, c in minutes.items() if m < settle_before}
+        self._read_from = settle_before
+        return minutes
+
+
 def snapshot(
     conn: psycopg.Connection[Any],
     schema: str = DEFAULT_SCHEMA,
     recent_expiries: int = 50,
     lock_timeout: float = LOCK_TIMEOUT,
+    history: DoneHistory | None = None,
 ) -> Snapshot:
     """Take a snapshot; read-only, safe with a role that can only SELECT.
 
     Raises QueueLocked, naming the waiting sessions, when a queue table stays locked for
     `lock_timeout` seconds, instead of waiting behind the lock for as long as it is held.
+    Pass the same `history` to every snapshot of a reader that repeats them.
     """
     try:
-        return _snapshot(conn, schema, recent_expiries, lock_timeout)
+        return _snapshot(conn, schema, recent_expiries, lock_timeout, history or DoneHistory())
     except psycopg.errors.LockNotAvailable:
         waits, longest = _q(conn, "metrics_lock_waits", schema, schema_name=schema)[0]
         oldest = _q(conn, "metrics_oldest_xact", schema)
@@ -222,7 +285,9 @@ def snapshot(
         ) from None
 
 
-def _snapshot(conn: psycopg.Connection[Any], schema: str, recent_expiries: int, lock_timeout: float) -> Snapshot:
+def _snapshot(
+    conn: psycopg.Connection[Any], schema: str, recent_expiries: int, lock_timeout: float, history: DoneHistory
+) -> Snapshot:
     counts: dict[str, dict[str, Any]] = {}
 
     def slot(job_type: str) -> dict[str, Any]:
@@ -230,44 +295,79 @@ def _snapshot(conn: psycopg.Connection[Any], schema: str, recent_expiries: int, 
 
     with conn.transaction():
         # One transaction for the round of reads, so lock_timeout applies to all of them.
-        _q(conn, "metrics_lock_timeout", schema, timeout=f"{max(1, round(lock_timeout * 1000))}ms")
-        taken_at = _q(conn, "db_now", schema)[0][0]
-        for job_type, ready, due, age in _q(conn, "metrics_ready", schema):
-            slot(job_type).update(ready=ready, ready_due=due, oldest_ready_age=None if age is None else float(age))
-        running = []
-        for job_type, worker, jobs, expired, hb_age in _q(conn, "metrics_running", schema):
-            running.append(RunningGroup(job_type, worker, jobs, expired, None if hb_age is None else float(hb_age)))
-            s = slot(job_type)
-            s["running"] = s.get("running", 0) + jobs
-        dead = []
-        for status, job_type, fp, jobs, first, last, latest, attempts in _q(conn, "metrics_dead", schema):
-            dead.append(DeadGroup(status, job_type, fp, jobs, first, last, latest, attempts))
-            s = slot(job_type)
-            s[status] = s.get(status, 0) + jobs
-        per_minute = [0] * 61
-        hour_attempts: dict[int, int] = {}
-        for minutes_ago, attempts, jobs in _q(conn, "metrics_done_last_hour", schema):
-            if 0 <= minutes_ago <= 60:
-                per_minute[minutes_ago] += jobs
-            hour_attempts[attempts] = hour_attempts.get(attempts, 0) + jobs
-        attempts_hour: dict[str, dict[int, int]] = {"done": hour_attempts}
-        dead_attempts = {int(a): int(n) for a, n in _q(conn, "metrics_dead_attempts", schema)}
-        if dead_attempts:
-            attempts_hour["dead_or_failed"] = dead_attempts
-        attempts_day = _distribution(_q(conn, "metrics_day", schema))
-        per_hour = [0] * 25
-        for hours_ago, jobs in _q(conn, "metrics_lease_expiries", schema):
-            if 0 <= hours_ago <= 24:
-                per_hour[hours_ago] += jobs
-        expirations_total = int(_q(conn, "metrics_lease_expiry_total", schema)[0][0])
-        expiries = [LeaseExpiry(*r) for r in _q(conn, "metrics_recent_expiries", schema, limit=recent_expiries)]
-        schedules = [
-            ScheduleHealth(n, t, c, p, nr, ls, m, sk, list(ms or []), float(ni or 0.0))
-            for n, t, c, p, nr, ls, m, sk, ms, ni in _q(conn, "metrics_schedules", schema)
-        ]
-        tables = [TableHealth(*r) for r in _q(conn, "metrics_tables", schema, schema_name=schema)]
-        waits, longest = _q(conn, "metrics_lock_waits", schema, schema_name=schema)[0]
-        oldest = _q(conn, "metrics_oldest_xact", schema)
+        (
+            _,
+            now_rows,
+            ready_rows,
+            running_rows,
+            dead_rows,
+            done_rows,
+            dead_attempt_rows,
+            day_rows,
+            expiry_rows,
+            total_rows,
+            recent_rows,
+            schedule_rows,
+            table_rows,
+            wait_rows,
+            oldest,
+        ) = _pipelined(
+            conn,
+            schema,
+            [
+                ("metrics_lock_timeout", {"timeout": f"{max(1, round(lock_timeout * 1000))}ms"}),
+                ("db_now", {}),
+                ("metrics_ready", {}),
+                ("metrics_running", {}),
+                ("metrics_dead", {}),
+                ("metrics_done_minutes", {"since": history.read_from}),
+                ("metrics_dead_attempts", {}),
+                ("metrics_day", {}),
+                ("metrics_lease_expiries", {}),
+                ("metrics_lease_expiry_total", {}),
+                ("metrics_recent_expiries", {"limit": recent_expiries}),
+                ("metrics_schedules", {}),
+                ("metrics_tables", {"schema_name": schema}),
+                ("metrics_lock_waits", {"schema_name": schema}),
+                ("metrics_oldest_xact", {}),
+            ],
+        )
+    taken_at = now_rows[0][0]
+    for job_type, ready, due, age in ready_rows:
+        slot(job_type).update(ready=ready, ready_due=due, oldest_ready_age=None if age is None else float(age))
+    running = []
+    for job_type, worker, jobs, expired, hb_age in running_rows:
+        running.append(RunningGroup(job_type, worker, jobs, expired, None if hb_age is None else float(hb_age)))
+        s = slot(job_type)
+        s["running"] = s.get("running", 0) + jobs
+    dead = []
+    for status, job_type, fp, jobs, first, last, latest, attempts in dead_rows:
+        dead.append(DeadGroup(status, job_type, fp, jobs, first, last, latest, attempts))
+        s = slot(job_type)
+        s[status] = s.get(status, 0) + jobs
+    current = _minute(taken_at)
+    per_minute = [0] * 60
+    hour_attempts: dict[int, int] = {}
+    for minute, by_attempts in history.update(taken_at, done_rows).items():
+        minutes_ago = round((current - minute) / MINUTE)
+        if 0 <= minutes_ago < 60:
+            per_minute[minutes_ago] += sum(by_attempts.values())
+            for attempts, jobs in by_attempts.items():
+                hour_attempts[attempts] = hour_attempts.get(attempts, 0) + jobs
+    attempts_hour: dict[str, dict[int, int]] = {"done": dict(sorted(hour_attempts.items()))}
+    dead_attempts = {int(a): int(n) for a, n in dead_attempt_rows}
+    if dead_attempts:
+        attempts_hour["dead_or_failed"] = dead_attempts
+    per_hour = [0] * 25
+    for hours_ago, jobs in expiry_rows:
+        if 0 <= hours_ago <= 24:
+            per_hour[hours_ago] += jobs
+    schedules = [
+        ScheduleHealth(n, t, c, p, nr, ls, m, sk, list(ms or []), float(ni or 0.0))
+        for n, t, c, p, nr, ls, m, sk, ms, ni in schedule_rows
+    ]
+    tables = [TableHealth(*r) for r in table_rows]
+    waits, longest = wait_rows[0]
     by_type = [TypeCounts(**counts[t]) for t in sorted(counts)]
     job_table = next((t for t in tables if t.table == "job"), None)
     exact = sum(t.ready + t.running + t.dead + t.failed for t in by_type)
@@ -277,11 +377,11 @@ def _snapshot(conn: psycopg.Connection[Any], schema: str, recent_expiries: int, 
         by_type=by_type,
         running=running,
         dead=dead,
-        done_per_minute=per_minute[:60],
+        done_per_minute=per_minute,
         attempts_last_hour=attempts_hour,
-        attempts_last_day=attempts_day,
+        attempts_last_day=_distribution(day_rows),
         lease_expiries_per_hour=per_hour[:24],
-        recent_expiries=expiries,
+        recent_expiries=[LeaseExpiry(*r) for r in recent_rows],
         schedules=schedules,
         tables=tables,
         lock_waits=int(waits),
@@ -289,7 +389,8 @@ def _snapshot(conn: psycopg.Connection[Any], schema: str, recent_expiries: int, 
         oldest_xact_age=float(oldest[0][0]) if oldest else None,
         oldest_xact_pid=int(oldest[0][1]) if oldest else None,
         done_estimate=done_estimate,
-        lease_expirations_total=expirations_total,
+        lease_expirations_total=int(total_rows[0][0]),
+        done_last_minute=sum(int(recent) for *_, recent in done_rows),
         notes=["done_estimate comes from the planner's row estimate, not a count"],
     )
 

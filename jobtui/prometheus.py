@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from .db import connect
 from .domain import DEFAULT_SCHEMA
 from .errors import InvalidInput
-from .metrics import Snapshot, snapshot
+from .metrics import DoneHistory, Snapshot, snapshot
 
 CACHE_SECONDS = 1.0
 
@@ -31,13 +31,14 @@ class QueueCollector(Collector):
         self.schema = schema
         self._lock = threading.Lock()
         self._cached: tuple[float, Snapshot] | None = None
+        self._history = DoneHistory()
 
     def _snapshot(self) -> Snapshot:
         with self._lock:
             if self._cached and time.monotonic() - self._cached[0] < CACHE_SECONDS:
                 return self._cached[1]
             with connect(self.dsn, autocommit=True) as conn:
-                snap = snapshot(conn, self.schema)
+                snap = snapshot(conn, self.schema, history=self._history)
             self._cached = (time.monotonic(), snap)
             return snap
 

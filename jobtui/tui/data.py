@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,9 @@ class DataSource:
         self.dsn = dsn
         self.schema = schema
         self._conn: psycopg.Connection[Any] | None = None
+        self._history = metrics.DoneHistory()
+        # A refresh cancelled by a newer one keeps running in its thread: one at a time.
+        self._fetching = threading.Lock()
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
@@ -46,9 +50,14 @@ class DataSource:
             raise
 
     def fetch(self) -> Fetched:
-        snap = self._read(lambda c: metrics.snapshot(c, self.schema))
-        running = self._read(lambda c: metrics.running_jobs(c, self.schema))
+        with self._fetching:
+            snap = self._read(lambda c: metrics.snapshot(c, self.schema, history=self._history))
+            running = self._read(lambda c: metrics.running_jobs(c, self.schema))
         return Fetched(snap, running)
+
+    def backend_pid(self) -> int:
+        """The server process behind the connection the refreshes use."""
+        return int(self._connection().info.backend_pid)
 
     def ready_jobs(self, job_type: str) -> list[ReadyJob]:
         result: list[ReadyJob] = self._read(lambda c: metrics.ready_jobs(c, job_type, self.schema))

@@ -20,7 +20,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -31,7 +31,7 @@ from psycopg import sql
 from jobtui import FailOutcome, JobStatus, Queue
 from jobtui import scheduler as sched
 from jobtui.maintenance import Retention, summarise_hours, sweep
-from jobtui.metrics import QueueLocked, Snapshot, snapshot
+from jobtui.metrics import DoneHistory, QueueLocked, Snapshot, snapshot
 from jobtui.prometheus import serve
 from jobtui.queue import Call
 from jobtui.registry import Job, Jobs, ScheduleSpec
@@ -54,6 +54,14 @@ AGE_TOLERANCE = 5.0  # seconds the database clock may move between setting up an
 
 def execute(conn: Conn, query: str, *params: Any) -> None:
     conn.execute(query, params)
+
+
+def calendar_minutes_between(earlier: datetime, later: datetime) -> int:
+    """How many minute starts (UTC calendar minutes) lie after `earlier`, up to `later`."""
+    def minute(at: datetime) -> datetime:
+        return at.astimezone(UTC).replace(second=0, microsecond=0)
+
+    return int((minute(later) - minute(earlier)) / timedelta(minutes=1))
 
 
 def finished_at(conn: Conn, ids: list[int]) -> dict[int, datetime]:
@@ -267,12 +275,12 @@ def test_done_per_minute_and_attempts_of_the_last_hour(conn: Conn, world: World)
     now = snap.taken_at
     expected_minutes = [0] * 60
     for job_id in world.done_recent:
-        expected_minutes[int((now - finished[job_id]).total_seconds()) // 60] += 1  # rolling minutes
+        expected_minutes[calendar_minutes_between(finished[job_id], now)] += 1
     for job_id in world.done_old:
         assert now - finished[job_id] > timedelta(hours=1)
     assert snap.done_per_minute == expected_minutes
     assert sum(snap.done_per_minute) == 5
-    assert snap.done_last_minute == expected_minutes[0]
+    assert snap.done_last_minute == sum(1 for i in world.done_recent if now - finished[i] < timedelta(seconds=60))
     assert snap.attempts_last_hour["done"] == {1: 3, 2: 1, 3: 1}
     # Dead and failed jobs that finished in the last hour, by attempts: the reaped crash
     # job (1), KeyError 17 (3), the UUID one (2), a hex one (1), the long hex one (6) and
@@ -381,43 +389,83 @@ def test_empty_queue(conn: Conn) -> None:
 FAKE_NOW = "2024-05-01 12:05:59.7+00"
 
 
-def test_done_per_minute_counts_whole_minutes_at_a_minute_boundary(dsn: str, conn: Conn) -> None:
-    """Rolling minutes: bucket 0 holds the 60 seconds before now(), whatever the clock says.
-
-    The database's now() is replaced for this connection by a function earlier on the
-    search_path than pg_catalog's, so the boundary is hit every time.
-    """
-    with Queue(dsn) as q:
-        expected = {
-            "2024-05-01 12:05:10+00": 0,  # 49.7 s before now()
-            "2024-05-01 12:04:59.9+00": 0,  # 59.8 s: still the last 60 seconds
-            "2024-05-01 12:04:00+00": 1,  # 119.7 s
-            "2024-05-01 12:03:59.99+00": 1,
-            "2024-05-01 11:06:30+00": 59,
-            "2024-05-01 11:05:00+00": None,  # more than an hour ago
-        }
-        for attempts, at in enumerate(expected, start=1):
-            job_id = q.enqueue("t")
-            execute(
-                conn,
-                "UPDATE jobtui.job SET status = 'done', attempts = %s, finished_at = %s WHERE id = %s",
-                attempts,
-                at,
-                job_id,
-            )
-    execute(conn, "CREATE SCHEMA faketime")
+def fake_now(conn: Conn, at: str) -> None:
+    """Replace the database's now() for this connection (a function earlier on the
+    search_path than pg_catalog's), so a minute boundary is hit every time."""
+    execute(conn, "CREATE SCHEMA IF NOT EXISTS faketime")
     execute(
         conn,
-        "CREATE FUNCTION faketime.now() RETURNS timestamptz LANGUAGE sql STABLE "
-        f"AS $$ SELECT '{FAKE_NOW}'::timestamptz $$",
+        "CREATE OR REPLACE FUNCTION faketime.now() RETURNS timestamptz LANGUAGE sql STABLE "
+        f"AS $$ SELECT '{at}'::timestamptz $$",
     )
     execute(conn, "SET search_path = faketime, pg_catalog, public")
+
+
+def make_done_at(conn: Conn, q: Queue, attempts: int, at: str) -> int:
+    job_id = q.enqueue("t")
+    execute(
+        conn,
+        "UPDATE jobtui.job SET status = 'done', attempts = %s, finished_at = %s WHERE id = %s",
+        attempts,
+        at,
+        job_id,
+    )
+    return job_id
+
+
+def test_done_per_minute_counts_calendar_minutes_at_a_minute_boundary(dsn: str, conn: Conn) -> None:
+    """Calendar minutes: bucket 0 is the minute now() is in; done_last_minute the 60 s before now()."""
+    with Queue(dsn) as q:
+        expected = {
+            "2024-05-01 12:05:10+00": 0,  # 49.7 s before now(), this minute
+            "2024-05-01 12:04:59.9+00": 1,  # 59.8 s: the minute before, but within 60 seconds
+            "2024-05-01 12:04:00+00": 1,  # 119.7 s
+            "2024-05-01 12:03:59.99+00": 2,
+            "2024-05-01 11:06:30+00": 59,
+            "2024-05-01 11:05:59+00": None,  # before the 60 minutes shown
+        }
+        for attempts, at in enumerate(expected, start=1):
+            make_done_at(conn, q, attempts, at)
+    fake_now(conn, FAKE_NOW)
     snap = snapshot(conn)
     assert snap.taken_at.isoformat() == "2024-05-01T12:05:59.700000+00:00"
     buckets = Counter(b for b in expected.values() if b is not None)
     assert snap.done_per_minute == [buckets.get(i, 0) for i in range(60)]
     assert snap.done_last_minute == 2
     assert snap.attempts_last_hour["done"] == {1: 1, 2: 1, 3: 1, 4: 1, 5: 1}
+
+
+def test_a_done_history_rereads_only_the_unsettled_minutes(dsn: str, conn: Conn) -> None:
+    """A reader's DoneHistory keeps the minutes that ended over UNSETTLED_MINUTES ago and reads
+    only the later ones: the same figures as a full read, minus a row written into a settled
+    minute behind its back (which is how the test sees that settled minutes are not read)."""
+    with Queue(dsn) as q:
+        make_done_at(conn, q, 1, "2024-05-01 11:10:00+00")
+        make_done_at(conn, q, 2, "2024-05-01 11:59:30+00")
+        make_done_at(conn, q, 1, "2024-05-01 12:05:10+00")
+        fake_now(conn, FAKE_NOW)
+        history = DoneHistory()
+        first = snapshot(conn, history=history)
+        assert first.done_per_minute == snapshot(conn).done_per_minute
+        assert history.read_from == datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+
+        make_done_at(conn, q, 3, "2024-05-01 12:06:20+00")  # a new minute
+        make_done_at(conn, q, 1, "2024-05-01 12:01:00+00")  # unsettled when first was taken: read again
+        make_done_at(conn, q, 1, "2024-05-01 11:30:00+00")  # settled: not read again
+    fake_now(conn, "2024-05-01 12:07:00.5+00")
+    warm, cold = snapshot(conn, history=history), snapshot(conn)
+    behind_its_back = 37  # 11:30 is 37 minutes before 12:07
+    assert cold.done_per_minute[behind_its_back] == 1 and warm.done_per_minute[behind_its_back] == 0
+    cold_minutes = list(cold.done_per_minute)
+    cold_minutes[behind_its_back] = 0
+    assert warm.done_per_minute == cold_minutes
+    assert sum(warm.done_per_minute) == 5 and warm.done_per_minute[57] == 1  # 11:10 still shown
+    assert warm.attempts_last_hour["done"] == {1: 3, 2: 1, 3: 1}
+    assert warm.done_last_minute == cold.done_last_minute == 1  # 12:06:20
+
+    fake_now(conn, "2024-05-01 12:10:30+00")  # 11:10 leaves the hour shown
+    later = snapshot(conn, history=history)
+    assert sum(later.done_per_minute) == 4 and later.attempts_last_hour["done"] == {1: 2, 2: 1, 3: 1}
 
 
 # -- locks and transactions ---------------------------------------------------------------

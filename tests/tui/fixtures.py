@@ -106,7 +106,8 @@ def snapshot() -> Snapshot:
             RunningGroup("webhook.deliver", "worker-b", 1, 0, 0.2),
         ],
         dead=dead_groups(),
-        done_per_minute=[174, 168, 181] + [150] * 57,  # rolling minutes: index 0 = the last 60 s
+        done_per_minute=[96, 168, 181] + [150] * 57,  # index 0 = the current minute, so far
+        done_last_minute=174,
         attempts_last_hour={"done": {1: 9800, 2: 310, 3: 42}},
         attempts_last_day={},
         lease_expiries_per_hour=[7, 2] + [0] * 22,
