@@ -513,7 +513,8 @@ async def test_embedded_worker_runs_jobs_pauses_and_stops_on_quit(dsn: str) -> N
             await wait_for(pilot, lambda: app.pane == "worker", what="the worker pane")
             state = app.query_one("#worker-state")
             await wait_for(pilot, lambda: "local worker console-worker: running" in text(state), what="state")
-            assert "done 5" in text(state)
+            # The rows are done before the worker counts them (it learns it from the write).
+            await wait_for(pilot, lambda: "done 5" in text(state), what="5 counted done")
             assert app.check_action("toggle_worker", ()) is True
 
             await pilot.press("w")
