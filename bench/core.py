@@ -66,23 +66,18 @@ TARGET_RATIO = 0.70
 # same claim and the same complete as jobtui's queries.sql, kept in step with them by hand),
 # with positional parameters.
 RAW_CLAIM = """
-WITH picked AS (
-    SELECT id FROM jobtui.job
-    WHERE status = 'ready' AND run_at <= now() AND type = ANY(%s::text[])
-    ORDER BY run_at, id
-    LIMIT %s
-    FOR UPDATE SKIP LOCKED
-)
 UPDATE jobtui.job AS j
 SET status = 'running', attempts = j.attempts + 1, lease_token = j.lease_token + 1,
-    max_attempts = coalesce(
-        j.max_attempts,
-        (SELECT h.m FROM unnest(%s::text[], %s::int[]) AS h(t, m) WHERE h.t = j.type),
-        %s),
+    max_attempts = coalesce(j.max_attempts, (%s::int[])[array_position(%s::text[], j.type)], %s),
     locked_by = %s, locked_until = now() + make_interval(secs => %s),
     heartbeat_at = now(), started_at = now()
-FROM picked
-WHERE j.id = picked.id
+WHERE j.id = ANY(ARRAY(
+        SELECT id FROM jobtui.job
+        WHERE status = 'ready' AND run_at <= now() AND type = ANY(%s::text[])
+        ORDER BY run_at, id
+        LIMIT %s
+        FOR UPDATE SKIP LOCKED))
+  AND j.status = 'ready'
 RETURNING j.id, j.type, j.payload, j.attempts, j.max_attempts, j.lease_token,
           j.locked_until, j.created_at, j.run_at
 """
@@ -90,8 +85,8 @@ RETURNING j.id, j.type, j.payload, j.attempts, j.max_attempts, j.lease_token,
 RAW_COMPLETE = """
 UPDATE jobtui.job AS j
 SET status = 'done', locked_until = NULL, finished_at = now()
-FROM unnest(%s::bigint[], %s::bigint[]) AS t(id, token)
-WHERE j.id = t.id AND j.status = 'running' AND j.lease_token = t.token
+WHERE j.id = ANY(%s::bigint[]) AND j.status = 'running'
+  AND j.lease_token = (%s::bigint[])[array_position(%s::bigint[], j.id)]
 RETURNING j.id
 """
 
@@ -236,11 +231,12 @@ class RawLoop:
     def cycle(self, batch: int) -> int:
         cur = self.cur
         types = self.types
-        cur.execute(RAW_CLAIM, (types, batch, types, self.limits, DEFAULT_MAX_ATTEMPTS, WORKER, LEASE_SECONDS))
+        cur.execute(RAW_CLAIM, (self.limits, types, DEFAULT_MAX_ATTEMPTS, WORKER, LEASE_SECONDS, types, batch))
         rows = cur.fetchall()
         if not rows:
             return 0
-        cur.execute(RAW_COMPLETE, ([r[0] for r in rows], [r[5] for r in rows]))
+        ids = [r[0] for r in rows]
+        cur.execute(RAW_COMPLETE, (ids, [r[5] for r in rows], ids))
         return len(cur.fetchall())
 
     def close(self) -> None:

@@ -79,19 +79,17 @@ TARGET_P99_MS = 10.0
 
 # The raw loop's statements: jobtui's claim and complete (queries.sql), written by hand.
 RAW_CLAIM = """
-WITH picked AS (
-    SELECT id FROM jobtui.job
-    WHERE status = 'ready' AND run_at <= now() AND type = ANY(%s::text[])
-    ORDER BY run_at, id
-    LIMIT %s
-    FOR UPDATE SKIP LOCKED
-)
 UPDATE jobtui.job AS j
 SET status = 'running', attempts = j.attempts + 1, lease_token = j.lease_token + 1,
     locked_by = %s, locked_until = now() + make_interval(secs => %s),
     heartbeat_at = now(), started_at = now()
-FROM picked
-WHERE j.id = picked.id
+WHERE j.id = ANY(ARRAY(
+        SELECT id FROM jobtui.job
+        WHERE status = 'ready' AND run_at <= now() AND type = ANY(%s::text[])
+        ORDER BY run_at, id
+        LIMIT %s
+        FOR UPDATE SKIP LOCKED))
+  AND j.status = 'ready'
 RETURNING j.id, j.type, j.payload, j.attempts, j.max_attempts, j.lease_token,
           j.locked_until, j.created_at, j.run_at
 """
@@ -99,8 +97,8 @@ RETURNING j.id, j.type, j.payload, j.attempts, j.max_attempts, j.lease_token,
 RAW_COMPLETE = """
 UPDATE jobtui.job AS j
 SET status = 'done', locked_until = NULL, finished_at = now()
-FROM unnest(%s::bigint[], %s::bigint[]) AS t(id, token)
-WHERE j.id = t.id AND j.status = 'running' AND j.lease_token = t.token
+WHERE j.id = ANY(%s::bigint[]) AND j.status = 'running'
+  AND j.lease_token = (%s::bigint[])[array_position(%s::bigint[], j.id)]
 RETURNING j.id
 """
 
@@ -812,11 +810,12 @@ def raw_helper(action: str, dsn: str, opts: dict[str, Any]) -> Any:
         cur = conn.cursor()
         types = [JOB_TYPE]
         while True:
-            cur.execute(RAW_CLAIM, (types, batch, worker, 30.0))
+            cur.execute(RAW_CLAIM, (worker, 30.0, types, batch))
             rows = cur.fetchall()
             if not rows:
                 return None
-            cur.execute(RAW_COMPLETE, ([r[0] for r in rows], [r[5] for r in rows]))
+            ids = [r[0] for r in rows]
+            cur.execute(RAW_COMPLETE, (ids, [r[5] for r in rows], ids))
             cur.fetchall()
 
 

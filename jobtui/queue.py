@@ -204,6 +204,8 @@ def enqueue_many_params(jobs: Sequence[NewJob]) -> dict[str, Any]:
 
 
 def _claimed(rows: Rows) -> list[ClaimedJob]:
+    """The claimed jobs in the order they were waiting: run_at, then id."""
+    rows = sorted(rows, key=lambda r: (r[8], r[0]))
     return [
         ClaimedJob(
             id=r[0],
