@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar
 
 import psycopg
 from psycopg.rows import TupleRow
+from psycopg.types.numeric import Int4, Int8
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from . import migrate
@@ -170,7 +171,9 @@ def _id_list(rows: Rows) -> list[int]:
 
 
 def _leases(leases: Sequence[Lease]) -> dict[str, Any]:
-    return {"ids": [lease.job_id for lease in leases], "tokens": [lease.token for lease in leases]}
+    # Sent as bigint[]: a list of small ints goes as smallint[] or int[], and its cast to
+    # bigint[] in `(tokens)[array_position(ids, id)]` would be redone for every row.
+    return {"ids": [Int8(lease.job_id) for lease in leases], "tokens": [Int8(lease.token) for lease in leases]}
 
 
 def enqueue_call(
@@ -237,7 +240,8 @@ def claim_call(
     limits = max_attempts or {}
     params = {
         "types": [check_text(t, "job type") for t in types],
-        "max_attempts": [limits.get(t) for t in types],
+        # int[] as the statement expects it (see _leases)
+        "max_attempts": [None if limits.get(t) is None else Int4(limits[t]) for t in types],
         "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
         "worker": check_text(worker, "worker id"),
         "limit": limit,
