@@ -66,6 +66,7 @@ class Call(Generic[T]):
 # json.dumps with non-default options builds a new encoder per call; bulk enqueue encodes
 # one payload per job, so the encoder is built once (same options, same output).
 _JSON_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+_JSON_DECODER = json.JSONDecoder()
 
 
 def encode_payload(payload: Any) -> str:
@@ -171,8 +172,9 @@ def _id_list(rows: Rows) -> list[int]:
 
 
 def _leases(leases: Sequence[Lease]) -> dict[str, Any]:
-    # Sent as bigint[]: a list of small ints goes as smallint[] or int[], and its cast to
-    # bigint[] in `(tokens)[array_position(ids, id)]` would be redone for every row.
+    # Sent as bigint[] (binary, where the statement says %(ids)b): a list of small ints goes
+    # as smallint[] or int[], whose cast in `(tokens)[array_position(ids, id)]` would be
+    # redone for every row; and the text form is escaped element by element.
     return {"ids": [Int8(lease.job_id) for lease in leases], "tokens": [Int8(lease.token) for lease in leases]}
 
 
@@ -213,7 +215,7 @@ def _claimed(rows: Rows) -> list[ClaimedJob]:
         ClaimedJob(
             id=r[0],
             type=r[1],
-            payload=r[2],
+            payload=_JSON_DECODER.decode(r[2]),
             attempt=r[3],
             max_attempts=r[4],
             lease_token=r[5],

@@ -361,8 +361,10 @@ class Worker:
         """Run the handler; return (outcome kind, error text, delay)."""
         try:
             if handler.is_async:
-                awaitable = handler.fn(job)
-                await asyncio.wait_for(awaitable, handler.timeout)
+                if handler.timeout is None:
+                    await handler.fn(job)
+                else:
+                    await asyncio.wait_for(handler.fn(job), handler.timeout)
             else:
                 await asyncio.wait_for(_in_thread(handler.fn, job), handler.timeout)
             return "complete", "", 0.0

@@ -52,7 +52,8 @@ COPY {schema}.job (id, type, payload, max_attempts) FROM STDIN;
 -- The ids come from an ARRAY(...) subquery rather than a join (UPDATE ... FROM picked):
 -- a joined relation costs a whole-row copy of each of its rows, kept for rechecks, and
 -- the join; together about a tenth of the server's work per claimed job. The rows come
--- back in id order; the caller sorts them by run_at.
+-- back in id order; the caller sorts them by run_at. The payload comes as text, which the
+-- worker decodes with one JSON decoder (psycopg's jsonb loader costs more per row).
 UPDATE {schema}.job AS j
 SET status = 'running',
     attempts = j.attempts + 1,
@@ -73,7 +74,7 @@ WHERE j.id = ANY(ARRAY(
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED))
   AND j.status = 'ready'
-RETURNING j.id, j.type, j.payload, j.attempts, j.max_attempts, j.lease_token,
+RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_token,
           j.locked_until, j.created_at, j.run_at;
 
 -- name: heartbeat
@@ -81,8 +82,8 @@ RETURNING j.id, j.type, j.payload, j.attempts, j.max_attempts, j.lease_token,
 -- Each id's token is found by its position in the arrays (see complete).
 UPDATE {schema}.job AS j
 SET locked_until = now() + make_interval(secs => %(lease)s), heartbeat_at = now()
-WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'running'
-  AND j.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], j.id)]
+WHERE j.id = ANY(%(ids)b::bigint[]) AND j.status = 'running'
+  AND j.lease_token = (%(tokens)b::bigint[])[array_position(%(ids)b::bigint[], j.id)]
 RETURNING j.id;
 
 -- name: complete
@@ -91,8 +92,8 @@ RETURNING j.id;
 -- that join (a whole-row copy per row, kept for rechecks) cost half of this statement.
 UPDATE {schema}.job AS j
 SET status = 'done', locked_until = NULL, finished_at = now()
-WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'running'
-  AND j.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], j.id)]
+WHERE j.id = ANY(%(ids)b::bigint[]) AND j.status = 'running'
+  AND j.lease_token = (%(tokens)b::bigint[])[array_position(%(ids)b::bigint[], j.id)]
 RETURNING j.id;
 
 -- name: fail
