@@ -10,6 +10,7 @@ the sync `Queue` or the async `AsyncQueue`, or by a worker on its own connection
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -475,6 +476,21 @@ async def aenqueue(conn: psycopg.AsyncConnection[Any], call: Call[int | None], s
     return job_id
 
 
+def _autocommitted(conn: psycopg.Connection[Any], fn: Callable[[], T]) -> T:
+    """Run `fn` with each statement committing by itself, on a pooled connection.
+
+    A lone enqueue then costs one round trip instead of three (BEGIN, INSERT, COMMIT), and
+    the time from enqueue to a worker starting the job is mostly that round trip. With a key
+    that exists, the second statement reads the committed row; `enqueue` retries if it went.
+    """
+    conn.autocommit = True
+    try:
+        return fn()
+    finally:
+        with contextlib.suppress(psycopg.Error):  # a broken connection is discarded anyway
+            conn.autocommit = False
+
+
 # -- clients ------------------------------------------------------------------------------
 
 
@@ -550,7 +566,9 @@ class Queue:
     ) -> int:
         """Insert one job and return its id; a key that exists returns the existing job's id."""
         call = enqueue_call(job_type, payload, key=key, delay=delay, run_at=run_at, max_attempts=max_attempts)
-        return self._with_conn(conn, lambda c: enqueue(c, call, self.schema))
+        if conn is not None:
+            return enqueue(conn, call, self.schema)
+        return self._with_conn(None, lambda c: _autocommitted(c, lambda: enqueue(c, call, self.schema)))
 
     def enqueue_many(self, jobs: Iterable[NewJob], *, conn: psycopg.Connection[Any] | None = None) -> list[int]:
         """Insert many jobs in one statement (COPY for large batches); ids in input order."""
@@ -798,7 +816,12 @@ class AsyncQueue:
         if conn is not None:
             return await aenqueue(conn, call, self.schema)
         async with (await self._get_pool()).connection(timeout=15) as pooled:
-            return await aenqueue(pooled, call, self.schema)
+            await pooled.set_autocommit(True)  # see _autocommitted
+            try:
+                return await aenqueue(pooled, call, self.schema)
+            finally:
+                with contextlib.suppress(psycopg.Error):  # a broken connection is discarded anyway
+                    await pooled.set_autocommit(False)
 
     async def enqueue_many(
         self, jobs: Iterable[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None
