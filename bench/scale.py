@@ -3,12 +3,14 @@
     .venv/bin/python bench/scale.py [--dsn DSN] [--sizes 10000,1000000,5000000] [--jobs 50000]
                                     [--rounds 3] [--workers 2] [--concurrency 100]
 
-A benchmark, not a test. It creates its own database (jobtui_bench_scale) on the server of
---dsn, migrates it, and for each size:
+A benchmark, not a test. For each size it creates a database of its own
+(jobtui_bench_scale_<size>, dropped at the end) on the server of --dsn, migrates it, and:
 
 1. fills the job table with that many done jobs (finished over the last 7 days, as a
    production table keeps them until the archiver moves them), then VACUUM ANALYZE;
-2. per round: enqueues --jobs no-op jobs with `Queue.enqueue_many`, `VACUUM ANALYZE`s, and
+2. per round: enqueues --jobs no-op jobs with `Queue.enqueue_many`, `VACUUM ANALYZE`s,
+   waits until no autovacuum worker runs on the server (the 5,000,000-row fill sets one off
+   for minutes) and checkpoints, so that every size starts from the same state; then
    - claim latency: 200 claims of 10 jobs, one at a time, each completed before the next,
      on one connection set up as the worker's claim connection; median and p99 ms;
    - drain: --workers `jobtui worker` processes (concurrency --concurrency) drain the jobs;
@@ -48,7 +50,7 @@ TOLERANCE = 0.20
 FILL_DONE = """
 INSERT INTO jobtui.job (type, status, run_at, attempts, max_attempts, locked_by, lease_token,
                         heartbeat_at, created_at, started_at, finished_at)
-SELECT 'type_' || (i % 8), 'done', f - interval '2 seconds', 1, 25, 'worker-' || (i % 16), 1,
+SELECT 'type_' || (i %% 8), 'done', f - interval '2 seconds', 1, 25, 'worker-' || (i %% 16), 1,
        f - interval '1 second', f - interval '3 seconds', f - interval '1 second', f
 FROM (SELECT i, now() - (i * interval '604800 seconds') / %(n)s AS f
       FROM generate_series(1, %(n)s) AS i) AS s
@@ -112,6 +114,19 @@ def drain(dsn: str, workers: int, concurrency: int, first_id: int) -> float:
         return float(row[0]) / float(row[1])
 
 
+def settle(conn: psycopg.Connection[Any], longest: float = 300.0) -> None:
+    """Start from the same state every time: no autovacuum worker busy anywhere on the server
+    (a 5,000,000-row fill sets one off that runs for minutes, beside whatever size is being
+    measured), and a checkpoint behind us, so no drain pays for another's dirty pages."""
+    deadline = time.monotonic() + longest
+    while time.monotonic() < deadline:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'").fetchone()
+        if row is not None and row[0] == 0:
+            break
+        time.sleep(1)
+    conn.execute("CHECKPOINT")
+
+
 def one_round(dsn: str, jobs: int, workers: int, concurrency: int) -> tuple[list[float], float]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM jobtui.job").fetchone()
@@ -121,6 +136,7 @@ def one_round(dsn: str, jobs: int, workers: int, concurrency: int) -> tuple[list
             queue.enqueue_many([NewJob(JOB_TYPE) for _ in range(min(10_000, jobs - start))])
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE jobtui.job")
+        settle(conn)
     latency = claim_latency(dsn)
     rate = drain(dsn, workers, concurrency, first_id)
     with psycopg.connect(dsn, autocommit=True) as conn:
