@@ -198,7 +198,7 @@ def test_a_custom_schema(empty_dsn: str, empty_conn: Conn) -> None:
 
 # -- the schema matches the code -----------------------------------------------------------
 
-_PLACEHOLDER = re.compile(r"%%|%\((\w+)\)s|%s")
+_PLACEHOLDER = re.compile(r"%%|%\((\w+)\)[sbt]|%[sbt]")  # psycopg: s = any format, b = binary, t = text
 _COPY = re.compile(r"^(\s*--[^\n]*\n)*\s*COPY\b", re.IGNORECASE)
 
 
@@ -217,7 +217,7 @@ def as_server_statement(text: str) -> str:
 
 
 def test_placeholder_conversion() -> None:
-    converted = as_server_statement("SELECT %(a)s, %(b)s, %(a)s, format('%%s', %(c)s) FROM x WHERE y LIKE 'z%%'")
+    converted = as_server_statement("SELECT %(a)s, %(b)b, %(a)s, format('%%s', %(c)s) FROM x WHERE y LIKE 'z%%'")
     assert converted == "SELECT $1, $2, $1, format('%s', $3) FROM x WHERE y LIKE 'z%'"
 
 
