@@ -58,6 +58,7 @@ def execute(conn: Conn, query: str, *params: Any) -> None:
 
 def calendar_minutes_between(earlier: datetime, later: datetime) -> int:
     """How many minute starts (UTC calendar minutes) lie after `earlier`, up to `later`."""
+
     def minute(at: datetime) -> datetime:
         return at.astimezone(UTC).replace(second=0, microsecond=0)
 
