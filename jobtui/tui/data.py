@@ -34,8 +34,11 @@ class DataSource:
         self.schema = schema
         self._conn: psycopg.Connection[Any] | None = None
         self._history = metrics.DoneHistory()
-        # A refresh cancelled by a newer one keeps running in its thread: one at a time.
-        self._fetching = threading.Lock()
+        # The panes read from several thread workers at once (a refresh, an action's count,
+        # and a cancelled refresh keeps running in its thread); one connection serves them
+        # one at a time: a snapshot pipelines its statements, and another thread's statement
+        # in the middle of a pipeline would take the wrong results.
+        self._lock = threading.RLock()
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
@@ -43,21 +46,23 @@ class DataSource:
         return self._conn
 
     def _read(self, fn: Any, *args: Any) -> Any:
-        try:
-            return fn(self._connection(), *args)
-        except psycopg.OperationalError:
-            self.close()
-            raise
+        with self._lock:
+            try:
+                return fn(self._connection(), *args)
+            except psycopg.OperationalError:
+                self.close()
+                raise
 
     def fetch(self) -> Fetched:
-        with self._fetching:
+        with self._lock:
             snap = self._read(lambda c: metrics.snapshot(c, self.schema, history=self._history))
             running = self._read(lambda c: metrics.running_jobs(c, self.schema))
         return Fetched(snap, running)
 
     def backend_pid(self) -> int:
         """The server process behind the connection the refreshes use."""
-        return int(self._connection().info.backend_pid)
+        with self._lock:
+            return int(self._connection().info.backend_pid)
 
     def ready_jobs(self, job_type: str) -> list[ReadyJob]:
         result: list[ReadyJob] = self._read(lambda c: metrics.ready_jobs(c, job_type, self.schema))
