@@ -75,7 +75,7 @@ def families(snap: Snapshot) -> Iterator[Metric]:
     done = GaugeMetricFamily("jobtui_jobs_done_estimate", "Done jobs in the queue table (planner estimate)")
     done.add_metric([], snap.done_estimate)
     yield done
-    per_minute = GaugeMetricFamily("jobtui_done_last_minute", "Jobs done in the last full minute")
+    per_minute = GaugeMetricFamily("jobtui_done_last_minute", "Jobs done in the last 60 seconds")
     per_minute.add_metric([], snap.done_last_minute)
     yield per_minute
     expirations = CounterMetricFamily("jobtui_lease_expirations", "Leases the reaper found expired")
