@@ -32,7 +32,8 @@ LOCK_TIMEOUT = 2.0
 
 # Minutes of done jobs a DoneHistory reads again on every snapshot. finished_at is the time
 # the outcome statement started; it commits milliseconds later, so a minute that ended this
-# long ago has all its rows (the archiver deletes only far older ones).
+# long ago has all its rows (the archiver deletes only far older ones), unless a transaction
+# older than that is still open: then its start bounds what is settled (DoneHistory.update).
 UNSETTLED_MINUTES = 5
 MINUTE = timedelta(minutes=1)
 
@@ -241,11 +242,20 @@ class DoneHistory:
     def read_from(self) -> datetime | None:
         return self._read_from
 
-    def update(self, taken_at: datetime, rows: list[Any]) -> dict[datetime, dict[int, int]]:
-        """Fold in the rows of one snapshot; return every minute of the last hour."""
+    def update(
+        self, taken_at: datetime, rows: list[Any], oldest_open: datetime | None = None
+    ) -> dict[datetime, dict[int, int]]:
+        """Fold in the rows of one snapshot; return every minute of the last hour.
+
+        `oldest_open` is when the oldest open transaction started: an outcome statement
+        waiting on a lock (an index build, a LOCK TABLE) commits rows stamped with its
+        start, so no minute from then on is settled while it is open.
+        """
         current = _minute(taken_at)
         window_start = current - 59 * MINUTE
         settle_before = current - UNSETTLED_MINUTES * MINUTE
+        if oldest_open is not None:
+            settle_before = min(settle_before, _minute(oldest_open))
         fresh: dict[datetime, dict[int, int]] = {}
         for minute, attempts, jobs, _recent in rows:
             by_attempts = fresh.setdefault(_minute(minute), {})
@@ -348,7 +358,8 @@ def _snapshot(
     current = _minute(taken_at)
     per_minute = [0] * 60
     hour_attempts: dict[int, int] = {}
-    for minute, by_attempts in history.update(taken_at, done_rows).items():
+    oldest_open = taken_at - timedelta(seconds=float(oldest[0][0])) if oldest else None
+    for minute, by_attempts in history.update(taken_at, done_rows, oldest_open).items():
         minutes_ago = round((current - minute) / MINUTE)
         if 0 <= minutes_ago < 60:
             per_minute[minutes_ago] += sum(by_attempts.values())

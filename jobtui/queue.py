@@ -253,12 +253,24 @@ def claim_call(
     return Call("claim", params, _claimed)
 
 
+def _newest_leases(leases: Sequence[Lease]) -> list[Lease]:
+    """One lease per job, the one with the highest token: complete and heartbeat look a job's
+    token up by its first position, and a job's current token is never lower than any token
+    handed out for it, so an older lease of the same job in the batch can only be stale."""
+    newest: dict[int, Lease] = {}
+    for lease in leases:
+        held = newest.get(lease.job_id)
+        if held is None or lease.token > held.token:
+            newest[lease.job_id] = lease
+    return list(newest.values()) if len(newest) < len(leases) else list(leases)
+
+
 def heartbeat_call(leases: Sequence[Lease], lease: float = DEFAULT_LEASE_SECONDS) -> Call[set[int]]:
-    return Call("heartbeat", {**_leases(leases), "lease": check_lease(lease)}, _ids)
+    return Call("heartbeat", {**_leases(_newest_leases(leases)), "lease": check_lease(lease)}, _ids)
 
 
 def complete_call(leases: Sequence[Lease]) -> Call[set[int]]:
-    return Call("complete", _leases(leases), _ids)
+    return Call("complete", _leases(_newest_leases(leases)), _ids)
 
 
 def _fail_outcomes(rows: Rows) -> list[FailOutcome]:
@@ -476,6 +488,15 @@ async def aenqueue(conn: psycopg.AsyncConnection[Any], call: Call[int | None], s
     return job_id
 
 
+# complete and heartbeat find each id's token by a linear search of the batch: batches of a
+# thousand cost about what a join did, far larger ones grow with the square of their size.
+LEASE_CHUNK = 1000
+
+
+def _chunks(leases: Sequence[Lease]) -> list[Sequence[Lease]]:
+    return [leases[i : i + LEASE_CHUNK] for i in range(0, len(leases), LEASE_CHUNK)] or [leases]
+
+
 def _autocommitted(conn: psycopg.Connection[Any], fn: Callable[[], T]) -> T:
     """Run `fn` with each statement committing by itself, on a pooled connection.
 
@@ -582,11 +603,11 @@ class Queue:
 
     def heartbeat(self, leases: Sequence[Lease], lease: float = DEFAULT_LEASE_SECONDS) -> set[int]:
         """Extend leases; returns the ids still held (the others were lost)."""
-        return self.run(heartbeat_call(leases, lease))
+        return {i for chunk in _chunks(leases) for i in self.run(heartbeat_call(chunk, lease))}
 
     def complete(self, leases: Sequence[Lease]) -> set[int]:
         """Mark jobs done; returns the ids written (a missing id lost its lease)."""
-        return self.run(complete_call(leases))
+        return {i for chunk in _chunks(leases) for i in self.run(complete_call(chunk))}
 
     def fail(self, failures: Sequence[Failure]) -> list[FailOutcome]:
         """Record counted failures; jobs out of attempts go dead. Lost leases are left out."""

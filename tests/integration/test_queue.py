@@ -984,3 +984,32 @@ def test_claim_uses_the_ready_index_on_a_large_table(dsn: str, conn: Conn) -> No
     assert [j.run_at for j in jobs] == sorted(j.run_at for j in jobs)
     assert {j.type for j in jobs} <= {"type0", "type3"}
     assert json.dumps(jobs[0].payload).startswith('{"g": ')
+
+
+@pytest.mark.parametrize("stale_first", [True, False])
+def test_a_batch_holding_a_stale_and_the_current_lease_of_one_job_writes_the_current(
+    q: Queue, conn: Conn, stale_first: bool
+) -> None:
+    """A worker can hold a job's old lease (reaped) and its new one at once: whichever comes
+    first in the batch, the current lease completes the job and extends by heartbeat."""
+    job_id = q.enqueue("t")
+    [first] = q.claim(["t"], worker="w", lease=300)
+    expire(conn, job_id)
+    assert [r.job_id for r in q.reap()] == [job_id]
+    [second] = q.claim(["t"], worker="w", lease=300)
+    assert (first.lease_token, second.lease_token) == (1, 2)
+    batch = [first.lease, second.lease] if stale_first else [second.lease, first.lease]
+    assert q.heartbeat(batch) == {job_id}
+    assert q.complete(batch) == {job_id}
+    row = q.get(job_id)
+    assert row is not None and row.status == JobStatus.DONE and row.lease_token == 2
+
+
+def test_complete_and_heartbeat_of_large_batches_write_every_row(q: Queue) -> None:
+    ids = q.enqueue_many([NewJob("t") for _ in range(2500)])  # three chunks of leases
+    claimed = q.claim(["t"], worker="w", limit=2500, lease=300)
+    assert len(claimed) == 2500
+    leases = [j.lease for j in claimed]
+    assert q.heartbeat(leases) == set(ids)
+    assert q.complete(leases) == set(ids)
+    assert q.complete(leases) == set()  # fenced: done rows are not running
