@@ -48,6 +48,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.types.numeric import Int8
 
 from jobtui import NewJob, Queue
 from jobtui.domain import DEFAULT_MAX_ATTEMPTS
@@ -85,8 +86,8 @@ RETURNING j.id, j.type, j.payload, j.attempts, j.max_attempts, j.lease_token,
 RAW_COMPLETE = """
 UPDATE jobtui.job AS j
 SET status = 'done', locked_until = NULL, finished_at = now()
-WHERE j.id = ANY(%s::bigint[]) AND j.status = 'running'
-  AND j.lease_token = (%s::bigint[])[array_position(%s::bigint[], j.id)]
+WHERE j.id = ANY(%b::bigint[]) AND j.status = 'running'
+  AND j.lease_token = (%b::bigint[])[array_position(%b::bigint[], j.id)]
 RETURNING j.id
 """
 
@@ -222,22 +223,30 @@ class RawLoop:
 
     label = "raw psycopg, one conn"
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, job_type: str = JOB_TYPE, worker: str = WORKER) -> None:
         self.conn = psycopg.connect(dsn, autocommit=True)
         self.cur = self.conn.cursor()
-        self.types = [JOB_TYPE]
+        self.types = [job_type]
+        self.worker = worker
         self.limits: list[int | None] = [None]  # no per-type limit, as claim_call without max_attempts
 
     def cycle(self, batch: int) -> int:
+        """Claim up to `batch` jobs and complete them; how many were completed."""
         cur = self.cur
         types = self.types
-        cur.execute(RAW_CLAIM, (self.limits, types, DEFAULT_MAX_ATTEMPTS, WORKER, LEASE_SECONDS, types, batch))
+        cur.execute(RAW_CLAIM, (self.limits, types, DEFAULT_MAX_ATTEMPTS, self.worker, LEASE_SECONDS, types, batch))
         rows = cur.fetchall()
         if not rows:
             return 0
-        ids = [r[0] for r in rows]
-        cur.execute(RAW_COMPLETE, (ids, [r[5] for r in rows], ids))
+        # bigint[] in binary, as jobtui sends them (a smallint[] or int[] would be cast per row)
+        ids = [Int8(r[0]) for r in rows]
+        cur.execute(RAW_COMPLETE, (ids, [Int8(r[5]) for r in rows], ids))
         return len(cur.fetchall())
+
+    def drain(self, batch: int) -> None:
+        """Claim and complete until a claim finds nothing."""
+        while self.cycle(batch):
+            pass
 
     def close(self) -> None:
         self.conn.close()

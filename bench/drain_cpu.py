@@ -30,18 +30,18 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.types.numeric import Int8
 
 from jobtui import NewJob, Queue
-from jobtui.domain import DEFAULT_MAX_ATTEMPTS
+from jobtui.bench import NOOP as JOB_TYPE
+from jobtui.bench import queue_busy, spawn_workers, stop_workers
 from jobtui.migrate import migrate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from core import RAW_CLAIM, RAW_COMPLETE  # bench/ is not a package
+from core import RawLoop  # bench/ is not a package
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_DB = "jobtui_bench_drain_cpu"
-JOB_TYPE = "bench.noop"  # the type jobtui.bench's app handles
+SCHEMA = "jobtui"
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -68,17 +68,11 @@ def postgres_pids() -> list[int]:
 
 def raw_loop(dsn: str, batch: int, worker: str) -> None:
     """bench/core.py's raw loop, until a claim finds nothing."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        cur = conn.cursor()
-        types = [JOB_TYPE]
-        while True:
-            cur.execute(RAW_CLAIM, ([None], types, DEFAULT_MAX_ATTEMPTS, worker, 30.0, types, batch), prepare=True)
-            rows = cur.fetchall()
-            if not rows:
-                return
-            ids = [Int8(r[0]) for r in rows]
-            cur.execute(RAW_COMPLETE, (ids, [Int8(r[5]) for r in rows], ids), prepare=True)
-            cur.fetchall()
+    loop = RawLoop(dsn, job_type=JOB_TYPE, worker=worker)
+    try:
+        loop.drain(batch)
+    finally:
+        loop.close()
 
 
 def one_drain(dsn: str, jobs: int, workers: int, concurrency: int, raw: bool) -> tuple[float, float, float]:
@@ -94,12 +88,9 @@ def one_drain(dsn: str, jobs: int, workers: int, concurrency: int, raw: bool) ->
     server_before = {pid: cpu_seconds(pid) for pid in postgres_pids()}
     if raw:
         cmds = [[sys.executable, __file__, "--raw-loop", dsn, str(concurrency), f"raw-{i}"] for i in range(workers)]
+        procs = [subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL) for cmd in cmds]
     else:
-        worker = [sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "worker", "--app", "jobtui.bench:jobs"]
-        options = ["--concurrency", str(concurrency), "--no-scheduler"]
-        cmds = [[*worker, *options, "--id", f"cpu-{i}"] for i in range(workers)]
-    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    procs = [subprocess.Popen(cmd, **quiet) for cmd in cmds]  # type: ignore[call-overload]
+        procs = spawn_workers(dsn, SCHEMA, workers, concurrency, subprocess.DEVNULL)
     worker_cpu = dict.fromkeys((p.pid for p in procs), 0.0)
     server_cpu = dict(server_before)
 
@@ -113,11 +104,7 @@ def one_drain(dsn: str, jobs: int, workers: int, concurrency: int, raw: bool) ->
     with psycopg.connect(dsn, autocommit=True) as conn:
         while True:
             sample()
-            row = conn.execute(
-                "SELECT EXISTS (SELECT FROM jobtui.job WHERE status = 'ready')"
-                " OR EXISTS (SELECT FROM jobtui.job WHERE status = 'running')"
-            ).fetchone()
-            if row is not None and not row[0]:
+            if not queue_busy(conn, SCHEMA):
                 break
             time.sleep(0.05)
         sample()
@@ -126,10 +113,7 @@ def one_drain(dsn: str, jobs: int, workers: int, concurrency: int, raw: bool) ->
             "SELECT count(*) / extract(epoch FROM max(finished_at) - min(started_at)) FROM jobtui.job"
         ).fetchone()
         rate = float(row[0]) if row else 0.0
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        p.wait(30)
+    stop_workers(procs)
     return rate, sum(worker_cpu.values()) / jobs * 1e6, server / jobs * 1e6
 
 

@@ -77,32 +77,6 @@ TARGET_CEILING_SHARE = 0.50
 TARGET_P50_MS = 3.0
 TARGET_P99_MS = 10.0
 
-# The raw loop's statements: jobtui's claim and complete (queries.sql), written by hand.
-RAW_CLAIM = """
-UPDATE jobtui.job AS j
-SET status = 'running', attempts = j.attempts + 1, lease_token = j.lease_token + 1,
-    locked_by = %s, locked_until = now() + make_interval(secs => %s),
-    heartbeat_at = now(), started_at = now()
-WHERE j.id = ANY(ARRAY(
-        SELECT id FROM jobtui.job
-        WHERE status = 'ready' AND run_at <= now() AND type = ANY(%s::text[])
-        ORDER BY run_at, id
-        LIMIT %s
-        FOR UPDATE SKIP LOCKED))
-  AND j.status = 'ready'
-RETURNING j.id, j.type, j.payload, j.attempts, j.max_attempts, j.lease_token,
-          j.locked_until, j.created_at, j.run_at
-"""
-
-RAW_COMPLETE = """
-UPDATE jobtui.job AS j
-SET status = 'done', locked_until = NULL, finished_at = now()
-WHERE j.id = ANY(%s::bigint[]) AND j.status = 'running'
-  AND j.lease_token = (%s::bigint[])[array_position(%s::bigint[], j.id)]
-RETURNING j.id
-"""
-
-
 # -- configurations -----------------------------------------------------------------------
 
 
@@ -802,21 +776,16 @@ def jobtui_helper(action: str, dsn: str, opts: dict[str, Any]) -> Any:
 def raw_helper(action: str, dsn: str, opts: dict[str, Any]) -> Any:
     if action != "worker":
         return jobtui_helper(action, dsn, opts)
-    import psycopg
+    # bench/core.py's raw loop (this helper runs in the project's venv, like jobtui's).
+    sys.path.insert(0, str(HERE))
+    from core import RawLoop
 
-    batch = int(opts["batch"])
-    worker = f"raw-{opts.get('index', 0)}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        cur = conn.cursor()
-        types = [JOB_TYPE]
-        while True:
-            cur.execute(RAW_CLAIM, (worker, 30.0, types, batch))
-            rows = cur.fetchall()
-            if not rows:
-                return None
-            ids = [r[0] for r in rows]
-            cur.execute(RAW_COMPLETE, (ids, [r[5] for r in rows], ids))
-            cur.fetchall()
+    loop = RawLoop(dsn, job_type=JOB_TYPE, worker=f"raw-{opts.get('index', 0)}")
+    try:
+        loop.drain(int(opts["batch"]))
+    finally:
+        loop.close()
+    return None
 
 
 def pgqueuer_helper(action: str, dsn: str, opts: dict[str, Any]) -> Any:

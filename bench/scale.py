@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,13 +37,14 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobtui import NewJob, Queue
+from jobtui.bench import NOOP as JOB_TYPE
+from jobtui.bench import queue_busy, spawn_workers, stop_workers
 from jobtui.migrate import migrate
 from jobtui.queue import claim_call, complete_call, run
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_DB = "jobtui_bench_scale"
 SCHEMA = "jobtui"
-JOB_TYPE = "bench.noop"  # the type jobtui.bench's app handles
 TOLERANCE = 0.20
 
 FILL_DONE = """
@@ -79,33 +79,19 @@ def claim_latency(dsn: str, claims: int = 200) -> list[float]:
 
 def drain(dsn: str, workers: int, concurrency: int, first_id: int) -> float:
     """Drain the ready jobs with worker processes; jobs per second from the rows' timestamps."""
-    cmd = [sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "worker", "--app", "jobtui.bench:jobs",
-           "--concurrency", str(concurrency), "--no-scheduler"]  # fmt: skip
     with tempfile.TemporaryFile() as log, psycopg.connect(dsn, autocommit=True) as conn:
-        procs = [
-            subprocess.Popen([*cmd, "--id", f"scale-{i}"], stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-            for i in range(workers)
-        ]
+        procs = spawn_workers(dsn, SCHEMA, workers, concurrency, log)
         try:
             deadline = time.monotonic() + 600
-            while time.monotonic() < deadline:
-                row = conn.execute(
-                    "SELECT EXISTS (SELECT FROM jobtui.job WHERE status = 'ready')"
-                    " OR EXISTS (SELECT FROM jobtui.job WHERE status = 'running')"
-                ).fetchone()
-                if row is not None and not row[0]:
-                    break
+            while queue_busy(conn, SCHEMA):
                 if any(p.poll() is not None for p in procs):
                     log.seek(0)
                     raise SystemExit("a worker exited: " + log.read().decode(errors="replace")[-500:])
+                if time.monotonic() > deadline:
+                    raise SystemExit("the jobs were not drained within 10 minutes")
                 time.sleep(0.2)
-            else:
-                raise SystemExit("the jobs were not drained within 10 minutes")
         finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                p.wait(30)
+            stop_workers(procs)
         row = conn.execute(
             "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at)) FROM jobtui.job WHERE id >= %s",
             (first_id,),

@@ -47,11 +47,11 @@ class BenchResult:
     latency_samples: int
 
 
-def _spawn_workers(
-    dsn: str, schema: str, workers: int, concurrency: int, log: IO[bytes]
+def spawn_workers(
+    dsn: str, schema: str, workers: int, concurrency: int, log: IO[bytes] | int
 ) -> list[subprocess.Popen[bytes]]:
-    """Start the worker processes; their logs go to `log`, a file (a pipe nobody reads would
-    fill up and stall a worker mid-benchmark)."""
+    """Start `jobtui worker` processes running the no-op app; their logs go to `log`, a file
+    (a pipe nobody reads would fill up and stall a worker mid-benchmark)."""
     cmd = [
         sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "--schema", schema, "worker", "--app", "jobtui.bench:jobs",
         "--types", NOOP, "--concurrency", str(concurrency), "--no-scheduler", "--poll", "1s",
@@ -62,7 +62,7 @@ def _spawn_workers(
     ]
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+def stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
     for p in procs:
         if p.poll() is None:
             p.terminate()
@@ -76,6 +76,16 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 def _scalar(conn: Any, query: sql.Composable, params: Any = None) -> Any:
     row = conn.execute(query, params).fetchone()
     return row[0] if row else None
+
+
+def queue_busy(conn: Any, schema: str) -> bool:
+    """Whether any job is ready or running. Asked of the ready and running indexes: a count
+    over the table would take a CPU away from the drain it is watching."""
+    query = sql.SQL(
+        "SELECT EXISTS (SELECT FROM {0}.job WHERE status = 'ready')"
+        " OR EXISTS (SELECT FROM {0}.job WHERE status = 'running')"
+    ).format(sql.Identifier(schema))
+    return bool(_scalar(conn, query))
 
 
 def run(
@@ -95,20 +105,11 @@ def run(
             enqueue_rate = n / (time.perf_counter() - t0)
         with connect(dsn, autocommit=True) as conn, tempfile.TemporaryFile() as log:
             conn.execute(sql.SQL("VACUUM ANALYZE {}.job").format(ident))
-            procs = _spawn_workers(dsn, schema, workers, concurrency, log)
+            procs = spawn_workers(dsn, schema, workers, concurrency, log)
             try:
                 deadline = time.monotonic() + 600
                 while time.monotonic() < deadline:
-                    # Through the ready and running indexes: a count over the table would
-                    # take a CPU away from the drain it measures.
-                    busy = _scalar(
-                        conn,
-                        sql.SQL(
-                            "SELECT EXISTS (SELECT FROM {0}.job WHERE status = 'ready')"
-                            " OR EXISTS (SELECT FROM {0}.job WHERE status = 'running')"
-                        ).format(ident),
-                    )
-                    if not busy:
+                    if not queue_busy(conn, schema):
                         break
                     if any(p.poll() is not None for p in procs):
                         raise RuntimeError("a bench worker exited: " + _last_line(log))
@@ -123,7 +124,7 @@ def run(
                 drain_rate = n / float(span)
                 latencies = _latency(conn, dsn, schema, latency_jobs)
             finally:
-                _stop(procs)
+                stop_workers(procs)
     finally:
         with connect(dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(ident))
