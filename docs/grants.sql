@@ -29,6 +29,9 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".schedule TO :"role";
 GRANT SELECT, INSERT, DELETE ON :"schema".job_archive TO :"role";
 -- Lease expiries (recorded by the reaper) and hourly summaries, pruned by the archiver.
 GRANT SELECT, INSERT, DELETE ON :"schema".lease_expiry, :"schema".stats_hourly TO :"role";
+-- Counts of jobs deleted at completion (--delete-on-complete), added to by each finishing
+-- worker and pruned by the archiver.
+GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".done_tally TO :"role";
 -- Effects recorded by handlers (`job.once`), and the operators' audit log: written, never
 -- changed or deleted by this role.
 GRANT SELECT, INSERT ON :"schema".effect, :"schema".audit TO :"role";

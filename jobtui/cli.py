@@ -133,6 +133,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         shutdown_timeout=parse_duration(args.shutdown_timeout),
         poll_interval=parse_duration(args.poll),
         scheduler=not args.no_scheduler,
+        delete_on_complete=args.delete_on_complete,
         retention=Retention(
             done=parse_duration(args.retention),
             dead=parse_duration(args.dead_retention),
@@ -504,6 +505,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retention", default="1d", help="how long done jobs stay before archiving (default 1d)")
     p.add_argument("--dead-retention", default="30d", help="how long dead/failed jobs stay (default 30d)")
     p.add_argument("--delete-done", action="store_true", help="delete done jobs instead of archiving them")
+    p.add_argument(
+        "--delete-on-complete",
+        action="store_true",
+        help="delete jobs without a key when they finish, keeping only their count (faster; no done rows)",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_worker)
 

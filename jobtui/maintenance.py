@@ -95,6 +95,7 @@ def summarise_hours(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA)
             run(conn, Call("stats_summarise_hour", {"hour": hour}, _count), schema)
     run(conn, Call("stats_prune_hours", {}, _count), schema)
     run(conn, Call("prune_lease_expiry", {}, _count), schema)
+    run(conn, Call("prune_done_tally", {}, _count), schema)
     return len(hours)
 
 

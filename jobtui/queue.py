@@ -273,6 +273,12 @@ def complete_call(leases: Sequence[Lease]) -> Call[set[int]]:
     return Call("complete", _leases(_newest_leases(leases)), _ids)
 
 
+def complete_deleting_call(leases: Sequence[Lease]) -> Call[set[int]]:
+    """Complete jobs without a key by deleting them (counted in done_tally); the ids of keyed
+    jobs and of lost leases are missing from the result: pass those to complete_call."""
+    return Call("complete_deleting", _leases(_newest_leases(leases)), _ids)
+
+
 def _fail_outcomes(rows: Rows) -> list[FailOutcome]:
     return [FailOutcome(r[0], JobStatus(r[1]), r[2], r[3], r[4], r[5]) for r in rows]
 
@@ -605,9 +611,22 @@ class Queue:
         """Extend leases; returns the ids still held (the others were lost)."""
         return {i for chunk in _chunks(leases) for i in self.run(heartbeat_call(chunk, lease))}
 
-    def complete(self, leases: Sequence[Lease]) -> set[int]:
-        """Mark jobs done; returns the ids written (a missing id lost its lease)."""
-        return {i for chunk in _chunks(leases) for i in self.run(complete_call(chunk))}
+    def complete(self, leases: Sequence[Lease], *, delete: bool = False) -> set[int]:
+        """Mark jobs done; returns the ids written (a missing id lost its lease).
+
+        delete=True deletes jobs without a key instead, counting them in done_tally (what
+        `jobtui worker --delete-on-complete` does); keyed jobs are kept as done rows.
+        """
+        written: set[int] = set()
+        for chunk in _chunks(leases):
+            if delete:
+                deleted = self.run(complete_deleting_call(chunk))
+                written.update(deleted)
+                chunk = [lease for lease in chunk if lease.job_id not in deleted]
+            if chunk:
+                completed = self.run(complete_call(chunk))
+                written.update(completed)
+        return written
 
     def fail(self, failures: Sequence[Failure]) -> list[FailOutcome]:
         """Record counted failures; jobs out of attempts go dead. Lost leases are left out."""

@@ -96,6 +96,31 @@ WHERE j.id = ANY(%(ids)b::bigint[]) AND j.status = 'running'
   AND j.lease_token = (%(tokens)b::bigint[])[array_position(%(ids)b::bigint[], j.id)]
 RETURNING j.id;
 
+-- name: complete_deleting
+-- Complete by deleting: for workers started with --delete-on-complete. Only jobs without a
+-- key are deleted (a keyed job stays as a done row, so its key keeps refusing duplicates until
+-- the archiver's retention); the caller completes the ids missing from the result with
+-- `complete`, which also tells a keyed job from a lost lease. Each deleted job is counted into
+-- done_tally in the same statement, in the finishing worker's own row (see migration 0004).
+WITH gone AS (
+    DELETE FROM {schema}.job AS j
+    WHERE j.id = ANY(%(ids)b::bigint[]) AND j.status = 'running' AND j.idempotency_key IS NULL
+      AND j.lease_token = (%(tokens)b::bigint[])[array_position(%(ids)b::bigint[], j.id)]
+    RETURNING j.id, j.type, j.attempts, j.locked_by, j.started_at
+), counted AS (
+    INSERT INTO {schema}.done_tally AS t
+        (minute, type, attempts, worker, jobs, first_started_at, last_finished_at)
+    SELECT date_bin('1 minute', now(), timestamptz '2000-01-01 00:00:00+00'), type, attempts,
+           coalesce(locked_by, ''), count(*), min(started_at), now()
+    FROM gone
+    GROUP BY type, attempts, locked_by
+    ON CONFLICT (minute, type, attempts, worker) DO UPDATE
+    SET jobs = t.jobs + excluded.jobs,
+        first_started_at = least(t.first_started_at, excluded.first_started_at),
+        last_finished_at = greatest(t.last_finished_at, excluded.last_finished_at)
+)
+SELECT id FROM gone;
+
 -- name: fail
 -- A counted failure: back to ready after the given delay, or dead once attempts are spent.
 -- The error joins the row's history (the newest 50 entries are kept).
@@ -464,18 +489,35 @@ SELECT attempts, count(*) FROM {schema}.job WHERE status IN ('dead', 'failed') A
 GROUP BY attempts;
 
 -- name: metrics_done_minutes
--- Done jobs by calendar minute and attempts used, from job_finished_idx alone: the minutes of
--- the last hour from %(since)s on (NULL: the whole hour; a reader that keeps the settled
--- minutes of its previous snapshot asks for the last few only), and how many of them finished
--- in the last 60 seconds, for a jobs-per-minute figure that does not jump at minute starts.
+-- Done jobs by calendar minute and attempts used: the done rows, from job_finished_idx
+-- alone, plus the jobs counted in done_tally (deleted at completion): the minutes of the last
+-- hour from %(since)s on (NULL: the whole hour; a reader that keeps the settled minutes of
+-- its previous snapshot asks for the last few only), and how many of them finished in the
+-- last 60 seconds, for a jobs-per-minute figure that does not jump at minute starts. A tally
+-- row knows its minute, not each job's second: its jobs count in the last 60 seconds in
+-- proportion to the part of its minute that lies within them.
 -- date_bin is plain arithmetic on the timestamp, where date_trunc converts to a time zone.
-SELECT date_bin('1 minute', finished_at, timestamptz '2000-01-01 00:00:00+00'), attempts,
-       count(*), count(*) FILTER (WHERE finished_at > now() - interval '60 seconds')
-FROM {schema}.job
-WHERE status = 'done'
-  AND finished_at >= greatest(%(since)s::timestamptz,
-                              date_bin('1 minute', now(), timestamptz '2000-01-01 00:00:00+00')
-                              - interval '59 minutes')
+WITH bounds AS (
+    SELECT greatest(%(since)s::timestamptz,
+                    date_bin('1 minute', now(), timestamptz '2000-01-01 00:00:00+00')
+                    - interval '59 minutes') AS since
+)
+SELECT minute, attempts, sum(jobs)::bigint, round(sum(recent))::bigint
+FROM (
+    SELECT date_bin('1 minute', finished_at, timestamptz '2000-01-01 00:00:00+00') AS minute,
+           attempts, count(*) AS jobs,
+           count(*) FILTER (WHERE finished_at > now() - interval '60 seconds')::numeric AS recent
+    FROM {schema}.job
+    WHERE status = 'done' AND finished_at >= (SELECT since FROM bounds)
+    GROUP BY 1, 2
+    UNION ALL
+    SELECT minute, attempts, sum(jobs),
+           sum(jobs) * greatest(0, least(1, extract(epoch FROM minute + interval '60 seconds'
+                                                     - (now() - interval '60 seconds')) / 60))
+    FROM {schema}.done_tally
+    WHERE minute >= (SELECT since FROM bounds)
+    GROUP BY 1, 2
+) AS done
 GROUP BY 1, 2;
 
 -- name: metrics_day
@@ -538,11 +580,19 @@ WHERE NOT EXISTS (SELECT 1 FROM {schema}.stats_hourly s WHERE s.hour = h);
 -- One completed hour's finished jobs by type, status and attempts, plus a marker row so an
 -- hour with no jobs is not summarised again.
 INSERT INTO {schema}.stats_hourly (hour, type, status, attempts, jobs)
--- Done and dead/failed are read apart so each part uses its own partial index.
-SELECT %(hour)s::timestamptz, type, 'done', attempts, count(*)
-FROM {schema}.job
-WHERE status = 'done'
-  AND finished_at >= %(hour)s::timestamptz AND finished_at < %(hour)s::timestamptz + interval '1 hour'
+-- Done and dead/failed are read apart so each part uses its own partial index. Jobs deleted
+-- at completion were counted by the minute in done_tally; the hour's minutes hold them all.
+SELECT %(hour)s::timestamptz, type, 'done', attempts, sum(jobs)::bigint
+FROM (SELECT type, attempts, count(*) AS jobs
+      FROM {schema}.job
+      WHERE status = 'done'
+        AND finished_at >= %(hour)s::timestamptz AND finished_at < %(hour)s::timestamptz + interval '1 hour'
+      GROUP BY type, attempts
+      UNION ALL
+      SELECT type, attempts, sum(jobs)
+      FROM {schema}.done_tally
+      WHERE minute >= %(hour)s::timestamptz AND minute < %(hour)s::timestamptz + interval '1 hour'
+      GROUP BY type, attempts) AS done
 GROUP BY type, attempts
 UNION ALL
 SELECT %(hour)s::timestamptz, type, status, attempts, count(*)
@@ -556,6 +606,11 @@ ON CONFLICT DO NOTHING;
 
 -- name: stats_prune_hours
 DELETE FROM {schema}.stats_hourly WHERE hour < now() - interval '8 days';
+
+-- name: prune_done_tally
+-- Minutes older than the day the hourly summaries cover, once their hours are summarised.
+DELETE FROM {schema}.done_tally
+WHERE minute < date_trunc('hour', now()) - interval '25 hours';
 
 -- name: audit_insert
 INSERT INTO {schema}.audit (actor, action, target, job_ids, rows, detail)

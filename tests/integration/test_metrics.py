@@ -436,6 +436,70 @@ def test_done_per_minute_counts_calendar_minutes_at_a_minute_boundary(dsn: str, 
     assert snap.attempts_last_hour["done"] == {1: 1, 2: 1, 3: 1, 4: 1, 5: 1}
 
 
+def tally_at(conn: Conn, minute: str, attempts: int, jobs: int, worker: str = "w1") -> None:
+    """Jobs deleted at completion, as a deleting complete counts them (see test_queue)."""
+    execute(
+        conn,
+        "INSERT INTO jobtui.done_tally (minute, type, attempts, worker, jobs, first_started_at, last_finished_at)"
+        " VALUES (%s, 't', %s, %s, %s, %s, %s::timestamptz + interval '30 seconds')",
+        minute, attempts, worker, jobs, minute, minute,
+    )  # fmt: skip
+
+
+def test_jobs_deleted_at_completion_count_in_the_done_figures(dsn: str, conn: Conn) -> None:
+    """Tallied jobs add to their minute's bucket and attempts beside the done rows; in the last
+    60 seconds they count by the share of their minute inside them."""
+    with Queue(dsn) as q:
+        make_done_at(conn, q, 1, "2024-05-01 12:05:10+00")
+        make_done_at(conn, q, 1, "2024-05-01 12:04:30+00")
+    tally_at(conn, "2024-05-01 12:05:00+00", 1, 40)  # this minute: all 40 within the last 60 s
+    tally_at(conn, "2024-05-01 12:05:00+00", 2, 3, worker="w2")
+    tally_at(conn, "2024-05-01 12:04:00+00", 1, 100)  # 59.7 s of it before now() - 60 s: 0.3 / 60 inside
+    tally_at(conn, "2024-05-01 11:30:00+00", 3, 7)
+    tally_at(conn, "2024-05-01 11:05:00+00", 1, 1000)  # before the 60 minutes shown
+    fake_now(conn, FAKE_NOW)
+    snap = snapshot(conn)
+    assert snap.done_per_minute[0] == 1 + 40 + 3 and snap.done_per_minute[1] == 1 + 100
+    assert snap.done_per_minute[35] == 7 and sum(snap.done_per_minute) == 152
+    assert snap.attempts_last_hour["done"] == {1: 142, 2: 3, 3: 7}
+    assert snap.done_last_minute == 1 + 40 + 3 + 1  # 12:05:10, this minute's tallies, round(0.5)
+
+    # A reader's history reads tallies as it reads done rows: the same figures as a full read.
+    history = DoneHistory()
+    assert snapshot(conn, history=history).done_per_minute == snap.done_per_minute
+    tally_at(conn, "2024-05-01 12:06:00+00", 1, 5)
+    fake_now(conn, "2024-05-01 12:06:20+00")
+    warm, cold = snapshot(conn, history=history), snapshot(conn)
+    assert warm.done_per_minute == cold.done_per_minute and warm.done_per_minute[0] == 5
+    assert warm.done_last_minute == cold.done_last_minute
+
+
+def test_a_deleting_worker_shows_in_the_throughput_and_the_hourly_summary(dsn: str, conn: Conn) -> None:
+    away_from_hour_boundary(conn)
+    with Queue(dsn) as q:
+        ids = [q.enqueue("t") for _ in range(4)]
+        jobs = q.claim(["t"], worker="w1", limit=4)
+        assert q.complete([j.lease for j in jobs], delete=True) == set(ids)
+    snap = snapshot(conn)
+    assert snap.done_per_minute[0] == 4 and snap.done_last_minute == 4
+    assert snap.attempts_last_hour["done"] == {1: 4}
+    # Tallies two hours ago are summarised with that hour's done rows; the prune keeps a day.
+    execute(conn, "UPDATE jobtui.done_tally SET minute = date_trunc('hour', now()) - interval '2 hours'")
+    tally_at(conn, "2024-05-01 12:00:00+00", 1, 9)  # long ago: pruned
+    with Queue(dsn) as q:
+        job_id = q.enqueue("t")
+    execute(
+        conn,
+        "UPDATE jobtui.job SET status = 'done', attempts = 1,"
+        " finished_at = date_trunc('hour', now()) - interval '2 hours' + interval '5 minutes' WHERE id = %s",
+        job_id,
+    )
+    assert summarise_hours(conn) == 24
+    assert snapshot(conn).attempts_last_day == {"done": {1: 5}}
+    minutes = conn.execute("SELECT count(*), sum(jobs) FROM jobtui.done_tally").fetchone()
+    assert minutes == (1, 4)
+
+
 def test_a_done_history_rereads_only_the_unsettled_minutes(dsn: str, conn: Conn) -> None:
     """A reader's DoneHistory keeps the minutes that ended over UNSETTLED_MINUTES ago and reads
     only the later ones: the same figures as a full read, minus a row written into a settled

@@ -44,6 +44,7 @@ WORKER_TABLES = {
     "job_archive": {"SELECT", "INSERT", "DELETE"},
     "lease_expiry": {"SELECT", "INSERT", "DELETE"},
     "stats_hourly": {"SELECT", "INSERT", "DELETE"},
+    "done_tally": {"SELECT", "INSERT", "UPDATE", "DELETE"},
     "effect": {"SELECT", "INSERT"},
     "audit": {"SELECT", "INSERT"},
     "migration": {"SELECT"},
@@ -275,6 +276,13 @@ def test_the_worker_role_runs_workers_enqueues_and_operates(roles: Roles, admin:
     assert works(w, "schedule", "run-now", "priv.cli").strip().isdigit()
     works(w, "schedule", "remove", "priv.cli")
     assert "requeue" in works(w, "audit")
+    # A worker started with --delete-on-complete deletes and counts what it finishes.
+    with Queue(w) as q:
+        [deleted] = q.claim(["priv.bulk"], worker="deleting-worker")
+        assert q.complete([deleted.lease], delete=True) == {deleted.id}
+        assert q.get(deleted.id) is None
+    tallied = admin.execute("SELECT sum(jobs) FROM jobtui.done_tally WHERE worker = 'deleting-worker'").fetchone()
+    assert tallied == (1,)
     # The archiver's statements (its schedule fires once a minute; run them directly).
     with psycopg.connect(w, autocommit=True) as conn:
         summarise_hours(conn)
@@ -351,6 +359,7 @@ def test_the_readonly_role_cannot_change_anything(roles: Roles, admin: Conn) -> 
         lambda q: q.claim(["priv.ro"], worker="ro"),
         lambda q: q.heartbeat([running.lease]),
         lambda q: q.complete([running.lease]),
+        lambda q: q.complete([running.lease], delete=True),
         lambda q: q.fail([Failure(running.lease, "x", 0)]),
         lambda q: q.reap(),
         lambda q: q.requeue([dead], actor="ro"),

@@ -495,6 +495,60 @@ def test_complete(q: Queue, conn: Conn) -> None:
     assert snapshot(conn, ids[0]) == before
 
 
+def tally(conn: Conn) -> list[tuple[str, int, str, int]]:
+    """done_tally as (type, attempts, worker, jobs), minute rows added up."""
+    rows = conn.execute(
+        "SELECT type, attempts, worker, sum(jobs)::int FROM jobtui.done_tally GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+    ).fetchall()
+    return [(r[0], r[1], r[2], r[3]) for r in rows]
+
+
+def test_complete_with_delete_removes_keyless_jobs_and_counts_them(q: Queue, conn: Conn) -> None:
+    keyless = [q.enqueue("t") for _ in range(3)]
+    retried = q.enqueue("u", max_attempts=3)
+    keyed = q.enqueue("t", key="order-42")
+    [first] = q.claim(["u"], worker="w1")
+    q.fail([Failure(first.lease, "boom", 0)])
+    jobs = q.claim(["t", "u"], worker="w1", limit=10)
+    assert {j.id for j in jobs} == {*keyless, retried, keyed}
+    assert q.complete([j.lease for j in jobs], delete=True) == {*keyless, retried, keyed}
+    # Keyless jobs are gone, counted by type and attempts in the finishing worker's row...
+    assert count(conn, f"id IN ({','.join(map(str, [*keyless, retried]))})") == 0
+    assert tally(conn) == [("t", 1, "w1", 3), ("u", 2, "w1", 1)]
+    bounds = conn.execute(
+        "SELECT bool_and(first_started_at <= last_finished_at AND minute <= last_finished_at"
+        " AND last_finished_at < minute + interval '1 minute') FROM jobtui.done_tally"
+    ).fetchone()
+    assert bounds == (True,)
+    # ...and the keyed job stays done, so its key still refuses a second enqueue.
+    row = q.get(keyed)
+    assert row is not None and row.status == JobStatus.DONE
+    assert q.enqueue("t", key="order-42") == keyed
+    assert count(conn) == 1
+
+
+def test_complete_with_delete_is_fenced_by_the_lease(q: Queue, conn: Conn) -> None:
+    job_id = q.enqueue("t")
+    [stale] = q.claim(["t"], worker="w1", lease=60)
+    expire(conn, job_id)
+    assert q.reap() and q.claim(["t"], worker="w2")
+    before = snapshot(conn, job_id)
+    # The first worker's lease was reaped and the job claimed again: nothing is deleted or counted.
+    assert q.complete([stale.lease], delete=True) == set()
+    assert snapshot(conn, job_id) == before and tally(conn) == []
+
+
+def test_complete_with_delete_adds_to_the_minute_row_of_its_worker(q: Queue, conn: Conn) -> None:
+    ids = q.enqueue_many([NewJob("t") for _ in range(5)])
+    for worker, limit in (("w1", 2), ("w2", 2), ("w1", 1)):
+        jobs = q.claim(["t"], worker=worker, limit=limit)
+        assert q.complete([j.lease for j in jobs], delete=True) == {j.id for j in jobs}
+    minutes = value(conn, "SELECT count(DISTINCT minute) FROM jobtui.done_tally")
+    assert tally(conn) == [("t", 1, "w1", 3), ("t", 1, "w2", 2)]
+    assert value(conn, "SELECT count(*) FROM jobtui.done_tally") == 2 * minutes
+    assert count(conn, f"id IN ({','.join(map(str, ids))})") == 0
+
+
 # -- fail ----------------------------------------------------------------------------------
 
 

@@ -357,6 +357,26 @@ def test_notify_wakes_an_idle_worker(db: Conn, spawn: Spawn) -> None:
         assert started_after < 1.0 and latency < 2.0, (started_after, latency)
 
 
+def test_a_worker_deleting_on_complete_keeps_keyed_jobs_and_failures(db: Conn, spawn: Spawn) -> None:
+    keyless = [enqueue(db, "effect_async", {"key": f"k-del-{n}"}) for n in range(30)]
+    keyed = enqueue(db, "effect_async", {"key": "k-del-keyed"}, key="once-only")
+    failing = enqueue(db, "boom", max_attempts=2)
+    w = spawn("D", "--delete-on-complete", "--concurrency", "8")
+    ids = [*keyless, keyed, failing]
+    wait_for(
+        lambda: not db.execute(
+            "SELECT count(*) FROM jobtui.job WHERE id = ANY(%s) AND status IN ('ready', 'running')", (ids,)
+        ).fetchone()[0],
+        20,
+        "the jobs to finish",
+        w.log,
+    )
+    assert statuses(db, ids) == {keyed: "done", failing: "dead"}
+    assert all(len(effects(db, f"k-del-{n}")) == 1 for n in range(30))
+    tallied = db.execute("SELECT type, attempts, sum(jobs) FROM jobtui.done_tally WHERE worker = 'D' GROUP BY 1, 2")
+    assert tallied.fetchall() == [("effect_async", 1, 30)]
+
+
 # -- handler outcomes ---------------------------------------------------------------------
 
 
