@@ -364,9 +364,11 @@ def test_a_worker_deleting_on_complete_keeps_keyed_jobs_and_failures(db: Conn, s
     w = spawn("D", "--delete-on-complete", "--concurrency", "8")
     ids = [*keyless, keyed, failing]
     wait_for(
-        lambda: not db.execute(
-            "SELECT count(*) FROM jobtui.job WHERE id = ANY(%s) AND status IN ('ready', 'running')", (ids,)
-        ).fetchone()[0],
+        lambda: (
+            not db.execute(
+                "SELECT count(*) FROM jobtui.job WHERE id = ANY(%s) AND status IN ('ready', 'running')", (ids,)
+            ).fetchone()[0]
+        ),
         20,
         "the jobs to finish",
         w.log,
