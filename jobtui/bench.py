@@ -48,13 +48,14 @@ class BenchResult:
 
 
 def spawn_workers(
-    dsn: str, schema: str, workers: int, concurrency: int, log: IO[bytes] | int
+    dsn: str, schema: str, workers: int, concurrency: int, log: IO[bytes] | int, *, delete_on_complete: bool = False
 ) -> list[subprocess.Popen[bytes]]:
     """Start `jobtui worker` processes running the no-op app; their logs go to `log`, a file
     (a pipe nobody reads would fill up and stall a worker mid-benchmark)."""
     cmd = [
         sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "--schema", schema, "worker", "--app", "jobtui.bench:jobs",
         "--types", NOOP, "--concurrency", str(concurrency), "--no-scheduler", "--poll", "1s",
+        *(["--delete-on-complete"] if delete_on_complete else []),
     ]  # fmt: skip
     return [
         subprocess.Popen([*cmd, "--id", f"bench-{i}"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
@@ -78,6 +79,20 @@ def _scalar(conn: Any, query: sql.Composable, params: Any = None) -> Any:
     return row[0] if row else None
 
 
+def drain_window(conn: Any, schema: str) -> tuple[int, float]:
+    """(jobs finished, seconds from the first start to the last finish), from the done rows
+    and from the tallies of jobs deleted at completion."""
+    query = sql.SQL(
+        "SELECT coalesce(sum(jobs), 0)::bigint, extract(epoch FROM max(last) - min(first))::float8"
+        " FROM (SELECT count(*) AS jobs, min(started_at) AS first, max(finished_at) AS last"
+        "       FROM {0}.job WHERE status = 'done'"
+        "       UNION ALL"
+        "       SELECT sum(jobs), min(first_started_at), max(last_finished_at) FROM {0}.done_tally) AS finished"
+    ).format(sql.Identifier(schema))
+    row = conn.execute(query).fetchone()
+    return int(row[0]), float(row[1] or 0.0)
+
+
 def queue_busy(conn: Any, schema: str) -> bool:
     """Whether any job is ready or running. Asked of the ready and running indexes: a count
     over the table would take a CPU away from the drain it is watching."""
@@ -89,7 +104,13 @@ def queue_busy(conn: Any, schema: str) -> bool:
 
 
 def run(
-    dsn: str, *, n: int = 100_000, workers: int = 2, concurrency: int = 100, latency_jobs: int = 300
+    dsn: str,
+    *,
+    n: int = 100_000,
+    workers: int = 2,
+    concurrency: int = 100,
+    latency_jobs: int = 300,
+    delete_on_complete: bool = False,
 ) -> BenchResult:
     """Run the benchmark against `dsn` in its own schema; returns the figures."""
     schema = BENCH_SCHEMA
@@ -105,7 +126,7 @@ def run(
             enqueue_rate = n / (time.perf_counter() - t0)
         with connect(dsn, autocommit=True) as conn, tempfile.TemporaryFile() as log:
             conn.execute(sql.SQL("VACUUM ANALYZE {}.job").format(ident))
-            procs = spawn_workers(dsn, schema, workers, concurrency, log)
+            procs = spawn_workers(dsn, schema, workers, concurrency, log, delete_on_complete=delete_on_complete)
             try:
                 deadline = time.monotonic() + 600
                 while time.monotonic() < deadline:
@@ -117,11 +138,10 @@ def run(
                 else:
                     raise RuntimeError("the jobs were not drained within 10 minutes")
                 # Drain rate from the database's own timestamps: first start to last finish.
-                span = _scalar(
-                    conn,
-                    sql.SQL("SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM {}.job").format(ident),
-                )
-                drain_rate = n / float(span)
+                finished, span = drain_window(conn, schema)
+                if finished != n:
+                    raise RuntimeError(f"{finished} of {n} jobs finished: " + _last_line(log))
+                drain_rate = n / span
                 latencies = _latency(conn, dsn, schema, latency_jobs)
             finally:
                 stop_workers(procs)
@@ -133,15 +153,16 @@ def run(
 
 
 def _latency(conn: Any, dsn: str, schema: str, count: int) -> list[float]:
-    """Enqueue `count` jobs one by one every 10 ms to idle workers; started_at - created_at."""
+    """Enqueue `count` jobs one by one every 10 ms to idle workers; started_at - created_at.
+    The jobs carry keys, so workers that delete finished jobs keep these rows."""
     ident = sql.Identifier(schema)
     with Queue(dsn, schema=schema, max_connections=1) as queue:
-        queue.enqueue(NOOP)  # warm the connection and the workers
+        queue.enqueue(NOOP, key="latency-warm-up")  # warm the connection and the workers
         time.sleep(0.5)
-        first = queue.enqueue(NOOP)
-        for _ in range(count - 1):
+        first = queue.enqueue(NOOP, key="latency-0")
+        for i in range(1, count):
             time.sleep(0.01)
-            queue.enqueue(NOOP)
+            queue.enqueue(NOOP, key=f"latency-{i}")
     deadline = time.monotonic() + 30
     query = sql.SQL("SELECT count(*) FROM {}.job WHERE id >= %s AND status <> 'done'").format(ident)
     while _scalar(conn, query, (first,)) and time.monotonic() < deadline:

@@ -382,8 +382,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
     dsn = database_dsn(args)
-    print(f"jobtui bench: {args.jobs} no-op jobs, {args.workers} worker process(es) x concurrency {args.concurrency}")
-    result = bench.run(dsn, n=args.jobs, workers=args.workers, concurrency=args.concurrency)
+    deleting = ", deleting on complete" if args.delete_on_complete else ""
+    print(
+        f"jobtui bench: {args.jobs} no-op jobs, {args.workers} worker process(es) x concurrency {args.concurrency}"
+        + deleting
+    )
+    result = bench.run(
+        dsn,
+        n=args.jobs,
+        workers=args.workers,
+        concurrency=args.concurrency,
+        delete_on_complete=args.delete_on_complete,
+    )
     print(f"  enqueue (COPY, batches of 10,000)   {result.enqueue_per_s:>10,.0f} jobs/s")
     print(f"  drain                               {result.drain_per_s:>10,.0f} jobs/s")
     print(
@@ -547,6 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=positive_int, default=100_000)
     p.add_argument("--workers", type=positive_int, default=2, help="worker processes (default 2)")
     p.add_argument("--concurrency", type=positive_int, default=100, help="per worker (default 100)")
+    p.add_argument("--delete-on-complete", action="store_true", help="workers delete finished jobs (see `worker`)")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("demo", help="a live demo queue showing every failure mode, in the console")
