@@ -33,7 +33,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobtui import NewJob, Queue
 from jobtui.bench import NOOP as JOB_TYPE
-from jobtui.bench import queue_busy, spawn_workers, stop_workers
+from jobtui.bench import drain_window, queue_busy, spawn_workers, stop_workers
 from jobtui.migrate import migrate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -75,10 +75,12 @@ def raw_loop(dsn: str, batch: int, worker: str) -> None:
         loop.close()
 
 
-def one_drain(dsn: str, jobs: int, workers: int, concurrency: int, raw: bool) -> tuple[float, float, float]:
+def one_drain(
+    dsn: str, jobs: int, workers: int, concurrency: int, raw: bool, delete: bool
+) -> tuple[float, float, float]:
     """(jobs/s, worker CPU us/job, server CPU us/job) of one drain from a fresh table."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE jobtui.job")
+        conn.execute("TRUNCATE jobtui.job, jobtui.done_tally")
     with Queue(dsn) as queue:
         for start in range(0, jobs, 10_000):
             queue.enqueue_many([NewJob(JOB_TYPE) for _ in range(min(10_000, jobs - start))])
@@ -90,7 +92,7 @@ def one_drain(dsn: str, jobs: int, workers: int, concurrency: int, raw: bool) ->
         cmds = [[sys.executable, __file__, "--raw-loop", dsn, str(concurrency), f"raw-{i}"] for i in range(workers)]
         procs = [subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL) for cmd in cmds]
     else:
-        procs = spawn_workers(dsn, SCHEMA, workers, concurrency, subprocess.DEVNULL)
+        procs = spawn_workers(dsn, SCHEMA, workers, concurrency, subprocess.DEVNULL, delete_on_complete=delete)
     worker_cpu = dict.fromkeys((p.pid for p in procs), 0.0)
     server_cpu = dict(server_before)
 
@@ -109,10 +111,8 @@ def one_drain(dsn: str, jobs: int, workers: int, concurrency: int, raw: bool) ->
             time.sleep(0.05)
         sample()
         server = sum(cpu - server_before.get(pid, 0.0) for pid, cpu in server_cpu.items())
-        row = conn.execute(
-            "SELECT count(*) / extract(epoch FROM max(finished_at) - min(started_at)) FROM jobtui.job"
-        ).fetchone()
-        rate = float(row[0]) if row else 0.0
+        finished, span = drain_window(conn, SCHEMA)
+        rate = finished / span if span else 0.0
     stop_workers(procs)
     return rate, sum(worker_cpu.values()) / jobs * 1e6, server / jobs * 1e6
 
@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=100, help="per worker; the raw loop's batch")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--raw", action="store_true", help="the raw psycopg loop instead of jobtui workers")
+    parser.add_argument("--delete-on-complete", action="store_true", help="jobtui workers delete finished jobs")
     args = parser.parse_args(argv)
 
     params = conninfo_to_dict(args.dsn)
@@ -134,13 +135,17 @@ def main(argv: list[str] | None = None) -> int:
     params["dbname"] = BENCH_DB
     dsn = make_conninfo(**params)  # type: ignore[arg-type]
     what = f"raw loop, batch {args.concurrency}" if args.raw else f"jobtui worker, concurrency {args.concurrency}"
+    if args.delete_on_complete and not args.raw:
+        what += ", --delete-on-complete"
     print(f"{args.workers} x {what}, {args.jobs:,} jobs, {os.cpu_count()} CPUs")
     figures = []
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             migrate(conn)
         for r in range(args.rounds):
-            rate, worker, server = one_drain(dsn, args.jobs, args.workers, args.concurrency, args.raw)
+            rate, worker, server = one_drain(
+                dsn, args.jobs, args.workers, args.concurrency, args.raw, args.delete_on_complete
+            )
             figures.append((rate, worker, server))
             print(f"round {r + 1}: drain {rate:,.0f} jobs/s, worker CPU {worker:.1f} us/job, "
                   f"server CPU {server:.1f} us/job (load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
