@@ -91,6 +91,26 @@ WHERE j.id = ANY(%b::bigint[]) AND j.status = 'running'
 RETURNING j.id
 """
 
+# As jobtui's complete_deleting (workers started with --delete-on-complete).
+RAW_COMPLETE_DELETING = """
+WITH gone AS (
+    DELETE FROM jobtui.job AS j
+    WHERE j.id = ANY(%b::bigint[]) AND j.status = 'running' AND j.idempotency_key IS NULL
+      AND j.lease_token = (%b::bigint[])[array_position(%b::bigint[], j.id)]
+    RETURNING j.id, j.type, j.attempts, j.locked_by, j.started_at
+), counted AS (
+    INSERT INTO jobtui.done_tally AS t (minute, type, attempts, worker, jobs, first_started_at, last_finished_at)
+    SELECT date_bin('1 minute', now(), timestamptz '2000-01-01 00:00:00+00'), type, attempts,
+           coalesce(locked_by, ''), count(*), min(started_at), now()
+    FROM gone GROUP BY type, attempts, locked_by
+    ON CONFLICT (minute, type, attempts, worker) DO UPDATE
+    SET jobs = t.jobs + excluded.jobs,
+        first_started_at = least(t.first_started_at, excluded.first_started_at),
+        last_finished_at = greatest(t.last_finished_at, excluded.last_finished_at)
+)
+SELECT id FROM gone
+"""
+
 RAW_RESERVE = "SELECT nextval('jobtui.job_id_seq') FROM generate_series(1, %s)"
 RAW_COPY = "COPY jobtui.job (id, type, payload, max_attempts) FROM STDIN"
 
@@ -223,9 +243,10 @@ class RawLoop:
 
     label = "raw psycopg, one conn"
 
-    def __init__(self, dsn: str, job_type: str = JOB_TYPE, worker: str = WORKER) -> None:
+    def __init__(self, dsn: str, job_type: str = JOB_TYPE, worker: str = WORKER, delete: bool = False) -> None:
         self.conn = psycopg.connect(dsn, autocommit=True)
         self.cur = self.conn.cursor()
+        self.complete = RAW_COMPLETE_DELETING if delete else RAW_COMPLETE
         self.types = [job_type]
         self.worker = worker
         self.limits: list[int | None] = [None]  # no per-type limit, as claim_call without max_attempts
@@ -240,7 +261,7 @@ class RawLoop:
             return 0
         # bigint[] in binary, as jobtui sends them (a smallint[] or int[] would be cast per row)
         ids = [Int8(r[0]) for r in rows]
-        cur.execute(RAW_COMPLETE, (ids, [Int8(r[5]) for r in rows], ids))
+        cur.execute(self.complete, (ids, [Int8(r[5]) for r in rows], ids))
         return len(cur.fetchall())
 
     def drain(self, batch: int) -> None:
