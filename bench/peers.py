@@ -1,12 +1,14 @@
-"""jobtui beside its Python peers, PgQueuer and procrastinate, on the same PostgreSQL.
+"""jobtui beside its peers, PgQueuer, procrastinate and graphile-worker, on the same PostgreSQL.
 
     .venv/bin/python bench/peers.py [--dsn URL] [--jobs 50000] [--rounds 3] [--only KEY,...]
 
 A benchmark, not a test. It installs the latest PgQueuer and procrastinate from PyPI into
 a virtual environment of their own (bench/.peers-venv, never the project's), and runs
 every peer's code in subprocesses of that environment, so no dependency of theirs mixes
-with ours. Each configuration gets a database of its own on the server of --dsn (created
-and dropped by the run; nothing else on the server is touched), in which it:
+with ours. graphile-worker (Node.js) is pinned in bench/graphile/package-lock.json and
+installed by `npm ci` into bench/graphile/node_modules; without node and npm on PATH its
+configurations are skipped. Each configuration gets a database of its own on the server
+of --dsn (created and dropped by the run; nothing else on the server is touched), in which it:
 
 1. installs its schema and enqueues --jobs no-op jobs with its own bulk API, then
    VACUUM ANALYZE, so every library starts from the same fresh statistics;
@@ -29,6 +31,13 @@ or the event log each library writes anyway:
     procrastinate  procrastinate_events.at of the job's 'started' event - of its 'deferred'
                    event; drain: first 'started' to last 'succeeded'
     raw            the raw loop below, on jobtui's table: drain only
+
+graphile-worker deletes each job as it completes and keeps no timestamps of it, so it
+runs as bench/graphile/drain.mjs (see its README), once for the drain and once for the
+latency, each in a fresh database: the drain runs from the first to the last of its
+parent's 20 ms polls of the job count (on clock_timestamp()) that see jobs gone and none
+left; the latency is clock_timestamp() inserted by its task (one more statement after the
+claim) - the job's created_at, enqueued by its addJob.
 
 The raw loop is the ceiling: handwritten psycopg on one autocommit connection per
 process, claim(batch) then complete(batch) with the same SQL as jobtui's claim and
@@ -73,6 +82,8 @@ PEERS_PYTHON = PEERS_VENV / "bin" / "python"
 # uvloop an option both peers document; psycopg is procrastinate's driver.
 PEER_PACKAGES = ["pgqueuer", "procrastinate", "asyncpg", "uvloop", "psycopg[binary]", "psycopg-pool"]
 PEER_DISTS = ["pgqueuer", "procrastinate", "asyncpg", "uvloop", "psycopg"]
+GRAPHILE_DIR = HERE / "graphile"
+GRAPHILE_STAMP = GRAPHILE_DIR / "node_modules" / ".jobtui-lock-sha256"  # the lockfile npm ci installed
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 DB_PREFIX = "jobtui_bench_peers"
@@ -90,7 +101,7 @@ class Config:
     """One way of running one system: its worker processes and their options."""
 
     key: str
-    system: str  # jobtui | pgqueuer | procrastinate | raw
+    system: str  # jobtui | pgqueuer | procrastinate | graphile | raw
     tier: str  # default | best | ceiling
     processes: int
     options: dict[str, Any]
@@ -163,6 +174,24 @@ CONFIGS = [
         {"concurrency": 5},
         "4 processes x concurrency 5; 2 x 10, 2 x 20 and 2 x 50 with pools of 8-10, 4 x 10 (also on "
         "uvloop), 6 x 5: within 25% of it, all slower",
+    ),
+    Config(
+        "graphile-default",
+        "graphile",
+        "default",
+        2,
+        {"concurrency": 1},
+        "graphile-worker defaults (Node.js): concurrentJobs 1, maxPoolSize 10, no localQueue, each job "
+        "fetched and completed by a statement of its own, deleted at completion",
+    ),
+    Config(
+        "graphile-best",
+        "graphile",
+        "best",
+        2,
+        {"concurrency": 24, "batched": True},
+        "its performance docs' settings: 2 processes x concurrentJobs 24, maxPoolSize 26, localQueue.size 500 "
+        "(fetches 500 jobs a query), completeJobBatchDelay and failJobBatchDelay 0 (batched completions)",
     ),
     Config("raw-b10-p1", "raw", "ceiling", 1, {"batch": 10}, "raw psycopg loop, batch 10, 1 process"),
     Config("raw-b10-p2", "raw", "ceiling", 2, {"batch": 10}, "raw psycopg loop, batch 10, 2 processes"),
@@ -320,17 +349,16 @@ def helper_cmd(system: str, action: str, dsn: str, **kw: Any) -> list[str]:
 
 
 def run_helper(system: str, action: str, dsn: str, timeout: float = 600, **kw: Any) -> Any:
+    return run_json(helper_cmd(system, action, dsn, **kw), f"{system} {action}", timeout)
+
+
+def run_json(cmd: list[str], what: str, timeout: float) -> Any:
+    """Run `cmd` to its end; the JSON of its last line of output (None if it printed nothing)."""
     proc = subprocess.run(
-        helper_cmd(system, action, dsn, **kw),
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
+        cmd, cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, check=False
     )
     if proc.returncode != 0:
-        raise RuntimeError(f"{system} {action} failed:\n{proc.stderr.strip()[-3000:]}")
+        raise RuntimeError(f"{what} failed:\n{proc.stderr.strip()[-3000:]}")
     lines = proc.stdout.strip().splitlines()
     return json.loads(lines[-1]) if lines else None
 
@@ -423,6 +451,8 @@ def percentiles(values: Sequence[float]) -> tuple[float | None, float | None]:
 
 
 def run_config(cfg: Config, admin_dsn: str, args: argparse.Namespace, logdir: Path) -> RunResult:
+    if cfg.system == "graphile":
+        return run_graphile(cfg, admin_dsn, args)
     dbname = f"{DB_PREFIX}_{cfg.system}"
     started = server_start(admin_dsn)
     dsn = create_database(admin_dsn, dbname)
@@ -452,6 +482,36 @@ def run_config(cfg: Config, admin_dsn: str, args: argparse.Namespace, logdir: Pa
         drop_database(admin_dsn, dbname)
     p50, p99 = percentiles(latencies)
     return RunResult(int(done) / float(span), int(done), not finished, p50, p99, len(latencies), (load_start, load_end))
+
+
+def run_graphile(cfg: Config, admin_dsn: str, args: argparse.Namespace) -> RunResult:
+    """graphile-worker: bench/graphile/drain.mjs in drain mode, then in latency mode, each in a
+    fresh database (it installs the schema, enqueues, forks its workers and prints one JSON line)."""
+    dbname = f"{DB_PREFIX}_{cfg.system}"
+    base = ["node", str(GRAPHILE_DIR / "drain.mjs"), "--workers", str(cfg.processes)]
+    base += ["--concurrency", str(cfg.options["concurrency"]), *(["--batch"] if cfg.options.get("batched") else [])]
+    started = server_start(admin_dsn)
+    load_start = os.getloadavg()[0]
+    out: dict[str, Any] = {}
+    for mode, extra in (
+        ("drain", ["--jobs", str(args.jobs), "--timeout", str(args.max_drain)]),
+        ("latency", ["--latency-jobs", str(args.latency_jobs), "--interval-ms", f"{args.interval * 1000:g}"]),
+    ):
+        dsn = create_database(admin_dsn, dbname)
+        try:
+            cmd = [*base, "--dsn", dsn, "--mode", mode, *extra]
+            # Generous: enqueueing, VACUUM, the capped drain or the paced jobs, and stopping.
+            out[mode] = run_json(cmd, f"{cfg.key} {mode}", timeout=600 + args.max_drain)
+        finally:
+            drop_database(admin_dsn, dbname)
+    load_end = os.getloadavg()[0]
+    if server_start(admin_dsn) != started:
+        raise RestartedError(f"{cfg.key}: the server restarted during the run")
+    drain, lat = out["drain"], out["latency"]
+    return RunResult(
+        float(drain["rate"]), int(drain["jobs"]), bool(drain["capped"]), lat["p50_ms"], lat["p99_ms"],
+        int(lat["jobs"]), (load_start, load_end),
+    )  # fmt: skip
 
 
 def run_with_retries(cfg: Config, args: argparse.Namespace, logdir: Path, attempts: int = 5) -> RunResult:
@@ -498,6 +558,30 @@ def ensure_peers_venv(upgrade: bool) -> dict[str, str]:
     )
     out = subprocess.run([str(PEERS_PYTHON), "-c", code], capture_output=True, text=True, check=True).stdout
     return dict(json.loads(out))
+
+
+def ensure_graphile() -> dict[str, str] | None:
+    """`npm ci` in bench/graphile unless node_modules holds its current package-lock.json (a
+    hash stamp); the graphile-worker and Node versions, or None (logged) without node or npm."""
+    import hashlib
+    import shutil
+
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        log("graphile: node and npm are not both on PATH; skipping the graphile-worker configurations")
+        return None
+    lock = hashlib.sha256((GRAPHILE_DIR / "package-lock.json").read_bytes()).hexdigest()
+    if not GRAPHILE_STAMP.exists() or GRAPHILE_STAMP.read_text().strip() != lock:
+        log(f"installing {GRAPHILE_DIR.relative_to(ROOT)}/package-lock.json with npm ci")
+        proc = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"], cwd=GRAPHILE_DIR, capture_output=True, text=True, check=False
+        )
+        if proc.returncode != 0:
+            raise SystemExit(f"npm ci in {GRAPHILE_DIR} failed:\n{proc.stderr[-3000:]}")
+        GRAPHILE_STAMP.write_text(lock + "\n")
+    package = json.loads((GRAPHILE_DIR / "node_modules" / "graphile-worker" / "package.json").read_text())
+    node_version = subprocess.run([node, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+    return {"graphile-worker": package["version"], "node": node_version.removeprefix("v")}
 
 
 # -- report -------------------------------------------------------------------------------
@@ -609,6 +693,13 @@ def targets(res: Results) -> list[str]:
                 f"  {key} >= {TARGET_CEILING_SHARE:.0%} of raw batch {batch}, {procs} process(es): "
                 f"{jt[key]:,.0f} / {raw:,.0f} = {share:.0%} -> {'met' if share >= TARGET_CEILING_SHARE else 'NOT MET'}"
             )
+    graphile = drain_of(res, "graphile-best")
+    if jt.get("jobtui-best") is not None and graphile is not None:
+        r = jt["jobtui-best"] / graphile  # type: ignore[operator]
+        lines.append(
+            f"  jobtui-best >= graphile-best (level with the fastest PostgreSQL queue): {jt['jobtui-best']:,.0f} "
+            f"vs {graphile:,.0f} = {r:.2f}x -> {'met' if r >= 1.0 else 'NOT MET'}"
+        )
     for key in ("jobtui-default", "jobtui-best"):
         p50, p99 = p50_of(res, key), p99_of(res, key)
         if p50 is None or p99 is None:
@@ -621,7 +712,9 @@ def targets(res: Results) -> list[str]:
     return lines
 
 
-def machine_note(admin_dsn: str, peer_versions: dict[str, str]) -> tuple[str, str]:
+def machine_note(
+    admin_dsn: str, peer_versions: dict[str, str], node_versions: dict[str, str] | None
+) -> tuple[str, str]:
     from importlib.metadata import version
 
     import psycopg
@@ -637,6 +730,8 @@ def machine_note(admin_dsn: str, peer_versions: dict[str, str]) -> tuple[str, st
         f"jobtui {version('jobtui')} ({git_state()}); peers venv: "
         + ", ".join(f"{k} {v}" for k, v in peer_versions.items() if k != "python")
     )
+    if node_versions:
+        versions += "; bench/graphile: graphile-worker {graphile-worker} on Node {node}".format_map(node_versions)
     return machine, versions
 
 
@@ -709,7 +804,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     command = shlex.join([".venv/bin/python", "bench/peers.py", *argv])
     peer_versions = ensure_peers_venv(upgrade=not args.no_upgrade)
-    machine, versions = machine_note(args.dsn, peer_versions)
+    node_versions = None
+    if any(c.system == "graphile" for c in args.configs):
+        node_versions = ensure_graphile()
+        if node_versions is None:
+            args.configs = [c for c in args.configs if c.system != "graphile"]
+            if not args.configs:
+                raise SystemExit("nothing left to run")
+    machine, versions = machine_note(args.dsn, peer_versions, node_versions)
     wait_for_load(args.wait_load, args.wait_max)
     res = Results(command, machine, versions, args.configs)
     with tempfile.TemporaryDirectory(prefix="jobtui-peers-") as tmp:

@@ -89,7 +89,10 @@ def cmd_job(args: argparse.Namespace) -> int:
     with open_queue(args) as queue:
         job = queue.get(args.id)
     if job is None:
-        raise UnknownJob(f"no job with id {args.id} in schema {args.schema!r}; list jobs with `jobtui stats`")
+        raise UnknownJob(
+            f"no job with id {args.id} in schema {args.schema!r} (finished jobs leave it when archived, or at once"
+            " with workers started with --delete-on-complete); list jobs with `jobtui stats`"
+        )
     if args.json:
         print(json.dumps(_job_json(job), default=str, indent=2))
     else:
