@@ -41,7 +41,7 @@ claim) - the job's created_at, enqueued by its addJob.
 
 The raw loop is the ceiling: handwritten psycopg on one autocommit connection per
 process, claim(batch) then complete(batch) with the same SQL as jobtui's claim and
-complete (SELECT ... FOR UPDATE SKIP LOCKED inside an UPDATE; at batch 100 completing by
+complete (SELECT ... FOR UPDATE SKIP LOCKED inside an UPDATE; at batch 200 completing by
 delete and tally, as jobtui-best does), until a claim finds nothing, at batch 10 and 100
 and with 1 and 2 processes.
 
@@ -127,17 +127,17 @@ CONFIGS = [
         "jobtui",
         "best",
         2,
-        {"concurrency": 100, "delete_on_complete": True},
-        "--concurrency 100 (claims up to 100 at once) --delete-on-complete (finished jobs counted, not kept), "
-        "--poll 1s; 50, 200, 500, 1 x 100 or 200 and 3 x 100 were slower",
+        {"concurrency": 200, "delete_on_complete": True},
+        "--concurrency 200 (claims up to 200 at once) --delete-on-complete (finished jobs counted, not kept), "
+        "--poll 1s; 100, 500, 1000, 1 x 200 and 3 x 100 or 200 were slower",
     ),
     Config(
         "jobtui-best-keep",
         "jobtui",
         "best",
         2,
-        {"concurrency": 100},
-        "--concurrency 100, keeping every done row (the default): jobtui-best without --delete-on-complete",
+        {"concurrency": 200},
+        "--concurrency 200, keeping every done row (the default): jobtui-best without --delete-on-complete",
     ),
     Config(
         "pgqueuer-default",
@@ -196,20 +196,20 @@ CONFIGS = [
     Config("raw-b10-p1", "raw", "ceiling", 1, {"batch": 10}, "raw psycopg loop, batch 10, 1 process"),
     Config("raw-b10-p2", "raw", "ceiling", 2, {"batch": 10}, "raw psycopg loop, batch 10, 2 processes"),
     Config(
-        "raw-b100-p1",
+        "raw-b200-p1",
         "raw",
         "ceiling",
         1,
-        {"batch": 100, "delete": True},
-        "raw psycopg loop, batch 100, 1 process, completing by delete and tally as jobtui-best",
+        {"batch": 200, "delete": True},
+        "raw psycopg loop, batch 200, 1 process, completing by delete and tally as jobtui-best",
     ),
     Config(
-        "raw-b100-p2",
+        "raw-b200-p2",
         "raw",
         "ceiling",
         2,
-        {"batch": 100, "delete": True},
-        "raw psycopg loop, batch 100, 2 processes, completing by delete and tally as jobtui-best",
+        {"batch": 200, "delete": True},
+        "raw psycopg loop, batch 200, 2 processes, completing by delete and tally as jobtui-best",
     ),
 ]
 
@@ -659,7 +659,7 @@ def report(res: Results) -> str:
         "",
         "vs jobtui: a peer's drain / jobtui's of the same tier (default vs default, best vs best);",
         "           raw rows: jobtui's drain as a share of the raw loop's at the same batch size",
-        "           (jobtui default claims up to 10 at once, jobtui best up to 100).",
+        "           (jobtui default claims up to 10 at once, jobtui best up to 200).",
         "p50 vs jobtui: a peer's p50 / jobtui's of the same tier.",
         "* = capped at --max-drain: rate over the jobs finished by then.",
         "",
@@ -683,7 +683,7 @@ def targets(res: Results) -> list[str]:
             f"  jobtui drain >= {TARGET_PEER_RATIO:.0f}x the best Python peer: {jt_best:,.0f} vs {best_key} "
             f"{peers[best_key]:,.0f} = {r:.2f}x -> {'met' if r >= TARGET_PEER_RATIO else 'NOT MET'}"
         )
-    for key, batch in (("jobtui-default", 10), ("jobtui-best", 100)):
+    for key, batch in (("jobtui-default", 10), ("jobtui-best", 200)):
         for procs in (2, 1):
             raw = drain_of(res, f"raw-b{batch}-p{procs}")
             if jt.get(key) is None or raw is None:
