@@ -42,7 +42,7 @@ claim) - the job's created_at, enqueued by its addJob.
 The raw loop is the ceiling: handwritten psycopg on one autocommit connection per
 process, claim(batch) then complete(batch) with the same SQL as jobtui's claim and
 complete (SELECT ... FOR UPDATE SKIP LOCKED inside an UPDATE; at batch 200 completing by
-delete and tally, as jobtui-best does), until a claim finds nothing, at batch 10 and 100
+delete and tally, as jobtui-best does), until a claim finds nothing, at batch 10 and 200
 and with 1 and 2 processes.
 
 Each configuration runs --rounds times, the order of the configurations rotating from
