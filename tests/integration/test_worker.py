@@ -452,7 +452,9 @@ async def test_sync_handlers_do_not_block_async_ones(db: Conn, app_dsn: str) -> 
 
     @jobs.handler("quick_async")
     async def quick_async(job: Job) -> None:
-        await asyncio.sleep(0.01)
+        # Long enough for the sync handler's thread to have started on a loaded machine,
+        # short against its two seconds.
+        await asyncio.sleep(0.2)
         async_done.append(time.monotonic())
 
     ids = [enqueue(db, "slow_sync")] + [enqueue(db, "quick_async", {"n": n}) for n in range(50)]
