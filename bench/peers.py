@@ -222,13 +222,6 @@ DRAINED_SQL = {
     "procrastinate": "SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))",
 }
 DRAIN_SQL = {
-    # Done rows and the tallies of jobs deleted at completion (--delete-on-complete).
-    "jobtui": """
-        SELECT sum(jobs), extract(epoch FROM max(last) - min(first))
-        FROM (SELECT count(*) AS jobs, min(started_at) AS first, max(finished_at) AS last
-              FROM jobtui.job WHERE status = 'done'
-              UNION ALL
-              SELECT sum(jobs), min(first_started_at), max(last_finished_at) FROM jobtui.done_tally) AS finished""",
     "pgqueuer": """
         SELECT count(*) FILTER (WHERE status = 'successful'),
                extract(epoch FROM max(created) FILTER (WHERE status = 'successful')
@@ -260,6 +253,20 @@ LATENCY_SQL = {
         JOIN procrastinate_events AS s ON s.job_id = d.job_id AND s.type = 'started'
         WHERE d.type = 'deferred' AND d.job_id = ANY(%s)""",
 }
+
+
+def drained_jobs(system: str, dsn: str) -> tuple[int, float]:
+    """(jobs finished, seconds from the first start to the last finish) of a drain."""
+    if table_of(system) == "jobtui":
+        # jobtui bench's own reading: done rows and the tallies of jobs deleted at completion.
+        import psycopg
+
+        from jobtui.bench import drain_window
+
+        with psycopg.connect(dsn) as conn:
+            return drain_window(conn, "jobtui")
+    done, span = query_one(dsn, DRAIN_SQL[system])
+    return int(done or 0), float(span or 0.0)
 
 
 def table_of(system: str) -> str:
@@ -467,7 +474,7 @@ def run_config(cfg: Config, admin_dsn: str, args: argparse.Namespace, logdir: Pa
         if not finished:
             query_one(dsn, BACKLOG_DELETE_SQL[table_of(cfg.system)])
             wait_drained(cfg, dsn, procs, 60)
-        done, span = query_one(dsn, DRAIN_SQL[table_of(cfg.system)])
+        done, span = drained_jobs(cfg.system, dsn)
         if not done or not span:
             raise RuntimeError(f"{cfg.key}: nothing was drained")
         latencies: list[float] = []

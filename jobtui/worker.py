@@ -75,12 +75,12 @@ class OutcomeWriter:
     """Writes job outcomes in batches; each submitter learns whether its row was written."""
 
     def __init__(
-        self, conn: Connection, schema: str, on_dead: Callable[[FailOutcome], None], *, delete_done: bool = False
+        self, conn: Connection, schema: str, on_dead: Callable[[FailOutcome], None], *, delete_on_complete: bool = False
     ) -> None:
         self._conn = conn
         self._schema = schema
         self._on_dead = on_dead
-        self._delete_done = delete_done
+        self._delete_on_complete = delete_on_complete
         self._pending: list[_Pending] = []
         self._wake = asyncio.Event()
 
@@ -124,7 +124,7 @@ class OutcomeWriter:
     async def _write(self, kind: str, items: list[_Pending]) -> set[int]:
         leases = [i.lease for i in items]
         if kind == "complete":
-            if not self._delete_done:
+            if not self._delete_on_complete:
                 return await self._conn.run(complete_call(leases), self._schema)
             deleted = await self._conn.run(complete_deleting_call(leases), self._schema)
             # Keyed jobs are kept as done rows; complete also tells a lost lease apart.
@@ -259,7 +259,9 @@ class Worker:
         claim_conn = Connection(self.dsn, "claim", on_connect=_claim_session)
         write_conn = Connection(self.dsn, "outcome")
         maint_conn = Connection(self.dsn, "heartbeat")
-        self._writer = OutcomeWriter(write_conn, self.schema, self._job_died, delete_done=self.delete_on_complete)
+        self._writer = OutcomeWriter(
+            write_conn, self.schema, self._job_died, delete_on_complete=self.delete_on_complete
+        )
         log.info(
             "worker %s started: types %s, concurrency %d, lease %.0fs",
             self.worker_id,
