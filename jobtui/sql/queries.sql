@@ -494,8 +494,9 @@ GROUP BY attempts;
 -- hour from %(since)s on (NULL: the whole hour; a reader that keeps the settled minutes of
 -- its previous snapshot asks for the last few only), and how many of them finished in the
 -- last 60 seconds, for a jobs-per-minute figure that does not jump at minute starts. A tally
--- row knows its minute, not each job's second: its jobs count in the last 60 seconds in
--- proportion to the part of its minute that lies within them.
+-- row knows when its jobs ran, not each job's second: its jobs count in the last 60 seconds
+-- in proportion to the part of their span (from the first start, or the minute's start if
+-- later, to the last finish) that lies within them.
 -- date_bin is plain arithmetic on the timestamp, where date_trunc converts to a time zone.
 WITH bounds AS (
     SELECT greatest(%(since)s::timestamptz,
@@ -512,8 +513,12 @@ FROM (
     GROUP BY 1, 2
     UNION ALL
     SELECT minute, attempts, sum(jobs),
-           sum(jobs) * greatest(0, least(1, extract(epoch FROM minute + interval '60 seconds'
-                                                     - (now() - interval '60 seconds')) / 60))
+           sum(jobs * CASE
+               WHEN last_finished_at <= now() - interval '60 seconds' THEN 0
+               WHEN greatest(first_started_at, minute) >= now() - interval '60 seconds' THEN 1
+               ELSE extract(epoch FROM last_finished_at - (now() - interval '60 seconds'))
+                    / extract(epoch FROM last_finished_at - greatest(first_started_at, minute))
+           END)
     FROM {schema}.done_tally
     WHERE minute >= (SELECT since FROM bounds)
     GROUP BY 1, 2

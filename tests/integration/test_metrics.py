@@ -436,33 +436,40 @@ def test_done_per_minute_counts_calendar_minutes_at_a_minute_boundary(dsn: str, 
     assert snap.attempts_last_hour["done"] == {1: 1, 2: 1, 3: 1, 4: 1, 5: 1}
 
 
-def tally_at(conn: Conn, minute: str, attempts: int, jobs: int, worker: str = "w1") -> None:
-    """Jobs deleted at completion, as a deleting complete counts them (see test_queue)."""
+def tally_at(
+    conn: Conn, minute: str, attempts: int, jobs: int, worker: str = "w1", span: tuple[str, str] | None = None
+) -> None:
+    """Jobs deleted at completion, as a deleting complete counts them (see test_queue); they
+    ran from `span`'s first start to its last finish, by default the minute's first half."""
+    first, last = span or (minute, f"{minute[:17]}30{minute[19:]}")
     execute(
         conn,
         "INSERT INTO jobtui.done_tally (minute, type, attempts, worker, jobs, first_started_at, last_finished_at)"
-        " VALUES (%s, 't', %s, %s, %s, %s, %s::timestamptz + interval '30 seconds')",
-        minute, attempts, worker, jobs, minute, minute,
+        " VALUES (%s, 't', %s, %s, %s, %s, %s)",
+        minute, attempts, worker, jobs, first, last,
     )  # fmt: skip
 
 
 def test_jobs_deleted_at_completion_count_in_the_done_figures(dsn: str, conn: Conn) -> None:
     """Tallied jobs add to their minute's bucket and attempts beside the done rows; in the last
-    60 seconds they count by the share of their minute inside them."""
+    60 seconds they count by the share of their span (first start to last finish) inside them."""
     with Queue(dsn) as q:
         make_done_at(conn, q, 1, "2024-05-01 12:05:10+00")
         make_done_at(conn, q, 1, "2024-05-01 12:04:30+00")
     tally_at(conn, "2024-05-01 12:05:00+00", 1, 40)  # this minute: all 40 within the last 60 s
     tally_at(conn, "2024-05-01 12:05:00+00", 2, 3, worker="w2")
-    tally_at(conn, "2024-05-01 12:04:00+00", 1, 100)  # 59.7 s of it before now() - 60 s: 0.3 / 60 inside
+    # Ran 12:04:39.9-12:04:59.9; now() - 60 s is 12:04:59.7: 0.2 s of its 20 inside, 1 job.
+    tally_at(conn, "2024-05-01 12:04:00+00", 1, 100, span=("2024-05-01 12:04:39.9+00", "2024-05-01 12:04:59.9+00"))
+    # Ran within the last 60 seconds although its minute mostly did not: all 10 count.
+    tally_at(conn, "2024-05-01 12:04:00+00", 4, 10, span=("2024-05-01 12:04:59.8+00", "2024-05-01 12:04:59.95+00"))
     tally_at(conn, "2024-05-01 11:30:00+00", 3, 7)
     tally_at(conn, "2024-05-01 11:05:00+00", 1, 1000)  # before the 60 minutes shown
     fake_now(conn, FAKE_NOW)
     snap = snapshot(conn)
-    assert snap.done_per_minute[0] == 1 + 40 + 3 and snap.done_per_minute[1] == 1 + 100
-    assert snap.done_per_minute[35] == 7 and sum(snap.done_per_minute) == 152
-    assert snap.attempts_last_hour["done"] == {1: 142, 2: 3, 3: 7}
-    assert snap.done_last_minute == 1 + 40 + 3 + 1  # 12:05:10, this minute's tallies, round(0.5)
+    assert snap.done_per_minute[0] == 1 + 40 + 3 and snap.done_per_minute[1] == 1 + 100 + 10
+    assert snap.done_per_minute[35] == 7 and sum(snap.done_per_minute) == 162
+    assert snap.attempts_last_hour["done"] == {1: 142, 2: 3, 3: 7, 4: 10}
+    assert snap.done_last_minute == 1 + 40 + 3 + 1 + 10  # 12:05:10, this minute's tallies, 1 of 100, 10
 
     # A reader's history reads tallies as it reads done rows: the same figures as a full read.
     history = DoneHistory()
