@@ -16,6 +16,7 @@ Sleeps (`before`, `after`, `sleep`) are seconds, or a list of seconds indexed by
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 from typing import Any
@@ -92,6 +93,12 @@ async def effect_async(job: Job) -> None:
     await _alog(job, "effect")
     await asyncio.sleep(_seconds(job.payload.get("after"), job))
     await _alog(job, "end")
+
+
+@jobs.handler("gc_threshold")
+async def gc_threshold(job: Job) -> None:
+    """Records the collector's first threshold in this worker process."""
+    await _alog(job, f"gc {gc.get_threshold()[0]}")
 
 
 @jobs.handler("permanent")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import os
 import signal
@@ -23,6 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from jobtui.cli import WORKER_GC_THRESHOLD
 from jobtui.domain import JobRow, JobStatus
 from jobtui.queue import enqueue as enqueue_job
 from jobtui.queue import enqueue_call, get_job_call, run
@@ -377,6 +379,15 @@ def test_a_worker_deleting_on_complete_keeps_keyed_jobs_and_failures(db: Conn, s
     assert all(len(effects(db, f"k-del-{n}")) == 1 for n in range(30))
     tallied = db.execute("SELECT type, attempts, sum(jobs) FROM jobtui.done_tally WHERE worker = 'D' GROUP BY 1, 2")
     assert tallied.fetchall() == [("effect_async", 1, 30)]
+
+
+def test_a_worker_process_collects_garbage_less_often(db: Conn, spawn: Spawn) -> None:
+    job = enqueue(db, "gc_threshold")
+    w = spawn("G")
+    wait_for(lambda: statuses(db, [job]) == {job: "done"}, 20, "the job to run", w.log)
+    event = db.execute("SELECT event FROM run_log WHERE job_id = %s", (job,)).fetchone()
+    assert event == (f"gc {WORKER_GC_THRESHOLD}",)
+    assert gc.get_threshold()[0] != WORKER_GC_THRESHOLD  # importing jobtui leaves it alone
 
 
 # -- handler outcomes ---------------------------------------------------------------------
