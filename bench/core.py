@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import platform
@@ -51,6 +52,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.numeric import Int8
 
 from jobtui import NewJob, Queue
+from jobtui.cli import WORKER_GC_THRESHOLD
 from jobtui.domain import DEFAULT_MAX_ATTEMPTS
 from jobtui.migrate import migrate
 from jobtui.queue import claim_call, complete_call, run
@@ -245,7 +247,9 @@ class RawLoop:
 
     def __init__(self, dsn: str, job_type: str = JOB_TYPE, worker: str = WORKER, delete: bool = False) -> None:
         self.conn = psycopg.connect(dsn, autocommit=True)
-        self.cur = self.conn.cursor()
+        # As the worker reads its claims: rows in binary, timestamps in UTC (cheapest to load).
+        self.conn.execute("SET TimeZone = 'UTC'")
+        self.cur = self.conn.cursor(binary=True)
         self.complete = RAW_COMPLETE_DELETING if delete else RAW_COMPLETE
         self.types = [job_type]
         self.worker = worker
@@ -265,7 +269,9 @@ class RawLoop:
         return len(cur.fetchall())
 
     def drain(self, batch: int) -> None:
-        """Claim and complete until a claim finds nothing."""
+        """Claim and complete until a claim finds nothing, in a process of its own: with the
+        collector threshold of a `jobtui worker` process."""
+        gc.set_threshold(WORKER_GC_THRESHOLD, *gc.get_threshold()[1:])
         while self.cycle(batch):
             pass
 

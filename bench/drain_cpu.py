@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/drain_cpu.py [--dsn DSN] [--jobs 200000] [--workers 2]
                                         [--concurrency 100] [--rounds 3] [--raw]
+                                        [--delete-on-complete]
 
 A benchmark, not a test. In its own database (jobtui_bench_drain_cpu, dropped afterwards)
 it enqueues --jobs no-op jobs, starts --workers `jobtui worker` processes (or, with --raw,
@@ -66,9 +67,9 @@ def postgres_pids() -> list[int]:
     return pids
 
 
-def raw_loop(dsn: str, batch: int, worker: str) -> None:
+def raw_loop(dsn: str, batch: int, worker: str, delete: bool) -> None:
     """bench/core.py's raw loop, until a claim finds nothing."""
-    loop = RawLoop(dsn, job_type=JOB_TYPE, worker=worker)
+    loop = RawLoop(dsn, job_type=JOB_TYPE, worker=worker, delete=delete)
     try:
         loop.drain(batch)
     finally:
@@ -89,7 +90,10 @@ def one_drain(
         conn.execute("CHECKPOINT")
     server_before = {pid: cpu_seconds(pid) for pid in postgres_pids()}
     if raw:
-        cmds = [[sys.executable, __file__, "--raw-loop", dsn, str(concurrency), f"raw-{i}"] for i in range(workers)]
+        cmds = [
+            [sys.executable, __file__, "--raw-loop", dsn, str(concurrency), f"raw-{i}", "delete" if delete else "keep"]
+            for i in range(workers)
+        ]
         procs = [subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL) for cmd in cmds]
     else:
         procs = spawn_workers(dsn, SCHEMA, workers, concurrency, subprocess.DEVNULL, delete_on_complete=delete)
@@ -125,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=100, help="per worker; the raw loop's batch")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--raw", action="store_true", help="the raw psycopg loop instead of jobtui workers")
-    parser.add_argument("--delete-on-complete", action="store_true", help="jobtui workers delete finished jobs")
+    parser.add_argument(
+        "--delete-on-complete", action="store_true", help="finished jobs are deleted and tallied (raw loop too)"
+    )
     args = parser.parse_args(argv)
 
     params = conninfo_to_dict(args.dsn)
@@ -135,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     params["dbname"] = BENCH_DB
     dsn = make_conninfo(**params)  # type: ignore[arg-type]
     what = f"raw loop, batch {args.concurrency}" if args.raw else f"jobtui worker, concurrency {args.concurrency}"
-    if args.delete_on_complete and not args.raw:
-        what += ", --delete-on-complete"
+    if args.delete_on_complete:
+        what += ", --delete-on-complete" if not args.raw else ", completing by delete and tally"
     print(f"{args.workers} x {what}, {args.jobs:,} jobs, {os.cpu_count()} CPUs")
     figures = []
     try:
@@ -159,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--raw-loop":
-        raw_loop(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    if len(sys.argv) == 6 and sys.argv[1] == "--raw-loop":
+        raw_loop(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] == "delete")
     else:
         sys.exit(main())
