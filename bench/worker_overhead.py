@@ -1,0 +1,113 @@
+"""The worker's own CPU per job, without a database: what its Python code costs.
+
+    .venv/bin/python bench/worker_overhead.py [--jobs 200000] [--concurrency 200] [--rounds 7]
+                                              [--gc-threshold N]
+
+A benchmark, not a test. It runs a real `Worker` (the no-op handler of `jobtui bench`,
+--delete-on-complete) in this process, with its connections replaced by one that answers
+every claim at once with rows as PostgreSQL would return them and every outcome write with
+success. What is left is the worker's own per-job work: records, tasks, the event loop,
+batching of outcomes, and the collector. The process CPU time of each run over the jobs,
+min and median of the rounds: a figure steady to a few percent on a busy machine, where a
+drain's rate moves by a third. psycopg's share (sending statements, loading rows) is not in
+it; `bench/drain_cpu.py` measures the whole worker against a real server.
+
+--gc-threshold sets the collector's first threshold as `jobtui worker` does (its value by
+default); 700 is Python's default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import jobtui.worker
+from jobtui.bench import NOOP, jobs
+from jobtui.cli import WORKER_GC_THRESHOLD
+from jobtui.queue import Call
+
+NOW = datetime.now(UTC)
+
+
+class InstantDatabase:
+    """Stands in for jobtui.db.Connection: claims hand out the next ids, writes succeed."""
+
+    def __init__(self, worker: list[jobtui.worker.Worker], total: int) -> None:
+        self._worker = worker
+        self._left = total
+        self._next_id = 1
+        self._written = 0
+        self._total = total
+
+    def __call__(self, dsn: str, role: str, **_: Any) -> InstantDatabase:
+        return self  # one object serves every connection the worker opens
+
+    async def run(self, call: Call[Any], schema: str, stopping: asyncio.Event | None = None) -> Any:
+        await asyncio.sleep(0)  # a statement always yields to the loop
+        if call.name == "claim":
+            n = min(call.params["limit"], self._left)
+            self._left -= n
+            first, self._next_id = self._next_id, self._next_id + n
+            # The claim's columns: id, type, payload text, attempts, max_attempts, token, 3 timestamps.
+            return call.decode([(i, NOOP, "{}", 1, 25, 1, NOW, NOW, NOW) for i in range(first, first + n)])
+        if call.name in ("complete_deleting", "complete", "heartbeat"):
+            ids = call.params["ids"]
+            if call.name != "heartbeat":
+                self._written += len(ids)
+                if self._written >= self._total:
+                    self._worker[0].stop()
+            return set(ids)
+        if call.name == "reap":
+            return []
+        raise AssertionError(f"unexpected statement {call.name}")
+
+    async def get(self, stopping: asyncio.Event | None = None) -> Any:
+        await asyncio.Event().wait()  # the LISTEN loop waits here for good
+
+    def lost(self, exc: BaseException) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+def one_run(total: int, concurrency: int) -> float:
+    """CPU seconds per job of one worker run over `total` jobs."""
+    holder: list[jobtui.worker.Worker] = []
+    jobtui.worker.Connection = InstantDatabase(holder, total)  # type: ignore[attr-defined,assignment]
+    worker = jobtui.worker.Worker(
+        jobs, "postgresql://unused", concurrency=concurrency, scheduler=False, retention=None, delete_on_complete=True
+    )
+    holder.append(worker)
+    start = time.process_time()
+    asyncio.run(worker.run())
+    if worker.counts["done"] != total:
+        raise RuntimeError(f"{worker.counts['done']} of {total} jobs done")
+    return (time.process_time() - start) / total
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=200_000)
+    parser.add_argument("--concurrency", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--gc-threshold", type=int, default=WORKER_GC_THRESHOLD)
+    args = parser.parse_args(argv)
+    gc.set_threshold(args.gc_threshold, *gc.get_threshold()[1:])
+    per_job = [one_run(args.jobs, args.concurrency) * 1e6 for _ in range(args.rounds)]
+    print(
+        f"worker CPU per job, no database: min {min(per_job):.2f} us, median {statistics.median(per_job):.2f} us "
+        f"({args.rounds} rounds of {args.jobs:,} jobs, concurrency {args.concurrency}, "
+        f"gc threshold {args.gc_threshold})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
