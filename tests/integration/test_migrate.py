@@ -58,6 +58,13 @@ def test_migrate_applies_every_version_once(empty_conn: Conn) -> None:
     assert versions(empty_conn) == expected
 
 
+def test_the_job_table_fills_its_pages(empty_conn: Conn) -> None:
+    # Free room kept on every page drew each update to a different page of old done rows.
+    migrations.migrate(empty_conn)
+    row = empty_conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'jobtui.job'::regclass").fetchone()
+    assert row == (None,)
+
+
 def test_migrate_applies_only_the_missing_versions(empty_conn: Conn) -> None:
     if migrations.code_version() < 2:
         pytest.skip("needs at least two migrations")
