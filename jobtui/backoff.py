@@ -11,6 +11,8 @@ import math
 import random
 from dataclasses import dataclass
 
+from .domain import MAX_DELAY_SECONDS
+
 
 @dataclass(frozen=True, slots=True)
 class BackoffPolicy:
@@ -26,8 +28,8 @@ class BackoffPolicy:
             raise ValueError(f"backoff base must be a finite number >= 0, got {self.base}")
         if not (self.factor >= 1 and math.isfinite(self.factor)):
             raise ValueError(f"backoff factor must be a finite number >= 1, got {self.factor}")
-        if not (self.cap >= self.base and math.isfinite(self.cap)):
-            raise ValueError(f"backoff cap must be finite and >= base, got {self.cap}")
+        if not (self.base <= self.cap <= MAX_DELAY_SECONDS):
+            raise ValueError(f"backoff cap must be >= base and at most 10 years, got {self.cap}")
         if not 0 <= self.jitter <= 1:
             raise ValueError(f"backoff jitter must be between 0 and 1, got {self.jitter}")
 

@@ -11,6 +11,7 @@ DEFAULT_SCHEMA = "jobtui"
 DEFAULT_MAX_ATTEMPTS = 25
 DEFAULT_LEASE_SECONDS = 30.0
 MAX_PAYLOAD_BYTES = 1_000_000
+MAX_DELAY_SECONDS = 10 * 365 * 86400  # longest delay before a job runs (again): 10 years
 
 
 class JobStatus(enum.StrEnum):
@@ -35,8 +36,9 @@ class Lease:
 class ClaimedJob:
     """A job a worker holds: what it needs to run it and to write its outcome.
 
-    Not frozen, though nothing changes it: one is made per claimed job, and a frozen
-    dataclass's __init__ costs about three times as much.
+    Treat it as read-only. It is not frozen because one is made per claimed job, and a
+    frozen dataclass's __init__ costs about three times as much. The worker's claims carry
+    their timestamps in UTC (its claiming session's zone), Queue.claim's in the session's.
     """
 
     id: int

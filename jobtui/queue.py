@@ -29,6 +29,7 @@ from .domain import (
     DEFAULT_LEASE_SECONDS,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_SCHEMA,
+    MAX_DELAY_SECONDS,
     MAX_PAYLOAD_BYTES,
     ClaimedJob,
     ErrorEntry,
@@ -121,7 +122,7 @@ def check_key(key: str | None) -> str | None:
 
 
 def check_delay(delay: float) -> float:
-    if not isinstance(delay, (int, float)) or not math.isfinite(delay) or delay < 0 or delay > 10 * 365 * 86400:
+    if not isinstance(delay, (int, float)) or not math.isfinite(delay) or delay < 0 or delay > MAX_DELAY_SECONDS:
         raise InvalidInput(f"bad delay {delay!r}: give seconds between 0 and 10 years")
     return float(delay)
 

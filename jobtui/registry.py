@@ -22,7 +22,16 @@ import psycopg
 from .backoff import DEFAULT_POLICY, BackoffPolicy
 from .domain import DEFAULT_MAX_ATTEMPTS, ClaimedJob, FailOutcome
 from .errors import InvalidInput, JobtuiError
-from .queue import Call, arun, check_max_attempts, check_type, effect_exists_call, record_effect_call, run
+from .queue import (
+    Call,
+    arun,
+    check_delay,
+    check_max_attempts,
+    check_type,
+    effect_exists_call,
+    record_effect_call,
+    run,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -36,8 +45,9 @@ class Retry(Exception):
     the attempt (a rate limit, a dependency that asked to come back later)."""
 
     def __init__(self, delay: float = 0.0, reason: str = "") -> None:
-        super().__init__(reason or f"retry in {delay}s")
-        self.delay = delay
+        # Checked here, so a bad delay fails the attempt with its reason, in the handler.
+        self.delay = check_delay(delay)
+        super().__init__(reason or f"retry in {self.delay}s")
 
 
 class LeaseLost(JobtuiError):

@@ -134,6 +134,8 @@ class OutcomeWriter:
                 # Not a lost connection (that is retried): the leases will expire and the
                 # reaper will return these jobs.
                 log.error("could not write %d %s outcome(s): %s", len(items), kind, _first(str(exc)))
+            except Exception:  # a bug must not stop the writer; these leases expire as above
+                log.exception("could not write %d %s outcome(s)", len(items), kind)
         for item in batch:
             try:
                 item.written(item.lease.job_id in written)
@@ -150,7 +152,12 @@ class OutcomeWriter:
             kept = [lease for lease in leases if lease.job_id not in deleted]
             if not kept:
                 return deleted
-            completed = await self._conn.run(complete_call(kept), self._schema)
+            try:
+                completed = await self._conn.run(complete_call(kept), self._schema)
+            except psycopg.Error as exc:
+                # The deleted jobs are done whatever happens to the rest.
+                log.error("could not write %d complete outcome(s): %s", len(kept), _first(str(exc)))
+                return deleted
             return deleted | completed
         if kind == "permanent":
             return await self._conn.run(fail_permanently_call(leases, [i.error for i in items]), self._schema)
@@ -312,6 +319,8 @@ class Worker:
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            # Outcomes the writer could not write in time: their leases expire and are reaped.
+            self.in_flight.clear()
             for conn in (claim_conn, write_conn, maint_conn):
                 await conn.close()
             self._running = False
@@ -405,7 +414,10 @@ class Worker:
             asyncio.get_running_loop().call_later(delay, self._kick.set)
 
     def _finished(self, flight: InFlight) -> None:
-        self.in_flight.pop(flight.job.id, None)
+        # The job may already run again here under a newer claim (a Retry without delay,
+        # a lease lost and the job claimed back): that flight is not this one's to remove.
+        if self.in_flight.get(flight.job.id) is flight:
+            del self.in_flight[flight.job.id]
         if self._kick is not None:
             self._kick.set()
 
@@ -423,7 +435,7 @@ class Worker:
         except Permanent as exc:
             return "permanent", _error_text(exc), 0.0
         except Retry as exc:
-            return "release", "", max(0.0, float(exc.delay))
+            return "release", "", exc.delay
         except TimeoutError:
             return (
                 "timeout",
@@ -569,8 +581,13 @@ class Worker:
             flight.job.mark_lost()
             if flight.task is not None:
                 flight.task.cancel()
-        outcomes = await asyncio.gather(*(self._writer.write("release", f.claimed.lease) for f in left))
-        released = sum(outcomes)
+        releases = asyncio.gather(*(self._writer.write("release", f.claimed.lease) for f in left))
+        try:
+            released = sum(await asyncio.wait_for(releases, self.shutdown_timeout))
+        except TimeoutError:
+            log.error("could not release %d unfinished job(s): the database did not answer; their leases will expire",
+                      len(left))  # fmt: skip
+            return
         self.counts["released"] += released
         log.warning("released %d unfinished job(s) back to ready, attempts not counted", released)
 

@@ -58,11 +58,30 @@ def test_migrate_applies_every_version_once(empty_conn: Conn) -> None:
     assert versions(empty_conn) == expected
 
 
+def job_table_options(conn: Conn) -> list[str]:
+    row = conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'jobtui.job'::regclass").fetchone()
+    assert row is not None
+    return list(row[0] or [])
+
+
 def test_the_job_table_fills_its_pages(empty_conn: Conn) -> None:
     # Free room kept on every page drew each update to a different page of old done rows.
     migrations.migrate(empty_conn)
-    row = empty_conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'jobtui.job'::regclass").fetchone()
-    assert row == (None,)
+    assert not [o for o in job_table_options(empty_conn) if o.startswith("fillfactor")]
+
+
+def test_migration_5_resets_the_fillfactor_and_keeps_the_operators_settings(empty_conn: Conn) -> None:
+    empty_conn.execute("CREATE SCHEMA jobtui")
+    empty_conn.execute("CREATE TABLE jobtui.migration (version integer PRIMARY KEY, name text NOT NULL,"
+                       " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
+    for m in migrations.available()[:4]:
+        empty_conn.execute(m.text("jobtui").encode())
+        empty_conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (%s, %s)", (m.version, m.name))
+    # As the README advises operators to set.
+    empty_conn.execute("ALTER TABLE jobtui.job SET (autovacuum_vacuum_threshold = 50000)")
+    assert sorted(job_table_options(empty_conn)) == ["autovacuum_vacuum_threshold=50000", "fillfactor=80"]
+    assert [m.version for m in migrations.migrate(empty_conn)] == list(range(5, migrations.code_version() + 1))
+    assert job_table_options(empty_conn) == ["autovacuum_vacuum_threshold=50000"]
 
 
 def test_migrate_applies_only_the_missing_versions(empty_conn: Conn) -> None:

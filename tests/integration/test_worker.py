@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import itertools
+import math
 import os
 import signal
 import subprocess
@@ -28,7 +29,7 @@ from jobtui.cli import WORKER_GC_THRESHOLD
 from jobtui.domain import JobRow, JobStatus
 from jobtui.queue import enqueue as enqueue_job
 from jobtui.queue import enqueue_call, get_job_call, run
-from jobtui.registry import Job, Jobs
+from jobtui.registry import Job, Jobs, Retry
 from jobtui.worker import Worker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -484,6 +485,35 @@ async def test_sync_handlers_do_not_block_async_ones(db: Conn, app_dsn: str) -> 
     # They ran while the sync handler slept, not after it.
     assert times["sync_start"] < max(async_done) < times["sync_end"] - 1.0, (times, max(async_done))
     assert worker.counts["done"] == 51
+
+
+async def test_a_bad_retry_delay_fails_its_attempt_and_the_rest_go_on(db: Conn, app_dsn: str) -> None:
+    jobs = Jobs()
+
+    @jobs.handler("bad_retry", max_attempts=1)
+    async def bad_retry(job: Job) -> None:
+        raise Retry(delay=math.inf)
+
+    @jobs.handler("fine")
+    async def fine(job: Job) -> None:
+        """Does nothing."""
+
+    bad = enqueue(db, "bad_retry")
+    ids = [enqueue(db, "fine") for _ in range(20)]
+    worker = Worker(jobs, app_dsn, concurrency=30, lease=5, poll_interval=0.2, worker_id="inproc")
+    task = asyncio.create_task(worker.run())
+    try:
+        deadline = time.monotonic() + 15
+        while not (all_status(db, ids, "done") and all_status(db, [bad], "dead")):
+            assert not task.done(), f"worker stopped: {task}"
+            assert time.monotonic() < deadline, f"jobs not finished: {statuses(db, [bad, *ids])}"
+            await asyncio.sleep(0.05)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    last_error = get(db, bad).last_error
+    assert last_error is not None and last_error.startswith("InvalidInput: bad delay inf"), last_error
+    assert (worker.counts["done"], worker.counts["dead"], worker.in_flight) == (20, 1, {})
 
 
 # -- bad --app ------------------------------------------------------------------------------

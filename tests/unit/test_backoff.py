@@ -113,6 +113,7 @@ def test_jitter_without_rng_uses_module_random() -> None:
         {"factor": math.inf},
         {"base": 10, "cap": 5},
         {"cap": math.inf},
+        {"cap": 11 * 365 * 86400},  # past the 10 years a delay may have
         {"cap": math.nan},
         {"jitter": -0.1},
         {"jitter": 1.01},
