@@ -451,6 +451,21 @@ def test_handler_exceptions_and_timeouts(db: Conn, spawn: Spawn) -> None:
 # -- in process -----------------------------------------------------------------------------
 
 
+async def run_until(worker: Worker, finished: Callable[[], bool], state: Callable[[], object]) -> None:
+    """Run `worker` in this loop until `finished()` (at most 15 s; `state()` says where the
+    jobs were), then stop it and wait for it."""
+    task = asyncio.create_task(worker.run())
+    try:
+        deadline = time.monotonic() + 15
+        while not finished():
+            assert not task.done(), f"worker stopped: {task}"
+            assert time.monotonic() < deadline, f"jobs not finished: {state()}"
+            await asyncio.sleep(0.05)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+
+
 async def test_sync_handlers_do_not_block_async_ones(db: Conn, app_dsn: str) -> None:
     jobs = Jobs()
     times: dict[str, float] = {}
@@ -475,16 +490,7 @@ async def test_sync_handlers_do_not_block_async_ones(db: Conn, app_dsn: str) -> 
     worker = Worker(
         jobs, app_dsn, concurrency=60, lease=5, poll_interval=0.2, worker_id="inproc", scheduler=False, retention=None
     )
-    task = asyncio.create_task(worker.run())
-    try:
-        deadline = time.monotonic() + 15
-        while not all_status(db, ids, "done"):
-            assert not task.done(), f"worker stopped: {task}"
-            assert time.monotonic() < deadline, f"jobs not done: {statuses(db, ids)}"
-            await asyncio.sleep(0.05)
-    finally:
-        worker.stop()
-        await asyncio.wait_for(task, 10)
+    await run_until(worker, lambda: all_status(db, ids, "done"), lambda: statuses(db, ids))
     assert len(async_done) == 50
     # They ran while the sync handler slept, not after it.
     assert times["sync_start"] < max(async_done) < times["sync_end"] - 1.0, (times, max(async_done))
@@ -507,16 +513,11 @@ async def test_a_bad_retry_delay_fails_its_attempt_and_the_rest_go_on(db: Conn, 
     worker = Worker(
         jobs, app_dsn, concurrency=30, lease=5, poll_interval=0.2, worker_id="inproc", scheduler=False, retention=None
     )
-    task = asyncio.create_task(worker.run())
-    try:
-        deadline = time.monotonic() + 15
-        while not (all_status(db, ids, "done") and all_status(db, [bad], "dead")):
-            assert not task.done(), f"worker stopped: {task}"
-            assert time.monotonic() < deadline, f"jobs not finished: {statuses(db, [bad, *ids])}"
-            await asyncio.sleep(0.05)
-    finally:
-        worker.stop()
-        await asyncio.wait_for(task, 10)
+
+    def finished() -> bool:
+        return all_status(db, ids, "done") and all_status(db, [bad], "dead")
+
+    await run_until(worker, finished, lambda: statuses(db, [bad, *ids]))
     last_error = get(db, bad).last_error
     assert last_error is not None and last_error.startswith("InvalidInput: bad delay inf"), last_error
     assert (worker.counts["done"], worker.counts["dead"], worker.in_flight) == (20, 1, {})
