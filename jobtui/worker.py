@@ -9,7 +9,7 @@ any that ran over their timeout and were abandoned). Several connections, each w
 claims, outcome writes (batched), heartbeats and reaping, and LISTEN for wake-ups.
 
 With delete_on_complete, a finished job without a key is deleted, and counted per minute in
-done_tally, instead of kept as a done row: about a third less database work per job.
+done_tally, instead of kept as a done row: no second row version or done-index entry per job.
 """
 
 from __future__ import annotations
