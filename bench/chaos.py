@@ -64,7 +64,7 @@ if str(ROOT) not in sys.path:  # run as a script: make `bench.chaos_app` importa
 from bench.chaos_app import APP_TABLES, POISON_ATTEMPTS, effect_key  # noqa: E402
 from jobtui.domain import NewJob  # noqa: E402
 from jobtui.migrate import migrate  # noqa: E402
-from jobtui.queue import enqueue_many  # noqa: E402
+from jobtui.queue import RELEASE_KINDS, enqueue_many  # noqa: E402
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 APP = "bench.chaos_app:jobs"
@@ -305,6 +305,9 @@ class Result:
     lease_expiries: int = 0
     attempts: int = 0
     most_attempts: int = 0  # the most attempts one job took
+    # Attempts handed back without counting: by the worker (its lease could not be extended,
+    # it stopped) or for the handler (its own database connection failed).
+    released: Counter[str] = field(default_factory=Counter)
     rejected_outcomes: int = 0
     # Outcomes written, then retried after the connection broke before the answer came back:
     # the retry finds the row finished and the worker logs the outcome as not written.
@@ -343,6 +346,10 @@ class Result:
             ("workers exited on their own (db down at start)", str(self.worker_exits)),
             ("lease expiries (jobtui.lease_expiry)", str(self.lease_expiries)),
             ("attempts beyond the first (most for one job)", f"{self.attempts - self.jobs} ({self.most_attempts})"),
+            (
+                "attempts released, not counted",
+                ", ".join(f"{kind} {n}" for kind, n in sorted(self.released.items())) or "0",
+            ),
             ("zombie outcomes discarded or rejected", str(self.rejected_outcomes)),
             ("outcomes written but logged as not written", str(self.misreported)),
             ("lost", str(self.lost)),
@@ -644,8 +651,14 @@ class Run:
             statuses[status] += 1
             res.attempts += attempts
             res.most_attempts = max(res.most_attempts, attempts)
-            if attempts != token:
-                bad("bookkeeping", f"job {job_id}: attempts {attempts} <> lease_token {token} (no release expected)")
+            # Every claim is an attempt, unless it was released uncounted (which its history says).
+            released = Counter(e.get("kind") for e in errors if e.get("kind") in RELEASE_KINDS)
+            res.released.update(released)
+            if attempts + sum(released.values()) != token:
+                bad(
+                    "bookkeeping",
+                    f"job {job_id}: attempts {attempts} + releases {sum(released.values())} <> lease_token {token}",
+                )
             done_effects = effects.get(job_id, [])
             for e_token, e_worker, seen_token, seen_status in done_effects:
                 if seen_token != e_token or seen_status != "running":

@@ -32,9 +32,12 @@ GRANT SELECT, INSERT, DELETE ON :"schema".lease_expiry, :"schema".stats_hourly T
 -- Counts of jobs deleted at completion (--delete-on-complete), added to by each finishing
 -- worker and pruned by the archiver.
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".done_tally TO :"role";
--- Effects recorded by handlers (`job.once`), and the operators' audit log: written, never
--- changed or deleted by this role.
-GRANT SELECT, INSERT ON :"schema".effect, :"schema".audit TO :"role";
+-- Effects recorded by handlers (`job.once`): written by handlers, pruned by the archiver
+-- once no retry of their job can need them.
+GRANT SELECT, INSERT, DELETE ON :"schema".effect TO :"role";
+-- The operators' audit log: written, never changed or deleted by this role (the archiver
+-- prunes rows older than 30 days at least through the owner's prune_audit function).
+GRANT SELECT, INSERT ON :"schema".audit TO :"role";
 -- Checking that the schema is migrated; migrating is left to the owner.
 GRANT SELECT ON :"schema".migration TO :"role";
 -- Ids for bulk enqueue (COPY) are drawn from the job table's sequence.

@@ -19,11 +19,12 @@ import psycopg
 
 from . import cli_ops as ops
 from . import migrate as migrations
-from .db import connect, describe_dsn, embedded_dsn, resolve_dsn
+from .db import connect, describe_dsn, embedded_dsn, resolve_dsn, run, wait_for_database
 from .durations import parse_duration
-from .errors import InvalidInput, JobtuiError, UnknownJob
+from .errors import InvalidInput, JobtuiError, PrivilegeMissing, UnknownJob
 from .explain import explain
 from .maintenance import Retention
+from .privileges import SCHEDULER_NEEDS, missing_privileges_call, privilege_message
 from .queue import Queue, record_audit
 from .registry import ScheduleSpec, load_app
 
@@ -129,6 +130,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if types == []:
         raise InvalidInput(f"--types {args.types!r} names no job type; give them comma-separated, or leave it out")
     dsn = database_dsn(args)
+    wait = parse_duration(args.wait_for_db)
     worker = Worker(
         jobs,
         dsn,
@@ -147,9 +149,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
             delete_done=args.delete_done,
         ),
     )
-    with connect(dsn) as conn:
-        migrations.check(conn, args.schema)
     setup_logging(args.verbose)
+    with wait_for_database(dsn, wait, what=f"worker {worker.worker_id}") as conn:
+        migrations.check(conn, args.schema)
     if args.metrics_port:
         from .prometheus import serve
 
@@ -190,10 +192,14 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     from .scheduler import Scheduler
 
     dsn = database_dsn(args)
-    with connect(dsn) as conn:
-        migrations.check(conn, args.schema)
+    wait = parse_duration(args.wait_for_db)
     specs = list(load_app(args.app).schedules.values()) if args.app else []
     setup_logging(args.verbose)
+    with wait_for_database(dsn, wait, what="scheduler") as conn:
+        migrations.check(conn, args.schema)
+        missing = run(conn, missing_privileges_call(args.schema, SCHEDULER_NEEDS), args.schema)
+    if missing:
+        raise PrivilegeMissing(privilege_message("jobtui scheduler", missing))
     asyncio.run(_run_until_signalled(_StandaloneScheduler(Scheduler(dsn, schema=args.schema, specs=specs))))
     return 0
 
@@ -487,6 +493,15 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"jobtui: error: {message} (see `{self.prog} --help`)\n")
 
 
+def add_wait_for_db(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wait-for-db",
+        default="60s",
+        metavar="DURATION",
+        help="at start, how long to wait for PostgreSQL to answer (default 60s; 0 tries once)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="jobtui", description="PostgreSQL job queue and operator console")
     parser.add_argument("--dsn", help="PostgreSQL DSN (default: JOBTUI_DSN, DATABASE_URL, else embedded server)")
@@ -533,11 +548,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="delete jobs without a key when they finish, keeping only their count (faster; no done rows)",
     )
+    add_wait_for_db(p)
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("scheduler", help="run only the scheduler (workers run one too)")
     p.add_argument("--app", help="also sync the schedules declared in this app (pkg.module:jobs)")
+    add_wait_for_db(p)
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_scheduler)
 

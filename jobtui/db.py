@@ -9,23 +9,35 @@ import os
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import TupleRow
 
 from .domain import DEFAULT_SCHEMA
 from .errors import DatabaseUnavailable, InvalidInput
 
-if TYPE_CHECKING:
-    from .queue import Call
-
 T = TypeVar("T")
+Rows = list[TupleRow]
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One named statement to run and how to read its rows."""
+
+    name: str
+    params: dict[str, Any]
+    decode: Callable[[Rows], T]
+    # Rows in binary: cheaper to load for many rows of numbers and timestamps (claims).
+    binary: bool = False
+
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -90,6 +102,20 @@ def statements(schema: str = DEFAULT_SCHEMA) -> Statements:
     return Statements(schema)
 
 
+def run(conn: psycopg.Connection[Any], call: Call[T], schema: str = DEFAULT_SCHEMA) -> T:
+    """Run `call` on `conn` inside whatever transaction the connection is in."""
+    with conn.cursor(binary=call.binary) as cur:
+        cur.execute(statements(schema)[call.name], call.params)
+        return call.decode(cur.fetchall() if cur.description else [])
+
+
+async def arun(conn: psycopg.AsyncConnection[Any], call: Call[T], schema: str = DEFAULT_SCHEMA) -> T:
+    """Async counterpart of `run`."""
+    async with conn.cursor(binary=call.binary) as cur:
+        await cur.execute(statements(schema)[call.name], call.params)
+        return call.decode(await cur.fetchall() if cur.description else [])
+
+
 def resolve_dsn(dsn: str | None = None) -> str | None:
     """The DSN to use: the given one, else JOBTUI_DSN, else DATABASE_URL, else None."""
     return dsn or os.environ.get("JOBTUI_DSN") or os.environ.get("DATABASE_URL") or None
@@ -124,11 +150,12 @@ def connect_timeout(dsn: str) -> dict[str, Any]:
     return {"connect_timeout": DEFAULT_CONNECT_TIMEOUT}
 
 
-def unavailable(dsn: str, exc: BaseException) -> DatabaseUnavailable:
-    """A one-line DatabaseUnavailable for `dsn`, naming the driver's first line of error."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+def unavailable(dsn: str, exc: BaseException, *, waited: float | None = None) -> DatabaseUnavailable:
+    """A one-line DatabaseUnavailable for `dsn`, naming the driver's first line of error (or,
+    when a pool had no connection to give, how long the caller waited)."""
+    why = f"no connection within {waited:g}s" if waited is not None else first_line(exc)
     return DatabaseUnavailable(
-        f"cannot reach PostgreSQL at {describe_dsn(dsn)} ({first}); "
+        f"cannot reach PostgreSQL at {describe_dsn(dsn)} ({why}); "
         "check that the server runs and --dsn / JOBTUI_DSN is right"
     )
 
@@ -201,54 +228,219 @@ def migrations_dir() -> Path:
 
 
 log = logging.getLogger("jobtui.db")
-MAX_RECONNECT_DELAY = 10.0
+# Reconnecting waits this long after the first failure, doubling up to the cap: a server
+# that is back is found within about a second, and a fleet of workers probing a server that
+# is down costs it one connection attempt per worker per second.
+FIRST_RECONNECT_DELAY = 0.1
+MAX_RECONNECT_DELAY = 1.0
+
+
+def reconnect_delays() -> Iterator[float]:
+    """The waits between connection attempts: doubling from 0.1 s to 1 s, with jitter."""
+    delay = FIRST_RECONNECT_DELAY
+    while True:
+        # Jitter downwards only, so the cap is a promise: back within a second.
+        yield delay * (0.5 + random.random() / 2)
+        delay = min(delay * 2, MAX_RECONNECT_DELAY)
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """Whether `exc` is about reaching the database rather than about a statement: the
+    psycopg OperationalError family (connection loss, admin shutdown, the server starting
+    up, serialization failures and deadlocks among them), a closed connection, an idle
+    session timeout, and DatabaseUnavailable."""
+    return isinstance(
+        exc,
+        (
+            psycopg.OperationalError,
+            psycopg.InterfaceError,
+            psycopg.errors.IdleInTransactionSessionTimeout,
+            DatabaseUnavailable,
+        ),
+    )
+
+
+def wait_for_database(dsn: str, timeout: float, *, what: str = "jobtui") -> psycopg.Connection[Any]:
+    """A connection to `dsn`, trying for up to `timeout` seconds with the reconnect back-off;
+    logs once while it waits. Raises DatabaseUnavailable when the time is up."""
+    deadline = time.monotonic() + timeout
+    delays = reconnect_delays()
+    waited = False
+    while True:
+        try:
+            conn = connect(dsn)
+        except DatabaseUnavailable as exc:
+            delay = next(delays)
+            if time.monotonic() + delay > deadline:
+                raise DatabaseUnavailable(f"{exc} (waited {timeout:.0f}s; --wait-for-db sets how long)") from None
+            if not waited:
+                log.warning("%s: waiting up to %.0fs for PostgreSQL: %s", what, timeout, exc)
+                waited = True
+            time.sleep(delay)
+            continue
+        if waited:
+            log.warning("%s: PostgreSQL answers", what)
+        return conn
+
+
+class Link:
+    """Whether the database answers, shared by the connections of one worker.
+
+    When any of its connections fails, one probe tries to connect with the reconnect
+    back-off, and every connection reconnects as soon as it succeeds, rather than each on a
+    clock of its own. With `heartbeat_first`, connections opened as `gated` wait after each
+    outage until `opened()` is called: a worker extends the leases it holds before it reaps
+    or claims anything.
+    """
+
+    def __init__(self, dsn: str, *, heartbeat_first: bool = False) -> None:
+        self.dsn = dsn
+        self._up = asyncio.Event()
+        self._up.set()
+        self._open = asyncio.Event()
+        self._open.set()
+        self._heartbeat_first = heartbeat_first
+        # Set when the database is back and the worker's heartbeat should go first.
+        self.heartbeat_wanted = asyncio.Event()
+        self._probe: asyncio.Task[None] | None = None
+        self.down_since: float | None = None
+
+    @property
+    def up(self) -> bool:
+        return self._up.is_set()
+
+    @property
+    def open(self) -> bool:
+        return self._open.is_set()
+
+    def down(self, exc: BaseException) -> None:
+        """A connection failed: wait for the database to answer again."""
+        if not self._up.is_set():
+            return
+        self._up.clear()
+        self._open.clear()
+        self.down_since = time.monotonic()
+        self._probe = asyncio.get_running_loop().create_task(self._wait_until_back(exc), name="jobtui-probe")
+
+    def opened(self) -> None:
+        """The heartbeat after an outage went: gated connections may go on."""
+        if self._up.is_set():
+            self._open.set()
+
+    async def _wait_until_back(self, first: BaseException) -> None:
+        delays = reconnect_delays()
+        logged = False
+        while True:
+            try:
+                conn = await aconnect(self.dsn, autocommit=True)
+            except DatabaseUnavailable as exc:
+                if not logged:
+                    log.warning("database unreachable (%s); trying again every second at most", first_line(exc))
+                    logged = True
+                await asyncio.sleep(next(delays))
+                continue
+            with contextlib.suppress(Exception):
+                await conn.close()
+            break
+        if logged and self.down_since is not None:
+            log.warning("database back after %.1fs", time.monotonic() - self.down_since)
+        self._up.set()
+        if self._heartbeat_first:
+            self.heartbeat_wanted.set()
+        else:
+            self._open.set()
+
+    async def wait(self, gated: bool, stopping: asyncio.Event | None) -> None:
+        """Until the database answers (and, when `gated`, the heartbeat went first)."""
+        event = self._open if gated else self._up
+        if event.is_set():
+            return
+        if stopping is None:
+            await event.wait()
+            return
+        waiter = asyncio.ensure_future(event.wait())
+        stop_waiter = asyncio.ensure_future(stopping.wait())
+        try:
+            await asyncio.wait({waiter, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            stop_waiter.cancel()
+        if not event.is_set():
+            raise DatabaseUnavailable("stopped while the database was unreachable")
+
+    async def close(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message, or its class name when it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class Connection:
-    """One database connection that reconnects with backoff, logging each outage once."""
+    """One database connection that reconnects when its `Link` finds the database back,
+    logging each outage once.
+
+    `gated` connections wait for the link to open after an outage (see Link).
+    """
 
     def __init__(
         self,
         dsn: str,
         role: str,
         *,
+        link: Link | None = None,
+        gated: bool = False,
         on_connect: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
     ) -> None:
         self.dsn = dsn
         self.role = role
+        self.link = link or Link(dsn)
+        self._gated = gated
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._on_connect = on_connect
         self._down_since: float | None = None
 
     async def get(self, stopping: asyncio.Event | None = None) -> psycopg.AsyncConnection[Any]:
-        delay = 0.1
-        while self._conn is None or self._conn.closed:
+        """The open connection, after waiting for the database (and the gate) if need be."""
+        while True:
+            await self.link.wait(self._gated, stopping)
+            if self._conn is not None and not self._conn.closed:
+                return self._conn
             try:
                 conn = await aconnect(self.dsn, autocommit=True)
+            except DatabaseUnavailable as exc:
+                self.lost(exc)
+                continue
+            try:
                 if self._on_connect is not None:
                     await self._on_connect(conn)
-                self._conn = conn
-            except Exception as exc:
-                self.lost(exc)
-                if stopping is not None and stopping.is_set():
+            except BaseException as exc:
+                await self._close(conn)
+                if not is_connection_error(exc):
                     raise
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, MAX_RECONNECT_DELAY)
-        if self._down_since is not None:
-            log.warning("%s connection back after %.1fs", self.role, time.monotonic() - self._down_since)
-            self._down_since = None
-        return self._conn
+                self.lost(exc)
+                continue
+            self._conn = conn
+            if self._down_since is not None:
+                log.warning("%s connection back after %.1fs", self.role, time.monotonic() - self._down_since)
+                self._down_since = None
+            return conn
 
     def lost(self, exc: BaseException) -> None:
         """Forget the connection after an error; the next `get` reconnects."""
         if self._down_since is None:
             self._down_since = time.monotonic()
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            log.warning("%s connection lost (%s); reconnecting", self.role, first)
+            log.warning("%s connection lost (%s); reconnecting", self.role, first_line(exc))
         if self._conn is not None and not self._conn.closed:
             # Close quietly in the background: the server may be gone.
             asyncio.get_running_loop().create_task(self._close(self._conn))
         self._conn = None
+        self.link.down(exc)
 
     @staticmethod
     async def _close(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -256,21 +448,29 @@ class Connection:
         with contextlib.suppress(Exception):
             await conn.close()
 
-    async def run(self, call: Call[T], schema: str, stopping: asyncio.Event | None = None) -> T:
+    async def run(self, call: Call[T], schema: str, stopping: asyncio.Event | None = None, *, retry: bool = True) -> T:
         """Run `call`, reconnecting and retrying while the database is unreachable.
 
         Only connection failures are retried: every call the worker makes is fenced by
-        lease token, so running it again after an unknown outcome is harmless.
+        lease token, so running it again after an unknown outcome is harmless. With
+        retry=False the failure is raised once the connection is forgotten.
         """
+        return (await self.run_timed(call, schema, stopping, retry=retry))[0]
+
+    async def run_timed(
+        self, call: Call[T], schema: str, stopping: asyncio.Event | None = None, *, retry: bool = True
+    ) -> tuple[T, float]:
+        """`run`, and the monotonic time just before the statement that answered was sent
+        (never later than the server received it: a lease it grants lasts at least that long
+        from then)."""
         while True:
             conn = await self.get(stopping)
+            sent = time.monotonic()
             try:
-                from .queue import arun  # queue builds on db; imported here to keep that direction
-
-                return await arun(conn, call, schema)
+                return await arun(conn, call, schema), sent
             except psycopg.OperationalError as exc:
                 self.lost(exc)
-                if stopping is not None and stopping.is_set():
+                if not retry or (stopping is not None and stopping.is_set()):
                     raise
 
     async def close(self) -> None:

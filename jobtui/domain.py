@@ -50,6 +50,8 @@ class ClaimedJob:
     locked_until: datetime
     created_at: datetime
     run_at: datetime
+    # Releases in a row that did not count as attempts (Retry, database errors), bounded.
+    uncounted: int = 0
 
     @property
     def lease(self) -> Lease:

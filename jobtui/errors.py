@@ -25,3 +25,7 @@ class SchemaTooNew(JobtuiError):
 
 class UnknownJob(JobtuiError):
     """No job has the given id."""
+
+
+class PrivilegeMissing(JobtuiError):
+    """The database role lacks a privilege a command needs; granting it is the fix."""

@@ -33,17 +33,33 @@ class Retention:
     dead: float = 30 * 86400.0
     archive: float | None = 30 * 86400.0  # rows in job_archive; None keeps them forever
     delete_done: bool = False  # delete done jobs instead of archiving them
+    # Recorded effects (`job.once`): kept this long, and always while their job may still
+    # run (ready, running, dead or failed: a requeue runs it again).
+    effect: float = 30 * 86400.0
+    # Operators' actions; the database keeps every row younger than 30 days whatever this says.
+    audit: float = 90 * 86400.0
 
     def payload(self) -> dict[str, Any]:
-        return {"done": self.done, "dead": self.dead, "archive": self.archive, "delete_done": self.delete_done}
+        return {
+            "done": self.done,
+            "dead": self.dead,
+            "archive": self.archive,
+            "delete_done": self.delete_done,
+            "effect": self.effect,
+            "audit": self.audit,
+        }
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> Retention:
+        default = cls()
+        archive = payload.get("archive", default.archive)
         return cls(
-            done=float(payload.get("done", 86400.0)),
-            dead=float(payload.get("dead", 30 * 86400.0)),
-            archive=None if payload.get("archive") is None else float(payload["archive"]),
+            done=float(payload.get("done", default.done)),
+            dead=float(payload.get("dead", default.dead)),
+            archive=None if archive is None else float(archive),
             delete_done=bool(payload.get("delete_done", False)),
+            effect=float(payload.get("effect", default.effect)),
+            audit=float(payload.get("audit", default.audit)),
         )
 
 
@@ -53,6 +69,8 @@ class Swept:
     deleted_done: int
     deleted_dead: int
     deleted_archive: int
+    deleted_effects: int = 0
+    deleted_audit: int = 0
 
 
 def _count(rows: list[Any]) -> int:
@@ -83,7 +101,9 @@ def sweep(conn: psycopg.Connection[Any], retention: Retention, schema: str = DEF
     deleted_dead = _batches(conn, "delete_dead", retention.dead, schema)
     if retention.archive is not None:
         deleted_archive = _batches(conn, "delete_archive", retention.archive, schema)
-    return Swept(archived, deleted_done, deleted_dead, deleted_archive)
+    deleted_effects = _batches(conn, "prune_effect", retention.effect, schema)
+    deleted_audit = _batches(conn, "prune_audit", retention.audit, schema)
+    return Swept(archived, deleted_done, deleted_dead, deleted_archive, deleted_effects, deleted_audit)
 
 
 def summarise_hours(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> int:

@@ -13,18 +13,20 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
-from psycopg.rows import TupleRow
 from psycopg.types.numeric import Int4, Int8
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from . import migrate
-from .db import check_dsn, connect, connect_timeout, resolve_dsn, statements, unavailable
+from .db import Call as Call  # re-exported: the operations and their runner travel together
+from .db import Rows, check_dsn, connect, connect_timeout, resolve_dsn, statements, unavailable
+from .db import arun as arun
+from .db import run as run
 from .domain import (
     DEFAULT_LEASE_SECONDS,
     DEFAULT_MAX_ATTEMPTS,
@@ -44,24 +46,12 @@ from .domain import (
 from .errors import InvalidInput
 
 T = TypeVar("T")
-Rows = list[TupleRow]
 
 # Error texts are kept whole up to this size; longer ones (huge tracebacks) are cut.
 MAX_ERROR_CHARS = 8000
 MAX_TYPE_CHARS = 200
 MAX_KEY_CHARS = 1000
 COPY_THRESHOLD = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class Call(Generic[T]):
-    """One statement to run and how to read its rows."""
-
-    name: str
-    params: dict[str, Any]
-    decode: Callable[[Rows], T]
-    # Rows in binary: cheaper to load for many rows of numbers and timestamps (claims).
-    binary: bool = False
 
 
 # -- validation ---------------------------------------------------------------------------
@@ -226,6 +216,7 @@ def _claimed(rows: Rows) -> list[ClaimedJob]:
             locked_until=r[6],
             created_at=r[7],
             run_at=r[8],
+            uncounted=r[9],
         )
         for r in rows
     ]
@@ -300,19 +291,71 @@ def fail_permanently_call(leases: Sequence[Lease], errors: Sequence[str]) -> Cal
     return Call("fail_permanently", params, _ids)
 
 
-def release_call(leases: Sequence[Lease], delays: Sequence[float] | None = None) -> Call[set[int]]:
-    params = {**_leases(leases), "delays": [check_delay(d) for d in (delays or [0.0] * len(leases))]}
+RELEASE_KINDS = ("retry", "db_error", "abandoned", "shutdown")
+
+
+def release_call(
+    leases: Sequence[Lease],
+    delays: Sequence[float] | None = None,
+    *,
+    kinds: Sequence[str] | None = None,
+    reasons: Sequence[str] | None = None,
+) -> Call[set[int]]:
+    """Return jobs to ready without counting their attempt; `kinds` (RELEASE_KINDS, default
+    "shutdown") and `reasons` go into each job's history (see the statement)."""
+    count = len(leases)
+    kinds = list(kinds or ["shutdown"] * count)
+    unknown = sorted(set(kinds) - set(RELEASE_KINDS))
+    if unknown:
+        raise InvalidInput(f"unknown release kind(s) {', '.join(unknown)}: use {', '.join(RELEASE_KINDS)}")
+    params = {
+        **_leases(leases),
+        "delays": [check_delay(d) for d in (delays or [0.0] * count)],
+        "kinds": kinds,
+        "reasons": [clip_error(r) for r in (reasons or ["released"] * count)],
+    }
     return Call("release", params, _ids)
 
 
 def _reaped(rows: Rows) -> list[Reaped]:
-    return [Reaped(r[0], r[1], r[2], r[3], JobStatus(r[4]), r[5]) for r in rows]
+    # The first row is the round itself (see the statement), not a job.
+    return [Reaped(r[0], r[1], r[2], r[3], JobStatus(r[4]), r[5]) for r in rows if r[0] is not None]
 
 
-def reap_call(limit: int = 1000) -> Call[list[Reaped]]:
+def _reap_params(limit: int, own: Sequence[int]) -> dict[str, Any]:
     if limit < 1:
         raise InvalidInput(f"reap limit must be at least 1, got {limit}")
-    return Call("reap", {"limit": limit}, _reaped)
+    return {"limit": limit, "own": [Int8(i) for i in own], "previous": None, "continuity": None}
+
+
+def reap_call(limit: int = 1000, own: Sequence[int] = ()) -> Call[list[Reaped]]:
+    """Take back up to `limit` expired leases, except those of jobs `own` (the reaping
+    worker's: it runs them, or is giving them up itself)."""
+    return Call("reap", _reap_params(limit, own), _reaped)
+
+
+@dataclass(frozen=True, slots=True)
+class ReapRound:
+    """One round of a worker's reaper: when it ran (the database's now()), whether it was
+    in touch often enough to reap (see the statement), and what it took back."""
+
+    at: datetime
+    open: bool
+    reaped: list[Reaped]
+
+
+def _reap_round(rows: Rows) -> ReapRound:
+    marker = next(r for r in rows if r[0] is None)
+    return ReapRound(marker[5], marker[1] == "open", _reaped(rows))
+
+
+def reap_round_call(
+    previous: datetime | None, continuity: float, limit: int = 1000, own: Sequence[int] = ()
+) -> Call[ReapRound]:
+    """A worker reaper's round: reaps only when its `previous` round ran less than
+    `continuity` seconds before this one, by the database's clock."""
+    params = {**_reap_params(limit, own), "previous": previous, "continuity": float(continuity)}
+    return Call("reap", params, _reap_round)
 
 
 def requeue_call(ids: Sequence[int], actor: str) -> Call[list[int]]:
@@ -387,20 +430,6 @@ def job_statuses_call(ids: Sequence[int]) -> Call[dict[int, JobStatus]]:
 
 
 # -- running calls ------------------------------------------------------------------------
-
-
-def run(conn: psycopg.Connection[Any], call: Call[T], schema: str = DEFAULT_SCHEMA) -> T:
-    """Run `call` on `conn` inside whatever transaction the connection is in."""
-    with conn.cursor(binary=call.binary) as cur:
-        cur.execute(statements(schema)[call.name], call.params)
-        return call.decode(cur.fetchall() if cur.description else [])
-
-
-async def arun(conn: psycopg.AsyncConnection[Any], call: Call[T], schema: str = DEFAULT_SCHEMA) -> T:
-    """Async counterpart of `run`."""
-    async with conn.cursor(binary=call.binary) as cur:
-        await cur.execute(statements(schema)[call.name], call.params)
-        return call.decode(await cur.fetchall() if cur.description else [])
 
 
 def _copy_rows(ids: Sequence[int], jobs: Sequence[NewJob], params: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
@@ -523,6 +552,24 @@ def _autocommitted(conn: psycopg.Connection[Any], fn: Callable[[], T]) -> T:
 
 # -- clients ------------------------------------------------------------------------------
 
+# How long a client call waits for a connection while the database is away, by default.
+DEFAULT_CLIENT_TIMEOUT = 10.0
+
+
+def _client_settings(dsn: str | None, schema: str, timeout: float) -> tuple[str, str, float]:
+    """The checked DSN, schema and timeout of a Queue or AsyncQueue."""
+    resolved = resolve_dsn(dsn)
+    if resolved is None:
+        raise InvalidInput("no database given: pass a DSN or set JOBTUI_DSN")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
+        raise InvalidInput(f"bad timeout {timeout!r}: give seconds, more than 0 and at most 3600")
+    return check_dsn(resolved), statements(schema).schema, float(timeout)
+
+
+def _reachable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the connection still works after an error (the error was the statement's)."""
+    return not (conn.closed or conn.broken)
+
 
 class Queue:
     """The sync client: enqueue from application code, operate the queue from scripts.
@@ -533,12 +580,15 @@ class Queue:
         queue.enqueue("email.send", {"user_id": 43}, conn=conn)
     """
 
-    def __init__(self, dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, max_connections: int = 4) -> None:
-        resolved = resolve_dsn(dsn)
-        if resolved is None:
-            raise InvalidInput("no database given: pass a DSN or set JOBTUI_DSN")
-        self.dsn = check_dsn(resolved)
-        self.schema = statements(schema).schema
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        max_connections: int = 4,
+        timeout: float = DEFAULT_CLIENT_TIMEOUT,
+    ) -> None:
+        self.dsn, self.schema, self.timeout = _client_settings(dsn, schema, timeout)
         self._max_connections = max_connections
         self._pool: ConnectionPool[Any] | None = None
 
@@ -550,6 +600,9 @@ class Queue:
                 max_size=self._max_connections,
                 open=False,
                 kwargs=connect_timeout(self.dsn),
+                # A connection the server dropped (a restart) is found out and replaced
+                # when it is handed out, not by the caller's statement failing.
+                check=ConnectionPool.check_connection,
             )
             self._pool.open(wait=False)
         return self._pool
@@ -569,10 +622,15 @@ class Queue:
         if conn is not None:
             return fn(conn)
         try:
-            with self._get_pool().connection(timeout=15) as pooled:
-                return fn(pooled)
-        except (psycopg.OperationalError, PoolTimeout) as exc:
-            raise unavailable(self.dsn, exc) from None
+            with self._get_pool().connection(timeout=self.timeout) as pooled:
+                try:
+                    return fn(pooled)
+                except psycopg.OperationalError as exc:
+                    if _reachable(pooled):
+                        raise  # about the statement (a deadlock, a timeout), not the server
+                    raise unavailable(self.dsn, exc) from None
+        except PoolTimeout as exc:
+            raise unavailable(self.dsn, exc, waited=self.timeout) from None
 
     def run(self, call: Call[T], conn: psycopg.Connection[Any] | None = None) -> T:
         """Run any `Call` (in `conn`'s transaction when given, else in its own)."""
@@ -638,9 +696,17 @@ class Queue:
     def fail_permanently(self, leases: Sequence[Lease], errors: Sequence[str]) -> set[int]:
         return self.run(fail_permanently_call(leases, errors))
 
-    def release(self, leases: Sequence[Lease], delays: Sequence[float] | None = None) -> set[int]:
-        """Return jobs to ready without counting the attempt."""
-        return self.run(release_call(leases, delays))
+    def release(
+        self,
+        leases: Sequence[Lease],
+        delays: Sequence[float] | None = None,
+        *,
+        kinds: Sequence[str] | None = None,
+        reasons: Sequence[str] | None = None,
+    ) -> set[int]:
+        """Return jobs to ready without counting the attempt; each gets a history entry of
+        its kind (RELEASE_KINDS, default "shutdown") and reason."""
+        return self.run(release_call(leases, delays, kinds=kinds, reasons=reasons))
 
     def reap(self, limit: int = 1000) -> list[Reaped]:
         """Return expired leases to ready (or dead when attempts are spent)."""
@@ -801,12 +867,15 @@ class AsyncQueue:
     await queue.enqueue("email.send", {"user_id": 42})
     """
 
-    def __init__(self, dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, max_connections: int = 4) -> None:
-        resolved = resolve_dsn(dsn)
-        if resolved is None:
-            raise InvalidInput("no database given: pass a DSN or set JOBTUI_DSN")
-        self.dsn = check_dsn(resolved)
-        self.schema = statements(schema).schema
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        max_connections: int = 4,
+        timeout: float = DEFAULT_CLIENT_TIMEOUT,
+    ) -> None:
+        self.dsn, self.schema, self.timeout = _client_settings(dsn, schema, timeout)
         self._max_connections = max_connections
         self._pool: AsyncConnectionPool[Any] | None = None
 
@@ -818,6 +887,7 @@ class AsyncQueue:
                 max_size=self._max_connections,
                 open=False,
                 kwargs=connect_timeout(self.dsn),
+                check=AsyncConnectionPool.check_connection,  # see Queue
             )
             await self._pool.open(wait=False)
         return self._pool
@@ -833,15 +903,37 @@ class AsyncQueue:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def _with_conn(
+        self,
+        conn: psycopg.AsyncConnection[Any] | None,
+        fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]],
+        *,
+        autocommit: bool = False,
+    ) -> T:
+        """`fn` on `conn`, or on a pooled connection with the errors of `Queue._with_conn`."""
+        if conn is not None:
+            return await fn(conn)
+        try:
+            async with (await self._get_pool()).connection(timeout=self.timeout) as pooled:
+                try:
+                    if not autocommit:
+                        return await fn(pooled)
+                    await pooled.set_autocommit(True)  # see _autocommitted
+                    try:
+                        return await fn(pooled)
+                    finally:
+                        with contextlib.suppress(psycopg.Error):  # a broken connection is discarded anyway
+                            await pooled.set_autocommit(False)
+                except psycopg.OperationalError as exc:
+                    if _reachable(pooled):
+                        raise
+                    raise unavailable(self.dsn, exc) from None
+        except PoolTimeout as exc:
+            raise unavailable(self.dsn, exc, waited=self.timeout) from None
+
     async def run(self, call: Call[T], conn: psycopg.AsyncConnection[Any] | None = None) -> T:
         """Run any `Call` (in `conn`'s transaction when given, else in its own)."""
-        if conn is not None:
-            return await arun(conn, call, self.schema)
-        try:
-            async with (await self._get_pool()).connection(timeout=15) as pooled:
-                return await arun(pooled, call, self.schema)
-        except (psycopg.OperationalError, PoolTimeout) as exc:
-            raise unavailable(self.dsn, exc) from None
+        return await self._with_conn(conn, lambda c: arun(c, call, self.schema))
 
     async def enqueue(
         self,
@@ -856,25 +948,14 @@ class AsyncQueue:
     ) -> int:
         """Insert one job and return its id; a key that exists returns the existing job's id."""
         call = enqueue_call(job_type, payload, key=key, delay=delay, run_at=run_at, max_attempts=max_attempts)
-        if conn is not None:
-            return await aenqueue(conn, call, self.schema)
-        async with (await self._get_pool()).connection(timeout=15) as pooled:
-            await pooled.set_autocommit(True)  # see _autocommitted
-            try:
-                return await aenqueue(pooled, call, self.schema)
-            finally:
-                with contextlib.suppress(psycopg.Error):  # a broken connection is discarded anyway
-                    await pooled.set_autocommit(False)
+        return await self._with_conn(conn, lambda c: aenqueue(c, call, self.schema), autocommit=conn is None)
 
     async def enqueue_many(
         self, jobs: Iterable[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None
     ) -> list[int]:
         """Insert many jobs in one statement (COPY for large batches); ids in input order."""
         batch = list(jobs)
-        if conn is not None:
-            return await aenqueue_many(conn, batch, self.schema)
-        async with (await self._get_pool()).connection(timeout=15) as pooled:
-            return await aenqueue_many(pooled, batch, self.schema)
+        return await self._with_conn(conn, lambda c: aenqueue_many(c, batch, self.schema))
 
 
 # -- effects (the handlers' idempotency helper) --------------------------------------------

@@ -228,9 +228,20 @@ def load_app(spec: str) -> Jobs:
         sys.path.insert(0, "")  # like `python -m`, find modules in the current directory
     try:
         module = importlib.import_module(module_name)
+    except SyntaxError as exc:
+        where = f"{exc.filename}:{exc.lineno}" if exc.filename else module_name
+        raise InvalidInput(f"--app {module_name!r} does not compile: {exc.msg} at {where}") from None
     except ImportError as exc:
         raise InvalidInput(f"cannot import {module_name!r} for --app ({exc}); check the module path") from None
-    registry = getattr(module, attr, None)
+    except (Exception, SystemExit) as exc:  # the module's own code failed while it was imported
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise InvalidInput(
+            f"importing {module_name!r} for --app raised {type(exc).__name__}{': ' + first if first else ''}; "
+            "run `python -c 'import " + module_name + "'` to see the traceback"
+        ) from None
+    if not hasattr(module, attr):
+        raise InvalidInput(f"module {module_name!r} has no attribute {attr!r}; --app names it as {module_name}:NAME")
+    registry = getattr(module, attr)
     if not isinstance(registry, Jobs):
         raise InvalidInput(f"{spec!r} is not a jobtui.Jobs registry (found {type(registry).__name__})")
     return registry

@@ -22,9 +22,10 @@ import psycopg
 
 from . import cronslots
 from .cronslots import MissedPolicy
-from .db import Connection, statements
+from .db import Connection, Link, first_line, statements
 from .domain import DEFAULT_SCHEMA
-from .errors import InvalidInput, JobtuiError
+from .errors import DatabaseUnavailable, InvalidInput, JobtuiError, PrivilegeMissing
+from .privileges import GRANTS_HINT
 from .queue import Call, arun, check_max_attempts, check_text, check_type, encode_payload, record_audit, run
 from .registry import ScheduleSpec
 
@@ -263,12 +264,17 @@ class Scheduler:
         self.specs = specs or []
         self.fired_count = 0
 
-    async def run(self, stopping: asyncio.Event) -> None:
-        """Tick until `stopping` is set; reconnects by itself after database outages."""
-        conn = Connection(self.dsn, "scheduler")
-        if self.specs:
-            await asyncio.to_thread(self._sync_specs)
+    async def run(self, stopping: asyncio.Event, *, link: Link | None = None) -> None:
+        """Tick until `stopping` is set; reconnects by itself after database outages.
+
+        With a worker's `link`, it comes back with the worker's other connections after an
+        outage, once their heartbeat went. Raises PrivilegeMissing when the role may not do
+        a scheduler's work (that will not fix itself).
+        """
+        conn = Connection(self.dsn, "scheduler", link=link, gated=link is not None)
         try:
+            if self.specs:
+                await self._sync_specs_when_up(conn, stopping)
             while not stopping.is_set():
                 wait = MAX_TICK
                 try:
@@ -280,14 +286,34 @@ class Scheduler:
                     until = await arun(live, Call("schedule_next_due", {}, _rows), self.schema)
                     if until and until[0][0] is not None:
                         wait = max(0.01, min(MAX_TICK, float(until[0][0])))
-                except psycopg.OperationalError as exc:
+                except (psycopg.OperationalError, DatabaseUnavailable) as exc:
+                    if stopping.is_set():
+                        break
                     conn.lost(exc)
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    raise PrivilegeMissing(
+                        f"the scheduler's tick was refused: {first_line(exc)}; {GRANTS_HINT}"
+                    ) from None
                 except psycopg.Error as exc:
-                    log.error("scheduler tick failed: %s", str(exc).strip().splitlines()[0])
+                    log.error("scheduler tick failed: %s", first_line(exc))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stopping.wait(), wait)
         finally:
             await conn.close()
+
+    async def _sync_specs_when_up(self, conn: Connection, stopping: asyncio.Event) -> None:
+        """Sync the schedules declared in code, waiting for the database if it is away."""
+        while not stopping.is_set():
+            await conn.link.wait(False, stopping)
+            try:
+                await asyncio.to_thread(self._sync_specs)
+                return
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise PrivilegeMissing(
+                    f"syncing the app's schedules was refused: {first_line(exc)}; {GRANTS_HINT}"
+                ) from None
+            except (psycopg.OperationalError, DatabaseUnavailable) as exc:
+                conn.link.down(exc)
 
     def _sync_specs(self) -> None:
         from .db import connect

@@ -75,14 +75,16 @@ WHERE j.id = ANY(ARRAY(
         FOR UPDATE SKIP LOCKED))
   AND j.status = 'ready'
 RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_token,
-          j.locked_until, j.created_at, j.run_at;
+          j.locked_until, j.created_at, j.run_at, j.uncounted;
 
 -- name: heartbeat
 -- Extends many leases at once; the ids returned still hold their lease, the others lost it.
--- Each id's token is found by its position in the arrays (see complete).
+-- Each id's token is found by its position in the arrays (see complete). A lease that has
+-- already expired is not extended, even when no reaper took it yet: by the database's clock
+-- it was lost, and its worker gives the attempt up (another worker may have started it).
 UPDATE {schema}.job AS j
 SET locked_until = now() + make_interval(secs => %(lease)s), heartbeat_at = now()
-WHERE j.id = ANY(%(ids)b::bigint[]) AND j.status = 'running'
+WHERE j.id = ANY(%(ids)b::bigint[]) AND j.status = 'running' AND j.locked_until > now()
   AND j.lease_token = (%(tokens)b::bigint[])[array_position(%(ids)b::bigint[], j.id)]
 RETURNING j.id;
 
@@ -130,6 +132,7 @@ SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END
                   ELSE now() + make_interval(secs => t.delay) END,
     finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
     locked_until = NULL,
+    uncounted = 0,
     last_error = t.error,
     errors = (j.errors || jsonb_build_array(jsonb_build_object(
                  'at', now(), 'attempt', j.attempts, 'worker', j.locked_by,
@@ -153,12 +156,24 @@ WHERE j.id = t.id AND j.status = 'running' AND j.lease_token = t.token
 RETURNING j.id;
 
 -- name: release
--- Back to ready without counting the attempt: shutdown, an unreachable dependency of the
--- worker itself, or a handler asking to run again later.
+-- Back to ready without counting the attempt, with an entry in the history saying why:
+--   retry      the handler raised Retry;
+--   db_error   the handler's own database work failed on the connection, not on the job;
+--   abandoned  the worker could not extend the lease before it expired (the database was
+--              unreachable), and gave the attempt up;
+--   shutdown   the worker stopped before the handler finished.
+-- The first two are the job's own doing and are counted in `uncounted` (in a row), which the
+-- worker bounds; the last two are the infrastructure's and count nowhere.
 UPDATE {schema}.job AS j
 SET status = 'ready', attempts = j.attempts - 1, locked_until = NULL,
-    run_at = now() + make_interval(secs => t.delay)
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(delays)s::float8[]) AS t(id, token, delay)
+    run_at = now() + make_interval(secs => t.delay),
+    uncounted = j.uncounted + CASE WHEN t.kind IN ('retry', 'db_error') THEN 1 ELSE 0 END,
+    errors = (j.errors || jsonb_build_array(jsonb_build_object(
+                 'at', now(), 'attempt', j.attempts, 'worker', j.locked_by,
+                 'kind', t.kind, 'error', t.reason)))
+             - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(delays)s::float8[], %(kinds)s::text[],
+            %(reasons)s::text[]) AS t(id, token, delay, kind, reason)
 WHERE j.id = t.id AND j.status = 'running' AND j.lease_token = t.token
 RETURNING j.id;
 
@@ -166,9 +181,24 @@ RETURNING j.id;
 -- Running jobs whose lease expired go back to ready (their lease was their delay), or dead
 -- when the attempt that expired was the last one: a job that keeps crashing its worker
 -- ends dead instead of taking workers down forever. Each expiry is recorded.
-WITH expired AS (
+--
+-- A worker's reaper passes the database time of its previous round (`previous`) and how
+-- recent it must be (`continuity`, seconds): when this statement runs later than that after
+-- the previous one (the reaper was cut off, its statement waited out a partition, the server
+-- restarted), it reaps nothing this round. Every lease that expired meanwhile may belong to a
+-- worker that was cut off just as long and is coming back to extend or give back its lease;
+-- an outage must not count against their jobs. Without `continuity`, the gate is open. The
+-- first row returned is the round itself: no id, `type` 'open' or 'closed', and now().
+WITH gate AS (
+    SELECT %(continuity)s::float8 IS NULL
+           OR (%(previous)s::timestamptz IS NOT NULL
+               AND now() - %(previous)s::timestamptz < make_interval(secs => %(continuity)s::float8)) AS open
+), expired AS (
     SELECT id, locked_until FROM {schema}.job
     WHERE status = 'running' AND locked_until < now()
+      -- The reaping worker's own jobs: it is still running them, or giving them up itself.
+      AND NOT (id = ANY(%(own)s::bigint[]))
+      AND (SELECT open FROM gate)
     ORDER BY locked_until
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -178,6 +208,7 @@ WITH expired AS (
         run_at = now(),
         finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
         locked_until = NULL,
+        uncounted = 0,
         lease_expirations = j.lease_expirations + 1,
         last_error = format('lease expired: worker %%s stopped heartbeating during attempt %%s of %%s%%s',
                             coalesce(j.locked_by, '?'), j.attempts, j.max_attempts,
@@ -196,6 +227,9 @@ WITH expired AS (
     INSERT INTO {schema}.lease_expiry (job_id, job_type, worker, attempt, expired_at, outcome)
     SELECT id, type, locked_by, attempts, expired_at, status FROM reaped
 )
+SELECT NULL::bigint, CASE WHEN open THEN 'open' ELSE 'closed' END, NULL::text, NULL::integer, NULL::text, now()
+FROM gate
+UNION ALL
 SELECT id, type, locked_by, attempts, status, expired_at FROM reaped;
 
 -- name: requeue_by_id
@@ -232,16 +266,28 @@ WHERE j.status IN ('dead', 'failed')
 RETURNING j.id;
 
 -- name: kill_lease
--- Operator: a running job returns to ready now. Its worker's late outcome is rejected
--- because the status (and later the lease token) no longer match.
+-- Operator: a running job returns to ready now, or goes dead when the killed attempt was its
+-- last: a killed attempt counts, as an expired one does. Its worker's late outcome is
+-- rejected because the status (and later the lease token) no longer match. The row lock is
+-- taken first and skips a job whose handler is inside `job.once()`'s transaction (which
+-- holds the row): its effect commits under the lease it was checked against, and the kill
+-- is refused for now.
 UPDATE {schema}.job AS j
-SET status = 'ready', run_at = now(), locked_until = NULL,
-    last_error = format('lease killed by %%s during attempt %%s', %(actor)s::text, j.attempts),
+SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END,
+    run_at = now(), locked_until = NULL,
+    finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
+    uncounted = 0,
+    last_error = format('lease killed by %%s during attempt %%s of %%s%%s', %(actor)s::text, j.attempts,
+                        j.max_attempts,
+                        CASE WHEN j.attempts >= j.max_attempts THEN ' (its last attempt: dead)' ELSE '' END),
     errors = (j.errors || jsonb_build_array(jsonb_build_object(
                  'at', now(), 'attempt', j.attempts, 'worker', j.locked_by,
                  'kind', 'lease_killed', 'error', format('lease killed by %%s', %(actor)s::text))))
              - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
-WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'running'
+WHERE j.id IN (SELECT id FROM {schema}.job
+               WHERE id = ANY(%(ids)s::bigint[]) AND status = 'running'
+               FOR UPDATE SKIP LOCKED)
+  AND j.status = 'running'
 RETURNING j.id;
 
 -- name: cancel
@@ -273,11 +319,19 @@ SELECT pg_notify(%(channel)s, '');
 -- lease token, only while that lease is the job's current one: a worker that froze or was cut
 -- off past its lease (the job reaped, re-claimed or finished meanwhile) must not do effects.
 -- Returns (lease held, recorded by this call).
+--
+-- The check locks the job's row FOR KEY SHARE until the caller's transaction ends. Reaping
+-- and claiming lock rows FOR UPDATE SKIP LOCKED, so while the effect's transaction is open
+-- nobody can take the job back or claim it again: the effect commits under the lease it was
+-- checked against, or (checked after a re-claim) is refused. Heartbeats and outcomes take a
+-- weaker lock (FOR NO KEY UPDATE) that does not conflict, so they go on meanwhile. An expired
+-- lease counts as lost, by the database's clock at the moment of the check.
 WITH lease AS (
     SELECT %(token)s::bigint IS NULL
            OR EXISTS (SELECT 1 FROM {schema}.job
                       WHERE id = %(job_id)s::bigint AND lease_token = %(token)s::bigint
-                        AND status = 'running') AS held
+                        AND status = 'running' AND locked_until > clock_timestamp()
+                      FOR KEY SHARE) AS held
 ), recorded AS (
     INSERT INTO {schema}.effect (key, job_id)
     SELECT %(key)s::text, %(job_id)s::bigint FROM lease WHERE lease.held
@@ -634,7 +688,25 @@ SELECT coalesce(max(id), 0) FROM {schema}.lease_expiry;
 DELETE FROM {schema}.lease_expiry WHERE reaped_at < now() - interval '8 days';
 
 -- name: prune_audit
-DELETE FROM {schema}.audit WHERE at < now() - make_interval(secs => %(retention)s);
+-- Through the schema owner's function (migration 0006): the worker role may not delete audit
+-- rows itself, and the function keeps every row younger than 30 days whatever it is asked.
+SELECT {schema}.prune_audit(make_interval(secs => %(retention)s), %(limit)s);
+
+-- name: prune_effect
+-- Effects older than their retention, unless their job may still run (it is in the queue
+-- and not done): a requeued dead job must find the effects of its earlier attempts.
+WITH gone AS (
+    DELETE FROM {schema}.effect
+    WHERE key IN (SELECT e.key FROM {schema}.effect AS e
+                  WHERE e.created_at < now() - make_interval(secs => %(retention)s)
+                    AND NOT EXISTS (SELECT 1 FROM {schema}.job AS j
+                                    WHERE j.id = e.job_id AND j.status <> 'done')
+                  ORDER BY e.created_at
+                  LIMIT %(limit)s
+                  FOR UPDATE SKIP LOCKED)
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
 
 -- name: list_running
 -- Running jobs for the console: oldest lease first, expired leases included.
@@ -687,3 +759,26 @@ SET last_slot = now() - make_interval(secs => %(seconds)s),
     updated_at = now()
 WHERE name = %(name)s
 RETURNING id;
+
+-- name: privileges_missing
+-- Which of the given privileges the session's role lacks: table privileges as (table,
+-- privilege) pairs, plus USAGE on the schema, USAGE on its sequences and EXECUTE on its
+-- functions. Reads the catalog only. The schema's sequences are listed first (MATERIALIZED):
+-- the privilege check fails on a relation that is not a sequence, wherever the planner put it.
+WITH sequences AS MATERIALIZED (
+    SELECT c.oid, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE %(sequences)s AND n.nspname = %(schema_name)s AND c.relkind = 'S'
+)
+SELECT format('%%s on %%I.%%I', t.privilege, %(schema_name)s::text, t.tbl)
+FROM unnest(%(tables)s::text[], %(privileges)s::text[]) AS t(tbl, privilege)
+WHERE NOT has_table_privilege(format('%%I.%%I', %(schema_name)s::text, t.tbl), t.privilege)
+UNION ALL
+SELECT format('USAGE on schema %%I', %(schema_name)s::text)
+WHERE NOT has_schema_privilege(%(schema_name)s::text, 'USAGE')
+UNION ALL
+SELECT format('USAGE on sequence %%I.%%I', %(schema_name)s::text, s.relname)
+FROM sequences s WHERE NOT has_sequence_privilege(s.oid, 'USAGE')
+UNION ALL
+SELECT format('EXECUTE on function %%s', p.oid::regprocedure)
+FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+WHERE %(functions)s AND n.nspname = %(schema_name)s AND NOT has_function_privilege(p.oid, 'EXECUTE');

@@ -265,8 +265,8 @@ def test_partitioned_worker_comes_back_to_stale_leases(
     done = {job_id: row(db, job_id) for job_id in (before, after)}
     # A wakes up with stale leases: its late effect is refused and its outcomes are not written.
     gave_up = [
-        f"job {before} (chaos.sync) attempt 1: outcome not written",
-        f"job {after} (chaos.async) attempt 1: outcome not written",
+        f"job {before} (chaos.sync) attempt 1: its lease was not extended in time",
+        f"job {after} (chaos.async) attempt 1: its lease was not extended in time",
     ]
     wait_for(lambda: all(line in a.log() for line in gave_up), 40, "A to give up its stale jobs", a.log)
     time.sleep(1)  # anything A still had in flight has arrived by now

@@ -308,6 +308,7 @@ JOB_COLUMNS_BY_VERSION: dict[int, dict[str, str]] = {
         "finished_at": "timestamp with time zone",
     },
     3: {"error_fingerprint": "text"},
+    6: {"uncounted": "integer"},
 }
 
 

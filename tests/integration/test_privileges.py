@@ -45,7 +45,7 @@ WORKER_TABLES = {
     "lease_expiry": {"SELECT", "INSERT", "DELETE"},
     "stats_hourly": {"SELECT", "INSERT", "DELETE"},
     "done_tally": {"SELECT", "INSERT", "UPDATE", "DELETE"},
-    "effect": {"SELECT", "INSERT"},
+    "effect": {"SELECT", "INSERT", "DELETE"},
     "audit": {"SELECT", "INSERT"},
     "migration": {"SELECT"},
 }

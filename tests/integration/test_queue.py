@@ -659,11 +659,38 @@ def test_release_does_not_count_the_attempt(q: Queue, conn: Conn) -> None:
         row = q.get(job_id)
         assert row is not None
         assert row.status == JobStatus.READY and row.attempts == 0 and row.locked_until is None
-        assert row.errors == [] and row.finished_at is None
+        assert row.finished_at is None and row.last_error is None
+        # The history says why, though nothing failed.
+        [entry] = row.errors
+        assert (entry.attempt, entry.worker, entry.kind, entry.error) == (1, "w1", "shutdown", "released")
     assert value(conn, "SELECT run_at - now() > interval '40 seconds' FROM jobtui.job WHERE id = %s", b)
     # With one attempt allowed, the released job can still run (and still be claimed once).
     [again] = q.claim(["t"], worker="w2", limit=2)
-    assert (again.id, again.attempt, again.lease_token) == (a, 1, 2)
+    assert (again.id, again.attempt, again.lease_token, again.uncounted) == (a, 1, 2, 0)
+
+
+def test_releases_the_job_asked_for_are_counted_in_a_row_and_an_outage_is_not(q: Queue) -> None:
+    job_id = q.enqueue("t", max_attempts=3)
+    seen = []
+    for kind in ("retry", "db_error", "abandoned", "shutdown", "retry"):
+        [job] = q.claim(["t"], worker="w1")
+        seen.append(job.uncounted)
+        assert q.release([job.lease], kinds=[kind], reasons=[f"because {kind}"]) == {job_id}
+    [job] = q.claim(["t"], worker="w1")
+    # Retry and the handler's database errors count in a row; the worker's own give-ups do not.
+    assert [*seen, job.uncounted] == [0, 1, 2, 2, 2, 3]
+    assert job.attempt == 1  # none of them was an attempt
+    row = q.get(job_id)
+    assert row is not None
+    assert [(e.kind, e.error) for e in row.errors] == [
+        (k, f"because {k}") for k in ("retry", "db_error", "abandoned", "shutdown", "retry")
+    ]
+    # A counted failure starts the count again.
+    q.fail([Failure(job.lease, "boom", 0)])
+    [job] = q.claim(["t"], worker="w1")
+    assert (job.attempt, job.uncounted) == (2, 0)
+    with pytest.raises(InvalidInput, match="unknown release kind"):
+        q.release([job.lease], kinds=["nap"])
 
 
 # -- reap ----------------------------------------------------------------------------------
@@ -782,7 +809,7 @@ def test_kill_lease(q: Queue, conn: Conn) -> None:
     row = q.get(job_id)
     assert row is not None
     assert row.status == JobStatus.READY and row.locked_until is None and row.attempts == 1
-    assert row.last_error == "lease killed by bob during attempt 1"
+    assert row.last_error == "lease killed by bob during attempt 1 of 25"
     entry = row.errors[-1]
     assert (entry.kind, entry.worker, entry.error) == ("lease_killed", "w1", "lease killed by bob")
     assert value(conn, "SELECT run_at <= now() FROM jobtui.job WHERE id = %s", job_id)
@@ -790,6 +817,36 @@ def test_kill_lease(q: Queue, conn: Conn) -> None:
     reclaimed = q.claim(["t"], worker="w2", limit=2)
     assert sorted(j.id for j in reclaimed) == [job_id, other]
     assert next(j for j in reclaimed if j.id == job_id).lease_token == job.lease_token + 1
+
+
+def test_a_killed_lease_counts_as_an_attempt_and_the_last_one_goes_dead(q: Queue) -> None:
+    job_id = q.enqueue("t", max_attempts=2)
+    for attempt in (1, 2):
+        [job] = q.claim(["t"], worker="w1")
+        assert job.attempt == attempt
+        assert q.kill_lease([job_id], actor="bob") == [job_id]
+    row = q.get(job_id)
+    assert row is not None
+    # Never "attempt 3 of 2": the second kill was the last attempt.
+    assert (row.status, row.attempts, row.max_attempts) == (JobStatus.DEAD, 2, 2)
+    assert row.finished_at is not None
+    assert row.last_error == "lease killed by bob during attempt 2 of 2 (its last attempt: dead)"
+    assert q.claim(["t"], worker="w1") == []
+    assert q.requeue([job_id], actor="bob") == [job_id]
+
+
+def test_kill_lease_waits_for_an_effect_being_committed(q: Queue, dsn: str) -> None:
+    """While a handler's `once()` transaction holds the job's row, the kill is refused: the
+    effect commits under the lease it was checked against."""
+    from jobtui.registry import Job
+
+    job_id = q.enqueue("t")
+    [claimed] = q.claim(["t"], worker="w1")
+    with psycopg.connect(dsn) as tx:
+        assert Job(claimed, "w1", "jobtui").once(tx, "k-kill-wait") is True
+        assert q.kill_lease([job_id], actor="bob") == []
+    # The effect's transaction committed: now the kill goes through.
+    assert q.kill_lease([job_id], actor="bob") == [job_id]
 
 
 def test_cancel(q: Queue) -> None:

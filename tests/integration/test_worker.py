@@ -9,7 +9,6 @@ effect would show. Conditions are polled with a deadline, never waited for with 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import itertools
 import math
@@ -31,35 +30,15 @@ from jobtui.queue import enqueue as enqueue_job
 from jobtui.queue import enqueue_call, get_job_call, run
 from jobtui.registry import Job, Jobs, Retry
 from jobtui.worker import Worker
+from tests.workers import APP_TABLES, WorkerProcess, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.apps.worker_app:jobs"
 
 Conn = psycopg.Connection[Any]
 
-APP_TABLES = """
-CREATE TABLE run_log (
-    id bigserial PRIMARY KEY, job_id bigint, attempt int, worker text, event text,
-    at timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-CREATE TABLE effect_log (id bigserial PRIMARY KEY, key text NOT NULL, job_id bigint, attempt int, worker text);
-"""
-
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, logs: Callable[[], str] | None = None) -> Any:
-    """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            extra = f"\n--- worker logs ---\n{logs()}" if logs else ""
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}{extra}")
-        time.sleep(0.05)
 
 
 def enqueue(conn: Conn, job_type: str, payload: Any = None, **kwargs: Any) -> int:
@@ -96,58 +75,6 @@ def effects(conn: Conn, key: str) -> list[tuple[int, int, str]]:
     return [(int(r[0]), int(r[1]), str(r[2])) for r in rows]
 
 
-class WorkerProcess:
-    """A `jobtui worker` subprocess whose stderr (its log) goes to a file."""
-
-    def __init__(self, name: str, args: list[str], env: dict[str, str], log_path: Path) -> None:
-        self.name = name
-        self.log_path = log_path
-        self._log_file = log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jobtui.cli", "worker", "--app", APP, "--id", name, *args],
-            cwd=ROOT,
-            env=env,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_started(self, timeout: float = 15) -> None:
-        wait_for(
-            lambda: f"worker {self.name} started" in self.log() or self.proc.poll() is not None,
-            timeout,
-            f"worker {self.name} to start",
-            self.log,
-        )
-        assert self.proc.poll() is None, f"worker {self.name} exited with {self.proc.returncode}:\n{self.log()}"
-
-    def wait_log(self, text: str, timeout: float) -> None:
-        wait_for(lambda: text in self.log(), timeout, f"{text!r} in the log of worker {self.name}", self.log)
-
-    def signal(self, signum: int) -> None:
-        os.kill(self.pid, signum)
-
-    def wait_exit(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"worker {self.name} still running after {timeout}s:\n{self.log()}") from None
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()  # SIGKILL ends a stopped (SIGSTOP) process too
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
-        self._log_file.close()
-
-
 Spawn = Callable[..., WorkerProcess]
 
 
@@ -173,7 +100,7 @@ def spawn(app_dsn: str, tmp_path: Path) -> Iterator[Spawn]:
     env.pop("DATABASE_URL", None)
 
     def start(name: str, *args: str, lease: str = "2s", wait: bool = True) -> WorkerProcess:
-        worker = WorkerProcess(name, ["--lease", lease, *args], env, tmp_path / f"{name}.log")
+        worker = WorkerProcess(name, ["--lease", lease, *args], env, tmp_path / f"{name}.log", app=APP)
         started.append(worker)
         if wait:
             worker.wait_started()
@@ -241,8 +168,8 @@ def test_stopped_worker_loses_its_lease_and_its_late_outcome_is_rejected(db: Con
         assert (done.locked_by, done.attempts, done.lease_expirations) == ("B", 2, 1)
     finally:
         a.signal(signal.SIGCONT)
-    # A wakes up, finishes its handler and tries to write its outcome with its old lease.
-    a.wait_log(f"job {job_id} (effect) attempt 1: outcome not written", 15)
+    # A wakes up past its lease: it gives the attempt up without trying to write an outcome.
+    a.wait_log(f"job {job_id} (effect) attempt 1: its lease was not extended in time", 15)
     row = get(db, job_id)
     assert (row.status, row.locked_by, row.attempts) == (JobStatus.DONE, "B", 2)
     assert row.finished_at == done.finished_at and row.lease_token == done.lease_token
@@ -272,7 +199,11 @@ def test_sigterm_finishes_short_jobs_and_releases_long_ones(db: Conn, spawn: Spa
     for job_id in long:
         row = get(db, job_id)
         assert (row.status, row.attempts, row.locked_until) == (JobStatus.READY, 0, None)
-        assert row.errors == [] and row.lease_expirations == 0
+        assert row.lease_expirations == 0 and row.last_error is None
+        # The history says why the job is ready again, though nothing failed.
+        assert [(e.kind, e.attempt, e.error) for e in row.errors] == [
+            ("shutdown", 1, "the worker stopped before the handler finished")
+        ]
     assert [len(effects(db, k)) for k in ("k-short-sync", "k-short-async", "k-long-sync", "k-long-async")] == [
         1,
         1,
@@ -414,9 +345,10 @@ def test_handler_exceptions_and_timeouts(db: Conn, spawn: Spawn) -> None:
     assert [(e.kind, e.attempt, e.worker) for e in row.errors] == [("permanent", 1, "W")]
     assert runs(db, permanent) == [(1, "W")]
 
-    # Retry runs it again later without counting the attempt.
+    # Retry runs it again later without counting the attempt, and says so in the history.
     row = get(db, retried)
-    assert row.attempts == 1 and row.errors == []
+    assert row.attempts == 1 and row.last_error is None
+    assert [(e.kind, e.attempt, e.error) for e in row.errors] == [("retry", 1, "come back later")] * 2
     assert runs(db, retried) == [(1, "W")] * 3 and runs(db, retried, "end") == [(1, "W")]
     starts = [
         r[0] for r in db.execute("SELECT at FROM run_log WHERE job_id = %s AND event = 'start' ORDER BY id", (retried,))

@@ -1,0 +1,126 @@
+"""Handlers for the outage and zombie tests (tests/chaos/test_outages.py).
+
+While the database is away a handler cannot write to it, so each one appends what it does to
+the file named by JOBTUI_TEST_EVENTS, one line per event, with the system-wide monotonic
+clock, so that the test can tell whether two attempts of a job ever ran at the same time:
+
+    <event> <job id> <lease token> <worker> <time.monotonic()>
+
+Effects go through `job.once` into effect_log (the tests create it), as in worker_app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from jobtui.backoff import BackoffPolicy
+from jobtui.registry import Job, Jobs
+
+jobs = Jobs()
+FAST = BackoffPolicy(base=0.1, cap=0.2)
+
+
+def _dsn() -> str:
+    return os.environ["JOBTUI_DSN"]
+
+
+def event(job: Job, what: str) -> None:
+    line = f"{what} {job.id} {job.lease_token} {job.worker_id} {time.monotonic():.6f}\n"
+    # One write of a short line with O_APPEND: lines of several processes do not interleave.
+    fd = os.open(os.environ["JOBTUI_TEST_EVENTS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def _record(conn: psycopg.Connection[Any], job: Job, key: str) -> None:
+    conn.execute(
+        "INSERT INTO effect_log (key, job_id, attempt, worker) VALUES (%s, %s, %s, %s)",
+        (key, job.id, job.lease_token, job.worker_id),
+    )
+
+
+@jobs.handler("outage.async", backoff=FAST)
+async def outage_async(job: Job) -> None:
+    """Work for `seconds`, then do the job's effect once."""
+    event(job, "start")
+    try:
+        deadline = time.monotonic() + float(job.payload["seconds"])
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    except asyncio.CancelledError:
+        event(job, "cancelled")
+        raise
+    async with await psycopg.AsyncConnection.connect(_dsn()) as conn:
+        if await job.once_async(conn, f"outage:{job.id}"):
+            await conn.execute(
+                "INSERT INTO effect_log (key, job_id, attempt, worker) VALUES (%s, %s, %s, %s)",
+                (f"outage:{job.id}", job.id, job.lease_token, job.worker_id),
+            )
+    event(job, "end")
+
+
+@jobs.handler("outage.sync", backoff=FAST)
+def outage_sync(job: Job) -> None:
+    """As outage.async, in a thread: it stops when `job.lost` says so, as a long handler should."""
+    event(job, "start")
+    deadline = time.monotonic() + float(job.payload["seconds"])
+    while time.monotonic() < deadline:
+        if job.lost:
+            event(job, "stopped")
+            return
+        time.sleep(0.05)
+    with psycopg.connect(_dsn()) as conn:
+        if job.once(conn, f"outage:{job.id}"):
+            _record(conn, job, f"outage:{job.id}")
+    event(job, "end")
+
+
+def _hold(marker: Path, seconds: float) -> None:
+    """Create `marker`, then wait until the test deletes it (or `seconds` pass)."""
+    marker.touch()
+    deadline = time.monotonic() + seconds
+    while marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@jobs.handler("hold_effect", backoff=FAST)
+def hold_effect(job: Job) -> None:
+    """On its first attempt, hold the effect's transaction open after `once()` (mode
+    "after") or before it (mode "before"), until the test deletes the file `marker` that it
+    creates there: the test freezes the worker meanwhile."""
+    event(job, "start")
+    first = job.lease_token == 1
+    marker = Path(job.payload["marker"])
+    with psycopg.connect(_dsn()) as conn:
+        conn.execute("SELECT 1")  # the transaction has begun
+        if first and job.payload["mode"] == "before":
+            _hold(marker, 60)
+        if job.once(conn, f"hold:{job.id}"):
+            _record(conn, job, f"hold:{job.id}")
+            if first and job.payload["mode"] == "after":
+                _hold(marker, 60)
+    event(job, "end")
+
+
+@jobs.handler("db_error", backoff=FAST, max_attempts=2)
+def db_error(job: Job) -> None:
+    """Its own connection is terminated (AdminShutdown) on the first `fail` runs, inside the
+    effect's transaction after `once()`; then it does the effect."""
+    with psycopg.connect(_dsn(), autocommit=True) as log_conn:
+        log_conn.execute("INSERT INTO run_log (job_id, attempt, worker, event) VALUES (%s, %s, %s, 'start')",
+                         (job.id, job.attempt, job.worker_id))  # fmt: skip
+        row = log_conn.execute("SELECT count(*) FROM run_log WHERE job_id = %s", (job.id,)).fetchone()
+    runs = int(row[0]) if row else 0
+    with psycopg.connect(_dsn()) as conn:
+        if job.once(conn, f"db-error:{job.id}"):
+            if runs <= int(job.payload.get("fail", 0)):
+                conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+            _record(conn, job, f"db-error:{job.id}")

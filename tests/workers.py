@@ -1,0 +1,94 @@
+"""Real `jobtui worker` processes for tests, and polling with a deadline.
+
+worker = WorkerProcess("A", ["--lease", "2s"], env, tmp_path / "A.log", app="tests.apps.worker_app:jobs")
+worker.wait_started()
+wait_for(lambda: done(job_id), 10, "the job done", worker.log)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# What the test apps record: each run of a handler, and each effect (no unique key, so that
+# a duplicated effect would show as two rows).
+APP_TABLES = """
+CREATE TABLE run_log (
+    id bigserial PRIMARY KEY, job_id bigint, attempt int, worker text, event text,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE effect_log (id bigserial PRIMARY KEY, key text NOT NULL, job_id bigint, attempt int, worker text);
+"""
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, logs: Callable[[], str] | None = None) -> Any:
+    """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            extra = f"\n--- worker logs ---\n{logs()}" if logs else ""
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}{extra}")
+        time.sleep(0.05)
+
+
+class WorkerProcess:
+    """A `jobtui worker` subprocess whose stderr (its log) goes to a file."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log_path: Path, *, app: str) -> None:
+        self.name = name
+        self.log_path = log_path
+        self._log_file = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jobtui.cli", "worker", "--app", app, "--id", name, *args],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_started(self, timeout: float = 15) -> None:
+        wait_for(
+            lambda: f"worker {self.name} started" in self.log() or self.proc.poll() is not None,
+            timeout,
+            f"worker {self.name} to start",
+            self.log,
+        )
+        assert self.proc.poll() is None, f"worker {self.name} exited with {self.proc.returncode}:\n{self.log()}"
+
+    def wait_log(self, text: str, timeout: float) -> None:
+        wait_for(lambda: text in self.log(), timeout, f"{text!r} in the log of worker {self.name}", self.log)
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
+
+    def wait_exit(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"worker {self.name} still running after {timeout}s:\n{self.log()}") from None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()  # SIGKILL ends a stopped (SIGSTOP) process too
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+        self._log_file.close()
