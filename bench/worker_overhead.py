@@ -46,25 +46,34 @@ class InstantDatabase:
         self._total = total
 
     def __call__(self, dsn: str, role: str, **_: Any) -> InstantDatabase:
+        self._role = role
         return self  # one object serves every connection the worker opens
 
-    async def run(self, call: Call[Any], schema: str, stopping: asyncio.Event | None = None) -> Any:
+    async def run(self, call: Call[Any], schema: str, stopping: asyncio.Event | None = None, **_: Any) -> Any:
+        return (await self.run_timed(call, schema, stopping))[0]
+
+    async def run_timed(
+        self, call: Call[Any], schema: str, stopping: asyncio.Event | None = None, **_: Any
+    ) -> tuple[Any, float]:
+        sent = time.monotonic()
         await asyncio.sleep(0)  # a statement always yields to the loop
         if call.name == "claim":
             n = min(call.params["limit"], self._left)
             self._left -= n
             first, self._next_id = self._next_id, self._next_id + n
-            # The claim's columns: id, type, payload text, attempts, max_attempts, token, 3 timestamps.
-            return call.decode([(i, NOOP, "{}", 1, 25, 1, NOW, NOW, NOW) for i in range(first, first + n)])
+            # The claim's columns: id, type, payload text, attempts, max_attempts, token, 3 timestamps, uncounted.
+            return call.decode([(i, NOOP, "{}", 1, 25, 1, NOW, NOW, NOW, 0) for i in range(first, first + n)]), sent
         if call.name in ("complete_deleting", "complete", "heartbeat"):
             ids = call.params["ids"]
             if call.name != "heartbeat":
                 self._written += len(ids)
                 if self._written >= self._total:
                     self._worker[0].stop()
-            return set(ids)
+            return set(ids), sent
         if call.name == "reap":
-            return []
+            return call.decode([(None, "open", None, None, None, NOW)]), sent
+        if call.name == "privileges_missing":
+            return [], sent
         raise AssertionError(f"unexpected statement {call.name}")
 
     async def get(self, stopping: asyncio.Event | None = None) -> Any:

@@ -73,10 +73,17 @@ def render_stats(snap: Snapshot, console: Console) -> None:
         f"[dim]lock waits {snap.lock_waits} (longest {snap.longest_lock_wait:.1f}s) · oldest transaction "
         f"{_age(snap.oldest_xact_age)} · "
         + " · ".join(
-            f"{t.table}: {t.live_rows} live / {t.dead_rows} dead tuples" for t in snap.tables if t.table == "job"
+            f"{t.table}: {t.live_rows} live / {t.dead_rows} dead tuples"
+            for t in snap.tables
+            if t.table in HEALTH_TABLES
         )
         + "[/]"
     )
+
+
+# The tables whose health `jobtui stats` shows: the queue, and the two the archiver prunes
+# besides it, which grow with every effect and every operator action.
+HEALTH_TABLES = ("job", "effect", "audit")
 
 
 def render_dead(snap: Snapshot, console: Console, groups: list[Any] | None = None) -> None:

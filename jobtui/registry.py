@@ -165,7 +165,9 @@ class Job:
 
     @property
     def lost(self) -> bool:
-        """True once the lease was lost; the handler should stop, its outcome is discarded."""
+        """True once the worker gave this attempt up (its lease was lost, or could not be
+        extended before it expired): a long handler checks it between steps and returns,
+        since its outcome is discarded and `once()` refuses."""
         return self._lost
 
     def mark_lost(self) -> None:
@@ -184,7 +186,9 @@ class Job:
         rolls back, the record goes with it and a later attempt does the effect again.
         Raises LeaseLost, recording nothing, when the job no longer runs under this
         attempt's lease (checked in the database: a worker that froze or was cut off past
-        its lease may not know yet that the job was reaped or re-claimed).
+        its lease may not know yet that the job was reaped or re-claimed). The check locks
+        the job's row until `conn`'s transaction ends, so the job cannot be reaped or
+        claimed again before the effect commits: keep that transaction short.
         """
         if self.lost:
             raise LeaseLost(f"job {self.id} lost its lease; not recording effect {key!r}")

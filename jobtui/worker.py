@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
@@ -34,7 +34,7 @@ import psycopg
 from psycopg import sql
 
 from .backoff import delay as backoff_delay
-from .db import Connection, Link, first_line, is_connection_error, statements
+from .db import Connection, Link, aconnect, arun, first_line, is_connection_error, statements
 from .domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJob, FailOutcome, Failure, JobStatus, Lease
 from .errors import DatabaseUnavailable, InvalidInput, JobtuiError, PrivilegeMissing
 from .maintenance import ARCHIVE_TYPE, Retention, with_builtins
@@ -319,7 +319,8 @@ class Worker:
         self._stopping: asyncio.Event | None = None
         self._kick: asyncio.Event | None = None
         self._link: Link | None = None
-        self._background: set[asyncio.Future[None]] = set()  # hand-backs under way
+        self._background: set[asyncio.Future[None]] = set()  # hand-backs under way, and the like
+        self._stopping_for_privilege = False
         self._rng = random.Random()
         self._running = False
 
@@ -416,6 +417,12 @@ class Worker:
         if self.fatal is not None:
             raise self.fatal
 
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` beside the loops; cancelled when the worker stops."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def _background_ended(self, task: asyncio.Task[Any]) -> None:
         """A background loop returned or died: the worker cannot go on without it."""
         if task.cancelled():
@@ -434,9 +441,23 @@ class Worker:
         self.stop()
 
     def _denied(self, exc: psycopg.errors.InsufficientPrivilege, what: str) -> None:
-        """The database refused a statement for want of a privilege: that will not fix itself."""
-        if self.fatal is None:
-            self._stop_for(PrivilegeMissing(f"{what} was refused: {first_line(exc)}; {GRANTS_HINT}"))
+        """The database refused a statement for want of a privilege: that will not fix itself.
+        The worker stops, naming what the role lacks."""
+        if self.fatal is None and not self._stopping_for_privilege:
+            self._stopping_for_privilege = True
+            self._spawn(self._stop_for_privilege(exc, what))
+
+    async def _stop_for_privilege(self, exc: psycopg.errors.InsufficientPrivilege, what: str) -> None:
+        refused = f"{what} was refused ({first_line(exc)})"
+        try:
+            async with await aconnect(self.dsn, autocommit=True) as conn:
+                missing = await arun(conn, missing_privileges_call(self.schema, WORKER_NEEDS), self.schema)
+        except psycopg.Error:
+            missing = []
+        if missing:
+            self._stop_for(PrivilegeMissing(f"{refused}: {privilege_message('jobtui worker', missing)}"))
+        else:
+            self._stop_for(PrivilegeMissing(f"{refused}; {GRANTS_HINT}"))
 
     async def _claim_loop(self, conn: Connection) -> None:
         assert self._stopping is not None and self._kick is not None
@@ -662,9 +683,7 @@ class Worker:
         )
         if flight.task is not None and not flight.task.done():
             flight.task.cancel()
-        hand_back = asyncio.ensure_future(self._hand_back(flight, why))
-        self._background.add(hand_back)
-        hand_back.add_done_callback(self._background.discard)
+        self._spawn(self._hand_back(flight, why))
 
     async def _hand_back(self, flight: InFlight, why: str) -> None:
         running: list[asyncio.Future[Any]] = [f for f in (flight.task,) if f is not None and not f.done()]
@@ -728,7 +747,8 @@ class Worker:
         Raises connection errors (the caller waits for the database, then tries again with
         the jobs in flight then, rather than with this statement's).
         """
-        await conn.get()
+        if self._link is not None:
+            await self._link.wait(False, None)  # the jobs in flight once the database answers
         now = time.monotonic()
         # A job over its timeout gets no more heartbeats: its lease may expire and be reaped.
         flights = [

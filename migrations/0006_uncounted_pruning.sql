@@ -3,6 +3,7 @@
 -- worker counts the next one once the bound is reached. A constant default adds the column
 -- without rewriting the table.
 ALTER TABLE {schema}.job ADD COLUMN uncounted integer NOT NULL DEFAULT 0;
+ALTER TABLE {schema}.job_archive ADD COLUMN uncounted integer NOT NULL DEFAULT 0;
 
 -- Effects are pruned by age (see prune_effect), oldest first.
 CREATE INDEX effect_created_idx ON {schema}.effect (created_at);

@@ -456,10 +456,10 @@ WITH moved AS (
     INSERT INTO {schema}.job_archive
         (id, type, payload, idempotency_key, status, run_at, attempts, max_attempts, locked_by,
          locked_until, lease_token, heartbeat_at, last_error, errors, lease_expirations,
-         created_at, started_at, finished_at, error_fingerprint)
+         created_at, started_at, finished_at, error_fingerprint, uncounted)
     SELECT id, type, payload, idempotency_key, status, run_at, attempts, max_attempts, locked_by,
            locked_until, lease_token, heartbeat_at, last_error, errors, lease_expirations,
-           created_at, started_at, finished_at, error_fingerprint
+           created_at, started_at, finished_at, error_fingerprint, uncounted
     FROM moved
     RETURNING 1
 )
@@ -694,7 +694,9 @@ SELECT {schema}.prune_audit(make_interval(secs => %(retention)s), %(limit)s);
 
 -- name: prune_effect
 -- Effects older than their retention, unless their job may still run (it is in the queue
--- and not done): a requeued dead job must find the effects of its earlier attempts.
+-- and not done): a requeued dead job must find the effects of its earlier attempts. No row
+-- lock first (it would need UPDATE on the table): two archivers at once wait on each other's
+-- deletes at worst, and a batch is small.
 WITH gone AS (
     DELETE FROM {schema}.effect
     WHERE key IN (SELECT e.key FROM {schema}.effect AS e
@@ -702,8 +704,7 @@ WITH gone AS (
                     AND NOT EXISTS (SELECT 1 FROM {schema}.job AS j
                                     WHERE j.id = e.job_id AND j.status <> 'done')
                   ORDER BY e.created_at
-                  LIMIT %(limit)s
-                  FOR UPDATE SKIP LOCKED)
+                  LIMIT %(limit)s)
     RETURNING 1
 )
 SELECT count(*) FROM gone;

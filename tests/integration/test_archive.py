@@ -214,3 +214,43 @@ async def test_built_in_archive_job_runs_in_a_worker(dsn: str, conn: Conn) -> No
     row = conn.execute("SELECT status, payload FROM jobtui.job WHERE id = %s", (job_id,)).fetchone()
     assert row is not None and row[0] == "done", row
     assert row[1]["done"] == 5
+
+
+def test_effects_are_pruned_once_no_retry_of_their_job_can_need_them(conn: Conn, queue: Queue) -> None:
+    from jobtui.registry import Job as HandlerJob
+
+    done = queue.enqueue("t")
+    dead = queue.enqueue("t", max_attempts=1)
+    kept_running = queue.enqueue("t")
+    claimed = {j.id: j for j in queue.claim(["t"], worker="w", limit=3)}
+    for job_id, claim in claimed.items():
+        with psycopg.connect(conn.info.dsn) as tx:
+            assert HandlerJob(claim, "w", "jobtui").once(tx, f"effect:{job_id}")
+    queue.complete([claimed[done].lease])
+    queue.fail([Failure(claimed[dead].lease, "boom", 0)])
+    conn.execute("INSERT INTO jobtui.effect (key, job_id) VALUES ('free', NULL), ('gone', 999999)")
+    conn.execute("UPDATE jobtui.effect SET created_at = now() - interval '40 days'")
+    conn.execute("INSERT INTO jobtui.effect (key, job_id) VALUES ('recent', NULL)")
+
+    swept = sweep(conn, Retention(done=86400, dead=86400 * 60))
+    keys = {r[0] for r in conn.execute("SELECT key FROM jobtui.effect")}
+    # The dead job may be requeued and the running one may run again: their effects stay.
+    assert keys == {f"effect:{dead}", f"effect:{kept_running}", "recent"}
+    assert swept.deleted_effects == 3  # the done job's, one with no job, one whose job is gone
+    # Within its retention nothing goes, whatever its job.
+    conn.execute("UPDATE jobtui.effect SET created_at = now() - interval '1 day'")
+    queue.requeue([dead], actor="t")
+    assert sweep(conn, Retention()).deleted_effects == 0
+
+
+def test_stats_show_the_effect_and_audit_tables(conn: Conn, queue: Queue) -> None:
+    import contextlib
+    import io
+
+    from jobtui.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["--dsn", conn.info.dsn, "stats"]) == 0
+    text = out.getvalue()
+    assert "effect:" in text and "audit:" in text, text

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -436,3 +437,89 @@ def test_metrics_without_and_with_pg_read_all_stats(roles: Roles, admin: Conn) -
         finally:
             admin.execute(sql.SQL("REVOKE pg_read_all_stats FROM {}").format(sql.Identifier(roles.readonly_role)))
         holder.rollback()
+
+
+# -- a worker that lacks a privilege stops ----------------------------------------------------
+
+
+def _jobtui_process(dsn: str, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "JOBTUI_DSN": dsn, "PYTHONUNBUFFERED": "1"}
+    env.pop("DATABASE_URL", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "jobtui.cli", *args],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _one_error_line(output: str) -> str:
+    errors = [line for line in output.splitlines() if line.startswith("jobtui: error:")]
+    assert len(errors) == 1 and "Traceback" not in output, output
+    return errors[0]
+
+
+@pytest.mark.parametrize("command", ["worker", "scheduler"])
+def test_a_worker_or_scheduler_without_its_privileges_stops_at_start(roles: Roles, command: str) -> None:
+    proc = _jobtui_process(roles.readonly, command, "--app", "tests.apps.worker_app:jobs")
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2, output
+    line = _one_error_line(output)
+    # It names what is missing, rather than failing statement after statement.
+    assert "the database role lacks INSERT on jobtui.job" in line and f"jobtui {command} needs" in line, line
+    assert "docs/grants.sql" in line
+    assert "claim failed" not in output
+
+
+def test_a_worker_whose_grant_is_revoked_stops_with_one_line(roles: Roles, admin: Conn) -> None:
+    role = f"jobtui_revoked_{os.getpid()}"
+    ident = sql.Identifier(role)
+    admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(ident))
+    admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(ident))
+    try:
+        apply_grants(roles.admin, role, read_only=False)
+        proc = _jobtui_process(
+            make_conninfo(roles.admin, user=role),
+            "worker",
+            "--app",
+            "tests.apps.worker_app:jobs",
+            "--lease",
+            "2s",
+            "--poll",
+            "0.2s",
+            "--no-scheduler",
+        )
+        assert proc.stdout is not None
+        started = proc.stdout.readline()
+        assert "started" in started, started
+        admin.execute(sql.SQL("REVOKE UPDATE ON jobtui.job FROM {}").format(ident))
+        output, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 2, output
+        line = _one_error_line(output)
+        assert "the claim was refused (permission denied for table job)" in line, line
+        assert "the database role lacks UPDATE on jobtui.job" in line, line
+    finally:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+        admin.execute(sql.SQL("DROP OWNED BY {}").format(ident))
+        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(ident))
+
+
+def test_the_worker_role_prunes_old_audit_rows_only_through_the_owners_function(roles: Roles, admin: Conn) -> None:
+    admin.execute(
+        "INSERT INTO jobtui.audit (at, actor, action, rows) VALUES"
+        " (now() - interval '100 days', 'old', 'requeue', 1), (now() - interval '40 days', 'mid', 'requeue', 1),"
+        " (now() - interval '1 day', 'new', 'requeue', 1)"
+    )
+    with psycopg.connect(roles.worker, autocommit=True) as conn:
+        with pytest.raises(DENIED):
+            conn.execute("DELETE FROM jobtui.audit WHERE actor = 'old'")
+        # The default retention (90 days) takes the oldest; even a retention of 0 keeps every
+        # row younger than 30 days.
+        assert sweep(conn, Retention()).deleted_audit == 1
+        assert sweep(conn, Retention(audit=0)).deleted_audit == 1
+    actors = {r[0] for r in admin.execute("SELECT actor FROM jobtui.audit")}
+    assert "new" in actors and not {"old", "mid"} & actors
+    with psycopg.connect(roles.readonly, autocommit=True) as conn, pytest.raises(DENIED):
+        conn.execute("SELECT jobtui.prune_audit(interval '0', 10)")

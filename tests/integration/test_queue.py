@@ -1124,3 +1124,26 @@ def test_complete_and_heartbeat_of_large_batches_write_every_row(q: Queue) -> No
     assert q.heartbeat(leases) == set(ids)
     assert q.complete(leases) == set(ids)
     assert q.complete(leases) == set()  # fenced: done rows are not running
+
+
+def test_a_reaper_reaps_only_while_in_touch_and_never_its_own_jobs(q: Queue, conn: Conn) -> None:
+    from jobtui.queue import reap_call, reap_round_call
+
+    mine = q.enqueue("t")
+    theirs = q.enqueue("t")
+    q.claim(["t"], worker="w1", limit=2)
+    conn.execute("UPDATE jobtui.job SET locked_until = now() - interval '1 second'")
+    db_now = value(conn, "SELECT now()")
+    # The previous round ran long ago (the reaper was cut off, or its statement waited out
+    # a partition), or never: this round reaps nothing, and says when it ran.
+    for previous in (db_now - timedelta(seconds=10), None):
+        first = q.run(reap_round_call(previous, 1.0))
+        assert (first.open, first.reaped) == (False, [])
+    assert count(conn, "status = 'running'") == 2
+    # In touch: it reaps, but not the jobs it runs itself.
+    second = q.run(reap_round_call(first.at, 60.0, own=[mine]))
+    assert second.open and second.at >= first.at
+    assert [r.job_id for r in second.reaped] == [theirs]
+    assert count(conn, "status = 'running'") == 1
+    assert run(conn, reap_call(own=[mine])) == []
+    assert [r.job_id for r in run(conn, reap_call())] == [mine]

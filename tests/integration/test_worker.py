@@ -455,6 +455,30 @@ async def test_a_bad_retry_delay_fails_its_attempt_and_the_rest_go_on(db: Conn, 
     assert (worker.counts["done"], worker.counts["dead"], worker.in_flight) == (20, 1, {})
 
 
+async def test_retry_is_bounded_and_each_one_is_in_the_history(db: Conn, app_dsn: str) -> None:
+    jobs = Jobs()
+    runs_seen = 0
+
+    @jobs.handler("always_retry", max_attempts=2)
+    async def always_retry(job: Job) -> None:
+        nonlocal runs_seen
+        runs_seen += 1
+        raise Retry(reason="rate limited")
+
+    job_id = enqueue(db, "always_retry")
+    worker = Worker(
+        jobs, app_dsn, concurrency=2, lease=5, poll_interval=0.05, worker_id="inproc", scheduler=False, retention=None
+    )
+    await run_until(worker, lambda: all_status(db, [job_id], "dead"), lambda: statuses(db, [job_id]))
+    row = get(db, job_id)
+    # 25 releases in a row are not attempts; the 26th counts, and the second counted one is the last.
+    assert (row.attempts, row.lease_token, runs_seen) == (2, 52, 52)
+    kinds = [e.kind for e in row.errors]
+    assert kinds[-26:] == ["retry"] * 25 + ["error"]  # the history keeps the newest 50
+    assert all(e.error == "rate limited" for e in row.errors if e.kind == "retry")
+    assert row.last_error is not None and "25 releases in a row without an attempt counted" in row.last_error
+
+
 # -- bad --app ------------------------------------------------------------------------------
 
 
@@ -482,6 +506,33 @@ def test_bad_app_is_one_line_error(app: str, app_dsn: str) -> None:
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("jobtui: error:"), proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("source", "says"),
+    [
+        ("def broken(:\n", "does not compile: invalid syntax at"),
+        ("raise RuntimeError('no config file')\n", "raised RuntimeError: no config file"),
+        ("import sys\nsys.exit(3)\n", "raised SystemExit: 3"),
+        ("import jobtui\nother = jobtui.Jobs()\n", "has no attribute 'jobs'"),
+    ],
+    ids=["syntax-error", "raises", "exits", "no-attribute"],
+)
+def test_an_app_that_fails_to_import_is_one_line_error(source: str, says: str, app_dsn: str, tmp_path: Path) -> None:
+    (tmp_path / "badapp.py").write_text(source)
+    env = {**os.environ, "JOBTUI_DSN": app_dsn, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobtui.cli", "worker", "--app", "badapp:jobs"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jobtui: error:") and says in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_sync_handler_over_its_timeout_does_not_hold_up_the_next_job(db: Conn, spawn: Spawn) -> None:
