@@ -286,7 +286,7 @@ def test_kill_lease(dsn: str, conn: Conn, seeded: Seeded) -> None:
     row = conn.execute(
         "SELECT status, locked_until, last_error FROM jobtui.job WHERE id = %s", (seeded.running,)
     ).fetchone()
-    assert row == ("ready", None, "lease killed by carol during attempt 1")
+    assert row == ("ready", None, "lease killed by carol during attempt 1 of 25")
     assert audit_rows(conn) == [("carol", "kill-lease", f"jobs {seeded.running}", [seeded.running], 1)]
     # Now it is ready: nothing to kill, and nothing audited beyond the attempt.
     out = ok(jobtui(dsn, "kill-lease", str(seeded.running), actor="carol"))
