@@ -252,7 +252,7 @@ class JobtuiApp(App[None]):
             box.styles.min_height = lines
         box.update(header)
         status = f"{self.schema} · {'read-only · ' if self.read_only else ''}"
-        status += f"filter: {self.needle!r} · " if self.needle else ""
+        status += f"filter: '{self.needle}' · " if self.needle else ""  # as typed: not repr, which doubles \
         status += f"last error: {self.last_error}" if not self.connected else f"updated {render.age(elapsed)} ago"
         self.query_one("#status", Static).update(Text(line(status)))  # the filter and errors: not markup
 
