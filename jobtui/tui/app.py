@@ -370,8 +370,9 @@ class JobtuiApp(App[None]):
 
     def on_input_changed(self, event: Input.Changed) -> None:
         # A pasted control character is shown, and matched, as the cells show it: escaped.
-        if event.input.id == "filter" and event.value != line(event.value):
-            event.input.value = line(event.value)
+        box = event.input
+        if box.id == "filter" and box.value != line(box.value):
+            box.value = line(box.value)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.needle = event.value.strip()
