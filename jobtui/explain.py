@@ -6,6 +6,7 @@ import json
 from datetime import datetime, timedelta
 
 from .domain import JobRow, JobStatus
+from .safetext import block, line
 
 
 def human_delta(delta: timedelta) -> str:
@@ -69,7 +70,12 @@ def first_line(text: str | None) -> str:
 
 
 def explain(job: JobRow, now: datetime | None = None) -> list[str]:
-    """The job as lines of text: state, facts, error history, payload."""
+    """The job as lines of text: state, facts, error history, payload.
+
+    The type, worker, key, errors and payload are data: each line is escaped (`safetext`),
+    so a newline or an escape sequence in them cannot reach the terminal. The payload is
+    the last item, JSON on several lines (its strings' newlines are JSON-escaped).
+    """
     now = now or job.db_now or datetime.now().astimezone()
     lines = [
         f"Job {job.id} ({job.type}): {job.status.value}",
@@ -93,5 +99,5 @@ def explain(job: JobRow, now: datetime | None = None) -> list[str]:
         for entry in job.errors:
             lines.append(f"  {entry.at}  attempt {entry.attempt}  {entry.kind:<13} {entry.worker or '-'}")
             lines.append(f"      {first_line(entry.error)}")
-    lines += ["", "Payload:", json.dumps(job.payload, indent=2, ensure_ascii=False, sort_keys=True)]
-    return lines
+    payload = json.dumps(job.payload, indent=2, ensure_ascii=False, sort_keys=True)
+    return [*(line(text) for text in lines), "", "Payload:", block(payload)]

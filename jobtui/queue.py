@@ -44,6 +44,7 @@ from .domain import (
     Reaped,
 )
 from .errors import InvalidInput
+from .safetext import quote
 
 T = TypeVar("T")
 
@@ -93,13 +94,15 @@ def check_text(value: str, what: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidInput(f"bad {what} {value[:40]!r}: it is not valid UTF-8 text") from None
+        raise InvalidInput(f"bad {what} {quote(value)}: it is not valid UTF-8 text") from None
     return value
 
 
 def check_type(job_type: str) -> str:
     if not isinstance(job_type, str) or not job_type.strip() or len(job_type) > MAX_TYPE_CHARS:
-        raise InvalidInput(f"bad job type {job_type!r}: give a non-empty name of at most {MAX_TYPE_CHARS} characters")
+        raise InvalidInput(
+            f"bad job type {quote(job_type)}: give a non-empty name of at most {MAX_TYPE_CHARS} characters"
+        )
     return check_text(job_type, "job type")
 
 
@@ -107,26 +110,26 @@ def check_key(key: str | None) -> str | None:
     if key is None:
         return None
     if not key or len(key) > MAX_KEY_CHARS or "\x00" in key:
-        raise InvalidInput(f"bad idempotency key {key[:40]!r}: give 1 to {MAX_KEY_CHARS} characters, no NUL")
+        raise InvalidInput(f"bad idempotency key {quote(key)}: give 1 to {MAX_KEY_CHARS} characters, no NUL")
     return check_text(key, "idempotency key")
 
 
 def check_delay(delay: float) -> float:
     if not isinstance(delay, (int, float)) or not math.isfinite(delay) or delay < 0 or delay > MAX_DELAY_SECONDS:
-        raise InvalidInput(f"bad delay {delay!r}: give seconds between 0 and 10 years")
+        raise InvalidInput(f"bad delay {quote(delay)}: give seconds between 0 and 10 years")
     return float(delay)
 
 
 def check_lease(lease: float) -> float:
     if not isinstance(lease, (int, float)) or not math.isfinite(lease) or lease < 0 or lease > 10 * 365 * 86400:
-        raise InvalidInput(f"bad lease {lease!r}: give seconds between 0 and 10 years")
+        raise InvalidInput(f"bad lease {quote(lease)}: give seconds between 0 and 10 years")
     return float(lease)
 
 
 def check_run_at(run_at: Any) -> Any:
     """None (now) or a timezone-aware datetime: a naive one would be read in the session's zone."""
     if run_at is not None and not (isinstance(run_at, datetime) and run_at.utcoffset() is not None):
-        raise InvalidInput(f"bad run_at {run_at!r}: give a timezone-aware datetime")
+        raise InvalidInput(f"bad run_at {quote(run_at)}: give a timezone-aware datetime")
     return run_at
 
 
@@ -135,7 +138,7 @@ def check_max_attempts(max_attempts: int | None) -> int | None:
     if max_attempts is None:
         return None
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 1000:
-        raise InvalidInput(f"bad max attempts {max_attempts!r}: give a whole number from 1 to 1000")
+        raise InvalidInput(f"bad max attempts {quote(max_attempts)}: give a whole number from 1 to 1000")
     return max_attempts
 
 
@@ -753,7 +756,7 @@ class Queue:
             self.run(Call("check_regex", {"pattern": pattern}, lambda rows: None))
         except psycopg.errors.InvalidRegularExpression as exc:
             first = str(exc).strip().splitlines()[0]
-            raise InvalidInput(f"bad --error pattern {pattern!r}: {first}; it is a regular expression") from None
+            raise InvalidInput(f"bad --error pattern {quote(pattern)}: {first}; it is a regular expression") from None
 
     def kill_lease(self, ids: Sequence[int], *, actor: str) -> list[int]:
         """Return running jobs to ready now; their workers' late outcomes are rejected. Audited."""
@@ -812,7 +815,7 @@ def check_pattern(pattern: str | None) -> None:
     try:
         re.compile(pattern)
     except re.error as exc:
-        raise InvalidInput(f"bad --error pattern {pattern!r}: {exc}; it is a regular expression") from None
+        raise InvalidInput(f"bad --error pattern {quote(pattern)}: {exc}; it is a regular expression") from None
 
 
 @dataclass(frozen=True, slots=True)

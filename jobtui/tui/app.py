@@ -19,9 +19,11 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.css.query import NoMatches
+from textual.notifications import SeverityLevel
 from textual.widgets import Footer, Input, Label, RichLog, Static, TabbedContent, TabPane
 
 from ..metrics import DeadGroup, Snapshot
+from ..safetext import SafeFormatter, line, shorten
 from . import render
 from .data import Actions, DataSource, Fetched
 from .screens import ConfirmScreen, HelpScreen, JobDetailScreen, JobListScreen
@@ -32,13 +34,14 @@ HISTORY = 120  # samples of the oldest ready age kept for the sparkline
 
 
 class LogToWidget(logging.Handler):
-    """Keeps the embedded worker's log lines for the Worker pane (instead of the terminal)."""
+    """Keeps the embedded worker's log lines for the Worker pane (instead of the terminal),
+    escaped: they carry job types and errors."""
 
     def __init__(self, keep: int = 2000) -> None:
         super().__init__()
         self.lines: collections.deque[tuple[int, str]] = collections.deque(maxlen=keep)
         self.total = 0  # lines ever emitted: the pane's position, still right once old lines are dropped
-        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+        self.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append((record.levelno, self.format(record)))
@@ -229,29 +232,29 @@ class JobtuiApp(App[None]):
             self._render_vitals(self.latest.snapshot, elapsed)
         elif not self.connected:
             self.query_one("#vitals", Static).update(
-                Text(f" DATABASE UNREACHABLE: {self.last_error} ", style="bold white on red3")
+                Text(f" DATABASE UNREACHABLE: {line(self.last_error)} ", style="bold white on red3")
             )
         self._render_worker()
 
     def _render_vitals(self, snap: Snapshot, elapsed: float) -> None:
         box = self.query_one("#vitals", Static)
         width = box.content_size.width or None  # unknown before the first layout
-        line = render.vitals(
+        header = render.vitals(
             snap, list(self.history), self.thresholds, connected=self.connected, stale_for=elapsed, width=width
         )
         # The header wraps when the figures outgrow the width. It keeps its tallest height until
         # the terminal is resized, so the panes below do not jump as numbers grow and shrink.
-        lines = line.plain.count("\n") + 1
+        lines = header.plain.count("\n") + 1
         if width != self._vitals_width:
             self._vitals_width, self._vitals_lines = width, 0
         if lines > self._vitals_lines:
             self._vitals_lines = lines
             box.styles.min_height = lines
-        box.update(line)
+        box.update(header)
         status = f"{self.schema} · {'read-only · ' if self.read_only else ''}"
-        status += f"filter: {self.needle!r} · " if self.needle else ""
+        status += f"filter: '{self.needle}' · " if self.needle else ""  # as typed: not repr, which doubles \
         status += f"last error: {self.last_error}" if not self.connected else f"updated {render.age(elapsed)} ago"
-        self.query_one("#status", Static).update(status)
+        self.query_one("#status", Static).update(Text(line(status)))  # the filter and errors: not markup
 
     def _render_worker(self) -> None:
         if self.embedded_worker is None or self._log_handler is None:
@@ -262,15 +265,17 @@ class JobtuiApp(App[None]):
         counts = " · ".join(f"{k} {v}" for k, v in w.counts.items())
         self.query_one("#worker-state", Label).update(
             Text.assemble(
-                f"local worker {w.worker_id}: ",
+                f"local worker {line(str(w.worker_id))}: ",
                 (state, "bold"),
-                f" · {len(w.in_flight)}/{w.concurrency} in flight{': ' + flights if flights else ''}\n{counts}",
+                line(f" · {len(w.in_flight)}/{w.concurrency} in flight{': ' + flights if flights else ''}"),
+                "\n",
+                line(counts),
             )
         )
         lines, self._worker_lines_shown = self._log_handler.since(self._worker_lines_shown)
         log = self.query_one("#worker-log", RichLog)
-        for level, line in lines:
-            log.write(render.log_line(level, line))
+        for level, entry in lines:
+            log.write(render.log_line(level, entry))
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -335,6 +340,20 @@ class JobtuiApp(App[None]):
             return
         self.query_one("#panes", TabbedContent).active = pane
 
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = True,
+    ) -> None:
+        """Every toast, escaped, cut to a readable length and never markup: many quote schedule
+        names, types and errors."""
+        message, title = line(shorten(message)), line(shorten(title))
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
+
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
 
@@ -348,6 +367,12 @@ class JobtuiApp(App[None]):
         box.add_class("visible")
         box.value = self.needle
         box.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        # A pasted control character is shown, and matched, as the cells show it: escaped.
+        box = event.input
+        if box.id == "filter" and box.value != line(box.value):
+            box.value = line(box.value)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.needle = event.value.strip()
@@ -391,8 +416,8 @@ class JobtuiApp(App[None]):
 
     # -- actions ---------------------------------------------------------------------------
 
-    def confirm_then(self, question: str, action: Callable[..., Any], *args: Any) -> None:
-        """Ask `question`; on yes, run `action(*args)` in a worker thread."""
+    def confirm_then(self, question: str | list[str], action: Callable[..., Any], *args: Any) -> None:
+        """Ask `question` (its lines, each escaped); on yes, run `action(*args)` in a worker thread."""
         if self.read_only or self.actions_ is None:
             self.notify("read-only console: actions are disabled", severity="error")
             return
@@ -445,10 +470,11 @@ class JobtuiApp(App[None]):
         except Exception as exc:
             self.call_from_thread(self.notify, f"cannot count the group: {exc}", severity="error", markup=False)
             return
-        question = (
-            f"Requeue every {status} job of type {job_type} with error\n  {fingerprint or '-'}\n"
-            f"{count} row(s) will change (back to ready, attempts reset)."
-        )
+        question = [
+            f"Requeue every {status} job of type {job_type} with error",
+            f"  {fingerprint or '-'}",
+            f"{count} row(s) will change (back to ready, attempts reset).",
+        ]
         self.call_from_thread(self.confirm_then, question, self.do_requeue_group, status, job_type, fingerprint, count)
 
     def action_requeue(self) -> None:
@@ -469,14 +495,16 @@ class JobtuiApp(App[None]):
         if found:
             job_id, what = found
             self.confirm_then(
-                f"Kill the lease of {what}?\nIt returns to ready now; 1 row will change.", self.do_kill_lease, job_id
+                [f"Kill the lease of {what}?", "It returns to ready now; 1 row will change."],
+                self.do_kill_lease,
+                job_id,
             )
 
     def action_cancel(self) -> None:
         found = self._running_job()
         if found:
             job_id, what = found
-            self.confirm_then(f"Cancel {what}? It becomes failed.\n1 row will change.", self.do_cancel, job_id)
+            self.confirm_then([f"Cancel {what}? It becomes failed.", "1 row will change."], self.do_cancel, job_id)
 
     def _schedule(self) -> Any:
         key = self.selected()
@@ -510,7 +538,7 @@ class JobtuiApp(App[None]):
             return
         actions = self.actions_
         self.confirm_then(
-            f"Run schedule {schedule.name} now?\nOne {schedule.job_type} job will be enqueued.",
+            [f"Run schedule {schedule.name} now?", f"One {schedule.job_type} job will be enqueued."],
             lambda: f"enqueued job {actions.run_schedule_now(schedule.name)}",
         )
 

@@ -2,6 +2,8 @@
 
 No database, no clock: everything comes in as arguments, so panes are testable from plain
 data. Each row has a key so the tables update rows in place instead of being rebuilt.
+Every cell is text shown as is: escaped (`safetext.line`), never markup (cells are `Text`
+or plain strings, which the table shows as `Text`); keys keep the data exact, for queries.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from rich.text import Text
 
 from ..explain import human_delta
 from ..metrics import DeadGroup, DeadJob, LeaseExpiry, ReadyJob, RunningJob, ScheduleHealth, Snapshot, TypeCounts
+from ..safetext import block, line
 
 # Colours readable on both light and dark backgrounds.
 STYLE = {"ok": "", "warn": "bold dark_orange", "crit": "bold red3", "dim": "grey50"}
@@ -68,7 +71,12 @@ def sparkline(values: Sequence[float], width: int = 20) -> str:
 
 
 def styled(text: str, level: str) -> Text:
-    return Text(text, style=STYLE[level])
+    return Text(line(text), style=STYLE[level])
+
+
+def row(key: str, cells: Sequence[Text | str]) -> Row:
+    """A table row whose plain-string cells are escaped (`Text` cells are built by `styled`)."""
+    return (key, [cell if isinstance(cell, Text) else line(cell) for cell in cells])
 
 
 def vitals(
@@ -140,10 +148,12 @@ def pack(pieces: Sequence[Text], width: int | None, gap: int = 2) -> Text:
 
 
 def _matches(needle: str, *fields: str | None) -> bool:
+    """Whether a field holds `needle`, as shown (escaped): what the operator sees is what the
+    filter finds, `\\x1b` included."""
     if not needle:
         return True
     lowered = needle.lower()
-    return any(f is not None and lowered in f.lower() for f in fields)
+    return any(f is not None and lowered in line(f).lower() for f in fields)
 
 
 def ready_rows(by_type: Sequence[TypeCounts], needle: str, thresholds: Thresholds) -> list[Row]:
@@ -154,7 +164,7 @@ def ready_rows(by_type: Sequence[TypeCounts], needle: str, thresholds: Threshold
             continue
         level = thresholds.level(t.oldest_ready_age, thresholds.oldest_ready_warn, thresholds.oldest_ready_crit)
         rows.append(
-            (
+            row(
                 t.type,
                 [
                     t.type,
@@ -181,7 +191,7 @@ def running_rows(jobs: Sequence[RunningJob], needle: str, elapsed: float = 0.0) 
             lease = styled(age(left), "warn" if left < 5 else "ok")
         hb = None if j.heartbeat_age is None else j.heartbeat_age + elapsed
         rows.append(
-            (
+            row(
                 str(j.id),
                 [
                     str(j.id),
@@ -210,7 +220,7 @@ def dead_rows(groups: Sequence[DeadGroup], needle: str) -> list[Row]:
         if not _matches(needle, g.type, g.fingerprint, g.status):
             continue
         rows.append(
-            (
+            row(
                 dead_key(g),
                 [
                     styled(g.status, "crit" if g.status == "dead" else "warn"),
@@ -232,7 +242,7 @@ def expiry_rows(expiries: Sequence[LeaseExpiry], needle: str) -> list[Row]:
         if not _matches(needle, e.type, e.worker, str(e.job_id)):
             continue
         rows.append(
-            (
+            row(
                 f"{e.job_id}\x1f{e.attempt}\x1f{e.reaped_at.isoformat()}",
                 [
                     e.reaped_at.strftime("%m-%d %H:%M:%S"),
@@ -262,7 +272,7 @@ def schedule_rows(schedules: Sequence[ScheduleHealth], needle: str, elapsed: flo
         missed = styled(str(s.missed), "warn" if s.missed else "ok")
         last_missed = s.missed_slots[-1][5:19].replace("T", " ") if s.missed_slots else "-"
         rows.append(
-            (
+            row(
                 s.name,
                 [
                     s.name,
@@ -280,15 +290,16 @@ def schedule_rows(schedules: Sequence[ScheduleHealth], needle: str, elapsed: flo
     return rows
 
 
-def log_line(level: int, line: str) -> Text:
-    """A line of the embedded worker's log with its level name coloured (amber, red).
+def log_line(level: int, entry: str) -> Text:
+    """A line of the embedded worker's log with its level name coloured (amber, red), escaped
+    (a traceback keeps its lines).
 
     >>> log_line(logging.ERROR, "12:00:01 ERROR job 7 is dead").spans
     [Span(9, 14, 'bold red3')]
     """
-    text = Text(line)
+    text = Text(block(entry))
     name = logging.getLevelName(level)
-    at = line.find(f" {name} ")
+    at = text.plain.find(f" {name} ")
     kind = "crit" if level >= logging.ERROR else "warn" if level >= logging.WARNING else "ok"
     if at >= 0 and STYLE[kind]:
         text.stylize(STYLE[kind], at + 1, at + 1 + len(name))
@@ -297,7 +308,7 @@ def log_line(level: int, line: str) -> Text:
 
 def ready_job_rows(jobs: Sequence[ReadyJob]) -> list[Row]:
     return [
-        (
+        row(
             str(j.id),
             [
                 str(j.id),
@@ -314,7 +325,7 @@ def ready_job_rows(jobs: Sequence[ReadyJob]) -> list[Row]:
 
 def dead_job_rows(jobs: Sequence[DeadJob]) -> list[Row]:
     return [
-        (
+        row(
             str(j.id),
             [
                 str(j.id),

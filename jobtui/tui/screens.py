@@ -13,12 +13,17 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Footer, Label, Static
 
 from ..explain import explain
+from ..safetext import block, line
 from . import render
 from .widgets import KeyedTable
 
 
 class ConfirmScreen(ModalScreen[bool]):
-    """Asks before a change; says exactly what will change and how many rows."""
+    """Asks before a change; says exactly what will change and how many rows.
+
+    The question comes as lines, each escaped on its own: they quote job types and errors,
+    and a newline in those must not add a line to the question (`0 row(s) will change`).
+    """
 
     BINDINGS = [
         Binding("y", "answer(True)", "Yes"),
@@ -35,9 +40,9 @@ class ConfirmScreen(ModalScreen[bool]):
     Button { margin-left: 2; }
     """
 
-    def __init__(self, question: str) -> None:
+    def __init__(self, question: str | list[str]) -> None:
         super().__init__()
-        self.question = question
+        self.question = "\n".join(line(part) for part in ([question] if isinstance(question, str) else question))
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
@@ -100,7 +105,7 @@ class JobDetailScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
-            yield Static(f"Loading job {self.job_id}...", id="detail")
+            yield Static(Text(f"Loading job {self.job_id}..."), id="detail")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -119,7 +124,9 @@ class JobDetailScreen(Screen[None]):
         self.app.call_from_thread(self._show, text)
 
     def _show(self, text: str) -> None:
-        self.query_one("#detail", Static).update(Text(text))  # payloads and errors are not markup
+        # Payloads and errors are neither markup nor terminal codes (explain escapes its lines;
+        # a database error is escaped here).
+        self.query_one("#detail", Static).update(Text(block(text)))
 
 
 class JobListScreen(Screen[None]):
@@ -137,7 +144,7 @@ class JobListScreen(Screen[None]):
     def __init__(self, kind: str, title: str, *, job_type: str, status: str = "", fingerprint: str = "") -> None:
         super().__init__()
         self.kind = kind  # "ready" or "dead"
-        self.title_text = title
+        self.title_text = line(title)  # it names the type and the error
         self.job_type = job_type
         self.status = status
         self.fingerprint = fingerprint
@@ -192,7 +199,7 @@ class JobListScreen(Screen[None]):
         job_id = self._selected_id()
         if job_id is not None:
             app.confirm_then(
-                f"Requeue job {job_id} ({self.job_type})?\n1 row will change.", app.do_requeue_jobs, [job_id]
+                [f"Requeue job {job_id} ({self.job_type})?", "1 row will change."], app.do_requeue_jobs, [job_id]
             )
 
     def action_requeue_group(self) -> None:
@@ -204,5 +211,7 @@ class JobListScreen(Screen[None]):
         job_id = self._selected_id()
         if job_id is not None:
             app.confirm_then(
-                f"Cancel job {job_id} ({self.job_type})? It becomes failed.\n1 row will change.", app.do_cancel, job_id
+                [f"Cancel job {job_id} ({self.job_type})? It becomes failed.", "1 row will change."],
+                app.do_cancel,
+                job_id,
             )

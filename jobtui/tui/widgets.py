@@ -8,6 +8,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
+from ..safetext import line
 from .render import Row
 
 _NUMBER = re.compile(r"^-?[\d,]+(\.\d+)?$")
@@ -15,9 +16,10 @@ _NUMBER = re.compile(r"^-?[\d,]+(\.\d+)?$")
 
 def literal(cell: Text | str) -> Text:
     """A cell as text shown as is: DataTable reads plain strings as markup, and job types,
-    workers and error messages are free text (`list[int]` would lose `[int]`, `[/x]` would fail).
+    workers and error messages are free text (`list[int]` would lose `[int]`, `[/x]` would fail);
+    escaped too, whoever made the row.
     """
-    return cell if isinstance(cell, Text) else Text(cell)
+    return cell if isinstance(cell, Text) else Text(line(cell))
 
 
 def sort_value(cell: Text | str) -> tuple[int, Any]:

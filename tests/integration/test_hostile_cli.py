@@ -1,0 +1,199 @@
+"""Every CLI command that prints job data, on a real database holding hostile rows (issue 16).
+
+What they print holds no escape, no C1 or bidi control and nothing read as markup, and
+shows each field's visible form; `--json` keeps the exact text; errors that echo an input
+cut it; the worker's log lines cannot be forged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from jobtui import Queue
+from jobtui.cli import main
+from jobtui.explain import first_line
+from jobtui.metrics import snapshot
+from tests.apps.hostile_app import CRASHES, REFUSED
+from tests.hostile import Texts, assert_safe, seed, texts, visible
+
+ROOT = Path(__file__).resolve().parents[2]
+Conn = psycopg.Connection[Any]
+
+
+@dataclass(frozen=True)
+class Ran:
+    code: int
+    out: str
+    err: str
+
+
+def jobtui(dsn: str, *args: str) -> Ran:
+    """`jobtui --dsn DSN ARGS` through the CLI's main, in this process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(["--dsn", dsn, *args])
+        except SystemExit as exc:  # argparse
+            code = exc.code if isinstance(exc.code, int) else 1
+    return Ran(code, out.getvalue(), err.getvalue())
+
+
+def shown(dsn: str, *args: str) -> str:
+    """What a command that succeeds prints, checked safe."""
+    ran = jobtui(dsn, *args)
+    assert ran.code == 0 and ran.err == "", ran
+    assert_safe(ran.out, keep="\n")
+    return ran.out
+
+
+def error_line(ran: Ran) -> str:
+    """The one line a user's mistake prints, checked safe."""
+    assert ran.code == 2, ran
+    assert len(ran.err.splitlines()) == 1 and ran.err.startswith("jobtui: error: "), ran
+    assert_safe(ran.err, keep="\n")
+    return ran.err.strip()
+
+
+WIDE = 6000  # COLUMNS: no table cell wraps, so each field is printed in one piece
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(t=texts())
+def test_every_text_output_shows_hostile_rows_escaped_and_literally(
+    dsn: str, conn: Conn, monkeypatch: pytest.MonkeyPatch, t: Texts
+) -> None:
+    monkeypatch.setenv("COLUMNS", str(WIDE))
+    conn.execute("TRUNCATE jobtui.job, jobtui.lease_expiry, jobtui.schedule, jobtui.audit RESTART IDENTITY")
+    ids = seed(conn, t)
+    fingerprints = {g.fingerprint for g in snapshot(conn).dead}
+
+    stats = shown(dsn, "stats")
+    for value in (t.type, t.worker, t.schedule, *fingerprints):
+        assert visible(value) in stats, value
+    dead = shown(dsn, "dead")
+    assert shown(dsn, "dead", "--type", t.type) == dead
+    for value in (t.type, *fingerprints):
+        assert visible(value) in dead
+    ready = shown(dsn, "job", str(ids.ready))
+    assert f"Job {ids.ready} ({visible(t.type)}): ready" in ready and f"  key           {visible(t.key)}" in ready
+    assert f"  worker        {visible(t.worker)}" in shown(dsn, "job", str(ids.running))
+    died = shown(dsn, "job", str(ids.dead))
+    assert f"  last error    {visible(first_line(t.error))}" in died
+    audit = shown(dsn, "audit")
+    assert visible(t.actor) in audit and visible(f"type={t.type} error={t.error}") in audit
+    schedules = shown(dsn, "schedule", "list")
+    assert visible(t.schedule) in schedules and visible(t.type) in schedules
+    assert "would requeue 2 job(s)" in shown(dsn, "requeue", "--type", t.type, "--dry-run")
+    for verb in ("kill-lease", "cancel"):
+        assert "job(s)" in shown(dsn, verb, str(ids.running))
+    # The cancelled job is failed now: three to requeue.
+    assert "requeued 3 job(s)" in shown(dsn, "--actor", t.actor, "requeue", "--type", t.type)
+    enqueued = shown(dsn, "enqueue", t.type, "--key", t.key + "2")
+    assert enqueued.strip().isdigit()
+
+
+@pytest.mark.parametrize("error", ["[/]", "[bold red]red[/]", "[link=http://evil.example]click[/link]", "[/red"])
+def test_stats_and_dead_print_markup_in_data_as_written_in_a_colour_terminal(dsn: str, conn: Conn, error: str) -> None:
+    seed(conn, Texts(f"t{error}", "w[/]", error, "k", f"s{error}", "a"))
+    env = {k: v for k, v in os.environ.items() if k not in ("JOBTUI_DSN", "DATABASE_URL", "NO_COLOR")}
+    env |= {"JOBTUI_DSN": dsn, "FORCE_COLOR": "1", "COLUMNS": "400"}  # Rich writes colours and links
+    for args in (["stats"], ["dead"], ["audit"], ["schedule", "list"]):
+        ran = subprocess.run(
+            [sys.executable, "-m", "jobtui.cli", *args], env=env, cwd=ROOT, capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+        assert ran.returncode == 0 and ran.stderr == "", (args, ran.stderr)
+        plain = re.sub(r"\x1b\[[0-9;]*m", "", ran.stdout)  # jobtui's own styles: bold, dim
+        assert error in plain, (args, plain)
+        assert "\x1b]" not in ran.stdout  # no hyperlink, no title
+        assert not re.search(r"\x1b\[[0-9;]*3[1-7][;m]", ran.stdout)  # no colour from data
+        assert_safe(plain, keep="\n")
+
+
+def test_json_output_keeps_the_exact_text(dsn: str, conn: Conn) -> None:
+    t = Texts("t\x1b]0;x\x07", "w\u202e", "[/]\x9b2J\nline", "k\n", "s[/]", "a\x1b[2J")
+    ids = seed(conn, t)
+    stats = json.loads(jobtui(dsn, "stats", "--json").out)
+    assert t.type in {row["type"] for row in stats["by_type"]}
+    dead = json.loads(jobtui(dsn, "dead", "--json").out)
+    assert {g["type"] for g in dead} == {t.type}
+    job = json.loads(jobtui(dsn, "job", str(ids.dead), "--json").out)
+    assert (job["type"], job["locked_by"], job["last_error"]) == (
+        t.type,
+        t.worker,
+        f"{t.error}\nTraceback line two {t.error}",
+    )
+    assert json.loads(jobtui(dsn, "audit", "--json").out)[0]["actor"] == t.actor
+    assert json.loads(jobtui(dsn, "schedule", "list", "--json").out)[0]["name"] == t.schedule
+
+
+LONG = "x" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["enqueue", LONG], f"bad job type '{'x' * 60}'... (100,000 characters): give a non-empty name"),
+        (["enqueue", "t", "--key", LONG], f"bad idempotency key '{'x' * 60}'... (100,000 characters)"),
+        (["enqueue", "t", "--delay", LONG], f"bad duration '{'x' * 60}'... (100,000 characters)"),
+        (["requeue", LONG], f"'{'x' * 60}'... (100,000 characters) is not a job id"),
+        (["dead", "--error", "(" + LONG], "... (100,001 characters): missing ), unterminated subpattern"),
+        (["schedule", "pause", LONG], "characters cut] ..."),  # the scheduler's message, cut at the CLI
+        (["schedule", "add", LONG, "--cron", "* * * * *", "--type", "t"], "(100,000 characters): give 1 to 200"),
+        (["enqueue", "t\x1b]0;x\x07" + LONG], "bad job type 't\\x1b]0;x\\x07xxx"),
+    ],
+)
+def test_errors_that_echo_an_input_cut_it_to_a_readable_length(dsn: str, args: list[str], fragment: str) -> None:
+    line = error_line(jobtui(dsn, *args))
+    assert fragment in line, line
+    assert len(line) < 600
+
+
+def test_worker_log_lines_are_escaped_and_cannot_be_forged(dsn: str) -> None:
+    with Queue(dsn) as queue:
+        refused, crashed = queue.enqueue(REFUSED), queue.enqueue(CRASHES)
+    env = {k: v for k, v in os.environ.items() if k not in ("JOBTUI_DSN", "DATABASE_URL")}
+    env |= {"JOBTUI_DSN": dsn, "PYTHONUNBUFFERED": "1"}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "jobtui.cli", "worker", "--app", "tests.apps.hostile_app:jobs", "--no-scheduler"],
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while conn.execute(
+                "SELECT count(*) FROM jobtui.job WHERE id = ANY(%s) AND status IN ('failed', 'dead')",
+                [[refused, crashed]],
+            ).fetchone() != (2,):
+                assert time.monotonic() < deadline and worker.poll() is None, "the jobs did not finish"
+                time.sleep(0.1)
+        time.sleep(0.5)  # the dead job's callback runs after its outcome is written
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _out, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0, err
+    assert_safe(err, keep="\n")
+    lines = err.splitlines()
+    log_line = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR) jobtui\.")
+    for entry in lines:  # a log line, or a line of an indented traceback
+        assert log_line.match(entry) or entry.startswith("  "), entry
+    assert not any(entry.startswith("2025-01-01") for entry in lines)  # the forged line is not a line
+    assert "  2025-01-01 00:00:00,000 ERROR jobtui.worker: forged line" in lines  # but in the traceback
+    assert any(f"({visible(REFUSED)}) failed permanently" in e and "no \\x9b2J[bold red]way[/]" in e for e in lines)
+    assert any(f"job {crashed} ({visible(CRASHES)}) is dead" in e for e in lines), err
+    assert "  ValueError: callback for crash\\x1b[2J\\x1b[H\\u202e" in lines, err  # escaped, on its lines
