@@ -230,6 +230,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
                 offset=None if args.offset is None else parse_duration(args.offset),
                 missed=args.missed,
                 max_attempts=args.max_attempts,
+                grace=parse_duration(args.grace),
             )
             with conn.transaction():
                 sched.upsert(conn, spec, source="cli", schema=args.schema)
@@ -257,23 +258,29 @@ def _print_schedules(rows: list[Any], *, as_json: bool) -> None:
 
         print(json.dumps([asdict(r) for r in rows], default=str, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    table = Table("name", "type", "cron", "tz", "next run", "last slot", "missed", "skipped", "state")
+    table = Table(
+        "name", "type", "cron", "tz", "grace", "policy", "next run", "last slot", "missed", "backfilled",
+        "last missed", "skipped", "state",
+    )  # fmt: skip
     for r in rows:
         table.add_row(
             r.name,
             r.job_type,
             r.cron,
             r.timezone,
+            f"{r.grace_seconds:g}s",
+            r.missed_policy,
             r.next_run_at.isoformat(timespec="seconds"),
             r.last_slot.isoformat(timespec="seconds"),
             str(r.missed_count),
+            str(r.backfilled_count),
+            r.missed_slots[-1][:19] if r.missed_slots else "-",
             str(r.skipped_count),
             "paused" if r.paused else "active",
         )
-    Console().print(table)
+    ops.wide_console().print(table)
 
 
 def positive_int(text: str) -> int:
@@ -550,7 +557,19 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--payload", default="{}")
     a.add_argument("--timezone", default="UTC")
     a.add_argument("--offset", help="delay added to each slot (default: stable spread from the name)")
-    a.add_argument("--missed", choices=["skip", "once", "all"], default="once", help="missed-slot policy")
+    a.add_argument(
+        "--grace",
+        default="30s",
+        help="a slot whose scheduler comes this late or less still runs as on time, whatever the interval"
+        " (default 30s, at most 1d); later slots were missed and --missed applies",
+    )
+    a.add_argument(
+        "--missed",
+        choices=["skip", "once", "all"],
+        default="once",
+        help="slots missed past the grace (every scheduler down): skip runs none, once (default) one job for"
+        " the latest, all each of them (the newest 100)",
+    )
     a.add_argument("--max-attempts", type=positive_int, help="attempts before dead (default: the handler's)")
     a = ssub.add_parser("list", help="list schedules")
     a.add_argument("--json", action="store_true")

@@ -61,12 +61,21 @@ def render_stats(snap: Snapshot, console: Console) -> None:
         dist = ", ".join(f"{a}: {n}" for a, n in sorted(hour.items()))
         console.print(f"attempts used by jobs done in the last hour: {dist}")
     if snap.schedules:
-        sched = Table("schedule", "type", "cron", "next in", "missed", "skipped", "state", title="Schedules")
+        sched = Table(
+            "schedule", "type", "cron", "next in", "missed", "backfilled", "skipped", "state", title="Schedules"
+        )
         for s in snap.schedules:
             overdue = f"overdue {_age(-s.next_in)}"
             nxt = "-" if s.paused else (_age(s.next_in) if s.next_in >= 0 else overdue)
             sched.add_row(
-                s.name, s.job_type, s.cron, nxt, str(s.missed), str(s.skipped), "paused" if s.paused else "active"
+                s.name,
+                s.job_type,
+                s.cron,
+                nxt,
+                str(s.missed),
+                str(s.backfilled),
+                str(s.skipped),
+                "paused" if s.paused else "active",
             )
         console.print(sched)
     console.print(

@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from .db import statements
 from .domain import DEFAULT_SCHEMA
@@ -93,10 +94,12 @@ class ScheduleHealth:
     paused: bool
     next_run_at: datetime
     last_slot: datetime
-    missed: int
+    missed: int  # slots handled past their grace (every scheduler down), fired late or not
     skipped: int
-    missed_slots: list[str]
+    missed_slots: list[str]  # the newest 20 missed slots, oldest first
     next_in: float
+    backfilled: int = 0  # missed slots the policy fired late
+    grace: float = 30.0  # seconds after its time a slot still runs as on time
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,13 +200,17 @@ def _q(conn: psycopg.Connection[Any], name: str, schema: str, **params: Any) -> 
     return run(conn, Call(name, params, _rows), schema)
 
 
+# Statements of a snapshot whose rows are read by column name.
+_BY_NAME = {"metrics_schedules"}
+
+
 def _pipelined(conn: psycopg.Connection[Any], schema: str, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
     """Run the statements in one round trip (pipeline mode) and return each one's rows."""
     sql = statements(schema)
-    cursors = []
+    cursors: list[Any] = []
     with conn.pipeline():
         for name, params in calls:
-            cur = conn.cursor()
+            cur = conn.cursor(row_factory=dict_row) if name in _BY_NAME else conn.cursor()
             cur.execute(sql[name], params)
             cursors.append(cur)
     try:
@@ -373,10 +380,7 @@ def _snapshot(
     for hours_ago, jobs in expiry_rows:
         if 0 <= hours_ago <= 24:
             per_hour[hours_ago] += jobs
-    schedules = [
-        ScheduleHealth(n, t, c, p, nr, ls, m, sk, list(ms or []), float(ni or 0.0))
-        for n, t, c, p, nr, ls, m, sk, ms, ni in schedule_rows
-    ]
+    schedules = [ScheduleHealth(**{**row, "missed_slots": list(row["missed_slots"] or [])}) for row in schedule_rows]
     tables = [TableHealth(*r) for r in table_rows]
     waits, longest = wait_rows[0]
     by_type = [TypeCounts(**counts[t]) for t in sorted(counts)]

@@ -85,13 +85,20 @@ def families(snap: Snapshot) -> Iterator[Metric]:
     expired_now.add_metric([], snap.expired_leases)
     yield expired_now
     missed = CounterMetricFamily(
-        "jobtui_missed_slots", "Schedule slots missed while no scheduler ran", labels=["schedule"]
+        "jobtui_missed_slots",
+        "Schedule slots handled past their grace (no scheduler ran), fired late or not",
+        labels=["schedule"],
+    )
+    backfilled = CounterMetricFamily(
+        "jobtui_backfilled_slots", "Missed schedule slots that the missed-slot policy fired late", labels=["schedule"]
     )
     paused = GaugeMetricFamily("jobtui_schedule_paused", "1 when the schedule is paused", labels=["schedule"])
     for s in snap.schedules:
         missed.add_metric([s.name], s.missed)
+        backfilled.add_metric([s.name], s.backfilled)
         paused.add_metric([s.name], 1 if s.paused else 0)
     yield missed
+    yield backfilled
     yield paused
     waits = GaugeMetricFamily("jobtui_lock_waits", "Sessions waiting for a lock on jobtui's tables")
     waits.add_metric([], snap.lock_waits)

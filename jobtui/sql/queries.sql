@@ -297,15 +297,16 @@ SELECT now();
 -- slot sequence from now; otherwise the slots already handled are kept.
 INSERT INTO {schema}.schedule AS s
     (name, job_type, cron, timezone, payload, max_attempts, offset_seconds, missed_policy,
-     next_run_at, last_slot, source)
+     grace_seconds, next_run_at, last_slot, source)
 VALUES (%(name)s, %(job_type)s, %(cron)s, %(timezone)s, %(payload)s, %(max_attempts)s,
-        %(offset)s, %(missed_policy)s, %(next_run_at)s, now(), %(source)s)
+        %(offset)s, %(missed_policy)s, %(grace)s, %(next_run_at)s, now(), %(source)s)
 ON CONFLICT (name) DO UPDATE
 SET job_type = excluded.job_type,
     payload = excluded.payload,
     max_attempts = excluded.max_attempts,
     offset_seconds = excluded.offset_seconds,
     missed_policy = excluded.missed_policy,
+    grace_seconds = excluded.grace_seconds,
     source = excluded.source,
     next_run_at = CASE WHEN (s.cron, s.timezone) = (excluded.cron, excluded.timezone)
                        THEN s.next_run_at ELSE excluded.next_run_at END,
@@ -319,7 +320,7 @@ RETURNING id;
 -- name: schedule_due
 -- Due schedules, locked for this transaction; other instances skip them.
 SELECT id, name, job_type, cron, timezone, payload, max_attempts, offset_seconds,
-       missed_policy, last_slot, now()
+       missed_policy, grace_seconds, last_slot, now()
 FROM {schema}.schedule
 WHERE NOT paused AND next_run_at <= now()
 ORDER BY next_run_at
@@ -334,13 +335,15 @@ ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
 -- name: schedule_advance
--- missed_count counts every missed slot; `missed` lists only the newest of them.
+-- missed_count counts every missed slot, backfilled_count those of them fired late by the
+-- policy; `missed` lists only the newest of them.
 UPDATE {schema}.schedule AS s
 SET last_slot = %(last_slot)s,
     next_run_at = %(next_run_at)s,
     last_fired_slot = coalesce(%(fired_slot)s, s.last_fired_slot),
     last_job_id = coalesce(%(job_id)s, s.last_job_id),
     missed_count = s.missed_count + %(missed_count)s,
+    backfilled_count = s.backfilled_count + %(backfilled)s,
     missed_slots = (SELECT coalesce(jsonb_agg(x ORDER BY x), '[]'::jsonb)
                     FROM (SELECT x FROM (SELECT jsonb_array_elements_text(s.missed_slots)::timestamptz AS x
                                          UNION ALL SELECT unnest(%(missed)s::timestamptz[])) AS a
@@ -358,9 +361,11 @@ UPDATE {schema}.schedule SET next_run_at = %(until)s, updated_at = now() WHERE i
 SELECT extract(epoch FROM min(next_run_at) - now()) FROM {schema}.schedule WHERE NOT paused;
 
 -- name: schedule_list
+-- Read by column name (ScheduleRow's fields).
 SELECT id, name, job_type, cron, timezone, payload, max_attempts, offset_seconds, missed_policy,
-       paused, paused_at, next_run_at, last_slot, last_fired_slot, last_job_id, missed_count,
-       missed_slots, skipped_count, source, created_at, now()
+       grace_seconds, paused, paused_at, next_run_at, last_slot, last_fired_slot, last_job_id,
+       missed_count, backfilled_count, missed_slots, skipped_count, source, created_at,
+       now() AS db_now
 FROM {schema}.schedule
 ORDER BY name;
 
@@ -547,8 +552,10 @@ SELECT job_id, job_type, worker, attempt, expired_at, reaped_at, outcome
 FROM {schema}.lease_expiry ORDER BY reaped_at DESC, id DESC LIMIT %(limit)s;
 
 -- name: metrics_schedules
-SELECT name, job_type, cron, paused, next_run_at, last_slot, missed_count, skipped_count,
-       missed_slots, extract(epoch FROM next_run_at - now())
+-- Read by column name (ScheduleHealth's fields).
+SELECT name, job_type, cron, paused, next_run_at, last_slot, missed_count AS missed,
+       backfilled_count AS backfilled, skipped_count AS skipped, missed_slots, grace_seconds AS grace,
+       coalesce(extract(epoch FROM next_run_at - now()), 0)::float8 AS next_in
 FROM {schema}.schedule ORDER BY name;
 
 -- name: metrics_tables

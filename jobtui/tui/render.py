@@ -261,6 +261,8 @@ def schedule_rows(schedules: Sequence[ScheduleHealth], needle: str, elapsed: flo
             nxt = age(max(0.0, left))
         missed = styled(str(s.missed), "warn" if s.missed else "ok")
         last_missed = s.missed_slots[-1][5:19].replace("T", " ") if s.missed_slots else "-"
+        # Of the missed slots, those the policy still ran late.
+        backfilled = str(s.backfilled) if s.missed else "-"
         rows.append(
             (
                 s.name,
@@ -269,6 +271,7 @@ def schedule_rows(schedules: Sequence[ScheduleHealth], needle: str, elapsed: flo
                     nxt,
                     missed,
                     last_missed,
+                    backfilled,
                     str(s.skipped),
                     s.job_type,
                     s.cron,
@@ -337,7 +340,18 @@ COLUMNS = {
     # scrolling: which error, how many, still happening; then the schedules' health.
     "dead": ["status", "type", "jobs", "last seen", "error fingerprint", "first seen", "latest"],
     "expiries": ["reaped", "job", "type", "worker", "attempt", "outcome"],
-    "schedules": ["name", "next", "missed", "last missed", "skipped", "type", "cron", "last slot", "state"],
+    "schedules": [
+        "name",
+        "next",
+        "missed",
+        "last missed",
+        "backfilled",
+        "skipped",
+        "type",
+        "cron",
+        "last slot",
+        "state",
+    ],
     "ready_jobs": ["id", "type", "attempts", "waiting", "age", "last error"],
     "dead_jobs": ["id", "type", "status", "attempts", "finished", "worker", "last error"],
 }

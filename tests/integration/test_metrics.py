@@ -204,10 +204,11 @@ def build_world(dsn: str, conn: Conn) -> World:
 
     # Schedules: one that missed 7 slots while no scheduler ran, one paused.
     sched.upsert(conn, ScheduleSpec("nightly", "0 3 * * *", "report"), source="cli")
-    sched.upsert(conn, ScheduleSpec("every-minute", "* * * * *", "email", offset=0.0), source="cli")
+    sched.upsert(conn, ScheduleSpec("every-minute", "* * * * *", "email", offset=0.0, grace=5.0), source="cli")
     execute(
         conn,
-        "UPDATE jobtui.schedule SET missed_count = 7, missed_slots = %s::jsonb WHERE name = 'nightly'",
+        "UPDATE jobtui.schedule SET missed_count = 7, backfilled_count = 2, missed_slots = %s::jsonb"
+        " WHERE name = 'nightly'",
         json.dumps(["2024-01-01T03:00:00+00:00", "2024-01-02T03:00:00+00:00"]),
     )
     assert sched.pause(conn, "every-minute")
@@ -345,6 +346,7 @@ def test_missed_slots_per_schedule(conn: Conn, world: World) -> None:
         7,
         0,
     )
+    assert (nightly.backfilled, nightly.grace, every.backfilled, every.grace) == (2, 30.0, 0, 5.0)
     assert nightly.missed_slots == ["2024-01-01T03:00:00+00:00", "2024-01-02T03:00:00+00:00"]
     assert 0 < nightly.next_in <= 86400
     assert nightly.next_in == pytest.approx((nightly.next_run_at - snap.taken_at).total_seconds(), abs=1e-3)
@@ -745,6 +747,7 @@ def test_prometheus_endpoint(dsn: str, conn: Conn, world: World, metrics_server:
     assert samples["jobtui_expired_leases", ()] == 1
     assert samples["jobtui_missed_slots_total", (("schedule", "nightly"),)] == 7
     assert samples["jobtui_missed_slots_total", (("schedule", "every-minute"),)] == 0
+    assert samples["jobtui_backfilled_slots_total", (("schedule", "nightly"),)] == 2
     assert samples["jobtui_schedule_paused", (("schedule", "every-minute"),)] == 1
     assert samples["jobtui_lock_waits", ()] == 0
     assert ("jobtui_table_dead_tuples", (("table", "job"),)) in samples

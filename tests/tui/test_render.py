@@ -287,11 +287,13 @@ def test_schedule_rows_overdue_paused_and_missed() -> None:
     catch_up = rows["catch-up"]
     assert plain(catch_up[missed]) == "14" and style_of(catch_up[missed]) == WARN
     assert named("schedules", catch_up)["last missed"] == "03-14 09:24:00"  # the newest missed slot
+    assert named("schedules", catch_up)["backfilled"] == "1"  # of the 14, one ran late (policy once)
     assert named("schedules", rows["heartbeat"]) == {
         "name": "heartbeat",
         "next": "2s",
         "missed": "0",
         "last missed": "-",
+        "backfilled": "-",
         "skipped": "0",
         "type": "email.send",
         "cron": "*/5 * * * * *",
@@ -301,7 +303,7 @@ def test_schedule_rows_overdue_paused_and_missed() -> None:
     assert style_of(rows["heartbeat"][missed]) == ""
     assert plain(rows["billing.nightly"][nxt]) == "16h33m"
     # The schedules' health first: on screen at 80 columns.
-    assert render.COLUMNS["schedules"][:5] == ["name", "next", "missed", "last missed", "skipped"]
+    assert render.COLUMNS["schedules"][:6] == ["name", "next", "missed", "last missed", "backfilled", "skipped"]
 
 
 def test_schedule_rows_countdown_and_grace() -> None:
