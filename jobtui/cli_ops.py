@@ -60,6 +60,7 @@ def render_stats(snap: Snapshot, console: Console) -> None:
     if hour:
         dist = ", ".join(f"{a}: {n}" for a, n in sorted(hour.items()))
         console.print(f"attempts used by jobs done in the last hour: {dist}")
+    render_attempts(snap, console)
     if snap.schedules:
         sched = Table(
             "schedule", "type", "cron", "next in", "missed", "backfilled", "skipped", "state", title="Schedules"
@@ -86,6 +87,27 @@ def render_stats(snap: Snapshot, console: Console) -> None:
         )
         + "[/]"
     )
+
+
+def attempts_text(buckets: dict[int, int]) -> str:
+    """A distribution of attempts used, as `jobtui stats` and the console show it.
+
+    >>> attempts_text({1: 1180, 2: 31, 3: 4})
+    '1: 1,180, 2: 31, 3: 4'
+    """
+    return ", ".join(f"{used}: {jobs:,}" for used, jobs in sorted(buckets.items())) or "-"
+
+
+def render_attempts(snap: Snapshot, console: Console) -> None:
+    """Jobs finished in the last hour by type and attempts used (what Prometheus exports)."""
+    done = snap.attempts_by_type.get("done", {})
+    dead = snap.attempts_by_type.get("dead_or_failed", {})
+    if not done and not dead:
+        return
+    table = Table("type", "done", "dead or failed", title="Attempts used by jobs finished in the last hour")
+    for job_type in sorted(set(done) | set(dead)):
+        table.add_row(job_type, attempts_text(done.get(job_type, {})), attempts_text(dead.get(job_type, {})))
+    console.print(table)
 
 
 def render_dead(snap: Snapshot, console: Console, groups: list[Any] | None = None) -> None:

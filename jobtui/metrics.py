@@ -135,6 +135,9 @@ class Snapshot:
     done_estimate: int = 0
     lease_expirations_total: int = 0
     done_last_minute: int = 0  # jobs done in the 60 seconds before taken_at
+    # Jobs finished in the last hour by status ("done", "dead_or_failed"), type and attempts
+    # used: attempts_last_hour split by type.
+    attempts_by_type: dict[str, dict[str, dict[int, int]]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -228,13 +231,20 @@ def _distribution(rows: list[Any]) -> dict[str, dict[int, int]]:
     return out
 
 
+def _sorted_by_type(counts: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
+    return {t: dict(sorted(counts[t].items())) for t in sorted(counts)}
+
+
 def _minute(at: datetime) -> datetime:
     """The calendar minute `at` falls in, as the database's date_bin gives it."""
     return at.astimezone(UTC).replace(second=0, microsecond=0)
 
 
+TypeAttempts = tuple[str, int]  # (job type, attempts used)
+
+
 class DoneHistory:
-    """Done jobs per minute and attempts, kept between the snapshots of one reader.
+    """Done jobs per minute, type and attempts, kept between the snapshots of one reader.
 
     The first snapshot reads the whole last hour from the index; later ones read only the
     last UNSETTLED_MINUTES and keep the rest, so a reader refreshing every second pays for a
@@ -242,7 +252,7 @@ class DoneHistory:
     """
 
     def __init__(self) -> None:
-        self._settled: dict[datetime, dict[int, int]] = {}  # minute -> attempts -> jobs
+        self._settled: dict[datetime, dict[TypeAttempts, int]] = {}  # minute -> (type, attempts) -> jobs
         self._read_from: datetime | None = None  # first minute not settled yet
 
     @property
@@ -251,8 +261,9 @@ class DoneHistory:
 
     def update(
         self, taken_at: datetime, rows: list[Any], oldest_open: datetime | None = None
-    ) -> dict[datetime, dict[int, int]]:
-        """Fold in the rows of one snapshot; return every minute of the last hour.
+    ) -> dict[datetime, dict[TypeAttempts, int]]:
+        """Fold in the rows (minute, type, attempts, jobs, recent) of one snapshot; return
+        every minute of the last hour.
 
         `oldest_open` is when the oldest open transaction started: an outcome statement
         waiting on a lock (an index build, a LOCK TABLE) commits rows stamped with its
@@ -263,10 +274,11 @@ class DoneHistory:
         settle_before = current - UNSETTLED_MINUTES * MINUTE
         if oldest_open is not None:
             settle_before = min(settle_before, _minute(oldest_open))
-        fresh: dict[datetime, dict[int, int]] = {}
-        for minute, attempts, jobs, _recent in rows:
-            by_attempts = fresh.setdefault(_minute(minute), {})
-            by_attempts[int(attempts)] = by_attempts.get(int(attempts), 0) + int(jobs)
+        fresh: dict[datetime, dict[TypeAttempts, int]] = {}
+        for minute, job_type, attempts, jobs, _recent in rows:
+            counts = fresh.setdefault(_minute(minute), {})
+            key = (str(job_type), int(attempts))
+            counts[key] = counts.get(key, 0) + int(jobs)
         minutes = {m: c for m, c in self._settled.items() if m >= window_start}
         minutes.update(fresh)
         self._settled = {m: c for m, c in minutes.items() if m < settle_before}
@@ -365,17 +377,26 @@ def _snapshot(
     current = _minute(taken_at)
     per_minute = [0] * 60
     hour_attempts: dict[int, int] = {}
+    done_by_type: dict[str, dict[int, int]] = {}
     oldest_open = taken_at - timedelta(seconds=float(oldest[0][0])) if oldest else None
-    for minute, by_attempts in history.update(taken_at, done_rows, oldest_open).items():
+    for minute, done_jobs in history.update(taken_at, done_rows, oldest_open).items():
         minutes_ago = round((current - minute) / MINUTE)
         if 0 <= minutes_ago < 60:
-            per_minute[minutes_ago] += sum(by_attempts.values())
-            for attempts, jobs in by_attempts.items():
+            per_minute[minutes_ago] += sum(done_jobs.values())
+            for (job_type, attempts), jobs in done_jobs.items():
                 hour_attempts[attempts] = hour_attempts.get(attempts, 0) + jobs
+                of_type = done_by_type.setdefault(job_type, {})
+                of_type[attempts] = of_type.get(attempts, 0) + jobs
     attempts_hour: dict[str, dict[int, int]] = {"done": dict(sorted(hour_attempts.items()))}
-    dead_attempts = {int(a): int(n) for a, n in dead_attempt_rows}
+    by_type_hour: dict[str, dict[str, dict[int, int]]] = {"done": _sorted_by_type(done_by_type)}
+    dead_by_type: dict[str, dict[int, int]] = {}
+    dead_attempts: dict[int, int] = {}
+    for job_type, attempts, jobs in dead_attempt_rows:
+        dead_by_type.setdefault(job_type, {})[int(attempts)] = int(jobs)
+        dead_attempts[int(attempts)] = dead_attempts.get(int(attempts), 0) + int(jobs)
     if dead_attempts:
-        attempts_hour["dead_or_failed"] = dead_attempts
+        attempts_hour["dead_or_failed"] = dict(sorted(dead_attempts.items()))
+        by_type_hour["dead_or_failed"] = _sorted_by_type(dead_by_type)
     per_hour = [0] * 25
     for hours_ago, jobs in expiry_rows:
         if 0 <= hours_ago <= 24:
@@ -406,6 +427,7 @@ def _snapshot(
         done_estimate=done_estimate,
         lease_expirations_total=int(total_rows[0][0]),
         done_last_minute=sum(int(recent) for *_, recent in done_rows),
+        attempts_by_type=by_type_hour,
         notes=["done_estimate comes from the planner's row estimate, not a count"],
     )
 

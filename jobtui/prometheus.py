@@ -78,6 +78,18 @@ def families(snap: Snapshot) -> Iterator[Metric]:
     per_minute = GaugeMetricFamily("jobtui_done_last_minute", "Jobs done in the last 60 seconds")
     per_minute.add_metric([], snap.done_last_minute)
     yield per_minute
+    # The attempts distribution, per type, in the buckets `jobtui stats` shows: one per number
+    # of attempts used (they are few: max_attempts bounds them, most jobs take one).
+    attempts = GaugeMetricFamily(
+        "jobtui_jobs_finished_last_hour",
+        "Jobs finished in the last hour, by outcome (done, dead_or_failed), type and attempts used",
+        labels=["status", "type", "attempts"],
+    )
+    for status, by_type in snap.attempts_by_type.items():
+        for job_type, buckets in by_type.items():
+            for used, count in buckets.items():
+                attempts.add_metric([status, job_type, str(used)], count)
+    yield attempts
     expirations = CounterMetricFamily("jobtui_lease_expirations", "Leases the reaper found expired")
     expirations.add_metric([], snap.lease_expirations_total)
     yield expirations

@@ -490,11 +490,14 @@ JOIN {schema}.job AS j ON j.id = g.latest_id
 ORDER BY g.jobs DESC;
 
 -- name: metrics_dead_attempts
-SELECT attempts, count(*) FROM {schema}.job WHERE status IN ('dead', 'failed') AND finished_at > now() - interval '1 hour'
-GROUP BY attempts;
+-- Dead and failed jobs of the last hour by type and attempts used (job_dead_idx: by type and
+-- finished_at, so each type's last hour is one range).
+SELECT type, attempts, count(*) FROM {schema}.job
+WHERE status IN ('dead', 'failed') AND finished_at > now() - interval '1 hour'
+GROUP BY type, attempts;
 
 -- name: metrics_done_minutes
--- Done jobs by calendar minute and attempts used: the done rows, from job_finished_idx
+-- Done jobs by calendar minute, type and attempts used: the done rows, from job_finished_idx
 -- alone, plus the jobs counted in done_tally (deleted at completion): the minutes of the last
 -- hour from %(since)s on (NULL: the whole hour; a reader that keeps the settled minutes of
 -- its previous snapshot asks for the last few only), and how many of them finished in the
@@ -508,16 +511,16 @@ WITH bounds AS (
                     date_bin('1 minute', now(), timestamptz '2000-01-01 00:00:00+00')
                     - interval '59 minutes') AS since
 )
-SELECT minute, attempts, sum(jobs)::bigint, round(sum(recent))::bigint
+SELECT minute, type, attempts, sum(jobs)::bigint, round(sum(recent))::bigint
 FROM (
     SELECT date_bin('1 minute', finished_at, timestamptz '2000-01-01 00:00:00+00') AS minute,
-           attempts, count(*) AS jobs,
+           type, attempts, count(*) AS jobs,
            count(*) FILTER (WHERE finished_at > now() - interval '60 seconds')::numeric AS recent
     FROM {schema}.job
     WHERE status = 'done' AND finished_at >= (SELECT since FROM bounds)
-    GROUP BY 1, 2
+    GROUP BY 1, 2, 3
     UNION ALL
-    SELECT minute, attempts, sum(jobs),
+    SELECT minute, type, attempts, sum(jobs),
            sum(jobs * CASE
                WHEN last_finished_at <= now() - interval '60 seconds' THEN 0
                WHEN greatest(first_started_at, minute) >= now() - interval '60 seconds' THEN 1
@@ -526,9 +529,9 @@ FROM (
            END)
     FROM {schema}.done_tally
     WHERE minute >= (SELECT since FROM bounds)
-    GROUP BY 1, 2
+    GROUP BY 1, 2, 3
 ) AS done
-GROUP BY 1, 2;
+GROUP BY 1, 2, 3;
 
 -- name: metrics_day
 -- The last 24 completed hours' summaries (filled by the archiver).

@@ -210,7 +210,8 @@ class JobtuiApp(App[None]):
         snap = self.latest.snapshot
         elapsed = self.clock() - self.latest.read_at
         needle = self.needle
-        self._table("ready").sync(render.ready_rows(snap.by_type, needle, self.thresholds))
+        done_attempts = snap.attempts_by_type.get("done", {})
+        self._table("ready").sync(render.ready_rows(snap.by_type, needle, self.thresholds, done_attempts))
         self._table("running").sync(render.running_rows(self.latest.running, needle, elapsed))
         self._table("dead").sync(render.dead_rows(snap.dead, needle))
         self._table("expiries").sync(render.expiry_rows(snap.recent_expiries, needle))

@@ -7,7 +7,7 @@ data. Each row has a key so the tables update rows in place instead of being reb
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -146,11 +146,31 @@ def _matches(needle: str, *fields: str | None) -> bool:
     return any(f is not None and lowered in f.lower() for f in fields)
 
 
-def ready_rows(by_type: Sequence[TypeCounts], needle: str, thresholds: Thresholds) -> list[Row]:
-    """One row per type with ready jobs: counts and the oldest wait."""
+def attempts_cell(buckets: Mapping[int, int]) -> str:
+    """Jobs per number of attempts used, compact: `1:1,180 2:31 3:4`.
+
+    >>> attempts_cell({2: 31, 1: 1180})
+    '1:1,180 2:31'
+    """
+    return " ".join(f"{used}:{jobs:,}" for used, jobs in sorted(buckets.items())) or "-"
+
+
+def ready_rows(
+    by_type: Sequence[TypeCounts],
+    needle: str,
+    thresholds: Thresholds,
+    attempts: Mapping[str, Mapping[int, int]] | None = None,
+) -> list[Row]:
+    """One row per type with ready jobs or jobs done in the last hour: counts, the oldest
+    wait, and the attempts the last hour's done jobs used (`attempts`: type -> attempts ->
+    jobs, the snapshot's figures, so this costs no query of its own)."""
+    attempts = attempts or {}
+    counts = {t.type: t for t in by_type}
+    # A type whose jobs all ran (none waiting, none dead) is in the done figures only.
+    every = sorted(set(counts) | set(attempts))
     rows: list[Row] = []
-    for t in by_type:
-        if t.ready == 0 or not _matches(needle, t.type):
+    for t in (counts.get(name) or TypeCounts(name) for name in every):
+        if (t.ready == 0 and not attempts.get(t.type)) or not _matches(needle, t.type):
             continue
         level = thresholds.level(t.oldest_ready_age, thresholds.oldest_ready_warn, thresholds.oldest_ready_crit)
         rows.append(
@@ -162,6 +182,7 @@ def ready_rows(by_type: Sequence[TypeCounts], needle: str, thresholds: Threshold
                     f"{t.ready - t.ready_due:,}",
                     styled(age(t.oldest_ready_age), level),
                     f"{t.running:,}",
+                    attempts_cell(attempts.get(t.type, {})),
                 ],
             )
         )
@@ -334,7 +355,7 @@ def dead_job_rows(jobs: Sequence[DeadJob]) -> list[Row]:
 
 
 COLUMNS = {
-    "ready": ["type", "due", "delayed", "oldest wait", "running"],
+    "ready": ["type", "due", "delayed", "oldest wait", "running", "attempts (done 1h)"],
     "running": ["id", "type", "worker", "attempt", "heartbeat", "lease left", "running for"],
     # What an operator needs first comes first, so an 80-column terminal shows it without
     # scrolling: which error, how many, still happening; then the schedules' health.

@@ -58,6 +58,7 @@ HELP = """\
         6 worker (with --work); tab, shift+tab and the mouse work too
 [b]Move[/]    arrows, page up/down, home/end
 [b]enter[/]   drill down: a type's ready jobs, a dead group's jobs, a job
+[b]Ready[/]   by type; "attempts (done 1h)": jobs done in the last hour by attempts used
 [b]/[/]       filter by type or text (escape clears)
 [b]s[/]       sort by the next column (again: reversed)
 

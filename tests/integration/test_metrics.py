@@ -288,6 +288,11 @@ def test_done_per_minute_and_attempts_of_the_last_hour(conn: Conn, world: World)
     # job (1), KeyError 17 (3), the UUID one (2), a hex one (1), the long hex one (6) and
     # the failed one (1); KeyError 42 and the other hex one are older.
     assert snap.attempts_last_hour["dead_or_failed"] == {1: 3, 2: 1, 3: 1, 6: 1}
+    # The same, by type: the buckets of each type add up to the figures above.
+    assert snap.attempts_by_type == {
+        "done": {"email": {1: 2, 2: 1}, "report": {1: 1, 3: 1}},
+        "dead_or_failed": {"crash": {1: 1}, "email": {2: 1, 3: 1}, "report": {1: 2, 6: 1}},
+    }
 
 
 def test_lease_expirations_per_hour_total_and_recent(conn: Conn, world: World) -> None:
@@ -749,6 +754,22 @@ def test_prometheus_endpoint(dsn: str, conn: Conn, world: World, metrics_server:
     assert samples["jobtui_missed_slots_total", (("schedule", "every-minute"),)] == 0
     assert samples["jobtui_backfilled_slots_total", (("schedule", "nightly"),)] == 2
     assert samples["jobtui_schedule_paused", (("schedule", "every-minute"),)] == 1
+    attempts = {
+        (dict(labels)["status"], dict(labels)["type"], dict(labels)["attempts"]): v
+        for (name, labels), v in samples.items()
+        if name == "jobtui_jobs_finished_last_hour"
+    }
+    assert attempts == {
+        ("done", "email", "1"): 2,
+        ("done", "email", "2"): 1,
+        ("done", "report", "1"): 1,
+        ("done", "report", "3"): 1,
+        ("dead_or_failed", "crash", "1"): 1,
+        ("dead_or_failed", "email", "2"): 1,
+        ("dead_or_failed", "email", "3"): 1,
+        ("dead_or_failed", "report", "1"): 2,
+        ("dead_or_failed", "report", "6"): 1,
+    }
     assert samples["jobtui_lock_waits", ()] == 0
     assert ("jobtui_table_dead_tuples", (("table", "job"),)) in samples
     # The exposition's own lines, as Prometheus reads them.

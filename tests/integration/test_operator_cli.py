@@ -148,11 +148,20 @@ def test_stats_text_shows_throughput_and_schedules(dsn: str, conn: Conn, seeded:
     assert "attempts used by jobs done in the last hour: 2: 1" in out
     schedules = {
         cells[0]: cells
-        for cells in ([c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.count("│") == 8)
+        for cells in ([c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.count("│") == 9)
         if cells[0] in ("nightly", "hourly")
     }
-    assert schedules["nightly"][1:3] == ["report", "0 3 * * *"] and schedules["nightly"][4:] == ["3", "0", "active"]
-    assert schedules["hourly"][3:] == ["-", "0", "0", "paused"]
+    # missed, backfilled, skipped, state
+    assert schedules["nightly"][1:3] == ["report", "0 3 * * *"]
+    assert schedules["nightly"][4:] == ["3", "0", "0", "active"]
+    assert schedules["hourly"][3:] == ["-", "0", "0", "0", "paused"]
+    # The attempts of the last hour's finished jobs, by type (the seeded dead ones too).
+    attempts = {
+        cells[0]: cells[1:]
+        for cells in ([c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.count("│") == 4)
+        if cells and cells[0] in ("email", "report")
+    }
+    assert attempts == {"email": ["2: 1", "3: 1, 25: 1"], "report": ["-", "1: 1, 5: 1"]}
 
 
 def test_stats_json(dsn: str, seeded: Seeded) -> None:

@@ -110,6 +110,14 @@ def snapshot() -> Snapshot:
         done_per_minute=[96, 168, 181] + [150] * 57,  # index 0 = the current minute, so far
         done_last_minute=174,
         attempts_last_hour={"done": {1: 9800, 2: 310, 3: 42}},
+        attempts_by_type={
+            "done": {
+                "email.send": {1: 8950, 2: 200},
+                "report.build": {1: 300, 2: 10, 3: 2},
+                "sms.send": {1: 50},  # all done: no job waiting, none dead
+                "webhook.deliver": {1: 500, 2: 100, 3: 40},
+            }
+        },
         attempts_last_day={},
         lease_expiries_per_hour=[7, 2] + [0] * 22,
         recent_expiries=expiries(),

@@ -208,6 +208,27 @@ async def test_cancel_a_ready_job_from_the_type_list(dsn: str) -> None:
     assert audit(dsn) == [("console", "cancel", f"jobs {s.ready[0]}", [s.ready[0]], 1)]
 
 
+# -- attempts ---------------------------------------------------------------------------------
+
+
+async def test_the_ready_pane_shows_the_attempts_each_types_done_jobs_used(dsn: str) -> None:
+    seed(dsn)
+    with Queue(dsn, max_connections=1) as queue:
+        done = queue.enqueue_many([NewJob("email.send")] * 4 + [NewJob("pdf.render")] * 2)
+    # Done in the last minutes with 1, 1, 1 and 3 attempts (email.send), 2 and 2 (pdf.render).
+    for job_id, attempts in zip(done, [1, 1, 1, 3, 2, 2], strict=True):
+        query(dsn, "UPDATE jobtui.job SET status = 'done', attempts = %s, finished_at = now() - interval '2 min' "
+              "WHERE id = %s RETURNING id", attempts, job_id)  # fmt: skip
+    async with console(dsn) as (app, pilot):
+        ready = await open_pane(pilot, app, "ready", "email.send")
+        assert str(ready.get_cell("email.send", "attempts (done 1h)")) == "1:3 3:1"
+        # pdf.render has nothing waiting: its row is there for its attempts.
+        await wait_for(pilot, lambda: "pdf.render" in keys(ready), what="the done-only type")
+        assert str(ready.get_cell("pdf.render", "attempts (done 1h)")) == "2:2"
+        assert str(ready.get_cell("pdf.render", "due")) == "0"
+        assert str(ready.get_cell("sms.send", "attempts (done 1h)")) == "-"
+
+
 # -- running jobs -----------------------------------------------------------------------------
 
 

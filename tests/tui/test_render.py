@@ -164,13 +164,37 @@ def test_ready_rows_skip_empty_types_and_colour_the_wait() -> None:
     rows = dict(render.ready_rows(fx.by_type(), "", T))
     assert "invoice.render" in rows  # 4 delayed, none due
     assert list(rows) == ["email.send", "image.resize", "invoice.render", "report.build", "webhook.deliver"]
-    assert [plain(c) for c in rows["email.send"]] == ["email.send", "1,180", "24", "42s", "6"]
+    assert [plain(c) for c in rows["email.send"]] == ["email.send", "1,180", "24", "42s", "6", "-"]
     assert style_of(rows["email.send"][3]) == ""
     assert style_of(rows["webhook.deliver"][3]) == WARN  # 95 s
     assert style_of(rows["report.build"][3]) == CRIT  # 412 s
     assert plain(rows["invoice.render"][3]) == "-"
     empty = render.ready_rows([TypeCounts("quiet", ready=0, running=3)], "", T)
     assert empty == []
+
+
+def test_ready_rows_show_the_attempts_of_each_types_done_jobs() -> None:
+    done = fx.snapshot().attempts_by_type["done"]
+    rows = {key: named("ready", cells) for key, cells in render.ready_rows(fx.by_type(), "", T, done)}
+    assert rows["email.send"]["attempts (done 1h)"] == "1:8,950 2:200"
+    assert rows["webhook.deliver"]["attempts (done 1h)"] == "1:500 2:100 3:40"
+    assert rows["image.resize"]["attempts (done 1h)"] == "-"  # none done in the last hour
+    # A type with nothing waiting but jobs done in the hour has a row for its attempts.
+    assert rows["sms.send"] == {
+        "type": "sms.send",
+        "due": "0",
+        "delayed": "0",
+        "oldest wait": "-",
+        "running": "0",
+        "attempts (done 1h)": "1:50",
+    }
+    assert list(rows) == sorted(rows)
+    # Every bucket of the snapshot is shown: per type they add up to the header's hour.
+    total: dict[int, int] = {}
+    for buckets in done.values():
+        for used, jobs in buckets.items():
+            total[used] = total.get(used, 0) + jobs
+    assert total == fx.snapshot().attempts_last_hour["done"]
 
 
 def test_ready_rows_filter_is_case_insensitive() -> None:
