@@ -80,7 +80,7 @@ def render_stats(snap: Snapshot, console: Console) -> None:
             )
         console.print(sched)
     console.print(
-        f"[dim]lock waits {snap.lock_waits} (longest {snap.longest_lock_wait:.1f}s) · oldest transaction "
+        f"[dim]lock waits {lock_waits_text(snap)} · oldest transaction "
         f"{_age(snap.oldest_xact_age)} · "
         + " · ".join(
             f"{t.table}: {t.live_rows} live / {t.dead_rows} dead tuples" for t in snap.tables if t.table == "job"
@@ -108,6 +108,14 @@ def render_attempts(snap: Snapshot, console: Console) -> None:
     for job_type in sorted(set(done) | set(dead)):
         table.add_row(job_type, attempts_text(done.get(job_type, {})), attempts_text(dead.get(job_type, {})))
     console.print(table)
+
+
+def lock_waits_text(snap: Snapshot) -> str:
+    """The lock waits and their kinds: `2 (transactionid 1, tuple 1; longest 2.5s)`."""
+    if not snap.lock_waits:
+        return "0"
+    kinds = ", ".join(f"{kind} {n}" for kind, n in snap.lock_waits_by_kind.items() if n)
+    return f"{snap.lock_waits} ({kinds}; longest {snap.longest_lock_wait:.1f}s)"
 
 
 def render_dead(snap: Snapshot, console: Console, groups: list[Any] | None = None) -> None:

@@ -26,10 +26,15 @@ from psycopg.rows import dict_row
 from .db import statements
 from .domain import DEFAULT_SCHEMA
 from .errors import JobtuiError
+from .migrate import _lock_key as migration_lock_key
 from .queue import Call, run
 
 # How long a snapshot waits for a lock on a queue table before giving up (seconds).
 LOCK_TIMEOUT = 2.0
+# The kinds of lock a session can wait for, as pg_locks names them; any other is "other".
+# A row held by another transaction is waited for as its transaction id (the first waiter)
+# or its tuple (those queued behind the first).
+LOCK_KINDS = ("relation", "transactionid", "tuple", "advisory", "other")
 
 # Minutes of done jobs a DoneHistory reads again on every snapshot. finished_at is the time
 # the outcome statement started; it commits milliseconds later, so a minute that ended this
@@ -128,8 +133,8 @@ class Snapshot:
     recent_expiries: list[LeaseExpiry]
     schedules: list[ScheduleHealth]
     tables: list[TableHealth]
-    lock_waits: int
-    longest_lock_wait: float
+    lock_waits: int  # sessions waiting for a lock while they work on jobtui's tables
+    longest_lock_wait: float  # seconds, the longest of those waits
     oldest_xact_age: float | None
     oldest_xact_pid: int | None
     done_estimate: int = 0
@@ -138,6 +143,9 @@ class Snapshot:
     # Jobs finished in the last hour by status ("done", "dead_or_failed"), type and attempts
     # used: attempts_last_hour split by type.
     attempts_by_type: dict[str, dict[str, dict[int, int]]] = field(default_factory=dict)
+    # The lock waits by kind (every kind of LOCK_KINDS, 0 when none): sessions, longest wait.
+    lock_waits_by_kind: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LOCK_KINDS, 0))
+    longest_lock_wait_by_kind: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOCK_KINDS, 0.0))
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -231,6 +239,20 @@ def _distribution(rows: list[Any]) -> dict[str, dict[int, int]]:
     return out
 
 
+def _lock_wait_params(schema: str) -> dict[str, Any]:
+    return {"schema_name": schema, "advisory_key": migration_lock_key(schema)}
+
+
+def _lock_waits(rows: list[Any]) -> tuple[dict[str, int], dict[str, float]]:
+    """(sessions, longest wait) by kind, every kind of LOCK_KINDS present."""
+    waits = dict.fromkeys(LOCK_KINDS, 0)
+    longest = dict.fromkeys(LOCK_KINDS, 0.0)
+    for kind, sessions, seconds in rows:
+        waits[kind] = int(sessions)
+        longest[kind] = float(seconds)
+    return waits, longest
+
+
 def _sorted_by_type(counts: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
     return {t: dict(sorted(counts[t].items())) for t in sorted(counts)}
 
@@ -302,7 +324,8 @@ def snapshot(
     try:
         return _snapshot(conn, schema, recent_expiries, lock_timeout, history or DoneHistory())
     except psycopg.errors.LockNotAvailable:
-        waits, longest = _q(conn, "metrics_lock_waits", schema, schema_name=schema)[0]
+        by_kind, longest_by_kind = _lock_waits(_q(conn, "metrics_lock_waits", schema, **_lock_wait_params(schema)))
+        waits, longest = sum(by_kind.values()), max(longest_by_kind.values())
         oldest = _q(conn, "metrics_oldest_xact", schema)
         holder = (
             f"; the oldest open transaction is pid {oldest[0][1]}, open {float(oldest[0][0]):.0f}s" if oldest else ""
@@ -357,7 +380,7 @@ def _snapshot(
                 ("metrics_recent_expiries", {"limit": recent_expiries}),
                 ("metrics_schedules", {}),
                 ("metrics_tables", {"schema_name": schema}),
-                ("metrics_lock_waits", {"schema_name": schema}),
+                ("metrics_lock_waits", _lock_wait_params(schema)),
                 ("metrics_oldest_xact", {}),
             ],
         )
@@ -403,7 +426,7 @@ def _snapshot(
             per_hour[hours_ago] += jobs
     schedules = [ScheduleHealth(**{**row, "missed_slots": list(row["missed_slots"] or [])}) for row in schedule_rows]
     tables = [TableHealth(*r) for r in table_rows]
-    waits, longest = wait_rows[0]
+    waits_by_kind, longest_by_kind = _lock_waits(wait_rows)
     by_type = [TypeCounts(**counts[t]) for t in sorted(counts)]
     job_table = next((t for t in tables if t.table == "job"), None)
     exact = sum(t.ready + t.running + t.dead + t.failed for t in by_type)
@@ -420,14 +443,16 @@ def _snapshot(
         recent_expiries=[LeaseExpiry(*r) for r in recent_rows],
         schedules=schedules,
         tables=tables,
-        lock_waits=int(waits),
-        longest_lock_wait=float(longest),
+        lock_waits=sum(waits_by_kind.values()),
+        longest_lock_wait=max(longest_by_kind.values()),
         oldest_xact_age=float(oldest[0][0]) if oldest else None,
         oldest_xact_pid=int(oldest[0][1]) if oldest else None,
         done_estimate=done_estimate,
         lease_expirations_total=int(total_rows[0][0]),
         done_last_minute=sum(int(recent) for *_, recent in done_rows),
         attempts_by_type=by_type_hour,
+        lock_waits_by_kind=waits_by_kind,
+        longest_lock_wait_by_kind=longest_by_kind,
         notes=["done_estimate comes from the planner's row estimate, not a count"],
     )
 

@@ -112,9 +112,20 @@ def families(snap: Snapshot) -> Iterator[Metric]:
     yield missed
     yield backfilled
     yield paused
-    waits = GaugeMetricFamily("jobtui_lock_waits", "Sessions waiting for a lock on jobtui's tables")
-    waits.add_metric([], snap.lock_waits)
+    waits = GaugeMetricFamily(
+        "jobtui_lock_waits",
+        "Sessions waiting for a lock while they work on jobtui's tables, by the kind of lock"
+        " (relation, transactionid and tuple for rows held by another transaction, advisory, other)",
+        labels=["kind"],
+    )
+    longest = GaugeMetricFamily(
+        "jobtui_lock_wait_longest_seconds", "The longest of those waits so far, by kind", labels=["kind"]
+    )
+    for kind, sessions in snap.lock_waits_by_kind.items():
+        waits.add_metric([kind], sessions)
+        longest.add_metric([kind], snap.longest_lock_wait_by_kind.get(kind, 0.0))
     yield waits
+    yield longest
     xact = GaugeMetricFamily(
         "jobtui_oldest_transaction_age_seconds", "Age of the oldest open transaction (holds back vacuum)"
     )

@@ -569,11 +569,31 @@ FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
 WHERE s.schemaname = %(schema_name)s;
 
 -- name: metrics_lock_waits
--- Sessions waiting for a lock on one of jobtui's tables, and the longest wait.
-SELECT count(*), coalesce(max(extract(epoch FROM now() - a.state_change)), 0)
-FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-JOIN pg_class c ON c.oid = l.relation JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE NOT l.granted AND n.nspname = %(schema_name)s;
+-- Sessions of this database waiting for a lock while they work on jobtui's tables, by the
+-- kind of lock they wait for, with the longest wait of each kind. A session waiting for a row
+-- that another transaction holds (FOR UPDATE, an UPDATE) waits for that transaction's id, and
+-- the sessions queued behind it for the row's tuple lock: the first names no table, so a wait
+-- counts when it is for a table of the schema (or one of its indexes), for jobtui's
+-- migration lock (advisory), or when the waiting session holds a lock on such a table (the
+-- table lock its statement took before reaching the row). Sessions are matched by pid, both
+-- views being per server; pg_locks shows every role's locks and when each wait began.
+WITH tables AS (
+    SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = %(schema_name)s
+), waits AS (
+    SELECT CASE WHEN l.locktype IN ('relation', 'transactionid', 'tuple', 'advisory') THEN l.locktype
+                ELSE 'other' END AS kind,
+           coalesce(l.waitstart, a.query_start, clock_timestamp()) AS since
+    FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE NOT l.granted AND a.datname = current_database()
+      AND (l.relation IN (SELECT oid FROM tables)
+           OR (l.locktype = 'advisory' AND l.classid = 0 AND l.objid = %(advisory_key)s::bigint::oid
+               AND l.objsubid = 1)
+           OR EXISTS (SELECT 1 FROM pg_locks h
+                      WHERE h.pid = l.pid AND h.granted AND h.relation IN (SELECT oid FROM tables)))
+)
+SELECT kind, count(*), greatest(0, extract(epoch FROM clock_timestamp() - min(since)))::float8
+FROM waits GROUP BY kind;
 
 -- name: metrics_oldest_xact
 -- The oldest open transaction of a client session in this database: it holds back vacuum on

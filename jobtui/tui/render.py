@@ -108,6 +108,11 @@ def vitals(
         ),
         ("missed slots", f"{snap.missed_slots:,}", t.level(snap.missed_slots, t.missed_warn, t.missed_crit)),
     ]
+    if snap.lock_waits:
+        # Only while sessions wait: a queue blocked on a lock (a row held by a long
+        # transaction, an ALTER TABLE) explains a backlog the other figures only show.
+        kinds = " ".join(f"{kind} {n}" for kind, n in snap.lock_waits_by_kind.items() if n)
+        parts.append(("lock waits", f"{snap.lock_waits} ({kinds}, longest {age(snap.longest_lock_wait)})", "warn"))
     for i, (label, value, level) in enumerate(parts):
         piece = Text()
         piece.append(f"{label} ", style=STYLE["dim"])

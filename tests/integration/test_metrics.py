@@ -597,6 +597,7 @@ def test_lock_waits(dsn: str, conn: Conn, holder: Conn) -> None:
         snap = snapshot(conn)
         assert snap.lock_waits == 1
         assert 0.2 <= snap.longest_lock_wait < 10
+        assert snap.lock_waits_by_kind["relation"] == 1  # LOCK TABLE: a wait for the table itself
         # The lock holder's transaction is the oldest open one.
         assert snap.oldest_xact_pid == holder.info.backend_pid
     finally:
@@ -604,6 +605,84 @@ def test_lock_waits(dsn: str, conn: Conn, holder: Conn) -> None:
         thread.join(10)
     assert not errors and not thread.is_alive()
     assert snapshot(conn).lock_waits == 0
+
+
+def _waiting_kinds(conn: Conn) -> list[str]:
+    rows = conn.execute(
+        "SELECT l.locktype FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+        " WHERE NOT l.granted AND a.datname = current_database() ORDER BY 1"
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def test_row_lock_waits_are_counted_by_kind(dsn: str, conn: Conn, holder: Conn) -> None:
+    """A job row held FOR UPDATE in an open transaction: the next session wanting the row
+    waits for the holder's transaction id, the one after it for the row's tuple lock. Neither
+    lock names the job table; both waits are counted, each with its kind and its duration."""
+    with Queue(dsn) as q:
+        job_id = q.enqueue("t")
+    # An application table in the same database: a row lock there is not jobtui's business.
+    conn.execute("CREATE TABLE app_orders (id int PRIMARY KEY)")
+    conn.execute("INSERT INTO app_orders VALUES (1)")
+    assert holder.execute("SELECT id FROM jobtui.job WHERE id = %s FOR UPDATE", (job_id,)).fetchall() == [(job_id,)]
+    holder.execute("SELECT id FROM app_orders WHERE id = 1 FOR UPDATE")
+    threads, errors = [], []
+    statements = [
+        f"SELECT id FROM jobtui.job WHERE id = {job_id} FOR UPDATE",
+        f"UPDATE jobtui.job SET payload = '{{}}' WHERE id = {job_id}",
+        "UPDATE app_orders SET id = 1 WHERE id = 1",
+    ]
+    try:
+        for n, statement in enumerate(statements, start=1):
+            started = threading.Event()
+            thread = threading.Thread(target=_blocked_session, args=(dsn, statement, started, errors))
+            thread.start()
+            threads.append(thread)
+            # One at a time: the second job session queues behind the first.
+            deadline = time.monotonic() + 10
+            while len(_waiting_kinds(conn)) < n and time.monotonic() < deadline:
+                time.sleep(0.02)
+        assert _waiting_kinds(conn) == ["transactionid", "transactionid", "tuple"]
+        time.sleep(0.3)
+        snap = snapshot(conn)
+        assert snap.lock_waits == 2, snap.lock_waits_by_kind  # the app table's wait is left out
+        assert snap.lock_waits_by_kind == {"relation": 0, "transactionid": 1, "tuple": 1, "advisory": 0, "other": 0}
+        longest = snap.longest_lock_wait_by_kind
+        assert 0.3 <= longest["tuple"] <= longest["transactionid"] < 10, longest
+        assert longest["relation"] == longest["advisory"] == longest["other"] == 0
+        assert snap.longest_lock_wait == longest["transactionid"]
+        stats = snap.to_json()
+        assert stats["lock_waits_by_kind"]["transactionid"] == 1
+    finally:
+        holder.rollback()
+        for thread in threads:
+            thread.join(10)
+    assert not errors and not any(t.is_alive() for t in threads)
+    after = snapshot(conn)
+    assert after.lock_waits == 0 and set(after.lock_waits_by_kind.values()) == {0}
+
+
+def test_a_migration_waiting_for_another_is_an_advisory_lock_wait(dsn: str, conn: Conn, holder: Conn) -> None:
+    from jobtui.migrate import _lock_key, migrate
+
+    holder.execute("SELECT pg_advisory_lock(%s)", (_lock_key("jobtui"),))
+    started, errors = threading.Event(), []
+    thread = threading.Thread(
+        target=_blocked_session, args=(dsn, f"SELECT pg_advisory_lock({_lock_key('jobtui')})", started, errors)
+    )
+    thread.start()
+    try:
+        _wait_until_waiting(conn, 1)
+        snap = snapshot(conn)
+        assert (snap.lock_waits, snap.lock_waits_by_kind["advisory"]) == (1, 1)
+        # For another schema's tables, this migration lock is not theirs.
+        migrate(conn, "jobtui_other")
+        assert snapshot(conn, "jobtui_other").lock_waits == 0
+    finally:
+        holder.execute("SELECT pg_advisory_unlock_all()")
+        holder.rollback()
+        thread.join(10)
+    assert not errors and not thread.is_alive()
 
 
 def test_snapshot_gives_up_behind_an_access_exclusive_lock(dsn: str, conn: Conn, holder: Conn) -> None:
@@ -770,7 +849,9 @@ def test_prometheus_endpoint(dsn: str, conn: Conn, world: World, metrics_server:
         ("dead_or_failed", "report", "1"): 2,
         ("dead_or_failed", "report", "6"): 1,
     }
-    assert samples["jobtui_lock_waits", ()] == 0
+    for kind in ("relation", "transactionid", "tuple", "advisory", "other"):
+        assert samples["jobtui_lock_waits", (("kind", kind),)] == 0
+        assert samples["jobtui_lock_wait_longest_seconds", (("kind", kind),)] == 0
     assert ("jobtui_table_dead_tuples", (("table", "job"),)) in samples
     # The exposition's own lines, as Prometheus reads them.
     text = scrape_text(metrics_server)

@@ -105,6 +105,19 @@ def test_vitals_thresholds_are_configurable_and_a_quiet_queue_is_all_ok() -> Non
     assert "ready 2 " in line.plain + " "  # nothing delayed: no "+0"
 
 
+def test_vitals_show_lock_waits_by_kind_only_while_sessions_wait() -> None:
+    assert "lock waits" not in render.vitals(fx.snapshot(), [], T).plain
+    kinds = dict.fromkeys(("relation", "transactionid", "tuple", "advisory", "other"), 0)
+    waiting = snap_with(
+        lock_waits=3,
+        longest_lock_wait=75.0,
+        lock_waits_by_kind={**kinds, "transactionid": 1, "tuple": 2},
+    )
+    line = render.vitals(waiting, [], T)
+    assert "lock waits 3 (transactionid 1 tuple 2, longest 1m15s)" in line.plain
+    assert figure_style(line, "lock waits") == WARN
+
+
 def test_vitals_dead_turns_red_at_crit() -> None:
     many = snap_with(by_type=[TypeCounts("x", dead=150)])
     assert figure_style(render.vitals(many, [], T), "dead") == CRIT
