@@ -448,6 +448,14 @@ def port_number(text: str) -> int:
     return value
 
 
+# What --error matches, for `dead` and `requeue` alike (queries.sql, dead_matching).
+ERROR_MATCH = (
+    "a case-insensitive PostgreSQL regular expression, matched against the first line of each job's error"
+    " (exception and message, as `jobtui job` shows it) or its fingerprint (numbers masked as <n>,"
+    " as `jobtui dead` shows it); never the traceback"
+)
+
+
 def add_operator_commands(sub: Any) -> None:
     p = sub.add_parser("stats", help="the queue's health: ages, counts, throughput, dead groups")
     p.add_argument("--json", action="store_true", help="one JSON document for scripts")
@@ -456,14 +464,22 @@ def add_operator_commands(sub: Any) -> None:
 
     p = sub.add_parser("dead", help="dead and failed jobs grouped by error fingerprint")
     p.add_argument("--type", help="only this job type")
-    p.add_argument("--error", help="only fingerprints matching this regular expression")
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--error",
+        metavar="PATTERN",
+        help="only jobs whose error matches PATTERN, the same rows as `requeue --error PATTERN`: " + ERROR_MATCH,
+    )
+    p.add_argument("--json", action="store_true", help="the groups as JSON, each with its job ids")
     p.set_defaults(func=_with_dsn(ops.cmd_dead))
 
     p = sub.add_parser("requeue", help="move dead/failed jobs back to ready")
     p.add_argument("ids", nargs="*", type=job_id, help="job ids")
     p.add_argument("--type", help="every dead/failed job of this type")
-    p.add_argument("--error", help="whose last error matches this regular expression (case-insensitive)")
+    p.add_argument(
+        "--error",
+        metavar="PATTERN",
+        help="every dead/failed job whose error matches PATTERN, the rows `dead --error PATTERN` lists: " + ERROR_MATCH,
+    )
     p.add_argument("--all", action="store_true", help="every dead/failed job")
     p.add_argument("--dry-run", action="store_true", help="count, change nothing")
     p.set_defaults(func=_with_queue(ops.cmd_requeue))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,8 +15,8 @@ from rich.table import Table
 from .db import connect
 from .errors import InvalidInput, UnknownJob
 from .explain import human_delta
-from .metrics import DoneHistory, Snapshot, snapshot
-from .queue import Queue, check_pattern, job_statuses_call
+from .metrics import DoneHistory, Snapshot, dead_groups, snapshot
+from .queue import Queue, check_regex, job_statuses_call
 
 Opener = Callable[[argparse.Namespace], Queue]
 
@@ -118,11 +117,11 @@ def lock_waits_text(snap: Snapshot) -> str:
     return f"{snap.lock_waits} ({kinds}; longest {snap.longest_lock_wait:.1f}s)"
 
 
-def render_dead(snap: Snapshot, console: Console, groups: list[Any] | None = None) -> None:
+def render_dead(snap: Snapshot | None, console: Console, groups: list[Any] | None = None) -> None:
     table = Table(
         "status", "type", "jobs", "error fingerprint", "first seen", "last seen", "latest job", title="Dead and failed"
     )
-    for g in groups if groups is not None else snap.dead:
+    for g in groups if groups is not None else (snap.dead if snap else []):
         table.add_row(
             g.status,
             g.type,
@@ -159,21 +158,17 @@ def cmd_stats(args: argparse.Namespace, dsn: str) -> int:
 
 
 def cmd_dead(args: argparse.Namespace, dsn: str) -> int:
-    check_pattern(args.error)
     with connect(dsn, autocommit=True) as conn:
-        snap = snapshot(conn, args.schema)
-    pattern = re.compile(args.error, re.IGNORECASE) if args.error else None
-    groups = [
-        g
-        for g in snap.dead
-        if (args.type is None or g.type == args.type) and (pattern is None or pattern.search(g.fingerprint))
-    ]
+        check_regex(conn, args.error, args.schema)
+        # The rows `requeue --type --error` would move, grouped; with their ids for scripts.
+        groups = dead_groups(conn, args.schema, job_type=args.type, error=args.error, with_ids=args.json)
     if args.json:
         from dataclasses import asdict
 
         print(json.dumps([asdict(g) for g in groups], default=str, indent=2))
     elif groups:
-        render_dead(snap, wide_console(), groups)
+        render_dead(None, wide_console(), groups)
+        print(f"{sum(g.jobs for g in groups)} job(s) in {len(groups)} group(s)")
     else:
         print("no dead or failed jobs match")
     return 0
@@ -192,22 +187,35 @@ def _check_ids(queue: Queue, ids: list[int], wanted: set[str], verb: str) -> lis
 
 
 def cmd_requeue(args: argparse.Namespace, queue: Queue) -> int:
-    if args.ids and (args.type or args.error or args.all):
+    by_match = bool(args.type) or args.error is not None or args.all
+    if args.ids and by_match:
         raise InvalidInput("give job ids, or --type/--error/--all, not both")
     if args.ids:
         ids = _check_ids(queue, args.ids, {"dead", "failed"}, "requeue")
         moved = queue.requeue(ids, actor=args.actor) if ids else []
         print(f"requeued {len(moved)} job(s)")
         return 0
-    if not (args.type or args.error or args.all):
+    if not by_match:
         raise InvalidInput("say which jobs: ids, --type T, --error PATTERN, or --all for every dead/failed job")
     if args.dry_run:
-        n = queue.count_requeueable(job_type=args.type, error=args.error, actor=args.actor)
-        print(f"would requeue {n} job(s) (dry run, nothing changed)")
+        ids = queue.requeueable(job_type=args.type, error=args.error, actor=args.actor)
+        print(f"would requeue {len(ids)} job(s){id_list(ids)} (dry run, nothing changed)")
         return 0
     moved = queue.requeue_matching(job_type=args.type, error=args.error, actor=args.actor)
     print(f"requeued {len(moved)} job(s)")
     return 0
+
+
+def id_list(ids: list[int], shown: int = 50) -> str:
+    """`: 12, 15` for a message, the first `shown` ids and how many more.
+
+    >>> id_list([3, 4]), id_list([]), id_list(list(range(1, 6)), shown=2)
+    (': 3, 4', '', ': 1, 2 and 3 more')
+    """
+    if not ids:
+        return ""
+    more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
+    return ": " + ", ".join(map(str, ids[:shown])) + more
 
 
 def cmd_kill_lease(args: argparse.Namespace, queue: Queue) -> int:

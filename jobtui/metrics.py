@@ -27,7 +27,7 @@ from .db import statements
 from .domain import DEFAULT_SCHEMA
 from .errors import JobtuiError
 from .migrate import _lock_key as migration_lock_key
-from .queue import Call, run
+from .queue import Call, dead_matching, matching_ids, run
 
 # How long a snapshot waits for a lock on a queue table before giving up (seconds).
 LOCK_TIMEOUT = 2.0
@@ -78,6 +78,7 @@ class DeadGroup:
     last_seen: datetime | None
     latest_job_id: int
     latest_attempts: int
+    job_ids: list[int] = field(default_factory=list)  # when read with its ids (`dead_groups`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -526,8 +527,28 @@ def dead_jobs(
     return [DeadJob(*r) for r in rows]
 
 
-def count_dead_group(
-    conn: psycopg.Connection[Any], status: str, job_type: str, fingerprint: str | None, schema: str = DEFAULT_SCHEMA
-) -> int:
-    rows = _q(conn, "count_dead_group", schema, status=status, type=job_type, fingerprint=fingerprint or None)
-    return int(rows[0][0])
+def dead_groups(
+    conn: psycopg.Connection[Any],
+    schema: str = DEFAULT_SCHEMA,
+    *,
+    job_type: str | None = None,
+    error: str | None = None,
+    with_ids: bool = False,
+) -> list[DeadGroup]:
+    """The dead-letter groups of the jobs `jobtui dead --type --error` names, counting only
+    those jobs: the same rows `jobtui requeue --type --error` moves (queue.dead_matching)."""
+    rows = dead_matching(conn, schema, job_type=job_type, error=error, with_ids=with_ids)
+    return [DeadGroup(**{**row, "job_ids": list(row["job_ids"])}) for row in rows]
+
+
+def dead_group_ids(
+    conn: psycopg.Connection[Any],
+    status: str,
+    job_type: str,
+    fingerprint: str | None,
+    error: str | None = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> list[int]:
+    """The ids of one dead-letter group now (of its jobs whose error matches `error`, if given)."""
+    groups = dead_matching(conn, schema, job_type=job_type, error=error, group=(status, fingerprint), with_ids=True)
+    return matching_ids(groups)

@@ -213,22 +213,45 @@ RETURNING j.id;
 -- Compiles the pattern once, so a bad one is an error even when no row would be compared.
 SELECT '' ~* %(pattern)s;
 
--- name: requeue_matching_count
-SELECT count(*) FROM {schema}.job
-WHERE status IN ('dead', 'failed')
-  AND (%(type)s::text IS NULL OR type = %(type)s)
-  AND (%(error)s::text IS NULL OR last_error ~* %(error)s);
+-- name: dead_matching
+-- The one definition of the dead and failed jobs an operator names by type and error:
+-- `jobtui dead`, `jobtui requeue --type/--error/--all` (its dry run counts the same rows),
+-- the console's dead groups and their filter. Read by column name. Grouped like the dead
+-- pane (status, type, error fingerprint), each group with its ids when %(with_ids)s.
+-- The error pattern is a case-insensitive PostgreSQL regular expression, matched against the
+-- error's first line (the exception and its message, as `jobtui job` shows it) or its
+-- fingerprint (that line with numbers, hex ids and UUIDs masked, as `jobtui dead` shows
+-- it); never against the traceback below it, whose file and module names would match by
+-- accident. With %(in_group)s, only the group of %(fingerprint)s (NULL: no error).
+SELECT g.status, g.type, g.fingerprint, g.jobs, g.first_seen, g.last_seen, g.latest_id AS latest_job_id,
+       j.attempts AS latest_attempts, coalesce(g.ids, ARRAY[]::bigint[]) AS job_ids
+FROM (SELECT status, type, coalesce(error_fingerprint, '') AS fingerprint, count(*) AS jobs,
+             min(finished_at) AS first_seen, max(finished_at) AS last_seen, max(id) AS latest_id,
+             array_agg(id ORDER BY id) FILTER (WHERE %(with_ids)s) AS ids
+      FROM {schema}.job
+      WHERE status IN ('dead', 'failed')
+        AND (%(status)s::text IS NULL OR status = %(status)s::text)
+        AND (%(type)s::text IS NULL OR type = %(type)s::text)
+        AND (NOT %(in_group)s OR error_fingerprint IS NOT DISTINCT FROM %(fingerprint)s::text)
+        AND (%(error)s::text IS NULL
+             OR split_part(last_error, E'\n', 1) ~* %(error)s::text
+             OR error_fingerprint ~* %(error)s::text)
+      GROUP BY status, type, error_fingerprint) AS g
+JOIN {schema}.job AS j ON j.id = g.latest_id
+ORDER BY g.jobs DESC, g.status, g.type, g.fingerprint;
 
--- name: requeue_matching
+-- name: dead_group_requeue
+-- Operator: the given jobs of one dead-letter group (those the console counted and the
+-- operator confirmed) back to ready with a fresh set of attempts; a job that left the group
+-- since (requeued, cancelled, or dead again with another error) is left alone.
 UPDATE {schema}.job AS j
 SET status = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
     errors = (j.errors || jsonb_build_array(jsonb_build_object(
                  'at', now(), 'attempt', j.attempts, 'worker', %(actor)s::text,
                  'kind', 'requeued', 'error', format('requeued from %%s by %%s', j.status, %(actor)s::text))))
              - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
-WHERE j.status IN ('dead', 'failed')
-  AND (%(type)s::text IS NULL OR j.type = %(type)s)
-  AND (%(error)s::text IS NULL OR j.last_error ~* %(error)s)
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = %(status)s AND j.type = %(type)s
+  AND j.error_fingerprint IS NOT DISTINCT FROM %(fingerprint)s
 RETURNING j.id;
 
 -- name: kill_lease
@@ -691,22 +714,6 @@ FROM {schema}.job
 WHERE status = %(status)s AND type = %(type)s AND error_fingerprint IS NOT DISTINCT FROM %(fingerprint)s
 ORDER BY finished_at DESC, id DESC
 LIMIT %(limit)s;
-
--- name: count_dead_group
-SELECT count(*) FROM {schema}.job
-WHERE status = %(status)s AND type = %(type)s AND error_fingerprint IS NOT DISTINCT FROM %(fingerprint)s;
-
--- name: requeue_dead_group
--- Operator: every job of one dead-letter group back to ready with a fresh set of attempts.
-UPDATE {schema}.job AS j
-SET status = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
-    errors = (j.errors || jsonb_build_array(jsonb_build_object(
-                 'at', now(), 'attempt', j.attempts, 'worker', %(actor)s::text,
-                 'kind', 'requeued', 'error', format('requeued from %%s by %%s', j.status, %(actor)s::text))))
-             - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
-WHERE j.status = %(status)s AND j.type = %(type)s
-  AND j.error_fingerprint IS NOT DISTINCT FROM %(fingerprint)s
-RETURNING j.id;
 
 -- name: schedule_rewind
 -- Moves a schedule's handled slots back in time, as if every scheduler had been down for

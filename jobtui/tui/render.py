@@ -227,14 +227,30 @@ def dead_key(group: DeadGroup) -> str:
     return f"{group.status}\x1f{group.type}\x1f{group.fingerprint}"
 
 
-def dead_rows(groups: Sequence[DeadGroup], needle: str) -> list[Row]:
+def shown_dead_groups(
+    groups: Sequence[DeadGroup], needle: str, matched: Sequence[DeadGroup] | None = None
+) -> list[DeadGroup]:
+    """The dead groups a filter shows: a group whose type or status holds the text, whole;
+    else, when `matched` gives the groups of the jobs whose error matches it (the rows
+    `jobtui dead --error` lists, counting only those jobs), those. Without `matched`, the
+    text is looked for in the fingerprint too."""
+    if not needle:
+        return list(groups)
+    if matched is None:
+        return [g for g in groups if _matches(needle, g.type, g.fingerprint, g.status)]
+    whole = [g for g in groups if _matches(needle, g.type, g.status)]
+    keys = {dead_key(g) for g in whole}
+    return whole + [g for g in matched if dead_key(g) not in keys]
+
+
+def dead_rows(groups: Sequence[DeadGroup], needle: str, matched: Sequence[DeadGroup] | None = None) -> list[Row]:
     """Dead and failed groups, oldest first: a stable order, so a growing group never moves
-    the row under the operator's cursor (press `s` to sort by count)."""
+    the row under the operator's cursor (press `s` to sort by count). With a filter, the
+    groups `shown_dead_groups` gives."""
     rows: list[Row] = []
-    stable = sorted(groups, key=lambda g: (g.first_seen is None, g.first_seen or 0, dead_key(g)))
+    shown = shown_dead_groups(groups, needle, matched)
+    stable = sorted(shown, key=lambda g: (g.first_seen is None, g.first_seen or 0, dead_key(g)))
     for g in stable:
-        if not _matches(needle, g.type, g.fingerprint, g.status):
-            continue
         rows.append(
             (
                 dead_key(g),

@@ -268,7 +268,7 @@ def test_requeue_by_ids(dsn: str, conn: Conn, seeded: Seeded) -> None:
 def test_requeue_matching_dry_run_then_for_real(dsn: str, conn: Conn, seeded: Seeded) -> None:
     before = statuses(conn)
     out = ok(jobtui(dsn, "requeue", "--type", "email", "--error", r"user \d+", "--dry-run", actor="bob"))
-    assert out.strip() == "would requeue 2 job(s) (dry run, nothing changed)"
+    assert out.strip() == f"would requeue 2 job(s): {seeded.k17}, {seeded.k42} (dry run, nothing changed)"
     assert statuses(conn) == before
     assert audit_rows(conn) == [("bob", "requeue-dry-run", r"type=email error=user \d+", [], 2)]
     # PostgreSQL's own syntax (\m: start of a word) is accepted: PostgreSQL does the matching.

@@ -174,7 +174,7 @@ class FixedSource(DataSource):
         super().__init__("postgresql://fixed.invalid/jobtui", "jobtui")
         self.unreachable = False  # set to make every read fail as a lost server does
 
-    def fetch(self) -> Fetched:
+    def fetch(self, needle: str = "") -> Fetched:
         if self.unreachable:
             raise DatabaseUnavailable("cannot reach PostgreSQL at db.example.com:5432: connection refused")
         return Fetched(snapshot(), running_jobs(), read_at=READ_AT)
@@ -185,10 +185,11 @@ class FixedSource(DataSource):
     def dead_jobs(self, status: str, job_type: str, fingerprint: str) -> list[DeadJob]:
         return dead_jobs(status, job_type, fingerprint)
 
-    def count_dead_group(self, status: str, job_type: str, fingerprint: str) -> int:
-        return next(
+    def dead_group_ids(self, status: str, job_type: str, fingerprint: str, error: str | None = None) -> list[int]:
+        jobs = next(
             g.jobs for g in dead_groups() if (g.status, g.type, g.fingerprint) == (status, job_type, fingerprint)
         )
+        return list(range(5000, 5000 + jobs))
 
     def job(self, job_id: int) -> JobRow | None:
         return job(job_id)
