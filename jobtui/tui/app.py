@@ -535,19 +535,18 @@ class JobtuiApp(App[None]):
         if schedule is None or self.actions_ is None:
             return
         actions = self.actions_
+        name = schedule.name
         if schedule.paused:
-            self._run_action(
-                lambda: (
-                    f"schedule {schedule.name} "
-                    + ("resumed" if actions.resume_schedule(schedule.name) else "was not paused")
-                )
+            self.confirm_then(
+                f"Resume schedule {name}?\nIt fires again from its next slot; the slots that passed while it was"
+                " paused stay skipped.\n1 row will change.",
+                lambda: f"schedule {name} " + ("resumed" if actions.resume_schedule(name) else "was not paused"),
             )
         else:
-            self._run_action(
-                lambda: (
-                    f"schedule {schedule.name} "
-                    + ("paused" if actions.pause_schedule(schedule.name) else "was already paused")
-                )
+            self.confirm_then(
+                f"Pause schedule {name}?\nNo {schedule.job_type} job is enqueued for its slots until it is resumed;"
+                " they count as skipped, not missed.\n1 row will change.",
+                lambda: f"schedule {name} " + ("paused" if actions.pause_schedule(name) else "was already paused"),
             )
 
     def action_run_now(self) -> None:

@@ -353,16 +353,33 @@ def paused(dsn: str, name: str) -> bool:
     return bool(query(dsn, "SELECT paused FROM jobtui.schedule WHERE name = %s", name)[0][0])
 
 
-async def test_pause_and_resume_a_schedule(dsn: str) -> None:
+async def test_pause_and_resume_a_schedule_ask_first(dsn: str) -> None:
     seed(dsn)
     async with console(dsn) as (app, pilot):
         schedules = await open_pane(pilot, app, "schedules", "hourly.ping")
-        await pilot.press("p")  # no confirmation: undone with the same key
+        await pilot.press("p")
+        question = await confirm_question(pilot, app)
+        assert "Pause schedule hourly.ping?" in question and "1 row will change" in question
+        assert "No email.send job is enqueued for its slots until it is resumed" in question
+        await answer(pilot, app, "n")  # no: nothing changes, nothing is audited
+        await stays(pilot, lambda: not paused(dsn, "hourly.ping"), 0.5)
+        assert audit(dsn) == []
+        await pilot.press("p")
+        await confirm_question(pilot, app)
+        await answer(pilot, app, "y")
         await wait_for(pilot, lambda: paused(dsn, "hourly.ping"), what="paused")
         await wait_for(pilot, lambda: str(schedules.get_cell("hourly.ping", "state")) == "paused", what="paused shown")
         await pilot.press("p")
+        question = await confirm_question(pilot, app)
+        assert "Resume schedule hourly.ping?" in question and "stay skipped" in question
+        await answer(pilot, app, "escape")
+        await stays(pilot, lambda: paused(dsn, "hourly.ping"), 0.5)
+        await pilot.press("p")
+        await confirm_question(pilot, app)
+        await answer(pilot, app, "y")
         await wait_for(pilot, lambda: not paused(dsn, "hourly.ping"), what="resumed")
         await wait_for(pilot, lambda: str(schedules.get_cell("hourly.ping", "state")) == "active", what="active shown")
+        assert any("schedule hourly.ping resumed" in str(n.message) for n in app._notifications)
     assert not paused(dsn, "nightly.report")
     assert audit(dsn) == [
         ("console", "schedule-pause", "schedule hourly.ping", [], 1),
