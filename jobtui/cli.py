@@ -19,7 +19,7 @@ import psycopg
 
 from . import cli_ops as ops
 from . import migrate as migrations
-from .db import connect, describe_dsn, embedded_dsn, resolve_dsn
+from .db import check_schema_name, connect, describe_dsn, embedded_dsn, resolve_dsn
 from .durations import parse_duration
 from .errors import InvalidInput, JobtuiError, UnknownJob
 from .explain import explain
@@ -401,11 +401,16 @@ async def _run_for(worker: Any, seconds: float) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
+    # `bench --schema X` or `jobtui --schema X bench`; never the default jobtui schema by default.
+    schema = args.bench_schema or (args.schema if args.schema != "jobtui" else bench.BENCH_SCHEMA)
     dsn = database_dsn(args)
+    with connect(dsn, autocommit=True) as conn:
+        bench.claim_schema(conn, check_schema_name(schema))
     deleting = ", deleting on complete" if args.delete_on_complete else ""
     print(
         f"jobtui bench: {args.jobs} no-op jobs, {args.workers} worker process(es) x concurrency {args.concurrency}"
         + deleting
+        + f", in schema {schema} (dropped afterwards)"
     )
     result = bench.run(
         dsn,
@@ -413,6 +418,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         workers=args.workers,
         concurrency=args.concurrency,
         delete_on_complete=args.delete_on_complete,
+        schema=schema,
     )
     print(f"  enqueue (COPY, batches of 10,000)   {result.enqueue_per_s:>10,.0f} jobs/s")
     print(f"  drain                               {result.drain_per_s:>10,.0f} jobs/s")
@@ -606,6 +612,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=positive_int, default=2, help="worker processes (default 2)")
     p.add_argument("--concurrency", type=positive_int, default=100, help="per worker (default 100)")
     p.add_argument("--delete-on-complete", action="store_true", help="workers delete finished jobs (see `worker`)")
+    p.add_argument(
+        "--schema",
+        dest="bench_schema",
+        metavar="SCHEMA",
+        help="schema to make for the benchmark and drop afterwards; one that exists is refused (default jobtui_bench)",
+    )
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("demo", help="a live demo queue showing every failure mode, in the console")

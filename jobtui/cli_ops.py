@@ -174,16 +174,37 @@ def cmd_dead(args: argparse.Namespace, dsn: str) -> int:
     return 0
 
 
-def _check_ids(queue: Queue, ids: list[int], wanted: set[str], verb: str) -> list[int]:
-    """The ids in a state `verb` applies to; unknown ids are an error (nothing is changed)."""
+def _check_ids(queue: Queue, ids: list[int], wanted: tuple[str, ...], verb: str) -> list[int]:
+    """The ids, when every one is in a state `verb` applies to; an unknown id, or one in
+    another state, is a user mistake: one line, exit 2, nothing changed (as for requeue,
+    kill-lease and cancel alike)."""
     statuses = queue.run(job_statuses_call(ids))
     missing = [i for i in ids if i not in statuses]
     if missing:
         raise UnknownJob(f"no job with id {', '.join(map(str, missing))}; nothing was changed")
-    for i in ids:
-        if statuses[i].value not in wanted:
-            print(f"job {i} is {statuses[i].value}: cannot {verb} it (only {' or '.join(sorted(wanted))}); skipped")
-    return [i for i in ids if statuses[i].value in wanted]
+    wrong = [i for i in dict.fromkeys(ids) if statuses[i].value not in wanted]
+    if wrong:
+        raise InvalidInput(wrong_state(wrong, {i: statuses[i].value for i in wrong}, wanted, verb, len(set(ids))))
+    return ids
+
+
+def wrong_state(wrong: list[int], states: dict[int, str], wanted: tuple[str, ...], verb: str, given: int) -> str:
+    """Why a command on job ids changed nothing, in one line.
+
+    >>> wrong_state([12], {12: "ready"}, ("running",), "kill", 1)
+    'job 12 is ready, not running: nothing to kill'
+    >>> wrong_state([3, 4], {3: "ready", 4: "done"}, ("dead", "failed"), "requeue", 3)
+    'jobs 3 (ready) and 4 (done) are not dead or failed: nothing was changed; give only dead or failed jobs'
+    """
+    allowed = " or ".join(wanted)
+    if len(wrong) == 1:
+        said = f"job {wrong[0]} is {states[wrong[0]]}, not {allowed}"
+    else:
+        listed = [f"{i} ({states[i]})" for i in wrong]
+        said = f"jobs {', '.join(listed[:-1])} and {listed[-1]} are not {allowed}"
+    if len(wrong) == given:
+        return f"{said}: nothing to {verb}"
+    return f"{said}: nothing was changed; give only {allowed} jobs"
 
 
 def cmd_requeue(args: argparse.Namespace, queue: Queue) -> int:
@@ -191,9 +212,9 @@ def cmd_requeue(args: argparse.Namespace, queue: Queue) -> int:
     if args.ids and by_match:
         raise InvalidInput("give job ids, or --type/--error/--all, not both")
     if args.ids:
-        ids = _check_ids(queue, args.ids, {"dead", "failed"}, "requeue")
-        moved = queue.requeue(ids, actor=args.actor) if ids else []
-        print(f"requeued {len(moved)} job(s)")
+        ids = _check_ids(queue, args.ids, ("dead", "failed"), "requeue")
+        moved = queue.requeue(ids, actor=args.actor)
+        print(f"requeued {len(moved)} job(s){_left(ids, moved, 'dead or failed')}")
         return 0
     if not by_match:
         raise InvalidInput("say which jobs: ids, --type T, --error PATTERN, or --all for every dead/failed job")
@@ -219,17 +240,23 @@ def id_list(ids: list[int], shown: int = 50) -> str:
 
 
 def cmd_kill_lease(args: argparse.Namespace, queue: Queue) -> int:
-    ids = _check_ids(queue, args.ids, {"running"}, "kill the lease of")
-    killed = queue.kill_lease(ids, actor=args.actor) if ids else []
-    print(f"killed {len(killed)} lease(s); the job(s) are ready again")
+    ids = _check_ids(queue, args.ids, ("running",), "kill")
+    killed = queue.kill_lease(ids, actor=args.actor)
+    print(f"killed {len(killed)} lease(s); the job(s) are ready again{_left(ids, killed, 'running')}")
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace, queue: Queue) -> int:
-    ids = _check_ids(queue, args.ids, {"ready", "running"}, "cancel")
-    cancelled = queue.cancel(ids, actor=args.actor) if ids else []
-    print(f"cancelled {len(cancelled)} job(s)")
+    ids = _check_ids(queue, args.ids, ("ready", "running"), "cancel")
+    cancelled = queue.cancel(ids, actor=args.actor)
+    print(f"cancelled {len(cancelled)} job(s){_left(ids, cancelled, 'ready or running')}")
     return 0
+
+
+def _left(asked: list[int], done: list[int], state: str) -> str:
+    """What changed state between the check and the change (a worker finished the job)."""
+    gone = sorted(set(asked) - set(done))
+    return f"; job(s) {', '.join(map(str, gone))} were no longer {state}" if gone else ""
 
 
 def cmd_audit(args: argparse.Namespace, queue: Queue) -> int:

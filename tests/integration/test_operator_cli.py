@@ -250,11 +250,15 @@ def test_dead_grouped_and_filtered(dsn: str, seeded: Seeded) -> None:
 
 def test_requeue_by_ids(dsn: str, conn: Conn, seeded: Seeded) -> None:
     before = statuses(conn)
-    out = ok(jobtui(dsn, "requeue", str(seeded.k17), str(seeded.ready), actor="alice"))
-    assert out.splitlines() == [
-        f"job {seeded.ready} is ready: cannot requeue it (only dead or failed); skipped",
-        "requeued 1 job(s)",
-    ]
+    # A job that is not dead or failed among them: nothing at all changes, as for an unknown id.
+    line = user_error(jobtui(dsn, "requeue", str(seeded.k17), str(seeded.ready), actor="alice"))
+    assert line == (
+        f"jobtui: error: job {seeded.ready} is ready, not dead or failed: nothing was changed;"
+        " give only dead or failed jobs"
+    )
+    assert statuses(conn) == before and audit_rows(conn) == []
+    out = ok(jobtui(dsn, "requeue", str(seeded.k17), actor="alice"))
+    assert out.splitlines() == ["requeued 1 job(s)"]
     after = statuses(conn)
     assert after[seeded.k17] == ("ready", 0)
     assert {k: v for k, v in after.items() if k != seeded.k17} == {k: v for k, v in before.items() if k != seeded.k17}
@@ -297,13 +301,31 @@ def test_kill_lease(dsn: str, conn: Conn, seeded: Seeded) -> None:
     ).fetchone()
     assert row == ("ready", None, "lease killed by carol during attempt 1")
     assert audit_rows(conn) == [("carol", "kill-lease", f"jobs {seeded.running}", [seeded.running], 1)]
-    # Now it is ready: nothing to kill, and nothing audited beyond the attempt.
-    out = ok(jobtui(dsn, "kill-lease", str(seeded.running), actor="carol"))
-    assert out.splitlines() == [
-        f"job {seeded.running} is ready: cannot kill the lease of it (only running); skipped",
-        "killed 0 lease(s); the job(s) are ready again",
-    ]
+    # Now it is ready: nothing to kill, said in one line (exit 2, as for requeue and cancel).
+    line = user_error(jobtui(dsn, "kill-lease", str(seeded.running), actor="carol"))
+    assert line == f"jobtui: error: job {seeded.running} is ready, not running: nothing to kill"
     assert len(audit_rows(conn)) == 1
+
+
+def test_commands_on_jobs_in_another_state_change_nothing(dsn: str, conn: Conn, seeded: Seeded) -> None:
+    before = statuses(conn)
+    cases = [
+        (["requeue", str(seeded.ready)], f"job {seeded.ready} is ready, not dead or failed: nothing to requeue"),
+        (["cancel", str(seeded.k17)], f"job {seeded.k17} is dead, not ready or running: nothing to cancel"),
+        (
+            ["kill-lease", str(seeded.ready), str(seeded.k42)],
+            f"jobs {seeded.ready} (ready) and {seeded.k42} (dead) are not running: nothing to kill",
+        ),
+        (
+            ["cancel", str(seeded.ready), str(seeded.failed)],
+            f"job {seeded.failed} is failed, not ready or running: nothing was changed; give only ready or running"
+            " jobs",
+        ),
+    ]
+    for args, message in cases:
+        assert user_error(jobtui(dsn, *args)) == f"jobtui: error: {message}", args
+        assert statuses(conn) == before, args
+    assert audit_rows(conn) == []
 
 
 def test_cancel(dsn: str, conn: Conn, seeded: Seeded) -> None:
