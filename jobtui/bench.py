@@ -18,13 +18,16 @@ from typing import IO, Any
 from psycopg import sql
 
 from . import migrate
-from .db import connect
+from .db import check_schema_name, connect
 from .domain import NewJob
+from .errors import InvalidInput
 from .queue import Queue
 from .registry import Job, Jobs
 
 BENCH_SCHEMA = "jobtui_bench"
 NOOP = "bench.noop"
+# Marks a schema this benchmark made (and drops when it ends): the only kind it drops.
+MARK = "jobtui bench: dropped when the benchmark ends"
 
 jobs = Jobs()
 
@@ -111,13 +114,16 @@ def run(
     concurrency: int = 100,
     latency_jobs: int = 300,
     delete_on_complete: bool = False,
+    schema: str = BENCH_SCHEMA,
 ) -> BenchResult:
-    """Run the benchmark against `dsn` in its own schema; returns the figures."""
-    schema = BENCH_SCHEMA
-    ident = sql.Identifier(schema)
+    """Run the benchmark against `dsn` in `schema`, made for it and dropped at the end; returns
+    the figures. A schema that exists and that no benchmark made is refused (InvalidInput)."""
+    ident = sql.Identifier(check_schema_name(schema))
     with connect(dsn, autocommit=True) as conn:
+        claim_schema(conn, schema)
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(ident))
         migrate.migrate(conn, schema)
+        conn.execute(sql.SQL("COMMENT ON SCHEMA {} IS {}").format(ident, sql.Literal(MARK)))
     try:
         with Queue(dsn, schema=schema) as queue:
             t0 = time.perf_counter()
@@ -150,6 +156,20 @@ def run(
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(ident))
     q = statistics.quantiles(latencies, n=100, method="inclusive")
     return BenchResult(n, workers, concurrency, enqueue_rate, drain_rate, q[49], q[89], q[98], len(latencies))
+
+
+def claim_schema(conn: Any, schema: str) -> None:
+    """InvalidInput unless `schema` is free for the benchmark: missing, or left by an earlier
+    run (marked, or the default bench schema), since the benchmark drops it when it ends."""
+    row = conn.execute(
+        "SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = %s", (schema,)
+    ).fetchone()
+    if row is None or row[0] == MARK or schema == BENCH_SCHEMA:
+        return
+    raise InvalidInput(
+        f"schema {schema!r} already exists and jobtui bench did not make it; the benchmark drops its schema"
+        " when it ends, so give one that does not exist (default jobtui_bench)"
+    )
 
 
 def _latency(conn: Any, dsn: str, schema: str, count: int) -> list[float]:

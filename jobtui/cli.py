@@ -23,7 +23,7 @@ import psycopg
 
 from . import cli_ops as ops
 from . import migrate as migrations
-from .db import connect, describe_dsn, embedded_dsn, resolve_dsn, run, wait_for_database
+from .db import check_schema_name, connect, describe_dsn, embedded_dsn, resolve_dsn, run, wait_for_database
 from .durations import parse_duration
 from .errors import InvalidInput, JobtuiError, PrivilegeMissing, UnknownJob
 from .explain import explain
@@ -240,6 +240,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
                 offset=None if args.offset is None else parse_duration(args.offset),
                 missed=args.missed,
                 max_attempts=args.max_attempts,
+                grace=parse_duration(args.grace),
             )
             with conn.transaction():
                 sched.upsert(conn, spec, source="cli", schema=args.schema)
@@ -269,16 +270,23 @@ def _print_schedules(rows: list[Any], *, as_json: bool) -> None:
         return
     from rich.table import Table
 
-    table = Table("name", "type", "cron", "tz", "next run", "last slot", "missed", "skipped", "state")
+    table = Table(
+        "name", "type", "cron", "tz", "grace", "policy", "next run", "last slot", "missed", "backfilled",
+        "last missed", "skipped", "state",
+    )  # fmt: skip
     for r in rows:
         table.add_row(
             r.name,
             r.job_type,
             r.cron,
             r.timezone,
+            f"{r.grace_seconds:g}s",
+            r.missed_policy,
             r.next_run_at.isoformat(timespec="seconds"),
             r.last_slot.isoformat(timespec="seconds"),
             str(r.missed_count),
+            str(r.backfilled_count),
+            r.missed_slots[-1][:19] if r.missed_slots else "-",
             str(r.skipped_count),
             "paused" if r.paused else "active",
         )
@@ -407,11 +415,16 @@ async def _run_for(worker: Any, seconds: float) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
+    # `bench --schema X` or `jobtui --schema X bench`; never the default jobtui schema by default.
+    schema = args.bench_schema or (args.schema if args.schema != "jobtui" else bench.BENCH_SCHEMA)
     dsn = database_dsn(args)
+    with connect(dsn, autocommit=True) as conn:
+        bench.claim_schema(conn, check_schema_name(schema))
     deleting = ", deleting on complete" if args.delete_on_complete else ""
     print(
         f"jobtui bench: {args.jobs} no-op jobs, {args.workers} worker process(es) x concurrency {args.concurrency}"
         + deleting
+        + f", in schema {schema} (dropped afterwards)"
     )
     result = bench.run(
         dsn,
@@ -419,6 +432,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         workers=args.workers,
         concurrency=args.concurrency,
         delete_on_complete=args.delete_on_complete,
+        schema=schema,
     )
     print(f"  enqueue (COPY, batches of 10,000)   {result.enqueue_per_s:>10,.0f} jobs/s")
     print(f"  drain                               {result.drain_per_s:>10,.0f} jobs/s")
@@ -454,6 +468,14 @@ def port_number(text: str) -> int:
     return value
 
 
+# What --error matches, for `dead` and `requeue` alike (queries.sql, dead_matching).
+ERROR_MATCH = (
+    "a case-insensitive PostgreSQL regular expression, matched against the first line of each job's error"
+    " (exception and message, as `jobtui job` shows it) or its fingerprint (numbers masked as <n>,"
+    " as `jobtui dead` shows it); never the traceback"
+)
+
+
 def add_operator_commands(sub: Any) -> None:
     p = sub.add_parser("stats", help="the queue's health: ages, counts, throughput, dead groups")
     p.add_argument("--json", action="store_true", help="one JSON document for scripts")
@@ -462,14 +484,22 @@ def add_operator_commands(sub: Any) -> None:
 
     p = sub.add_parser("dead", help="dead and failed jobs grouped by error fingerprint")
     p.add_argument("--type", help="only this job type")
-    p.add_argument("--error", help="only fingerprints matching this regular expression")
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--error",
+        metavar="PATTERN",
+        help="only jobs whose error matches PATTERN, the same rows as `requeue --error PATTERN`: " + ERROR_MATCH,
+    )
+    p.add_argument("--json", action="store_true", help="the groups as JSON, each with its job ids")
     p.set_defaults(func=_with_dsn(ops.cmd_dead))
 
     p = sub.add_parser("requeue", help="move dead/failed jobs back to ready")
     p.add_argument("ids", nargs="*", type=job_id, help="job ids")
     p.add_argument("--type", help="every dead/failed job of this type")
-    p.add_argument("--error", help="whose last error matches this regular expression (case-insensitive)")
+    p.add_argument(
+        "--error",
+        metavar="PATTERN",
+        help="every dead/failed job whose error matches PATTERN, the rows `dead --error PATTERN` lists: " + ERROR_MATCH,
+    )
     p.add_argument("--all", action="store_true", help="every dead/failed job")
     p.add_argument("--dry-run", action="store_true", help="count, change nothing")
     p.set_defaults(func=_with_queue(ops.cmd_requeue))
@@ -579,7 +609,19 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--payload", default="{}")
     a.add_argument("--timezone", default="UTC")
     a.add_argument("--offset", help="delay added to each slot (default: stable spread from the name)")
-    a.add_argument("--missed", choices=["skip", "once", "all"], default="once", help="missed-slot policy")
+    a.add_argument(
+        "--grace",
+        default="30s",
+        help="a slot whose scheduler comes this late or less still runs as on time, whatever the interval"
+        " (default 30s, at most 1d); later slots were missed and --missed applies",
+    )
+    a.add_argument(
+        "--missed",
+        choices=["skip", "once", "all"],
+        default="once",
+        help="slots missed past the grace (every scheduler down): skip runs none, once (default) one job for"
+        " the latest, all each of them (the newest 100)",
+    )
     a.add_argument("--max-attempts", type=positive_int, help="attempts before dead (default: the handler's)")
     a = ssub.add_parser("list", help="list schedules")
     a.add_argument("--json", action="store_true")
@@ -600,6 +642,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=positive_int, default=2, help="worker processes (default 2)")
     p.add_argument("--concurrency", type=positive_int, default=100, help="per worker (default 100)")
     p.add_argument("--delete-on-complete", action="store_true", help="workers delete finished jobs (see `worker`)")
+    p.add_argument(
+        "--schema",
+        dest="bench_schema",
+        metavar="SCHEMA",
+        help="schema to make for the benchmark and drop afterwards; one that exists is refused (default jobtui_bench)",
+    )
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("demo", help="a live demo queue showing every failure mode, in the console")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,10 +18,11 @@ from rich.table import Table
 from rich.text import Text
 
 from .db import connect
+from .domain import JobStatus
 from .errors import InvalidInput, UnknownJob
 from .explain import human_delta
-from .metrics import DoneHistory, Snapshot, snapshot
-from .queue import Queue, check_pattern, job_statuses_call
+from .metrics import DoneHistory, Snapshot, dead_groups, snapshot
+from .queue import Queue, check_regex, job_statuses_call
 from .safetext import line
 
 Opener = Callable[[argparse.Namespace], Queue]
@@ -94,13 +94,23 @@ def render_stats(snap: Snapshot, console: Console) -> None:
     if hour:
         dist = ", ".join(f"{a}: {n}" for a, n in sorted(hour.items()))
         console.print(f"attempts used by jobs done in the last hour: {dist}")
+    render_attempts(snap, console)
     if snap.schedules:
-        sched = Table("schedule", "type", "cron", "next in", "missed", "skipped", "state", title="Schedules")
+        sched = Table(
+            "schedule", "type", "cron", "next in", "missed", "backfilled", "skipped", "state", title="Schedules"
+        )
         for s in snap.schedules:
             overdue = f"overdue {_age(-s.next_in)}"
             nxt = "-" if s.paused else (_age(s.next_in) if s.next_in >= 0 else overdue)
             sched.add_row(
-                s.name, s.job_type, s.cron, nxt, str(s.missed), str(s.skipped), "paused" if s.paused else "active"
+                s.name,
+                s.job_type,
+                s.cron,
+                nxt,
+                str(s.missed),
+                str(s.backfilled),
+                str(s.skipped),
+                "paused" if s.paused else "active",
             )
         console.print(sched)
     tables = " · ".join(
@@ -108,8 +118,7 @@ def render_stats(snap: Snapshot, console: Console) -> None:
     )
     console.print(
         Text(
-            f"lock waits {snap.lock_waits} (longest {snap.longest_lock_wait:.1f}s) · oldest transaction "
-            f"{_age(snap.oldest_xact_age)} · {tables}",
+            f"lock waits {lock_waits_text(snap)} · oldest transaction {_age(snap.oldest_xact_age)} · {tables}",
             style="dim",
         )
     )
@@ -120,11 +129,40 @@ def render_stats(snap: Snapshot, console: Console) -> None:
 HEALTH_TABLES = ("job", "effect", "audit")
 
 
-def render_dead(snap: Snapshot, console: Console, groups: list[Any] | None = None) -> None:
+def attempts_text(buckets: dict[int, int]) -> str:
+    """A distribution of attempts used, as `jobtui stats` and the console show it.
+
+    >>> attempts_text({1: 1180, 2: 31, 3: 4})
+    '1: 1,180, 2: 31, 3: 4'
+    """
+    return ", ".join(f"{used}: {jobs:,}" for used, jobs in sorted(buckets.items())) or "-"
+
+
+def render_attempts(snap: Snapshot, console: Console) -> None:
+    """Jobs finished in the last hour by type and attempts used (what Prometheus exports)."""
+    done = snap.attempts_by_type.get("done", {})
+    dead = snap.attempts_by_type.get("dead_or_failed", {})
+    if not done and not dead:
+        return
+    table = Table("type", "done", "dead or failed", title="Attempts used by jobs finished in the last hour")
+    for job_type in sorted(set(done) | set(dead)):
+        table.add_row(job_type, attempts_text(done.get(job_type, {})), attempts_text(dead.get(job_type, {})))
+    console.print(table)
+
+
+def lock_waits_text(snap: Snapshot) -> str:
+    """The lock waits and their kinds: `2 (transactionid 1, tuple 1; longest 2.5s)`."""
+    if not snap.lock_waits:
+        return "0"
+    kinds = ", ".join(f"{kind} {n}" for kind, n in snap.lock_waits_by_kind.items() if n)
+    return f"{snap.lock_waits} ({kinds}; longest {snap.longest_lock_wait:.1f}s)"
+
+
+def render_dead(snap: Snapshot | None, console: Console, groups: list[Any] | None = None) -> None:
     table = Table(
         "status", "type", "jobs", "error fingerprint", "first seen", "last seen", "latest job", title="Dead and failed"
     )
-    for g in groups if groups is not None else snap.dead:
+    for g in groups if groups is not None else (snap.dead if snap else []):
         table.add_row(
             g.status,
             g.type,
@@ -162,69 +200,115 @@ def cmd_stats(args: argparse.Namespace, dsn: str) -> int:
 
 
 def cmd_dead(args: argparse.Namespace, dsn: str) -> int:
-    check_pattern(args.error)
     with connect(dsn, autocommit=True) as conn:
-        snap = snapshot(conn, args.schema)
-    pattern = re.compile(args.error, re.IGNORECASE) if args.error else None
-    groups = [
-        g
-        for g in snap.dead
-        if (args.type is None or g.type == args.type) and (pattern is None or pattern.search(g.fingerprint))
-    ]
+        check_regex(conn, args.error, args.schema)
+        # The rows `requeue --type --error` would move, grouped; with their ids for scripts.
+        groups = dead_groups(conn, args.schema, job_type=args.type, error=args.error, with_ids=args.json)
     if args.json:
         from dataclasses import asdict
 
         print(json.dumps([asdict(g) for g in groups], default=str, indent=2))
     elif groups:
-        render_dead(snap, wide_console(), groups)
+        render_dead(None, wide_console(), groups)
+        print(f"{sum(g.jobs for g in groups)} job(s) in {len(groups)} group(s)")
     else:
         print("no dead or failed jobs match")
     return 0
 
 
-def _check_ids(queue: Queue, ids: list[int], wanted: set[str], verb: str) -> list[int]:
-    """The ids in a state `verb` applies to; unknown ids are an error (nothing is changed)."""
+def _check_ids(queue: Queue, ids: list[int], wanted: tuple[str, ...], verb: str) -> list[int]:
+    """The ids, when every one is in a state `verb` applies to; an unknown id, or one in
+    another state, is a user mistake: one line, exit 2, nothing changed (as for requeue,
+    kill-lease and cancel alike)."""
     statuses = queue.run(job_statuses_call(ids))
     missing = [i for i in ids if i not in statuses]
     if missing:
         raise UnknownJob(f"no job with id {', '.join(map(str, missing))}; nothing was changed")
-    for i in ids:
-        if statuses[i].value not in wanted:
-            print(f"job {i} is {statuses[i].value}: cannot {verb} it (only {' or '.join(sorted(wanted))}); skipped")
-    return [i for i in ids if statuses[i].value in wanted]
+    wrong = [i for i in dict.fromkeys(ids) if statuses[i].value not in wanted]
+    if wrong:
+        raise InvalidInput(wrong_state(wrong, {i: statuses[i].value for i in wrong}, wanted, verb, len(set(ids))))
+    return ids
+
+
+def wrong_state(wrong: list[int], states: dict[int, str], wanted: tuple[str, ...], verb: str, given: int) -> str:
+    """Why a command on job ids changed nothing, in one line.
+
+    >>> wrong_state([12], {12: "ready"}, ("running",), "kill", 1)
+    'job 12 is ready, not running: nothing to kill'
+    >>> wrong_state([3, 4], {3: "ready", 4: "done"}, ("dead", "failed"), "requeue", 3)
+    'jobs 3 (ready) and 4 (done) are not dead or failed: nothing was changed; give only dead or failed jobs'
+    """
+    allowed = " or ".join(wanted)
+    if len(wrong) == 1:
+        said = f"job {wrong[0]} is {states[wrong[0]]}, not {allowed}"
+    else:
+        listed = [f"{i} ({states[i]})" for i in wrong]
+        said = f"jobs {', '.join(listed[:-1])} and {listed[-1]} are not {allowed}"
+    if len(wrong) == given:
+        return f"{said}: nothing to {verb}"
+    return f"{said}: nothing was changed; give only {allowed} jobs"
 
 
 def cmd_requeue(args: argparse.Namespace, queue: Queue) -> int:
-    if args.ids and (args.type or args.error or args.all):
+    by_match = bool(args.type) or args.error is not None or args.all
+    if args.ids and by_match:
         raise InvalidInput("give job ids, or --type/--error/--all, not both")
     if args.ids:
-        ids = _check_ids(queue, args.ids, {"dead", "failed"}, "requeue")
-        moved = queue.requeue(ids, actor=args.actor) if ids else []
-        print(f"requeued {len(moved)} job(s)")
+        ids = _check_ids(queue, args.ids, ("dead", "failed"), "requeue")
+        moved = queue.requeue(ids, actor=args.actor)
+        print(f"requeued {len(moved)} job(s){_left(ids, moved, 'dead or failed')}")
         return 0
-    if not (args.type or args.error or args.all):
+    if not by_match:
         raise InvalidInput("say which jobs: ids, --type T, --error PATTERN, or --all for every dead/failed job")
     if args.dry_run:
-        n = queue.count_requeueable(job_type=args.type, error=args.error, actor=args.actor)
-        print(f"would requeue {n} job(s) (dry run, nothing changed)")
+        ids = queue.requeueable(job_type=args.type, error=args.error, actor=args.actor)
+        print(f"would requeue {len(ids)} job(s){id_list(ids)} (dry run, nothing changed)")
         return 0
     moved = queue.requeue_matching(job_type=args.type, error=args.error, actor=args.actor)
     print(f"requeued {len(moved)} job(s)")
     return 0
 
 
+def id_list(ids: list[int], shown: int = 50) -> str:
+    """`: 12, 15` for a message, the first `shown` ids and how many more.
+
+    >>> id_list([3, 4]), id_list([]), id_list(list(range(1, 6)), shown=2)
+    (': 3, 4', '', ': 1, 2 and 3 more')
+    """
+    if not ids:
+        return ""
+    more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
+    return ": " + ", ".join(map(str, ids[:shown])) + more
+
+
 def cmd_kill_lease(args: argparse.Namespace, queue: Queue) -> int:
-    ids = _check_ids(queue, args.ids, {"running"}, "kill the lease of")
-    killed = queue.kill_lease(ids, actor=args.actor) if ids else []
-    print(f"killed {len(killed)} lease(s); the job(s) are ready again")
-    return 0
+    ids = _check_ids(queue, args.ids, ("running",), "kill")
+    killed = queue.kill_lease(ids, actor=args.actor)
+    after = queue.run(job_statuses_call(ids))
+    dead = [i for i in killed if after.get(i) is JobStatus.DEAD]
+    # Still running and not killed: its handler is inside job.once()'s transaction, which
+    # holds the row until the effect commits (see the kill_lease statement).
+    busy = [i for i in ids if i not in killed and after.get(i) is JobStatus.RUNNING]
+    said = f"killed {len(killed)} lease(s): {len(killed) - len(dead)} ready again"
+    said += f", {len(dead)} dead (it was their last attempt: {', '.join(map(str, dead))})" if dead else ""
+    if busy:
+        said += f"; job(s) {', '.join(map(str, busy))} are committing an effect: try again in a moment"
+    gone = [i for i in ids if i not in killed and i not in busy]
+    print(said + _left(gone, [], "running"))
+    return 1 if busy and not killed else 0
 
 
 def cmd_cancel(args: argparse.Namespace, queue: Queue) -> int:
-    ids = _check_ids(queue, args.ids, {"ready", "running"}, "cancel")
-    cancelled = queue.cancel(ids, actor=args.actor) if ids else []
-    print(f"cancelled {len(cancelled)} job(s)")
+    ids = _check_ids(queue, args.ids, ("ready", "running"), "cancel")
+    cancelled = queue.cancel(ids, actor=args.actor)
+    print(f"cancelled {len(cancelled)} job(s){_left(ids, cancelled, 'ready or running')}")
     return 0
+
+
+def _left(asked: list[int], done: list[int], state: str) -> str:
+    """What changed state between the check and the change (a worker finished the job)."""
+    gone = sorted(set(asked) - set(done))
+    return f"; job(s) {', '.join(map(str, gone))} were no longer {state}" if gone else ""
 
 
 def cmd_audit(args: argparse.Namespace, queue: Queue) -> int:

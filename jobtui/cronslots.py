@@ -11,7 +11,10 @@ Pure: every function takes `now` (the database's clock) as an argument.
 from __future__ import annotations
 
 import enum
+import math
 import zlib
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -23,8 +26,12 @@ from .safetext import quote
 
 # Spread offsets stay below this, so a slot's job never runs closer to the next slot.
 MAX_OFFSET_SECONDS = 60.0
-# A scheduler this many slot intervals late still fires those slots as on time.
-LATE_SLOTS = 3
+# A slot handled within this long after its time is on time, whatever the schedule's interval
+# (a scheduler restarting, a busy machine, a database failover); later, it was missed.
+DEFAULT_GRACE_SECONDS = 30.0
+# Longest grace a schedule may ask for: every slot within it is fired when a scheduler comes
+# back, so it bounds the jobs one tick enqueues (a day of a per-second schedule at most).
+MAX_GRACE_SECONDS = 86400.0
 # Backfill bound of the `all` missed-slot policy.
 MAX_BACKFILL = 100
 
@@ -32,9 +39,9 @@ MAX_BACKFILL = 100
 class MissedPolicy(enum.StrEnum):
     """What to do with slots that passed while no scheduler ran."""
 
-    SKIP = "skip"  # fire none of them; count them as missed
-    ONCE = "once"  # fire one job for the latest missed slot
-    ALL = "all"  # fire every missed slot, up to MAX_BACKFILL
+    SKIP = "skip"  # fire none of them
+    ONCE = "once"  # fire one job, for the latest missed slot
+    ALL = "all"  # fire every missed slot, the newest MAX_BACKFILL at most
 
 
 def _cron(expr: str, start: datetime) -> croniter:
@@ -69,7 +76,9 @@ def check_timezone(name: str) -> ZoneInfo:
         raise InvalidInput(f"unknown timezone {quote(name)}: use an IANA name such as UTC or Europe/Paris") from None
 
 
-def validate_schedule(name: str, cron: str, timezone: str, missed: str, offset: float | None) -> None:
+def validate_schedule(
+    name: str, cron: str, timezone: str, missed: str, offset: float | None, grace: float = DEFAULT_GRACE_SECONDS
+) -> None:
     """Raise InvalidInput with one line naming what is wrong with a schedule's settings."""
     if not name or len(name) > 200 or "\x00" in name:
         raise InvalidInput(f"bad schedule name {quote(name)}: give 1 to 200 characters")
@@ -83,6 +92,18 @@ def validate_schedule(name: str, cron: str, timezone: str, missed: str, offset: 
         raise InvalidInput(f"schedule {quote(name)}: missed policy must be skip, once or all, not {quote(missed)}")
     if offset is not None and not 0 <= offset <= MAX_OFFSET_SECONDS:
         raise InvalidInput(f"schedule {quote(name)}: offset must be between 0 and {MAX_OFFSET_SECONDS:.0f} seconds")
+    check_grace(name, grace)
+
+
+def check_grace(name: str, grace: float) -> float:
+    """`grace` in seconds if a schedule may have it (0 to a day); InvalidInput otherwise."""
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not math.isfinite(grace):
+        raise InvalidInput(f"schedule {quote(name)}: grace must be a number of seconds, not {grace!r}")
+    if not 0 <= grace <= MAX_GRACE_SECONDS:
+        raise InvalidInput(
+            f"schedule {quote(name)}: grace must be between 0 and {MAX_GRACE_SECONDS:.0f} seconds (a day)"
+        )
+    return float(grace)
 
 
 def next_slot(cron: str, timezone: str, after: datetime) -> datetime:
@@ -94,26 +115,21 @@ def next_slot(cron: str, timezone: str, after: datetime) -> datetime:
 
 def slots_between(cron: str, timezone: str, after: datetime, upto: datetime, limit: int = 10_000) -> list[datetime]:
     """Slots s with after < s <= upto, oldest first, at most `limit` (the newest kept)."""
-    return _due(cron, timezone, after, upto, limit)[0]
+    return list(deque(_slots(cron, timezone, after, upto), maxlen=limit))
 
 
-def _due(cron: str, timezone: str, after: datetime, upto: datetime, limit: int) -> tuple[list[datetime], int]:
-    """The newest `limit` slots in (after, upto], and how many slots that interval holds."""
+def _slots(cron: str, timezone: str, after: datetime, upto: datetime) -> Iterator[datetime]:
+    """Every slot in (after, upto], oldest first, in the schedule's zone."""
     tz = check_timezone(timezone)
     it = _cron(cron, after.astimezone(tz))
     # Compared in UTC: two datetimes with the same ZoneInfo compare by wall clock, ignoring
     # `fold`, which puts the repeated hour of a DST change before or after the wrong instants.
     upto = upto.astimezone(UTC)
-    found: list[datetime] = []
-    count = 0
     while True:
         slot: datetime = it.get_next(datetime)
         if slot > upto:
-            return (found[-limit:] if limit else []), count
-        count += 1
-        found.append(slot)
-        if len(found) > 2 * limit:
-            del found[:limit]
+            return
+        yield slot
 
 
 def stable_offset(name: str, bound: float = MAX_OFFSET_SECONDS) -> float:
@@ -133,12 +149,19 @@ def spread_bound(cron: str, timezone: str, now: datetime) -> float:
 
 @dataclass(frozen=True, slots=True)
 class SlotPlan:
-    """What a scheduler does for one schedule at `now`."""
+    """What a scheduler does for one schedule at `now`.
 
-    fire: list[datetime]
-    missed: list[datetime]  # the newest missed slots (at most MAX_BACKFILL + 1)
+    A slot is on time when handled within the schedule's grace after it, and fired. Older
+    due slots were missed (every scheduler was down past the grace): `policy` decides which
+    of them are fired late, the backfill.
+    """
+
+    fire: list[datetime]  # oldest first: the backfill, then the on-time slots
+    missed: list[datetime]  # the newest missed slots (at most MAX_BACKFILL), oldest first
     next_slot: datetime
     missed_count: int = 0  # every missed slot, also those older than the `missed` list
+    backfilled: int = 0  # missed slots in `fire`
+    first_missed: datetime | None = None  # the oldest missed slot: where the outage began
 
 
 def plan(
@@ -149,32 +172,36 @@ def plan(
     policy: MissedPolicy,
     grace: timedelta = timedelta(seconds=0),
 ) -> SlotPlan:
-    """Slots after `last_slot` up to `now`, split into those to fire and those missed.
+    """Slots after `last_slot` up to `now`: on time (within `grace` of `now`) or missed.
 
-    The newest due slot is on time within `grace`; older due slots are on time within
-    LATE_SLOTS slot intervals (and `grace`), so a scheduler that ticks a little late (a busy
-    machine, a database hiccup) still fires a per-second schedule's slots it was late for.
-    Slots older than that passed while no scheduler ran, and `policy` decides their fate.
+    Every on-time slot is fired, however many there are (a per-second schedule whose
+    schedulers were down for 12 s with a 30 s grace fires all 12). Of the missed ones,
+    `skip` fires none, `once` the newest, `all` the newest MAX_BACKFILL; all are counted.
     """
-    due, total = _due(cron, timezone, last_slot, now, MAX_BACKFILL + 1)
-    upcoming = next_slot(cron, timezone, now)
-    if not due:
-        return SlotPlan([], [], upcoming)
-    now_utc = now.astimezone(UTC)
-    interval = upcoming.astimezone(UTC) - due[-1].astimezone(UTC)
-    window = min(grace, LATE_SLOTS * interval)
-    fire = [s for s in due[:-1] if now_utc - s <= window]
-    if now_utc - due[-1] <= grace:
-        fire.append(due[-1])
-    missed = [s for s in due if s not in fire]
+    on_time: list[datetime] = []
+    missed: deque[datetime] = deque(maxlen=MAX_BACKFILL)
+    missed_count = 0
+    first_missed = None
+    cutoff = now.astimezone(UTC) - grace
+    for slot in _slots(cron, timezone, last_slot, now):
+        if slot < cutoff:
+            missed_count += 1
+            first_missed = first_missed or slot
+            missed.append(slot)
+        else:
+            on_time.append(slot)
     match policy:
         case MissedPolicy.SKIP:
-            pass
+            backfill: list[datetime] = []
         case MissedPolicy.ONCE:
-            if missed and not fire:
-                fire = [missed[-1]]
-                missed = missed[:-1]
+            backfill = list(missed)[-1:]
         case MissedPolicy.ALL:
-            missed, fire = (missed + fire)[:-MAX_BACKFILL], (missed + fire)[-MAX_BACKFILL:]
-    # Slots older than the newest MAX_BACKFILL + 1 were neither fired nor listed: missed too.
-    return SlotPlan(fire, missed, upcoming, total - len(fire))
+            backfill = list(missed)
+    return SlotPlan(
+        backfill + on_time,
+        list(missed),
+        next_slot(cron, timezone, now),
+        missed_count,
+        len(backfill),
+        first_missed,
+    )

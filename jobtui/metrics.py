@@ -21,14 +21,20 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from .db import statements
 from .domain import DEFAULT_SCHEMA
 from .errors import JobtuiError
-from .queue import Call, run
+from .migrate import _lock_key as migration_lock_key
+from .queue import Call, dead_matching, matching_ids, run
 
 # How long a snapshot waits for a lock on a queue table before giving up (seconds).
 LOCK_TIMEOUT = 2.0
+# The kinds of lock a session can wait for, as pg_locks names them; any other is "other".
+# A row held by another transaction is waited for as its transaction id (the first waiter)
+# or its tuple (those queued behind the first).
+LOCK_KINDS = ("relation", "transactionid", "tuple", "advisory", "other")
 
 # Minutes of done jobs a DoneHistory reads again on every snapshot. finished_at is the time
 # the outcome statement started; it commits milliseconds later, so a minute that ended this
@@ -72,6 +78,7 @@ class DeadGroup:
     last_seen: datetime | None
     latest_job_id: int
     latest_attempts: int
+    job_ids: list[int] = field(default_factory=list)  # when read with its ids (`dead_groups`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +100,12 @@ class ScheduleHealth:
     paused: bool
     next_run_at: datetime
     last_slot: datetime
-    missed: int
+    missed: int  # slots handled past their grace (every scheduler down), fired late or not
     skipped: int
-    missed_slots: list[str]
+    missed_slots: list[str]  # the newest 20 missed slots, oldest first
     next_in: float
+    backfilled: int = 0  # missed slots the policy fired late
+    grace: float = 30.0  # seconds after its time a slot still runs as on time
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,13 +134,19 @@ class Snapshot:
     recent_expiries: list[LeaseExpiry]
     schedules: list[ScheduleHealth]
     tables: list[TableHealth]
-    lock_waits: int
-    longest_lock_wait: float
+    lock_waits: int  # sessions waiting for a lock while they work on jobtui's tables
+    longest_lock_wait: float  # seconds, the longest of those waits
     oldest_xact_age: float | None
     oldest_xact_pid: int | None
     done_estimate: int = 0
     lease_expirations_total: int = 0
     done_last_minute: int = 0  # jobs done in the 60 seconds before taken_at
+    # Jobs finished in the last hour by status ("done", "dead_or_failed"), type and attempts
+    # used: attempts_last_hour split by type.
+    attempts_by_type: dict[str, dict[str, dict[int, int]]] = field(default_factory=dict)
+    # The lock waits by kind (every kind of LOCK_KINDS, 0 when none): sessions, longest wait.
+    lock_waits_by_kind: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LOCK_KINDS, 0))
+    longest_lock_wait_by_kind: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOCK_KINDS, 0.0))
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -197,13 +212,17 @@ def _q(conn: psycopg.Connection[Any], name: str, schema: str, **params: Any) -> 
     return run(conn, Call(name, params, _rows), schema)
 
 
+# Statements of a snapshot whose rows are read by column name.
+_BY_NAME = {"metrics_schedules"}
+
+
 def _pipelined(conn: psycopg.Connection[Any], schema: str, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
     """Run the statements in one round trip (pipeline mode) and return each one's rows."""
     sql = statements(schema)
-    cursors = []
+    cursors: list[Any] = []
     with conn.pipeline():
         for name, params in calls:
-            cur = conn.cursor()
+            cur = conn.cursor(row_factory=dict_row) if name in _BY_NAME else conn.cursor()
             cur.execute(sql[name], params)
             cursors.append(cur)
     try:
@@ -221,13 +240,34 @@ def _distribution(rows: list[Any]) -> dict[str, dict[int, int]]:
     return out
 
 
+def _lock_wait_params(schema: str) -> dict[str, Any]:
+    return {"schema_name": schema, "advisory_key": migration_lock_key(schema)}
+
+
+def _lock_waits(rows: list[Any]) -> tuple[dict[str, int], dict[str, float]]:
+    """(sessions, longest wait) by kind, every kind of LOCK_KINDS present."""
+    waits = dict.fromkeys(LOCK_KINDS, 0)
+    longest = dict.fromkeys(LOCK_KINDS, 0.0)
+    for kind, sessions, seconds in rows:
+        waits[kind] = int(sessions)
+        longest[kind] = float(seconds)
+    return waits, longest
+
+
+def _sorted_by_type(counts: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
+    return {t: dict(sorted(counts[t].items())) for t in sorted(counts)}
+
+
 def _minute(at: datetime) -> datetime:
     """The calendar minute `at` falls in, as the database's date_bin gives it."""
     return at.astimezone(UTC).replace(second=0, microsecond=0)
 
 
+TypeAttempts = tuple[str, int]  # (job type, attempts used)
+
+
 class DoneHistory:
-    """Done jobs per minute and attempts, kept between the snapshots of one reader.
+    """Done jobs per minute, type and attempts, kept between the snapshots of one reader.
 
     The first snapshot reads the whole last hour from the index; later ones read only the
     last UNSETTLED_MINUTES and keep the rest, so a reader refreshing every second pays for a
@@ -235,7 +275,7 @@ class DoneHistory:
     """
 
     def __init__(self) -> None:
-        self._settled: dict[datetime, dict[int, int]] = {}  # minute -> attempts -> jobs
+        self._settled: dict[datetime, dict[TypeAttempts, int]] = {}  # minute -> (type, attempts) -> jobs
         self._read_from: datetime | None = None  # first minute not settled yet
 
     @property
@@ -244,8 +284,9 @@ class DoneHistory:
 
     def update(
         self, taken_at: datetime, rows: list[Any], oldest_open: datetime | None = None
-    ) -> dict[datetime, dict[int, int]]:
-        """Fold in the rows of one snapshot; return every minute of the last hour.
+    ) -> dict[datetime, dict[TypeAttempts, int]]:
+        """Fold in the rows (minute, type, attempts, jobs, recent) of one snapshot; return
+        every minute of the last hour.
 
         `oldest_open` is when the oldest open transaction started: an outcome statement
         waiting on a lock (an index build, a LOCK TABLE) commits rows stamped with its
@@ -256,10 +297,11 @@ class DoneHistory:
         settle_before = current - UNSETTLED_MINUTES * MINUTE
         if oldest_open is not None:
             settle_before = min(settle_before, _minute(oldest_open))
-        fresh: dict[datetime, dict[int, int]] = {}
-        for minute, attempts, jobs, _recent in rows:
-            by_attempts = fresh.setdefault(_minute(minute), {})
-            by_attempts[int(attempts)] = by_attempts.get(int(attempts), 0) + int(jobs)
+        fresh: dict[datetime, dict[TypeAttempts, int]] = {}
+        for minute, job_type, attempts, jobs, _recent in rows:
+            counts = fresh.setdefault(_minute(minute), {})
+            key = (str(job_type), int(attempts))
+            counts[key] = counts.get(key, 0) + int(jobs)
         minutes = {m: c for m, c in self._settled.items() if m >= window_start}
         minutes.update(fresh)
         self._settled = {m: c for m, c in minutes.items() if m < settle_before}
@@ -283,7 +325,8 @@ def snapshot(
     try:
         return _snapshot(conn, schema, recent_expiries, lock_timeout, history or DoneHistory())
     except psycopg.errors.LockNotAvailable:
-        waits, longest = _q(conn, "metrics_lock_waits", schema, schema_name=schema)[0]
+        by_kind, longest_by_kind = _lock_waits(_q(conn, "metrics_lock_waits", schema, **_lock_wait_params(schema)))
+        waits, longest = sum(by_kind.values()), max(longest_by_kind.values())
         oldest = _q(conn, "metrics_oldest_xact", schema)
         holder = (
             f"; the oldest open transaction is pid {oldest[0][1]}, open {float(oldest[0][0]):.0f}s" if oldest else ""
@@ -338,7 +381,7 @@ def _snapshot(
                 ("metrics_recent_expiries", {"limit": recent_expiries}),
                 ("metrics_schedules", {}),
                 ("metrics_tables", {"schema_name": schema}),
-                ("metrics_lock_waits", {"schema_name": schema}),
+                ("metrics_lock_waits", _lock_wait_params(schema)),
                 ("metrics_oldest_xact", {}),
             ],
         )
@@ -358,27 +401,33 @@ def _snapshot(
     current = _minute(taken_at)
     per_minute = [0] * 60
     hour_attempts: dict[int, int] = {}
+    done_by_type: dict[str, dict[int, int]] = {}
     oldest_open = taken_at - timedelta(seconds=float(oldest[0][0])) if oldest else None
-    for minute, by_attempts in history.update(taken_at, done_rows, oldest_open).items():
+    for minute, done_jobs in history.update(taken_at, done_rows, oldest_open).items():
         minutes_ago = round((current - minute) / MINUTE)
         if 0 <= minutes_ago < 60:
-            per_minute[minutes_ago] += sum(by_attempts.values())
-            for attempts, jobs in by_attempts.items():
+            per_minute[minutes_ago] += sum(done_jobs.values())
+            for (job_type, attempts), jobs in done_jobs.items():
                 hour_attempts[attempts] = hour_attempts.get(attempts, 0) + jobs
+                of_type = done_by_type.setdefault(job_type, {})
+                of_type[attempts] = of_type.get(attempts, 0) + jobs
     attempts_hour: dict[str, dict[int, int]] = {"done": dict(sorted(hour_attempts.items()))}
-    dead_attempts = {int(a): int(n) for a, n in dead_attempt_rows}
+    by_type_hour: dict[str, dict[str, dict[int, int]]] = {"done": _sorted_by_type(done_by_type)}
+    dead_by_type: dict[str, dict[int, int]] = {}
+    dead_attempts: dict[int, int] = {}
+    for job_type, attempts, jobs in dead_attempt_rows:
+        dead_by_type.setdefault(job_type, {})[int(attempts)] = int(jobs)
+        dead_attempts[int(attempts)] = dead_attempts.get(int(attempts), 0) + int(jobs)
     if dead_attempts:
-        attempts_hour["dead_or_failed"] = dead_attempts
+        attempts_hour["dead_or_failed"] = dict(sorted(dead_attempts.items()))
+        by_type_hour["dead_or_failed"] = _sorted_by_type(dead_by_type)
     per_hour = [0] * 25
     for hours_ago, jobs in expiry_rows:
         if 0 <= hours_ago <= 24:
             per_hour[hours_ago] += jobs
-    schedules = [
-        ScheduleHealth(n, t, c, p, nr, ls, m, sk, list(ms or []), float(ni or 0.0))
-        for n, t, c, p, nr, ls, m, sk, ms, ni in schedule_rows
-    ]
+    schedules = [ScheduleHealth(**{**row, "missed_slots": list(row["missed_slots"] or [])}) for row in schedule_rows]
     tables = [TableHealth(*r) for r in table_rows]
-    waits, longest = wait_rows[0]
+    waits_by_kind, longest_by_kind = _lock_waits(wait_rows)
     by_type = [TypeCounts(**counts[t]) for t in sorted(counts)]
     job_table = next((t for t in tables if t.table == "job"), None)
     exact = sum(t.ready + t.running + t.dead + t.failed for t in by_type)
@@ -395,13 +444,16 @@ def _snapshot(
         recent_expiries=[LeaseExpiry(*r) for r in recent_rows],
         schedules=schedules,
         tables=tables,
-        lock_waits=int(waits),
-        longest_lock_wait=float(longest),
+        lock_waits=sum(waits_by_kind.values()),
+        longest_lock_wait=max(longest_by_kind.values()),
         oldest_xact_age=float(oldest[0][0]) if oldest else None,
         oldest_xact_pid=int(oldest[0][1]) if oldest else None,
         done_estimate=done_estimate,
         lease_expirations_total=int(total_rows[0][0]),
         done_last_minute=sum(int(recent) for *_, recent in done_rows),
+        attempts_by_type=by_type_hour,
+        lock_waits_by_kind=waits_by_kind,
+        longest_lock_wait_by_kind=longest_by_kind,
         notes=["done_estimate comes from the planner's row estimate, not a count"],
     )
 
@@ -475,8 +527,28 @@ def dead_jobs(
     return [DeadJob(*r) for r in rows]
 
 
-def count_dead_group(
-    conn: psycopg.Connection[Any], status: str, job_type: str, fingerprint: str | None, schema: str = DEFAULT_SCHEMA
-) -> int:
-    rows = _q(conn, "count_dead_group", schema, status=status, type=job_type, fingerprint=fingerprint or None)
-    return int(rows[0][0])
+def dead_groups(
+    conn: psycopg.Connection[Any],
+    schema: str = DEFAULT_SCHEMA,
+    *,
+    job_type: str | None = None,
+    error: str | None = None,
+    with_ids: bool = False,
+) -> list[DeadGroup]:
+    """The dead-letter groups of the jobs `jobtui dead --type --error` names, counting only
+    those jobs: the same rows `jobtui requeue --type --error` moves (queue.dead_matching)."""
+    rows = dead_matching(conn, schema, job_type=job_type, error=error, with_ids=with_ids)
+    return [DeadGroup(**{**row, "job_ids": list(row["job_ids"])}) for row in rows]
+
+
+def dead_group_ids(
+    conn: psycopg.Connection[Any],
+    status: str,
+    job_type: str,
+    fingerprint: str | None,
+    error: str | None = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> list[int]:
+    """The ids of one dead-letter group now (of its jobs whose error matches `error`, if given)."""
+    groups = dead_matching(conn, schema, job_type=job_type, error=error, group=(status, fingerprint), with_ids=True)
+    return matching_ids(groups)

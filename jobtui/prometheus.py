@@ -78,6 +78,18 @@ def families(snap: Snapshot) -> Iterator[Metric]:
     per_minute = GaugeMetricFamily("jobtui_done_last_minute", "Jobs done in the last 60 seconds")
     per_minute.add_metric([], snap.done_last_minute)
     yield per_minute
+    # The attempts distribution, per type, in the buckets `jobtui stats` shows: one per number
+    # of attempts used (they are few: max_attempts bounds them, most jobs take one).
+    attempts = GaugeMetricFamily(
+        "jobtui_jobs_finished_last_hour",
+        "Jobs finished in the last hour, by outcome (done, dead_or_failed), type and attempts used",
+        labels=["status", "type", "attempts"],
+    )
+    for status, by_type in snap.attempts_by_type.items():
+        for job_type, buckets in by_type.items():
+            for used, count in buckets.items():
+                attempts.add_metric([status, job_type, str(used)], count)
+    yield attempts
     expirations = CounterMetricFamily("jobtui_lease_expirations", "Leases the reaper found expired")
     expirations.add_metric([], snap.lease_expirations_total)
     yield expirations
@@ -85,17 +97,35 @@ def families(snap: Snapshot) -> Iterator[Metric]:
     expired_now.add_metric([], snap.expired_leases)
     yield expired_now
     missed = CounterMetricFamily(
-        "jobtui_missed_slots", "Schedule slots missed while no scheduler ran", labels=["schedule"]
+        "jobtui_missed_slots",
+        "Schedule slots handled past their grace (no scheduler ran), fired late or not",
+        labels=["schedule"],
+    )
+    backfilled = CounterMetricFamily(
+        "jobtui_backfilled_slots", "Missed schedule slots that the missed-slot policy fired late", labels=["schedule"]
     )
     paused = GaugeMetricFamily("jobtui_schedule_paused", "1 when the schedule is paused", labels=["schedule"])
     for s in snap.schedules:
         missed.add_metric([s.name], s.missed)
+        backfilled.add_metric([s.name], s.backfilled)
         paused.add_metric([s.name], 1 if s.paused else 0)
     yield missed
+    yield backfilled
     yield paused
-    waits = GaugeMetricFamily("jobtui_lock_waits", "Sessions waiting for a lock on jobtui's tables")
-    waits.add_metric([], snap.lock_waits)
+    waits = GaugeMetricFamily(
+        "jobtui_lock_waits",
+        "Sessions waiting for a lock while they work on jobtui's tables, by the kind of lock"
+        " (relation, transactionid and tuple for rows held by another transaction, advisory, other)",
+        labels=["kind"],
+    )
+    longest = GaugeMetricFamily(
+        "jobtui_lock_wait_longest_seconds", "The longest of those waits so far, by kind", labels=["kind"]
+    )
+    for kind, sessions in snap.lock_waits_by_kind.items():
+        waits.add_metric([kind], sessions)
+        longest.add_metric([kind], snap.longest_lock_wait_by_kind.get(kind, 0.0))
     yield waits
+    yield longest
     xact = GaugeMetricFamily(
         "jobtui_oldest_transaction_age_seconds", "Age of the oldest open transaction (holds back vacuum)"
     )

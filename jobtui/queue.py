@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.rows import dict_row
 from psycopg.types.numeric import Int4, Int8
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
@@ -365,18 +366,59 @@ def requeue_call(ids: Sequence[int], actor: str) -> Call[list[int]]:
     return Call("requeue_by_id", {"ids": list(ids), "actor": actor}, _id_list)
 
 
-def _matching(job_type: str | None, error: str | None) -> dict[str, Any]:
+def dead_matching(
+    conn: psycopg.Connection[Any],
+    schema: str = DEFAULT_SCHEMA,
+    *,
+    job_type: str | None = None,
+    error: str | None = None,
+    group: tuple[str, str | None] | None = None,
+    with_ids: bool = False,
+) -> list[dict[str, Any]]:
+    """The dead and failed jobs of `job_type` whose error matches `error`, grouped by status,
+    type and error fingerprint (`group`: only the (status, fingerprint) group of the type),
+    largest group first; with their ids when `with_ids`.
+
+    The one matcher behind `jobtui dead --error`, `jobtui requeue --error` (and its dry run)
+    and the console's dead groups: a case-insensitive PostgreSQL regular expression on the
+    error's first line or its fingerprint (queries.sql, dead_matching). Check the pattern
+    with `check_regex` first for a one-line error.
+    """
     if job_type is not None:
         check_text(job_type, "job type")
-    return {"type": job_type, "error": error}
+    if error is not None:
+        check_text(error, "--error pattern")
+    status, fingerprint = group or (None, None)
+    params = {
+        "type": job_type,
+        "error": error,
+        "status": status,
+        "in_group": group is not None,
+        "fingerprint": fingerprint or None,
+        "with_ids": with_ids,
+    }
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(statements(schema)["dead_matching"], params)
+        return cur.fetchall()
 
 
-def requeue_matching_count_call(job_type: str | None, error: str | None) -> Call[int]:
-    return Call("requeue_matching_count", _matching(job_type, error), lambda rows: int(rows[0][0]))
+def matching_ids(groups: list[dict[str, Any]]) -> list[int]:
+    """The ids of `dead_matching` groups read with their ids, in id order."""
+    return sorted(int(i) for g in groups for i in g["job_ids"])
 
 
-def requeue_matching_call(job_type: str | None, error: str | None, actor: str) -> Call[list[int]]:
-    return Call("requeue_matching", {**_matching(job_type, error), "actor": actor}, _id_list)
+def check_regex(conn: psycopg.Connection[Any], pattern: str | None, schema: str = DEFAULT_SCHEMA) -> None:
+    """InvalidInput unless PostgreSQL, which does the matching, accepts `pattern`."""
+    if pattern is None:
+        return
+    check_text(pattern, "--error pattern")
+    if not pattern:
+        raise InvalidInput("--error '' matches every job: give a pattern, or --all for every dead/failed job")
+    try:
+        run(conn, Call("check_regex", {"pattern": pattern}, lambda rows: None), schema)
+    except psycopg.errors.InvalidRegularExpression as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise InvalidInput(f"bad --error pattern {pattern!r}: {first}; it is a regular expression") from None
 
 
 def kill_lease_call(ids: Sequence[int], actor: str) -> Call[list[int]]:
@@ -723,40 +765,54 @@ class Queue:
         return self._operate(requeue_call(ids, actor), "requeue", actor, _ids_target(ids), notify=True)
 
     def requeue_matching(self, *, job_type: str | None = None, error: str | None = None, actor: str) -> list[int]:
-        """Requeue every dead or failed job of `job_type` whose last error matches `error`
-        (a case-insensitive PostgreSQL regular expression). Audited."""
-        self._check_regex(error)
-        call = requeue_matching_call(job_type, error, actor)
-        return self._operate(call, "requeue", actor, _match_target(job_type, error), notify=True)
+        """Requeue every dead or failed job of `job_type` whose error matches `error` (see
+        `dead_matching`: the rows `jobtui dead --error` lists). Audited."""
+        self._with_conn(None, lambda c: check_regex(c, error, self.schema))
+
+        def matched_then_requeued(conn: psycopg.Connection[Any]) -> list[int]:
+            ids = matching_ids(dead_matching(conn, self.schema, job_type=job_type, error=error, with_ids=True))
+            return run(conn, requeue_call(ids, actor), self.schema) if ids else []
+
+        return self._operate(matched_then_requeued, "requeue", actor, _match_target(job_type, error), notify=True)
+
+    def requeueable(
+        self, *, job_type: str | None = None, error: str | None = None, actor: str | None = None
+    ) -> list[int]:
+        """The ids `requeue_matching` would move now; audited as a dry run when `actor` is given."""
+
+        def matched(conn: psycopg.Connection[Any]) -> list[int]:
+            check_regex(conn, error, self.schema)
+            return matching_ids(dead_matching(conn, self.schema, job_type=job_type, error=error, with_ids=True))
+
+        ids = self._with_conn(None, matched)
+        if actor is not None:
+            self._operate(None, "requeue-dry-run", actor, _match_target(job_type, error), rows=len(ids))
+        return ids
 
     def count_requeueable(
         self, *, job_type: str | None = None, error: str | None = None, actor: str | None = None
     ) -> int:
         """How many jobs `requeue_matching` would move; audited as a dry run when `actor` is given."""
-        self._check_regex(error)
-        count = self.run(requeue_matching_count_call(job_type, error))
-        if actor is not None:
-            self._operate(None, "requeue-dry-run", actor, _match_target(job_type, error), rows=count)
-        return count
+        return len(self.requeueable(job_type=job_type, error=error, actor=actor))
 
-    def requeue_dead_group(self, status: str, job_type: str, fingerprint: str | None, *, actor: str) -> list[int]:
-        """Requeue one dead-letter group (status, type, error fingerprint), as the console
-        shows it. Audited."""
-        params = {"status": status, "type": job_type, "fingerprint": fingerprint or None, "actor": actor}
-        call = Call("requeue_dead_group", params, _id_list)
+    def requeue_dead_group(
+        self, status: str, job_type: str, fingerprint: str | None, *, actor: str, ids: Sequence[int] | None = None
+    ) -> list[int]:
+        """Requeue one dead-letter group (status, type, error fingerprint) as the console
+        shows it: the given `ids` of it (those an operator was shown and confirmed; one that
+        left the group since is left alone), or else every job in it now. Audited."""
+        fingerprint = fingerprint or None
+
+        def requeued(conn: psycopg.Connection[Any]) -> list[int]:
+            chosen = list(ids) if ids is not None else None
+            if chosen is None:
+                groups = dead_matching(conn, self.schema, job_type=job_type, group=(status, fingerprint), with_ids=True)
+                chosen = matching_ids(groups)
+            params = {"ids": chosen, "status": status, "type": job_type, "fingerprint": fingerprint, "actor": actor}
+            return run(conn, Call("dead_group_requeue", params, _id_list), self.schema) if chosen else []
+
         target = f"{status} group type={job_type} error={fingerprint or '-'}"
-        return self._operate(call, "requeue", actor, target, notify=True)
-
-    def _check_regex(self, pattern: str | None) -> None:
-        """InvalidInput unless PostgreSQL, which does the matching, accepts `pattern`."""
-        if pattern is None:
-            return
-        check_text(pattern, "--error pattern")
-        try:
-            self.run(Call("check_regex", {"pattern": pattern}, lambda rows: None))
-        except psycopg.errors.InvalidRegularExpression as exc:
-            first = str(exc).strip().splitlines()[0]
-            raise InvalidInput(f"bad --error pattern {quote(pattern)}: {first}; it is a regular expression") from None
+        return self._operate(requeued, "requeue", actor, target, notify=True)
 
     def kill_lease(self, ids: Sequence[int], *, actor: str) -> list[int]:
         """Return running jobs to ready now; their workers' late outcomes are rejected. Audited."""
@@ -772,7 +828,7 @@ class Queue:
 
     def _operate(
         self,
-        call: Call[list[int]] | None,
+        call: Call[list[int]] | Callable[[psycopg.Connection[Any]], list[int]] | None,
         action: str,
         actor: str,
         target: str,
@@ -785,7 +841,8 @@ class Queue:
 
         def both(conn: psycopg.Connection[Any]) -> list[int]:
             with conn.transaction():
-                ids = run(conn, call, self.schema) if call is not None else []
+                # A Call, or a function of the connection for a change of several statements.
+                ids = call(conn) if callable(call) else run(conn, call, self.schema) if call is not None else []
                 run(conn, audit_call(actor, action, target, ids, len(ids) if rows is None else rows), self.schema)
                 if notify and ids:
                     channel = statements(self.schema).channel
@@ -802,20 +859,6 @@ def _match_target(job_type: str | None, error: str | None) -> str:
 def _ids_target(ids: Sequence[int]) -> str:
     shown = ",".join(str(i) for i in list(ids)[:20])
     return f"jobs {shown}{'...' if len(ids) > 20 else ''}"
-
-
-def check_pattern(pattern: str | None) -> None:
-    """Raise InvalidInput unless `pattern` is a regular expression Python accepts (for
-    matching done in Python; `Queue` checks the patterns PostgreSQL matches with PostgreSQL)."""
-    if pattern is None:
-        return
-    check_text(pattern, "--error pattern")
-    import re
-
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise InvalidInput(f"bad --error pattern {quote(pattern)}: {exc}; it is a regular expression") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from .backoff import DEFAULT_POLICY, BackoffPolicy
+from .cronslots import DEFAULT_GRACE_SECONDS
 from .domain import DEFAULT_MAX_ATTEMPTS, ClaimedJob, FailOutcome
 from .errors import InvalidInput, JobtuiError
 from .queue import (
@@ -78,6 +79,7 @@ class ScheduleSpec:
     offset: float | None = None
     missed: str = "once"
     max_attempts: int | None = None
+    grace: float = DEFAULT_GRACE_SECONDS  # seconds after its time a slot still runs as on time
 
 
 DeadCallback = Callable[[FailOutcome], Any]
@@ -136,13 +138,18 @@ class Jobs:
         offset: float | None = None,
         missed: str = "once",
         max_attempts: int | None = None,
+        grace: float = DEFAULT_GRACE_SECONDS,
     ) -> ScheduleSpec:
-        """Declare a cron schedule that enqueues a job of `type` once per slot."""
+        """Declare a cron schedule that enqueues a job of `type` once per slot.
+
+        A slot whose scheduler comes `grace` seconds late or less still runs as on time;
+        `missed` (skip, once, all) decides what runs for slots missed beyond it.
+        """
         from .cronslots import validate_schedule
 
-        validate_schedule(name, cron, timezone, missed, offset)
+        validate_schedule(name, cron, timezone, missed, offset, grace)
         check_type(type)
-        spec = ScheduleSpec(name, cron, type, payload, timezone, offset, missed, max_attempts)
+        spec = ScheduleSpec(name, cron, type, payload, timezone, offset, missed, max_attempts, float(grace))
         self.schedules[name] = spec
         return spec
 

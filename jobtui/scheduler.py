@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from . import cronslots
 from .cronslots import MissedPolicy
@@ -31,8 +32,6 @@ from .registry import ScheduleSpec
 
 log = logging.getLogger("jobtui.scheduler")
 
-# The newest due slot counts as on time within this lateness; older due slots were missed.
-GRACE = timedelta(seconds=30)
 MAX_TICK = 1.0
 # A schedule whose slots cannot be computed (its row no longer valid) is retried this late.
 RETRY_BROKEN = timedelta(minutes=1)
@@ -68,7 +67,7 @@ def _now(conn: psycopg.Connection[Any], schema: str) -> datetime:
 
 def upsert(conn: psycopg.Connection[Any], spec: ScheduleSpec, *, source: str, schema: str = DEFAULT_SCHEMA) -> int:
     """Create or update a schedule from `spec`; returns its id. Runs in `conn`'s transaction."""
-    cronslots.validate_schedule(spec.name, spec.cron, spec.timezone, spec.missed, spec.offset)
+    cronslots.validate_schedule(spec.name, spec.cron, spec.timezone, spec.missed, spec.offset, spec.grace)
     check_type(spec.type)
     check_max_attempts(spec.max_attempts)
     now = _now(conn, schema)
@@ -84,6 +83,7 @@ def upsert(conn: psycopg.Connection[Any], spec: ScheduleSpec, *, source: str, sc
         "max_attempts": spec.max_attempts,
         "offset": offset,
         "missed_policy": spec.missed,
+        "grace": float(spec.grace),
         "next_run_at": cronslots.next_slot(spec.cron, spec.timezone, now),
         "source": source,
     }
@@ -111,14 +111,16 @@ class ScheduleRow:
     max_attempts: int | None
     offset_seconds: float
     missed_policy: str
+    grace_seconds: float
     paused: bool
     paused_at: datetime | None
     next_run_at: datetime
     last_slot: datetime
     last_fired_slot: datetime | None
     last_job_id: int | None
-    missed_count: int
-    missed_slots: list[str]
+    missed_count: int  # slots handled past the grace (every scheduler down), fired late or not
+    backfilled_count: int  # missed slots the policy fired late
+    missed_slots: list[str]  # the newest 20 missed slots
     skipped_count: int
     source: str
     created_at: datetime
@@ -126,7 +128,9 @@ class ScheduleRow:
 
 
 def list_schedules(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> list[ScheduleRow]:
-    return run(conn, Call("schedule_list", {}, lambda rows: [ScheduleRow(*r) for r in rows]), schema)
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(statements(schema)["schedule_list"])
+        return [ScheduleRow(**row) for row in cur.fetchall()]
 
 
 def pause(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA, *, actor: str | None = None) -> bool:
@@ -210,9 +214,11 @@ async def fire_due(conn: psycopg.AsyncConnection[Any], schema: str = DEFAULT_SCH
     fired: list[Fired] = []
     async with conn.transaction():
         due = await arun(conn, Call("schedule_due", {"limit": limit}, _rows), schema)
-        for sid, name, job_type, cron, timezone, payload, max_attempts, offset, policy, last_slot, now in due:
+        for sid, name, job_type, cron, timezone, payload, max_attempts, offset, policy, grace, last_slot, now in due:
             try:
-                slot_plan = cronslots.plan(cron, timezone, last_slot, now, MissedPolicy(policy), GRACE)
+                slot_plan = cronslots.plan(
+                    cron, timezone, last_slot, now, MissedPolicy(policy), timedelta(seconds=grace)
+                )
             except (InvalidInput, ValueError) as exc:
                 log.error("schedule %s: cannot compute its slots (%s); pause or fix it", name, exc)
                 # Not due again at every tick: that would spin every scheduler on it.
@@ -231,16 +237,11 @@ async def fire_due(conn: psycopg.AsyncConnection[Any], schema: str = DEFAULT_SCH
                 ids = await arun(conn, Call("schedule_enqueue", params, _rows), schema)
                 job_id = int(ids[0][0]) if ids else job_id
                 fired.append(Fired(name, slot, job_id, slot_plan.missed_count))
+            if slot_plan.missed_count:
+                # The missed slots of one tick are one outage: all between the last slot handled
+                # and the grace before now. One line for it, however many slots it took.
+                log.warning("%s", outage_message(name, policy, grace, slot_plan))
             handled = slot_plan.fire + slot_plan.missed
-            if slot_plan.missed:
-                log.warning(
-                    "schedule %s missed %d slot(s) (newest %s to %s) while no scheduler ran; policy %s",
-                    name,
-                    slot_plan.missed_count,
-                    slot_plan.missed[0].isoformat(),
-                    slot_plan.missed[-1].isoformat(),
-                    policy,
-                )
             params = {
                 "id": sid,
                 # Compared in UTC: the same ZoneInfo compares wall clocks, ignoring DST's fold.
@@ -250,9 +251,25 @@ async def fire_due(conn: psycopg.AsyncConnection[Any], schema: str = DEFAULT_SCH
                 "job_id": job_id,
                 "missed": slot_plan.missed,
                 "missed_count": slot_plan.missed_count,
+                "backfilled": slot_plan.backfilled,
             }
             await arun(conn, Call("schedule_advance", params, _rows), schema)
     return fired
+
+
+def outage_message(name: str, policy: str, grace: float, slot_plan: cronslots.SlotPlan) -> str:
+    """The one WARNING line of an outage: how many slots were missed, when, and their fate."""
+    first = slot_plan.first_missed or slot_plan.missed[0]
+    newest = slot_plan.missed[-1]
+    fate = {
+        MissedPolicy.SKIP: "none of them runs",
+        MissedPolicy.ONCE: f"one job runs now, for the latest ({newest.isoformat()})",
+        MissedPolicy.ALL: f"{slot_plan.backfilled} of them run now (the newest {cronslots.MAX_BACKFILL} at most)",
+    }[MissedPolicy(policy)]
+    return (
+        f"schedule {name} missed {slot_plan.missed_count} slot(s) from {first.isoformat()} to {newest.isoformat()}: "
+        f"no scheduler ran within their grace of {grace:g}s; policy {policy}: {fate}"
+    )
 
 
 class Scheduler:

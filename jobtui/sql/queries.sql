@@ -247,22 +247,45 @@ RETURNING j.id;
 -- Compiles the pattern once, so a bad one is an error even when no row would be compared.
 SELECT '' ~* %(pattern)s;
 
--- name: requeue_matching_count
-SELECT count(*) FROM {schema}.job
-WHERE status IN ('dead', 'failed')
-  AND (%(type)s::text IS NULL OR type = %(type)s)
-  AND (%(error)s::text IS NULL OR last_error ~* %(error)s);
+-- name: dead_matching
+-- The one definition of the dead and failed jobs an operator names by type and error:
+-- `jobtui dead`, `jobtui requeue --type/--error/--all` (its dry run counts the same rows),
+-- the console's dead groups and their filter. Read by column name. Grouped like the dead
+-- pane (status, type, error fingerprint), each group with its ids when %(with_ids)s.
+-- The error pattern is a case-insensitive PostgreSQL regular expression, matched against the
+-- error's first line (the exception and its message, as `jobtui job` shows it) or its
+-- fingerprint (that line with numbers, hex ids and UUIDs masked, as `jobtui dead` shows
+-- it); never against the traceback below it, whose file and module names would match by
+-- accident. With %(in_group)s, only the group of %(fingerprint)s (NULL: no error).
+SELECT g.status, g.type, g.fingerprint, g.jobs, g.first_seen, g.last_seen, g.latest_id AS latest_job_id,
+       j.attempts AS latest_attempts, coalesce(g.ids, ARRAY[]::bigint[]) AS job_ids
+FROM (SELECT status, type, coalesce(error_fingerprint, '') AS fingerprint, count(*) AS jobs,
+             min(finished_at) AS first_seen, max(finished_at) AS last_seen, max(id) AS latest_id,
+             array_agg(id ORDER BY id) FILTER (WHERE %(with_ids)s) AS ids
+      FROM {schema}.job
+      WHERE status IN ('dead', 'failed')
+        AND (%(status)s::text IS NULL OR status = %(status)s::text)
+        AND (%(type)s::text IS NULL OR type = %(type)s::text)
+        AND (NOT %(in_group)s OR error_fingerprint IS NOT DISTINCT FROM %(fingerprint)s::text)
+        AND (%(error)s::text IS NULL
+             OR split_part(last_error, E'\n', 1) ~* %(error)s::text
+             OR error_fingerprint ~* %(error)s::text)
+      GROUP BY status, type, error_fingerprint) AS g
+JOIN {schema}.job AS j ON j.id = g.latest_id
+ORDER BY g.jobs DESC, g.status, g.type, g.fingerprint;
 
--- name: requeue_matching
+-- name: dead_group_requeue
+-- Operator: the given jobs of one dead-letter group (those the console counted and the
+-- operator confirmed) back to ready with a fresh set of attempts; a job that left the group
+-- since (requeued, cancelled, or dead again with another error) is left alone.
 UPDATE {schema}.job AS j
 SET status = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
     errors = (j.errors || jsonb_build_array(jsonb_build_object(
                  'at', now(), 'attempt', j.attempts, 'worker', %(actor)s::text,
                  'kind', 'requeued', 'error', format('requeued from %%s by %%s', j.status, %(actor)s::text))))
              - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
-WHERE j.status IN ('dead', 'failed')
-  AND (%(type)s::text IS NULL OR j.type = %(type)s)
-  AND (%(error)s::text IS NULL OR j.last_error ~* %(error)s)
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = %(status)s AND j.type = %(type)s
+  AND j.error_fingerprint IS NOT DISTINCT FROM %(fingerprint)s
 RETURNING j.id;
 
 -- name: kill_lease
@@ -351,15 +374,16 @@ SELECT now();
 -- slot sequence from now; otherwise the slots already handled are kept.
 INSERT INTO {schema}.schedule AS s
     (name, job_type, cron, timezone, payload, max_attempts, offset_seconds, missed_policy,
-     next_run_at, last_slot, source)
+     grace_seconds, next_run_at, last_slot, source)
 VALUES (%(name)s, %(job_type)s, %(cron)s, %(timezone)s, %(payload)s, %(max_attempts)s,
-        %(offset)s, %(missed_policy)s, %(next_run_at)s, now(), %(source)s)
+        %(offset)s, %(missed_policy)s, %(grace)s, %(next_run_at)s, now(), %(source)s)
 ON CONFLICT (name) DO UPDATE
 SET job_type = excluded.job_type,
     payload = excluded.payload,
     max_attempts = excluded.max_attempts,
     offset_seconds = excluded.offset_seconds,
     missed_policy = excluded.missed_policy,
+    grace_seconds = excluded.grace_seconds,
     source = excluded.source,
     next_run_at = CASE WHEN (s.cron, s.timezone) = (excluded.cron, excluded.timezone)
                        THEN s.next_run_at ELSE excluded.next_run_at END,
@@ -373,7 +397,7 @@ RETURNING id;
 -- name: schedule_due
 -- Due schedules, locked for this transaction; other instances skip them.
 SELECT id, name, job_type, cron, timezone, payload, max_attempts, offset_seconds,
-       missed_policy, last_slot, now()
+       missed_policy, grace_seconds, last_slot, now()
 FROM {schema}.schedule
 WHERE NOT paused AND next_run_at <= now()
 ORDER BY next_run_at
@@ -388,13 +412,15 @@ ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
 -- name: schedule_advance
--- missed_count counts every missed slot; `missed` lists only the newest of them.
+-- missed_count counts every missed slot, backfilled_count those of them fired late by the
+-- policy; `missed` lists only the newest of them.
 UPDATE {schema}.schedule AS s
 SET last_slot = %(last_slot)s,
     next_run_at = %(next_run_at)s,
     last_fired_slot = coalesce(%(fired_slot)s, s.last_fired_slot),
     last_job_id = coalesce(%(job_id)s, s.last_job_id),
     missed_count = s.missed_count + %(missed_count)s,
+    backfilled_count = s.backfilled_count + %(backfilled)s,
     missed_slots = (SELECT coalesce(jsonb_agg(x ORDER BY x), '[]'::jsonb)
                     FROM (SELECT x FROM (SELECT jsonb_array_elements_text(s.missed_slots)::timestamptz AS x
                                          UNION ALL SELECT unnest(%(missed)s::timestamptz[])) AS a
@@ -412,9 +438,11 @@ UPDATE {schema}.schedule SET next_run_at = %(until)s, updated_at = now() WHERE i
 SELECT extract(epoch FROM min(next_run_at) - now()) FROM {schema}.schedule WHERE NOT paused;
 
 -- name: schedule_list
+-- Read by column name (ScheduleRow's fields).
 SELECT id, name, job_type, cron, timezone, payload, max_attempts, offset_seconds, missed_policy,
-       paused, paused_at, next_run_at, last_slot, last_fired_slot, last_job_id, missed_count,
-       missed_slots, skipped_count, source, created_at, now()
+       grace_seconds, paused, paused_at, next_run_at, last_slot, last_fired_slot, last_job_id,
+       missed_count, backfilled_count, missed_slots, skipped_count, source, created_at,
+       now() AS db_now
 FROM {schema}.schedule
 ORDER BY name;
 
@@ -539,11 +567,14 @@ JOIN {schema}.job AS j ON j.id = g.latest_id
 ORDER BY g.jobs DESC;
 
 -- name: metrics_dead_attempts
-SELECT attempts, count(*) FROM {schema}.job WHERE status IN ('dead', 'failed') AND finished_at > now() - interval '1 hour'
-GROUP BY attempts;
+-- Dead and failed jobs of the last hour by type and attempts used (job_dead_idx: by type and
+-- finished_at, so each type's last hour is one range).
+SELECT type, attempts, count(*) FROM {schema}.job
+WHERE status IN ('dead', 'failed') AND finished_at > now() - interval '1 hour'
+GROUP BY type, attempts;
 
 -- name: metrics_done_minutes
--- Done jobs by calendar minute and attempts used: the done rows, from job_finished_idx
+-- Done jobs by calendar minute, type and attempts used: the done rows, from job_finished_idx
 -- alone, plus the jobs counted in done_tally (deleted at completion): the minutes of the last
 -- hour from %(since)s on (NULL: the whole hour; a reader that keeps the settled minutes of
 -- its previous snapshot asks for the last few only), and how many of them finished in the
@@ -557,16 +588,16 @@ WITH bounds AS (
                     date_bin('1 minute', now(), timestamptz '2000-01-01 00:00:00+00')
                     - interval '59 minutes') AS since
 )
-SELECT minute, attempts, sum(jobs)::bigint, round(sum(recent))::bigint
+SELECT minute, type, attempts, sum(jobs)::bigint, round(sum(recent))::bigint
 FROM (
     SELECT date_bin('1 minute', finished_at, timestamptz '2000-01-01 00:00:00+00') AS minute,
-           attempts, count(*) AS jobs,
+           type, attempts, count(*) AS jobs,
            count(*) FILTER (WHERE finished_at > now() - interval '60 seconds')::numeric AS recent
     FROM {schema}.job
     WHERE status = 'done' AND finished_at >= (SELECT since FROM bounds)
-    GROUP BY 1, 2
+    GROUP BY 1, 2, 3
     UNION ALL
-    SELECT minute, attempts, sum(jobs),
+    SELECT minute, type, attempts, sum(jobs),
            sum(jobs * CASE
                WHEN last_finished_at <= now() - interval '60 seconds' THEN 0
                WHEN greatest(first_started_at, minute) >= now() - interval '60 seconds' THEN 1
@@ -575,9 +606,9 @@ FROM (
            END)
     FROM {schema}.done_tally
     WHERE minute >= (SELECT since FROM bounds)
-    GROUP BY 1, 2
+    GROUP BY 1, 2, 3
 ) AS done
-GROUP BY 1, 2;
+GROUP BY 1, 2, 3;
 
 -- name: metrics_day
 -- The last 24 completed hours' summaries (filled by the archiver).
@@ -601,8 +632,10 @@ SELECT job_id, job_type, worker, attempt, expired_at, reaped_at, outcome
 FROM {schema}.lease_expiry ORDER BY reaped_at DESC, id DESC LIMIT %(limit)s;
 
 -- name: metrics_schedules
-SELECT name, job_type, cron, paused, next_run_at, last_slot, missed_count, skipped_count,
-       missed_slots, extract(epoch FROM next_run_at - now())
+-- Read by column name (ScheduleHealth's fields).
+SELECT name, job_type, cron, paused, next_run_at, last_slot, missed_count AS missed,
+       backfilled_count AS backfilled, skipped_count AS skipped, missed_slots, grace_seconds AS grace,
+       coalesce(extract(epoch FROM next_run_at - now()), 0)::float8 AS next_in
 FROM {schema}.schedule ORDER BY name;
 
 -- name: metrics_tables
@@ -613,11 +646,31 @@ FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
 WHERE s.schemaname = %(schema_name)s;
 
 -- name: metrics_lock_waits
--- Sessions waiting for a lock on one of jobtui's tables, and the longest wait.
-SELECT count(*), coalesce(max(extract(epoch FROM now() - a.state_change)), 0)
-FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-JOIN pg_class c ON c.oid = l.relation JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE NOT l.granted AND n.nspname = %(schema_name)s;
+-- Sessions of this database waiting for a lock while they work on jobtui's tables, by the
+-- kind of lock they wait for, with the longest wait of each kind. A session waiting for a row
+-- that another transaction holds (FOR UPDATE, an UPDATE) waits for that transaction's id, and
+-- the sessions queued behind it for the row's tuple lock: the first names no table, so a wait
+-- counts when it is for a table of the schema (or one of its indexes), for jobtui's
+-- migration lock (advisory), or when the waiting session holds a lock on such a table (the
+-- table lock its statement took before reaching the row). Sessions are matched by pid, both
+-- views being per server; pg_locks shows every role's locks and when each wait began.
+WITH tables AS (
+    SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = %(schema_name)s
+), waits AS (
+    SELECT CASE WHEN l.locktype IN ('relation', 'transactionid', 'tuple', 'advisory') THEN l.locktype
+                ELSE 'other' END AS kind,
+           coalesce(l.waitstart, a.query_start, clock_timestamp()) AS since
+    FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE NOT l.granted AND a.datname = current_database()
+      AND (l.relation IN (SELECT oid FROM tables)
+           OR (l.locktype = 'advisory' AND l.classid = 0 AND l.objid = %(advisory_key)s::bigint::oid
+               AND l.objsubid = 1)
+           OR EXISTS (SELECT 1 FROM pg_locks h
+                      WHERE h.pid = l.pid AND h.granted AND h.relation IN (SELECT oid FROM tables)))
+)
+SELECT kind, count(*), greatest(0, extract(epoch FROM clock_timestamp() - min(since)))::float8
+FROM waits GROUP BY kind;
 
 -- name: metrics_oldest_xact
 -- The oldest open transaction of a client session in this database: it holds back vacuum on
@@ -734,22 +787,6 @@ FROM {schema}.job
 WHERE status = %(status)s AND type = %(type)s AND error_fingerprint IS NOT DISTINCT FROM %(fingerprint)s
 ORDER BY finished_at DESC, id DESC
 LIMIT %(limit)s;
-
--- name: count_dead_group
-SELECT count(*) FROM {schema}.job
-WHERE status = %(status)s AND type = %(type)s AND error_fingerprint IS NOT DISTINCT FROM %(fingerprint)s;
-
--- name: requeue_dead_group
--- Operator: every job of one dead-letter group back to ready with a fresh set of attempts.
-UPDATE {schema}.job AS j
-SET status = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
-    errors = (j.errors || jsonb_build_array(jsonb_build_object(
-                 'at', now(), 'attempt', j.attempts, 'worker', %(actor)s::text,
-                 'kind', 'requeued', 'error', format('requeued from %%s by %%s', j.status, %(actor)s::text))))
-             - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
-WHERE j.status = %(status)s AND j.type = %(type)s
-  AND j.error_fingerprint IS NOT DISTINCT FROM %(fingerprint)s
-RETURNING j.id;
 
 -- name: schedule_rewind
 -- Moves a schedule's handled slots back in time, as if every scheduler had been down for

@@ -183,7 +183,7 @@ class JobtuiApp(App[None]):
     @work(thread=True, exclusive=True, group="refresh")
     def refresh_data(self) -> None:
         try:
-            fetched = self.source.fetch()
+            fetched = self.source.fetch(self.needle)
         except Exception as exc:  # shown in the header; the data on screen stays
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             self.call_from_thread(self._disconnected, message)
@@ -213,9 +213,10 @@ class JobtuiApp(App[None]):
         snap = self.latest.snapshot
         elapsed = self.clock() - self.latest.read_at
         needle = self.needle
-        self._table("ready").sync(render.ready_rows(snap.by_type, needle, self.thresholds))
+        done_attempts = snap.attempts_by_type.get("done", {})
+        self._table("ready").sync(render.ready_rows(snap.by_type, needle, self.thresholds, done_attempts))
         self._table("running").sync(render.running_rows(self.latest.running, needle, elapsed))
-        self._table("dead").sync(render.dead_rows(snap.dead, needle))
+        self._table("dead").sync(render.dead_rows(snap.dead, needle, self._matched()))
         self._table("expiries").sync(render.expiry_rows(snap.recent_expiries, needle))
         self._table("schedules").sync(render.schedule_rows(snap.schedules, needle, elapsed))
         self._render_vitals(snap, elapsed)
@@ -253,6 +254,8 @@ class JobtuiApp(App[None]):
         box.update(header)
         status = f"{self.schema} · {'read-only · ' if self.read_only else ''}"
         status += f"filter: '{self.needle}' · " if self.needle else ""  # as typed: not repr, which doubles \
+        if self.needle and self.latest is not None and self.latest.needle == self.needle and self.latest.filter_problem:
+            status += f"{self.latest.filter_problem} · "
         status += f"last error: {self.last_error}" if not self.connected else f"updated {render.age(elapsed)} ago"
         self.query_one("#status", Static).update(Text(line(status)))  # the filter and errors: not markup
 
@@ -295,9 +298,24 @@ class JobtuiApp(App[None]):
         return None if self.pane == "worker" else self.current_table().selected_key
 
     def _dead_group(self, key: str) -> DeadGroup | None:
+        """The dead group of row `key`, as the pane shows it (with the filter's counts)."""
         if self.latest is None:
             return None
-        return next((g for g in self.latest.snapshot.dead if render.dead_key(g) == key), None)
+        shown = render.shown_dead_groups(self.latest.snapshot.dead, self.needle, self._matched())
+        return next((g for g in shown if render.dead_key(g) == key), None)
+
+    def _matched(self) -> list[DeadGroup] | None:
+        """The groups of the jobs whose error matches the filter, if read for this filter."""
+        latest = self.latest
+        return latest.dead_matched if latest is not None and latest.needle == self.needle else None
+
+    def _dead_filtered(self, group: DeadGroup) -> bool:
+        """Whether `group` is shown for its jobs whose error matches the filter (not whole)."""
+        latest = self.latest
+        if not self.needle or latest is None or self._matched() is None:
+            return False
+        whole = render.shown_dead_groups(latest.snapshot.dead, self.needle, [])
+        return all(render.dead_key(g) != render.dead_key(group) for g in whole)
 
     def on_main_screen(self) -> bool:
         """False while a drill-down, detail or dialog screen is on top of the panes."""
@@ -379,6 +397,7 @@ class JobtuiApp(App[None]):
         event.input.remove_class("visible")
         self.current_table().focus()
         self.render_panes()
+        self.refresh_data()  # the dead groups whose errors match it are read by the database
 
     def on_key(self, event: Any) -> None:
         box = self.query_one("#filter", Input)
@@ -443,12 +462,25 @@ class JobtuiApp(App[None]):
         assert self.actions_ is not None
         return f"requeued {self.actions_.requeue_jobs(ids)} job(s)"
 
-    def do_requeue_group(self, status: str, job_type: str, fingerprint: str, counted: int | None = None) -> str:
+    def do_requeue_group(
+        self, status: str, job_type: str, fingerprint: str, ids: list[int], error: str | None = None
+    ) -> str:
+        """Requeue exactly the `ids` the question counted, then say what differs from it."""
         assert self.actions_ is not None
-        n = self.actions_.requeue_group(status, job_type, fingerprint)
-        if counted is not None and n != counted:  # jobs joined or left the group since the question
-            return f"requeued {n} job(s), not the {counted} counted: the group changed in the meantime"
-        return f"requeued {n} job(s)"
+        n = self.actions_.requeue_group(status, job_type, fingerprint, ids)
+        message = f"requeued {n} job(s)"
+        if n < len(ids):
+            message = (
+                f"requeued {n} of the {len(ids)} job(s) counted: {len(ids) - n} left the group before you"
+                " confirmed (requeued, cancelled or deleted elsewhere)"
+            )
+        joined = len(self.source.dead_group_ids(status, job_type, fingerprint, error))
+        if joined:
+            message += (
+                f"; {joined} job(s) joined the group after the count and are still {status} (not shown to you,"
+                " so not requeued): press r again for them"
+            )
+        return message
 
     def do_kill_lease(self, job_id: int) -> str:
         assert self.actions_ is not None
@@ -460,28 +492,45 @@ class JobtuiApp(App[None]):
         n = self.actions_.cancel(job_id)
         return f"job {job_id} cancelled" if n else f"job {job_id} was no longer ready or running"
 
-    def ask_requeue_group(self, status: str, job_type: str, fingerprint: str) -> None:
-        self._count_then_confirm(status, job_type, fingerprint)
+    def ask_requeue_group(self, status: str, job_type: str, fingerprint: str, error: str | None = None) -> None:
+        self._count_then_confirm(status, job_type, fingerprint, error)
 
     @work(thread=True, group="actions")
-    def _count_then_confirm(self, status: str, job_type: str, fingerprint: str) -> None:
+    def _count_then_confirm(self, status: str, job_type: str, fingerprint: str, error: str | None) -> None:
+        # The ids are read now and exactly those are requeued on yes: the number asked about
+        # is the number that changes. A group still growing (a poison job failing again and
+        # again) would otherwise send jobs nobody was shown back into the same failure.
         try:
-            count = self.source.count_dead_group(status, job_type, fingerprint)
+            ids = self.source.dead_group_ids(status, job_type, fingerprint, error)
         except Exception as exc:
             self.call_from_thread(self.notify, f"cannot count the group: {exc}", severity="error", markup=False)
             return
+        which = (
+            [f"Requeue every {status} job of type {job_type} with error"]
+            if error is None
+            else [
+                f"Requeue the {status} jobs of type {job_type} whose error matches {error!r},",
+                "of the group with error",
+            ]
+        )
         question = [
-            f"Requeue every {status} job of type {job_type} with error",
+            *which,
             f"  {fingerprint or '-'}",
-            f"{count} row(s) will change (back to ready, attempts reset).",
+            f"{len(ids)} row(s) will change (back to ready, attempts reset).",
+            f"Only these {len(ids)}: jobs that join the group before you answer",
+            f"stay {status} (press r again for them).",
         ]
-        self.call_from_thread(self.confirm_then, question, self.do_requeue_group, status, job_type, fingerprint, count)
+        self.call_from_thread(
+            self.confirm_then, question, self.do_requeue_group, status, job_type, fingerprint, ids, error
+        )
 
     def action_requeue(self) -> None:
         key = self.selected()
         group = self._dead_group(key) if key else None
         if group is not None:
-            self.ask_requeue_group(group.status, group.type, group.fingerprint)
+            # A group shown because its jobs' errors match the filter counts only those jobs.
+            error = self.needle if self._dead_filtered(group) else None
+            self.ask_requeue_group(group.status, group.type, group.fingerprint, error)
 
     def _running_job(self) -> tuple[int, str] | None:
         key = self.selected()
@@ -517,19 +566,18 @@ class JobtuiApp(App[None]):
         if schedule is None or self.actions_ is None:
             return
         actions = self.actions_
+        name = schedule.name
         if schedule.paused:
-            self._run_action(
-                lambda: (
-                    f"schedule {schedule.name} "
-                    + ("resumed" if actions.resume_schedule(schedule.name) else "was not paused")
-                )
+            self.confirm_then(
+                f"Resume schedule {name}?\nIt fires again from its next slot; the slots that passed while it was"
+                " paused stay skipped.\n1 row will change.",
+                lambda: f"schedule {name} " + ("resumed" if actions.resume_schedule(name) else "was not paused"),
             )
         else:
-            self._run_action(
-                lambda: (
-                    f"schedule {schedule.name} "
-                    + ("paused" if actions.pause_schedule(schedule.name) else "was already paused")
-                )
+            self.confirm_then(
+                f"Pause schedule {name}?\nNo {schedule.job_type} job is enqueued for its slots until it is resumed;"
+                " they count as skipped, not missed.\n1 row will change.",
+                lambda: f"schedule {name} " + ("paused" if actions.pause_schedule(name) else "was already paused"),
             )
 
     def action_run_now(self) -> None:

@@ -13,8 +13,9 @@ from .. import metrics
 from .. import scheduler as schedules
 from ..db import connect
 from ..domain import JobRow
-from ..metrics import DeadJob, ReadyJob, RunningJob, Snapshot
-from ..queue import Queue
+from ..errors import InvalidInput
+from ..metrics import DeadGroup, DeadJob, ReadyJob, RunningJob, Snapshot
+from ..queue import Queue, check_regex
 
 
 @dataclass
@@ -24,6 +25,12 @@ class Fetched:
     snapshot: Snapshot
     running: list[RunningJob]
     read_at: float = field(default_factory=time.monotonic)
+    # With a filter: the dead groups of the jobs whose error it matches, as `jobtui dead
+    # --error FILTER` lists them (None without a filter), and why it matches none when it is
+    # not a regular expression.
+    dead_matched: list[DeadGroup] | None = None
+    filter_problem: str = ""
+    needle: str = ""  # the filter dead_matched was read for
 
 
 class DataSource:
@@ -53,11 +60,20 @@ class DataSource:
                 self.close()
                 raise
 
-    def fetch(self) -> Fetched:
+    def fetch(self, needle: str = "") -> Fetched:
+        """One refresh; with a `needle` (the console's filter), also the dead groups of the
+        jobs whose error it matches, with the matcher of `--error`."""
         with self._lock:
             snap = self._read(lambda c: metrics.snapshot(c, self.schema, history=self._history))
             running = self._read(lambda c: metrics.running_jobs(c, self.schema))
-        return Fetched(snap, running)
+            if not needle:
+                return Fetched(snap, running)
+            try:
+                self._read(lambda c: check_regex(c, needle, self.schema))
+            except InvalidInput as exc:
+                return Fetched(snap, running, dead_matched=[], filter_problem=str(exc), needle=needle)
+            matched = self._read(lambda c: metrics.dead_groups(c, self.schema, error=needle))
+        return Fetched(snap, running, dead_matched=matched, needle=needle)
 
     def backend_pid(self) -> int:
         """The server process behind the connection the refreshes use."""
@@ -72,8 +88,11 @@ class DataSource:
         result: list[DeadJob] = self._read(lambda c: metrics.dead_jobs(c, status, job_type, fingerprint, self.schema))
         return result
 
-    def count_dead_group(self, status: str, job_type: str, fingerprint: str) -> int:
-        result: int = self._read(lambda c: metrics.count_dead_group(c, status, job_type, fingerprint, self.schema))
+    def dead_group_ids(self, status: str, job_type: str, fingerprint: str, error: str | None = None) -> list[int]:
+        """The ids of a dead group's jobs now (those whose error matches `error`, if given)."""
+        result: list[int] = self._read(
+            lambda c: metrics.dead_group_ids(c, status, job_type, fingerprint or None, error, self.schema)
+        )
         return result
 
     def job(self, job_id: int) -> JobRow | None:
@@ -100,8 +119,9 @@ class Actions:
     def requeue_jobs(self, ids: list[int]) -> int:
         return len(self._queue.requeue(ids, actor=self.actor))
 
-    def requeue_group(self, status: str, job_type: str, fingerprint: str) -> int:
-        return len(self._queue.requeue_dead_group(status, job_type, fingerprint or None, actor=self.actor))
+    def requeue_group(self, status: str, job_type: str, fingerprint: str, ids: list[int]) -> int:
+        """Requeue exactly `ids` of the group (those still in it); how many moved."""
+        return len(self._queue.requeue_dead_group(status, job_type, fingerprint or None, actor=self.actor, ids=ids))
 
     def kill_lease(self, job_id: int) -> int:
         return len(self._queue.kill_lease([job_id], actor=self.actor))

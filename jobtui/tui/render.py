@@ -9,7 +9,7 @@ or plain strings, which the table shows as `Text`); keys keep the data exact, fo
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -116,6 +116,11 @@ def vitals(
         ),
         ("missed slots", f"{snap.missed_slots:,}", t.level(snap.missed_slots, t.missed_warn, t.missed_crit)),
     ]
+    if snap.lock_waits:
+        # Only while sessions wait: a queue blocked on a lock (a row held by a long
+        # transaction, an ALTER TABLE) explains a backlog the other figures only show.
+        kinds = " ".join(f"{kind} {n}" for kind, n in snap.lock_waits_by_kind.items() if n)
+        parts.append(("lock waits", f"{snap.lock_waits} ({kinds}, longest {age(snap.longest_lock_wait)})", "warn"))
     for i, (label, value, level) in enumerate(parts):
         piece = Text()
         piece.append(f"{label} ", style=STYLE["dim"])
@@ -156,11 +161,31 @@ def _matches(needle: str, *fields: str | None) -> bool:
     return any(f is not None and lowered in line(f).lower() for f in fields)
 
 
-def ready_rows(by_type: Sequence[TypeCounts], needle: str, thresholds: Thresholds) -> list[Row]:
-    """One row per type with ready jobs: counts and the oldest wait."""
+def attempts_cell(buckets: Mapping[int, int]) -> str:
+    """Jobs per number of attempts used, compact: `1:1,180 2:31 3:4`.
+
+    >>> attempts_cell({2: 31, 1: 1180})
+    '1:1,180 2:31'
+    """
+    return " ".join(f"{used}:{jobs:,}" for used, jobs in sorted(buckets.items())) or "-"
+
+
+def ready_rows(
+    by_type: Sequence[TypeCounts],
+    needle: str,
+    thresholds: Thresholds,
+    attempts: Mapping[str, Mapping[int, int]] | None = None,
+) -> list[Row]:
+    """One row per type with ready jobs or jobs done in the last hour: counts, the oldest
+    wait, and the attempts the last hour's done jobs used (`attempts`: type -> attempts ->
+    jobs, the snapshot's figures, so this costs no query of its own)."""
+    attempts = attempts or {}
+    counts = {t.type: t for t in by_type}
+    # A type whose jobs all ran (none waiting, none dead) is in the done figures only.
+    every = sorted(set(counts) | set(attempts))
     rows: list[Row] = []
-    for t in by_type:
-        if t.ready == 0 or not _matches(needle, t.type):
+    for t in (counts.get(name) or TypeCounts(name) for name in every):
+        if (t.ready == 0 and not attempts.get(t.type)) or not _matches(needle, t.type):
             continue
         level = thresholds.level(t.oldest_ready_age, thresholds.oldest_ready_warn, thresholds.oldest_ready_crit)
         rows.append(
@@ -172,6 +197,7 @@ def ready_rows(by_type: Sequence[TypeCounts], needle: str, thresholds: Threshold
                     f"{t.ready - t.ready_due:,}",
                     styled(age(t.oldest_ready_age), level),
                     f"{t.running:,}",
+                    attempts_cell(attempts.get(t.type, {})),
                 ],
             )
         )
@@ -211,14 +237,30 @@ def dead_key(group: DeadGroup) -> str:
     return f"{group.status}\x1f{group.type}\x1f{group.fingerprint}"
 
 
-def dead_rows(groups: Sequence[DeadGroup], needle: str) -> list[Row]:
+def shown_dead_groups(
+    groups: Sequence[DeadGroup], needle: str, matched: Sequence[DeadGroup] | None = None
+) -> list[DeadGroup]:
+    """The dead groups a filter shows: a group whose type or status holds the text, whole;
+    else, when `matched` gives the groups of the jobs whose error matches it (the rows
+    `jobtui dead --error` lists, counting only those jobs), those. Without `matched`, the
+    text is looked for in the fingerprint too."""
+    if not needle:
+        return list(groups)
+    if matched is None:
+        return [g for g in groups if _matches(needle, g.type, g.fingerprint, g.status)]
+    whole = [g for g in groups if _matches(needle, g.type, g.status)]
+    keys = {dead_key(g) for g in whole}
+    return whole + [g for g in matched if dead_key(g) not in keys]
+
+
+def dead_rows(groups: Sequence[DeadGroup], needle: str, matched: Sequence[DeadGroup] | None = None) -> list[Row]:
     """Dead and failed groups, oldest first: a stable order, so a growing group never moves
-    the row under the operator's cursor (press `s` to sort by count)."""
+    the row under the operator's cursor (press `s` to sort by count). With a filter, the
+    groups `shown_dead_groups` gives."""
     rows: list[Row] = []
-    stable = sorted(groups, key=lambda g: (g.first_seen is None, g.first_seen or 0, dead_key(g)))
+    shown = shown_dead_groups(groups, needle, matched)
+    stable = sorted(shown, key=lambda g: (g.first_seen is None, g.first_seen or 0, dead_key(g)))
     for g in stable:
-        if not _matches(needle, g.type, g.fingerprint, g.status):
-            continue
         rows.append(
             row(
                 dead_key(g),
@@ -271,6 +313,8 @@ def schedule_rows(schedules: Sequence[ScheduleHealth], needle: str, elapsed: flo
             nxt = age(max(0.0, left))
         missed = styled(str(s.missed), "warn" if s.missed else "ok")
         last_missed = s.missed_slots[-1][5:19].replace("T", " ") if s.missed_slots else "-"
+        # Of the missed slots, those the policy still ran late.
+        backfilled = str(s.backfilled) if s.missed else "-"
         rows.append(
             row(
                 s.name,
@@ -279,6 +323,7 @@ def schedule_rows(schedules: Sequence[ScheduleHealth], needle: str, elapsed: flo
                     nxt,
                     missed,
                     last_missed,
+                    backfilled,
                     str(s.skipped),
                     s.job_type,
                     s.cron,
@@ -342,13 +387,24 @@ def dead_job_rows(jobs: Sequence[DeadJob]) -> list[Row]:
 
 
 COLUMNS = {
-    "ready": ["type", "due", "delayed", "oldest wait", "running"],
+    "ready": ["type", "due", "delayed", "oldest wait", "running", "attempts (done 1h)"],
     "running": ["id", "type", "worker", "attempt", "heartbeat", "lease left", "running for"],
     # What an operator needs first comes first, so an 80-column terminal shows it without
     # scrolling: which error, how many, still happening; then the schedules' health.
     "dead": ["status", "type", "jobs", "last seen", "error fingerprint", "first seen", "latest"],
     "expiries": ["reaped", "job", "type", "worker", "attempt", "outcome"],
-    "schedules": ["name", "next", "missed", "last missed", "skipped", "type", "cron", "last slot", "state"],
+    "schedules": [
+        "name",
+        "next",
+        "missed",
+        "last missed",
+        "backfilled",
+        "skipped",
+        "type",
+        "cron",
+        "last slot",
+        "state",
+    ],
     "ready_jobs": ["id", "type", "attempts", "waiting", "age", "last error"],
     "dead_jobs": ["id", "type", "status", "attempts", "finished", "worker", "last error"],
 }

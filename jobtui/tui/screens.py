@@ -63,17 +63,18 @@ HELP = """\
         6 worker (with --work); tab, shift+tab and the mouse work too
 [b]Move[/]    arrows, page up/down, home/end
 [b]enter[/]   drill down: a type's ready jobs, a dead group's jobs, a job
+[b]Ready[/]   by type; "attempts (done 1h)": jobs done in the last hour by attempts used
 [b]/[/]       filter by type or text (escape clears)
 [b]s[/]       sort by the next column (again: reversed)
 
-[b]Actions[/] each asks first and writes the audit log; hidden with --read-only
+[b]Actions[/] each change asks first and writes the audit log; hidden with --read-only
 [b]r[/]       requeue the selected dead group (in a group's list: the job)
 [b]R[/]       requeue the whole group, from a group's list
 [b]k[/]       kill the lease of the selected running job (ready again now)
 [b]c[/]       cancel the selected job (it becomes failed)
 [b]p[/]       pause or resume the selected schedule
 [b]n[/]       run the selected schedule now
-[b]w[/]       pause or resume the embedded worker (--work)
+[b]w[/]       pause or resume the embedded worker (--work; local, not asked)
 
 [b]?[/] this help · [b]esc[/] back · [b]q[/] quit (a worker finishes its jobs first)
 """

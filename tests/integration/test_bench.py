@@ -3,6 +3,12 @@ benchmark's schema is gone afterwards."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
+import time
+
 import psycopg
 
 from jobtui import bench
@@ -23,3 +29,54 @@ def test_bench_with_workers_deleting_on_complete_counts_every_job(dsn: str) -> N
     result = bench.run(dsn, n=600, workers=2, concurrency=10, latency_jobs=20, delete_on_complete=True)
     assert result.jobs == 600 and result.latency_samples == 20 and result.drain_per_s > 0
     assert 0 < result.latency_p50_ms <= result.latency_p99_ms
+
+
+def _cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "JOBTUI_DSN": dsn, "PYTHONUNBUFFERED": "1"}
+    env.pop("DATABASE_URL", None)
+    return subprocess.run(
+        [sys.executable, "-m", "jobtui.cli", *args], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def test_bench_schema_option_runs_in_that_schema(dsn: str) -> None:
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def watch() -> None:  # which schemas exist while the benchmark runs
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while not done.is_set():
+                rows = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE '%bench%'").fetchall()
+                seen.update(str(r[0]) for r in rows)
+                time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        result = _cli(dsn, "bench", "--schema", "my_bench", "--jobs", "300", "--workers", "1", "--concurrency", "10")
+    finally:
+        done.set()
+        watcher.join(10)
+    assert result.returncode == 0, result.stderr
+    assert "in schema my_bench (dropped afterwards)" in result.stdout
+    assert "drain" in result.stdout
+    assert seen == {"my_bench"}  # never jobtui_bench
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'my_bench'").fetchone() == (0,)
+
+
+def test_bench_refuses_a_schema_it_did_not_make(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA app_data")
+        conn.execute("CREATE TABLE app_data.orders (id int)")
+        conn.execute("INSERT INTO app_data.orders VALUES (1)")
+    for args in (["bench", "--schema", "app_data"], ["--schema", "app_data", "bench"], ["bench", "--schema", "jobtui"]):
+        result = _cli(dsn, *args, "--jobs", "10")
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("jobtui: error: schema "), result.stderr
+        assert "already exists and jobtui bench did not make it" in lines[0]
+        assert result.stdout == ""
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM app_data.orders").fetchone() == (1,)
+        assert conn.execute("SELECT count(*) FROM jobtui.job").fetchone() == (0,)  # jobtui's schema untouched

@@ -204,10 +204,11 @@ def build_world(dsn: str, conn: Conn) -> World:
 
     # Schedules: one that missed 7 slots while no scheduler ran, one paused.
     sched.upsert(conn, ScheduleSpec("nightly", "0 3 * * *", "report"), source="cli")
-    sched.upsert(conn, ScheduleSpec("every-minute", "* * * * *", "email", offset=0.0), source="cli")
+    sched.upsert(conn, ScheduleSpec("every-minute", "* * * * *", "email", offset=0.0, grace=5.0), source="cli")
     execute(
         conn,
-        "UPDATE jobtui.schedule SET missed_count = 7, missed_slots = %s::jsonb WHERE name = 'nightly'",
+        "UPDATE jobtui.schedule SET missed_count = 7, backfilled_count = 2, missed_slots = %s::jsonb"
+        " WHERE name = 'nightly'",
         json.dumps(["2024-01-01T03:00:00+00:00", "2024-01-02T03:00:00+00:00"]),
     )
     assert sched.pause(conn, "every-minute")
@@ -287,6 +288,11 @@ def test_done_per_minute_and_attempts_of_the_last_hour(conn: Conn, world: World)
     # job (1), KeyError 17 (3), the UUID one (2), a hex one (1), the long hex one (6) and
     # the failed one (1); KeyError 42 and the other hex one are older.
     assert snap.attempts_last_hour["dead_or_failed"] == {1: 3, 2: 1, 3: 1, 6: 1}
+    # The same, by type: the buckets of each type add up to the figures above.
+    assert snap.attempts_by_type == {
+        "done": {"email": {1: 2, 2: 1}, "report": {1: 1, 3: 1}},
+        "dead_or_failed": {"crash": {1: 1}, "email": {2: 1, 3: 1}, "report": {1: 2, 6: 1}},
+    }
 
 
 def test_lease_expirations_per_hour_total_and_recent(conn: Conn, world: World) -> None:
@@ -345,6 +351,7 @@ def test_missed_slots_per_schedule(conn: Conn, world: World) -> None:
         7,
         0,
     )
+    assert (nightly.backfilled, nightly.grace, every.backfilled, every.grace) == (2, 30.0, 0, 5.0)
     assert nightly.missed_slots == ["2024-01-01T03:00:00+00:00", "2024-01-02T03:00:00+00:00"]
     assert 0 < nightly.next_in <= 86400
     assert nightly.next_in == pytest.approx((nightly.next_run_at - snap.taken_at).total_seconds(), abs=1e-3)
@@ -590,6 +597,7 @@ def test_lock_waits(dsn: str, conn: Conn, holder: Conn) -> None:
         snap = snapshot(conn)
         assert snap.lock_waits == 1
         assert 0.2 <= snap.longest_lock_wait < 10
+        assert snap.lock_waits_by_kind["relation"] == 1  # LOCK TABLE: a wait for the table itself
         # The lock holder's transaction is the oldest open one.
         assert snap.oldest_xact_pid == holder.info.backend_pid
     finally:
@@ -597,6 +605,84 @@ def test_lock_waits(dsn: str, conn: Conn, holder: Conn) -> None:
         thread.join(10)
     assert not errors and not thread.is_alive()
     assert snapshot(conn).lock_waits == 0
+
+
+def _waiting_kinds(conn: Conn) -> list[str]:
+    rows = conn.execute(
+        "SELECT l.locktype FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+        " WHERE NOT l.granted AND a.datname = current_database() ORDER BY 1"
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def test_row_lock_waits_are_counted_by_kind(dsn: str, conn: Conn, holder: Conn) -> None:
+    """A job row held FOR UPDATE in an open transaction: the next session wanting the row
+    waits for the holder's transaction id, the one after it for the row's tuple lock. Neither
+    lock names the job table; both waits are counted, each with its kind and its duration."""
+    with Queue(dsn) as q:
+        job_id = q.enqueue("t")
+    # An application table in the same database: a row lock there is not jobtui's business.
+    conn.execute("CREATE TABLE app_orders (id int PRIMARY KEY)")
+    conn.execute("INSERT INTO app_orders VALUES (1)")
+    assert holder.execute("SELECT id FROM jobtui.job WHERE id = %s FOR UPDATE", (job_id,)).fetchall() == [(job_id,)]
+    holder.execute("SELECT id FROM app_orders WHERE id = 1 FOR UPDATE")
+    threads, errors = [], []
+    statements = [
+        f"SELECT id FROM jobtui.job WHERE id = {job_id} FOR UPDATE",
+        f"UPDATE jobtui.job SET payload = '{{}}' WHERE id = {job_id}",
+        "UPDATE app_orders SET id = 1 WHERE id = 1",
+    ]
+    try:
+        for n, statement in enumerate(statements, start=1):
+            started = threading.Event()
+            thread = threading.Thread(target=_blocked_session, args=(dsn, statement, started, errors))
+            thread.start()
+            threads.append(thread)
+            # One at a time: the second job session queues behind the first.
+            deadline = time.monotonic() + 10
+            while len(_waiting_kinds(conn)) < n and time.monotonic() < deadline:
+                time.sleep(0.02)
+        assert _waiting_kinds(conn) == ["transactionid", "transactionid", "tuple"]
+        time.sleep(0.3)
+        snap = snapshot(conn)
+        assert snap.lock_waits == 2, snap.lock_waits_by_kind  # the app table's wait is left out
+        assert snap.lock_waits_by_kind == {"relation": 0, "transactionid": 1, "tuple": 1, "advisory": 0, "other": 0}
+        longest = snap.longest_lock_wait_by_kind
+        assert 0.3 <= longest["tuple"] <= longest["transactionid"] < 10, longest
+        assert longest["relation"] == longest["advisory"] == longest["other"] == 0
+        assert snap.longest_lock_wait == longest["transactionid"]
+        stats = snap.to_json()
+        assert stats["lock_waits_by_kind"]["transactionid"] == 1
+    finally:
+        holder.rollback()
+        for thread in threads:
+            thread.join(10)
+    assert not errors and not any(t.is_alive() for t in threads)
+    after = snapshot(conn)
+    assert after.lock_waits == 0 and set(after.lock_waits_by_kind.values()) == {0}
+
+
+def test_a_migration_waiting_for_another_is_an_advisory_lock_wait(dsn: str, conn: Conn, holder: Conn) -> None:
+    from jobtui.migrate import _lock_key, migrate
+
+    holder.execute("SELECT pg_advisory_lock(%s)", (_lock_key("jobtui"),))
+    started, errors = threading.Event(), []
+    thread = threading.Thread(
+        target=_blocked_session, args=(dsn, f"SELECT pg_advisory_lock({_lock_key('jobtui')})", started, errors)
+    )
+    thread.start()
+    try:
+        _wait_until_waiting(conn, 1)
+        snap = snapshot(conn)
+        assert (snap.lock_waits, snap.lock_waits_by_kind["advisory"]) == (1, 1)
+        # For another schema's tables, this migration lock is not theirs.
+        migrate(conn, "jobtui_other")
+        assert snapshot(conn, "jobtui_other").lock_waits == 0
+    finally:
+        holder.execute("SELECT pg_advisory_unlock_all()")
+        holder.rollback()
+        thread.join(10)
+    assert not errors and not thread.is_alive()
 
 
 def test_snapshot_gives_up_behind_an_access_exclusive_lock(dsn: str, conn: Conn, holder: Conn) -> None:
@@ -745,8 +831,27 @@ def test_prometheus_endpoint(dsn: str, conn: Conn, world: World, metrics_server:
     assert samples["jobtui_expired_leases", ()] == 1
     assert samples["jobtui_missed_slots_total", (("schedule", "nightly"),)] == 7
     assert samples["jobtui_missed_slots_total", (("schedule", "every-minute"),)] == 0
+    assert samples["jobtui_backfilled_slots_total", (("schedule", "nightly"),)] == 2
     assert samples["jobtui_schedule_paused", (("schedule", "every-minute"),)] == 1
-    assert samples["jobtui_lock_waits", ()] == 0
+    attempts = {
+        (dict(labels)["status"], dict(labels)["type"], dict(labels)["attempts"]): v
+        for (name, labels), v in samples.items()
+        if name == "jobtui_jobs_finished_last_hour"
+    }
+    assert attempts == {
+        ("done", "email", "1"): 2,
+        ("done", "email", "2"): 1,
+        ("done", "report", "1"): 1,
+        ("done", "report", "3"): 1,
+        ("dead_or_failed", "crash", "1"): 1,
+        ("dead_or_failed", "email", "2"): 1,
+        ("dead_or_failed", "email", "3"): 1,
+        ("dead_or_failed", "report", "1"): 2,
+        ("dead_or_failed", "report", "6"): 1,
+    }
+    for kind in ("relation", "transactionid", "tuple", "advisory", "other"):
+        assert samples["jobtui_lock_waits", (("kind", kind),)] == 0
+        assert samples["jobtui_lock_wait_longest_seconds", (("kind", kind),)] == 0
     assert ("jobtui_table_dead_tuples", (("table", "job"),)) in samples
     # The exposition's own lines, as Prometheus reads them.
     text = scrape_text(metrics_server)

@@ -148,11 +148,20 @@ def test_stats_text_shows_throughput_and_schedules(dsn: str, conn: Conn, seeded:
     assert "attempts used by jobs done in the last hour: 2: 1" in out
     schedules = {
         cells[0]: cells
-        for cells in ([c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.count("│") == 8)
+        for cells in ([c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.count("│") == 9)
         if cells[0] in ("nightly", "hourly")
     }
-    assert schedules["nightly"][1:3] == ["report", "0 3 * * *"] and schedules["nightly"][4:] == ["3", "0", "active"]
-    assert schedules["hourly"][3:] == ["-", "0", "0", "paused"]
+    # missed, backfilled, skipped, state
+    assert schedules["nightly"][1:3] == ["report", "0 3 * * *"]
+    assert schedules["nightly"][4:] == ["3", "0", "0", "active"]
+    assert schedules["hourly"][3:] == ["-", "0", "0", "0", "paused"]
+    # The attempts of the last hour's finished jobs, by type (the seeded dead ones too).
+    attempts = {
+        cells[0]: cells[1:]
+        for cells in ([c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.count("│") == 4)
+        if cells and cells[0] in ("email", "report")
+    }
+    assert attempts == {"email": ["2: 1", "3: 1, 25: 1"], "report": ["-", "1: 1, 5: 1"]}
 
 
 def test_stats_json(dsn: str, seeded: Seeded) -> None:
@@ -241,11 +250,15 @@ def test_dead_grouped_and_filtered(dsn: str, seeded: Seeded) -> None:
 
 def test_requeue_by_ids(dsn: str, conn: Conn, seeded: Seeded) -> None:
     before = statuses(conn)
-    out = ok(jobtui(dsn, "requeue", str(seeded.k17), str(seeded.ready), actor="alice"))
-    assert out.splitlines() == [
-        f"job {seeded.ready} is ready: cannot requeue it (only dead or failed); skipped",
-        "requeued 1 job(s)",
-    ]
+    # A job that is not dead or failed among them: nothing at all changes, as for an unknown id.
+    line = user_error(jobtui(dsn, "requeue", str(seeded.k17), str(seeded.ready), actor="alice"))
+    assert line == (
+        f"jobtui: error: job {seeded.ready} is ready, not dead or failed: nothing was changed;"
+        " give only dead or failed jobs"
+    )
+    assert statuses(conn) == before and audit_rows(conn) == []
+    out = ok(jobtui(dsn, "requeue", str(seeded.k17), actor="alice"))
+    assert out.splitlines() == ["requeued 1 job(s)"]
     after = statuses(conn)
     assert after[seeded.k17] == ("ready", 0)
     assert {k: v for k, v in after.items() if k != seeded.k17} == {k: v for k, v in before.items() if k != seeded.k17}
@@ -259,7 +272,7 @@ def test_requeue_by_ids(dsn: str, conn: Conn, seeded: Seeded) -> None:
 def test_requeue_matching_dry_run_then_for_real(dsn: str, conn: Conn, seeded: Seeded) -> None:
     before = statuses(conn)
     out = ok(jobtui(dsn, "requeue", "--type", "email", "--error", r"user \d+", "--dry-run", actor="bob"))
-    assert out.strip() == "would requeue 2 job(s) (dry run, nothing changed)"
+    assert out.strip() == f"would requeue 2 job(s): {seeded.k17}, {seeded.k42} (dry run, nothing changed)"
     assert statuses(conn) == before
     assert audit_rows(conn) == [("bob", "requeue-dry-run", r"type=email error=user \d+", [], 2)]
     # PostgreSQL's own syntax (\m: start of a word) is accepted: PostgreSQL does the matching.
@@ -282,19 +295,37 @@ def test_requeue_matching_dry_run_then_for_real(dsn: str, conn: Conn, seeded: Se
 
 def test_kill_lease(dsn: str, conn: Conn, seeded: Seeded) -> None:
     out = ok(jobtui(dsn, "kill-lease", str(seeded.running), actor="carol"))
-    assert out.strip() == "killed 1 lease(s); the job(s) are ready again"
+    assert out.strip() == "killed 1 lease(s): 1 ready again"
     row = conn.execute(
         "SELECT status, locked_until, last_error FROM jobtui.job WHERE id = %s", (seeded.running,)
     ).fetchone()
     assert row == ("ready", None, "lease killed by carol during attempt 1 of 25")
     assert audit_rows(conn) == [("carol", "kill-lease", f"jobs {seeded.running}", [seeded.running], 1)]
-    # Now it is ready: nothing to kill, and nothing audited beyond the attempt.
-    out = ok(jobtui(dsn, "kill-lease", str(seeded.running), actor="carol"))
-    assert out.splitlines() == [
-        f"job {seeded.running} is ready: cannot kill the lease of it (only running); skipped",
-        "killed 0 lease(s); the job(s) are ready again",
-    ]
+    # Now it is ready: nothing to kill, said in one line (exit 2, as for requeue and cancel).
+    line = user_error(jobtui(dsn, "kill-lease", str(seeded.running), actor="carol"))
+    assert line == f"jobtui: error: job {seeded.running} is ready, not running: nothing to kill"
     assert len(audit_rows(conn)) == 1
+
+
+def test_commands_on_jobs_in_another_state_change_nothing(dsn: str, conn: Conn, seeded: Seeded) -> None:
+    before = statuses(conn)
+    cases = [
+        (["requeue", str(seeded.ready)], f"job {seeded.ready} is ready, not dead or failed: nothing to requeue"),
+        (["cancel", str(seeded.k17)], f"job {seeded.k17} is dead, not ready or running: nothing to cancel"),
+        (
+            ["kill-lease", str(seeded.ready), str(seeded.k42)],
+            f"jobs {seeded.ready} (ready) and {seeded.k42} (dead) are not running: nothing to kill",
+        ),
+        (
+            ["cancel", str(seeded.ready), str(seeded.failed)],
+            f"job {seeded.failed} is failed, not ready or running: nothing was changed; give only ready or running"
+            " jobs",
+        ),
+    ]
+    for args, message in cases:
+        assert user_error(jobtui(dsn, *args)) == f"jobtui: error: {message}", args
+        assert statuses(conn) == before, args
+    assert audit_rows(conn) == []
 
 
 def test_cancel(dsn: str, conn: Conn, seeded: Seeded) -> None:

@@ -523,3 +523,38 @@ def test_the_worker_role_prunes_old_audit_rows_only_through_the_owners_function(
     assert "new" in actors and not {"old", "mid"} & actors
     with psycopg.connect(roles.readonly, autocommit=True) as conn, pytest.raises(DENIED):
         conn.execute("SELECT jobtui.prune_audit(interval '0', 10)")
+
+
+def test_the_readonly_role_sees_every_roles_lock_waits(roles: Roles, admin: Conn) -> None:
+    """Lock waits need no pg_read_all_stats: pg_locks shows every role's locks, and when each
+    wait began; pg_stat_activity (database, pid) names the waiting session's database."""
+    import threading
+    import time
+
+    with Queue(roles.admin) as q:
+        job_id = q.enqueue("t")
+    with psycopg.connect(roles.admin) as holder:
+        holder.execute("SELECT id FROM jobtui.job WHERE id = %s FOR UPDATE", (job_id,))
+
+        def wait_for_the_row() -> None:
+            with psycopg.connect(roles.admin, autocommit=True) as blocked:
+                blocked.execute("SELECT id FROM jobtui.job WHERE id = %s FOR UPDATE", (job_id,))
+
+        thread = threading.Thread(target=wait_for_the_row)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                waiting = admin.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone()
+                if waiting and waiting[0]:
+                    break
+                time.sleep(0.02)
+            time.sleep(0.2)
+            with psycopg.connect(roles.readonly, autocommit=True) as conn:
+                snap = snapshot(conn)
+            assert snap.lock_waits == snap.lock_waits_by_kind["transactionid"] == 1
+            assert 0.2 <= snap.longest_lock_wait < 10
+        finally:
+            holder.rollback()
+            thread.join(10)
+        assert not thread.is_alive()

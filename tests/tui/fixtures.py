@@ -86,7 +86,8 @@ def schedules() -> list[ScheduleHealth]:
         ScheduleHealth("billing.nightly", "invoice.render", "0 2 * * *", False, NOW + timedelta(hours=16, minutes=33),
                        NOW.replace(hour=2, minute=0, second=0), 0, 0, [], 59587.0),
         ScheduleHealth("catch-up", "email.send", "* * * * *", False, NOW + timedelta(seconds=7),
-                       NOW.replace(second=0), 14, 0, ["2025-03-14T09:11:00+00:00", "2025-03-14T09:24:00+00:00"], 7.0),
+                       NOW.replace(second=0), 14, 0, ["2025-03-14T09:11:00+00:00", "2025-03-14T09:24:00+00:00"], 7.0,
+                       backfilled=1),
         ScheduleHealth("digest.weekly", "email.send", "0 8 * * 1", True, NOW + timedelta(days=3),
                        ago(4 * 86400), 0, 3, [], 254000.0),
         ScheduleHealth("heartbeat", "email.send", "*/5 * * * * *", False, NOW + timedelta(seconds=2),
@@ -109,6 +110,14 @@ def snapshot() -> Snapshot:
         done_per_minute=[96, 168, 181] + [150] * 57,  # index 0 = the current minute, so far
         done_last_minute=174,
         attempts_last_hour={"done": {1: 9800, 2: 310, 3: 42}},
+        attempts_by_type={
+            "done": {
+                "email.send": {1: 8950, 2: 200},
+                "report.build": {1: 300, 2: 10, 3: 2},
+                "sms.send": {1: 50},  # all done: no job waiting, none dead
+                "webhook.deliver": {1: 500, 2: 100, 3: 40},
+            }
+        },
         attempts_last_day={},
         lease_expiries_per_hour=[7, 2] + [0] * 22,
         recent_expiries=expiries(),
@@ -165,7 +174,7 @@ class FixedSource(DataSource):
         super().__init__("postgresql://fixed.invalid/jobtui", "jobtui")
         self.unreachable = False  # set to make every read fail as a lost server does
 
-    def fetch(self) -> Fetched:
+    def fetch(self, needle: str = "") -> Fetched:
         if self.unreachable:
             raise DatabaseUnavailable("cannot reach PostgreSQL at db.example.com:5432: connection refused")
         return Fetched(snapshot(), running_jobs(), read_at=READ_AT)
@@ -176,10 +185,11 @@ class FixedSource(DataSource):
     def dead_jobs(self, status: str, job_type: str, fingerprint: str) -> list[DeadJob]:
         return dead_jobs(status, job_type, fingerprint)
 
-    def count_dead_group(self, status: str, job_type: str, fingerprint: str) -> int:
-        return next(
+    def dead_group_ids(self, status: str, job_type: str, fingerprint: str, error: str | None = None) -> list[int]:
+        jobs = next(
             g.jobs for g in dead_groups() if (g.status, g.type, g.fingerprint) == (status, job_type, fingerprint)
         )
+        return list(range(5000, 5000 + jobs))
 
     def job(self, job_id: int) -> JobRow | None:
         return job(job_id)

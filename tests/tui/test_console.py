@@ -101,22 +101,82 @@ async def test_requeue_dead_group_says_the_exact_count_then_changes_those_rows(d
     ]
 
 
-async def test_a_group_that_grows_before_the_answer_is_reported(dsn: str) -> None:
+async def test_a_group_that_grows_before_the_answer_requeues_only_the_jobs_counted(dsn: str) -> None:
+    """The question names a number of rows; exactly those rows change. A job that fails the
+    same way while the operator reads the question stays dead, and the toast says so."""
+    s = seed(dsn)
+    async with console(dsn) as (app, pilot):
+        await open_pane(pilot, app, "dead", BILLING_KEY)
+        await pilot.press("r")
+        question = await confirm_question(pilot, app)
+        assert "3 row(s) will change" in question and "Only these 3: jobs that join the group" in question
+        assert "before you answer\nstay dead (press r again for them)" in question
+        newcomer = _dead_like(dsn, s.dead_billing[0])  # one more job fails the same way meanwhile
+        await answer(pilot, app, "y")
+        await wait_for(pilot, lambda: set(statuses(dsn, s.dead_billing).values()) == {"ready"}, what="the requeue")
+        expected = "requeued 3 job(s); 1 job(s) joined the group after the count and are still dead"
+        await wait_for(
+            pilot,
+            lambda: any(expected in str(n.message) for n in app._notifications),
+            what=f"the notification, got {[str(n.message) for n in app._notifications]}",
+        )
+        assert statuses(dsn, [newcomer]) == {newcomer: "dead"}
+        # Asked again, the newcomer is what is counted.
+        await wait_for(pilot, lambda: app._dead_group(BILLING_KEY) is not None, what="the group, still there")
+        await pilot.press("r")
+        assert "1 row(s) will change" in await confirm_question(pilot, app)
+        await answer(pilot, app, "n")
+    assert [(a[3], a[4]) for a in audit(dsn)] == [(sorted(s.dead_billing), 3)]
+
+
+async def test_a_job_that_leaves_the_group_before_the_answer_is_not_counted_as_requeued(dsn: str) -> None:
     s = seed(dsn)
     async with console(dsn) as (app, pilot):
         await open_pane(pilot, app, "dead", BILLING_KEY)
         await pilot.press("r")
         assert "3 row(s) will change" in await confirm_question(pilot, app)
-        newcomer = _dead_like(dsn, s.dead_billing[0])  # one more job fails the same way meanwhile
+        with Queue(dsn, max_connections=1) as queue:  # another operator requeues one of them
+            assert queue.requeue([s.dead_billing[0]], actor="someone-else") == [s.dead_billing[0]]
         await answer(pilot, app, "y")
-        await wait_for(pilot, lambda: statuses(dsn, [newcomer]) == {newcomer: "ready"}, what="the requeue")
-        messages = [str(n.message) for n in app._notifications]
+        expected = "requeued 2 of the 3 job(s) counted: 1 left the group before you confirmed"
         await wait_for(
             pilot,
-            lambda: any("requeued 4 job(s), not the 3 counted" in str(n.message) for n in app._notifications),
-            what=f"the notification, got {messages}",
+            lambda: any(expected in str(n.message) for n in app._notifications),
+            what=f"the notification, got {[str(n.message) for n in app._notifications]}",
         )
-    assert [a[4] for a in audit(dsn)] == [4]
+    assert set(statuses(dsn, s.dead_billing).values()) == {"ready"}
+    assert [(a[0], a[4]) for a in audit(dsn)] == [("someone-else", 1), ("console", 2)]
+
+
+async def test_the_dead_filter_matches_errors_as_dead_error_does_and_requeue_takes_those_jobs(dsn: str) -> None:
+    """`/` in the dead pane matches errors with the matcher of `jobtui dead --error`: the
+    first line or the fingerprint, a regular expression. A group shown for some of its jobs
+    counts those, and requeueing it asks for and changes only those."""
+    s = seed(dsn)
+    async with console(dsn) as (app, pilot):
+        dead = await open_pane(pilot, app, "dead", BILLING_KEY)
+        await pilot.press("slash", *"customer 1[23]", "enter")  # billing jobs 12 and 13, not 11
+        await wait_for(pilot, lambda: keys(dead) == [BILLING_KEY], what="the filtered group")
+        await wait_for(pilot, lambda: str(dead.get_cell(BILLING_KEY, "jobs")) == "2", what="its 2 matching jobs")
+        await pilot.press("r")
+        question = await confirm_question(pilot, app)
+        assert "dead jobs of type invoice.render whose error matches 'customer 1[23]'," in question
+        assert "2 row(s) will change" in question
+        await answer(pilot, app, "y")
+        wanted = {s.dead_billing[0]: "dead", s.dead_billing[1]: "ready", s.dead_billing[2]: "ready"}
+        await wait_for(pilot, lambda: statuses(dsn, s.dead_billing) == wanted, what="the two requeued")
+        # A type's name selects its groups whole.
+        await pilot.press("slash", "escape", "slash", *"webhook", "enter")
+        assert app.needle == "webhook"
+        await wait_for(pilot, lambda: len(keys(dead)) == 1, what="the webhook group")
+        assert str(dead.get_cell(keys(dead)[0], "jobs")) == "2"
+        await pilot.press("slash", "escape", "slash", *"[unclosed", "enter")
+        assert app.needle == "[unclosed"
+        await wait_for(
+            pilot, lambda: "bad --error pattern" in text(app.query_one("#status")), what="the bad pattern said"
+        )
+        assert keys(dead) == []
+    assert [(a[2], a[4]) for a in audit(dsn)] == [(f"dead group type=invoice.render error={BILLING}", 2)]
 
 
 def _dead_like(dsn: str, job_id: int) -> int:
@@ -208,6 +268,27 @@ async def test_cancel_a_ready_job_from_the_type_list(dsn: str) -> None:
     assert audit(dsn) == [("console", "cancel", f"jobs {s.ready[0]}", [s.ready[0]], 1)]
 
 
+# -- attempts ---------------------------------------------------------------------------------
+
+
+async def test_the_ready_pane_shows_the_attempts_each_types_done_jobs_used(dsn: str) -> None:
+    seed(dsn)
+    with Queue(dsn, max_connections=1) as queue:
+        done = queue.enqueue_many([NewJob("email.send")] * 4 + [NewJob("pdf.render")] * 2)
+    # Done in the last minutes with 1, 1, 1 and 3 attempts (email.send), 2 and 2 (pdf.render).
+    for job_id, attempts in zip(done, [1, 1, 1, 3, 2, 2], strict=True):
+        query(dsn, "UPDATE jobtui.job SET status = 'done', attempts = %s, finished_at = now() - interval '2 min' "
+              "WHERE id = %s RETURNING id", attempts, job_id)  # fmt: skip
+    async with console(dsn) as (app, pilot):
+        ready = await open_pane(pilot, app, "ready", "email.send")
+        assert str(ready.get_cell("email.send", "attempts (done 1h)")) == "1:3 3:1"
+        # pdf.render has nothing waiting: its row is there for its attempts.
+        await wait_for(pilot, lambda: "pdf.render" in keys(ready), what="the done-only type")
+        assert str(ready.get_cell("pdf.render", "attempts (done 1h)")) == "2:2"
+        assert str(ready.get_cell("pdf.render", "due")) == "0"
+        assert str(ready.get_cell("sms.send", "attempts (done 1h)")) == "-"
+
+
 # -- running jobs -----------------------------------------------------------------------------
 
 
@@ -272,16 +353,33 @@ def paused(dsn: str, name: str) -> bool:
     return bool(query(dsn, "SELECT paused FROM jobtui.schedule WHERE name = %s", name)[0][0])
 
 
-async def test_pause_and_resume_a_schedule(dsn: str) -> None:
+async def test_pause_and_resume_a_schedule_ask_first(dsn: str) -> None:
     seed(dsn)
     async with console(dsn) as (app, pilot):
         schedules = await open_pane(pilot, app, "schedules", "hourly.ping")
-        await pilot.press("p")  # no confirmation: undone with the same key
+        await pilot.press("p")
+        question = await confirm_question(pilot, app)
+        assert "Pause schedule hourly.ping?" in question and "1 row will change" in question
+        assert "No email.send job is enqueued for its slots until it is resumed" in question
+        await answer(pilot, app, "n")  # no: nothing changes, nothing is audited
+        await stays(pilot, lambda: not paused(dsn, "hourly.ping"), 0.5)
+        assert audit(dsn) == []
+        await pilot.press("p")
+        await confirm_question(pilot, app)
+        await answer(pilot, app, "y")
         await wait_for(pilot, lambda: paused(dsn, "hourly.ping"), what="paused")
         await wait_for(pilot, lambda: str(schedules.get_cell("hourly.ping", "state")) == "paused", what="paused shown")
         await pilot.press("p")
+        question = await confirm_question(pilot, app)
+        assert "Resume schedule hourly.ping?" in question and "stay skipped" in question
+        await answer(pilot, app, "escape")
+        await stays(pilot, lambda: paused(dsn, "hourly.ping"), 0.5)
+        await pilot.press("p")
+        await confirm_question(pilot, app)
+        await answer(pilot, app, "y")
         await wait_for(pilot, lambda: not paused(dsn, "hourly.ping"), what="resumed")
         await wait_for(pilot, lambda: str(schedules.get_cell("hourly.ping", "state")) == "active", what="active shown")
+        assert any("schedule hourly.ping resumed" in str(n.message) for n in app._notifications)
     assert not paused(dsn, "nightly.report")
     assert audit(dsn) == [
         ("console", "schedule-pause", "schedule hourly.ping", [], 1),

@@ -105,6 +105,19 @@ def test_vitals_thresholds_are_configurable_and_a_quiet_queue_is_all_ok() -> Non
     assert "ready 2 " in line.plain + " "  # nothing delayed: no "+0"
 
 
+def test_vitals_show_lock_waits_by_kind_only_while_sessions_wait() -> None:
+    assert "lock waits" not in render.vitals(fx.snapshot(), [], T).plain
+    kinds = dict.fromkeys(("relation", "transactionid", "tuple", "advisory", "other"), 0)
+    waiting = snap_with(
+        lock_waits=3,
+        longest_lock_wait=75.0,
+        lock_waits_by_kind={**kinds, "transactionid": 1, "tuple": 2},
+    )
+    line = render.vitals(waiting, [], T)
+    assert "lock waits 3 (transactionid 1 tuple 2, longest 1m15s)" in line.plain
+    assert figure_style(line, "lock waits") == WARN
+
+
 def test_vitals_dead_turns_red_at_crit() -> None:
     many = snap_with(by_type=[TypeCounts("x", dead=150)])
     assert figure_style(render.vitals(many, [], T), "dead") == CRIT
@@ -164,13 +177,37 @@ def test_ready_rows_skip_empty_types_and_colour_the_wait() -> None:
     rows = dict(render.ready_rows(fx.by_type(), "", T))
     assert "invoice.render" in rows  # 4 delayed, none due
     assert list(rows) == ["email.send", "image.resize", "invoice.render", "report.build", "webhook.deliver"]
-    assert [plain(c) for c in rows["email.send"]] == ["email.send", "1,180", "24", "42s", "6"]
+    assert [plain(c) for c in rows["email.send"]] == ["email.send", "1,180", "24", "42s", "6", "-"]
     assert style_of(rows["email.send"][3]) == ""
     assert style_of(rows["webhook.deliver"][3]) == WARN  # 95 s
     assert style_of(rows["report.build"][3]) == CRIT  # 412 s
     assert plain(rows["invoice.render"][3]) == "-"
     empty = render.ready_rows([TypeCounts("quiet", ready=0, running=3)], "", T)
     assert empty == []
+
+
+def test_ready_rows_show_the_attempts_of_each_types_done_jobs() -> None:
+    done = fx.snapshot().attempts_by_type["done"]
+    rows = {key: named("ready", cells) for key, cells in render.ready_rows(fx.by_type(), "", T, done)}
+    assert rows["email.send"]["attempts (done 1h)"] == "1:8,950 2:200"
+    assert rows["webhook.deliver"]["attempts (done 1h)"] == "1:500 2:100 3:40"
+    assert rows["image.resize"]["attempts (done 1h)"] == "-"  # none done in the last hour
+    # A type with nothing waiting but jobs done in the hour has a row for its attempts.
+    assert rows["sms.send"] == {
+        "type": "sms.send",
+        "due": "0",
+        "delayed": "0",
+        "oldest wait": "-",
+        "running": "0",
+        "attempts (done 1h)": "1:50",
+    }
+    assert list(rows) == sorted(rows)
+    # Every bucket of the snapshot is shown: per type they add up to the header's hour.
+    total: dict[int, int] = {}
+    for buckets in done.values():
+        for used, jobs in buckets.items():
+            total[used] = total.get(used, 0) + jobs
+    assert total == fx.snapshot().attempts_last_hour["done"]
 
 
 def test_ready_rows_filter_is_case_insensitive() -> None:
@@ -287,11 +324,13 @@ def test_schedule_rows_overdue_paused_and_missed() -> None:
     catch_up = rows["catch-up"]
     assert plain(catch_up[missed]) == "14" and style_of(catch_up[missed]) == WARN
     assert named("schedules", catch_up)["last missed"] == "03-14 09:24:00"  # the newest missed slot
+    assert named("schedules", catch_up)["backfilled"] == "1"  # of the 14, one ran late (policy once)
     assert named("schedules", rows["heartbeat"]) == {
         "name": "heartbeat",
         "next": "2s",
         "missed": "0",
         "last missed": "-",
+        "backfilled": "-",
         "skipped": "0",
         "type": "email.send",
         "cron": "*/5 * * * * *",
@@ -301,7 +340,7 @@ def test_schedule_rows_overdue_paused_and_missed() -> None:
     assert style_of(rows["heartbeat"][missed]) == ""
     assert plain(rows["billing.nightly"][nxt]) == "16h33m"
     # The schedules' health first: on screen at 80 columns.
-    assert render.COLUMNS["schedules"][:5] == ["name", "next", "missed", "last missed", "skipped"]
+    assert render.COLUMNS["schedules"][:6] == ["name", "next", "missed", "last missed", "backfilled", "skipped"]
 
 
 def test_schedule_rows_countdown_and_grace() -> None:

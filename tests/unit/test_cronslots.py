@@ -199,29 +199,41 @@ def at(minutes: int, seconds: float = 0) -> datetime:
 
 
 PLANS = [
-    # (id, last_slot, now, policy, fire, missed, missed_count)
-    ("on-time-skip", at(-1), at(0, 10), MissedPolicy.SKIP, [at(0)], [], 0),
-    ("on-time-once", at(-1), at(0, 10), MissedPolicy.ONCE, [at(0)], [], 0),
-    ("on-time-all", at(-1), at(0, 10), MissedPolicy.ALL, [at(0)], [], 0),
-    ("exactly-on-slot", at(-1), at(0), MissedPolicy.SKIP, [at(0)], [], 0),
-    ("nothing-due", at(0), at(0, 59), MissedPolicy.ALL, [], [], 0),
-    # Five slots passed (11:56 to 12:00); the newest is on time.
-    ("missed-on-time-skip", at(-5), at(0, 10), MissedPolicy.SKIP, [at(0)], [at(-4), at(-3), at(-2), at(-1)], 4),
-    ("missed-on-time-once", at(-5), at(0, 10), MissedPolicy.ONCE, [at(0)], [at(-4), at(-3), at(-2), at(-1)], 4),
-    ("missed-on-time-all", at(-5), at(0, 10), MissedPolicy.ALL, [at(-4), at(-3), at(-2), at(-1), at(0)], [], 0),
-    # Five slots passed and even the newest is 45 s late.
-    ("missed-late-skip", at(-5), at(0, 45), MissedPolicy.SKIP, [], [at(-4), at(-3), at(-2), at(-1), at(0)], 5),
-    ("missed-late-once", at(-5), at(0, 45), MissedPolicy.ONCE, [at(0)], [at(-4), at(-3), at(-2), at(-1)], 4),
-    ("missed-late-all", at(-5), at(0, 45), MissedPolicy.ALL, [at(-4), at(-3), at(-2), at(-1), at(0)], [], 0),
+    # (id, last_slot, now, policy, fire, missed, missed_count, backfilled)
+    ("on-time-skip", at(-1), at(0, 10), MissedPolicy.SKIP, [at(0)], [], 0, 0),
+    ("on-time-once", at(-1), at(0, 10), MissedPolicy.ONCE, [at(0)], [], 0, 0),
+    ("on-time-all", at(-1), at(0, 10), MissedPolicy.ALL, [at(0)], [], 0, 0),
+    ("exactly-on-slot", at(-1), at(0), MissedPolicy.SKIP, [at(0)], [], 0, 0),
+    ("nothing-due", at(0), at(0, 59), MissedPolicy.ALL, [], [], 0, 0),
+    # Five slots passed (11:56 to 12:00); the newest is on time, the four before it missed.
+    ("missed-on-time-skip", at(-5), at(0, 10), MissedPolicy.SKIP, [at(0)], [at(-4), at(-3), at(-2), at(-1)], 4, 0),
+    # once: one job for the latest missed slot, besides the on-time one (not the same as skip).
+    (
+        "missed-on-time-once",
+        at(-5), at(0, 10), MissedPolicy.ONCE, [at(-1), at(0)], [at(-4), at(-3), at(-2), at(-1)], 4, 1,
+    ),
+    (
+        "missed-on-time-all",
+        at(-5), at(0, 10), MissedPolicy.ALL, [at(-4), at(-3), at(-2), at(-1), at(0)],
+        [at(-4), at(-3), at(-2), at(-1)], 4, 4,
+    ),
+    # Five slots passed and even the newest is 45 s late: all missed.
+    ("missed-late-skip", at(-5), at(0, 45), MissedPolicy.SKIP, [], [at(-4), at(-3), at(-2), at(-1), at(0)], 5, 0),
+    ("missed-late-once", at(-5), at(0, 45), MissedPolicy.ONCE, [at(0)], [at(-4), at(-3), at(-2), at(-1), at(0)], 5, 1),
+    (
+        "missed-late-all",
+        at(-5), at(0, 45), MissedPolicy.ALL, [at(-4), at(-3), at(-2), at(-1), at(0)],
+        [at(-4), at(-3), at(-2), at(-1), at(0)], 5, 5,
+    ),
     # Grace boundary: 30 s late is on time, a microsecond more is missed.
-    ("grace-boundary-on-time", at(-1), at(0, 30), MissedPolicy.SKIP, [at(0)], [], 0),
-    ("grace-boundary-late", at(-1), at(0, 30.000001), MissedPolicy.SKIP, [], [at(0)], 1),
-    ("grace-boundary-late-once", at(-1), at(0, 30.000001), MissedPolicy.ONCE, [at(0)], [], 0),
-]
+    ("grace-boundary-on-time", at(-1), at(0, 30), MissedPolicy.SKIP, [at(0)], [], 0, 0),
+    ("grace-boundary-late", at(-1), at(0, 30.000001), MissedPolicy.SKIP, [], [at(0)], 1, 0),
+    ("grace-boundary-late-once", at(-1), at(0, 30.000001), MissedPolicy.ONCE, [at(0)], [at(0)], 1, 1),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("last_slot", "now", "policy", "fire", "missed", "missed_count"),
+    ("last_slot", "now", "policy", "fire", "missed", "missed_count", "backfilled"),
     [pytest.param(*p[1:], id=p[0]) for p in PLANS],
 )
 def test_plan(
@@ -231,11 +243,13 @@ def test_plan(
     fire: list[datetime],
     missed: list[datetime],
     missed_count: int,
+    backfilled: int,
 ) -> None:
     result = plan(MINUTE, "UTC", last_slot, now, policy, GRACE)
     assert result.fire == fire
     assert result.missed == missed
-    assert result.missed_count == missed_count
+    assert (result.missed_count, result.backfilled) == (missed_count, backfilled)
+    assert result.first_missed == (missed[0] if missed else None)
     assert result.next_slot == next_slot(MINUTE, "UTC", now)
     assert result.next_slot > now
 
@@ -245,27 +259,85 @@ def test_plan_without_grace_only_fires_a_slot_at_now() -> None:
     assert plan(MINUTE, "UTC", at(-1), at(0, 0.5), MissedPolicy.SKIP).fire == []
 
 
+def seconds_after(base: datetime, *offsets: float) -> list[datetime]:
+    return [base + timedelta(seconds=o) for o in offsets]
+
+
+S0 = utc("2026-01-01 12:00:00")
+
+# The grace is a time, whatever the schedule's interval: how many slots fall within it
+# depends on the cron line, never on a count of intervals. (id, cron, last_slot, now, grace
+# in seconds, on-time slots, missed count.)
+GRACE_IN_TIME = [
+    # The case: every scheduler down for 12 s, grace 30 s: all 12 slots on time.
+    ("per-second-12s-down-30s-grace", "* * * * * *", S0, S0 + timedelta(seconds=12.4), 30,
+     seconds_after(S0, *range(1, 13)), 0),
+    ("per-second-40s-down-30s-grace", "* * * * * *", S0, S0 + timedelta(seconds=40.2), 30,
+     seconds_after(S0, *range(11, 41)), 10),
+    ("per-second-grace-0", "* * * * * *", S0, S0 + timedelta(seconds=3), 0, seconds_after(S0, 3), 2),
+    ("every-10s-40s-down-30s-grace", "*/10 * * * * *", S0, S0 + timedelta(seconds=41), 30,
+     seconds_after(S0, 20, 30, 40), 1),
+    ("every-10s-per-schedule-grace-5s", "*/10 * * * * *", S0, S0 + timedelta(seconds=41), 5,
+     seconds_after(S0, 40), 3),
+    ("minutely-3min-down-30s-grace", MINUTE, S0, S0 + timedelta(minutes=3, seconds=20), 30,
+     [S0 + timedelta(minutes=3)], 2),
+    ("minutely-3min-down-5min-grace", MINUTE, S0, S0 + timedelta(minutes=3, seconds=20), 300,
+     [S0 + timedelta(minutes=m) for m in (1, 2, 3)], 0),
+    ("hourly-20min-late-1h-grace", "0 * * * *", S0, S0 + timedelta(hours=1, minutes=20), 3600,
+     [S0 + timedelta(hours=1)], 0),
+    ("daily-2h-late-30s-grace", "0 12 * * *", S0, S0 + timedelta(days=1, hours=2), 30, [], 1),
+    ("daily-2h-late-1d-grace", "0 12 * * *", S0, S0 + timedelta(days=1, hours=2), 86400,
+     [S0 + timedelta(days=1)], 0),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("cron", "last_slot", "now", "grace", "on_time", "missed_count"),
+    [pytest.param(*p[1:], id=p[0]) for p in GRACE_IN_TIME],
+)
+@pytest.mark.parametrize("policy", list(MissedPolicy))
+def test_slots_within_the_grace_fire_whatever_the_interval(
+    cron: str,
+    last_slot: datetime,
+    now: datetime,
+    grace: float,
+    on_time: list[datetime],
+    missed_count: int,
+    policy: MissedPolicy,
+) -> None:
+    result = plan(cron, "UTC", last_slot, now, policy, timedelta(seconds=grace))
+    every = slots_between(cron, "UTC", last_slot, now)
+    assert result.missed == every[:missed_count] and result.missed_count == missed_count
+    late = {MissedPolicy.SKIP: [], MissedPolicy.ONCE: result.missed[-1:], MissedPolicy.ALL: result.missed}[policy]
+    assert result.fire == late + on_time
+    assert result.backfilled == len(late)
+    assert set(result.fire) | set(result.missed) == set(every)  # every due slot handled, once
+
+
 PER_SECOND = "* * * * * *"
 NOW = utc("2026-01-01 12:00:10.5")
 TEN_MINUTES_AGO = NOW - timedelta(minutes=10)  # 600 per-second slots due, the newest 0.5 s late
 
 
-def test_all_backfills_at_most_max_backfill_and_counts_the_rest_as_missed() -> None:
+def test_all_backfills_at_most_max_backfill_and_counts_every_missed_slot() -> None:
     result = plan(PER_SECOND, "UTC", TEN_MINUTES_AGO, NOW, MissedPolicy.ALL, GRACE)
-    newest = utc("2026-01-01 12:00:10")
-    assert result.fire == [newest - timedelta(seconds=n) for n in range(MAX_BACKFILL - 1, -1, -1)]
-    assert result.missed_count == 600 - MAX_BACKFILL
-    assert result.missed and max(result.missed) < result.fire[0]
+    on_time = [utc("2026-01-01 11:59:41") + timedelta(seconds=n) for n in range(30)]  # 30 s before 12:00:10.5
+    backfill = [on_time[0] - timedelta(seconds=n) for n in range(MAX_BACKFILL, 0, -1)]
+    assert result.fire == backfill + on_time
+    assert result.missed_count == 600 - 30 and result.backfilled == MAX_BACKFILL
+    assert result.missed == backfill
+    assert result.first_missed == TEN_MINUTES_AGO.replace(microsecond=0) + timedelta(seconds=1)
 
 
-@pytest.mark.parametrize("policy", [MissedPolicy.SKIP, MissedPolicy.ONCE])
-def test_every_missed_slot_is_counted_beyond_the_backfill_bound(policy: MissedPolicy) -> None:
+@pytest.mark.parametrize(("policy", "backfilled"), [(MissedPolicy.SKIP, 0), (MissedPolicy.ONCE, 1)])
+def test_every_missed_slot_is_counted_beyond_the_backfill_bound(policy: MissedPolicy, backfilled: int) -> None:
     result = plan(PER_SECOND, "UTC", TEN_MINUTES_AGO, NOW, policy, GRACE)
-    # The newest LATE_SLOTS slots (at most 3 s late) count as on time: a late tick, not an outage.
-    assert result.fire == [utc("2026-01-01 12:00:08"), utc("2026-01-01 12:00:09"), utc("2026-01-01 12:00:10")]
-    assert result.missed_count == 597
-    assert len(result.missed) <= MAX_BACKFILL + 1
-    assert result.missed[-1] == utc("2026-01-01 12:00:07")
+    # The newest 30 s of slots are within the grace: on time, a scheduler coming back.
+    on_time = [utc("2026-01-01 11:59:41") + timedelta(seconds=n) for n in range(30)]
+    assert result.fire == result.missed[len(result.missed) - backfilled :] + on_time
+    assert result.missed_count == 570 and result.backfilled == backfilled
+    assert len(result.missed) == MAX_BACKFILL
+    assert result.missed[-1] == utc("2026-01-01 11:59:40")
 
 
 def test_a_late_tick_on_a_per_second_schedule_fires_every_slot_it_was_late_for() -> None:
@@ -280,7 +352,7 @@ def test_all_with_exactly_max_backfill_late_slots_fires_them_all() -> None:
     last = now - timedelta(minutes=MAX_BACKFILL)
     result = plan("0 * * * * *", "UTC", last, now, MissedPolicy.ALL, GRACE)
     assert len(result.fire) == MAX_BACKFILL
-    assert result.missed == [] and result.missed_count == 0
+    assert result.missed == result.fire and result.missed_count == result.backfilled == MAX_BACKFILL
 
 
 def test_plan_across_fall_back_with_bounds_in_the_schedule_zone() -> None:
@@ -289,12 +361,13 @@ def test_plan_across_fall_back_with_bounds_in_the_schedule_zone() -> None:
     now = utc("2026-10-25 00:45").astimezone(PARIS)
     result = plan("0 * * * *", "Europe/Paris", last, now, MissedPolicy.ONCE, GRACE)
     assert in_utc(result.fire) == ["2026-10-25 00:00:00"]
-    assert result.missed == [] and result.missed_count == 0
+    assert in_utc(result.missed) == ["2026-10-25 00:00:00"] and result.missed_count == result.backfilled == 1
     assert in_utc([result.next_slot]) == ["2026-10-25 01:00:00"]
 
 
 def test_slot_plan_defaults() -> None:
-    assert SlotPlan([], [], T0).missed_count == 0
+    empty = SlotPlan([], [], T0)
+    assert (empty.missed_count, empty.backfilled, empty.first_missed) == (0, 0, None)
 
 
 # -- offsets ----------------------------------------------------------------------------------
@@ -339,7 +412,7 @@ def test_spread_bound(cron: str, tz: str, now: datetime, expected: float) -> Non
 
 # -- validation -------------------------------------------------------------------------------
 
-VALID = dict(name="nightly", cron="0 3 * * *", timezone="UTC", missed="once", offset=None)
+VALID = dict(name="nightly", cron="0 3 * * *", timezone="UTC", missed="once", offset=None, grace=30.0)
 
 BAD = [
     pytest.param({"cron": "* * * *"}, ["'* * * *'", "4 fields"], id="cron-4-fields"),
@@ -363,6 +436,11 @@ BAD = [
     pytest.param({"offset": 60.5}, ["'nightly'", "offset"], id="offset-too-big"),
     pytest.param({"offset": -1.0}, ["'nightly'", "offset"], id="offset-negative"),
     pytest.param({"offset": float("nan")}, ["offset"], id="offset-nan"),
+    pytest.param({"grace": -1.0}, ["'nightly'", "grace", "between 0 and 86400"], id="grace-negative"),
+    pytest.param({"grace": 86401.0}, ["'nightly'", "grace", "between 0 and 86400"], id="grace-over-a-day"),
+    pytest.param({"grace": float("inf")}, ["grace"], id="grace-inf"),
+    pytest.param({"grace": float("nan")}, ["grace"], id="grace-nan"),
+    pytest.param({"grace": "30"}, ["grace"], id="grace-text"),
     pytest.param({"name": ""}, ["schedule name"], id="name-empty"),
     pytest.param({"name": "x" * 201}, ["schedule name"], id="name-too-long"),
 ]
@@ -390,6 +468,8 @@ def test_validate_schedule_rejects(change: dict[str, object], needles: list[str]
         {"missed": "all"},
         {"offset": 0.0},
         {"offset": MAX_OFFSET_SECONDS},
+        {"grace": 0},
+        {"grace": 86400.0},
     ],
 )
 def test_validate_schedule_accepts(change: dict[str, object]) -> None:
