@@ -289,43 +289,57 @@ class Link:
     When any of its connections fails, one probe tries to connect with the reconnect
     back-off, and every connection reconnects as soon as it succeeds, rather than each on a
     clock of its own. With `heartbeat_first`, connections opened as `gated` wait after each
-    outage until `opened()` is called: a worker extends the leases it holds before it reaps
-    or claims anything.
+    outage until `opened()` says the heartbeat went: a worker extends the leases it holds
+    before it reaps or claims anything.
+
+    The state is plain (up, how many times the database came back, which of those the
+    heartbeat went for) and every waiter re-reads it after each change, so no wake-up is lost
+    however outages and reconnects interleave.
     """
 
     def __init__(self, dsn: str, *, heartbeat_first: bool = False) -> None:
         self.dsn = dsn
-        self._up = asyncio.Event()
-        self._up.set()
-        self._open = asyncio.Event()
-        self._open.set()
         self._heartbeat_first = heartbeat_first
-        # Set when the database is back and the worker's heartbeat should go first.
-        self.heartbeat_wanted = asyncio.Event()
+        self._up = True
+        self.generation = 0  # how many times the database came back
+        self._opened = 0  # the generation the heartbeat went for
+        self._changed = asyncio.Event()
         self._probe: asyncio.Task[None] | None = None
         self.down_since: float | None = None
 
     @property
     def up(self) -> bool:
-        return self._up.is_set()
+        return self._up
 
     @property
     def open(self) -> bool:
-        return self._open.is_set()
+        """Up, and (with heartbeat_first) the heartbeat went since it came back."""
+        return self._up and self._opened == self.generation
+
+    @property
+    def heartbeat_due(self) -> bool:
+        """The database is back and gated connections wait for the heartbeat."""
+        return self._up and self._opened != self.generation
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     def down(self, exc: BaseException) -> None:
         """A connection failed: wait for the database to answer again."""
-        if not self._up.is_set():
+        if not self._up:
             return
-        self._up.clear()
-        self._open.clear()
+        self._up = False
         self.down_since = time.monotonic()
         self._probe = asyncio.get_running_loop().create_task(self._wait_until_back(exc), name="jobtui-probe")
+        self._notify()
 
-    def opened(self) -> None:
-        """The heartbeat after an outage went: gated connections may go on."""
-        if self._up.is_set():
-            self._open.set()
+    def opened(self, generation: int) -> None:
+        """The heartbeat after the database came back (`generation`) went: gated
+        connections may go on, unless it went away again meanwhile."""
+        if self._up and generation == self.generation and self._opened != generation:
+            self._opened = generation
+            self._notify()
 
     async def _wait_until_back(self, first: BaseException) -> None:
         delays = reconnect_delays()
@@ -344,29 +358,39 @@ class Link:
             break
         if logged and self.down_since is not None:
             log.warning("database back after %.1fs", time.monotonic() - self.down_since)
-        self._up.set()
-        if self._heartbeat_first:
-            self.heartbeat_wanted.set()
-        else:
-            self._open.set()
+        self._up = True
+        self.generation += 1
+        if not self._heartbeat_first:
+            self._opened = self.generation
+        self._notify()
 
-    async def wait(self, gated: bool, stopping: asyncio.Event | None) -> None:
+    async def wait_for(
+        self, ready: Callable[[], bool], stopping: asyncio.Event | None = None, timeout: float | None = None
+    ) -> bool:
+        """Until `ready()` (re-read after every change of the link); False after `timeout`.
+        Raises DatabaseUnavailable when `stopping` is set first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not ready():
+            if stopping is not None and stopping.is_set():
+                raise DatabaseUnavailable("stopped while the database was unreachable")
+            waits = [asyncio.ensure_future(self._changed.wait())]
+            if stopping is not None:
+                waits.append(asyncio.ensure_future(stopping.wait()))
+            left = None if deadline is None else deadline - time.monotonic()
+            try:
+                if left is not None and left <= 0:
+                    return False
+                await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waits:
+                    waiter.cancel()
+        return True
+
+    async def wait(self, gated: bool, stopping: asyncio.Event | None = None) -> None:
         """Until the database answers (and, when `gated`, the heartbeat went first)."""
-        event = self._open if gated else self._up
-        if event.is_set():
+        if self.open if gated else self._up:
             return
-        if stopping is None:
-            await event.wait()
-            return
-        waiter = asyncio.ensure_future(event.wait())
-        stop_waiter = asyncio.ensure_future(stopping.wait())
-        try:
-            await asyncio.wait({waiter, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            stop_waiter.cancel()
-        if not event.is_set():
-            raise DatabaseUnavailable("stopped while the database was unreachable")
+        await self.wait_for(lambda: self.open if gated else self._up, stopping)
 
     async def close(self) -> None:
         if self._probe is not None:

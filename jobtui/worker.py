@@ -723,23 +723,21 @@ class Worker:
         assert self._link is not None
         link = self._link
         while True:
-            waiter = asyncio.ensure_future(link.heartbeat_wanted.wait())
-            try:
-                await asyncio.wait({waiter}, timeout=self.heartbeat_interval)
-            finally:
-                waiter.cancel()
-            link.heartbeat_wanted.clear()
+            # Every interval, and at once when the database is back after an outage.
+            await link.wait_for(lambda: link.heartbeat_due, timeout=self.heartbeat_interval)
+            await link.wait(False)
+            generation = link.generation
             try:
                 await self.heartbeat_now(conn)
             except (psycopg.OperationalError, DatabaseUnavailable):
-                continue  # the link is down: it asks for a heartbeat when the database is back
+                continue  # the link is down: the heartbeat is due again once the database is back
             except psycopg.errors.InsufficientPrivilege as exc:
                 self._denied(exc, "the heartbeat")
                 continue
             except psycopg.Error as exc:
                 log.warning("heartbeat failed: %s", first_line(exc))
                 continue
-            link.opened()
+            link.opened(generation)
 
     async def heartbeat_now(self, conn: Connection) -> None:
         """Extend every in-flight lease in one statement; give up the ones lost.
@@ -747,8 +745,6 @@ class Worker:
         Raises connection errors (the caller waits for the database, then tries again with
         the jobs in flight then, rather than with this statement's).
         """
-        if self._link is not None:
-            await self._link.wait(False, None)  # the jobs in flight once the database answers
         now = time.monotonic()
         # A job over its timeout gets no more heartbeats: its lease may expire and be reaped.
         flights = [
