@@ -53,9 +53,10 @@ from psycopg.types.numeric import Int8
 
 from jobtui import NewJob, Queue
 from jobtui.cli import WORKER_GC_THRESHOLD
+from jobtui.db import run
 from jobtui.domain import DEFAULT_MAX_ATTEMPTS
 from jobtui.migrate import migrate
-from jobtui.queue import claim_call, complete_call, run
+from jobtui.queue import claim_call, complete_call
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 BENCH_DB = "jobtui_bench_core"

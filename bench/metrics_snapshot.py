@@ -20,7 +20,7 @@ then VACUUM ANALYZE. Measured:
 
 1. The whole snapshot, on one autocommit connection, as `jobtui stats` and the Prometheus
    collector take it: median, p95 and min over --runs runs after --warmup runs.
-2. Each named statement of the snapshot on its own, run through jobtui.queue.run with a
+2. Each named statement of the snapshot on its own, run through jobtui.db.run with a
    Call (median over --runs), so the slow one shows.
 3. EXPLAIN (ANALYZE, BUFFERS) of each statement that reads the job table: no Seq Scan on
    job (every one reads a partial index), and the done-last-hour statement reads only the
@@ -50,11 +50,10 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from jobtui.db import statements
+from jobtui.db import Call, run, statements
 from jobtui.maintenance import summarise_hours
 from jobtui.metrics import DoneHistory, snapshot
 from jobtui.migrate import migrate
-from jobtui.queue import Call, run
 from jobtui.tui.data import DataSource
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"

@@ -30,13 +30,13 @@ from typing import Any
 import jobtui.worker
 from jobtui.bench import NOOP, jobs
 from jobtui.cli import WORKER_GC_THRESHOLD
-from jobtui.queue import Call
+from jobtui.db import Call
 
 NOW = datetime.now(UTC)
 
 
 class InstantDatabase:
-    """Stands in for jobtui.db.Connection: claims hand out the next ids, writes succeed."""
+    """Stands in for jobtui.link.Connection: claims hand out the next ids, writes succeed."""
 
     def __init__(self, worker: list[jobtui.worker.Worker], total: int) -> None:
         self._worker = worker

@@ -6,6 +6,7 @@ queue.enqueue("email.send", {"user_id": 42}, key="welcome:42")
 """
 
 from .backoff import BackoffPolicy
+from .client import AsyncQueue, Queue
 from .domain import ClaimedJob, FailOutcome, Failure, JobRow, JobStatus, Lease, NewJob, Reaped
 from .errors import (
     DatabaseUnavailable,
@@ -16,7 +17,6 @@ from .errors import (
     SchemaTooNew,
     UnknownJob,
 )
-from .queue import AsyncQueue, Queue
 from .registry import Job, Jobs, LeaseLost, Permanent, Retry, ScheduleSpec
 from .worker import Worker
 

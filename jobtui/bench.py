@@ -18,10 +18,10 @@ from typing import IO, Any
 from psycopg import sql
 
 from . import migrate
+from .client import Queue
 from .db import check_schema_name, connect
 from .domain import NewJob
 from .errors import InvalidInput
-from .queue import Queue
 from .registry import Job, Jobs
 
 BENCH_SCHEMA = "jobtui_bench"

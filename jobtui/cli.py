@@ -23,13 +23,15 @@ import psycopg
 
 from . import cli_ops as ops
 from . import migrate as migrations
-from .db import check_schema_name, connect, describe_dsn, embedded_dsn, resolve_dsn, run, wait_for_database
+from .audit import record_audit
+from .client import Queue
+from .db import check_schema_name, connect, describe_dsn, resolve_dsn, run, wait_for_database
 from .durations import parse_duration
+from .embedded import embedded_dsn
 from .errors import InvalidInput, JobtuiError, PrivilegeMissing, UnknownJob
 from .explain import explain
 from .maintenance import Retention
 from .privileges import SCHEDULER_NEEDS, missing_privileges_call, privilege_message
-from .queue import Queue, record_audit
 from .registry import ScheduleSpec, load_app
 from .safetext import SafeFormatter, line, quote, shorten
 

@@ -17,12 +17,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from .actions import check_regex
+from .client import Queue
 from .db import connect
 from .domain import JobStatus
 from .errors import InvalidInput, UnknownJob
 from .explain import human_delta
 from .metrics import DoneHistory, Snapshot, dead_groups, snapshot
-from .queue import Queue, check_regex, job_statuses_call
+from .queue import job_statuses_call
 from .safetext import line
 
 Opener = Callable[[argparse.Namespace], Queue]

@@ -22,9 +22,9 @@ from typing import Any
 
 from . import scheduler as schedules
 from .backoff import BackoffPolicy
+from .client import Queue
 from .db import connect
 from .domain import NewJob
-from .queue import Queue
 from .registry import Job, Jobs, Permanent
 
 DEMO_SCHEMA = "jobtui_demo"

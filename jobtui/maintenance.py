@@ -13,8 +13,8 @@ from typing import Any
 
 import psycopg
 
+from .db import Call, run
 from .domain import DEFAULT_SCHEMA
-from .queue import Call, run
 from .registry import Job, Jobs, ScheduleSpec
 
 ARCHIVE_TYPE = "jobtui.archive"

@@ -23,11 +23,11 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from .db import statements
+from .actions import dead_matching, matching_ids
+from .db import Call, run, statements
 from .domain import DEFAULT_SCHEMA
 from .errors import JobtuiError
 from .migrate import _lock_key as migration_lock_key
-from .queue import Call, dead_matching, matching_ids, run
 
 # How long a snapshot waits for a lock on a queue table before giving up (seconds).
 LOCK_TIMEOUT = 2.0

@@ -20,19 +20,12 @@ from typing import Any, TypeVar
 import psycopg
 
 from .backoff import DEFAULT_POLICY, BackoffPolicy
+from .checks import check_delay, check_max_attempts, check_type
 from .cronslots import DEFAULT_GRACE_SECONDS
+from .db import Call, arun, run
 from .domain import DEFAULT_MAX_ATTEMPTS, ClaimedJob, FailOutcome
 from .errors import InvalidInput, JobtuiError
-from .queue import (
-    Call,
-    arun,
-    check_delay,
-    check_max_attempts,
-    check_type,
-    effect_exists_call,
-    record_effect_call,
-    run,
-)
+from .queue import effect_exists_call, record_effect_call
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -22,12 +22,14 @@ import psycopg
 from psycopg.rows import dict_row
 
 from . import cronslots
+from .audit import record_audit
+from .checks import check_max_attempts, check_text, check_type, encode_payload
 from .cronslots import MissedPolicy
-from .db import Connection, Link, first_line, statements
+from .db import Call, arun, first_line, run, statements
 from .domain import DEFAULT_SCHEMA
 from .errors import DatabaseUnavailable, InvalidInput, JobtuiError, PrivilegeMissing
+from .link import Connection, Link
 from .privileges import GRANTS_HINT
-from .queue import Call, arun, check_max_attempts, check_text, check_type, encode_payload, record_audit, run
 from .registry import ScheduleSpec
 
 log = logging.getLogger("jobtui.scheduler")

@@ -34,9 +34,10 @@ import psycopg
 from psycopg import sql
 
 from .backoff import delay as backoff_delay
-from .db import Connection, Link, aconnect, arun, first_line, is_connection_error, statements
+from .db import aconnect, arun, first_line, is_connection_error, statements
 from .domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJob, FailOutcome, Failure, JobStatus, Lease
 from .errors import DatabaseUnavailable, InvalidInput, JobtuiError, PrivilegeMissing
+from .link import Connection, Link
 from .maintenance import ARCHIVE_TYPE, Retention, with_builtins
 from .privileges import GRANTS_HINT, WORKER_NEEDS, missing_privileges_call, privilege_message
 from .queue import (

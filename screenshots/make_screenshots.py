@@ -31,7 +31,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobtui import demo, migrate
-from jobtui.queue import Queue
+from jobtui.client import Queue
 from jobtui.tui.app import JobtuiApp
 from jobtui.tui.screens import ConfirmScreen, JobDetailScreen, JobListScreen
 from jobtui.tui.widgets import KeyedTable

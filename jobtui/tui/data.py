@@ -11,11 +11,12 @@ import psycopg
 
 from .. import metrics
 from .. import scheduler as schedules
+from ..actions import check_regex
+from ..client import Queue
 from ..db import connect
 from ..domain import JobRow
 from ..errors import InvalidInput
 from ..metrics import DeadGroup, DeadJob, ReadyJob, RunningJob, Snapshot
-from ..queue import Queue, check_regex
 
 
 @dataclass

@@ -15,8 +15,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from jobtui.db import run
 from jobtui.domain import ClaimedJob, Lease
-from jobtui.queue import claim_call, complete_call, enqueue, enqueue_call, reap_call, record_effect_call, run
+from jobtui.queue import claim_call, complete_call, enqueue, enqueue_call, reap_call, record_effect_call
 from jobtui.registry import Job, LeaseLost
 
 Conn = psycopg.Connection[Any]

@@ -30,10 +30,10 @@ from psycopg import sql
 
 from jobtui import FailOutcome, JobStatus, Queue
 from jobtui import scheduler as sched
+from jobtui.db import Call
 from jobtui.maintenance import Retention, summarise_hours, sweep
 from jobtui.metrics import DoneHistory, QueueLocked, Snapshot, snapshot
 from jobtui.prometheus import serve
-from jobtui.queue import Call
 from jobtui.registry import Job, Jobs, ScheduleSpec
 from jobtui.worker import Worker
 

@@ -16,9 +16,9 @@ import pytest
 from psycopg import sql
 
 from jobtui import AsyncQueue, Failure, InvalidInput, JobStatus, Lease, NewJob, Queue
-from jobtui.db import statements
+from jobtui.db import run, statements
 from jobtui.domain import DEFAULT_MAX_ATTEMPTS
-from jobtui.queue import COPY_THRESHOLD, claim_call, complete_call, run
+from jobtui.queue import COPY_THRESHOLD, claim_call, complete_call
 
 Conn = psycopg.Connection[Any]
 

@@ -25,9 +25,10 @@ import psycopg
 import pytest
 
 from jobtui.cli import WORKER_GC_THRESHOLD
+from jobtui.db import run
 from jobtui.domain import JobRow, JobStatus
 from jobtui.queue import enqueue as enqueue_job
-from jobtui.queue import enqueue_call, get_job_call, run
+from jobtui.queue import enqueue_call, get_job_call
 from jobtui.registry import Job, Jobs, Retry
 from jobtui.worker import Worker
 from tests.workers import APP_TABLES, WorkerProcess, wait_for

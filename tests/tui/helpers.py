@@ -21,8 +21,8 @@ from typing import Any
 import psycopg
 
 from jobtui import scheduler
+from jobtui.client import Queue
 from jobtui.domain import NewJob
-from jobtui.queue import Queue
 from jobtui.registry import ScheduleSpec
 
 BILLING = "KeyError: customer <n> has no billing address"

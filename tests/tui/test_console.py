@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from jobtui.client import Queue
 from jobtui.domain import NewJob
 from jobtui.metrics import DeadGroup
-from jobtui.queue import Queue
 from jobtui.registry import Job, Jobs
 from jobtui.tui import render
 from jobtui.tui.app import JobtuiApp, LogToWidget
