@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import jobtui.worker
+import jobtui.worker.worker
 from jobtui.bench import NOOP, jobs
 from jobtui.cli import WORKER_GC_THRESHOLD
 from jobtui.db import Call
@@ -89,7 +90,7 @@ class InstantDatabase:
 def one_run(total: int, concurrency: int) -> float:
     """CPU seconds per job of one worker run over `total` jobs."""
     holder: list[jobtui.worker.Worker] = []
-    jobtui.worker.Connection = InstantDatabase(holder, total)  # type: ignore[attr-defined,assignment]
+    jobtui.worker.worker.Connection = InstantDatabase(holder, total)  # type: ignore[misc,assignment]
     worker = jobtui.worker.Worker(
         jobs, "postgresql://unused", concurrency=concurrency, scheduler=False, retention=None, delete_on_complete=True
     )

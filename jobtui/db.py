@@ -95,7 +95,9 @@ class Statements:
         compiled = self._compiled.get(name)
         if compiled is None:
             text = _query_texts()[name]
-            composed = sql.SQL(text).format(schema=self._identifier)  # type: ignore[arg-type,unused-ignore]
+            # {schema} is the schema, {channel} its LISTEN/NOTIFY channel (an identifier too).
+            channel = sql.Identifier(self.channel)
+            composed = sql.SQL(text).format(schema=self._identifier, channel=channel)  # type: ignore[arg-type,unused-ignore]
             # Rendered once (the identifier quoted now): executing a plain SQL object costs
             # one encode, where a Composed would be composed again on every execution.
             compiled = sql.SQL(composed.as_string(None))  # type: ignore[arg-type,unused-ignore]

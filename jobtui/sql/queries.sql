@@ -820,3 +820,19 @@ UNION ALL
 SELECT format('EXECUTE on function %%s', p.oid::regprocedure)
 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 WHERE %(functions)s AND n.nspname = %(schema_name)s AND NOT has_function_privilege(p.oid, 'EXECUTE');
+
+-- name: claim_session
+-- Settings of a worker's claiming connection (worker/producer.py): the claim must walk the
+-- ready index in order, so the plans that would sort every ready row (a bitmap scan after a
+-- bulk enqueue, while statistics lag) are off; timestamps load faster in UTC than in a named
+-- zone (the same instants, shown in another zone).
+SELECT set_config('enable_bitmapscan', 'off', false), set_config('enable_seqscan', 'off', false),
+       set_config('jit', 'off', false), set_config('TimeZone', 'UTC', false);
+
+-- name: listen
+-- A worker's wake-ups: every insert into the job table notifies this channel.
+LISTEN {channel};
+
+-- name: schema_drop
+-- `jobtui demo --reset` and `jobtui bench`: a schema of their own, dropped whole.
+DROP SCHEMA IF EXISTS {schema} CASCADE;

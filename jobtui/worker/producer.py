@@ -1,0 +1,92 @@
+"""The producer: claims as many jobs as there is room for, whenever a wake-up (LISTEN, a job
+finished, a retry due) or the poll interval says there may be work, and starts each one."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from ..db import Call, first_line, statements
+from ..domain import ClaimedJob
+from ..errors import DatabaseUnavailable
+from ..link import Connection
+
+log = logging.getLogger("jobtui.worker")
+
+Denied = Callable[[psycopg.errors.InsufficientPrivilege, str], None]
+
+
+class Producer:
+    """The claim loop of one worker."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        schema: str,
+        *,
+        claim: Callable[[int], Call[list[ClaimedJob]]],
+        room: Callable[[], int],
+        start: Callable[[ClaimedJob, float], None],
+        lease: float,
+        poll_interval: float,
+        kick: asyncio.Event,
+        stopping: asyncio.Event,
+        denied: Denied,
+    ) -> None:
+        self._conn = conn
+        self._schema = schema
+        self._claim = claim
+        self._room = room
+        self._start = start
+        self._lease = lease
+        self._poll_interval = poll_interval
+        self._kick = kick
+        self._stopping = stopping
+        self._denied = denied
+
+    async def run(self) -> None:
+        while not self._stopping.is_set():
+            free = self._room()
+            if free <= 0:
+                self._kick.clear()
+                await self._wait_kick()
+                continue
+            # Clear before claiming: a notification arriving during the claim sets it again.
+            self._kick.clear()
+            try:
+                claimed, sent = await self._conn.run_timed(self._claim(free), self._schema, self._stopping)
+            except (psycopg.OperationalError, DatabaseUnavailable):
+                continue
+            except psycopg.errors.InsufficientPrivilege as exc:
+                self._denied(exc, "the claim")
+                continue
+            except psycopg.Error as exc:
+                log.error("claim failed: %s", first_line(exc))
+                await self._wait_kick()
+                continue
+            # The lease runs from the database's now(), which is no earlier than the send.
+            lease_until = sent + self._lease
+            for job in claimed:
+                self._start(job, lease_until)
+            if len(claimed) < free:
+                await self._wait_kick()
+
+    async def _wait_kick(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._kick.wait(), self._poll_interval)
+
+
+async def claim_session(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Settings of the claiming connection: the claim must walk the ready index in order,
+    and its rows should cost the worker little to read.
+
+    After a bulk enqueue, statistics lag (autovacuum analyzes later) and the planner may
+    choose a bitmap scan that sorts every ready row to take the first few hundred; on this
+    connection, which runs nothing but claims, those plans are switched off.
+    """
+    await conn.execute(statements()["claim_session"])

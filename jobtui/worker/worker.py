@@ -1,0 +1,484 @@
+"""The worker: claims jobs, runs their handlers, keeps their leases, writes their outcomes.
+
+    worker = Worker(jobs, dsn, concurrency=20)
+    asyncio.run(worker.run())         # until worker.stop() (or SIGTERM in `jobtui worker`)
+
+One asyncio loop per process, and parts that each do one thing, wired here: the producer
+claims, the executor runs handlers, the completer writes outcomes in batches, the
+heartbeater keeps leases (and gives up those it could not keep), the reaper takes back other
+workers' expired leases, and the listener wakes the producer. This class owns the jobs in
+flight and what becomes of them.
+
+With delete_on_complete, a finished job without a key is deleted, and counted per minute in
+done_tally, instead of kept as a done row: no second row version or done-index entry per job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import socket
+import time
+from collections.abc import Coroutine, Sequence
+from functools import partial
+from typing import Any
+
+import psycopg
+
+from ..backoff import delay as backoff_delay
+from ..db import Call, aconnect, arun, first_line, statements
+from ..domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJob, FailOutcome
+from ..errors import InvalidInput, JobtuiError, PrivilegeMissing
+from ..link import Connection, Link
+from ..maintenance import ARCHIVE_TYPE, Retention, with_builtins
+from ..privileges import GRANTS_HINT, WORKER_NEEDS, missing_privileges_call, privilege_message
+from ..queue import claim_call
+from ..registry import Handler, Job, Jobs
+from ..scheduler import Scheduler
+from .completer import OutcomeWriter
+from .executor import InFlight, run_handler
+from .heartbeater import Heartbeater
+from .listener import listen, subscriber
+from .outcome import MAX_UNCOUNTED_IN_A_ROW, Outcome, count_outcome
+from .producer import Producer, claim_session
+from .reaper import Reaper
+
+DEFAULT_RETENTION = Retention()
+
+log = logging.getLogger("jobtui.worker")
+
+# A sync handler whose lease was given up gets this long to notice `job.lost` and return
+# before its job is handed back (and may be claimed again).
+ABANDON_GRACE = 5.0
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Worker:
+    """Runs handlers of `jobs` for jobs in the queue until stopped.
+
+    Embeddable: `run()` installs no signal handlers; call `stop()` to shut down gracefully.
+    Nor does it touch the garbage collector, which `jobtui worker` tunes for its own
+    process (cli.WORKER_GC_THRESHOLD); a process of yours that mostly runs jobs gains the
+    same with `gc.set_threshold(10_000)`.
+    """
+
+    def __init__(
+        self,
+        jobs: Jobs,
+        dsn: str,
+        *,
+        concurrency: int = 10,
+        types: Sequence[str] | None = None,
+        lease: float = DEFAULT_LEASE_SECONDS,
+        worker_id: str | None = None,
+        schema: str = DEFAULT_SCHEMA,
+        poll_interval: float = 1.0,
+        heartbeat_interval: float | None = None,
+        reap_interval: float | None = None,
+        shutdown_timeout: float = 30.0,
+        scheduler: bool = True,
+        retention: Retention | None = DEFAULT_RETENTION,
+        delete_on_complete: bool = False,
+    ) -> None:
+        if concurrency < 1:
+            raise InvalidInput(f"concurrency must be at least 1, got {concurrency}")
+        if not lease >= 1:
+            raise InvalidInput(f"lease must be at least 1 second, got {lease}")
+        if not poll_interval >= 0.01:  # 0 would spin on the database
+            raise InvalidInput(f"poll interval must be at least 10ms, got {poll_interval}")
+        handled = list(jobs.handlers)
+        selected = list(types) if types else handled
+        if retention is not None:
+            # The built-in archive job runs on every worker, whatever types it was given.
+            jobs = with_builtins(jobs, dsn, schema, retention)
+            selected = [*selected, ARCHIVE_TYPE]
+        unknown = [t for t in selected if t not in jobs.handlers]
+        if unknown:
+            raise InvalidInput(
+                f"no handler for job type(s) {', '.join(unknown)}; registered: {', '.join(handled) or 'none'}"
+            )
+        if not selected:
+            raise InvalidInput("the app registers no handlers: decorate functions with @jobs.handler(TYPE)")
+        self.jobs = jobs
+        self.dsn = dsn
+        self.concurrency = concurrency
+        self.types = selected
+        self.lease = lease
+        self.worker_id = worker_id or default_worker_id()
+        self.schema = statements(schema).schema
+        self.poll_interval = poll_interval
+        self.heartbeat_interval = heartbeat_interval or lease / 3
+        # Rounds well within half a lease of each other (see _reap_loop).
+        self.reap_interval = reap_interval or min(lease / 4, 15.0)
+        # A lease is given up this long before it could expire, so that the handler has
+        # stopped before any reaper can take the job back.
+        self.lease_margin = min(1.0, lease / 10)
+        self.shutdown_timeout = shutdown_timeout
+        self.delete_on_complete = delete_on_complete
+        self.scheduler = Scheduler(dsn, schema=schema, specs=list(jobs.schedules.values())) if scheduler else None
+        self.in_flight: dict[int, InFlight] = {}
+        self._busy = 0  # handlers running now (in_flight also holds outcomes being written)
+        self._limits = {t: h.max_attempts for t, h in jobs.handlers.items()}
+        self.paused = False
+        self.counts = {
+            "done": 0,
+            "failed": 0,
+            "retried": 0,
+            "dead": 0,
+            "lost": 0,
+            "released": 0,
+            "abandoned": 0,
+        }
+        # Why the worker stopped by itself (a privilege it lacks): raised by run().
+        self.fatal: JobtuiError | None = None
+        self._stopping: asyncio.Event | None = None
+        self._kick: asyncio.Event | None = None
+        self._link: Link | None = None
+        self._background: set[asyncio.Future[None]] = set()  # hand-backs under way, and the like
+        self._stopping_for_privilege = False
+        self._rng = random.Random()
+        self._running = False
+
+    # -- control -------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming; in-flight jobs get `shutdown_timeout` seconds, then are released."""
+        if self._stopping is not None:
+            self._stopping.set()
+        if self._kick is not None:
+            self._kick.set()
+
+    def pause(self) -> None:
+        """Stop claiming new jobs; in-flight ones finish."""
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        if self._kick is not None:
+            self._kick.set()
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    # -- main loop -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run until `stop()`; returns after in-flight jobs are finished or released.
+
+        Raises PrivilegeMissing when the database role lacks a privilege the worker needs,
+        at start or later (a revoked grant will not come back by itself).
+        """
+        stopping = self._stopping = asyncio.Event()
+        kick = self._kick = asyncio.Event()
+        stopped_writing = asyncio.Event()
+        # One link for every connection: after an outage they all come back together, and
+        # claims, reaping, LISTEN and the scheduler wait until the heartbeat went first.
+        link = self._link = Link(self.dsn, heartbeat_first=True)
+        # Claims and reaping share a connection; outcomes and heartbeats have their own, so
+        # that neither waits behind a claim.
+        claim_conn = Connection(self.dsn, "claim", link=link, gated=True, on_connect=claim_session)
+        write_conn = Connection(self.dsn, "outcome", link=link)
+        heartbeat_conn = Connection(self.dsn, "heartbeat", link=link)
+        # LISTEN waits for the heartbeat after an outage, as claims do.
+        listen_conn = Connection(self.dsn, "listen", link=link, gated=True, on_connect=subscriber(self.schema))
+        self._writer = OutcomeWriter(
+            write_conn, self.schema, self._job_died, self._denied, delete_on_complete=self.delete_on_complete
+        )
+        producer = Producer(
+            claim_conn,
+            self.schema,
+            claim=self._claim_call,
+            room=self._room,
+            start=self._start,
+            lease=self.lease,
+            poll_interval=self.poll_interval,
+            kick=kick,
+            stopping=stopping,
+            denied=self._denied,
+        )
+        heartbeater = Heartbeater(
+            heartbeat_conn,
+            link,
+            self.schema,
+            lease=self.lease,
+            interval=self.heartbeat_interval,
+            margin=self.lease_margin,
+            flights=self.in_flight.values,
+            give_up=self._give_up,
+            denied=self._denied,
+        )
+        reaper = Reaper(
+            claim_conn,
+            self.schema,
+            lease=self.lease,
+            interval=self.reap_interval,
+            own=lambda: list(self.in_flight),
+            on_dead=self._job_died,
+            denied=self._denied,
+            rng=self._rng,
+        )
+        try:
+            missing = await write_conn.run(missing_privileges_call(self.schema, WORKER_NEEDS), self.schema)
+            if missing:
+                raise PrivilegeMissing(privilege_message("jobtui worker", missing))
+            log.info(
+                "worker %s started: types %s, concurrency %d, lease %.0fs",
+                self.worker_id,
+                ", ".join(self.types),
+                self.concurrency,
+                self.lease,
+            )
+            self._running = True
+            background = [
+                asyncio.create_task(self._writer.run(stopped_writing), name="jobtui-writer"),
+                asyncio.create_task(heartbeater.run(), name="jobtui-heartbeat"),
+                asyncio.create_task(heartbeater.watch(), name="jobtui-lease-watch"),
+                asyncio.create_task(reaper.run(), name="jobtui-reaper"),
+                asyncio.create_task(listen(listen_conn, kick), name="jobtui-listen"),
+            ]
+            if self.scheduler is not None:
+                background.append(asyncio.create_task(self.scheduler.run(stopping, link=link), name="jobtui-scheduler"))
+            for task in background:
+                task.add_done_callback(self._background_ended)
+            try:
+                await producer.run()
+                await self._drain()
+            finally:
+                stopped_writing.set()
+                try:
+                    await asyncio.wait_for(asyncio.shield(background[0]), timeout=self.shutdown_timeout + 5)
+                except TimeoutError:
+                    log.error("could not write the last outcomes: the database did not answer")
+                for task in background:
+                    task.remove_done_callback(self._background_ended)
+                    task.cancel()
+                for hand_back in self._background:
+                    hand_back.cancel()
+                await asyncio.gather(*background, *self._background, return_exceptions=True)
+                # Outcomes the writer could not write in time: their leases expire and are reaped.
+                self.in_flight.clear()
+                self._running = False
+                log.info("worker %s stopped: %s", self.worker_id, ", ".join(f"{k} {v}" for k, v in self.counts.items()))
+        finally:
+            for conn in (claim_conn, write_conn, heartbeat_conn):
+                await conn.close()
+            await link.close()
+        if self.fatal is not None:
+            raise self.fatal
+
+    def _room(self) -> int:
+        """How many jobs to claim now: handlers running stay within concurrency, and outcomes
+        still being written may add up to as many again, which bounds the memory a slow
+        database can cost."""
+        if self.paused:
+            return 0
+        return min(self.concurrency - self._busy, 2 * self.concurrency - len(self.in_flight))
+
+    def _claim_call(self, limit: int) -> Call[list[ClaimedJob]]:
+        return claim_call(self.types, worker=self.worker_id, limit=limit, lease=self.lease, max_attempts=self._limits)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` beside the loops; cancelled when the worker stops."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _background_ended(self, task: asyncio.Task[Any]) -> None:
+        """A background loop returned or died: the worker cannot go on without it."""
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if isinstance(exc, JobtuiError):
+            self._stop_for(exc)
+        elif exc is not None:
+            log.error("%s stopped: %s", task.get_name(), first_line(exc), exc_info=exc)
+            self._stop_for(JobtuiError(f"the worker's {task.get_name()} failed: {first_line(exc)}"))
+
+    def _stop_for(self, error: JobtuiError) -> None:
+        if self.fatal is None:
+            self.fatal = error
+            log.error("stopping: %s", error)
+        self.stop()
+
+    def _denied(self, exc: psycopg.errors.InsufficientPrivilege, what: str) -> None:
+        """The database refused a statement for want of a privilege: that will not fix itself.
+        The worker stops, naming what the role lacks."""
+        if self.fatal is None and not self._stopping_for_privilege:
+            self._stopping_for_privilege = True
+            self._spawn(self._stop_for_privilege(exc, what))
+
+    async def _stop_for_privilege(self, exc: psycopg.errors.InsufficientPrivilege, what: str) -> None:
+        refused = f"{what} was refused ({first_line(exc)})"
+        try:
+            async with await aconnect(self.dsn, autocommit=True) as conn:
+                missing = await arun(conn, missing_privileges_call(self.schema, WORKER_NEEDS), self.schema)
+        except psycopg.Error:
+            missing = []
+        if missing:
+            self._stop_for(PrivilegeMissing(f"{refused}: {privilege_message('jobtui worker', missing)}"))
+        else:
+            self._stop_for(PrivilegeMissing(f"{refused}; {GRANTS_HINT}"))
+
+    def _start(self, claimed: ClaimedJob, lease_until: float) -> None:
+        handler = self.jobs.handlers[claimed.type]
+        job = Job(claimed, self.worker_id, self.schema)
+        now = time.monotonic()
+        flight = InFlight(job, claimed, now, now + handler.timeout if handler.timeout else None, lease_until)
+        self.in_flight[claimed.id] = flight
+        self._busy += 1
+        flight.task = asyncio.create_task(self._execute(handler, flight))
+
+    async def _execute(self, handler: Handler, flight: InFlight) -> None:
+        job = flight.job
+        try:
+            try:
+                outcome, error, delay = await run_handler(handler, flight, self._backoff)
+            finally:
+                # The handler is finished: its slot is free while the outcome is written, so
+                # the next claim overlaps this write instead of waiting for it.
+                self._busy -= 1
+                if self._kick is not None:
+                    self._kick.set()
+            if job.lost:
+                self._lost(job, "its lease was lost while it ran")
+                return
+            if outcome is Outcome.TIMEOUT:
+                # A sync handler keeps running in its thread: refuse its later effects.
+                job.mark_lost()
+            if outcome in (Outcome.RETRY, Outcome.DB_ERROR) and flight.claimed.uncounted >= MAX_UNCOUNTED_IN_A_ROW:
+                outcome = Outcome.FAIL
+                error = (
+                    f"{error}\n{MAX_UNCOUNTED_IN_A_ROW} releases in a row without an attempt counted "
+                    "(Retry or database errors): this one counts as a failed attempt"
+                )
+                delay = max(delay, self._backoff(handler, job))
+            # From here the writer owns the job: _written finishes it.
+            written = partial(self._written, flight, outcome, error, delay)
+            self._writer.submit(outcome, flight.claimed.lease, written, error, delay)
+            flight.writing = True
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug in the worker itself must not kill the loop
+            log.exception("job %d (%s): internal error while finishing", job.id, job.type)
+        finally:
+            if not flight.writing:
+                self._finished(flight)
+
+    def _written(self, flight: InFlight, outcome: Outcome, error: str, delay: float, written: bool) -> None:
+        """The writer wrote the job's outcome (or found its lease lost)."""
+        self._finished(flight)
+        job = flight.job
+        if not written:
+            if outcome is not Outcome.ABANDONED:  # _give_up said it already
+                self._lost(job, "its lease was lost before the outcome was written")
+            return
+        count_outcome(self.counts, outcome, flight.job, error, flight.claimed.uncounted)
+        if delay and self._kick is not None:
+            # Wake up to claim it again when it is due, instead of at the next poll.
+            asyncio.get_running_loop().call_later(delay, self._kick.set)
+
+    def _finished(self, flight: InFlight) -> None:
+        # The job may already run again here under a newer claim (a Retry without delay,
+        # a lease lost and the job claimed back): that flight is not this one's to remove.
+        if self.in_flight.get(flight.job.id) is flight:
+            del self.in_flight[flight.job.id]
+        if self._kick is not None:
+            self._kick.set()
+
+    def _backoff(self, handler: Handler, job: Job) -> float:
+        return backoff_delay(job.attempt, handler.backoff, self._rng)
+
+    def _lost(self, job: Job, why: str) -> None:
+        self.counts["lost"] += 1
+        log.warning("job %d (%s) attempt %d: outcome not written, %s", job.id, job.type, job.attempt, why)
+
+    def _job_died(self, outcome: FailOutcome) -> None:
+        self.counts["dead"] += 1
+        log.error(
+            "job %d (%s) is dead after %d of %d attempts",
+            outcome.job_id,
+            outcome.type,
+            outcome.attempt,
+            outcome.max_attempts,
+        )
+        for callback in self.jobs.dead_callbacks:
+            try:
+                callback(outcome)
+            except Exception:  # a user's callback must not stop the worker
+                log.exception("on_dead callback failed for job %d", outcome.job_id)
+
+    # -- leases --------------------------------------------------------------------------
+
+    def _give_up(self, flight: InFlight, why: str) -> None:
+        """The lease is lost or may be: stop the handler and hand the job back, uncounted.
+
+        An async handler is cancelled; a sync one cannot be stopped, but its `job.lost` is
+        set and `job.once()` refuses from now on. Its outcome is discarded. The job is handed
+        back once the handler has stopped (a sync one gets ABANDON_GRACE to notice), so that
+        this worker never claims it again while it still runs here. The release is fenced by
+        the lease token: it matches nothing when another worker took the job, and returns it
+        without counting the attempt when nobody did (the database was away).
+        """
+        job = flight.job
+        job.mark_lost()
+        flight.writing = True  # the release finishes the flight
+        log.warning(
+            "job %d (%s) attempt %d: %s; %s, its outcome will be discarded",
+            job.id,
+            job.type,
+            job.attempt,
+            why,
+            "handler cancelled" if self.jobs.handlers[job.type].is_async else "job.lost set for its sync handler",
+        )
+        if flight.task is not None and not flight.task.done():
+            flight.task.cancel()
+        self._spawn(self._hand_back(flight, why))
+
+    async def _hand_back(self, flight: InFlight, why: str) -> None:
+        running: list[asyncio.Future[Any]] = [f for f in (flight.task,) if f is not None and not f.done()]
+        if flight.thread_ended is not None and not flight.thread_ended.is_set():
+            running.append(asyncio.ensure_future(flight.thread_ended.wait()))
+        if running:
+            _, late = await asyncio.wait(running, timeout=ABANDON_GRACE)
+            if late:
+                log.warning(
+                    "job %d (%s): its handler still runs %.0fs after its lease was given up; handing the job back",
+                    flight.job.id,
+                    flight.job.type,
+                    ABANDON_GRACE,
+                )
+        written = partial(self._written, flight, Outcome.ABANDONED, why, 0.0)
+        self._writer.submit(Outcome.ABANDONED, flight.claimed.lease, written, f"attempt given up: {why}")
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        """Wait for in-flight jobs up to the shutdown timeout, then release the rest."""
+        tasks = [f.task for f in self.in_flight.values() if f.task is not None and not f.task.done()]
+        if tasks:
+            log.info("waiting up to %.0fs for %d in-flight job(s)", self.shutdown_timeout, len(tasks))
+            await asyncio.wait(tasks, timeout=self.shutdown_timeout)
+        # Outcomes handed to the writer are written before it stops; the rest go back.
+        left = [f for f in self.in_flight.values() if not f.writing]
+        if not left:
+            return
+        for flight in left:
+            flight.job.mark_lost()
+            if flight.task is not None:
+                flight.task.cancel()
+        reason = "the worker stopped before the handler finished"
+        releases = asyncio.gather(*(self._writer.write(Outcome.SHUTDOWN, f.claimed.lease, reason) for f in left))
+        try:
+            released = sum(await asyncio.wait_for(releases, self.shutdown_timeout))
+        except TimeoutError:
+            log.error("could not release %d unfinished job(s): the database did not answer; their leases will expire",
+                      len(left))  # fmt: skip
+            return
+        self.counts["released"] += released
+        log.warning("released %d unfinished job(s) back to ready, attempts not counted", released)
