@@ -15,11 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any
 
-from psycopg import sql
-
-from . import migrate
+from . import db, migrate
 from .client import Queue
-from .db import check_schema_name, connect
+from .db import Call, check_schema_name, connect
 from .domain import NewJob
 from .errors import InvalidInput
 from .registry import Job, Jobs
@@ -77,33 +75,21 @@ def stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
             p.kill()
 
 
-def _scalar(conn: Any, query: sql.Composable, params: Any = None) -> Any:
-    row = conn.execute(query, params).fetchone()
-    return row[0] if row else None
+def _scalar(conn: Any, name: str, schema: str, **params: Any) -> Any:
+    return db.run(conn, Call(name, params, lambda rows: rows[0][0] if rows else None), schema)
 
 
 def drain_window(conn: Any, schema: str) -> tuple[int, float]:
     """(jobs finished, seconds from the first start to the last finish), from the done rows
     and from the tallies of jobs deleted at completion."""
-    query = sql.SQL(
-        "SELECT coalesce(sum(jobs), 0)::bigint, extract(epoch FROM max(last) - min(first))::float8"
-        " FROM (SELECT count(*) AS jobs, min(started_at) AS first, max(finished_at) AS last"
-        "       FROM {0}.job WHERE status = 'done'"
-        "       UNION ALL"
-        "       SELECT sum(jobs), min(first_started_at), max(last_finished_at) FROM {0}.done_tally) AS finished"
-    ).format(sql.Identifier(schema))
-    row = conn.execute(query).fetchone()
-    return int(row[0]), float(row[1] or 0.0)
+    jobs, span = db.run(conn, Call("bench_drain_window", {}, lambda rows: rows[0]), schema)
+    return int(jobs), float(span or 0.0)
 
 
 def queue_busy(conn: Any, schema: str) -> bool:
     """Whether any job is ready or running. Asked of the ready and running indexes: a count
     over the table would take a CPU away from the drain it is watching."""
-    query = sql.SQL(
-        "SELECT EXISTS (SELECT FROM {0}.job WHERE status = 'ready')"
-        " OR EXISTS (SELECT FROM {0}.job WHERE status = 'running')"
-    ).format(sql.Identifier(schema))
-    return bool(_scalar(conn, query))
+    return bool(_scalar(conn, "bench_queue_busy", schema))
 
 
 def run(
@@ -118,12 +104,12 @@ def run(
 ) -> BenchResult:
     """Run the benchmark against `dsn` in `schema`, made for it and dropped at the end; returns
     the figures. A schema that exists and that no benchmark made is refused (InvalidInput)."""
-    ident = sql.Identifier(check_schema_name(schema))
+    check_schema_name(schema)
     with connect(dsn, autocommit=True) as conn:
         claim_schema(conn, schema)
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(ident))
+        db.run(conn, Call("schema_drop", {}, _nothing), schema)
         migrate.migrate(conn, schema)
-        conn.execute(sql.SQL("COMMENT ON SCHEMA {} IS {}").format(ident, sql.Literal(MARK)))
+        db.run(conn, Call("bench_schema_set_mark", {}, _nothing), schema)
     try:
         with Queue(dsn, schema=schema) as queue:
             t0 = time.perf_counter()
@@ -131,7 +117,7 @@ def run(
                 queue.enqueue_many([NewJob(NOOP) for _ in range(min(10_000, n - start))])
             enqueue_rate = n / (time.perf_counter() - t0)
         with connect(dsn, autocommit=True) as conn, tempfile.TemporaryFile() as log:
-            conn.execute(sql.SQL("VACUUM ANALYZE {}.job").format(ident))
+            db.run(conn, Call("bench_vacuum", {}, _nothing), schema)
             procs = spawn_workers(dsn, schema, workers, concurrency, log, delete_on_complete=delete_on_complete)
             try:
                 deadline = time.monotonic() + 600
@@ -153,7 +139,7 @@ def run(
                 stop_workers(procs)
     finally:
         with connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(ident))
+            db.run(conn, Call("schema_drop", {}, _nothing), schema)
     q = statistics.quantiles(latencies, n=100, method="inclusive")
     return BenchResult(n, workers, concurrency, enqueue_rate, drain_rate, q[49], q[89], q[98], len(latencies))
 
@@ -161,10 +147,8 @@ def run(
 def claim_schema(conn: Any, schema: str) -> None:
     """InvalidInput unless `schema` is free for the benchmark: missing, or left by an earlier
     run (marked, or the default bench schema), since the benchmark drops it when it ends."""
-    row = conn.execute(
-        "SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = %s", (schema,)
-    ).fetchone()
-    if row is None or row[0] == MARK or schema == BENCH_SCHEMA:
+    found = db.run(conn, Call("bench_schema_mark", {"schema_name": schema}, list), schema)
+    if not found or found[0][0] == MARK or schema == BENCH_SCHEMA:
         return
     raise InvalidInput(
         f"schema {schema!r} already exists and jobtui bench did not make it; the benchmark drops its schema"
@@ -175,7 +159,6 @@ def claim_schema(conn: Any, schema: str) -> None:
 def _latency(conn: Any, dsn: str, schema: str, count: int) -> list[float]:
     """Enqueue `count` jobs one by one every 10 ms to idle workers; started_at - created_at.
     The jobs carry keys, so workers that delete finished jobs keep these rows."""
-    ident = sql.Identifier(schema)
     with Queue(dsn, schema=schema, max_connections=1) as queue:
         queue.enqueue(NOOP, key="latency-warm-up")  # warm the connection and the workers
         time.sleep(0.5)
@@ -184,14 +167,14 @@ def _latency(conn: Any, dsn: str, schema: str, count: int) -> list[float]:
             time.sleep(0.01)
             queue.enqueue(NOOP, key=f"latency-{i}")
     deadline = time.monotonic() + 30
-    query = sql.SQL("SELECT count(*) FROM {}.job WHERE id >= %s AND status <> 'done'").format(ident)
-    while _scalar(conn, query, (first,)) and time.monotonic() < deadline:
+    while _scalar(conn, "bench_latency_left", schema, first=first) and time.monotonic() < deadline:
         time.sleep(0.1)
-    rows = conn.execute(
-        sql.SQL("SELECT extract(epoch FROM started_at - created_at) * 1000 FROM {}.job WHERE id >= %s").format(ident),
-        (first,),
-    ).fetchall()
+    rows = db.run(conn, Call("bench_latencies", {"first": first}, list), schema)
     return [float(r[0]) for r in rows if r[0] is not None]
+
+
+def _nothing(rows: Any) -> None:
+    return None
 
 
 def _last_line(log: IO[bytes]) -> str:

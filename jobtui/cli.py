@@ -25,7 +25,7 @@ from . import cli_ops as ops
 from . import migrate as migrations
 from .audit import record_audit
 from .client import Queue
-from .db import check_schema_name, connect, describe_dsn, resolve_dsn, run, wait_for_database
+from .db import Call, check_schema_name, connect, describe_dsn, resolve_dsn, run, wait_for_database
 from .durations import parse_duration
 from .embedded import embedded_dsn
 from .errors import InvalidInput, JobtuiError, PrivilegeMissing, UnknownJob
@@ -358,8 +358,6 @@ def cmd_console(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """A live demo queue: embedded PostgreSQL unless a DSN is given, then the console."""
-    from psycopg import sql as pgsql
-
     from . import demo
     from .worker import Worker
 
@@ -367,7 +365,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     dsn = database_dsn(args)
     with connect(dsn, autocommit=True) as conn:
         if args.reset:
-            conn.execute(pgsql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(pgsql.Identifier(schema)))
+            run(conn, Call("schema_drop", {}, lambda rows: None), check_schema_name(schema))
         migrations.migrate(conn, schema)
     demo.prepare(dsn, schema)
     worker = Worker(demo.jobs, dsn, concurrency=args.demo_concurrency, types=demo.MAIN_TYPES, lease=demo.LEASE,

@@ -274,7 +274,9 @@ def test_notify_wakes_an_idle_worker(db: Conn, spawn: Spawn) -> None:
     w = spawn("W", "--poll", "30s")
     wait_for(
         lambda: db.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query ~ '^\s*(--[^\n]*\n\s*)*LISTEN '"
+            # The statement text starts with its comment from queries.sql.
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND query ~ '^\\s*(--[^\n]*\n\\s*)*LISTEN '"
         ).fetchone()[0],
         10,
         "the worker to LISTEN",
