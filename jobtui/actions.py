@@ -17,6 +17,7 @@ from .checks import check_text
 from .db import Call, int_list, run, statements
 from .domain import DEFAULT_SCHEMA
 from .errors import InvalidInput
+from .safetext import quote
 
 
 def requeue_call(ids: Sequence[int], actor: str) -> Call[list[int]]:
@@ -75,7 +76,7 @@ def check_regex(conn: psycopg.Connection[Any], pattern: str | None, schema: str 
         run(conn, Call("check_regex", {"pattern": pattern}, lambda rows: None), schema)
     except psycopg.errors.InvalidRegularExpression as exc:
         first = str(exc).strip().splitlines()[0]
-        raise InvalidInput(f"bad --error pattern {pattern!r}: {first}; it is a regular expression") from None
+        raise InvalidInput(f"bad --error pattern {quote(pattern)}: {first}; it is a regular expression") from None
 
 
 def kill_lease_call(ids: Sequence[int], actor: str) -> Call[list[int]]:

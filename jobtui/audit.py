@@ -45,7 +45,7 @@ def audit_call(
 
 
 def audit_list_call(limit: int) -> Call[list[AuditEntry]]:
-    return Call("audit_list", {"limit": limit}, lambda rows: [AuditEntry(*r) for r in rows])
+    return Call("audit_list", {"limit": limit}, lambda rows: [AuditEntry(**d) for d in rows.dicts()])
 
 
 def record_audit(

@@ -16,12 +16,12 @@ import os
 import random
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 import psycopg
 from psycopg import sql
@@ -32,7 +32,55 @@ from .domain import DEFAULT_SCHEMA
 from .errors import DatabaseUnavailable, InvalidInput
 
 T = TypeVar("T")
-Rows = list[TupleRow]
+
+
+class Rows(Sequence[TupleRow]):
+    """The rows a statement returned, and its column names: decoders read a column by its
+    name, so that a column added to a statement cannot shift the others. Row by row it reads
+    as a list of tuples.
+
+    >>> rows = Rows([(7, "email.send")], ("id", "type"))
+    >>> i, t = rows.columns("id", "type")
+    >>> [(r[i], r[t]) for r in rows], rows.dicts()
+    ([(7, 'email.send')], [{'id': 7, 'type': 'email.send'}])
+    """
+
+    __slots__ = ("_rows", "names")
+
+    def __init__(self, rows: list[TupleRow], names: Sequence[str]) -> None:
+        self._rows = rows
+        self.names = tuple(names)
+
+    @overload
+    def __getitem__(self, index: int) -> TupleRow: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[TupleRow]: ...
+    def __getitem__(self, index: int | slice) -> TupleRow | list[TupleRow]:
+        return self._rows[index]
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __iter__(self) -> Iterator[TupleRow]:
+        return iter(self._rows)
+
+    def columns(self, *names: str) -> tuple[int, ...]:
+        """The positions of the columns `names`; KeyError naming one the statement lacks."""
+        try:
+            return tuple(self.names.index(name) for name in names)
+        except ValueError:
+            missing = [n for n in names if n not in self.names]
+            raise KeyError(
+                f"the statement returns no column {', '.join(missing)} (it has {', '.join(self.names)})"
+            ) from None
+
+    def dicts(self) -> list[dict[str, Any]]:
+        """Each row as a dict by column name."""
+        return [dict(zip(self.names, row, strict=True)) for row in self._rows]
+
+
+def _rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any], fetched: list[TupleRow]) -> Rows:
+    return Rows(fetched, [c.name for c in cur.description] if cur.description else ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,14 +163,14 @@ def run(conn: psycopg.Connection[Any], call: Call[T], schema: str = DEFAULT_SCHE
     """Run `call` on `conn` inside whatever transaction the connection is in."""
     with conn.cursor(binary=call.binary) as cur:
         cur.execute(statements(schema)[call.name], call.params)
-        return call.decode(cur.fetchall() if cur.description else [])
+        return call.decode(_rows(cur, cur.fetchall() if cur.description else []))
 
 
 async def arun(conn: psycopg.AsyncConnection[Any], call: Call[T], schema: str = DEFAULT_SCHEMA) -> T:
     """Async counterpart of `run`."""
     async with conn.cursor(binary=call.binary) as cur:
         await cur.execute(statements(schema)[call.name], call.params)
-        return call.decode(await cur.fetchall() if cur.description else [])
+        return call.decode(_rows(cur, await cur.fetchall() if cur.description else []))
 
 
 def resolve_dsn(dsn: str | None = None) -> str | None:

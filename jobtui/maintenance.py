@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from .db import Call, run
+from .db import Call, Rows, run
 from .domain import DEFAULT_SCHEMA
 from .registry import Job, Jobs, ScheduleSpec
 
@@ -73,7 +73,7 @@ class Swept:
     deleted_audit: int = 0
 
 
-def _count(rows: list[Any]) -> int:
+def _count(rows: Rows) -> int:
     return int(rows[0][0]) if rows else 0
 
 

@@ -24,7 +24,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from .actions import dead_matching, matching_ids
-from .db import Call, run, statements
+from .db import Call, Rows, run, statements
 from .domain import DEFAULT_SCHEMA
 from .errors import JobtuiError
 from .migrate import _lock_key as migration_lock_key
@@ -204,25 +204,26 @@ class Snapshot:
         return data
 
 
-def _rows(rows: list[Any]) -> list[Any]:
-    return rows
+Row = dict[str, Any]
 
 
-def _q(conn: psycopg.Connection[Any], name: str, schema: str, **params: Any) -> list[Any]:
-    return run(conn, Call(name, params, _rows), schema)
+def _dicts(rows: Rows) -> list[Row]:
+    return rows.dicts()
 
 
-# Statements of a snapshot whose rows are read by column name.
-_BY_NAME = {"metrics_schedules"}
+def _q(conn: psycopg.Connection[Any], name: str, schema: str, **params: Any) -> list[Row]:
+    """The rows of statement `name`, by column name."""
+    return run(conn, Call(name, params, _dicts), schema)
 
 
-def _pipelined(conn: psycopg.Connection[Any], schema: str, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
-    """Run the statements in one round trip (pipeline mode) and return each one's rows."""
+def _pipelined(conn: psycopg.Connection[Any], schema: str, calls: list[tuple[str, dict[str, Any]]]) -> list[list[Row]]:
+    """Run the statements in one round trip (pipeline mode) and return each one's rows, by
+    column name."""
     sql = statements(schema)
     cursors: list[Any] = []
     with conn.pipeline():
         for name, params in calls:
-            cur = conn.cursor(row_factory=dict_row) if name in _BY_NAME else conn.cursor()
+            cur = conn.cursor(row_factory=dict_row)
             cur.execute(sql[name], params)
             cursors.append(cur)
     try:
@@ -232,11 +233,11 @@ def _pipelined(conn: psycopg.Connection[Any], schema: str, calls: list[tuple[str
             cur.close()
 
 
-def _distribution(rows: list[Any]) -> dict[str, dict[int, int]]:
+def _distribution(rows: list[Row]) -> dict[str, dict[int, int]]:
     out: dict[str, dict[int, int]] = {}
-    for status, attempts, jobs in rows:
-        if status in ("done", "dead", "failed"):
-            out.setdefault(status, {})[int(attempts)] = int(jobs)
+    for r in rows:
+        if r["status"] in ("done", "dead", "failed"):
+            out.setdefault(r["status"], {})[int(r["attempts"])] = int(r["jobs"])
     return out
 
 
@@ -244,13 +245,13 @@ def _lock_wait_params(schema: str) -> dict[str, Any]:
     return {"schema_name": schema, "advisory_key": migration_lock_key(schema)}
 
 
-def _lock_waits(rows: list[Any]) -> tuple[dict[str, int], dict[str, float]]:
+def _lock_waits(rows: list[Row]) -> tuple[dict[str, int], dict[str, float]]:
     """(sessions, longest wait) by kind, every kind of LOCK_KINDS present."""
     waits = dict.fromkeys(LOCK_KINDS, 0)
     longest = dict.fromkeys(LOCK_KINDS, 0.0)
-    for kind, sessions, seconds in rows:
-        waits[kind] = int(sessions)
-        longest[kind] = float(seconds)
+    for r in rows:
+        waits[r["kind"]] = int(r["sessions"])
+        longest[r["kind"]] = float(r["longest"])
     return waits, longest
 
 
@@ -283,7 +284,7 @@ class DoneHistory:
         return self._read_from
 
     def update(
-        self, taken_at: datetime, rows: list[Any], oldest_open: datetime | None = None
+        self, taken_at: datetime, rows: list[Row], oldest_open: datetime | None = None
     ) -> dict[datetime, dict[TypeAttempts, int]]:
         """Fold in the rows (minute, type, attempts, jobs, recent) of one snapshot; return
         every minute of the last hour.
@@ -298,10 +299,10 @@ class DoneHistory:
         if oldest_open is not None:
             settle_before = min(settle_before, _minute(oldest_open))
         fresh: dict[datetime, dict[TypeAttempts, int]] = {}
-        for minute, job_type, attempts, jobs, _recent in rows:
-            counts = fresh.setdefault(_minute(minute), {})
-            key = (str(job_type), int(attempts))
-            counts[key] = counts.get(key, 0) + int(jobs)
+        for r in rows:
+            counts = fresh.setdefault(_minute(r["minute"]), {})
+            key = (str(r["type"]), int(r["attempts"]))
+            counts[key] = counts.get(key, 0) + int(r["jobs"])
         minutes = {m: c for m, c in self._settled.items() if m >= window_start}
         minutes.update(fresh)
         self._settled = {m: c for m, c in minutes.items() if m < settle_before}
@@ -329,7 +330,9 @@ def snapshot(
         waits, longest = sum(by_kind.values()), max(longest_by_kind.values())
         oldest = _q(conn, "metrics_oldest_xact", schema)
         holder = (
-            f"; the oldest open transaction is pid {oldest[0][1]}, open {float(oldest[0][0]):.0f}s" if oldest else ""
+            f"; the oldest open transaction is pid {oldest[0]['pid']}, open {float(oldest[0]['age']):.0f}s"
+            if oldest
+            else ""
         )
         raise QueueLocked(
             f"a queue table in schema {schema!r} stayed locked for over {lock_timeout:g}s: "
@@ -385,24 +388,35 @@ def _snapshot(
                 ("metrics_oldest_xact", {}),
             ],
         )
-    taken_at = now_rows[0][0]
-    for job_type, ready, due, age in ready_rows:
-        slot(job_type).update(ready=ready, ready_due=due, oldest_ready_age=None if age is None else float(age))
+    taken_at = now_rows[0]["now"]
+    for r in ready_rows:
+        age = r["oldest_age"]
+        slot(r["type"]).update(
+            ready=r["ready"], ready_due=r["due"], oldest_ready_age=None if age is None else float(age)
+        )
     running = []
-    for job_type, worker, jobs, expired, hb_age in running_rows:
-        running.append(RunningGroup(job_type, worker, jobs, expired, None if hb_age is None else float(hb_age)))
-        s = slot(job_type)
-        s["running"] = s.get("running", 0) + jobs
+    for r in running_rows:
+        hb_age = r["heartbeat_age"]
+        running.append(
+            RunningGroup(r["type"], r["worker"], r["jobs"], r["expired"], None if hb_age is None else float(hb_age))
+        )
+        s = slot(r["type"])
+        s["running"] = s.get("running", 0) + r["jobs"]
     dead = []
-    for status, job_type, fp, jobs, first, last, latest, attempts in dead_rows:
-        dead.append(DeadGroup(status, job_type, fp, jobs, first, last, latest, attempts))
-        s = slot(job_type)
-        s[status] = s.get(status, 0) + jobs
+    for r in dead_rows:
+        dead.append(
+            DeadGroup(
+                r["status"], r["type"], r["fingerprint"], r["jobs"], r["first_seen"], r["last_seen"],
+                r["latest_id"], r["attempts"],
+            )
+        )  # fmt: skip
+        s = slot(r["type"])
+        s[r["status"]] = s.get(r["status"], 0) + r["jobs"]
     current = _minute(taken_at)
     per_minute = [0] * 60
     hour_attempts: dict[int, int] = {}
     done_by_type: dict[str, dict[int, int]] = {}
-    oldest_open = taken_at - timedelta(seconds=float(oldest[0][0])) if oldest else None
+    oldest_open = taken_at - timedelta(seconds=float(oldest[0]["age"])) if oldest else None
     for minute, done_jobs in history.update(taken_at, done_rows, oldest_open).items():
         minutes_ago = round((current - minute) / MINUTE)
         if 0 <= minutes_ago < 60:
@@ -415,18 +429,19 @@ def _snapshot(
     by_type_hour: dict[str, dict[str, dict[int, int]]] = {"done": _sorted_by_type(done_by_type)}
     dead_by_type: dict[str, dict[int, int]] = {}
     dead_attempts: dict[int, int] = {}
-    for job_type, attempts, jobs in dead_attempt_rows:
-        dead_by_type.setdefault(job_type, {})[int(attempts)] = int(jobs)
-        dead_attempts[int(attempts)] = dead_attempts.get(int(attempts), 0) + int(jobs)
+    for r in dead_attempt_rows:
+        attempts, jobs = int(r["attempts"]), int(r["jobs"])
+        dead_by_type.setdefault(r["type"], {})[attempts] = jobs
+        dead_attempts[attempts] = dead_attempts.get(attempts, 0) + jobs
     if dead_attempts:
         attempts_hour["dead_or_failed"] = dict(sorted(dead_attempts.items()))
         by_type_hour["dead_or_failed"] = _sorted_by_type(dead_by_type)
     per_hour = [0] * 25
-    for hours_ago, jobs in expiry_rows:
-        if 0 <= hours_ago <= 24:
-            per_hour[hours_ago] += jobs
+    for r in expiry_rows:
+        if 0 <= r["hours_ago"] <= 24:
+            per_hour[r["hours_ago"]] += r["expiries"]
     schedules = [ScheduleHealth(**{**row, "missed_slots": list(row["missed_slots"] or [])}) for row in schedule_rows]
-    tables = [TableHealth(*r) for r in table_rows]
+    tables = [TableHealth(**r) for r in table_rows]
     waits_by_kind, longest_by_kind = _lock_waits(wait_rows)
     by_type = [TypeCounts(**counts[t]) for t in sorted(counts)]
     job_table = next((t for t in tables if t.table == "job"), None)
@@ -441,16 +456,16 @@ def _snapshot(
         attempts_last_hour=attempts_hour,
         attempts_last_day=_distribution(day_rows),
         lease_expiries_per_hour=per_hour[:24],
-        recent_expiries=[LeaseExpiry(*r) for r in recent_rows],
+        recent_expiries=[LeaseExpiry(**r) for r in recent_rows],
         schedules=schedules,
         tables=tables,
         lock_waits=sum(waits_by_kind.values()),
         longest_lock_wait=max(longest_by_kind.values()),
-        oldest_xact_age=float(oldest[0][0]) if oldest else None,
-        oldest_xact_pid=int(oldest[0][1]) if oldest else None,
+        oldest_xact_age=float(oldest[0]["age"]) if oldest else None,
+        oldest_xact_pid=int(oldest[0]["pid"]) if oldest else None,
         done_estimate=done_estimate,
-        lease_expirations_total=int(total_rows[0][0]),
-        done_last_minute=sum(int(recent) for *_, recent in done_rows),
+        lease_expirations_total=int(total_rows[0]["total"]),
+        done_last_minute=sum(int(r["recent"]) for r in done_rows),
         attempts_by_type=by_type_hour,
         lock_waits_by_kind=waits_by_kind,
         longest_lock_wait_by_kind=longest_by_kind,
@@ -493,23 +508,24 @@ class DeadJob:
     last_error: str
 
 
-def _floats(row: Any, *positions: int) -> list[Any]:
-    values = list(row)
-    for p in positions:
-        values[p] = None if values[p] is None else float(values[p])
-    return values
+def _floats(row: Row, *names: str) -> Row:
+    """`row` with the columns `names` as floats (PostgreSQL's numeric comes as Decimal)."""
+    return {**row, **{n: None if row[n] is None else float(row[n]) for n in names}}
 
 
 def running_jobs(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, limit: int = 500) -> list[RunningJob]:
     """Running jobs, the leases closest to expiry (or expired) first."""
-    return [RunningJob(*_floats(r, 5, 6, 7)) for r in _q(conn, "list_running", schema, limit=limit)]
+    rows = _q(conn, "list_running", schema, limit=limit)
+    return [RunningJob(**_floats(r, "heartbeat_age", "lease_left", "running_for")) for r in rows]
 
 
 def ready_jobs(
     conn: psycopg.Connection[Any], job_type: str, schema: str = DEFAULT_SCHEMA, limit: int = 200
 ) -> list[ReadyJob]:
     """Ready jobs of `job_type` in the order workers will claim them."""
-    return [ReadyJob(*_floats(r, 4, 5)) for r in _q(conn, "list_ready", schema, type=job_type, limit=limit)]
+    return [
+        ReadyJob(**_floats(r, "waiting", "age")) for r in _q(conn, "list_ready", schema, type=job_type, limit=limit)
+    ]
 
 
 def dead_jobs(
@@ -524,7 +540,7 @@ def dead_jobs(
     rows = _q(
         conn, "list_dead_group", schema, status=status, type=job_type, fingerprint=fingerprint or None, limit=limit
     )
-    return [DeadJob(*r) for r in rows]
+    return [DeadJob(**r) for r in rows]
 
 
 def dead_groups(

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.rows import TupleRow
 from psycopg.types.numeric import Int4, Int8
 
 from .checks import (
@@ -93,23 +94,27 @@ def enqueue_many_params(jobs: Sequence[NewJob]) -> dict[str, Any]:
     }
 
 
+_CLAIMED = ("id", "type", "payload", "attempts", "max_attempts", "lease_token", "locked_until", "created_at")
+
+
 def _claimed(rows: Rows) -> list[ClaimedJob]:
     """The claimed jobs in the order they were waiting: run_at, then id."""
-    rows = sorted(rows, key=lambda r: (r[8], r[0]))
+    i, t, p, a, m, k, u, c = rows.columns(*_CLAIMED)
+    r_at, n = rows.columns("run_at", "uncounted")
     return [
         ClaimedJob(
-            id=r[0],
-            type=r[1],
-            payload=_JSON_DECODER.decode(r[2]),
-            attempt=r[3],
-            max_attempts=r[4],
-            lease_token=r[5],
-            locked_until=r[6],
-            created_at=r[7],
-            run_at=r[8],
-            uncounted=r[9],
+            id=r[i],
+            type=r[t],
+            payload=_JSON_DECODER.decode(r[p]),
+            attempt=r[a],
+            max_attempts=r[m],
+            lease_token=r[k],
+            locked_until=r[u],
+            created_at=r[c],
+            run_at=r[r_at],
+            uncounted=r[n],
         )
-        for r in rows
+        for r in sorted(rows, key=lambda r: (r[r_at], r[i]))
     ]
 
 
@@ -165,7 +170,10 @@ def complete_deleting_call(leases: Sequence[Lease]) -> Call[set[int]]:
 
 
 def _fail_outcomes(rows: Rows) -> list[FailOutcome]:
-    return [FailOutcome(r[0], JobStatus(r[1]), r[2], r[3], r[4], r[5]) for r in rows]
+    return [
+        FailOutcome(d["id"], JobStatus(d["status"]), d["type"], d["attempts"], d["max_attempts"], d["locked_by"])
+        for d in rows.dicts()
+    ]
 
 
 def fail_call(failures: Sequence[Failure]) -> Call[list[FailOutcome]]:
@@ -210,7 +218,11 @@ def release_call(
 
 def _reaped(rows: Rows) -> list[Reaped]:
     # The first row is the round itself (see the statement), not a job.
-    return [Reaped(r[0], r[1], r[2], r[3], JobStatus(r[4]), r[5]) for r in rows if r[0] is not None]
+    return [
+        Reaped(d["job_id"], d["type"], d["worker"], d["attempt"], JobStatus(d["status"]), d["at"])
+        for d in rows.dicts()
+        if d["job_id"] is not None
+    ]
 
 
 def _reap_params(limit: int, own: Sequence[int]) -> dict[str, Any]:
@@ -236,8 +248,8 @@ class ReapRound:
 
 
 def _reap_round(rows: Rows) -> ReapRound:
-    marker = next(r for r in rows if r[0] is None)
-    return ReapRound(marker[5], marker[1] == "open", _reaped(rows))
+    marker = next(d for d in rows.dicts() if d["job_id"] is None)
+    return ReapRound(marker["at"], marker["status"] == "open", _reaped(rows))
 
 
 def reap_round_call(
@@ -252,7 +264,7 @@ def reap_round_call(
 def _job_row(rows: Rows) -> JobRow | None:
     if not rows:
         return None
-    r = rows[0]
+    row = rows.dicts()[0]
     errors = [
         ErrorEntry(
             at=str(e.get("at", "")),
@@ -261,29 +273,9 @@ def _job_row(rows: Rows) -> JobRow | None:
             kind=str(e.get("kind", "error")),
             error=str(e.get("error", "")),
         )
-        for e in (r[13] or [])
+        for e in (row.pop("errors") or [])
     ]
-    return JobRow(
-        id=r[0],
-        type=r[1],
-        payload=r[2],
-        idempotency_key=r[3],
-        status=JobStatus(r[4]),
-        run_at=r[5],
-        attempts=r[6],
-        max_attempts=r[7],
-        locked_by=r[8],
-        locked_until=r[9],
-        lease_token=r[10],
-        heartbeat_at=r[11],
-        last_error=r[12],
-        errors=errors,
-        lease_expirations=r[14],
-        created_at=r[15],
-        started_at=r[16],
-        finished_at=r[17],
-        db_now=r[18],
-    )
+    return JobRow(**{**row, "status": JobStatus(row["status"])}, errors=errors)
 
 
 def get_job_call(job_id: int) -> Call[JobRow | None]:
@@ -291,7 +283,9 @@ def get_job_call(job_id: int) -> Call[JobRow | None]:
 
 
 def job_statuses_call(ids: Sequence[int]) -> Call[dict[int, JobStatus]]:
-    return Call("job_statuses", {"ids": list(ids)}, lambda rows: {int(r[0]): JobStatus(r[1]) for r in rows})
+    return Call(
+        "job_statuses", {"ids": list(ids)}, lambda rows: {d["id"]: JobStatus(d["status"]) for d in rows.dicts()}
+    )
 
 
 # -- running calls ------------------------------------------------------------------------
@@ -306,7 +300,7 @@ def _can_copy(jobs: Sequence[NewJob]) -> bool:
     return len(jobs) >= COPY_THRESHOLD and all(j.key is None and j.delay == 0 for j in jobs)
 
 
-def _merge_existing(jobs: Sequence[NewJob], inserted: Rows, existing: Rows) -> list[int]:
+def _merge_existing(jobs: Sequence[NewJob], inserted: list[TupleRow], existing: list[TupleRow]) -> list[int]:
     """Ids in input order: new rows by position, duplicates by their existing key."""
     by_key = {key: int(i) for i, key in existing}
     by_key.update({key: int(i) for i, key in inserted if key is not None})
@@ -336,7 +330,7 @@ def enqueue_many(conn: psycopg.Connection[Any], jobs: Sequence[NewJob], schema: 
             return ids
         cur.execute(stmts["enqueue_many"], params)
         inserted = cur.fetchall()
-        existing: Rows = []
+        existing: list[TupleRow] = []
         if len(inserted) < len(jobs):
             missing = list({j.key for j in jobs if j.key is not None} - {k for _, k in inserted})
             cur.execute(stmts["enqueue_existing_many"], {"keys": missing})
@@ -362,7 +356,7 @@ async def aenqueue_many(
             return ids
         await cur.execute(stmts["enqueue_many"], params)
         inserted = await cur.fetchall()
-        existing: Rows = []
+        existing: list[TupleRow] = []
         if len(inserted) < len(jobs):
             missing = list({j.key for j in jobs if j.key is not None} - {k for _, k in inserted})
             await cur.execute(stmts["enqueue_existing_many"], {"keys": missing})

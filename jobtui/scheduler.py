@@ -25,7 +25,7 @@ from . import cronslots
 from .audit import record_audit
 from .checks import check_max_attempts, check_text, check_type, encode_payload
 from .cronslots import MissedPolicy
-from .db import Call, arun, first_line, run, statements
+from .db import Call, Rows, arun, first_line, run, statements
 from .domain import DEFAULT_SCHEMA
 from .errors import DatabaseUnavailable, InvalidInput, JobtuiError, PrivilegeMissing
 from .link import Connection, Link
@@ -58,8 +58,8 @@ class Fired:
     missed: int
 
 
-def _rows(rows: list[Any]) -> list[Any]:
-    return rows
+def _rows(rows: Rows) -> list[Any]:
+    return list(rows)
 
 
 def _now(conn: psycopg.Connection[Any], schema: str) -> datetime:

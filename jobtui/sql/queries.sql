@@ -188,7 +188,7 @@ RETURNING j.id;
 -- restarted), it reaps nothing this round. Every lease that expired meanwhile may belong to a
 -- worker that was cut off just as long and is coming back to extend or give back its lease;
 -- an outage must not count against their jobs. Without `continuity`, the gate is open. The
--- first row returned is the round itself: no id, `type` 'open' or 'closed', and now().
+-- first row returned is the round itself: no job, status 'open' or 'closed', at now().
 WITH gate AS (
     SELECT %(continuity)s::float8 IS NULL
            OR (%(previous)s::timestamptz IS NOT NULL
@@ -227,7 +227,8 @@ WITH gate AS (
     INSERT INTO {schema}.lease_expiry (job_id, job_type, worker, attempt, expired_at, outcome)
     SELECT id, type, locked_by, attempts, expired_at, status FROM reaped
 )
-SELECT NULL::bigint, CASE WHEN open THEN 'open' ELSE 'closed' END, NULL::text, NULL::integer, NULL::text, now()
+SELECT NULL::bigint AS job_id, NULL::text AS type, NULL::text AS worker, NULL::integer AS attempt,
+       CASE WHEN open THEN 'open' ELSE 'closed' END AS status, now() AS at
 FROM gate
 UNION ALL
 SELECT id, type, locked_by, attempts, status, expired_at FROM reaped;
@@ -538,8 +539,8 @@ SELECT set_config('lock_timeout', %(timeout)s, true);
 -- Ready jobs by type; the age counts only jobs already due (a delayed job is not late). Due
 -- and delayed jobs are two ranges of the ready index (which carries the type), each counted
 -- by plain aggregates: no per-row FILTER, no heap.
-SELECT type, sum(jobs)::bigint, coalesce(sum(jobs) FILTER (WHERE due), 0)::bigint,
-       extract(epoch FROM now() - min(oldest))
+SELECT type, sum(jobs)::bigint AS ready, coalesce(sum(jobs) FILTER (WHERE due), 0)::bigint AS due,
+       extract(epoch FROM now() - min(oldest)) AS oldest_age
 FROM (SELECT type, true AS due, count(*) AS jobs, min(run_at) AS oldest
       FROM {schema}.job WHERE status = 'ready' AND run_at <= now()
       GROUP BY type
@@ -550,8 +551,8 @@ FROM (SELECT type, true AS due, count(*) AS jobs, min(run_at) AS oldest
 GROUP BY type;
 
 -- name: metrics_running
-SELECT type, locked_by, count(*), count(*) FILTER (WHERE locked_until < now()),
-       extract(epoch FROM now() - min(heartbeat_at))
+SELECT type, locked_by AS worker, count(*) AS jobs, count(*) FILTER (WHERE locked_until < now()) AS expired,
+       extract(epoch FROM now() - min(heartbeat_at)) AS heartbeat_age
 FROM {schema}.job WHERE status = 'running'
 GROUP BY type, locked_by;
 
@@ -569,7 +570,7 @@ ORDER BY g.jobs DESC;
 -- name: metrics_dead_attempts
 -- Dead and failed jobs of the last hour by type and attempts used (job_dead_idx: by type and
 -- finished_at, so each type's last hour is one range).
-SELECT type, attempts, count(*) FROM {schema}.job
+SELECT type, attempts, count(*) AS jobs FROM {schema}.job
 WHERE status IN ('dead', 'failed') AND finished_at > now() - interval '1 hour'
 GROUP BY type, attempts;
 
@@ -588,7 +589,7 @@ WITH bounds AS (
                     date_bin('1 minute', now(), timestamptz '2000-01-01 00:00:00+00')
                     - interval '59 minutes') AS since
 )
-SELECT minute, type, attempts, sum(jobs)::bigint, round(sum(recent))::bigint
+SELECT minute, type, attempts, sum(jobs)::bigint AS jobs, round(sum(recent))::bigint AS recent
 FROM (
     SELECT date_bin('1 minute', finished_at, timestamptz '2000-01-01 00:00:00+00') AS minute,
            type, attempts, count(*) AS jobs,
@@ -612,7 +613,7 @@ GROUP BY 1, 2, 3;
 
 -- name: metrics_day
 -- The last 24 completed hours' summaries (filled by the archiver).
-SELECT status, attempts, sum(jobs)::bigint FROM {schema}.stats_hourly
+SELECT status, attempts, sum(jobs)::bigint AS jobs FROM {schema}.stats_hourly
 WHERE hour >= date_trunc('hour', now()) - interval '24 hours'
 GROUP BY status, attempts;
 
@@ -622,13 +623,13 @@ GROUP BY status, attempts;
 SELECT 25 - width_bucket(reaped_at,
                          (SELECT array_agg(h ORDER BY h)
                           FROM generate_series(date_trunc('hour', now()) - interval '24 hours',
-                                               date_trunc('hour', now()), interval '1 hour') AS h)),
-       count(*)
+                                               date_trunc('hour', now()), interval '1 hour') AS h)) AS hours_ago,
+       count(*) AS expiries
 FROM {schema}.lease_expiry WHERE reaped_at > now() - interval '24 hours'
 GROUP BY 1;
 
 -- name: metrics_recent_expiries
-SELECT job_id, job_type, worker, attempt, expired_at, reaped_at, outcome
+SELECT job_id, job_type AS type, worker, attempt, expired_at, reaped_at, outcome
 FROM {schema}.lease_expiry ORDER BY reaped_at DESC, id DESC LIMIT %(limit)s;
 
 -- name: metrics_schedules
@@ -640,8 +641,8 @@ FROM {schema}.schedule ORDER BY name;
 
 -- name: metrics_tables
 -- Table health from the statistics collector, plus an estimate of all rows (no scan).
-SELECT s.relname, s.n_live_tup, s.n_dead_tup, s.last_autovacuum, s.last_vacuum,
-       s.last_autoanalyze, c.reltuples::bigint
+SELECT s.relname AS table, s.n_live_tup AS live_rows, s.n_dead_tup AS dead_rows, s.last_autovacuum,
+       s.last_vacuum, s.last_autoanalyze, c.reltuples::bigint AS rows_estimate
 FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
 WHERE s.schemaname = %(schema_name)s;
 
@@ -669,14 +670,15 @@ WITH tables AS (
            OR EXISTS (SELECT 1 FROM pg_locks h
                       WHERE h.pid = l.pid AND h.granted AND h.relation IN (SELECT oid FROM tables)))
 )
-SELECT kind, count(*), greatest(0, extract(epoch FROM clock_timestamp() - min(since)))::float8
+SELECT kind, count(*) AS sessions, greatest(0, extract(epoch FROM clock_timestamp() - min(since)))::float8 AS longest
 FROM waits GROUP BY kind;
 
 -- name: metrics_oldest_xact
 -- The oldest open transaction of a client session in this database: it holds back vacuum on
 -- the queue table (by its snapshot or its transaction id; an idle one in READ COMMITTED has
 -- neither between statements, but takes a snapshot again at its next one) and keeps its locks.
-SELECT extract(epoch FROM now() - xact_start), pid, coalesce(application_name, ''), coalesce(state, '')
+SELECT extract(epoch FROM now() - xact_start) AS age, pid, coalesce(application_name, '') AS application,
+       coalesce(state, '') AS state
 FROM pg_stat_activity
 WHERE datname = current_database() AND xact_start IS NOT NULL AND backend_type = 'client backend'
   AND pid <> pg_backend_pid()
@@ -735,7 +737,7 @@ ORDER BY id DESC LIMIT %(limit)s;
 
 -- name: metrics_lease_expiry_total
 -- Every expiry ever recorded: identity values only grow, even after old rows are pruned.
-SELECT coalesce(max(id), 0) FROM {schema}.lease_expiry;
+SELECT coalesce(max(id), 0) AS total FROM {schema}.lease_expiry;
 
 -- name: prune_lease_expiry
 DELETE FROM {schema}.lease_expiry WHERE reaped_at < now() - interval '8 days';
@@ -764,25 +766,25 @@ SELECT count(*) FROM gone;
 
 -- name: list_running
 -- Running jobs for the console: oldest lease first, expired leases included.
-SELECT id, type, locked_by, attempts, max_attempts,
-       extract(epoch FROM now() - heartbeat_at), extract(epoch FROM locked_until - now()),
-       extract(epoch FROM now() - started_at)
+SELECT id, type, locked_by AS worker, attempts AS attempt, max_attempts,
+       extract(epoch FROM now() - heartbeat_at) AS heartbeat_age, extract(epoch FROM locked_until - now()) AS lease_left,
+       extract(epoch FROM now() - started_at) AS running_for
 FROM {schema}.job WHERE status = 'running'
 ORDER BY locked_until
 LIMIT %(limit)s;
 
 -- name: list_ready
 -- Ready jobs of one type, in claim order.
-SELECT id, type, attempts, max_attempts, extract(epoch FROM now() - run_at),
-       extract(epoch FROM now() - created_at), coalesce(split_part(last_error, E'\n', 1), '')
+SELECT id, type, attempts, max_attempts, extract(epoch FROM now() - run_at) AS waiting,
+       extract(epoch FROM now() - created_at) AS age, coalesce(split_part(last_error, E'\n', 1), '') AS last_error
 FROM {schema}.job WHERE status = 'ready' AND type = %(type)s
 ORDER BY run_at, id
 LIMIT %(limit)s;
 
 -- name: list_dead_group
 -- The jobs of one dead-letter group, newest first.
-SELECT id, type, status, attempts, max_attempts, finished_at, locked_by,
-       coalesce(split_part(last_error, E'\n', 1), '')
+SELECT id, type, status, attempts, max_attempts, finished_at, locked_by AS worker,
+       coalesce(split_part(last_error, E'\n', 1), '') AS last_error
 FROM {schema}.job
 WHERE status = %(status)s AND type = %(type)s AND error_fingerprint IS NOT DISTINCT FROM %(fingerprint)s
 ORDER BY finished_at DESC, id DESC

@@ -105,6 +105,8 @@ async def test_every_pane_dialog_title_toast_and_detail_shows_hostile_rows_escap
             f"Requeue every dead job of type {visible(t.type)} with error",
             f"  {visible(group.fingerprint)}",
             "1 row(s) will change (back to ready, attempts reset).",
+            "Only these 1: jobs that join the group before you answer",
+            "stay dead (press r again for them).",
         ]
         await pilot.press("n")
         await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen), what="the dialog closed")
@@ -126,6 +128,10 @@ async def test_every_pane_dialog_title_toast_and_detail_shows_hostile_rows_escap
 
         await open_pane(pilot, app, "schedules", t.schedule)
         await pilot.press("p")
+        question = await confirm_question(pilot, app)  # pausing asks first, like every action
+        assert_safe(question, keep="\n")
+        assert visible(t.schedule) in question
+        await pilot.press("y")
         toast = f"schedule {visible(t.schedule)} paused"
         await wait_for(pilot, lambda: any(str(n.message) == toast for n in app._notifications), what="the toast")
         for note in app._notifications:
