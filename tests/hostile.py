@@ -109,7 +109,7 @@ def seed(conn: psycopg.Connection[Any], t: Texts, *, schema: str = "jobtui") -> 
     error = f"{t.error}\nTraceback line two {t.error}"
 
     def job(sql: str, *params: Any) -> int:
-        row = conn.execute(f"INSERT INTO {s}.job {sql} RETURNING id", params).fetchone()  # type: ignore[arg-type]
+        row = conn.execute(f"INSERT INTO {s}.job {sql} RETURNING id", params).fetchone()
         assert row is not None
         return int(row[0])
 

@@ -46,7 +46,7 @@ class Proxy:
         """`dsn` with its host and port replaced by the proxy's."""
         params = conninfo_to_dict(dsn)
         params.pop("hostaddr", None)
-        return make_conninfo(**{**params, "host": "127.0.0.1", "port": str(self.port)})
+        return make_conninfo("", **{**params, "host": "127.0.0.1", "port": str(self.port)})
 
     def cut(self) -> None:
         """Reset every connection and refuse new ones."""

@@ -27,7 +27,8 @@ from jobtui.backoff import BackoffPolicy
 from jobtui.registry import Job, Jobs, Permanent, Retry
 
 jobs = Jobs()
-not_jobs = {"handlers": {}}  # for the bad --app tests: an attribute that is not a Jobs registry
+# For the bad --app tests: an attribute that is not a Jobs registry.
+not_jobs: dict[str, dict[str, object]] = {"handlers": {}}
 
 FAST = BackoffPolicy(base=0.1, cap=0.2)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from bench.chaos import Procs, child_env
-from bench.chaos_app import APP_TABLES
+from tests.apps.chaos_app import APP_TABLES
+from tests.chaos.harness import Procs, child_env
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import Config, Result, local_restart_command, run
+from tests.chaos.harness import Config, Result, local_restart_command, run
 
 
 def verdict(result: Result) -> str:

@@ -36,11 +36,11 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from bench.chaos import Proc, Procs, wait_for, worker_args
-from bench.chaos_app import effect_key
 from jobtui import scheduler as sched
 from jobtui.queue import enqueue, enqueue_call
 from jobtui.registry import ScheduleSpec
+from tests.apps.chaos_app import effect_key
+from tests.chaos.harness import Proc, Procs, wait_for, worker_args
 
 Conn = psycopg.Connection[Any]
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
@@ -228,7 +228,7 @@ def test_partitioned_worker_comes_back_to_stale_leases(
     # (Fixtures in this order: the processes are killed before the relay and the namespace go.)
     params = conninfo_to_dict(chaos_dsn)
     params.pop("hostaddr", None)
-    remote_dsn = make_conninfo(**{**params, "host": netns.host_addr, "port": str(relay.port)})
+    remote_dsn = make_conninfo("", **{**params, "host": netns.host_addr, "port": str(relay.port)})
     a = procs.start(
         "A",
         worker_args("A", lease=2, concurrency=2, extra=WORKER_FLAGS),
@@ -460,8 +460,8 @@ def test_schedulers_killed_at_random_fire_each_slot_once_and_count_the_missed(
         outage = next(((a, b) for a, b in outages if a <= elapsed < a + b), None)
         if outage is not None:
             outage_walls.setdefault(outage[0], time.time())
-            for i, proc in enumerate(slots):
-                if proc is not None:
+            for i, running in enumerate(slots):
+                if running is not None:
                     kill(i)
                     kills += 1
             respawn = {i: start + outage[0] + outage[1] + rng.uniform(0, 0.5) for i in range(len(slots))}
@@ -479,8 +479,8 @@ def test_schedulers_killed_at_random_fire_each_slot_once_and_count_the_missed(
                 respawn[i] = now + rng.uniform(0.2, 1.5)
                 next_event = now + rng.uniform(0.3, 1.2)
         time.sleep(0.02)
-    for i, proc in enumerate(slots):
-        if proc is not None:
+    for i, running in enumerate(slots):
+        if running is not None:
             kill(i)
     assert kills >= 8
 

@@ -16,10 +16,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from bench.chaos import Proc, Procs, wait_for
 from jobtui import scheduler as sched
 from jobtui.cronslots import MAX_BACKFILL
 from jobtui.registry import ScheduleSpec
+from tests.chaos.harness import Proc, Procs, wait_for
 
 Conn = psycopg.Connection[Any]
 SECOND = timedelta(seconds=1)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -228,7 +228,7 @@ def test_nul_characters_on_the_command_line(quiet_dsn: str, quiet: Conn) -> None
 
 def test_text_that_is_not_utf8_or_holds_nul_in_the_api(q: Queue, conn: Conn) -> None:
     lone = "\udcff"  # how Python decodes the byte 0xff of a file name or an argv
-    bad_calls = [
+    bad_calls: list[Callable[[], object]] = [
         lambda: q.enqueue(f"type-{lone}"),
         lambda: q.enqueue("t", key=f"key-{lone}"),
         lambda: q.enqueue("t\x00"),
@@ -439,7 +439,7 @@ def test_bad_numbers_in_the_api(q: Queue, conn: Conn) -> None:
     job_id = q.enqueue("t", max_attempts=2)
     [job] = q.claim(["t"], worker="w")
     before = conn.execute("SELECT to_jsonb(j) FROM jobtui.job j").fetchall()
-    bad_calls = [
+    bad_calls: list[Callable[[], object]] = [
         lambda: q.enqueue("t", delay=-1),
         lambda: q.enqueue("t", delay=float("nan")),
         lambda: q.enqueue("t", delay=float("inf")),

@@ -28,7 +28,8 @@ def test_headless_demo_shows_every_failure_mode(dsn: str) -> None:
     assert "Jobs by type" in proc.stdout and "Dead and failed" in proc.stdout
 
     with psycopg.connect(dsn) as conn:
-        counts = dict(conn.execute("SELECT status, count(*) FROM jobtui_demo.job GROUP BY status").fetchall())
+        rows = conn.execute("SELECT status, count(*) FROM jobtui_demo.job GROUP BY status").fetchall()
+        counts: dict[str, int] = dict(rows)
         assert counts.get("done", 0) > 50  # quick jobs ran
         dead_types = {r[0] for r in conn.execute("SELECT DISTINCT type FROM jobtui_demo.job WHERE status = 'dead'")}
         assert "invoice.render" in dead_types  # the poison type ends dead

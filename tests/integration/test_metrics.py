@@ -585,7 +585,7 @@ def test_lock_waits(dsn: str, conn: Conn, holder: Conn) -> None:
         job_id = q.enqueue("t")
     # SHARE blocks writers (an UPDATE waits) but not readers, so the snapshot itself runs.
     holder.execute("LOCK TABLE jobtui.job IN SHARE MODE")
-    started, errors = threading.Event(), []
+    started, errors = threading.Event(), list[BaseException]()
     thread = threading.Thread(
         target=_blocked_session,
         args=(dsn, f"UPDATE jobtui.job SET payload = '{{}}' WHERE id = {job_id}", started, errors),
@@ -626,7 +626,8 @@ def test_row_lock_waits_are_counted_by_kind(dsn: str, conn: Conn, holder: Conn) 
     conn.execute("INSERT INTO app_orders VALUES (1)")
     assert holder.execute("SELECT id FROM jobtui.job WHERE id = %s FOR UPDATE", (job_id,)).fetchall() == [(job_id,)]
     holder.execute("SELECT id FROM app_orders WHERE id = 1 FOR UPDATE")
-    threads, errors = [], []
+    threads: list[threading.Thread] = []
+    errors: list[BaseException] = []
     statements = [
         f"SELECT id FROM jobtui.job WHERE id = {job_id} FOR UPDATE",
         f"UPDATE jobtui.job SET payload = '{{}}' WHERE id = {job_id}",
@@ -666,7 +667,7 @@ def test_a_migration_waiting_for_another_is_an_advisory_lock_wait(dsn: str, conn
     from jobtui.migrate import _lock_key, migrate
 
     holder.execute("SELECT pg_advisory_lock(%s)", (_lock_key("jobtui"),))
-    started, errors = threading.Event(), []
+    started, errors = threading.Event(), list[BaseException]()
     thread = threading.Thread(
         target=_blocked_session, args=(dsn, f"SELECT pg_advisory_lock({_lock_key('jobtui')})", started, errors)
     )
@@ -689,7 +690,7 @@ def test_snapshot_gives_up_behind_an_access_exclusive_lock(dsn: str, conn: Conn,
     """An ALTER TABLE or VACUUM FULL stuck behind a long transaction blocks every reader:
     the snapshot says so after its lock timeout instead of waiting with them."""
     holder.execute("LOCK TABLE jobtui.job IN ACCESS EXCLUSIVE MODE")
-    started, errors = threading.Event(), []
+    started, errors = threading.Event(), list[BaseException]()
     thread = threading.Thread(target=_blocked_session, args=(dsn, "SELECT count(*) FROM jobtui.job", started, errors))
     thread.start()
     try:

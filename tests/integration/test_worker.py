@@ -273,11 +273,14 @@ def test_worker_recovers_from_terminated_connections(db: Conn, spawn: Spawn) -> 
 def test_notify_wakes_an_idle_worker(db: Conn, spawn: Spawn) -> None:
     w = spawn("W", "--poll", "30s")
     wait_for(
-        lambda: db.execute(
-            # The statement text starts with its comment from queries.sql.
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND query ~ '^\\s*(--[^\n]*\n\\s*)*LISTEN '"
-        ).fetchone()[0],
+        lambda: (
+            db.execute(
+                # The statement text starts with its comment from queries.sql.
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND query ~ '^\\s*(--[^\n]*\n\\s*)*LISTEN '"
+            ).fetchone()
+            == (1,)
+        ),
         10,
         "the worker to LISTEN",
         w.log,
@@ -302,9 +305,10 @@ def test_a_worker_deleting_on_complete_keeps_keyed_jobs_and_failures(db: Conn, s
     ids = [*keyless, keyed, failing]
     wait_for(
         lambda: (
-            not db.execute(
+            db.execute(
                 "SELECT count(*) FROM jobtui.job WHERE id = ANY(%s) AND status IN ('ready', 'running')", (ids,)
-            ).fetchone()[0]
+            ).fetchone()
+            == (0,)
         ),
         20,
         "the jobs to finish",

@@ -35,8 +35,9 @@ def sql_literals(path: Path) -> list[str]:
     skip = docstrings(tree)
     found = []
     for node in ast.walk(tree):
-        literal = isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip
-        if literal and SQL.match(node.value) and len(node.value.split()) > 1:
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)) or id(node) in skip:
+            continue
+        if SQL.match(node.value) and len(node.value.split()) > 1:
             found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.value.strip()[:60]!r}")
     return found
 

@@ -78,7 +78,7 @@ class Scanner:
                 targets = [node.target]
             else:
                 continue
-            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets) and node.value is not None:
                 values.append(node.value)
         return values
 

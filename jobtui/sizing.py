@@ -54,7 +54,7 @@ def spawn_workers(
     """Start `jobtui worker` processes running the no-op app; their logs go to `log`, a file
     (a pipe nobody reads would fill up and stall a worker mid-benchmark)."""
     cmd = [
-        sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "--schema", schema, "worker", "--app", "jobtui.bench:jobs",
+        sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "--schema", schema, "worker", "--app", "jobtui.sizing:jobs",
         "--types", NOOP, "--concurrency", str(concurrency), "--no-scheduler", "--poll", "1s",
         *(["--delete-on-complete"] if delete_on_complete else []),
     ]  # fmt: skip

@@ -1,4 +1,4 @@
-"""Handlers of the chaos runs (bench/chaos.py, tests/chaos/): workers load `bench.chaos_app:jobs`.
+"""Handlers of the chaos runs (bench/chaos.py, tests/chaos/): workers load `tests.apps.chaos_app:jobs`.
 
 Every handler writes what it did into tables of the run's database (created by
 `APP_TABLES`), on a connection of its own (JOBTUI_DSN, so a worker cut off from the database
