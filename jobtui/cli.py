@@ -164,8 +164,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         serve(dsn, args.metrics_port, args.schema)
     # The process is the worker's own, so it may tune the collector: every job makes a
     # dozen short-lived objects (task, coroutine, records), and at Python's default
-    # threshold (700 on 3.11 and 3.12) the collector ran every few dozen jobs and took a
-    # quarter of the worker's own CPU per job. Cycles are still collected, every
+    # threshold the collector runs every few dozen jobs, a large share of the worker's own
+    # CPU (docs/performance.md, "Worker CPU per job"). Cycles are still collected, every
     # WORKER_GC_THRESHOLD allocations.
     gc.set_threshold(WORKER_GC_THRESHOLD, *gc.get_threshold()[1:])
     asyncio.run(_run_until_signalled(worker))

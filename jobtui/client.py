@@ -51,8 +51,8 @@ from .queue import (
 
 T = TypeVar("T")
 
-# complete and heartbeat find each id's token by a linear search of the batch: batches of a
-# thousand cost about what a join did, far larger ones grow with the square of their size.
+# complete and heartbeat find each id's token by a linear search of the batch, whose cost
+# grows with the square of its size: leases go a thousand at a time.
 LEASE_CHUNK = 1000
 
 

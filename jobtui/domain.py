@@ -15,7 +15,7 @@ MAX_DELAY_SECONDS = 10 * 365 * 86400  # longest delay before a job runs (again):
 
 
 class JobStatus(enum.StrEnum):
-    """Where a job is in its life; see the transitions in the README."""
+    """Where a job is in its life; see the transitions in docs/design.md."""
 
     READY = "ready"
     RUNNING = "running"
@@ -37,7 +37,7 @@ class ClaimedJob:
     """A job a worker holds: what it needs to run it and to write its outcome.
 
     Treat it as read-only. It is not frozen because one is made per claimed job, and a
-    frozen dataclass's __init__ costs about three times as much. The worker's claims carry
+    frozen dataclass's __init__ costs several times as much. The worker's claims carry
     their timestamps in UTC (its claiming session's zone), Queue.claim's in the session's.
     """
 

@@ -33,7 +33,7 @@ import re
 
 # Code points escaped, as inclusive ranges: categories Cc, Cf, Cs, Zl and Zp as of Unicode 16
 # (a test checks the running Python's Unicode tables find no other). Written out rather than
-# computed at import, which would take a fifth of a second on every start of the CLI.
+# computed at import, which would slow every start of the CLI.
 UNSAFE_RANGES: tuple[tuple[int, int], ...] = (
     (0x0000, 0x001F), (0x007F, 0x009F), (0x00AD, 0x00AD), (0x0600, 0x0605), (0x061C, 0x061C),
     (0x06DD, 0x06DD), (0x070F, 0x070F), (0x0890, 0x0891), (0x08E2, 0x08E2), (0x180E, 0x180E),

@@ -39,7 +39,7 @@ SELECT id, idempotency_key FROM {schema}.job WHERE idempotency_key = ANY(%(keys)
 
 -- name: reserve_ids
 -- Ids for a COPY of many jobs, drawn from the table's own sequence. The sequence is looked
--- up once (an InitPlan), not once per id: per row it cost more than the COPY's own parsing.
+-- up once (an InitPlan), not once per id, which would cost more than the COPY's own parsing.
 SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id')::regclass)) FROM generate_series(1, %(n)s);
 
 -- name: copy_jobs
@@ -51,9 +51,9 @@ COPY {schema}.job (id, type, payload, max_attempts) FROM STDIN;
 -- number of workers claim at once without waiting on each other or taking the same row.
 -- The ids come from an ARRAY(...) subquery rather than a join (UPDATE ... FROM picked):
 -- a joined relation costs a whole-row copy of each of its rows, kept for rechecks, and
--- the join; together about a tenth of the server's work per claimed job. The rows come
--- back in id order; the caller sorts them by run_at. The payload comes as text, which the
--- worker decodes with one JSON decoder (psycopg's jsonb loader costs more per row).
+-- the join. The rows come back in id order; the caller sorts them by run_at. The payload
+-- comes as text, which the worker decodes with one JSON decoder, cheaper per row than
+-- psycopg's jsonb loader.
 UPDATE {schema}.job AS j
 SET status = 'running',
     attempts = j.attempts + 1,
@@ -91,7 +91,7 @@ RETURNING j.id;
 -- name: complete
 -- Fenced by status and lease token, like every transition. The ids are matched with
 -- = ANY and each one's token looked up by position, not by joining unnest(ids, tokens):
--- that join (a whole-row copy per row, kept for rechecks) cost half of this statement.
+-- that join (a whole-row copy per row, kept for rechecks) would be most of this statement.
 UPDATE {schema}.job AS j
 SET status = 'done', locked_until = NULL, finished_at = now()
 WHERE j.id = ANY(%(ids)b::bigint[]) AND j.status = 'running'

@@ -77,7 +77,7 @@ def test_migration_5_resets_the_fillfactor_and_keeps_the_operators_settings(empt
     for m in migrations.available()[:4]:
         empty_conn.execute(m.text("jobtui").encode())
         empty_conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (%s, %s)", (m.version, m.name))
-    # As the README advises operators to set.
+    # As docs/operations.md advises operators to set.
     empty_conn.execute("ALTER TABLE jobtui.job SET (autovacuum_vacuum_threshold = 50000)")
     assert sorted(job_table_options(empty_conn)) == ["autovacuum_vacuum_threshold=50000", "fillfactor=80"]
     assert [m.version for m in migrations.migrate(empty_conn)] == list(range(5, migrations.code_version() + 1))
