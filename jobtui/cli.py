@@ -165,7 +165,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     # The process is the worker's own, so it may tune the collector: every job makes a
     # dozen short-lived objects (task, coroutine, records), and at Python's default
     # threshold the collector runs every few dozen jobs, a large share of the worker's own
-    # CPU (docs/performance.md, "Worker CPU per job"). Cycles are still collected, every
+    # CPU (docs/performance.md, "Worker overhead"). Cycles are still collected, every
     # WORKER_GC_THRESHOLD allocations.
     gc.set_threshold(WORKER_GC_THRESHOLD, *gc.get_threshold()[1:])
     asyncio.run(_run_until_signalled(worker))
