@@ -30,10 +30,16 @@ from typing import Any
 import jobtui.worker
 import jobtui.worker.worker
 from jobtui.cli import WORKER_GC_THRESHOLD
-from jobtui.db import Call
+from jobtui.db import Call, Rows
 from jobtui.sizing import NOOP, jobs
 
 NOW = datetime.now(UTC)
+# The columns the claim and reap statements return, as PostgreSQL names them.
+CLAIM_COLUMNS = (
+    "id", "type", "payload", "attempts", "max_attempts", "lease_token", "locked_until", "created_at", "run_at",
+    "uncounted",
+)  # fmt: skip
+REAP_COLUMNS = ("job_id", "type", "worker", "attempt", "status", "at")
 
 
 class InstantDatabase:
@@ -63,7 +69,8 @@ class InstantDatabase:
             self._left -= n
             first, self._next_id = self._next_id, self._next_id + n
             # The claim's columns: id, type, payload text, attempts, max_attempts, token, 3 timestamps, uncounted.
-            return call.decode([(i, NOOP, "{}", 1, 25, 1, NOW, NOW, NOW, 0) for i in range(first, first + n)]), sent
+            rows = [(i, NOOP, "{}", 1, 25, 1, NOW, NOW, NOW, 0) for i in range(first, first + n)]
+            return call.decode(Rows(rows, CLAIM_COLUMNS)), sent
         if call.name in ("complete_deleting", "complete", "heartbeat"):
             ids = call.params["ids"]
             if call.name != "heartbeat":
@@ -72,7 +79,7 @@ class InstantDatabase:
                     self._worker[0].stop()
             return set(ids), sent
         if call.name == "reap":
-            return call.decode([(None, "open", None, None, None, NOW)]), sent
+            return call.decode(Rows([(None, None, None, None, "open", NOW)], REAP_COLUMNS)), sent
         if call.name == "privileges_missing":
             return [], sent
         raise AssertionError(f"unexpected statement {call.name}")

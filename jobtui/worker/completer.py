@@ -91,8 +91,7 @@ class OutcomeWriter:
     async def _flush(self, batch: list[_Pending]) -> None:
         by_statement: dict[str, list[_Pending]] = {}
         for item in batch:
-            statement = "release" if item.outcome.released else item.outcome.value
-            by_statement.setdefault(statement, []).append(item)
+            by_statement.setdefault(item.outcome.statement, []).append(item)
         written: set[int] = set()
         for statement, items in by_statement.items():
             try:

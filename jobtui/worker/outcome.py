@@ -26,10 +26,14 @@ class Outcome(enum.Enum):
     ABANDONED = "abandoned"  # the lease was lost while the handler ran: given up, not counted
     SHUTDOWN = "shutdown"  # the worker stopped before the handler finished: not counted
 
-    @property
-    def released(self) -> bool:
-        """Written by the release statement (the attempt is not counted)."""
-        return self in (Outcome.RETRY, Outcome.DB_ERROR, Outcome.ABANDONED, Outcome.SHUTDOWN)
+    # Set once per member, read once per job by the completer: plain attributes, not
+    # properties, since each property call is a Python call per job.
+    released: bool  # written by the release statement (the attempt is not counted)
+    statement: str  # the completer's statement: release, or the outcome's own
+
+    def __init__(self, value: str) -> None:
+        self.released = value in ("retry", "db_error", "abandoned", "shutdown")
+        self.statement = "release" if self.released else value
 
 
 # Releases that do not count as attempts (a handler's Retry, its own database errors) allowed

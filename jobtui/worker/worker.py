@@ -351,7 +351,7 @@ class Worker:
             if outcome is Outcome.TIMEOUT:
                 # A sync handler keeps running in its thread: refuse its later effects.
                 job.mark_lost()
-            if outcome in (Outcome.RETRY, Outcome.DB_ERROR) and flight.claimed.uncounted >= MAX_UNCOUNTED_IN_A_ROW:
+            if flight.claimed.uncounted >= MAX_UNCOUNTED_IN_A_ROW and outcome in (Outcome.RETRY, Outcome.DB_ERROR):
                 outcome = Outcome.FAIL
                 error = (
                     f"{error}\n{MAX_UNCOUNTED_IN_A_ROW} releases in a row without an attempt counted "
