@@ -569,14 +569,21 @@ class JobtuiApp(App[None]):
         name = schedule.name
         if schedule.paused:
             self.confirm_then(
-                f"Resume schedule {name}?\nIt fires again from its next slot; the slots that passed while it was"
-                " paused stay skipped.\n1 row will change.",
+                [
+                    f"Resume schedule {name}?",
+                    "It fires again from its next slot; the slots that passed while it was paused stay skipped.",
+                    "1 row will change.",
+                ],
                 lambda: f"schedule {name} " + ("resumed" if actions.resume_schedule(name) else "was not paused"),
             )
         else:
             self.confirm_then(
-                f"Pause schedule {name}?\nNo {schedule.job_type} job is enqueued for its slots until it is resumed;"
-                " they count as skipped, not missed.\n1 row will change.",
+                [
+                    f"Pause schedule {name}?",
+                    f"No {schedule.job_type} job is enqueued for its slots until it is resumed;"
+                    " they count as skipped, not missed.",
+                    "1 row will change.",
+                ],
                 lambda: f"schedule {name} " + ("paused" if actions.pause_schedule(name) else "was already paused"),
             )
 

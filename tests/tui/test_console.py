@@ -361,6 +361,8 @@ async def test_pause_and_resume_a_schedule_ask_first(dsn: str) -> None:
         question = await confirm_question(pilot, app)
         assert "Pause schedule hourly.ping?" in question and "1 row will change" in question
         assert "No email.send job is enqueued for its slots until it is resumed" in question
+        # One line each (a question given as one string had its newlines escaped into "\n").
+        assert question.split("\n")[0] == "Pause schedule hourly.ping?" and "\\n" not in question
         await answer(pilot, app, "n")  # no: nothing changes, nothing is audited
         await stays(pilot, lambda: not paused(dsn, "hourly.ping"), 0.5)
         assert audit(dsn) == []
@@ -372,6 +374,7 @@ async def test_pause_and_resume_a_schedule_ask_first(dsn: str) -> None:
         await pilot.press("p")
         question = await confirm_question(pilot, app)
         assert "Resume schedule hourly.ping?" in question and "stay skipped" in question
+        assert question.split("\n")[-1] == "1 row will change." and "\\n" not in question
         await answer(pilot, app, "escape")
         await stays(pilot, lambda: paused(dsn, "hourly.ping"), 0.5)
         await pilot.press("p")
