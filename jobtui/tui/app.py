@@ -24,7 +24,7 @@ from textual.widgets import Footer, Input, Label, RichLog, Static, TabbedContent
 
 from ..metrics import DeadGroup, Snapshot
 from ..safetext import SafeFormatter, line, shorten
-from . import render
+from . import changes, render
 from .data import Actions, DataSource, Fetched
 from .screens import ConfirmScreen, HelpScreen, JobDetailScreen, JobListScreen
 from .widgets import KeyedTable
@@ -436,7 +436,11 @@ class JobtuiApp(App[None]):
     # -- actions ---------------------------------------------------------------------------
 
     def confirm_then(self, question: str | list[str], action: Callable[..., Any], *args: Any) -> None:
-        """Ask `question` (its lines, each escaped); on yes, run `action(*args)` in a worker thread."""
+        """Ask `question` (its lines, each escaped); on yes, run `action(*args)` in a worker thread.
+
+        The changes of `changes` take the console's `actions_` first: None in read-only, where
+        this refuses before anything runs.
+        """
         if self.read_only or self.actions_ is None:
             self.notify("read-only console: actions are disabled", severity="error")
             return
@@ -458,40 +462,6 @@ class JobtuiApp(App[None]):
         self.call_from_thread(self.notify, message, timeout=5, markup=False)
         self.call_from_thread(self.refresh_data)
 
-    def do_requeue_jobs(self, ids: list[int]) -> str:
-        assert self.actions_ is not None
-        return f"requeued {self.actions_.requeue_jobs(ids)} job(s)"
-
-    def do_requeue_group(
-        self, status: str, job_type: str, fingerprint: str, ids: list[int], error: str | None = None
-    ) -> str:
-        """Requeue exactly the `ids` the question counted, then say what differs from it."""
-        assert self.actions_ is not None
-        n = self.actions_.requeue_group(status, job_type, fingerprint, ids)
-        message = f"requeued {n} job(s)"
-        if n < len(ids):
-            message = (
-                f"requeued {n} of the {len(ids)} job(s) counted: {len(ids) - n} left the group before you"
-                " confirmed (requeued, cancelled or deleted elsewhere)"
-            )
-        joined = len(self.source.dead_group_ids(status, job_type, fingerprint, error))
-        if joined:
-            message += (
-                f"; {joined} job(s) joined the group after the count and are still {status} (not shown to you,"
-                " so not requeued): press r again for them"
-            )
-        return message
-
-    def do_kill_lease(self, job_id: int) -> str:
-        assert self.actions_ is not None
-        n = self.actions_.kill_lease(job_id)
-        return f"lease of job {job_id} killed; it is ready again" if n else f"job {job_id} was no longer running"
-
-    def do_cancel(self, job_id: int) -> str:
-        assert self.actions_ is not None
-        n = self.actions_.cancel(job_id)
-        return f"job {job_id} cancelled" if n else f"job {job_id} was no longer ready or running"
-
     def ask_requeue_group(self, status: str, job_type: str, fingerprint: str, error: str | None = None) -> None:
         self._count_then_confirm(status, job_type, fingerprint, error)
 
@@ -505,23 +475,18 @@ class JobtuiApp(App[None]):
         except Exception as exc:
             self.call_from_thread(self.notify, f"cannot count the group: {exc}", severity="error", markup=False)
             return
-        which = (
-            [f"Requeue every {status} job of type {job_type} with error"]
-            if error is None
-            else [
-                f"Requeue the {status} jobs of type {job_type} whose error matches {error!r},",
-                "of the group with error",
-            ]
-        )
-        question = [
-            *which,
-            f"  {fingerprint or '-'}",
-            f"{len(ids)} row(s) will change (back to ready, attempts reset).",
-            f"Only these {len(ids)}: jobs that join the group before you answer",
-            f"stay {status} (press r again for them).",
-        ]
+        question = changes.requeue_group_question(status, job_type, fingerprint, ids, error)
         self.call_from_thread(
-            self.confirm_then, question, self.do_requeue_group, status, job_type, fingerprint, ids, error
+            self.confirm_then,
+            question,
+            changes.requeue_group,
+            self.actions_,
+            self.source,
+            status,
+            job_type,
+            fingerprint,
+            ids,
+            error,
         )
 
     def action_requeue(self) -> None:
@@ -545,7 +510,8 @@ class JobtuiApp(App[None]):
             job_id, what = found
             self.confirm_then(
                 [f"Kill the lease of {what}?", "It returns to ready now; 1 row will change."],
-                self.do_kill_lease,
+                changes.kill_lease,
+                self.actions_,
                 job_id,
             )
 
@@ -553,7 +519,9 @@ class JobtuiApp(App[None]):
         found = self._running_job()
         if found:
             job_id, what = found
-            self.confirm_then([f"Cancel {what}? It becomes failed.", "1 row will change."], self.do_cancel, job_id)
+            self.confirm_then(
+                [f"Cancel {what}? It becomes failed.", "1 row will change."], changes.cancel, self.actions_, job_id
+            )
 
     def _schedule(self) -> Any:
         key = self.selected()
@@ -563,9 +531,8 @@ class JobtuiApp(App[None]):
 
     def action_pause_schedule(self) -> None:
         schedule = self._schedule()
-        if schedule is None or self.actions_ is None:
+        if schedule is None:
             return
-        actions = self.actions_
         name = schedule.name
         if schedule.paused:
             self.confirm_then(
@@ -574,7 +541,9 @@ class JobtuiApp(App[None]):
                     "It fires again from its next slot; the slots that passed while it was paused stay skipped.",
                     "1 row will change.",
                 ],
-                lambda: f"schedule {name} " + ("resumed" if actions.resume_schedule(name) else "was not paused"),
+                changes.resume_schedule,
+                self.actions_,
+                name,
             )
         else:
             self.confirm_then(
@@ -584,18 +553,20 @@ class JobtuiApp(App[None]):
                     " they count as skipped, not missed.",
                     "1 row will change.",
                 ],
-                lambda: f"schedule {name} " + ("paused" if actions.pause_schedule(name) else "was already paused"),
+                changes.pause_schedule,
+                self.actions_,
+                name,
             )
 
     def action_run_now(self) -> None:
         schedule = self._schedule()
-        if schedule is None or self.actions_ is None:
-            return
-        actions = self.actions_
-        self.confirm_then(
-            [f"Run schedule {schedule.name} now?", f"One {schedule.job_type} job will be enqueued."],
-            lambda: f"enqueued job {actions.run_schedule_now(schedule.name)}",
-        )
+        if schedule is not None:
+            self.confirm_then(
+                [f"Run schedule {schedule.name} now?", f"One {schedule.job_type} job will be enqueued."],
+                changes.run_schedule_now,
+                self.actions_,
+                schedule.name,
+            )
 
     def action_toggle_worker(self) -> None:
         w = self.embedded_worker

@@ -14,7 +14,7 @@ from textual.widgets import Button, Footer, Label, Static
 
 from ..explain import explain
 from ..safetext import block, line
-from . import render
+from . import changes, render
 from .widgets import KeyedTable
 
 
@@ -200,7 +200,10 @@ class JobListScreen(Screen[None]):
         job_id = self._selected_id()
         if job_id is not None:
             app.confirm_then(
-                [f"Requeue job {job_id} ({self.job_type})?", "1 row will change."], app.do_requeue_jobs, [job_id]
+                [f"Requeue job {job_id} ({self.job_type})?", "1 row will change."],
+                changes.requeue_jobs,
+                app.actions_,
+                [job_id],
             )
 
     def action_requeue_group(self) -> None:
@@ -213,6 +216,7 @@ class JobListScreen(Screen[None]):
         if job_id is not None:
             app.confirm_then(
                 [f"Cancel job {job_id} ({self.job_type})? It becomes failed.", "1 row will change."],
-                app.do_cancel,
+                changes.cancel,
+                app.actions_,
                 job_id,
             )
