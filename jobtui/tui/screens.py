@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import cast
 
 from rich.text import Text
 from textual import work
@@ -15,6 +15,7 @@ from textual.widgets import Button, Footer, Label, Static
 from ..explain import explain
 from ..safetext import block, line
 from . import changes, render
+from .console import Change, Console, change_actions
 from .widgets import KeyedTable
 
 
@@ -115,9 +116,8 @@ class JobDetailScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, group="detail")
     def load(self) -> None:
-        app: Any = self.app
         try:
-            job = app.source.job(self.job_id)
+            job = cast(Console, self.app).source.job(self.job_id)
         except Exception as exc:  # shown in place; the next tick tries again
             text = f"Cannot read job {self.job_id}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
         else:
@@ -136,9 +136,9 @@ class JobListScreen(Screen[None]):
     BINDINGS = [
         Binding("escape,q", "app.pop_screen", "Back"),
         Binding("enter", "open", "Detail"),
-        Binding("r", "requeue", "Requeue job"),
-        Binding("R", "requeue_group", "Requeue group"),
-        Binding("c", "cancel", "Cancel job"),
+        Change("r", "requeue", "Requeue job"),
+        Change("R", "requeue_group", "Requeue group"),
+        Change("c", "cancel", "Cancel job"),
     ]
     DEFAULT_CSS = "#title { padding: 0 1; background: $boost; width: 100%; }"
 
@@ -155,9 +155,12 @@ class JobListScreen(Screen[None]):
         yield KeyedTable(render.COLUMNS["ready_jobs" if self.kind == "ready" else "dead_jobs"], id="jobs")
         yield Footer()
 
+    @property
+    def console(self) -> Console:
+        return cast(Console, self.app)
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        app: Any = self.app
-        if action in ("requeue", "requeue_group", "cancel") and app.read_only:
+        if action in change_actions(type(self)) and self.console.read_only:
             return False  # hidden (None would show them dimmed)
         if action in ("requeue", "requeue_group"):
             return self.kind == "dead"
@@ -172,12 +175,12 @@ class JobListScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, group="list")
     def load(self) -> None:
-        app: Any = self.app
+        source = self.console.source
         try:
             if self.kind == "ready":
-                rows = render.ready_job_rows(app.source.ready_jobs(self.job_type))
+                rows = render.ready_job_rows(source.ready_jobs(self.job_type))
             else:
-                rows = render.dead_job_rows(app.source.dead_jobs(self.status, self.job_type, self.fingerprint))
+                rows = render.dead_job_rows(source.dead_jobs(self.status, self.job_type, self.fingerprint))
         except Exception:  # the header already says the database is unreachable
             return
         self.app.call_from_thread(self.query_one(KeyedTable).sync, rows)
@@ -192,31 +195,28 @@ class JobListScreen(Screen[None]):
             self.app.push_screen(JobDetailScreen(job_id))
 
     def on_data_table_row_selected(self, event: KeyedTable.RowSelected) -> None:
-        event.stop()  # handled here: the app would open the main pane's selection as well
+        event.stop()  # handled: enter on a job explains it
         self.action_open()
 
     def action_requeue(self) -> None:
-        app: Any = self.app
         job_id = self._selected_id()
         if job_id is not None:
-            app.confirm_then(
+            self.console.confirm_then(
                 [f"Requeue job {job_id} ({self.job_type})?", "1 row will change."],
                 changes.requeue_jobs,
-                app.actions_,
+                self.console.actions_,
                 [job_id],
             )
 
     def action_requeue_group(self) -> None:
-        app: Any = self.app
-        app.ask_requeue_group(self.status, self.job_type, self.fingerprint)
+        self.console.ask_requeue_group(self.status, self.job_type, self.fingerprint)
 
     def action_cancel(self) -> None:
-        app: Any = self.app
         job_id = self._selected_id()
         if job_id is not None:
-            app.confirm_then(
+            self.console.confirm_then(
                 [f"Cancel job {job_id} ({self.job_type})? It becomes failed.", "1 row will change."],
                 changes.cancel,
-                app.actions_,
+                self.console.actions_,
                 job_id,
             )

@@ -16,7 +16,8 @@ from jobtui.domain import NewJob
 from jobtui.metrics import DeadGroup
 from jobtui.registry import Job, Jobs
 from jobtui.tui import render
-from jobtui.tui.app import JobtuiApp, LogToWidget
+from jobtui.tui.app import JobtuiApp
+from jobtui.tui.panes import DeadPane, LogToWidget
 from jobtui.tui.screens import ConfirmScreen, HelpScreen, JobDetailScreen, JobListScreen
 from jobtui.tui.widgets import KeyedTable
 from jobtui.worker import Worker
@@ -122,7 +123,9 @@ async def test_a_group_that_grows_before_the_answer_requeues_only_the_jobs_count
         )
         assert statuses(dsn, [newcomer]) == {newcomer: "dead"}
         # Asked again, the newcomer is what is counted.
-        await wait_for(pilot, lambda: app._dead_group(BILLING_KEY) is not None, what="the group, still there")
+        await wait_for(
+            pilot, lambda: app.query_one(DeadPane).group(BILLING_KEY) is not None, what="the group, still there"
+        )
         await pilot.press("r")
         assert "1 row(s) will change" in await confirm_question(pilot, app)
         await answer(pilot, app, "n")

@@ -1,0 +1,69 @@
+"""5 Schedules: each schedule's next slot and health; pause, resume or run one now."""
+
+from __future__ import annotations
+
+from ...metrics import ScheduleHealth
+from .. import changes, render
+from ..console import Change, View
+from .base import TablePane
+
+
+class SchedulesPane(TablePane):
+    """The schedules with live countdowns to their next slot and their missed slots."""
+
+    ID = "schedules"
+    KEY = "5"
+    TITLE = "Schedules"
+    BINDINGS = [
+        Change("p", "pause_schedule", "Pause/resume"),
+        Change("n", "run_now", "Run now"),
+    ]
+
+    def rows(self, view: View) -> list[render.Row]:
+        return render.schedule_rows(view.snapshot.schedules, view.needle, view.elapsed)
+
+    def _schedule(self) -> ScheduleHealth | None:
+        key = self.selected_key
+        view = self.console.view()
+        if key is None or view is None:
+            return None
+        return next((s for s in view.snapshot.schedules if s.name == key), None)
+
+    def action_pause_schedule(self) -> None:
+        schedule = self._schedule()
+        if schedule is None:
+            return
+        name = schedule.name
+        if schedule.paused:
+            self.console.confirm_then(
+                [
+                    f"Resume schedule {name}?",
+                    "It fires again from its next slot; the slots that passed while it was paused stay skipped.",
+                    "1 row will change.",
+                ],
+                changes.resume_schedule,
+                self.console.actions_,
+                name,
+            )
+        else:
+            self.console.confirm_then(
+                [
+                    f"Pause schedule {name}?",
+                    f"No {schedule.job_type} job is enqueued for its slots until it is resumed;"
+                    " they count as skipped, not missed.",
+                    "1 row will change.",
+                ],
+                changes.pause_schedule,
+                self.console.actions_,
+                name,
+            )
+
+    def action_run_now(self) -> None:
+        schedule = self._schedule()
+        if schedule is not None:
+            self.console.confirm_then(
+                [f"Run schedule {schedule.name} now?", f"One {schedule.job_type} job will be enqueued."],
+                changes.run_schedule_now,
+                self.console.actions_,
+                schedule.name,
+            )
