@@ -81,7 +81,7 @@ def seed(dsn: str) -> Seeded:
 
 def query(dsn: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return list(conn.execute(sql, params).fetchall())  # type: ignore[arg-type]
+        return list(conn.execute(sql, params).fetchall())
 
 
 def statuses(dsn: str, ids: list[int]) -> dict[int, str]:
@@ -90,7 +90,7 @@ def statuses(dsn: str, ids: list[int]) -> dict[int, str]:
 
 def audit(dsn: str) -> list[tuple[str, str, str, list[int], int]]:
     """(actor, action, target, job_ids, rows) of every audit row, oldest first."""
-    return [tuple(r) for r in query(dsn, "SELECT actor, action, target, job_ids, rows FROM jobtui.audit ORDER BY id")]  # type: ignore[misc]
+    return [tuple(r) for r in query(dsn, "SELECT actor, action, target, job_ids, rows FROM jobtui.audit ORDER BY id")]
 
 
 async def wait_for(pilot: Any, condition: Callable[[], Any], timeout: float = 10.0, what: str = "") -> None:

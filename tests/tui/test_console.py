@@ -499,7 +499,7 @@ async def test_number_keys_switch_panes_each_offering_only_its_actions(dsn: str)
         }
         for key, (pane, allowed) in offered.items():
             await pilot.press(key)
-            await wait_for(pilot, lambda p=pane: app.pane == p, what=pane)  # type: ignore[misc]
+            await wait_for(pilot, lambda p=pane: app.pane == p, what=pane)
             assert app.focused is table(app, pane)
             shown = {b.binding.action for b in app.screen.active_bindings.values()}
             assert shown & set(CHANGES) == allowed, pane

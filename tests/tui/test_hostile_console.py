@@ -96,6 +96,7 @@ async def test_every_pane_dialog_title_toast_and_detail_shows_hostile_rows_escap
             for value in values:
                 assert visible(value) in cells, (pane, value, cells)
 
+        assert app.latest is not None
         group = next(g for g in app.latest.snapshot.dead if g.status == "dead")
         await open_pane(pilot, app, "dead", render.dead_key(group))
         await pilot.press("r")

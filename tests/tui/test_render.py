@@ -8,7 +8,7 @@ import logging
 import pytest
 from rich.text import Text
 
-from jobtui.metrics import DeadGroup, DeadJob, ReadyJob, RunningJob, ScheduleHealth, TypeCounts
+from jobtui.metrics import DeadGroup, DeadJob, ReadyJob, RunningJob, ScheduleHealth, Snapshot, TypeCounts
 from jobtui.tui import render
 from jobtui.tui.render import STYLE, Thresholds
 from jobtui.tui.widgets import literal, sort_value
@@ -64,7 +64,7 @@ def test_styles_are_distinct_and_ok_is_unstyled() -> None:
 # -- vitals -------------------------------------------------------------------------------
 
 
-def snap_with(**changes: object) -> render.Snapshot:
+def snap_with(**changes: object) -> Snapshot:
     return dataclasses.replace(fx.snapshot(), **changes)  # type: ignore[arg-type]
 
 

@@ -95,6 +95,7 @@ def test_database_unreachable(snap_compare: Compare) -> None:
 
     async def run_before(pilot: Any) -> None:
         await after()(pilot)
+        assert isinstance(app.source, fx.FixedSource)
         app.source.unreachable = True
         app.refresh_data()
         await wait_for(pilot, lambda: not app.connected, what="the failed read")

@@ -118,9 +118,11 @@ def test_hostile_rows_neither_retitle_nor_blank_the_terminal(dsn: str, terminal:
         assert terminal.title() == TITLE, screen
         assert "pwned" not in terminal.title()
 
+    def main(s: str) -> bool:
+        return all(t in s for t in tabs)
+
     # The drill-downs, the job detail and the help, over the same rows; one key at a time (an
     # escape followed at once by another key reads as alt+key).
-    main = lambda s: all(t in s for t in tabs)  # noqa: E731
     for keys, shown, what in (
         ("3", lambda s: main(s) and "error fingerprint" in s, "the dead pane"),
         ("Enter", lambda s: " jobs of " in s and "error fingerprint" not in s, "a dead group's jobs"),
