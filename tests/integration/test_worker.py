@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui.cli import WORKER_GC_THRESHOLD
+from jobtui.cli_run import WORKER_GC_THRESHOLD
 from jobtui.db import run
 from jobtui.domain import JobRow, JobStatus
 from jobtui.queue import enqueue as enqueue_job

@@ -1,0 +1,144 @@
+"""What the `jobtui` command takes: the DSN, the queue, and argument types whose mistakes read
+as one line (exit code 2)."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from . import migrate as migrations
+from .client import Queue
+from .db import connect, describe_dsn, resolve_dsn
+from .embedded import embedded_dsn
+from .errors import InvalidInput
+from .safetext import line, quote, shorten
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def default_actor() -> str:
+    """Who is acting, for the audit trail: the OS user at this host."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in this environment (some containers)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def database_dsn(args: argparse.Namespace) -> str:
+    """The DSN from --dsn / JOBTUI_DSN / DATABASE_URL, else the embedded server's."""
+    dsn = resolve_dsn(args.dsn)
+    if dsn is None:
+        dsn = embedded_dsn()
+        print(f"jobtui: no DSN given, using the embedded PostgreSQL ({describe_dsn(dsn)})", file=sys.stderr)
+    return dsn
+
+
+def open_queue(args: argparse.Namespace, *, check: bool = True) -> Queue:
+    queue = Queue(database_dsn(args), schema=args.schema)
+    if check:
+        queue.check_schema()
+    return queue
+
+
+def parse_payload(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(
+            f"--payload is not valid JSON ({exc.msg} at character {exc.pos}); e.g. '{{\"id\": 1}}'"
+        ) from None
+    except RecursionError:
+        raise InvalidInput("--payload nests too deeply; flatten it") from None
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{quote(text)} must be at least 1")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not a number of seconds") from None
+    if not 0.1 <= value <= 86400:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"{quote(text)} must be between 0.1 and 86400 seconds")
+    return value
+
+
+MAX_JOB_ID = 2**63 - 1  # ids are bigint
+
+
+def job_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not a job id (a whole number)") from None
+    if not 1 <= value <= MAX_JOB_ID:
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not a job id (ids go from 1 to {MAX_JOB_ID})")
+    return value
+
+
+def port_number(text: str) -> int:
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not a port number (1-65535)")
+    return value
+
+
+# What --error matches, for `dead` and `requeue` alike (queries.sql, dead_matching).
+ERROR_MATCH = (
+    "a case-insensitive PostgreSQL regular expression, matched against the first line of each job's error"
+    " (exception and message, as `jobtui job` shows it) or its fingerprint (numbers masked as <n>,"
+    " as `jobtui dead` shows it); never the traceback"
+)
+
+
+class Parser(argparse.ArgumentParser):
+    """Reports a usage mistake in one line, like every other user error (exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"jobtui: error: {one_line(message)} (see `{self.prog} --help`)\n")
+
+
+def one_line(message: str) -> str:
+    """An error message for the terminal: escaped, and cut if it echoes a long input whole."""
+    return line(shorten(message))
+
+
+def add_wait_for_db(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wait-for-db",
+        default="60s",
+        metavar="DURATION",
+        help="at start, how long to wait for PostgreSQL to answer (default 60s; 0 tries once)",
+    )
+
+
+def with_dsn(fn: Callable[[argparse.Namespace, str], int]) -> Command:
+    def command(args: argparse.Namespace) -> int:
+        dsn = database_dsn(args)
+        with connect(dsn) as conn:
+            migrations.check(conn, args.schema)
+        return fn(args, dsn)
+
+    return command
+
+
+def with_queue(fn: Callable[[argparse.Namespace, Queue], int]) -> Command:
+    def command(args: argparse.Namespace) -> int:
+        with open_queue(args) as queue:
+            return fn(args, queue)
+
+    return command

