@@ -23,7 +23,8 @@ from .db import connect
 from .domain import JobStatus
 from .errors import InvalidInput, UnknownJob
 from .explain import human_delta
-from .metrics import DoneHistory, Snapshot, dead_groups, snapshot
+from .joblists import dead_groups
+from .metrics import DoneHistory, Snapshot, snapshot
 from .queue import job_statuses_call
 from .safetext import line
 

@@ -23,7 +23,6 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from .actions import dead_matching, matching_ids
 from .db import Call, Rows, run, statements
 from .domain import DEFAULT_SCHEMA
 from .errors import JobtuiError
@@ -471,100 +470,3 @@ def _snapshot(
         longest_lock_wait_by_kind=longest_by_kind,
         notes=["done_estimate comes from the planner's row estimate, not a count"],
     )
-
-
-@dataclass(frozen=True, slots=True)
-class RunningJob:
-    id: int
-    type: str
-    worker: str | None
-    attempt: int
-    max_attempts: int
-    heartbeat_age: float | None
-    lease_left: float  # negative once the lease expired
-    running_for: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class ReadyJob:
-    id: int
-    type: str
-    attempts: int
-    max_attempts: int
-    waiting: float  # seconds since run_at; negative while delayed
-    age: float
-    last_error: str
-
-
-@dataclass(frozen=True, slots=True)
-class DeadJob:
-    id: int
-    type: str
-    status: str
-    attempts: int
-    max_attempts: int
-    finished_at: datetime | None
-    worker: str | None
-    last_error: str
-
-
-def _floats(row: Row, *names: str) -> Row:
-    """`row` with the columns `names` as floats (PostgreSQL's numeric comes as Decimal)."""
-    return {**row, **{n: None if row[n] is None else float(row[n]) for n in names}}
-
-
-def running_jobs(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, limit: int = 500) -> list[RunningJob]:
-    """Running jobs, the leases closest to expiry (or expired) first."""
-    rows = _q(conn, "list_running", schema, limit=limit)
-    return [RunningJob(**_floats(r, "heartbeat_age", "lease_left", "running_for")) for r in rows]
-
-
-def ready_jobs(
-    conn: psycopg.Connection[Any], job_type: str, schema: str = DEFAULT_SCHEMA, limit: int = 200
-) -> list[ReadyJob]:
-    """Ready jobs of `job_type` in the order workers will claim them."""
-    return [
-        ReadyJob(**_floats(r, "waiting", "age")) for r in _q(conn, "list_ready", schema, type=job_type, limit=limit)
-    ]
-
-
-def dead_jobs(
-    conn: psycopg.Connection[Any],
-    status: str,
-    job_type: str,
-    fingerprint: str | None,
-    schema: str = DEFAULT_SCHEMA,
-    limit: int = 200,
-) -> list[DeadJob]:
-    """The jobs of one dead-letter group, newest first."""
-    rows = _q(
-        conn, "list_dead_group", schema, status=status, type=job_type, fingerprint=fingerprint or None, limit=limit
-    )
-    return [DeadJob(**r) for r in rows]
-
-
-def dead_groups(
-    conn: psycopg.Connection[Any],
-    schema: str = DEFAULT_SCHEMA,
-    *,
-    job_type: str | None = None,
-    error: str | None = None,
-    with_ids: bool = False,
-) -> list[DeadGroup]:
-    """The dead-letter groups of the jobs `jobtui dead --type --error` names, counting only
-    those jobs: the same rows `jobtui requeue --type --error` moves (queue.dead_matching)."""
-    rows = dead_matching(conn, schema, job_type=job_type, error=error, with_ids=with_ids)
-    return [DeadGroup(**{**row, "job_ids": list(row["job_ids"])}) for row in rows]
-
-
-def dead_group_ids(
-    conn: psycopg.Connection[Any],
-    status: str,
-    job_type: str,
-    fingerprint: str | None,
-    error: str | None = None,
-    schema: str = DEFAULT_SCHEMA,
-) -> list[int]:
-    """The ids of one dead-letter group now (of its jobs whose error matches `error`, if given)."""
-    groups = dead_matching(conn, schema, job_type=job_type, error=error, group=(status, fingerprint), with_ids=True)
-    return matching_ids(groups)

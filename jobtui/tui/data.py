@@ -9,14 +9,15 @@ from typing import Any
 
 import psycopg
 
-from .. import metrics
+from .. import joblists, metrics
 from .. import scheduler as schedules
 from ..actions import check_regex
 from ..client import Queue
 from ..db import connect
 from ..domain import JobRow
 from ..errors import InvalidInput
-from ..metrics import DeadGroup, DeadJob, ReadyJob, RunningJob, Snapshot
+from ..joblists import DeadJob, ReadyJob, RunningJob
+from ..metrics import DeadGroup, Snapshot
 
 
 @dataclass
@@ -66,14 +67,14 @@ class DataSource:
         jobs whose error it matches, with the matcher of `--error`."""
         with self._lock:
             snap = self._read(lambda c: metrics.snapshot(c, self.schema, history=self._history))
-            running = self._read(lambda c: metrics.running_jobs(c, self.schema))
+            running = self._read(lambda c: joblists.running_jobs(c, self.schema))
             if not needle:
                 return Fetched(snap, running)
             try:
                 self._read(lambda c: check_regex(c, needle, self.schema))
             except InvalidInput as exc:
                 return Fetched(snap, running, dead_matched=[], filter_problem=str(exc), needle=needle)
-            matched = self._read(lambda c: metrics.dead_groups(c, self.schema, error=needle))
+            matched = self._read(lambda c: joblists.dead_groups(c, self.schema, error=needle))
         return Fetched(snap, running, dead_matched=matched, needle=needle)
 
     def backend_pid(self) -> int:
@@ -82,17 +83,17 @@ class DataSource:
             return int(self._connection().info.backend_pid)
 
     def ready_jobs(self, job_type: str) -> list[ReadyJob]:
-        result: list[ReadyJob] = self._read(lambda c: metrics.ready_jobs(c, job_type, self.schema))
+        result: list[ReadyJob] = self._read(lambda c: joblists.ready_jobs(c, job_type, self.schema))
         return result
 
     def dead_jobs(self, status: str, job_type: str, fingerprint: str) -> list[DeadJob]:
-        result: list[DeadJob] = self._read(lambda c: metrics.dead_jobs(c, status, job_type, fingerprint, self.schema))
+        result: list[DeadJob] = self._read(lambda c: joblists.dead_jobs(c, status, job_type, fingerprint, self.schema))
         return result
 
     def dead_group_ids(self, status: str, job_type: str, fingerprint: str, error: str | None = None) -> list[int]:
         """The ids of a dead group's jobs now (those whose error matches `error`, if given)."""
         result: list[int] = self._read(
-            lambda c: metrics.dead_group_ids(c, status, job_type, fingerprint or None, error, self.schema)
+            lambda c: joblists.dead_group_ids(c, status, job_type, fingerprint or None, error, self.schema)
         )
         return result
 

@@ -16,7 +16,8 @@ from datetime import timedelta
 from rich.text import Text
 
 from ..explain import human_delta
-from ..metrics import DeadGroup, DeadJob, LeaseExpiry, ReadyJob, RunningJob, ScheduleHealth, Snapshot, TypeCounts
+from ..joblists import DeadJob, ReadyJob, RunningJob
+from ..metrics import DeadGroup, LeaseExpiry, ScheduleHealth, Snapshot, TypeCounts
 from ..safetext import block, line
 
 # Colours readable on both light and dark backgrounds.

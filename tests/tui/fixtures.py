@@ -13,17 +13,8 @@ from typing import Any
 
 from jobtui.domain import ErrorEntry, JobRow, JobStatus
 from jobtui.errors import DatabaseUnavailable
-from jobtui.metrics import (
-    DeadGroup,
-    DeadJob,
-    LeaseExpiry,
-    ReadyJob,
-    RunningGroup,
-    RunningJob,
-    ScheduleHealth,
-    Snapshot,
-    TypeCounts,
-)
+from jobtui.joblists import DeadJob, ReadyJob, RunningJob
+from jobtui.metrics import DeadGroup, LeaseExpiry, RunningGroup, ScheduleHealth, Snapshot, TypeCounts
 from jobtui.tui.app import JobtuiApp
 from jobtui.tui.data import DataSource, Fetched
 

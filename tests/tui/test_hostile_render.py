@@ -18,7 +18,8 @@ from rich.text import Text
 
 from jobtui.domain import ErrorEntry, JobRow, JobStatus
 from jobtui.explain import explain, first_line
-from jobtui.metrics import DeadGroup, DeadJob, LeaseExpiry, ReadyJob, RunningJob, ScheduleHealth, TypeCounts
+from jobtui.joblists import DeadJob, ReadyJob, RunningJob
+from jobtui.metrics import DeadGroup, LeaseExpiry, ScheduleHealth, TypeCounts
 from jobtui.safetext import SafeFormatter
 from jobtui.tui import render
 from jobtui.tui.render import STYLE, Thresholds

@@ -8,7 +8,8 @@ import logging
 import pytest
 from rich.text import Text
 
-from jobtui.metrics import DeadGroup, DeadJob, ReadyJob, RunningJob, ScheduleHealth, Snapshot, TypeCounts
+from jobtui.joblists import DeadJob, ReadyJob, RunningJob
+from jobtui.metrics import DeadGroup, ScheduleHealth, Snapshot, TypeCounts
 from jobtui.tui import render
 from jobtui.tui.render import STYLE, Thresholds
 from jobtui.tui.widgets import literal, sort_value
