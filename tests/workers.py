@@ -37,7 +37,7 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str, logs: Call
         if value:
             return value
         if time.monotonic() > deadline:
-            extra = f"\n--- worker logs ---\n{logs()}" if logs else ""
+            extra = f"\n--- logs ---\n{logs()[-6000:]}" if logs else ""
             raise AssertionError(f"timed out after {timeout}s waiting for {what}{extra}")
         time.sleep(0.05)
 

@@ -242,19 +242,6 @@ def child_env(dsn: str) -> dict[str, str]:
     return env
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, logs: Callable[[], str] | None = None) -> Any:
-    """Poll `condition` until it returns something truthy; AssertionError after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            extra = f"\n--- logs ---\n{logs()[-6000:]}" if logs else ""
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}{extra}")
-        time.sleep(0.05)
-
-
 _REJECTED = re.compile(r"job (\d+) \(([^)]*)\) attempt (\d+): outcome not written")
 
 

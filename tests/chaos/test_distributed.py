@@ -40,7 +40,8 @@ from jobtui import scheduler as sched
 from jobtui.queue import enqueue, enqueue_call
 from jobtui.registry import ScheduleSpec
 from tests.apps.chaos_app import effect_key
-from tests.chaos.harness import Proc, Procs, wait_for, worker_args
+from tests.chaos.harness import Proc, Procs, worker_args
+from tests.workers import wait_for
 
 Conn = psycopg.Connection[Any]
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")

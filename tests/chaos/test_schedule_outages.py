@@ -19,7 +19,8 @@ import pytest
 from jobtui import scheduler as sched
 from jobtui.cronslots import MAX_BACKFILL
 from jobtui.registry import ScheduleSpec
-from tests.chaos.harness import Proc, Procs, wait_for
+from tests.chaos.harness import Proc, Procs
+from tests.workers import wait_for
 
 Conn = psycopg.Connection[Any]
 SECOND = timedelta(seconds=1)

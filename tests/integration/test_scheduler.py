@@ -29,6 +29,7 @@ from jobtui.cronslots import MAX_BACKFILL, spread_bound, stable_offset
 from jobtui.registry import Job, Jobs, ScheduleSpec
 from jobtui.scheduler import fire_due, pause, resume, slot_key, upsert
 from jobtui.worker import Worker
+from tests.workers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
@@ -38,17 +39,6 @@ Conn = psycopg.Connection[Any]
 
 
 # -- helpers ----------------------------------------------------------------------------------
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def cli_env(dsn: str, **extra: str) -> dict[str, str]:
