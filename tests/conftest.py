@@ -21,6 +21,12 @@ from jobtui import migrate
 
 _counter = itertools.count()
 
+# The commands the tests run print tables as wide as COLUMNS says, and a runner may set it to
+# its own terminal's width (pytest-xdist's workers do). The tests read whole tables, so their
+# commands run without it; a test about widths sets it itself.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
 
 def _server_dsn() -> Iterator[str]:
     dsn = os.environ.get("JOBTUI_TEST_DSN")
