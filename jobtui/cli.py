@@ -205,11 +205,31 @@ def add_operator_commands(sub: Any) -> None:
     p.set_defaults(func=with_dsn(ops.cmd_metrics))
 
 
+def package_version() -> str:
+    """The installed distribution's version (what `pip` installed), else the source tree's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("jobtui")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def add_log_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        help="log lines as escaped text or one JSON object per line (default: JOBTUI_LOG_FORMAT, else text)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="jobtui", description="PostgreSQL job queue and operator console")
     parser.add_argument("--dsn", help="PostgreSQL DSN (default: JOBTUI_DSN, DATABASE_URL, else embedded server)")
     parser.add_argument("--schema", default="jobtui", help="schema holding jobtui's tables (default: jobtui)")
     parser.add_argument("--actor", default=default_actor(), help="who acts, for the audit log (default user@host)")
+    parser.add_argument("--version", action="version", version=f"jobtui {package_version()}")
     console = parser.add_argument_group("console (jobtui with no command)")
     console.add_argument("--read-only", action="store_true", help="hide and refuse every action")
     console.add_argument("--work", metavar="M:ATTR", help="run a worker (and scheduler) inside the console")
@@ -252,13 +272,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="delete jobs without a key when they finish, keeping only their count (faster; no done rows)",
     )
     add_wait_for_db(p)
-    p.add_argument("-v", "--verbose", action="store_true")
+    add_log_options(p)
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("scheduler", help="run only the scheduler (workers run one too)")
     p.add_argument("--app", help="also sync the schedules declared in this app (pkg.module:jobs)")
     add_wait_for_db(p)
-    p.add_argument("-v", "--verbose", action="store_true")
+    add_log_options(p)
     p.set_defaults(func=cmd_scheduler)
 
     p = sub.add_parser("schedule", help="manage cron schedules")

@@ -158,6 +158,10 @@ class Job:
         self.max_attempts = claimed.max_attempts
         self.worker_id = worker_id
         self.lease_token = claimed.lease_token
+        # When it was enqueued and when it was due: pickup latency is started minus run_at.
+        self.created_at = claimed.created_at
+        self.run_at = claimed.run_at
+        self.queue = schema  # the schema it runs in, as log lines name it
         self._schema = schema
         # A plain flag: set once by the worker, read by the handler's thread; assignments of
         # a bool are atomic in CPython, and an Event per job cost a lock and a condition.

@@ -32,6 +32,7 @@ from ..db import Call, aconnect, arun, first_line, statements
 from ..domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJob, FailOutcome
 from ..errors import InvalidInput, JobtuiError, PrivilegeMissing
 from ..link import Connection, Link
+from ..logformat import job_fields
 from ..maintenance import ARCHIVE_TYPE, Retention, with_builtins
 from ..privileges import GRANTS_HINT, WORKER_NEEDS, missing_privileges_call, privilege_message
 from ..queue import claim_call
@@ -41,7 +42,7 @@ from .completer import OutcomeWriter
 from .executor import InFlight, run_handler
 from .heartbeater import Heartbeater
 from .listener import listen, subscriber
-from .outcome import MAX_UNCOUNTED_IN_A_ROW, Outcome, count_outcome
+from .outcome import MAX_UNCOUNTED_IN_A_ROW, Outcome, count_outcome, fields
 from .producer import Producer, claim_session
 from .reaper import Reaper
 
@@ -396,7 +397,9 @@ class Worker:
 
     def _lost(self, job: Job, why: str) -> None:
         self.counts["lost"] += 1
-        log.warning("job %d (%s) attempt %d: outcome not written, %s", job.id, job.type, job.attempt, why)
+        log.warning(
+            "job %d (%s) attempt %d: outcome not written, %s", job.id, job.type, job.attempt, why, extra=fields(job)
+        )
 
     def _job_died(self, outcome: FailOutcome) -> None:
         self.counts["dead"] += 1
@@ -406,6 +409,7 @@ class Worker:
             outcome.type,
             outcome.attempt,
             outcome.max_attempts,
+            extra=job_fields(outcome.job_id, outcome.type, outcome.attempt, outcome.worker, self.schema),
         )
         for callback in self.jobs.dead_callbacks:
             try:
@@ -435,6 +439,7 @@ class Worker:
             job.attempt,
             why,
             "handler cancelled" if self.jobs.handlers[job.type].is_async else "job.lost set for its sync handler",
+            extra=fields(job),
         )
         if flight.task is not None and not flight.task.done():
             flight.task.cancel()
