@@ -253,6 +253,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-attempts", type=positive_int, help="attempts before dead (default: the handler's)")
     p.set_defaults(func=cmd_enqueue)
 
+    p = sub.add_parser("jobs", help="list jobs, newest first, or count them (--count)")
+    p.add_argument("--status", help="comma-separated statuses: ready, running, done, failed, dead")
+    p.add_argument("--type", help="only this job type")
+    p.add_argument("--queue", help="a family of types: email is email and every email.* type")
+    p.add_argument("--since", help="created this long ago or less, e.g. 1h")
+    p.add_argument("--error", help="regular expression the last error matches")
+    p.add_argument("--limit", type=positive_int, default=50, help="jobs per page (default 50, at most 1000)")
+    p.add_argument("--before", type=job_id, help="the page older than this job id")
+    p.add_argument("--count", action="store_true", help="how many jobs match, by status and type")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=with_queue(ops.cmd_jobs))
+
     p = sub.add_parser("worker", help="run jobs with the handlers of an app")
     p.add_argument("--app", required=True, help="the Jobs registry, as pkg.module:jobs")
     p.add_argument("--concurrency", type=positive_int, default=10, help="jobs run at once (default 10)")

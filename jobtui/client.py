@@ -9,17 +9,18 @@ use, and fails with DatabaseUnavailable after its timeout when the database is a
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from . import migrate
 from .actions import cancel_call, check_regex, dead_matching, kill_lease_call, matching_ids, requeue_call
 from .audit import AuditEntry, audit_call, audit_list_call
 from .checks import check_text
-from .db import Call, arun, check_dsn, connect, connect_timeout, int_list, resolve_dsn, run, statements, unavailable
+from .db import Call, check_dsn, connect, connect_timeout, int_list, resolve_dsn, run, statements, unavailable
 from .domain import (
     DEFAULT_LEASE_SECONDS,
     DEFAULT_SCHEMA,
@@ -32,9 +33,8 @@ from .domain import (
     Reaped,
 )
 from .errors import InvalidInput
+from .jobquery import JobCount, JobSummary, counts_call, jobs_call, query
 from .queue import (
-    aenqueue,
-    aenqueue_many,
     claim_call,
     complete_call,
     complete_deleting_call,
@@ -50,6 +50,22 @@ from .queue import (
 )
 
 T = TypeVar("T")
+
+
+def migrate_schema(dsn: str | None = None, schema: str = DEFAULT_SCHEMA) -> list[str]:
+    """Create or upgrade jobtui's schema at `dsn` (JOBTUI_DSN when None), for code that
+    deploys itself; safe to race. The names of the migrations applied."""
+    dsn, schema, _ = _client_settings(dsn, schema, DEFAULT_CLIENT_TIMEOUT)
+    with connect(dsn, autocommit=True) as conn:
+        return [f"{m.version:04d}_{m.name}" for m in migrate.migrate(conn, schema)]
+
+
+def check_schema(dsn: str | None = None, schema: str = DEFAULT_SCHEMA) -> int:
+    """The schema's version; SchemaNotMigrated when it is missing or older than this code."""
+    dsn, schema, _ = _client_settings(dsn, schema, DEFAULT_CLIENT_TIMEOUT)
+    with connect(dsn) as conn:
+        return migrate.check(conn, schema)
+
 
 # complete and heartbeat find each id's token by a linear search of the batch, whose cost
 # grows with the square of its size: leases go a thousand at a time.
@@ -163,6 +179,47 @@ class Queue:
         """Raise SchemaNotMigrated unless `jobtui migrate` has been run for this code."""
         with connect(self.dsn) as conn:
             return migrate.check(conn, self.schema)
+
+    def migrate(self) -> list[str]:
+        """Apply the migrations the schema lacks (what `jobtui migrate` does); their names."""
+        return migrate_schema(self.dsn, self.schema)
+
+    def jobs(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        type: str | Sequence[str] | None = None,
+        queue: str | None = None,
+        since: datetime | None = None,
+        error: str | None = None,
+        limit: int = 100,
+        before: int | None = None,
+    ) -> list[JobSummary]:
+        """Jobs matching every filter given, newest first; the next page is
+        `jobs(..., before=page[-1].id)`. `queue` is a family of types (`email`: email and
+        email.*), `since` the oldest creation time, `error` a regular expression."""
+        call = jobs_call(status=status, type=type, queue=queue, since=since, error=error, limit=limit, before=before)
+        return self._with_conn(None, lambda c: query(c, call, self.schema))
+
+    def counts(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        type: str | Sequence[str] | None = None,
+        queue: str | None = None,
+    ) -> list[JobCount]:
+        """How many jobs there are now by status and type (the queue's depth: status="ready")."""
+        return self.run(counts_call(status=status, type=type, queue=queue))
+
+    def count(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        type: str | Sequence[str] | None = None,
+        queue: str | None = None,
+    ) -> int:
+        """How many jobs match, all counts of `counts` added up."""
+        return sum(c.jobs for c in self.counts(status=status, type=type, queue=queue))
 
     def enqueue(
         self,
@@ -337,101 +394,3 @@ def _match_target(job_type: str | None, error: str | None) -> str:
 def _ids_target(ids: Sequence[int]) -> str:
     shown = ",".join(str(i) for i in list(ids)[:20])
     return f"jobs {shown}{'...' if len(ids) > 20 else ''}"
-
-
-class AsyncQueue:
-    """The asyncio client for enqueueing from async applications.
-
-    queue = jobtui.AsyncQueue(dsn)
-    await queue.enqueue("email.send", {"user_id": 42})
-    """
-
-    def __init__(
-        self,
-        dsn: str | None = None,
-        *,
-        schema: str = DEFAULT_SCHEMA,
-        max_connections: int = 4,
-        timeout: float = DEFAULT_CLIENT_TIMEOUT,
-    ) -> None:
-        self.dsn, self.schema, self.timeout = _client_settings(dsn, schema, timeout)
-        self._max_connections = max_connections
-        self._pool: AsyncConnectionPool[Any] | None = None
-
-    async def _get_pool(self) -> AsyncConnectionPool[Any]:
-        if self._pool is None:
-            self._pool = AsyncConnectionPool(
-                self.dsn,
-                min_size=1,
-                max_size=self._max_connections,
-                open=False,
-                kwargs=connect_timeout(self.dsn),
-                check=AsyncConnectionPool.check_connection,  # see Queue
-            )
-            await self._pool.open(wait=False)
-        return self._pool
-
-    async def close(self) -> None:
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
-
-    async def __aenter__(self) -> AsyncQueue:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def _with_conn(
-        self,
-        conn: psycopg.AsyncConnection[Any] | None,
-        fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]],
-        *,
-        autocommit: bool = False,
-    ) -> T:
-        """`fn` on `conn`, or on a pooled connection with the errors of `Queue._with_conn`."""
-        if conn is not None:
-            return await fn(conn)
-        try:
-            async with (await self._get_pool()).connection(timeout=self.timeout) as pooled:
-                try:
-                    if not autocommit:
-                        return await fn(pooled)
-                    await pooled.set_autocommit(True)  # see _autocommitted
-                    try:
-                        return await fn(pooled)
-                    finally:
-                        with contextlib.suppress(psycopg.Error):  # a broken connection is discarded anyway
-                            await pooled.set_autocommit(False)
-                except psycopg.OperationalError as exc:
-                    if _reachable(pooled):
-                        raise
-                    raise unavailable(self.dsn, exc) from None
-        except PoolTimeout as exc:
-            raise unavailable(self.dsn, exc, waited=self.timeout) from None
-
-    async def run(self, call: Call[T], conn: psycopg.AsyncConnection[Any] | None = None) -> T:
-        """Run any `Call` (in `conn`'s transaction when given, else in its own)."""
-        return await self._with_conn(conn, lambda c: arun(c, call, self.schema))
-
-    async def enqueue(
-        self,
-        job_type: str,
-        payload: Any = None,
-        *,
-        key: str | None = None,
-        delay: float = 0.0,
-        run_at: Any = None,
-        max_attempts: int | None = None,
-        conn: psycopg.AsyncConnection[Any] | None = None,
-    ) -> int:
-        """Insert one job and return its id; a key that exists returns the existing job's id."""
-        call = enqueue_call(job_type, payload, key=key, delay=delay, run_at=run_at, max_attempts=max_attempts)
-        return await self._with_conn(conn, lambda c: aenqueue(c, call, self.schema), autocommit=conn is None)
-
-    async def enqueue_many(
-        self, jobs: Iterable[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None
-    ) -> list[int]:
-        """Insert many jobs in one statement (COPY for large batches); ids in input order."""
-        batch = list(jobs)
-        return await self._with_conn(conn, lambda c: aenqueue_many(c, batch, self.schema))

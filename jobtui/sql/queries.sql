@@ -870,3 +870,52 @@ SELECT count(*) FROM {schema}.job WHERE id >= %(first)s AND status <> 'done';
 -- name: bench_latencies
 -- Milliseconds from enqueue to start of the latency jobs (ids from `first` on).
 SELECT extract(epoch FROM started_at - created_at) * 1000 FROM {schema}.job WHERE id >= %(first)s;
+
+-- name: jobs_page
+-- The job query API's page: jobs matching every filter given (a NULL filter is off), newest
+-- first, ids below %(before)s (keyset: the last id of the page before). Walks the primary key
+-- backwards, or one of the partial status indexes when the planner finds that cheaper.
+SELECT id, type, status, attempts, max_attempts, idempotency_key AS key, run_at, created_at,
+       started_at, finished_at, locked_by AS worker,
+       coalesce(split_part(last_error, E'\n', 1), '') AS last_error
+FROM {schema}.job
+WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+  AND (%(family)s::text IS NULL OR type = %(family)s OR starts_with(type, %(family)s || '.'))
+  AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)
+  AND (%(error)s::text IS NULL OR last_error ~ %(error)s)
+  AND (%(before)s::bigint IS NULL OR id < %(before)s)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: jobs_count
+-- How many jobs there are, by status and type, among those matching the filters. One branch
+-- per status, each with its status written out, so that each reads its own partial index
+-- (ready, running, dead and failed: the live queue, whatever the history) even under a
+-- generic plan; a status not asked for is a one-time filter that reads nothing. Done jobs are
+-- the done rows still in the table (job_finished_idx, which carries the type).
+SELECT 'ready' AS status, type, count(*) AS jobs FROM {schema}.job
+WHERE status = 'ready' AND (%(statuses)s::text[] IS NULL OR 'ready' = ANY(%(statuses)s::text[])) AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+  AND (%(family)s::text IS NULL OR type = %(family)s OR starts_with(type, %(family)s || '.'))
+GROUP BY type
+UNION ALL
+SELECT 'running' AS status, type, count(*) AS jobs FROM {schema}.job
+WHERE status = 'running' AND (%(statuses)s::text[] IS NULL OR 'running' = ANY(%(statuses)s::text[])) AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+  AND (%(family)s::text IS NULL OR type = %(family)s OR starts_with(type, %(family)s || '.'))
+GROUP BY type
+UNION ALL
+SELECT 'dead' AS status, type, count(*) AS jobs FROM {schema}.job
+WHERE status = 'dead' AND (%(statuses)s::text[] IS NULL OR 'dead' = ANY(%(statuses)s::text[])) AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+  AND (%(family)s::text IS NULL OR type = %(family)s OR starts_with(type, %(family)s || '.'))
+GROUP BY type
+UNION ALL
+SELECT 'failed' AS status, type, count(*) AS jobs FROM {schema}.job
+WHERE status = 'failed' AND (%(statuses)s::text[] IS NULL OR 'failed' = ANY(%(statuses)s::text[])) AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+  AND (%(family)s::text IS NULL OR type = %(family)s OR starts_with(type, %(family)s || '.'))
+GROUP BY type
+UNION ALL
+SELECT 'done' AS status, type, count(*) AS jobs FROM {schema}.job
+WHERE status = 'done' AND (%(statuses)s::text[] IS NULL OR 'done' = ANY(%(statuses)s::text[])) AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+  AND (%(family)s::text IS NULL OR type = %(family)s OR starts_with(type, %(family)s || '.'))
+GROUP BY type
+ORDER BY status, type;
