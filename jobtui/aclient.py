@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from .adapters import async_connection
 from .client import DEFAULT_CLIENT_TIMEOUT, _client_settings, _reachable, check_schema, migrate_schema
 from .db import Call, arun, connect_timeout, unavailable
 from .domain import DEFAULT_SCHEMA, NewJob
@@ -70,14 +71,14 @@ class AsyncQueue:
 
     async def _with_conn(
         self,
-        conn: psycopg.AsyncConnection[Any] | None,
+        conn: object | None,
         fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]],
         *,
         autocommit: bool = False,
     ) -> T:
         """`fn` on `conn`, or on a pooled connection with the errors of `Queue._with_conn`."""
         if conn is not None:
-            return await fn(conn)
+            return await fn(await async_connection(conn))
         try:
             async with (await self._get_pool()).connection(timeout=self.timeout) as pooled:
                 try:
@@ -139,7 +140,7 @@ class AsyncQueue:
     ) -> int:
         return sum(c.jobs for c in await self.counts(status=status, type=type, queue=queue))
 
-    async def run(self, call: Call[T], conn: psycopg.AsyncConnection[Any] | None = None) -> T:
+    async def run(self, call: Call[T], conn: object | None = None) -> T:
         """Run any `Call` (in `conn`'s transaction when given, else in its own)."""
         return await self._with_conn(conn, lambda c: arun(c, call, self.schema))
 
@@ -152,15 +153,13 @@ class AsyncQueue:
         delay: float = 0.0,
         run_at: Any = None,
         max_attempts: int | None = None,
-        conn: psycopg.AsyncConnection[Any] | None = None,
+        conn: object | None = None,
     ) -> int:
         """Insert one job and return its id; a key that exists returns the existing job's id."""
         call = enqueue_call(job_type, payload, key=key, delay=delay, run_at=run_at, max_attempts=max_attempts)
         return await self._with_conn(conn, lambda c: aenqueue(c, call, self.schema), autocommit=conn is None)
 
-    async def enqueue_many(
-        self, jobs: Iterable[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None
-    ) -> list[int]:
+    async def enqueue_many(self, jobs: Iterable[NewJob], *, conn: object | None = None) -> list[int]:
         """Insert many jobs in one statement (COPY for large batches); ids in input order."""
         batch = list(jobs)
         return await self._with_conn(conn, lambda c: aenqueue_many(c, batch, self.schema))

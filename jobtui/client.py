@@ -18,6 +18,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from . import migrate
 from .actions import cancel_call, check_regex, dead_matching, kill_lease_call, matching_ids, requeue_call
+from .adapters import sync_connection
 from .audit import AuditEntry, audit_call, audit_list_call
 from .checks import check_text
 from .db import Call, check_dsn, connect, connect_timeout, int_list, resolve_dsn, run, statements, unavailable
@@ -157,9 +158,9 @@ class Queue:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _with_conn(self, conn: psycopg.Connection[Any] | None, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+    def _with_conn(self, conn: object | None, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         if conn is not None:
-            return fn(conn)
+            return fn(sync_connection(conn))
         try:
             with self._get_pool().connection(timeout=self.timeout) as pooled:
                 try:
@@ -171,7 +172,7 @@ class Queue:
         except PoolTimeout as exc:
             raise unavailable(self.dsn, exc, waited=self.timeout) from None
 
-    def run(self, call: Call[T], conn: psycopg.Connection[Any] | None = None) -> T:
+    def run(self, call: Call[T], conn: object | None = None) -> T:
         """Run any `Call` (in `conn`'s transaction when given, else in its own)."""
         return self._with_conn(conn, lambda c: run(c, call, self.schema))
 
@@ -230,15 +231,19 @@ class Queue:
         delay: float = 0.0,
         run_at: Any = None,
         max_attempts: int | None = None,
-        conn: psycopg.Connection[Any] | None = None,
+        conn: object | None = None,
     ) -> int:
-        """Insert one job and return its id; a key that exists returns the existing job's id."""
+        """Insert one job and return its id; a key that exists returns the existing job's id.
+
+        With `conn` (psycopg, or SQLAlchemy's or Django's: adapters.py), the job is part of
+        that connection's transaction: it commits or rolls back with the application's rows.
+        """
         call = enqueue_call(job_type, payload, key=key, delay=delay, run_at=run_at, max_attempts=max_attempts)
         if conn is not None:
-            return enqueue(conn, call, self.schema)
+            return enqueue(sync_connection(conn), call, self.schema)
         return self._with_conn(None, lambda c: _autocommitted(c, lambda: enqueue(c, call, self.schema)))
 
-    def enqueue_many(self, jobs: Iterable[NewJob], *, conn: psycopg.Connection[Any] | None = None) -> list[int]:
+    def enqueue_many(self, jobs: Iterable[NewJob], *, conn: object | None = None) -> list[int]:
         """Insert many jobs in one statement (COPY for large batches); ids in input order."""
         batch = list(jobs)
         return self._with_conn(conn, lambda c: enqueue_many(c, batch, self.schema))

@@ -16,6 +16,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "kernel": ("db", "link", "embedded"),
     "core": (
         "checks",
+        "adapters",
         "queue",
         "audit",
         "actions",
