@@ -20,6 +20,7 @@ from .errors import (
 )
 from .jobquery import JobCount, JobSummary
 from .registry import Job, Jobs, LeaseLost, Permanent, Retry, ScheduleSpec
+from .typed import checked_payloads
 from .worker import Worker
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "SchemaTooNew",
     "UnknownJob",
     "check_schema",
+    "checked_payloads",
     "migrate_schema",
     "Worker",
 ]

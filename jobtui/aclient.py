@@ -21,6 +21,7 @@ from .client import DEFAULT_CLIENT_TIMEOUT, _client_settings, _reachable, check_
 from .db import Call, arun, connect_timeout, unavailable
 from .domain import DEFAULT_SCHEMA, NewJob
 from .jobquery import JobCount, JobSummary, aquery, counts_call, jobs_call
+from .middleware import EnqueueHook, as_hook, entered
 from .queue import aenqueue, aenqueue_many, enqueue_call
 
 T = TypeVar("T")
@@ -40,9 +41,12 @@ class AsyncQueue:
         schema: str = DEFAULT_SCHEMA,
         max_connections: int = 4,
         timeout: float = DEFAULT_CLIENT_TIMEOUT,
+        middleware: Sequence[EnqueueHook] = (),
     ) -> None:
         self.dsn, self.schema, self.timeout = _client_settings(dsn, schema, timeout)
         self._max_connections = max_connections
+        # As Queue's: sync hooks, run on the loop around each insert.
+        self.middleware: list[EnqueueHook] = [as_hook(m) for m in middleware]
         self._pool: AsyncConnectionPool[Any] | None = None
 
     async def _get_pool(self) -> AsyncConnectionPool[Any]:
@@ -156,10 +160,12 @@ class AsyncQueue:
         conn: object | None = None,
     ) -> int:
         """Insert one job and return its id; a key that exists returns the existing job's id."""
-        call = enqueue_call(job_type, payload, key=key, delay=delay, run_at=run_at, max_attempts=max_attempts)
-        return await self._with_conn(conn, lambda c: aenqueue(c, call, self.schema), autocommit=conn is None)
+        with entered(self.middleware, [NewJob(job_type, payload, key, delay, max_attempts)]) as (job,):
+            call = enqueue_call(job.type, job.payload, key=job.key, delay=job.delay, run_at=run_at,
+                                max_attempts=job.max_attempts)  # fmt: skip
+            return await self._with_conn(conn, lambda c: aenqueue(c, call, self.schema), autocommit=conn is None)
 
     async def enqueue_many(self, jobs: Iterable[NewJob], *, conn: object | None = None) -> list[int]:
         """Insert many jobs in one statement (COPY for large batches); ids in input order."""
-        batch = list(jobs)
-        return await self._with_conn(conn, lambda c: aenqueue_many(c, batch, self.schema))
+        with entered(self.middleware, list(jobs)) as batch:
+            return await self._with_conn(conn, lambda c: aenqueue_many(c, batch, self.schema))

@@ -35,6 +35,7 @@ from .domain import (
 )
 from .errors import InvalidInput
 from .jobquery import JobCount, JobSummary, counts_call, jobs_call, query
+from .middleware import EnqueueHook, as_hook, entered
 from .queue import (
     claim_call,
     complete_call,
@@ -127,10 +128,13 @@ class Queue:
         schema: str = DEFAULT_SCHEMA,
         max_connections: int = 4,
         timeout: float = DEFAULT_CLIENT_TIMEOUT,
+        middleware: Sequence[EnqueueHook] = (),
     ) -> None:
         self.dsn, self.schema, self.timeout = _client_settings(dsn, schema, timeout)
         self._max_connections = max_connections
         self._pool: ConnectionPool[Any] | None = None
+        # Around every enqueue, in order (middleware.py); generator functions are made hooks.
+        self.middleware: list[EnqueueHook] = [as_hook(m) for m in middleware]
 
     def _get_pool(self) -> ConnectionPool[Any]:
         if self._pool is None:
@@ -238,15 +242,22 @@ class Queue:
         With `conn` (psycopg, or SQLAlchemy's or Django's: adapters.py), the job is part of
         that connection's transaction: it commits or rolls back with the application's rows.
         """
+        if self.middleware:
+            with entered(self.middleware, [NewJob(job_type, payload, key, delay, max_attempts)]) as (job,):
+                return self._enqueue(enqueue_call(job.type, job.payload, key=job.key, delay=job.delay, run_at=run_at,
+                                                  max_attempts=job.max_attempts), conn)  # fmt: skip
         call = enqueue_call(job_type, payload, key=key, delay=delay, run_at=run_at, max_attempts=max_attempts)
+        return self._enqueue(call, conn)
+
+    def _enqueue(self, call: Call[int | None], conn: object | None) -> int:
         if conn is not None:
             return enqueue(sync_connection(conn), call, self.schema)
         return self._with_conn(None, lambda c: _autocommitted(c, lambda: enqueue(c, call, self.schema)))
 
     def enqueue_many(self, jobs: Iterable[NewJob], *, conn: object | None = None) -> list[int]:
         """Insert many jobs in one statement (COPY for large batches); ids in input order."""
-        batch = list(jobs)
-        return self._with_conn(conn, lambda c: enqueue_many(c, batch, self.schema))
+        with entered(self.middleware, list(jobs)) as batch:
+            return self._with_conn(conn, lambda c: enqueue_many(c, batch, self.schema))
 
     def claim(
         self, types: Sequence[str], *, worker: str, limit: int = 1, lease: float = DEFAULT_LEASE_SECONDS

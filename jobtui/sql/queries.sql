@@ -919,3 +919,11 @@ WHERE status = 'done' AND (%(statuses)s::text[] IS NULL OR 'done' = ANY(%(status
   AND (%(family)s::text IS NULL OR type = %(family)s OR starts_with(type, %(family)s || '.'))
 GROUP BY type
 ORDER BY status, type;
+
+-- name: testing_enqueued
+-- jobtui.testing: the jobs of a type whose payload holds the given keys and values, as the
+-- caller's connection sees them (its own open transaction included).
+SELECT id, type, payload, idempotency_key AS key, status, run_at, created_at
+FROM {schema}.job
+WHERE type = %(type)s AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+ORDER BY id;

@@ -34,6 +34,7 @@ from ..errors import InvalidInput, JobtuiError, PrivilegeMissing
 from ..link import Connection, Link
 from ..logformat import job_fields
 from ..maintenance import ARCHIVE_TYPE, Retention, with_builtins
+from ..middleware import prepared
 from ..privileges import GRANTS_HINT, WORKER_NEEDS, missing_privileges_call, privilege_message
 from ..queue import claim_call
 from ..registry import Handler, Job, Jobs
@@ -47,6 +48,7 @@ from .producer import Producer, claim_session
 from .reaper import Reaper
 
 DEFAULT_RETENTION = Retention()
+COUNTERS = ("done", "failed", "retried", "dead", "lost", "released", "abandoned")
 
 log = logging.getLogger("jobtui.worker")
 
@@ -92,6 +94,7 @@ class Worker:
             raise InvalidInput(f"lease must be at least 1 second, got {lease}")
         if not poll_interval >= 0.01:  # 0 would spin on the database
             raise InvalidInput(f"poll interval must be at least 10ms, got {poll_interval}")
+        jobs = prepared(jobs)  # the registry's middleware and payload models, if any
         handled = list(jobs.handlers)
         selected = list(types) if types else handled
         if retention is not None:
@@ -126,15 +129,10 @@ class Worker:
         self._busy = 0  # handlers running now (in_flight also holds outcomes being written)
         self._limits = {t: h.max_attempts for t, h in jobs.handlers.items()}
         self.paused = False
-        self.counts = {
-            "done": 0,
-            "failed": 0,
-            "retried": 0,
-            "dead": 0,
-            "lost": 0,
-            "released": 0,
-            "abandoned": 0,
-        }
+        # What became of this worker's attempts, public (docs/operations.md, "Worker counters");
+        # the built-in jobs (the archiver) count apart, in builtin_counts.
+        self.counts = dict.fromkeys(COUNTERS, 0)
+        self.builtin_counts = dict.fromkeys(COUNTERS, 0)
         # Why the worker stopped by itself (a privilege it lacks): raised by run().
         self.fatal: JobtuiError | None = None
         self._stopping: asyncio.Event | None = None
@@ -379,7 +377,8 @@ class Worker:
             if outcome is not Outcome.ABANDONED:  # _give_up said it already
                 self._lost(job, "its lease was lost before the outcome was written")
             return
-        count_outcome(self.counts, outcome, flight.job, error, flight.claimed.uncounted)
+        counts = self.builtin_counts if job.type == ARCHIVE_TYPE else self.counts
+        count_outcome(counts, outcome, job, error, flight.claimed.uncounted)
         if delay and self._kick is not None:
             # Wake up to claim it again when it is due, instead of at the next poll.
             asyncio.get_running_loop().call_later(delay, self._kick.set)
@@ -396,13 +395,13 @@ class Worker:
         return backoff_delay(job.attempt, handler.backoff, self._rng)
 
     def _lost(self, job: Job, why: str) -> None:
-        self.counts["lost"] += 1
+        (self.builtin_counts if job.type == ARCHIVE_TYPE else self.counts)["lost"] += 1
         log.warning(
             "job %d (%s) attempt %d: outcome not written, %s", job.id, job.type, job.attempt, why, extra=fields(job)
         )
 
     def _job_died(self, outcome: FailOutcome) -> None:
-        self.counts["dead"] += 1
+        (self.builtin_counts if outcome.type == ARCHIVE_TYPE else self.counts)["dead"] += 1
         log.error(
             "job %d (%s) is dead after %d of %d attempts",
             outcome.job_id,

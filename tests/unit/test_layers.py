@@ -23,6 +23,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "client",
         "aclient",
         "registry",
+        "typed",
+        "middleware",
         "scheduler",
         "maintenance",
         "metrics",
@@ -32,7 +34,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "privileges",
     ),
     "runtime": ("worker",),
-    "edges": ("cli", "cli_args", "cli_run", "cli_ops", "prometheus", "demo", "sizing", "tui"),
+    "edges": ("cli", "cli_args", "cli_run", "cli_ops", "prometheus", "demo", "sizing", "testing", "tui"),
 }
 RANK = {name: rank for rank, names in enumerate(LAYERS.values()) for name in names}
 
