@@ -162,7 +162,7 @@ class AsyncQueue:
         """Insert one job and return its id; a key that exists returns the existing job's id."""
         with entered(self.middleware, [NewJob(job_type, payload, key, delay, max_attempts)]) as (job,):
             call = enqueue_call(job.type, job.payload, key=job.key, delay=job.delay, run_at=run_at,
-                                max_attempts=job.max_attempts)  # fmt: skip
+                                max_attempts=job.max_attempts, meta=job.meta)  # fmt: skip
             return await self._with_conn(conn, lambda c: aenqueue(c, call, self.schema), autocommit=conn is None)
 
     async def enqueue_many(self, jobs: Iterable[NewJob], *, conn: object | None = None) -> list[int]:

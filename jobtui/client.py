@@ -36,6 +36,7 @@ from .domain import (
 from .errors import InvalidInput
 from .jobquery import JobCount, JobSummary, counts_call, jobs_call, query
 from .middleware import EnqueueHook, as_hook, entered
+from .otel import action_span
 from .queue import (
     claim_call,
     complete_call,
@@ -245,7 +246,7 @@ class Queue:
         if self.middleware:
             with entered(self.middleware, [NewJob(job_type, payload, key, delay, max_attempts)]) as (job,):
                 return self._enqueue(enqueue_call(job.type, job.payload, key=job.key, delay=job.delay, run_at=run_at,
-                                                  max_attempts=job.max_attempts), conn)  # fmt: skip
+                                                  max_attempts=job.max_attempts, meta=job.meta), conn)  # fmt: skip
         call = enqueue_call(job_type, payload, key=key, delay=delay, run_at=run_at, max_attempts=max_attempts)
         return self._enqueue(call, conn)
 
@@ -391,13 +392,15 @@ class Queue:
         check_text(actor, "actor")
 
         def both(conn: psycopg.Connection[Any]) -> list[int]:
-            with conn.transaction():
+            with action_span(action, actor, target) as span, conn.transaction():
                 # A Call, or a function of the connection for a change of several statements.
                 ids = call(conn) if callable(call) else run(conn, call, self.schema) if call is not None else []
                 run(conn, audit_call(actor, action, target, ids, len(ids) if rows is None else rows), self.schema)
                 if notify and ids:
                     channel = statements(self.schema).channel
                     run(conn, Call("notify_ready", {"channel": channel}, lambda r: None), self.schema)
+                if span is not None:
+                    span.set_attribute("jobtui.rows", len(ids) if rows is None else rows)
             return ids
 
         return self._with_conn(None, both)

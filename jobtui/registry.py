@@ -180,6 +180,7 @@ class Job:
         self.created_at = claimed.created_at
         self.run_at = claimed.run_at
         self.queue = schema  # the schema it runs in, as log lines name it
+        self.meta = claimed.meta  # what its enqueue attached (trace context), or None
         self._schema = schema
         # A plain flag: set once by the worker, read by the handler's thread; assignments of
         # a bool are atomic in CPython, and an Event per job cost a lock and a condition.

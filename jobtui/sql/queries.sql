@@ -12,10 +12,10 @@ SELECT max(version) FROM {schema}.migration;
 -- name: enqueue
 -- One job. With an idempotency key that already exists, inserts nothing and returns nothing;
 -- the caller then reads the existing job with enqueue_existing.
-INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts)
+INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts, meta)
 VALUES (%(type)s, %(payload)s, %(key)s,
         coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s),
-        %(max_attempts)s)
+        %(max_attempts)s, %(meta)s::jsonb)
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
@@ -25,11 +25,11 @@ SELECT id FROM {schema}.job WHERE idempotency_key = %(key)s;
 -- name: enqueue_many
 -- Many jobs in one statement; rows whose key already exists are skipped. Returns the new
 -- ids with their position in the input (ord, 1-based).
-INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts)
-SELECT t.type, t.payload::jsonb, t.key, now() + make_interval(secs => t.delay), t.max_attempts
+INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts, meta)
+SELECT t.type, t.payload::jsonb, t.key, now() + make_interval(secs => t.delay), t.max_attempts, t.meta::jsonb
 FROM unnest(%(types)s::text[], %(payloads)s::text[], %(keys)s::text[],
-            %(delays)s::float8[], %(max_attempts)s::int[])
-     WITH ORDINALITY AS t(type, payload, key, delay, max_attempts, ord)
+            %(delays)s::float8[], %(max_attempts)s::int[], %(metas)s::text[])
+     WITH ORDINALITY AS t(type, payload, key, delay, max_attempts, meta, ord)
 ORDER BY t.ord
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, idempotency_key;
@@ -44,7 +44,7 @@ SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id')::regclass)) FROM 
 
 -- name: copy_jobs
 -- Bulk insert without keys or delays: run_at takes its default, the database's now().
-COPY {schema}.job (id, type, payload, max_attempts) FROM STDIN;
+COPY {schema}.job (id, type, payload, max_attempts, meta) FROM STDIN;
 
 -- name: claim
 -- Up to `limit` ready jobs of the given types, oldest run_at first. SKIP LOCKED lets any
@@ -75,7 +75,7 @@ WHERE j.id = ANY(ARRAY(
         FOR UPDATE SKIP LOCKED))
   AND j.status = 'ready'
 RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_token,
-          j.locked_until, j.created_at, j.run_at, j.uncounted;
+          j.locked_until, j.created_at, j.run_at, j.uncounted, j.meta::text;
 
 -- name: heartbeat
 -- Extends many leases at once; the ids returned still hold their lease, the others lost it.

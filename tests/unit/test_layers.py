@@ -25,6 +25,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "registry",
         "typed",
         "middleware",
+        "otel",
         "scheduler",
         "maintenance",
         "metrics",
