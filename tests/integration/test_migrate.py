@@ -331,6 +331,7 @@ def test_migration_10_adds_meta_without_rewriting_the_table(empty_conn: Conn) ->
     assert [m.version for m in migrations.migrate(empty_conn)] == [10]
     assert empty_conn.execute(filenode).fetchone() == before  # the same file: not rewritten
     assert empty_conn.execute("SELECT count(*), count(meta) FROM jobtui.job").fetchone() == (5000, 0)
+    assert empty_conn.execute("SELECT count(meta) FROM jobtui.job_archive").fetchone() == (0,)
 
 
 def test_the_job_table_has_exactly_the_expected_columns(dsn: str, conn: Conn) -> None:
