@@ -31,6 +31,7 @@ from .db import Call, Rows, run
 from .domain import DEFAULT_SCHEMA, ClaimedJob, Failure, JobRow
 from .errors import InvalidInput
 from .middleware import prepared
+from .queue import claim_call
 from .registry import Handler, Job, Jobs
 from .worker.executor import InFlight, run_handler
 from .worker.outcome import Outcome
@@ -109,7 +110,8 @@ async def arun_job(jobs: Jobs, dsn: str, job_type: str, payload: Any = None, *, 
     handler = _handler(jobs, job_type)
     with Queue(dsn, schema=schema) as queue:
         job_id = queue.enqueue(job_type, payload, run_at=FIRST)
-        claimed = queue.claim([job_type], worker="jobtui.testing", lease=3600)
+        limits = {job_type: handler.max_attempts}  # as a worker claims: the handler's limit
+        claimed = queue.run(claim_call([job_type], worker="jobtui.testing", limit=1, lease=3600, max_attempts=limits))
         if [c.id for c in claimed] != [job_id]:
             queue.release([c.lease for c in claimed])
             raise AssertionError(f"job {job_id} was not claimed first: another {job_type!r} job was due before 1970")
@@ -128,8 +130,6 @@ async def adrain(jobs: Jobs, dsn: str, *, schema: str = DEFAULT_SCHEMA, limit: i
     limits = {t: h.max_attempts for t, h in handlers.items()}
     ran: list[Ran] = []
     with Queue(dsn, schema=schema) as queue:
-        from .queue import claim_call
-
         while len(ran) < limit:
             call = claim_call(list(handlers), worker="jobtui.testing", limit=1, lease=3600, max_attempts=limits)
             claimed = queue.run(call)

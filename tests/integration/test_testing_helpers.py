@@ -62,6 +62,7 @@ def test_run_job_writes_each_outcome(dsn: str) -> None:
     assert (done.outcome, done.row.status, done.row.attempts) == ("complete", JobStatus.DONE, 1)
     failed = run_job(jobs, dsn, "flaky", {})
     assert failed.outcome == "fail" and failed.row.status is JobStatus.READY and "flaky 1" in failed.error
+    assert failed.row.max_attempts == 2  # the handler's limit, as a worker claims it
     later = run_job(jobs, dsn, "later", {})
     assert later.outcome == "retry" and later.row.status is JobStatus.READY and later.row.attempts == 0
     assert calls == ["mw ok", "ok 7", "mw flaky", "mw later"]
