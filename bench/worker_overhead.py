@@ -37,7 +37,7 @@ NOW = datetime.now(UTC)
 # The columns the claim and reap statements return, as PostgreSQL names them.
 CLAIM_COLUMNS = (
     "id", "type", "payload", "attempts", "max_attempts", "lease_token", "locked_until", "created_at", "run_at",
-    "uncounted",
+    "uncounted", "meta",
 )  # fmt: skip
 REAP_COLUMNS = ("job_id", "type", "worker", "attempt", "status", "at")
 
@@ -69,7 +69,7 @@ class InstantDatabase:
             self._left -= n
             first, self._next_id = self._next_id, self._next_id + n
             # The claim's columns: id, type, payload text, attempts, max_attempts, token, 3 timestamps, uncounted.
-            rows = [(i, NOOP, "{}", 1, 25, 1, NOW, NOW, NOW, 0) for i in range(first, first + n)]
+            rows = [(i, NOOP, "{}", 1, 25, 1, NOW, NOW, NOW, 0, None) for i in range(first, first + n)]
             return call.decode(Rows(rows, CLAIM_COLUMNS)), sent
         if call.name in ("complete_deleting", "complete", "heartbeat"):
             ids = call.params["ids"]

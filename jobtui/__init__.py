@@ -5,8 +5,9 @@ queue = jobtui.Queue("postgresql://localhost/app")
 queue.enqueue("email.send", {"user_id": 42}, key="welcome:42")
 """
 
+from .aclient import AsyncQueue
 from .backoff import BackoffPolicy
-from .client import AsyncQueue, Queue
+from .client import Queue, check_schema, migrate_schema
 from .domain import ClaimedJob, FailOutcome, Failure, JobRow, JobStatus, Lease, NewJob, Reaped
 from .errors import (
     DatabaseUnavailable,
@@ -17,7 +18,9 @@ from .errors import (
     SchemaTooNew,
     UnknownJob,
 )
+from .jobquery import JobCount, JobSummary
 from .registry import Job, Jobs, LeaseLost, Permanent, Retry, ScheduleSpec
+from .typed import checked_payloads
 from .worker import Worker
 
 __all__ = [
@@ -30,7 +33,9 @@ __all__ = [
     "InvalidInput",
     "Job",
     "JobRow",
+    "JobCount",
     "JobStatus",
+    "JobSummary",
     "Jobs",
     "JobtuiError",
     "Lease",
@@ -45,5 +50,8 @@ __all__ = [
     "SchemaNotMigrated",
     "SchemaTooNew",
     "UnknownJob",
+    "check_schema",
+    "checked_payloads",
+    "migrate_schema",
     "Worker",
 ]

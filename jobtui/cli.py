@@ -205,11 +205,31 @@ def add_operator_commands(sub: Any) -> None:
     p.set_defaults(func=with_dsn(ops.cmd_metrics))
 
 
+def package_version() -> str:
+    """The installed distribution's version (what `pip` installed), else the source tree's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("jobtui")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def add_log_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        help="log lines as escaped text or one JSON object per line (default: JOBTUI_LOG_FORMAT, else text)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="jobtui", description="PostgreSQL job queue and operator console")
     parser.add_argument("--dsn", help="PostgreSQL DSN (default: JOBTUI_DSN, DATABASE_URL, else embedded server)")
     parser.add_argument("--schema", default="jobtui", help="schema holding jobtui's tables (default: jobtui)")
     parser.add_argument("--actor", default=default_actor(), help="who acts, for the audit log (default user@host)")
+    parser.add_argument("--version", action="version", version=f"jobtui {package_version()}")
     console = parser.add_argument_group("console (jobtui with no command)")
     console.add_argument("--read-only", action="store_true", help="hide and refuse every action")
     console.add_argument("--work", metavar="M:ATTR", help="run a worker (and scheduler) inside the console")
@@ -233,6 +253,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-attempts", type=positive_int, help="attempts before dead (default: the handler's)")
     p.set_defaults(func=cmd_enqueue)
 
+    p = sub.add_parser("jobs", help="list jobs, newest first, or count them (--count)")
+    p.add_argument("--status", help="comma-separated statuses: ready, running, done, failed, dead")
+    p.add_argument("--type", help="only this job type")
+    p.add_argument("--queue", help="a family of types: email is email and every email.* type")
+    p.add_argument("--since", help="created this long ago or less, e.g. 1h")
+    p.add_argument("--error", help="regular expression the last error matches")
+    p.add_argument("--limit", type=positive_int, default=50, help="jobs per page (default 50, at most 1000)")
+    p.add_argument("--before", type=job_id, help="the page older than this job id")
+    p.add_argument("--count", action="store_true", help="how many jobs match, by status and type")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=with_queue(ops.cmd_jobs))
+
     p = sub.add_parser("worker", help="run jobs with the handlers of an app")
     p.add_argument("--app", required=True, help="the Jobs registry, as pkg.module:jobs")
     p.add_argument("--concurrency", type=positive_int, default=10, help="jobs run at once (default 10)")
@@ -252,13 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="delete jobs without a key when they finish, keeping only their count (faster; no done rows)",
     )
     add_wait_for_db(p)
-    p.add_argument("-v", "--verbose", action="store_true")
+    add_log_options(p)
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("scheduler", help="run only the scheduler (workers run one too)")
     p.add_argument("--app", help="also sync the schedules declared in this app (pkg.module:jobs)")
     add_wait_for_db(p)
-    p.add_argument("-v", "--verbose", action="store_true")
+    add_log_options(p)
     p.set_defaults(func=cmd_scheduler)
 
     p = sub.add_parser("schedule", help="manage cron schedules")

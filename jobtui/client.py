@@ -9,17 +9,19 @@ use, and fails with DatabaseUnavailable after its timeout when the database is a
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from . import migrate
 from .actions import cancel_call, check_regex, dead_matching, kill_lease_call, matching_ids, requeue_call
+from .adapters import sync_connection
 from .audit import AuditEntry, audit_call, audit_list_call
 from .checks import check_text
-from .db import Call, arun, check_dsn, connect, connect_timeout, int_list, resolve_dsn, run, statements, unavailable
+from .db import Call, check_dsn, connect, connect_timeout, int_list, resolve_dsn, run, statements, unavailable
 from .domain import (
     DEFAULT_LEASE_SECONDS,
     DEFAULT_SCHEMA,
@@ -32,9 +34,10 @@ from .domain import (
     Reaped,
 )
 from .errors import InvalidInput
+from .jobquery import JobCount, JobSummary, counts_call, jobs_call, query
+from .middleware import EnqueueHook, as_hook, entered
+from .otel import action_span
 from .queue import (
-    aenqueue,
-    aenqueue_many,
     claim_call,
     complete_call,
     complete_deleting_call,
@@ -50,6 +53,22 @@ from .queue import (
 )
 
 T = TypeVar("T")
+
+
+def migrate_schema(dsn: str | None = None, schema: str = DEFAULT_SCHEMA) -> list[str]:
+    """Create or upgrade jobtui's schema at `dsn` (JOBTUI_DSN when None), for code that
+    deploys itself; safe to race. The names of the migrations applied."""
+    dsn, schema, _ = _client_settings(dsn, schema, DEFAULT_CLIENT_TIMEOUT)
+    with connect(dsn, autocommit=True) as conn:
+        return [f"{m.version:04d}_{m.name}" for m in migrate.migrate(conn, schema)]
+
+
+def check_schema(dsn: str | None = None, schema: str = DEFAULT_SCHEMA) -> int:
+    """The schema's version; SchemaNotMigrated when it is missing or older than this code."""
+    dsn, schema, _ = _client_settings(dsn, schema, DEFAULT_CLIENT_TIMEOUT)
+    with connect(dsn) as conn:
+        return migrate.check(conn, schema)
+
 
 # complete and heartbeat find each id's token by a linear search of the batch, whose cost
 # grows with the square of its size: leases go a thousand at a time.
@@ -110,10 +129,13 @@ class Queue:
         schema: str = DEFAULT_SCHEMA,
         max_connections: int = 4,
         timeout: float = DEFAULT_CLIENT_TIMEOUT,
+        middleware: Sequence[EnqueueHook] = (),
     ) -> None:
         self.dsn, self.schema, self.timeout = _client_settings(dsn, schema, timeout)
         self._max_connections = max_connections
         self._pool: ConnectionPool[Any] | None = None
+        # Around every enqueue, in order (middleware.py); generator functions are made hooks.
+        self.middleware: list[EnqueueHook] = [as_hook(m) for m in middleware]
 
     def _get_pool(self) -> ConnectionPool[Any]:
         if self._pool is None:
@@ -141,9 +163,9 @@ class Queue:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _with_conn(self, conn: psycopg.Connection[Any] | None, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+    def _with_conn(self, conn: object | None, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         if conn is not None:
-            return fn(conn)
+            return fn(sync_connection(conn))
         try:
             with self._get_pool().connection(timeout=self.timeout) as pooled:
                 try:
@@ -155,7 +177,7 @@ class Queue:
         except PoolTimeout as exc:
             raise unavailable(self.dsn, exc, waited=self.timeout) from None
 
-    def run(self, call: Call[T], conn: psycopg.Connection[Any] | None = None) -> T:
+    def run(self, call: Call[T], conn: object | None = None) -> T:
         """Run any `Call` (in `conn`'s transaction when given, else in its own)."""
         return self._with_conn(conn, lambda c: run(c, call, self.schema))
 
@@ -163,6 +185,47 @@ class Queue:
         """Raise SchemaNotMigrated unless `jobtui migrate` has been run for this code."""
         with connect(self.dsn) as conn:
             return migrate.check(conn, self.schema)
+
+    def migrate(self) -> list[str]:
+        """Apply the migrations the schema lacks (what `jobtui migrate` does); their names."""
+        return migrate_schema(self.dsn, self.schema)
+
+    def jobs(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        type: str | Sequence[str] | None = None,
+        queue: str | None = None,
+        since: datetime | None = None,
+        error: str | None = None,
+        limit: int = 100,
+        before: int | None = None,
+    ) -> list[JobSummary]:
+        """Jobs matching every filter given, newest first; the next page is
+        `jobs(..., before=page[-1].id)`. `queue` is a family of types (`email`: email and
+        email.*), `since` the oldest creation time, `error` a regular expression."""
+        call = jobs_call(status=status, type=type, queue=queue, since=since, error=error, limit=limit, before=before)
+        return self._with_conn(None, lambda c: query(c, call, self.schema))
+
+    def counts(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        type: str | Sequence[str] | None = None,
+        queue: str | None = None,
+    ) -> list[JobCount]:
+        """How many jobs there are now by status and type (the queue's depth: status="ready")."""
+        return self.run(counts_call(status=status, type=type, queue=queue))
+
+    def count(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        type: str | Sequence[str] | None = None,
+        queue: str | None = None,
+    ) -> int:
+        """How many jobs match, all counts of `counts` added up."""
+        return sum(c.jobs for c in self.counts(status=status, type=type, queue=queue))
 
     def enqueue(
         self,
@@ -173,18 +236,29 @@ class Queue:
         delay: float = 0.0,
         run_at: Any = None,
         max_attempts: int | None = None,
-        conn: psycopg.Connection[Any] | None = None,
+        conn: object | None = None,
     ) -> int:
-        """Insert one job and return its id; a key that exists returns the existing job's id."""
+        """Insert one job and return its id; a key that exists returns the existing job's id.
+
+        With `conn` (psycopg, or SQLAlchemy's or Django's: adapters.py), the job is part of
+        that connection's transaction: it commits or rolls back with the application's rows.
+        """
+        if self.middleware:
+            with entered(self.middleware, [NewJob(job_type, payload, key, delay, max_attempts)]) as (job,):
+                return self._enqueue(enqueue_call(job.type, job.payload, key=job.key, delay=job.delay, run_at=run_at,
+                                                  max_attempts=job.max_attempts, meta=job.meta), conn)  # fmt: skip
         call = enqueue_call(job_type, payload, key=key, delay=delay, run_at=run_at, max_attempts=max_attempts)
+        return self._enqueue(call, conn)
+
+    def _enqueue(self, call: Call[int | None], conn: object | None) -> int:
         if conn is not None:
-            return enqueue(conn, call, self.schema)
+            return enqueue(sync_connection(conn), call, self.schema)
         return self._with_conn(None, lambda c: _autocommitted(c, lambda: enqueue(c, call, self.schema)))
 
-    def enqueue_many(self, jobs: Iterable[NewJob], *, conn: psycopg.Connection[Any] | None = None) -> list[int]:
+    def enqueue_many(self, jobs: Iterable[NewJob], *, conn: object | None = None) -> list[int]:
         """Insert many jobs in one statement (COPY for large batches); ids in input order."""
-        batch = list(jobs)
-        return self._with_conn(conn, lambda c: enqueue_many(c, batch, self.schema))
+        with entered(self.middleware, list(jobs)) as batch:
+            return self._with_conn(conn, lambda c: enqueue_many(c, batch, self.schema))
 
     def claim(
         self, types: Sequence[str], *, worker: str, limit: int = 1, lease: float = DEFAULT_LEASE_SECONDS
@@ -318,13 +392,15 @@ class Queue:
         check_text(actor, "actor")
 
         def both(conn: psycopg.Connection[Any]) -> list[int]:
-            with conn.transaction():
+            with action_span(action, actor, target) as span, conn.transaction():
                 # A Call, or a function of the connection for a change of several statements.
                 ids = call(conn) if callable(call) else run(conn, call, self.schema) if call is not None else []
                 run(conn, audit_call(actor, action, target, ids, len(ids) if rows is None else rows), self.schema)
                 if notify and ids:
                     channel = statements(self.schema).channel
                     run(conn, Call("notify_ready", {"channel": channel}, lambda r: None), self.schema)
+                if span is not None:
+                    span.set_attribute("jobtui.rows", len(ids) if rows is None else rows)
             return ids
 
         return self._with_conn(None, both)
@@ -337,101 +413,3 @@ def _match_target(job_type: str | None, error: str | None) -> str:
 def _ids_target(ids: Sequence[int]) -> str:
     shown = ",".join(str(i) for i in list(ids)[:20])
     return f"jobs {shown}{'...' if len(ids) > 20 else ''}"
-
-
-class AsyncQueue:
-    """The asyncio client for enqueueing from async applications.
-
-    queue = jobtui.AsyncQueue(dsn)
-    await queue.enqueue("email.send", {"user_id": 42})
-    """
-
-    def __init__(
-        self,
-        dsn: str | None = None,
-        *,
-        schema: str = DEFAULT_SCHEMA,
-        max_connections: int = 4,
-        timeout: float = DEFAULT_CLIENT_TIMEOUT,
-    ) -> None:
-        self.dsn, self.schema, self.timeout = _client_settings(dsn, schema, timeout)
-        self._max_connections = max_connections
-        self._pool: AsyncConnectionPool[Any] | None = None
-
-    async def _get_pool(self) -> AsyncConnectionPool[Any]:
-        if self._pool is None:
-            self._pool = AsyncConnectionPool(
-                self.dsn,
-                min_size=1,
-                max_size=self._max_connections,
-                open=False,
-                kwargs=connect_timeout(self.dsn),
-                check=AsyncConnectionPool.check_connection,  # see Queue
-            )
-            await self._pool.open(wait=False)
-        return self._pool
-
-    async def close(self) -> None:
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
-
-    async def __aenter__(self) -> AsyncQueue:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def _with_conn(
-        self,
-        conn: psycopg.AsyncConnection[Any] | None,
-        fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]],
-        *,
-        autocommit: bool = False,
-    ) -> T:
-        """`fn` on `conn`, or on a pooled connection with the errors of `Queue._with_conn`."""
-        if conn is not None:
-            return await fn(conn)
-        try:
-            async with (await self._get_pool()).connection(timeout=self.timeout) as pooled:
-                try:
-                    if not autocommit:
-                        return await fn(pooled)
-                    await pooled.set_autocommit(True)  # see _autocommitted
-                    try:
-                        return await fn(pooled)
-                    finally:
-                        with contextlib.suppress(psycopg.Error):  # a broken connection is discarded anyway
-                            await pooled.set_autocommit(False)
-                except psycopg.OperationalError as exc:
-                    if _reachable(pooled):
-                        raise
-                    raise unavailable(self.dsn, exc) from None
-        except PoolTimeout as exc:
-            raise unavailable(self.dsn, exc, waited=self.timeout) from None
-
-    async def run(self, call: Call[T], conn: psycopg.AsyncConnection[Any] | None = None) -> T:
-        """Run any `Call` (in `conn`'s transaction when given, else in its own)."""
-        return await self._with_conn(conn, lambda c: arun(c, call, self.schema))
-
-    async def enqueue(
-        self,
-        job_type: str,
-        payload: Any = None,
-        *,
-        key: str | None = None,
-        delay: float = 0.0,
-        run_at: Any = None,
-        max_attempts: int | None = None,
-        conn: psycopg.AsyncConnection[Any] | None = None,
-    ) -> int:
-        """Insert one job and return its id; a key that exists returns the existing job's id."""
-        call = enqueue_call(job_type, payload, key=key, delay=delay, run_at=run_at, max_attempts=max_attempts)
-        return await self._with_conn(conn, lambda c: aenqueue(c, call, self.schema), autocommit=conn is None)
-
-    async def enqueue_many(
-        self, jobs: Iterable[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None
-    ) -> list[int]:
-        """Insert many jobs in one statement (COPY for large batches); ids in input order."""
-        batch = list(jobs)
-        return await self._with_conn(conn, lambda c: aenqueue_many(c, batch, self.schema))

@@ -52,6 +52,8 @@ class ClaimedJob:
     run_at: datetime
     # Releases in a row that did not count as attempts (Retry, database errors), bounded.
     uncounted: int = 0
+    # What the enqueuing code attached (the trace context it ran in, say), or None.
+    meta: dict[str, Any] | None = None
 
     @property
     def lease(self) -> Lease:
@@ -100,6 +102,7 @@ class NewJob:
     key: str | None = None
     delay: float = 0.0
     max_attempts: int | None = None  # None: the handler's limit, set at the first claim
+    meta: dict[str, Any] | None = None  # travels with the job to each attempt (Job.meta)
 
 
 @dataclass(frozen=True, slots=True)

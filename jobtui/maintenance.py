@@ -121,7 +121,7 @@ def summarise_hours(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA)
 
 def with_builtins(jobs: Jobs, dsn: str, schema: str, retention: Retention) -> Jobs:
     """A copy of `jobs` plus the built-in archive handler and its schedule."""
-    merged = Jobs(dict(jobs.handlers), dict(jobs.schedules), list(jobs.dead_callbacks))
+    merged = Jobs(dict(jobs.handlers), dict(jobs.schedules), list(jobs.dead_callbacks), list(jobs.hooks))
 
     @merged.handler(ARCHIVE_TYPE, max_attempts=3, timeout=600)
     def archive(job: Job) -> None:

@@ -38,14 +38,16 @@ def available(directory: Path | None = None) -> list[Migration]:
         if match:
             found.append(Migration(int(match.group(1)), match.group(2), path))
     versions = [m.version for m in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise RuntimeError(f"migrations must be numbered 1..n without gaps, found {versions}")
+    # Numbers are handed out ahead, one per change under way, so a tree may lack some of
+    # them for a while: each must be unique, and the first is 1.
+    if versions[:1] != [1] or len(set(versions)) != len(versions):
+        raise RuntimeError(f"migrations must be numbered from 1, each number once, found {versions}")
     return found
 
 
 def code_version() -> int:
-    """The schema version this code expects."""
-    return len(available())
+    """The schema version this code expects: its newest migration's."""
+    return available()[-1].version
 
 
 def _lock_key(schema: str) -> int:
@@ -101,13 +103,14 @@ def migrate(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> list
         )
         current = applied_version(conn, schema) or 0
         known = available()
-        if current > len(known):
+        if current > known[-1].version:
             raise SchemaTooNew(
                 f"schema {schema!r} is at version {current} but this jobtui knows only "
-                f"{len(known)}: upgrade jobtui instead of migrating"
+                f"{known[-1].version}: upgrade jobtui instead of migrating"
             )
+        applied = {int(r[0]) for r in conn.execute(sql.SQL("SELECT version FROM {}.migration").format(ident))}
         done = []
-        for migration in known[current:]:
+        for migration in (m for m in known if m.version not in applied):
             with conn.transaction():
                 conn.execute(migration.text(schema).encode())
                 conn.execute(

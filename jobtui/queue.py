@@ -72,6 +72,7 @@ def enqueue_call(
     delay: float = 0.0,
     run_at: Any = None,
     max_attempts: int | None = None,
+    meta: Mapping[str, Any] | None = None,
 ) -> Call[int | None]:
     params = {
         "type": check_type(job_type),
@@ -80,8 +81,14 @@ def enqueue_call(
         "delay": check_delay(delay),
         "run_at": check_run_at(run_at),
         "max_attempts": check_max_attempts(max_attempts),
+        "meta": _meta(meta),
     }
     return Call("enqueue", params, first_int)
+
+
+def _meta(meta: Mapping[str, Any] | None) -> str | None:
+    """A job's metadata (trace context and the like) as JSON text, or None for none."""
+    return None if not meta else encode_payload(dict(meta))
 
 
 def enqueue_many_params(jobs: Sequence[NewJob]) -> dict[str, Any]:
@@ -91,6 +98,7 @@ def enqueue_many_params(jobs: Sequence[NewJob]) -> dict[str, Any]:
         "keys": [check_key(j.key) for j in jobs],
         "delays": [check_delay(j.delay) for j in jobs],
         "max_attempts": [check_max_attempts(j.max_attempts) for j in jobs],
+        "metas": [_meta(j.meta) for j in jobs],
     }
 
 
@@ -100,7 +108,7 @@ _CLAIMED = ("id", "type", "payload", "attempts", "max_attempts", "lease_token", 
 def _claimed(rows: Rows) -> list[ClaimedJob]:
     """The claimed jobs in the order they were waiting: run_at, then id."""
     i, t, p, a, m, k, u, c = rows.columns(*_CLAIMED)
-    r_at, n = rows.columns("run_at", "uncounted")
+    r_at, n, meta = rows.columns("run_at", "uncounted", "meta")
     return [
         ClaimedJob(
             id=r[i],
@@ -113,6 +121,7 @@ def _claimed(rows: Rows) -> list[ClaimedJob]:
             created_at=r[c],
             run_at=r[r_at],
             uncounted=r[n],
+            meta=None if r[meta] is None else _JSON_DECODER.decode(r[meta]),
         )
         for r in sorted(rows, key=lambda r: (r[r_at], r[i]))
     ]
@@ -292,7 +301,7 @@ def job_statuses_call(ids: Sequence[int]) -> Call[dict[int, JobStatus]]:
 
 
 def _copy_rows(ids: Sequence[int], jobs: Sequence[NewJob], params: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
-    return zip(ids, params["types"], params["payloads"], params["max_attempts"], strict=True)
+    return zip(ids, params["types"], params["payloads"], params["max_attempts"], params["metas"], strict=True)
 
 
 def _can_copy(jobs: Sequence[NewJob]) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -58,6 +59,9 @@ class Handler:
     max_attempts: int
     timeout: float | None
     backoff: BackoffPolicy
+    # A pydantic model (or any class with model_validate/model_dump): payloads are checked
+    # against it at enqueue and decoded into it for the handler (typed.py).
+    payload: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +80,9 @@ class ScheduleSpec:
 
 
 DeadCallback = Callable[[FailOutcome], Any]
+# Around each attempt: called with the Job, returns a context manager (or is a generator
+# function, made one) whose body is the handler; see middleware.py.
+HandlerHook = Callable[["Job"], Any]
 
 
 @dataclass
@@ -85,6 +92,7 @@ class Jobs:
     handlers: dict[str, Handler] = field(default_factory=dict)
     schedules: dict[str, ScheduleSpec] = field(default_factory=dict)
     dead_callbacks: list[DeadCallback] = field(default_factory=list)
+    hooks: list[HandlerHook] = field(default_factory=list)
 
     def handler(
         self,
@@ -93,8 +101,10 @@ class Jobs:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         timeout: float | None = None,
         backoff: BackoffPolicy = DEFAULT_POLICY,
+        payload: Any = None,
     ) -> Callable[[F], F]:
-        """Register the decorated function (plain or `async def`) for jobs of `job_type`."""
+        """Register the decorated function (plain or `async def`) for jobs of `job_type`;
+        with `payload=` a pydantic model, the handler's `job.payload` is an instance of it."""
         check_type(job_type)
         check_max_attempts(max_attempts)
         if timeout is not None and not timeout > 0:
@@ -110,10 +120,18 @@ class Jobs:
                 max_attempts=max_attempts,
                 timeout=timeout,
                 backoff=backoff,
+                payload=payload,
             )
             return fn
 
         return register
+
+    def middleware(self, hook: HandlerHook) -> HandlerHook:
+        """Run `hook` around every attempt of every handler, sync and async alike, inside
+        the hooks registered before it: a generator function that yields once, or a
+        function returning a context manager (see middleware.py)."""
+        self.hooks.append(contextmanager(hook) if inspect.isgeneratorfunction(hook) else hook)
+        return hook
 
     def on_dead(self, fn: DeadCallback) -> DeadCallback:
         """Register a callback run (in the worker) each time a job goes dead."""
@@ -158,6 +176,11 @@ class Job:
         self.max_attempts = claimed.max_attempts
         self.worker_id = worker_id
         self.lease_token = claimed.lease_token
+        # When it was enqueued and when it was due: pickup latency is started minus run_at.
+        self.created_at = claimed.created_at
+        self.run_at = claimed.run_at
+        self.queue = schema  # the schema it runs in, as log lines name it
+        self.meta = claimed.meta  # what its enqueue attached (trace context), or None
         self._schema = schema
         # A plain flag: set once by the worker, read by the handler's thread; assignments of
         # a bool are atomic in CPython, and an Event per job cost a lock and a condition.

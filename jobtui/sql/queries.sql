@@ -12,10 +12,10 @@ SELECT max(version) FROM {schema}.migration;
 -- name: enqueue
 -- One job. With an idempotency key that already exists, inserts nothing and returns nothing;
 -- the caller then reads the existing job with enqueue_existing.
-INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts)
+INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts, meta)
 VALUES (%(type)s, %(payload)s, %(key)s,
         coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s),
-        %(max_attempts)s)
+        %(max_attempts)s, %(meta)s::jsonb)
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
@@ -25,11 +25,11 @@ SELECT id FROM {schema}.job WHERE idempotency_key = %(key)s;
 -- name: enqueue_many
 -- Many jobs in one statement; rows whose key already exists are skipped. Returns the new
 -- ids with their position in the input (ord, 1-based).
-INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts)
-SELECT t.type, t.payload::jsonb, t.key, now() + make_interval(secs => t.delay), t.max_attempts
+INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts, meta)
+SELECT t.type, t.payload::jsonb, t.key, now() + make_interval(secs => t.delay), t.max_attempts, t.meta::jsonb
 FROM unnest(%(types)s::text[], %(payloads)s::text[], %(keys)s::text[],
-            %(delays)s::float8[], %(max_attempts)s::int[])
-     WITH ORDINALITY AS t(type, payload, key, delay, max_attempts, ord)
+            %(delays)s::float8[], %(max_attempts)s::int[], %(metas)s::text[])
+     WITH ORDINALITY AS t(type, payload, key, delay, max_attempts, meta, ord)
 ORDER BY t.ord
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, idempotency_key;
@@ -44,7 +44,7 @@ SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id')::regclass)) FROM 
 
 -- name: copy_jobs
 -- Bulk insert without keys or delays: run_at takes its default, the database's now().
-COPY {schema}.job (id, type, payload, max_attempts) FROM STDIN;
+COPY {schema}.job (id, type, payload, max_attempts, meta) FROM STDIN;
 
 -- name: claim
 -- Up to `limit` ready jobs of the given types, oldest run_at first. SKIP LOCKED lets any
@@ -75,7 +75,7 @@ WHERE j.id = ANY(ARRAY(
         FOR UPDATE SKIP LOCKED))
   AND j.status = 'ready'
 RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_token,
-          j.locked_until, j.created_at, j.run_at, j.uncounted;
+          j.locked_until, j.created_at, j.run_at, j.uncounted, j.meta::text;
 
 -- name: heartbeat
 -- Extends many leases at once; the ids returned still hold their lease, the others lost it.
@@ -485,10 +485,10 @@ WITH moved AS (
     INSERT INTO {schema}.job_archive
         (id, type, payload, idempotency_key, status, run_at, attempts, max_attempts, locked_by,
          locked_until, lease_token, heartbeat_at, last_error, errors, lease_expirations,
-         created_at, started_at, finished_at, error_fingerprint, uncounted)
+         created_at, started_at, finished_at, error_fingerprint, uncounted, meta)
     SELECT id, type, payload, idempotency_key, status, run_at, attempts, max_attempts, locked_by,
            locked_until, lease_token, heartbeat_at, last_error, errors, lease_expirations,
-           created_at, started_at, finished_at, error_fingerprint, uncounted
+           created_at, started_at, finished_at, error_fingerprint, uncounted, meta
     FROM moved
     RETURNING 1
 )
@@ -870,3 +870,60 @@ SELECT count(*) FROM {schema}.job WHERE id >= %(first)s AND status <> 'done';
 -- name: bench_latencies
 -- Milliseconds from enqueue to start of the latency jobs (ids from `first` on).
 SELECT extract(epoch FROM started_at - created_at) * 1000 FROM {schema}.job WHERE id >= %(first)s;
+
+-- name: jobs_page
+-- The job query API's page: jobs matching every filter given (a NULL filter is off), newest
+-- first, ids below %(before)s (keyset: the last id of the page before). Walks the primary key
+-- backwards, or one of the partial status indexes when the planner finds that cheaper.
+SELECT id, type, status, attempts, max_attempts, idempotency_key AS key, run_at, created_at,
+       started_at, finished_at, locked_by AS worker,
+       coalesce(split_part(last_error, E'\n', 1), '') AS last_error
+FROM {schema}.job
+WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+  AND (%(family)s::text IS NULL OR type = %(family)s OR starts_with(type, %(family)s || '.'))
+  AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)
+  AND (%(error)s::text IS NULL OR last_error ~ %(error)s)
+  AND (%(before)s::bigint IS NULL OR id < %(before)s)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: jobs_count
+-- How many jobs there are, by status and type, among those matching the filters. One branch
+-- per status, each with its status written out, so that each reads its own partial index
+-- (ready, running, dead and failed: the live queue, whatever the history) even under a
+-- generic plan; a status not asked for is a one-time filter that reads nothing. Done jobs are
+-- the done rows still in the table (job_finished_idx, which carries the type).
+SELECT 'ready' AS status, type, count(*) AS jobs FROM {schema}.job
+WHERE status = 'ready' AND (%(statuses)s::text[] IS NULL OR 'ready' = ANY(%(statuses)s::text[])) AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+  AND (%(family)s::text IS NULL OR type = %(family)s OR starts_with(type, %(family)s || '.'))
+GROUP BY type
+UNION ALL
+SELECT 'running' AS status, type, count(*) AS jobs FROM {schema}.job
+WHERE status = 'running' AND (%(statuses)s::text[] IS NULL OR 'running' = ANY(%(statuses)s::text[])) AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+  AND (%(family)s::text IS NULL OR type = %(family)s OR starts_with(type, %(family)s || '.'))
+GROUP BY type
+UNION ALL
+SELECT 'dead' AS status, type, count(*) AS jobs FROM {schema}.job
+WHERE status = 'dead' AND (%(statuses)s::text[] IS NULL OR 'dead' = ANY(%(statuses)s::text[])) AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+  AND (%(family)s::text IS NULL OR type = %(family)s OR starts_with(type, %(family)s || '.'))
+GROUP BY type
+UNION ALL
+SELECT 'failed' AS status, type, count(*) AS jobs FROM {schema}.job
+WHERE status = 'failed' AND (%(statuses)s::text[] IS NULL OR 'failed' = ANY(%(statuses)s::text[])) AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+  AND (%(family)s::text IS NULL OR type = %(family)s OR starts_with(type, %(family)s || '.'))
+GROUP BY type
+UNION ALL
+SELECT 'done' AS status, type, count(*) AS jobs FROM {schema}.job
+WHERE status = 'done' AND (%(statuses)s::text[] IS NULL OR 'done' = ANY(%(statuses)s::text[])) AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+  AND (%(family)s::text IS NULL OR type = %(family)s OR starts_with(type, %(family)s || '.'))
+GROUP BY type
+ORDER BY status, type;
+
+-- name: testing_enqueued
+-- jobtui.testing: the jobs of a type whose payload holds the given keys and values, as the
+-- caller's connection sees them (its own open transaction included).
+SELECT id, type, payload, idempotency_key AS key, status, run_at, created_at
+FROM {schema}.job
+WHERE type = %(type)s AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+ORDER BY id;

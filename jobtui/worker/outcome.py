@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, assert_never
 
 from ..db import is_connection_error
+from ..logformat import job_fields
 
 if TYPE_CHECKING:
     from ..registry import Job
@@ -66,6 +67,11 @@ def first_of(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else ""
 
 
+def fields(job: Job) -> dict[str, object]:
+    """The job's fields for a log line's `extra=` (the JSON log format shows them)."""
+    return job_fields(job.id, job.type, job.attempt, job.worker_id, job.queue)
+
+
 def count_outcome(counts: dict[str, int], outcome: Outcome, job: Job, error: str, uncounted: int) -> None:
     """Count a written outcome in the worker's `counts`, and log what an operator should see."""
     match outcome:
@@ -74,7 +80,12 @@ def count_outcome(counts: dict[str, int], outcome: Outcome, job: Job, error: str
         case Outcome.PERMANENT:
             counts["failed"] += 1
             log.warning(
-                "job %d (%s) failed permanently on attempt %d: %s", job.id, job.type, job.attempt, first_of(error)
+                "job %d (%s) failed permanently on attempt %d: %s",
+                job.id,
+                job.type,
+                job.attempt,
+                first_of(error),
+                extra=fields(job),
             )
         case Outcome.RETRY | Outcome.SHUTDOWN:
             counts["released"] += 1
@@ -89,10 +100,13 @@ def count_outcome(counts: dict[str, int], outcome: Outcome, job: Job, error: str
                 uncounted + 1,
                 MAX_UNCOUNTED_IN_A_ROW,
                 first_of(error),
+                extra=fields(job),
             )
         case Outcome.ABANDONED:
             counts["abandoned"] += 1
-            log.warning("job %d (%s): released, attempt %d not counted", job.id, job.type, job.attempt)
+            log.warning(
+                "job %d (%s): released, attempt %d not counted", job.id, job.type, job.attempt, extra=fields(job)
+            )
         case Outcome.FAIL | Outcome.TIMEOUT:
             if job.attempt < job.max_attempts:
                 counts["retried"] += 1
@@ -103,6 +117,7 @@ def count_outcome(counts: dict[str, int], outcome: Outcome, job: Job, error: str
                     job.attempt,
                     job.max_attempts,
                     first_of(error),
+                    extra=fields(job),
                 )
         case _:
             assert_never(outcome)

@@ -32,7 +32,9 @@ from ..db import Call, aconnect, arun, first_line, statements
 from ..domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJob, FailOutcome
 from ..errors import InvalidInput, JobtuiError, PrivilegeMissing
 from ..link import Connection, Link
+from ..logformat import job_fields
 from ..maintenance import ARCHIVE_TYPE, Retention, with_builtins
+from ..middleware import prepared
 from ..privileges import GRANTS_HINT, WORKER_NEEDS, missing_privileges_call, privilege_message
 from ..queue import claim_call
 from ..registry import Handler, Job, Jobs
@@ -41,11 +43,12 @@ from .completer import OutcomeWriter
 from .executor import InFlight, run_handler
 from .heartbeater import Heartbeater
 from .listener import listen, subscriber
-from .outcome import MAX_UNCOUNTED_IN_A_ROW, Outcome, count_outcome
+from .outcome import MAX_UNCOUNTED_IN_A_ROW, Outcome, count_outcome, fields
 from .producer import Producer, claim_session
 from .reaper import Reaper
 
 DEFAULT_RETENTION = Retention()
+COUNTERS = ("done", "failed", "retried", "dead", "lost", "released", "abandoned")
 
 log = logging.getLogger("jobtui.worker")
 
@@ -91,6 +94,7 @@ class Worker:
             raise InvalidInput(f"lease must be at least 1 second, got {lease}")
         if not poll_interval >= 0.01:  # 0 would spin on the database
             raise InvalidInput(f"poll interval must be at least 10ms, got {poll_interval}")
+        jobs = prepared(jobs)  # the registry's middleware and payload models, if any
         handled = list(jobs.handlers)
         selected = list(types) if types else handled
         if retention is not None:
@@ -125,15 +129,10 @@ class Worker:
         self._busy = 0  # handlers running now (in_flight also holds outcomes being written)
         self._limits = {t: h.max_attempts for t, h in jobs.handlers.items()}
         self.paused = False
-        self.counts = {
-            "done": 0,
-            "failed": 0,
-            "retried": 0,
-            "dead": 0,
-            "lost": 0,
-            "released": 0,
-            "abandoned": 0,
-        }
+        # What became of this worker's attempts, public (docs/operations.md, "Worker counters");
+        # the built-in jobs (the archiver) count apart, in builtin_counts.
+        self.counts = dict.fromkeys(COUNTERS, 0)
+        self.builtin_counts = dict.fromkeys(COUNTERS, 0)
         # Why the worker stopped by itself (a privilege it lacks): raised by run().
         self.fatal: JobtuiError | None = None
         self._stopping: asyncio.Event | None = None
@@ -378,7 +377,8 @@ class Worker:
             if outcome is not Outcome.ABANDONED:  # _give_up said it already
                 self._lost(job, "its lease was lost before the outcome was written")
             return
-        count_outcome(self.counts, outcome, flight.job, error, flight.claimed.uncounted)
+        counts = self.builtin_counts if job.type == ARCHIVE_TYPE else self.counts
+        count_outcome(counts, outcome, job, error, flight.claimed.uncounted)
         if delay and self._kick is not None:
             # Wake up to claim it again when it is due, instead of at the next poll.
             asyncio.get_running_loop().call_later(delay, self._kick.set)
@@ -395,17 +395,20 @@ class Worker:
         return backoff_delay(job.attempt, handler.backoff, self._rng)
 
     def _lost(self, job: Job, why: str) -> None:
-        self.counts["lost"] += 1
-        log.warning("job %d (%s) attempt %d: outcome not written, %s", job.id, job.type, job.attempt, why)
+        (self.builtin_counts if job.type == ARCHIVE_TYPE else self.counts)["lost"] += 1
+        log.warning(
+            "job %d (%s) attempt %d: outcome not written, %s", job.id, job.type, job.attempt, why, extra=fields(job)
+        )
 
     def _job_died(self, outcome: FailOutcome) -> None:
-        self.counts["dead"] += 1
+        (self.builtin_counts if outcome.type == ARCHIVE_TYPE else self.counts)["dead"] += 1
         log.error(
             "job %d (%s) is dead after %d of %d attempts",
             outcome.job_id,
             outcome.type,
             outcome.attempt,
             outcome.max_attempts,
+            extra=job_fields(outcome.job_id, outcome.type, outcome.attempt, outcome.worker, self.schema),
         )
         for callback in self.jobs.dead_callbacks:
             try:
@@ -435,6 +438,7 @@ class Worker:
             job.attempt,
             why,
             "handler cancelled" if self.jobs.handlers[job.type].is_async else "job.lost set for its sync handler",
+            extra=fields(job),
         )
         if flight.task is not None and not flight.task.done():
             flight.task.cancel()

@@ -12,24 +12,30 @@ PACKAGE = Path(__file__).resolve().parents[2] / "jobtui"
 
 # From the bottom up, as docs/design.md lists them; a module not named here is a defect.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "pure": ("domain", "errors", "backoff", "cronslots", "durations", "safetext", "explain"),
+    "pure": ("domain", "errors", "backoff", "cronslots", "durations", "safetext", "explain", "logformat"),
     "kernel": ("db", "link", "embedded"),
     "core": (
         "checks",
+        "adapters",
         "queue",
         "audit",
         "actions",
         "client",
+        "aclient",
         "registry",
+        "typed",
+        "middleware",
+        "otel",
         "scheduler",
         "maintenance",
         "metrics",
         "joblists",
+        "jobquery",
         "migrate",
         "privileges",
     ),
     "runtime": ("worker",),
-    "edges": ("cli", "cli_args", "cli_run", "cli_ops", "prometheus", "demo", "sizing", "tui"),
+    "edges": ("cli", "cli_args", "cli_run", "cli_ops", "prometheus", "demo", "sizing", "testing", "tui"),
 }
 RANK = {name: rank for rank, names in enumerate(LAYERS.values()) for name in names}
 

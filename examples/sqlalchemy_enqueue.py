@@ -1,0 +1,35 @@
+"""Enqueue inside a SQLAlchemy transaction: the job commits or rolls back with the rows.
+
+Run: JOBTUI_DSN=postgresql://... python examples/sqlalchemy_enqueue.py (after `jobtui migrate`)
+"""
+
+import os
+
+import psycopg
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import Session
+
+import jobtui
+
+dsn = os.environ["JOBTUI_DSN"]
+# Any postgresql+psycopg:// URL works; `creator` takes the DSN in jobtui's own form.
+engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn))
+queue = jobtui.Queue(dsn)
+
+with engine.begin() as conn:
+    conn.execute(text("CREATE TABLE IF NOT EXISTS app_user (name text PRIMARY KEY)"))
+
+# A Session: the user and the job commit together.
+with Session(engine) as session, session.begin():
+    session.execute(text("INSERT INTO app_user VALUES ('ada')"))
+    kept = queue.enqueue("email.welcome", {"name": "ada"}, conn=session)
+
+# A Connection whose transaction rolls back: neither the user nor the job is left.
+with engine.connect() as conn:
+    conn.execute(text("INSERT INTO app_user VALUES ('bob')"))
+    dropped = queue.enqueue("email.welcome", {"name": "bob"}, conn=conn)
+    conn.rollback()
+
+assert queue.get(kept) is not None and queue.get(dropped) is None
+print(f"kept job {kept}, rolled back job {dropped}")
+queue.close()

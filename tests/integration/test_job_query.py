@@ -1,0 +1,124 @@
+"""The job query API: `Queue.jobs` and `Queue.counts` (and the async client's), and `jobtui
+jobs` built on them, against rows whose states the test sets through the queue itself."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+import jobtui
+from jobtui import AsyncQueue, Failure, InvalidInput, JobStatus, NewJob, Queue
+from tests.integration.test_cli import jobtui as run_cli
+from tests.integration.test_cli import ok
+
+
+def _fill(queue: Queue) -> dict[str, list[int]]:
+    """3 ready email.send, 2 ready email.bounce, 1 ready sms.send, then 2 of the email.send
+    claimed and failed for good (one "smtp 550", one "smtp 421")."""
+    ids = queue.enqueue_many(
+        [NewJob("email.send", {"n": i}) for i in range(3)]
+        + [NewJob("email.bounce", {}) for _ in range(2)]
+        + [NewJob("sms.send", {})]
+        + [NewJob("emailer", {})]  # not of the email family
+    )
+    claimed = queue.claim(["email.send"], worker="w1", limit=2)
+    queue.fail_permanently([c.lease for c in claimed], ["smtp 550 no such user", "smtp 421 try later"])
+    return {"all": ids, "failed": sorted(c.id for c in claimed)}
+
+
+def test_jobs_filter_and_page_newest_first(dsn: str) -> None:
+    with Queue(dsn) as queue:
+        made = _fill(queue)
+        everything = queue.jobs()
+        assert [j.id for j in everything] == sorted(made["all"], reverse=True)
+        failed = queue.jobs(status="failed")
+        assert sorted(j.id for j in failed) == made["failed"]
+        assert all(j.status is JobStatus.FAILED and j.worker == "w1" and j.finished_at for j in failed)
+        assert [j.id for j in queue.jobs(status="failed", error="550")] == [
+            j.id for j in failed if j.last_error.startswith("smtp 550")
+        ]
+        family = queue.jobs(queue="email")
+        assert {j.type for j in family} == {"email.send", "email.bounce"}
+        assert len(queue.jobs(type=["sms.send", "emailer"])) == 2
+        assert queue.jobs(since=datetime.now(UTC) + timedelta(hours=1)) == []
+        # Keyset pages: every job once, in order, however the pages fall.
+        seen: list[int] = []
+        page = queue.jobs(limit=3)
+        while page:
+            seen += [j.id for j in page]
+            page = queue.jobs(limit=3, before=page[-1].id)
+        assert seen == [j.id for j in everything]
+
+
+def test_counts_by_status_and_type(dsn: str) -> None:
+    with Queue(dsn) as queue:
+        _fill(queue)
+        counts = {(c.status.value, c.type): c.jobs for c in queue.counts()}
+        assert counts == {
+            ("ready", "email.send"): 1,
+            ("failed", "email.send"): 2,
+            ("ready", "email.bounce"): 2,
+            ("ready", "sms.send"): 1,
+            ("ready", "emailer"): 1,
+        }
+        assert queue.count(status="ready", queue="email") == 3
+        assert queue.count(status=["failed", "dead"]) == 2
+        assert queue.count(type="nothing.here") == 0
+
+
+def test_bad_query_input_is_one_clear_error(dsn: str) -> None:
+    with Queue(dsn) as queue:
+        with pytest.raises(InvalidInput, match="unknown status"):
+            queue.jobs(status="finished")
+        with pytest.raises(InvalidInput, match="it is a regular expression"):
+            queue.jobs(error="(unclosed")
+        with pytest.raises(InvalidInput, match="from 1 to 1000"):
+            queue.jobs(limit=0)
+
+
+async def test_the_async_client_answers_the_same(dsn: str) -> None:
+    with Queue(dsn) as queue:
+        made = _fill(queue)
+        expected = queue.jobs(status="failed")
+    async with AsyncQueue(dsn) as aqueue:
+        assert await aqueue.jobs(status="failed") == expected
+        assert await aqueue.count(status="failed") == len(made["failed"])
+        assert await aqueue.check_schema() == jobtui.migrate.code_version()
+
+
+def test_claimed_job_and_handler_job_carry_their_times(dsn: str) -> None:
+    with Queue(dsn) as queue:
+        job_id = queue.enqueue("t", {}, delay=0)
+        claimed = queue.claim(["t"], worker="w")[0]
+        row = queue.get(job_id)
+        assert row is not None and (claimed.created_at, claimed.run_at) == (row.created_at, row.run_at)
+        job = jobtui.Job(claimed, "w", queue.schema)
+        assert (job.created_at, job.run_at, job.queue) == (row.created_at, row.run_at, "jobtui")
+        queue.fail([Failure(claimed.lease, "x", 0)])
+
+
+def test_migrate_and_check_for_code_that_deploys_itself(empty_dsn: str) -> None:
+    with pytest.raises(jobtui.SchemaNotMigrated):
+        jobtui.check_schema(empty_dsn)
+    applied = jobtui.migrate_schema(empty_dsn)
+    assert applied and applied[0] == "0001_job_queue"
+    assert jobtui.migrate_schema(empty_dsn) == []  # nothing left to do
+    assert jobtui.check_schema(empty_dsn) == jobtui.migrate.code_version()
+    with psycopg.connect(empty_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM jobtui.migration").fetchone() == (len(applied),)
+
+
+def test_cli_lists_and_counts_through_the_api(dsn: str) -> None:
+    with Queue(dsn) as queue:
+        made = _fill(queue)
+    listed = json.loads(ok(run_cli(dsn, "jobs", "--status", "failed", "--json")))
+    assert sorted(j["id"] for j in listed) == made["failed"]
+    counted = json.loads(ok(run_cli(dsn, "jobs", "--count", "--queue", "email", "--json")))
+    assert sum(c["jobs"] for c in counted) == 5
+    table = ok(run_cli(dsn, "jobs", "--limit", "2"))
+    assert f"--before {sorted(made['all'])[-2]}" in table
+    bad = run_cli(dsn, "jobs", "--status", "finished")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown status" in bad.stderr

@@ -1,0 +1,95 @@
+"""OpenTelemetry spans, collected by the SDK's in-memory exporter: the enqueue's span, each
+attempt's span linked to it, and a span per operator action."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from jobtui import Job, Jobs, JobStatus, Permanent, Queue, Worker, otel
+
+EXPORTER = InMemorySpanExporter()
+_provider = TracerProvider()
+_provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
+trace.set_tracer_provider(_provider)  # once per process; the tests read EXPORTER only
+
+
+def _app() -> Jobs:
+    jobs = Jobs()
+
+    @jobs.handler("ok")
+    async def ok(job: Job) -> None:
+        await asyncio.sleep(0)
+
+    @jobs.handler("bad")
+    def bad(job: Job) -> None:
+        raise Permanent("cannot")
+
+    return otel.instrument(jobs)
+
+
+def _named(prefix: str) -> list[ReadableSpan]:
+    return [s for s in EXPORTER.get_finished_spans() if s.name.startswith(prefix)]
+
+
+async def test_attempt_spans_link_to_the_span_that_enqueued_them(dsn: str) -> None:
+    EXPORTER.clear()
+    tracer = trace.get_tracer("app")
+    with Queue(dsn, middleware=[otel.trace_enqueue]) as queue:
+        with tracer.start_as_current_span("signup request") as request:
+            ok_id = queue.enqueue("ok", {})
+            bad_id = queue.enqueue("bad", {})
+        row = queue.get(ok_id)
+        assert row is not None
+        worker = Worker(_app(), dsn, concurrency=2, scheduler=False, retention=None, poll_interval=0.05)
+        task = asyncio.create_task(worker.run())
+        deadline = time.monotonic() + 20
+        while queue.count(status=["ready", "running"]) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        worker.stop()
+        await task
+        assert queue.get(bad_id) is not None and queue.get(bad_id).status is JobStatus.FAILED  # type: ignore[union-attr]
+    enqueues = {s.attributes["jobtui.job.type"]: s for s in _named("enqueue ") if s.attributes}
+    assert set(enqueues) == {"ok", "bad"}
+    for span in enqueues.values():
+        assert span.kind is trace.SpanKind.PRODUCER
+        assert span.parent is not None and span.parent.span_id == request.get_span_context().span_id
+    runs = {s.attributes["jobtui.job.type"]: s for s in _named("run ") if s.attributes}
+    for job_type, job_id, outcome in (("ok", ok_id, "complete"), ("bad", bad_id, "permanent")):
+        span = runs[job_type]
+        assert span.kind is trace.SpanKind.CONSUMER
+        assert [link.context.span_id for link in span.links] == [enqueues[job_type].context.span_id]
+        assert span.attributes is not None
+        assert (span.attributes["jobtui.job.id"], span.attributes["jobtui.attempt"]) == (job_id, 1)
+        assert span.attributes["jobtui.queue"] == "jobtui" and span.attributes["jobtui.outcome"] == outcome
+        assert float(span.attributes["jobtui.pickup_wait_s"]) >= 0  # type: ignore[arg-type]
+    assert runs["bad"].status.status_code is trace.StatusCode.ERROR
+    assert runs["ok"].status.status_code is trace.StatusCode.UNSET
+
+
+def test_operator_actions_get_a_span(dsn: str) -> None:
+    EXPORTER.clear()
+    with Queue(dsn) as queue:
+        job_id = queue.enqueue("bad", {})
+        [claimed] = queue.claim(["bad"], worker="w")
+        queue.fail_permanently([claimed.lease], ["no"])
+        assert queue.requeue([job_id], actor="ops@host") == [job_id]
+    [span] = _named("jobtui requeue")
+    assert span.attributes is not None
+    assert span.attributes["jobtui.actor"] == "ops@host" and span.attributes["jobtui.rows"] == 1
+    assert span.attributes["jobtui.target"] == f"jobs {job_id}"
+
+
+def test_jobs_without_trace_context_run_unlinked(dsn: str) -> None:
+    EXPORTER.clear()
+    from jobtui.testing import run_job
+
+    ran = run_job(_app(), dsn, "ok", {})
+    assert ran.outcome == "complete"
+    [span] = _named("run ok")
+    assert list(span.links) == []
