@@ -19,7 +19,20 @@ from . import migrate
 from .actions import cancel_call, check_regex, dead_matching, kill_lease_call, matching_ids, requeue_call
 from .audit import AuditEntry, audit_call, audit_list_call
 from .checks import check_text
-from .db import Call, arun, check_dsn, connect, connect_timeout, int_list, resolve_dsn, run, statements, unavailable
+from .db import (
+    Call,
+    arun,
+    check_dsn,
+    connect,
+    connect_timeout,
+    int_list,
+    pooler_mode,
+    pooler_options,
+    resolve_dsn,
+    run,
+    statements,
+    unavailable,
+)
 from .domain import (
     DEFAULT_LEASE_SECONDS,
     DEFAULT_SCHEMA,
@@ -110,8 +123,10 @@ class Queue:
         schema: str = DEFAULT_SCHEMA,
         max_connections: int = 4,
         timeout: float = DEFAULT_CLIENT_TIMEOUT,
+        pooler: str | None = None,
     ) -> None:
         self.dsn, self.schema, self.timeout = _client_settings(dsn, schema, timeout)
+        self.pooler = pooler_mode(pooler)  # see db.pooler_mode
         self._max_connections = max_connections
         self._pool: ConnectionPool[Any] | None = None
 
@@ -122,7 +137,7 @@ class Queue:
                 min_size=1,
                 max_size=self._max_connections,
                 open=False,
-                kwargs=connect_timeout(self.dsn),
+                kwargs={**connect_timeout(self.dsn), **pooler_options(self.pooler)},
                 # A connection the server dropped (a restart) is found out and replaced
                 # when it is handed out, not by the caller's statement failing.
                 check=ConnectionPool.check_connection,
@@ -161,7 +176,7 @@ class Queue:
 
     def check_schema(self) -> int:
         """Raise SchemaNotMigrated unless `jobtui migrate` has been run for this code."""
-        with connect(self.dsn) as conn:
+        with connect(self.dsn, pooler=self.pooler) as conn:
             return migrate.check(conn, self.schema)
 
     def enqueue(
@@ -353,8 +368,10 @@ class AsyncQueue:
         schema: str = DEFAULT_SCHEMA,
         max_connections: int = 4,
         timeout: float = DEFAULT_CLIENT_TIMEOUT,
+        pooler: str | None = None,
     ) -> None:
         self.dsn, self.schema, self.timeout = _client_settings(dsn, schema, timeout)
+        self.pooler = pooler_mode(pooler)  # see db.pooler_mode
         self._max_connections = max_connections
         self._pool: AsyncConnectionPool[Any] | None = None
 
@@ -365,7 +382,7 @@ class AsyncQueue:
                 min_size=1,
                 max_size=self._max_connections,
                 open=False,
-                kwargs=connect_timeout(self.dsn),
+                kwargs={**connect_timeout(self.dsn), **pooler_options(self.pooler)},
                 check=AsyncConnectionPool.check_connection,  # see Queue
             )
             await self._pool.open(wait=False)

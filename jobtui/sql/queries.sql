@@ -831,6 +831,13 @@ WHERE %(functions)s AND n.nspname = %(schema_name)s AND NOT has_function_privile
 SELECT set_config('enable_bitmapscan', 'off', false), set_config('enable_seqscan', 'off', false),
        set_config('jit', 'off', false), set_config('TimeZone', 'UTC', false);
 
+-- name: claim_transaction
+-- The same planner settings for one claim's transaction, behind a transaction pooler (where
+-- a session setting would outlive the transaction, on a server connection another client
+-- gets next). The time zone stays the server's: a pooler such as PgBouncer tracks it.
+SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),
+       set_config('jit', 'off', true);
+
 -- name: listen
 -- A worker's wake-ups: every insert into the job table notifies this channel.
 LISTEN {channel};

@@ -90,3 +90,9 @@ async def claim_session(conn: psycopg.AsyncConnection[Any]) -> None:
     connection, which runs nothing but claims, those plans are switched off.
     """
     await conn.execute(statements()["claim_session"])
+
+
+async def claim_transaction(conn: psycopg.AsyncConnection[Any]) -> None:
+    """`claim_session`'s planner settings for one claim's transaction only, behind a
+    transaction pooler."""
+    await conn.execute(statements()["claim_transaction"])
