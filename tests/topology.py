@@ -204,14 +204,21 @@ class Standby(LocalCluster):
             raise
         return standby
 
+    def __enter__(self) -> Standby:
+        return self
+
     def promote(self) -> None:
         """Make this standby a primary (pg_ctl promote waits until it is)."""
         self._pg("pg_ctl", "-D", str(self.data), "-w", "promote")
 
     def wait_replayed(self, primary: LocalCluster, timeout: float = 30) -> None:
-        """Until this standby has replayed everything the primary has written so far."""
+        """Until this standby has replayed everything the primary has logged so far."""
         with psycopg.connect(primary.dsn(), autocommit=True) as conn:
-            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+            # A commit that waits for its flush (the test clusters run synchronous_commit =
+            # off) writes out every record before it, which the standby then receives.
+            conn.execute("SET synchronous_commit = on")
+            conn.execute("SELECT pg_current_xact_id()")
+            row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
         assert row is not None
         target = row[0]
         deadline = time.monotonic() + timeout

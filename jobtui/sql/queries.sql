@@ -684,6 +684,19 @@ WHERE datname = current_database() AND xact_start IS NOT NULL AND backend_type =
   AND pid <> pg_backend_pid()
 ORDER BY xact_start LIMIT 1;
 
+-- name: metrics_recovery
+-- Whether this server is a standby, and how far its figures are behind the primary's: 0 when
+-- it streams and has replayed all it received, else the time since the last transaction it
+-- replayed (that also grows while the primary commits nothing), null when it replayed none
+-- yet. Null on a primary. Runs on a hot standby, as every statement of the snapshot does.
+SELECT pg_is_in_recovery() AS standby,
+       (CASE WHEN NOT pg_is_in_recovery() THEN NULL
+             WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn()
+                  AND (SELECT status FROM pg_stat_wal_receiver) = 'streaming' THEN 0
+             WHEN pg_last_xact_replay_timestamp() IS NOT NULL
+                  THEN greatest(0, extract(epoch FROM now() - pg_last_xact_replay_timestamp()))
+        END)::float8 AS replay_lag;
+
 -- name: stats_missing_hours
 -- Completed hours of the last day that have no summary yet.
 SELECT h FROM generate_series(date_trunc('hour', now()) - interval '24 hours',
