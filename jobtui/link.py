@@ -170,6 +170,9 @@ class Connection:
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._on_connect = on_connect
         self._each_transaction = each_transaction
+        # Callers that share the connection (a worker's claims and its reaper) take turns
+        # with their transactions: psycopg would nest one inside the other.
+        self._one_transaction = asyncio.Lock()
         self._pooler = pooler
         self._down_since: float | None = None
 
@@ -233,13 +236,15 @@ class Connection:
         from then)."""
         while True:
             conn = await self.get(stopping)
-            sent = time.monotonic()
             try:
                 if self._each_transaction is None:
+                    sent = time.monotonic()
                     return await arun(conn, call, schema), sent
-                async with conn.transaction():
-                    await self._each_transaction(conn)
-                    return await arun(conn, call, schema), sent
+                async with self._one_transaction:
+                    sent = time.monotonic()  # before BEGIN, whose now() the statement reads
+                    async with conn.transaction():
+                        await self._each_transaction(conn)
+                        return await arun(conn, call, schema), sent
             except psycopg.OperationalError as exc:
                 self.lost(exc)
                 if not retry or (stopping is not None and stopping.is_set()):

@@ -56,9 +56,16 @@ def test_a_drain_through_pgbouncer_in_transaction_mode_loses_nothing_and_logs_no
             queue.enqueue("topo.effect", {"key": f"one-{i}"}, key=f"one-{i}")
     env = {**os.environ, "JOBTUI_DSN": pooled, "JOBTUI_POOLER": "transaction", "PYTHONUNBUFFERED": "1"}
     env.pop("DATABASE_URL", None)
-    # A polls; B listens on a direct DSN of its own.
+    # A polls; B listens on a direct DSN of its own. A short lease reaps often: the reaper
+    # shares the claims' connection, and each claim is a transaction of its own.
     workers = [
-        WorkerProcess(name, ["--concurrency", "20", "--poll", "0.2s", *extra], env, tmp_path / f"{name}.log", app=APP)
+        WorkerProcess(
+            name,
+            ["--concurrency", "20", "--poll", "0.2s", "--lease", "2s", *extra],
+            env,
+            tmp_path / f"{name}.log",
+            app=APP,
+        )
         for name, extra in (("A", []), ("B", ["--listen-dsn", dsn]))
     ]
     source = DataSource(pooled, "jobtui")
