@@ -39,7 +39,8 @@ class FailoverResult:
     promotion_seconds: float  # from stopping the primary to the standby accepting writes
     promotion_to_first_claim: float  # the standby's clock: promoted, then the first claim on it
     drain_seconds: float  # from the enqueue to the last job done
-    most_attempts: int  # the most attempts a done job used: the outage must count none
+    most_attempts: int  # the most attempts a done job used
+    expiries: int  # leases the reapers found expired (a claim whose answer the crash cut off)
     errors_logged: int  # ERROR lines in the workers' logs
     logs: str
 
@@ -109,6 +110,7 @@ def run_failover(*, jobs: int, workers: int, concurrency: int, logs: Path, stop_
             effects = _count(conn, "SELECT count(*) FROM effect_log")
             distinct = _count(conn, "SELECT count(DISTINCT key) FROM effect_log")
             most = _count(conn, "SELECT max(attempts) FROM jobtui.job WHERE type = 'topo.effect'")
+            expiries = _count(conn, "SELECT count(*) FROM jobtui.lease_expiry")
         text = all_logs()
         errors = [ln for ln in text.splitlines() if " ERROR " in ln]
         return FailoverResult(
@@ -121,6 +123,7 @@ def run_failover(*, jobs: int, workers: int, concurrency: int, logs: Path, stop_
             promotion_to_first_claim=float(first_claim[0]) if first_claim and first_claim[0] is not None else -1.0,
             drain_seconds=drain,
             most_attempts=most,
+            expiries=expiries,
             errors_logged=len(errors),
             logs=text,
         )

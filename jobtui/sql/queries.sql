@@ -177,6 +177,21 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(delays)s::float8[], %(kin
 WHERE j.id = t.id AND j.status = 'running' AND j.lease_token = t.token
 RETURNING j.id;
 
+-- name: release_unanswered
+-- After a claim whose answer never came (its connection broke during it; a failover, a
+-- restart): the jobs it may have taken run under this worker's name with tokens the worker
+-- never saw, and would wait for their leases to expire and be counted. They go back to ready
+-- now, the attempt not counted (the outage's, not the job's). Fenced by status and worker
+-- name (unique per process, host:pid); the jobs the worker holds (`held`) are left alone.
+UPDATE {schema}.job AS j
+SET status = 'ready', attempts = j.attempts - 1, locked_until = NULL,
+    errors = (j.errors || jsonb_build_array(jsonb_build_object(
+                 'at', now(), 'attempt', j.attempts, 'worker', j.locked_by, 'kind', 'abandoned',
+                 'error', 'the claim''s answer was lost with its connection')))
+             - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
+WHERE j.status = 'running' AND j.locked_by = %(worker)s AND NOT (j.id = ANY(%(held)s::bigint[]))
+RETURNING j.id;
+
 -- name: reap
 -- Running jobs whose lease expired go back to ready (their lease was their delay), or dead
 -- when the attempt that expired was the last one: a job that keeps crashing its worker

@@ -34,7 +34,7 @@ from ..errors import InvalidInput, JobtuiError, PrivilegeMissing
 from ..link import Connection, Link
 from ..maintenance import ARCHIVE_TYPE, Retention, with_builtins
 from ..privileges import GRANTS_HINT, WORKER_NEEDS, missing_privileges_call, privilege_message
-from ..queue import claim_call
+from ..queue import claim_call, release_unanswered_call
 from ..registry import Handler, Job, Jobs
 from ..scheduler import Scheduler
 from .completer import OutcomeWriter
@@ -219,6 +219,7 @@ class Worker:
             claim_conn,
             self.schema,
             claim=self._claim_call,
+            unanswered=lambda: release_unanswered_call(self.worker_id, list(self.in_flight)),
             room=self._room,
             start=self._start,
             lease=self.lease,
