@@ -37,7 +37,7 @@ class FailoverResult:
     distinct_effects: int
     done_before_stop: int
     promotion_seconds: float  # from stopping the primary to the standby accepting writes
-    promotion_to_first_claim: float  # the standby's clock: promoted, then the first claim on it
+    promotion_to_first_claim: float  # the standby's clock: from `pg_ctl promote` to the first claim on it
     drain_seconds: float  # from the enqueue to the last job done
     most_attempts: int  # the most attempts a done job used
     expiries: int  # leases the reapers found expired (a claim whose answer the crash cut off)
@@ -95,10 +95,12 @@ def run_failover(*, jobs: int, workers: int, concurrency: int, logs: Path, stop_
             done_before = _count(conn, done_query)
         stopped = time.monotonic()
         primary.stop("immediate")  # a crash: no shutdown checkpoint, clients cut off
-        standby.promote()
         with psycopg.connect(standby.dsn(), autocommit=True) as conn:
-            promoted_at: datetime = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
-            promotion = time.monotonic() - stopped
+            # Every claim before this was on the old primary; every one after, on the new.
+            promoted_at: datetime = conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
+        standby.promote()
+        promotion = time.monotonic() - stopped
+        with psycopg.connect(standby.dsn(), autocommit=True) as conn:
             wait_for(lambda: _count(conn, done_query) == jobs, 300, "every job done on the new primary", all_logs)
             drain = time.monotonic() - started
             first_claim = conn.execute(
