@@ -87,6 +87,7 @@ class Refresher(threading.Thread):
 
 def one_way(direct: str, dsn: str, pooled: bool, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     pooler = "transaction" if pooled else "none"
+    os.environ["JOBTUI_POOLER"] = pooler  # for the console's refresh, as `jobtui --pooler` sets it
     started = time.perf_counter()
     with Queue(dsn, pooler=pooler) as queue:
         for i in range(0, args.jobs, 10_000):

@@ -45,9 +45,10 @@ def _count(conn: Conn, query: str) -> int:
 
 
 def test_a_drain_through_pgbouncer_in_transaction_mode_loses_nothing_and_logs_no_error(
-    dsn: str, bouncer: PgBouncer, tmp_path: Path
+    dsn: str, bouncer: PgBouncer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pooled = _pooled(bouncer, dsn)
+    monkeypatch.setenv("JOBTUI_POOLER", "transaction")  # the console's, as `jobtui --pooler` sets it
     with Queue(pooled, pooler="transaction") as queue:
         # 1000 keyless jobs take the COPY path; the lone enqueues run more than five times on
         # the same pooled connections, where psycopg would otherwise prepare them.
@@ -73,15 +74,19 @@ def test_a_drain_through_pgbouncer_in_transaction_mode_loses_nothing_and_logs_no
         for worker in workers:
             worker.wait_started()
         logs = lambda: "\n".join(w.log() for w in workers)  # noqa: E731
+        refreshes = 0
+
+        def drained() -> bool:
+            # The console's refresh during the drain, on one pooled client connection whose
+            # transactions go to whichever server connection is free.
+            nonlocal refreshes
+            source.fetch()
+            refreshes += 1
+            return _count(db, "SELECT count(*) FROM jobtui.job WHERE type = 'topo.effect' AND status = 'done'") == 1020
+
         with psycopg.connect(dsn, autocommit=True) as db:
-            wait_for(
-                lambda: (
-                    _count(db, "SELECT count(*) FROM jobtui.job WHERE type = 'topo.effect' AND status = 'done'") == 1020
-                ),
-                90,
-                "1020 jobs done through the pooler",
-                logs,
-            )
+            wait_for(drained, 90, "1020 jobs done through the pooler", logs)
+            assert refreshes > 5  # more than psycopg's threshold for preparing a statement
             # The console's refreshes, on one pooled connection: each snapshot is one transaction.
             for _ in range(8):
                 fetched = source.fetch()
