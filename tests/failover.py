@@ -21,6 +21,8 @@ from typing import Any
 import psycopg
 
 from jobtui import NewJob, Queue, migrate
+from jobtui.metrics import Snapshot
+from jobtui.tui.data import DataSource
 from tests.apps.topology_app import APP_TABLES
 from tests.cluster import LocalCluster
 from tests.topology import PRIMARY_SETTINGS, Standby, make_sync
@@ -42,12 +44,24 @@ class FailoverResult:
     most_attempts: int  # the most attempts a done job used
     expiries: int  # leases the reapers found expired (a claim whose answer the crash cut off)
     errors_logged: int  # ERROR lines in the workers' logs
+    console_ready: int  # ready effect jobs as the console read them on the new primary (0: drained)
+    console_on_standby: bool  # whether that read said it was on a standby
     logs: str
 
 
 def _count(conn: psycopg.Connection[Any], query: str, *params: Any) -> int:
     row = conn.execute(query, params).fetchone()
     return int(row[0]) if row and row[0] is not None else 0
+
+
+def _refreshed(console: DataSource) -> Any:
+    def attempt() -> Snapshot | None:
+        try:
+            return console.fetch().snapshot
+        except psycopg.OperationalError:
+            return None
+
+    return attempt
 
 
 def failover_dsn(primary: LocalCluster, standby: LocalCluster) -> str:
@@ -93,6 +107,10 @@ def run_failover(*, jobs: int, workers: int, concurrency: int, logs: Path, stop_
         with psycopg.connect(primary.dsn(), autocommit=True) as conn:
             wait_for(lambda: _count(conn, done_query) >= jobs * stop_at, 120, "the drain under way", all_logs)
             done_before = _count(conn, done_query)
+        # The console's data on the same multi-host DSN, read before and after the failover.
+        console = DataSource(dsn, "jobtui")
+        procs.callback(console.close)
+        console.fetch()
         stopped = time.monotonic()
         primary.stop("immediate")  # a crash: no shutdown checkpoint, clients cut off
         with psycopg.connect(standby.dsn(), autocommit=True) as conn:
@@ -108,6 +126,9 @@ def run_failover(*, jobs: int, workers: int, concurrency: int, logs: Path, stop_
                 " WHERE type = 'topo.effect' AND started_at > %s",
                 (promoted_at, promoted_at),
             ).fetchone()
+            # The console's first refresh after the crash fails (its connection was cut);
+            # the next one reconnects, to the new primary.
+            console_back = wait_for(_refreshed(console), 30, "a console refresh on the new primary", all_logs)
             done = _count(conn, done_query)
             effects = _count(conn, "SELECT count(*) FROM effect_log")
             distinct = _count(conn, "SELECT count(DISTINCT key) FROM effect_log")
@@ -127,5 +148,7 @@ def run_failover(*, jobs: int, workers: int, concurrency: int, logs: Path, stop_
             most_attempts=most,
             expiries=expiries,
             errors_logged=len(errors),
+            console_ready=sum(t.ready for t in console_back.by_type if t.type == "topo.effect"),
+            console_on_standby=console_back.standby,
             logs=text,
         )

@@ -19,6 +19,8 @@ def _check(jobs: int, tmp_path: Path, workers: int, concurrency: int) -> None:
     assert result.most_attempts == 1, "an outage counts no attempt"
     assert result.errors_logged == 0, result.logs[-4000:]
     assert result.promotion_to_first_claim >= 0, "no claim on the new primary"
+    # The console reconnected to the new primary, which is no standby, and saw the drain.
+    assert (result.console_on_standby, result.console_ready) == (False, 0)
     assert "connection lost" in result.logs  # the workers did see the primary go
 
 
