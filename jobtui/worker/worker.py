@@ -40,7 +40,7 @@ from ..scheduler import Scheduler
 from .completer import OutcomeWriter
 from .executor import InFlight, run_handler
 from .heartbeater import Heartbeater
-from .listener import listen, subscriber
+from .listener import listen, listener_connection
 from .outcome import MAX_UNCOUNTED_IN_A_ROW, Outcome, count_outcome
 from .producer import Producer, claim_session, claim_transaction
 from .reaper import Reaper
@@ -204,14 +204,7 @@ class Worker:
         )
         write_conn = Connection(self.dsn, "outcome", link=link, pooler=pooler)
         heartbeat_conn = Connection(self.dsn, "heartbeat", link=link, pooler=pooler)
-        # LISTEN waits for the heartbeat after an outage, as claims do. A transaction pooler
-        # would hand the listening session to other clients: then only a direct DSN listens.
-        listen_dsn = self.listen_dsn or (None if pooled else self.dsn)
-        listen_conn = (
-            Connection(listen_dsn, "listen", link=link, gated=True, on_connect=subscriber(self.schema))
-            if listen_dsn is not None
-            else None
-        )
+        listen_conn = listener_connection(self.listen_dsn or (None if pooled else self.dsn), link, self.schema)
         self._writer = OutcomeWriter(
             write_conn, self.schema, self._job_died, self._denied, delete_on_complete=self.delete_on_complete
         )
@@ -267,14 +260,7 @@ class Worker:
                 asyncio.create_task(heartbeater.watch(), name="jobtui-lease-watch"),
                 asyncio.create_task(reaper.run(), name="jobtui-reaper"),
             ]
-            if listen_conn is not None:
-                background.append(asyncio.create_task(listen(listen_conn, kick), name="jobtui-listen"))
-            else:
-                log.info(
-                    "behind a transaction pooler LISTEN cannot work: polling every %gs "
-                    "(give --listen-dsn, a direct DSN, for wake-ups on new jobs)",
-                    self.poll_interval,
-                )
+            background.append(asyncio.create_task(listen(listen_conn, kick, self.poll_interval), name="jobtui-listen"))
             if self.scheduler is not None:
                 background.append(asyncio.create_task(self.scheduler.run(stopping, link=link), name="jobtui-scheduler"))
             for task in background:
