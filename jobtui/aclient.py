@@ -18,7 +18,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from .adapters import async_connection
 from .client import DEFAULT_CLIENT_TIMEOUT, _client_settings, _reachable, check_schema, migrate_schema
-from .db import Call, arun, connect_timeout, unavailable
+from .db import Call, arun, connect_timeout, pooler_mode, pooler_options, unavailable
 from .domain import DEFAULT_SCHEMA, NewJob
 from .jobquery import JobCount, JobSummary, aquery, counts_call, jobs_call
 from .middleware import EnqueueHook, as_hook, entered
@@ -42,8 +42,10 @@ class AsyncQueue:
         max_connections: int = 4,
         timeout: float = DEFAULT_CLIENT_TIMEOUT,
         middleware: Sequence[EnqueueHook] = (),
+        pooler: str | None = None,
     ) -> None:
         self.dsn, self.schema, self.timeout = _client_settings(dsn, schema, timeout)
+        self.pooler = pooler_mode(pooler)  # see db.pooler_mode
         self._max_connections = max_connections
         # As Queue's: sync hooks, run on the loop around each insert.
         self.middleware: list[EnqueueHook] = [as_hook(m) for m in middleware]
@@ -56,7 +58,7 @@ class AsyncQueue:
                 min_size=1,
                 max_size=self._max_connections,
                 open=False,
-                kwargs=connect_timeout(self.dsn),
+                kwargs={**connect_timeout(self.dsn), **pooler_options(self.pooler)},
                 check=AsyncConnectionPool.check_connection,  # see Queue
             )
             await self._pool.open(wait=False)
@@ -103,11 +105,11 @@ class AsyncQueue:
 
     async def check_schema(self) -> int:
         """Raise SchemaNotMigrated unless `jobtui migrate` has been run for this code."""
-        return await asyncio.to_thread(check_schema, self.dsn, self.schema)
+        return await asyncio.to_thread(check_schema, self.dsn, self.schema, self.pooler)
 
     async def migrate(self) -> list[str]:
         """Apply the migrations the schema lacks (what `jobtui migrate` does); their names."""
-        return await asyncio.to_thread(migrate_schema, self.dsn, self.schema)
+        return await asyncio.to_thread(migrate_schema, self.dsn, self.schema, self.pooler)
 
     async def jobs(
         self,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -37,7 +38,7 @@ from .cli_args import (
     with_queue,
 )
 from .cli_run import cmd_bench, cmd_console, cmd_demo, cmd_scheduler, cmd_worker
-from .db import connect
+from .db import POOLERS, connect, pooler_mode
 from .durations import parse_duration
 from .errors import JobtuiError, UnknownJob
 from .explain import explain
@@ -230,6 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--schema", default="jobtui", help="schema holding jobtui's tables (default: jobtui)")
     parser.add_argument("--actor", default=default_actor(), help="who acts, for the audit log (default user@host)")
     parser.add_argument("--version", action="version", version=f"jobtui {package_version()}")
+    parser.add_argument(
+        "--pooler",
+        choices=POOLERS,
+        help="transaction: the DSN goes through PgBouncer with pool_mode = transaction, so jobtui keeps no"
+        " session state (default: JOBTUI_POOLER, else none)",
+    )
     console = parser.add_argument_group("console (jobtui with no command)")
     console.add_argument("--read-only", action="store_true", help="hide and refuse every action")
     console.add_argument("--work", metavar="M:ATTR", help="run a worker (and scheduler) inside the console")
@@ -273,6 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id", help="worker name shown as locked_by (default host:pid)")
     p.add_argument("--shutdown-timeout", default="30s", help="time in-flight jobs get on SIGTERM (default 30s)")
     p.add_argument("--poll", default="1s", help="poll interval besides LISTEN wake-ups (default 1s)")
+    p.add_argument(
+        "--listen-dsn",
+        default=os.environ.get("JOBTUI_LISTEN_DSN") or None,
+        help="a direct DSN (not through a transaction pooler) for LISTEN wake-ups (default: JOBTUI_LISTEN_DSN;"
+        " with --pooler transaction and none, the worker polls)",
+    )
     p.add_argument("--no-scheduler", action="store_true", help="do not run the scheduler in this worker")
     p.add_argument("--metrics-port", type=port_number, help="serve Prometheus /metrics on this port")
     p.add_argument("--retention", default="1d", help="how long done jobs stay before archiving (default 1d)")
@@ -369,6 +382,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     func: Command = getattr(args, "func", None) or cmd_console
     try:
+        if args.pooler is not None:
+            # One setting for the whole process and the workers it starts: every connection
+            # reads it (db.pooler_mode).
+            os.environ["JOBTUI_POOLER"] = args.pooler
+        pooler_mode()  # a bad JOBTUI_POOLER is one line, before anything connects
         return func(args)
     except JobtuiError as exc:
         print(f"jobtui: error: {one_line(str(exc))}", file=sys.stderr)

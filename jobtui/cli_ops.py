@@ -63,6 +63,8 @@ def _figures(*figures: tuple[str, object]) -> Text:
 
 def render_stats(snap: Snapshot, console: Console) -> None:
     """People's view of a snapshot: vital signs, then per type, dead groups, schedules."""
+    if snap.standby:
+        console.print(Text(f"{snap.standby_note}: the figures are the primary's as replayed here", style="bold"))
     header = _figures(
         ("oldest ready", _age(snap.oldest_ready_age)),
         ("ready", f"{snap.ready} ({snap.ready_due} due)"),

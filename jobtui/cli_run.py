@@ -56,6 +56,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         poll_interval=parse_duration(args.poll),
         scheduler=not args.no_scheduler,
         delete_on_complete=args.delete_on_complete,
+        listen_dsn=args.listen_dsn,
         retention=Retention(
             done=parse_duration(args.retention),
             dead=parse_duration(args.dead_retention),

@@ -21,7 +21,19 @@ from .actions import cancel_call, check_regex, dead_matching, kill_lease_call, m
 from .adapters import sync_connection
 from .audit import AuditEntry, audit_call, audit_list_call
 from .checks import check_text
-from .db import Call, check_dsn, connect, connect_timeout, int_list, resolve_dsn, run, statements, unavailable
+from .db import (
+    Call,
+    check_dsn,
+    connect,
+    connect_timeout,
+    int_list,
+    pooler_mode,
+    pooler_options,
+    resolve_dsn,
+    run,
+    statements,
+    unavailable,
+)
 from .domain import (
     DEFAULT_LEASE_SECONDS,
     DEFAULT_SCHEMA,
@@ -55,18 +67,18 @@ from .queue import (
 T = TypeVar("T")
 
 
-def migrate_schema(dsn: str | None = None, schema: str = DEFAULT_SCHEMA) -> list[str]:
+def migrate_schema(dsn: str | None = None, schema: str = DEFAULT_SCHEMA, pooler: str | None = None) -> list[str]:
     """Create or upgrade jobtui's schema at `dsn` (JOBTUI_DSN when None), for code that
     deploys itself; safe to race. The names of the migrations applied."""
     dsn, schema, _ = _client_settings(dsn, schema, DEFAULT_CLIENT_TIMEOUT)
-    with connect(dsn, autocommit=True) as conn:
+    with connect(dsn, autocommit=True, pooler=pooler_mode(pooler)) as conn:
         return [f"{m.version:04d}_{m.name}" for m in migrate.migrate(conn, schema)]
 
 
-def check_schema(dsn: str | None = None, schema: str = DEFAULT_SCHEMA) -> int:
+def check_schema(dsn: str | None = None, schema: str = DEFAULT_SCHEMA, pooler: str | None = None) -> int:
     """The schema's version; SchemaNotMigrated when it is missing or older than this code."""
     dsn, schema, _ = _client_settings(dsn, schema, DEFAULT_CLIENT_TIMEOUT)
-    with connect(dsn) as conn:
+    with connect(dsn, pooler=pooler_mode(pooler)) as conn:
         return migrate.check(conn, schema)
 
 
@@ -130,8 +142,10 @@ class Queue:
         max_connections: int = 4,
         timeout: float = DEFAULT_CLIENT_TIMEOUT,
         middleware: Sequence[EnqueueHook] = (),
+        pooler: str | None = None,
     ) -> None:
         self.dsn, self.schema, self.timeout = _client_settings(dsn, schema, timeout)
+        self.pooler = pooler_mode(pooler)  # see db.pooler_mode
         self._max_connections = max_connections
         self._pool: ConnectionPool[Any] | None = None
         # Around every enqueue, in order (middleware.py); generator functions are made hooks.
@@ -144,7 +158,7 @@ class Queue:
                 min_size=1,
                 max_size=self._max_connections,
                 open=False,
-                kwargs=connect_timeout(self.dsn),
+                kwargs={**connect_timeout(self.dsn), **pooler_options(self.pooler)},
                 # A connection the server dropped (a restart) is found out and replaced
                 # when it is handed out, not by the caller's statement failing.
                 check=ConnectionPool.check_connection,
@@ -183,7 +197,7 @@ class Queue:
 
     def check_schema(self) -> int:
         """Raise SchemaNotMigrated unless `jobtui migrate` has been run for this code."""
-        with connect(self.dsn) as conn:
+        with connect(self.dsn, pooler=self.pooler) as conn:
             return migrate.check(conn, self.schema)
 
     def migrate(self) -> list[str]:

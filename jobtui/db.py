@@ -217,18 +217,52 @@ def unavailable(dsn: str, exc: BaseException, *, waited: float | None = None) ->
     )
 
 
-def connect(dsn: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:
-    """A new connection, or DatabaseUnavailable with a message that says what to check."""
-    options = {**connect_timeout(dsn), **kwargs}
+# The poolers jobtui knows how to work behind. `transaction` is PgBouncer's pool_mode =
+# transaction: a client holds a server connection only for one transaction, so nothing may
+# outlive a transaction (no session SET, no prepared statement, no LISTEN, no session lock).
+# Session pooling keeps one server connection per client, as a direct connection does.
+POOLERS = ("none", "session", "transaction")
+
+
+def pooler_mode(pooler: str | None = None) -> str:
+    """`pooler`, else JOBTUI_POOLER, else "none": "transaction" or "none" (session pooling is
+    the same as none); InvalidInput saying what to write otherwise."""
+    value = (pooler if pooler is not None else os.environ.get("JOBTUI_POOLER") or "none").strip().lower()
+    if value not in POOLERS:
+        raise InvalidInput(
+            f"bad pooler {value!r}: use --pooler transaction (JOBTUI_POOLER=transaction) behind PgBouncer's "
+            "pool_mode = transaction, or none"
+        )
+    return "transaction" if value == "transaction" else "none"
+
+
+def transaction_pooled(pooler: str | None = None) -> bool:
+    """Whether connections go through a transaction pooler (see pooler_mode)."""
+    return pooler_mode(pooler) == "transaction"
+
+
+def pooler_options(pooler: str | None = None) -> dict[str, Any]:
+    """Connection options for `pooler`: behind a transaction pooler, no statement is
+    prepared (psycopg prepares one after five runs, on a server connection the next
+    transaction may not get)."""
+    return {"prepare_threshold": None} if transaction_pooled(pooler) else {}
+
+
+def connect(dsn: str, *, autocommit: bool = False, pooler: str | None = None, **kwargs: Any) -> psycopg.Connection[Any]:
+    """A new connection, or DatabaseUnavailable with a message that says what to check.
+    `pooler` defaults to JOBTUI_POOLER (see pooler_mode)."""
+    options = {**connect_timeout(dsn), **pooler_options(pooler), **kwargs}
     try:
         return psycopg.connect(dsn, autocommit=autocommit, **options)
     except psycopg.OperationalError as exc:
         raise unavailable(dsn, exc) from None
 
 
-async def aconnect(dsn: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
+async def aconnect(
+    dsn: str, *, autocommit: bool = False, pooler: str | None = None, **kwargs: Any
+) -> psycopg.AsyncConnection[Any]:
     """Async counterpart of `connect`."""
-    options = {**connect_timeout(dsn), **kwargs}
+    options = {**connect_timeout(dsn), **pooler_options(pooler), **kwargs}
     try:
         return await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit, **options)
     except psycopg.OperationalError as exc:

@@ -39,8 +39,9 @@ class Link:
     however outages and reconnects interleave.
     """
 
-    def __init__(self, dsn: str, *, heartbeat_first: bool = False) -> None:
+    def __init__(self, dsn: str, *, heartbeat_first: bool = False, pooler: str | None = None) -> None:
         self.dsn = dsn
+        self.pooler = pooler
         self._heartbeat_first = heartbeat_first
         self._up = True
         self.generation = 0  # how many times the database came back
@@ -88,7 +89,7 @@ class Link:
         logged = False
         while True:
             try:
-                conn = await aconnect(self.dsn, autocommit=True)
+                conn = await aconnect(self.dsn, autocommit=True, pooler=self.pooler)
             except DatabaseUnavailable as exc:
                 if not logged:
                     log.warning("database unreachable (%s); trying again every second at most", first_line(exc))
@@ -145,7 +146,10 @@ class Connection:
     """One database connection that reconnects when its `Link` finds the database back,
     logging each outage once.
 
-    `gated` connections wait for the link to open after an outage (see Link).
+    `gated` connections wait for the link to open after an outage (see Link). `on_connect`
+    sets the session up; behind a transaction pooler, where a session setting would reach
+    whichever client gets the server connection next, `each_transaction` sets each call's
+    own transaction up instead (SET LOCAL), and runs the call inside it.
     """
 
     def __init__(
@@ -156,13 +160,20 @@ class Connection:
         link: Link | None = None,
         gated: bool = False,
         on_connect: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
+        each_transaction: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
+        pooler: str | None = None,
     ) -> None:
         self.dsn = dsn
         self.role = role
-        self.link = link or Link(dsn)
+        self.link = link or Link(dsn, pooler=pooler)
         self._gated = gated
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._on_connect = on_connect
+        self._each_transaction = each_transaction
+        # Callers that share the connection (a worker's claims and its reaper) take turns
+        # with their transactions: psycopg would nest one inside the other.
+        self._one_transaction = asyncio.Lock()
+        self._pooler = pooler
         self._down_since: float | None = None
 
     async def get(self, stopping: asyncio.Event | None = None) -> psycopg.AsyncConnection[Any]:
@@ -172,7 +183,7 @@ class Connection:
             if self._conn is not None and not self._conn.closed:
                 return self._conn
             try:
-                conn = await aconnect(self.dsn, autocommit=True)
+                conn = await aconnect(self.dsn, autocommit=True, pooler=self._pooler)
             except DatabaseUnavailable as exc:
                 self.lost(exc)
                 continue
@@ -225,9 +236,15 @@ class Connection:
         from then)."""
         while True:
             conn = await self.get(stopping)
-            sent = time.monotonic()
             try:
-                return await arun(conn, call, schema), sent
+                if self._each_transaction is None:
+                    sent = time.monotonic()
+                    return await arun(conn, call, schema), sent
+                async with self._one_transaction:
+                    sent = time.monotonic()  # before BEGIN, whose now() the statement reads
+                    async with conn.transaction():
+                        await self._each_transaction(conn)
+                        return await arun(conn, call, schema), sent
             except psycopg.OperationalError as exc:
                 self.lost(exc)
                 if not retry or (stopping is not None and stopping.is_set()):

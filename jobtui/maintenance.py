@@ -119,7 +119,7 @@ def summarise_hours(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA)
     return len(hours)
 
 
-def with_builtins(jobs: Jobs, dsn: str, schema: str, retention: Retention) -> Jobs:
+def with_builtins(jobs: Jobs, dsn: str, schema: str, retention: Retention, *, pooler: str | None = None) -> Jobs:
     """A copy of `jobs` plus the built-in archive handler and its schedule."""
     merged = Jobs(dict(jobs.handlers), dict(jobs.schedules), list(jobs.dead_callbacks), list(jobs.hooks))
 
@@ -127,7 +127,7 @@ def with_builtins(jobs: Jobs, dsn: str, schema: str, retention: Retention) -> Jo
     def archive(job: Job) -> None:
         from .db import connect
 
-        with connect(dsn) as conn:
+        with connect(dsn, pooler=pooler) as conn:
             conn.autocommit = True
             summarise_hours(conn, schema)
             sweep(conn, Retention.from_payload(job.payload or {}), schema)

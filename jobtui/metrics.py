@@ -147,6 +147,10 @@ class Snapshot:
     lock_waits_by_kind: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LOCK_KINDS, 0))
     longest_lock_wait_by_kind: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOCK_KINDS, 0.0))
     notes: list[str] = field(default_factory=list)
+    # Read on a hot standby: its figures are the primary's of `replay_lag` seconds ago (None
+    # when that is not known: nothing replayed yet).
+    standby: bool = False
+    replay_lag: float | None = None
 
     @property
     def ready(self) -> int:
@@ -184,6 +188,14 @@ class Snapshot:
     @property
     def missed_slots(self) -> int:
         return sum(s.missed for s in self.schedules)
+
+    @property
+    def standby_note(self) -> str:
+        """On a standby, what its figures lag the primary's by, for a header; '' otherwise."""
+        if not self.standby:
+            return ""
+        lag = "unknown" if self.replay_lag is None else f"{self.replay_lag:.1f}s"
+        return f"standby · replay lag {lag}"
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -366,6 +378,7 @@ def _snapshot(
             table_rows,
             wait_rows,
             oldest,
+            recovery,
         ) = _pipelined(
             conn,
             schema,
@@ -385,6 +398,7 @@ def _snapshot(
                 ("metrics_tables", {"schema_name": schema}),
                 ("metrics_lock_waits", _lock_wait_params(schema)),
                 ("metrics_oldest_xact", {}),
+                ("metrics_recovery", {}),
             ],
         )
     taken_at = now_rows[0]["now"]
@@ -469,4 +483,6 @@ def _snapshot(
         lock_waits_by_kind=waits_by_kind,
         longest_lock_wait_by_kind=longest_by_kind,
         notes=["done_estimate comes from the planner's row estimate, not a count"],
+        standby=bool(recovery[0]["standby"]),
+        replay_lag=None if recovery[0]["replay_lag"] is None else float(recovery[0]["replay_lag"]),
     )

@@ -1,4 +1,5 @@
-"""Forward-only migrations, applied under an advisory lock so many processes may race."""
+"""Forward-only migrations, each applied under a transaction's advisory lock, so many
+processes may race (through a transaction pooler too)."""
 
 from __future__ import annotations
 
@@ -83,16 +84,19 @@ def check(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> int:
 
 
 def migrate(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> list[Migration]:
-    """Apply every missing migration to `schema`; return the ones applied.
+    """Apply every missing migration to `schema`, in one transaction; return the ones applied.
 
-    Safe to run from several processes at once: they queue on an advisory lock and the
-    later ones find nothing left to do. Refuses a schema newer than this code.
+    Safe to run from several processes at once: the transaction first takes the schema's
+    advisory lock, so the others wait and then find nothing left to do. The lock is the
+    transaction's, never the session's, so this works through a transaction pooler too.
+    Refuses a schema newer than this code.
     """
     check_schema_name(schema)
     ident = sql.Identifier(schema)
     conn.autocommit = True
-    conn.execute("SELECT pg_advisory_lock(%s)", (_lock_key(schema),))
-    try:
+    known = available()
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(schema),))
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
         conn.execute(
             sql.SQL(
@@ -102,22 +106,17 @@ def migrate(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> list
             ).format(ident)
         )
         current = applied_version(conn, schema) or 0
-        known = available()
         if current > known[-1].version:
             raise SchemaTooNew(
                 f"schema {schema!r} is at version {current} but this jobtui knows only "
                 f"{known[-1].version}: upgrade jobtui instead of migrating"
             )
         applied = {int(r[0]) for r in conn.execute(sql.SQL("SELECT version FROM {}.migration").format(ident))}
-        done = []
-        for migration in (m for m in known if m.version not in applied):
-            with conn.transaction():
-                conn.execute(migration.text(schema).encode())
-                conn.execute(
-                    sql.SQL("INSERT INTO {}.migration (version, name) VALUES (%s, %s)").format(ident),
-                    (migration.version, migration.name),
-                )
-            done.append(migration)
-        return done
-    finally:
-        conn.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(schema),))
+        pending = [m for m in known if m.version not in applied]
+        for migration in pending:
+            conn.execute(migration.text(schema).encode())
+            conn.execute(
+                sql.SQL("INSERT INTO {}.migration (version, name) VALUES (%s, %s)").format(ident),
+                (migration.version, migration.name),
+            )
+        return pending

@@ -138,6 +138,15 @@ def families(snap: Snapshot) -> Iterator[Metric]:
         live_tuples.add_metric([table.table], table.live_rows)
     yield dead_tuples
     yield live_tuples
+    standby = GaugeMetricFamily("jobtui_standby", "1 when the figures are read on a hot standby")
+    standby.add_metric([], 1 if snap.standby else 0)
+    yield standby
+    if snap.standby and snap.replay_lag is not None:
+        lag = GaugeMetricFamily(
+            "jobtui_standby_replay_lag_seconds", "How far the standby's figures are behind the primary's"
+        )
+        lag.add_metric([], snap.replay_lag)
+        yield lag
 
 
 def serve(dsn: str, port: int, schema: str = DEFAULT_SCHEMA, addr: str = "0.0.0.0") -> Any:

@@ -225,6 +225,12 @@ def release_call(
     return Call("release", params, int_set)
 
 
+def release_unanswered_call(worker: str, held: Sequence[int]) -> Call[set[int]]:
+    """Return to ready, uncounted, the jobs running under `worker`'s name but not in `held`:
+    what a claim whose answer was lost took (see the statement)."""
+    return Call("release_unanswered", {"worker": worker, "held": list(held)}, int_set)
+
+
 def _reaped(rows: Rows) -> list[Reaped]:
     # The first row is the round itself (see the statement), not a job.
     return [

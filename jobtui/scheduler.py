@@ -25,7 +25,7 @@ from . import cronslots
 from .audit import record_audit
 from .checks import check_max_attempts, check_text, check_type, encode_payload
 from .cronslots import MissedPolicy
-from .db import Call, Rows, arun, first_line, run, statements
+from .db import Call, Rows, arun, first_line, pooler_mode, run, statements
 from .domain import DEFAULT_SCHEMA
 from .errors import DatabaseUnavailable, InvalidInput, JobtuiError, PrivilegeMissing
 from .link import Connection, Link
@@ -277,8 +277,16 @@ def outage_message(name: str, policy: str, grace: float, slot_plan: cronslots.Sl
 class Scheduler:
     """The scheduler loop; runs alone (`jobtui scheduler`) or inside a worker."""
 
-    def __init__(self, dsn: str, *, schema: str = DEFAULT_SCHEMA, specs: list[ScheduleSpec] | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        specs: list[ScheduleSpec] | None = None,
+        pooler: str | None = None,
+    ) -> None:
         self.dsn = dsn
+        self.pooler = pooler_mode(pooler)  # see db.pooler_mode
         self.schema = statements(schema).schema
         self.specs = specs or []
         self.fired_count = 0
@@ -290,7 +298,7 @@ class Scheduler:
         outage, once their heartbeat went. Raises PrivilegeMissing when the role may not do
         a scheduler's work (that will not fix itself).
         """
-        conn = Connection(self.dsn, "scheduler", link=link, gated=link is not None)
+        conn = Connection(self.dsn, "scheduler", link=link, gated=link is not None, pooler=self.pooler)
         try:
             if self.specs:
                 await self._sync_specs_when_up(conn, stopping)
@@ -337,5 +345,5 @@ class Scheduler:
     def _sync_specs(self) -> None:
         from .db import connect
 
-        with connect(self.dsn) as sync_conn:
+        with connect(self.dsn, pooler=self.pooler) as sync_conn:
             sync(sync_conn, self.specs, self.schema)

@@ -177,6 +177,21 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(delays)s::float8[], %(kin
 WHERE j.id = t.id AND j.status = 'running' AND j.lease_token = t.token
 RETURNING j.id;
 
+-- name: release_unanswered
+-- After a claim whose answer never came (its connection broke during it; a failover, a
+-- restart): the jobs it may have taken run under this worker's name with tokens the worker
+-- never saw, and would wait for their leases to expire and be counted. They go back to ready
+-- now, the attempt not counted (the outage's, not the job's). Fenced by status and worker
+-- name (unique per process, host:pid); the jobs the worker holds (`held`) are left alone.
+UPDATE {schema}.job AS j
+SET status = 'ready', attempts = j.attempts - 1, locked_until = NULL,
+    errors = (j.errors || jsonb_build_array(jsonb_build_object(
+                 'at', now(), 'attempt', j.attempts, 'worker', j.locked_by, 'kind', 'abandoned',
+                 'error', 'the claim''s answer was lost with its connection')))
+             - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
+WHERE j.status = 'running' AND j.locked_by = %(worker)s AND NOT (j.id = ANY(%(held)s::bigint[]))
+RETURNING j.id;
+
 -- name: reap
 -- Running jobs whose lease expired go back to ready (their lease was their delay), or dead
 -- when the attempt that expired was the last one: a job that keeps crashing its worker
@@ -684,6 +699,19 @@ WHERE datname = current_database() AND xact_start IS NOT NULL AND backend_type =
   AND pid <> pg_backend_pid()
 ORDER BY xact_start LIMIT 1;
 
+-- name: metrics_recovery
+-- Whether this server is a standby, and how far its figures are behind the primary's: 0 when
+-- it streams and has replayed all it received, else the time since the last transaction it
+-- replayed (that also grows while the primary commits nothing), null when it replayed none
+-- yet. Null on a primary. Runs on a hot standby, as every statement of the snapshot does.
+SELECT pg_is_in_recovery() AS standby,
+       (CASE WHEN NOT pg_is_in_recovery() THEN NULL
+             WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn()
+                  AND (SELECT status FROM pg_stat_wal_receiver) = 'streaming' THEN 0
+             WHEN pg_last_xact_replay_timestamp() IS NOT NULL
+                  THEN greatest(0, extract(epoch FROM now() - pg_last_xact_replay_timestamp()))
+        END)::float8 AS replay_lag;
+
 -- name: stats_missing_hours
 -- Completed hours of the last day that have no summary yet.
 SELECT h FROM generate_series(date_trunc('hour', now()) - interval '24 hours',
@@ -830,6 +858,13 @@ WHERE %(functions)s AND n.nspname = %(schema_name)s AND NOT has_function_privile
 -- zone (the same instants, shown in another zone).
 SELECT set_config('enable_bitmapscan', 'off', false), set_config('enable_seqscan', 'off', false),
        set_config('jit', 'off', false), set_config('TimeZone', 'UTC', false);
+
+-- name: claim_transaction
+-- The same planner settings for one claim's transaction, behind a transaction pooler (where
+-- a session setting would outlive the transaction, on a server connection another client
+-- gets next). The time zone stays the server's: a pooler such as PgBouncer tracks it.
+SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),
+       set_config('jit', 'off', true);
 
 -- name: listen
 -- A worker's wake-ups: every insert into the job table notifies this channel.

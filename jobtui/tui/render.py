@@ -98,6 +98,9 @@ def vitals(
     pieces: list[Text] = []
     if not connected:
         pieces.append(Text(f" DATABASE UNREACHABLE · data {age(stale_for)} old ", style="bold white on red3"))
+    if snap.standby:
+        # Read on a hot standby: every figure is as old as its replay.
+        pieces.append(Text(f" {snap.standby_note} ", style="bold black on yellow"))
     oldest = snap.oldest_ready_age
     parts: list[tuple[str, str, str]] = [
         ("oldest ready", age(oldest), t.level(oldest, t.oldest_ready_warn, t.oldest_ready_crit)),

@@ -30,6 +30,7 @@ class Producer:
         schema: str,
         *,
         claim: Callable[[int], Call[list[ClaimedJob]]],
+        unanswered: Callable[[], Call[set[int]]],
         room: Callable[[], int],
         start: Callable[[ClaimedJob, float], None],
         lease: float,
@@ -41,6 +42,8 @@ class Producer:
         self._conn = conn
         self._schema = schema
         self._claim = claim
+        self._unanswered = unanswered
+        self._answer_lost = False  # a claim was sent and its connection broke before the answer
         self._room = room
         self._start = start
         self._lease = lease
@@ -59,8 +62,14 @@ class Producer:
             # Clear before claiming: a notification arriving during the claim sets it again.
             self._kick.clear()
             try:
-                claimed, sent = await self._conn.run_timed(self._claim(free), self._schema, self._stopping)
-            except (psycopg.OperationalError, DatabaseUnavailable):
+                if self._answer_lost:
+                    await self._give_back_unanswered()
+                claimed, sent = await self._conn.run_timed(self._claim(free), self._schema, self._stopping, retry=False)
+            except psycopg.OperationalError:
+                # The claim may have committed without its answer reaching us.
+                self._answer_lost = True
+                continue
+            except DatabaseUnavailable:
                 continue
             except psycopg.errors.InsufficientPrivilege as exc:
                 self._denied(exc, "the claim")
@@ -76,6 +85,14 @@ class Producer:
             if len(claimed) < free:
                 await self._wait_kick()
 
+    async def _give_back_unanswered(self) -> None:
+        released = await self._conn.run(self._unanswered(), self._schema, self._stopping)
+        self._answer_lost = False
+        if released:
+            log.warning(
+                "%d job(s) taken by a claim whose answer was lost went back to ready, not counted", len(released)
+            )
+
     async def _wait_kick(self) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._kick.wait(), self._poll_interval)
@@ -90,3 +107,9 @@ async def claim_session(conn: psycopg.AsyncConnection[Any]) -> None:
     connection, which runs nothing but claims, those plans are switched off.
     """
     await conn.execute(statements()["claim_session"])
+
+
+async def claim_transaction(conn: psycopg.AsyncConnection[Any]) -> None:
+    """`claim_session`'s planner settings for one claim's transaction only, behind a
+    transaction pooler."""
+    await conn.execute(statements()["claim_transaction"])

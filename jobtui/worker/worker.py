@@ -28,7 +28,7 @@ from typing import Any
 import psycopg
 
 from ..backoff import delay as backoff_delay
-from ..db import Call, aconnect, arun, first_line, statements
+from ..db import Call, aconnect, arun, check_dsn, first_line, pooler_mode, statements, transaction_pooled
 from ..domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJob, FailOutcome
 from ..errors import InvalidInput, JobtuiError, PrivilegeMissing
 from ..link import Connection, Link
@@ -36,15 +36,15 @@ from ..logformat import job_fields
 from ..maintenance import ARCHIVE_TYPE, Retention, with_builtins
 from ..middleware import prepared
 from ..privileges import GRANTS_HINT, WORKER_NEEDS, missing_privileges_call, privilege_message
-from ..queue import claim_call
+from ..queue import claim_call, release_unanswered_call
 from ..registry import Handler, Job, Jobs
 from ..scheduler import Scheduler
 from .completer import OutcomeWriter
 from .executor import InFlight, run_handler
 from .heartbeater import Heartbeater
-from .listener import listen, subscriber
+from .listener import listen, listener_connection
 from .outcome import MAX_UNCOUNTED_IN_A_ROW, Outcome, count_outcome, fields
-from .producer import Producer, claim_session
+from .producer import Producer, claim_session, claim_transaction
 from .reaper import Reaper
 
 DEFAULT_RETENTION = Retention()
@@ -87,6 +87,8 @@ class Worker:
         scheduler: bool = True,
         retention: Retention | None = DEFAULT_RETENTION,
         delete_on_complete: bool = False,
+        pooler: str | None = None,
+        listen_dsn: str | None = None,
     ) -> None:
         if concurrency < 1:
             raise InvalidInput(f"concurrency must be at least 1, got {concurrency}")
@@ -99,7 +101,7 @@ class Worker:
         selected = list(types) if types else handled
         if retention is not None:
             # The built-in archive job runs on every worker, whatever types it was given.
-            jobs = with_builtins(jobs, dsn, schema, retention)
+            jobs = with_builtins(jobs, dsn, schema, retention, pooler=pooler_mode(pooler))
             selected = [*selected, ARCHIVE_TYPE]
         unknown = [t for t in selected if t not in jobs.handlers]
         if unknown:
@@ -124,7 +126,14 @@ class Worker:
         self.lease_margin = min(1.0, lease / 10)
         self.shutdown_timeout = shutdown_timeout
         self.delete_on_complete = delete_on_complete
-        self.scheduler = Scheduler(dsn, schema=schema, specs=list(jobs.schedules.values())) if scheduler else None
+        # Behind a transaction pooler (see db.pooler_mode); LISTEN then needs a direct DSN.
+        self.pooler = pooler_mode(pooler)
+        self.listen_dsn = check_dsn(listen_dsn) if listen_dsn else None
+        self.scheduler = (
+            Scheduler(dsn, schema=schema, specs=list(jobs.schedules.values()), pooler=self.pooler)
+            if scheduler
+            else None
+        )
         self.in_flight: dict[int, InFlight] = {}
         self._busy = 0  # handlers running now (in_flight also holds outcomes being written)
         self._limits = {t: h.max_attempts for t, h in jobs.handlers.items()}
@@ -178,14 +187,23 @@ class Worker:
         stopped_writing = asyncio.Event()
         # One link for every connection: after an outage they all come back together, and
         # claims, reaping, LISTEN and the scheduler wait until the heartbeat went first.
-        link = self._link = Link(self.dsn, heartbeat_first=True)
+        pooler = self.pooler
+        pooled = transaction_pooled(pooler)
+        link = self._link = Link(self.dsn, heartbeat_first=True, pooler=pooler)
         # Claims and reaping share a connection; outcomes and heartbeats have their own, so
         # that neither waits behind a claim.
-        claim_conn = Connection(self.dsn, "claim", link=link, gated=True, on_connect=claim_session)
-        write_conn = Connection(self.dsn, "outcome", link=link)
-        heartbeat_conn = Connection(self.dsn, "heartbeat", link=link)
-        # LISTEN waits for the heartbeat after an outage, as claims do.
-        listen_conn = Connection(self.dsn, "listen", link=link, gated=True, on_connect=subscriber(self.schema))
+        claim_conn = Connection(
+            self.dsn,
+            "claim",
+            link=link,
+            gated=True,
+            pooler=pooler,
+            on_connect=None if pooled else claim_session,
+            each_transaction=claim_transaction if pooled else None,
+        )
+        write_conn = Connection(self.dsn, "outcome", link=link, pooler=pooler)
+        heartbeat_conn = Connection(self.dsn, "heartbeat", link=link, pooler=pooler)
+        listen_conn = listener_connection(self.listen_dsn or (None if pooled else self.dsn), link, self.schema)
         self._writer = OutcomeWriter(
             write_conn, self.schema, self._job_died, self._denied, delete_on_complete=self.delete_on_complete
         )
@@ -193,6 +211,7 @@ class Worker:
             claim_conn,
             self.schema,
             claim=self._claim_call,
+            unanswered=lambda: release_unanswered_call(self.worker_id, list(self.in_flight)),
             room=self._room,
             start=self._start,
             lease=self.lease,
@@ -239,8 +258,8 @@ class Worker:
                 asyncio.create_task(heartbeater.run(), name="jobtui-heartbeat"),
                 asyncio.create_task(heartbeater.watch(), name="jobtui-lease-watch"),
                 asyncio.create_task(reaper.run(), name="jobtui-reaper"),
-                asyncio.create_task(listen(listen_conn, kick), name="jobtui-listen"),
             ]
+            background.append(asyncio.create_task(listen(listen_conn, kick, self.poll_interval), name="jobtui-listen"))
             if self.scheduler is not None:
                 background.append(asyncio.create_task(self.scheduler.run(stopping, link=link), name="jobtui-scheduler"))
             for task in background:
@@ -315,7 +334,7 @@ class Worker:
     async def _stop_for_privilege(self, exc: psycopg.errors.InsufficientPrivilege, what: str) -> None:
         refused = f"{what} was refused ({first_line(exc)})"
         try:
-            async with await aconnect(self.dsn, autocommit=True) as conn:
+            async with await aconnect(self.dsn, autocommit=True, pooler=self.pooler) as conn:
                 missing = await arun(conn, missing_privileges_call(self.schema, WORKER_NEEDS), self.schema)
         except psycopg.Error:
             missing = []

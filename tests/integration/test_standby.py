@@ -1,0 +1,116 @@
+"""The console and the measures on a real hot standby (pg_basebackup of a primary of the test's
+own): nothing they run writes or fails in recovery, and each says it reads a standby and how
+far behind the primary it is."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from prometheus_client.core import Metric
+from textual.widgets import Static
+
+from jobtui import NewJob, Queue, migrate
+from jobtui.metrics import snapshot
+from jobtui.prometheus import QueueCollector
+from jobtui.tui.app import JobtuiApp
+from tests.cluster import LocalCluster
+from tests.topology import PRIMARY_SETTINGS, Standby
+from tests.tui.helpers import wait_for
+from tests.workers import ROOT
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[LocalCluster, Standby]]:
+    """A migrated primary with 30 ready jobs and 2 dead ones, and its standby, caught up."""
+    with LocalCluster.create(settings=PRIMARY_SETTINGS) as primary:
+        with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+            migrate.migrate(conn)
+            with Queue(primary.dsn()) as queue:
+                queue.enqueue_many([NewJob("mail.send", {"n": i}) for i in range(30)])
+            conn.execute(
+                "INSERT INTO jobtui.job (type, status, attempts, max_attempts, finished_at, last_error)"
+                " SELECT 'pdf.render', 'dead', 3, 3, now(), 'KeyError: ' || i FROM generate_series(1, 2) i"
+            )
+        with Standby.of(primary) as standby:
+            standby.wait_replayed(primary)
+            yield primary, standby
+
+
+def test_stats_on_a_standby_say_so_and_show_the_replay_lag(pair: tuple[LocalCluster, Standby]) -> None:
+    _, standby = pair
+    env = {k: v for k, v in os.environ.items() if k not in ("JOBTUI_DSN", "DATABASE_URL")}
+    command = [sys.executable, "-m", "jobtui.cli", "--dsn", standby.dsn()]
+    shown = subprocess.run([*command, "stats"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "standby · replay lag" in shown.stdout.splitlines()[0]
+    data = subprocess.run([*command, "stats", "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert data.returncode == 0, data.stderr
+    figures = json.loads(data.stdout)
+    assert figures["standby"] is True and figures["replay_lag"] >= 0
+    assert figures["totals"]["ready"] == 30 and figures["totals"]["dead"] == 2
+    dead = subprocess.run([*command, "dead"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert dead.returncode == 0 and "KeyError" in dead.stdout, dead.stderr
+
+
+def test_the_primary_is_no_standby(pair: tuple[LocalCluster, Standby]) -> None:
+    primary, _ = pair
+    with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+        snap = snapshot(conn)
+    assert (snap.standby, snap.replay_lag, snap.standby_note) == (False, None, "")
+
+
+def test_the_standby_lag_grows_while_it_does_not_replay(pair: tuple[LocalCluster, Standby]) -> None:
+    primary, standby = pair
+    touch = "UPDATE jobtui.job SET run_at = run_at WHERE type = 'mail.send'"
+    with psycopg.connect(primary.dsn(), autocommit=True) as writer, psycopg.connect(standby.dsn()) as conn:
+        conn.autocommit = True
+        writer.execute(touch)
+        standby.wait_replayed(primary)
+        assert snapshot(conn).replay_lag == 0  # streaming and caught up
+        conn.execute("SELECT pg_wal_replay_pause()")
+        try:
+            writer.execute(touch)
+            # Received, not replayed: behind by the time since the last transaction it replayed.
+            lags = []
+            for _ in range(100):
+                lags.append(snapshot(conn).replay_lag)
+                if lags[-1] is not None and lags[-1] >= 0.5:
+                    break
+                conn.execute("SELECT pg_sleep(0.05)")
+            assert lags[-1] is not None and lags[-1] >= 0.5, lags
+        finally:
+            conn.execute("SELECT pg_wal_replay_resume()")
+    standby.wait_replayed(primary)
+
+
+def test_prometheus_on_a_standby_exports_the_lag(pair: tuple[LocalCluster, Standby]) -> None:
+    _, standby = pair
+    metrics: dict[str, Metric] = {m.name: m for m in QueueCollector(standby.dsn()).collect()}
+    assert metrics["jobtui_up"].samples[0].value == 1
+    assert metrics["jobtui_standby"].samples[0].value == 1
+    assert metrics["jobtui_standby_replay_lag_seconds"].samples[0].value >= 0
+    ready = {s.labels["type"]: s.value for s in metrics["jobtui_jobs"].samples if s.labels["status"] == "ready"}
+    assert ready == {"mail.send": 30, "pdf.render": 0}
+
+
+async def test_the_read_only_console_on_a_standby_says_standby_and_shows_the_queue(
+    pair: tuple[LocalCluster, Standby],
+) -> None:
+    _, standby = pair
+    app = JobtuiApp(standby.dsn(), read_only=True, refresh_interval=0.25)
+    app.animation_level = "none"
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: app.latest is not None, what="the first read")
+        for _ in range(4):  # a few refreshes, each a snapshot and the running list
+            seen = app.latest
+            await wait_for(pilot, lambda seen=seen: app.latest is not seen, what="a refresh")
+        assert app.connected, app.last_error
+        header = str(app.query_one("#vitals", Static).content)
+        assert "standby · replay lag" in header
+        assert app.latest is not None and app.latest.snapshot.ready == 30
