@@ -215,9 +215,11 @@ class Standby(LocalCluster):
         """Until this standby has replayed everything the primary has logged so far."""
         with psycopg.connect(primary.dsn(), autocommit=True) as conn:
             # A commit that waits for its flush (the test clusters run synchronous_commit =
-            # off) writes out every record before it, which the standby then receives.
+            # off) writes out every record before it, which the standby then receives. Only a
+            # transaction that wrote something waits: one that merely took an id does not.
             conn.execute("SET synchronous_commit = on")
-            conn.execute("SELECT pg_current_xact_id()")
+            conn.execute("CREATE TABLE IF NOT EXISTS public.replay_probe (at timestamptz)")
+            conn.execute("INSERT INTO public.replay_probe VALUES (now())")
             row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
         assert row is not None
         target = row[0]
