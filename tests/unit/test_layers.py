@@ -23,6 +23,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "registry",
         "scheduler",
         "maintenance",
+        "backlog",
         "metrics",
         "joblists",
         "migrate",
