@@ -822,13 +822,24 @@ WITH gone AS (
 )
 SELECT count(*) FROM gone;
 
+-- name: console_session
+-- A console connection's first statement: a timeout for every later one, and who and where it is.
+SELECT set_config('statement_timeout', %(statement_timeout)s, false) AS statement_timeout,
+       current_user AS role, current_database() AS database,
+       current_setting('transaction_read_only') = 'on' AS read_only;
+
 -- name: list_running
--- Running jobs for the console: oldest lease first, expired leases included.
+-- Running jobs for the console: oldest lease first, expired leases included; a page at a
+-- time, each after the (locked_until, id) of the previous page's last job (NULL: the first).
 SELECT id, type, locked_by AS worker, attempts AS attempt, max_attempts,
        extract(epoch FROM now() - heartbeat_at) AS heartbeat_age, extract(epoch FROM locked_until - now()) AS lease_left,
-       extract(epoch FROM now() - started_at) AS running_for
-FROM {schema}.job WHERE status = 'running'
-ORDER BY locked_until
+       extract(epoch FROM now() - started_at) AS running_for, locked_until
+FROM {schema}.job
+WHERE status = 'running'
+  AND (%(after_until)s::timestamptz IS NULL
+       OR locked_until > %(after_until)s::timestamptz
+       OR (locked_until = %(after_until)s::timestamptz AND id > %(after_id)s::bigint))
+ORDER BY locked_until, id
 LIMIT %(limit)s;
 
 -- name: list_ready

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import replace
+from typing import Any
 
 import pytest
 from rich.text import Text
 
+from jobtui.backlog import ReadyEstimate
 from jobtui.joblists import DeadJob, ReadyJob, RunningJob
 from jobtui.metrics import DeadGroup, ScheduleHealth, Snapshot, TypeCounts
-from jobtui.tui import render
+from jobtui.tui import header, render
 from jobtui.tui.render import STYLE, Thresholds
 from jobtui.tui.widgets import literal, sort_value
 
@@ -130,19 +133,46 @@ def test_vitals_sparkline_follows_oldest_ready() -> None:
     assert "oldest ready 6m52s ▁▅█" in line.plain
 
 
+def head(**kwargs: Any) -> Text:
+    args: dict[str, Any] = {"where": fx.WHERE, "schema": "jobtui", "read_only": False, **kwargs}
+    return header.header(fx.snapshot(), [], T, **args)
+
+
 def test_vitals_unreachable_banner_says_how_old_the_data_is() -> None:
-    line = render.vitals(fx.snapshot(), [], T, connected=False, stale_for=75)
-    assert line.plain.startswith(" DATABASE UNREACHABLE · data 1m15s old ")
+    line = head(connected=False, last_error="connection refused", stale_for=75)
+    assert line.plain.startswith(" DATABASE UNREACHABLE · data 1m15s old · connection refused ")
     assert "dead 24" in line.plain  # the last figures stay
     assert any("red3" in str(s.style) for s in line.spans)
 
 
+def test_a_read_waiting_past_two_seconds_turns_the_header_red() -> None:
+    assert header.banner(connected=True, last_error="", hung_for=1.9, stale_for=2.5) is None
+    line = head(hung_for=4.2, stale_for=5.0)
+    assert line.plain.startswith(" DATABASE NOT ANSWERING for 4s · data 5s old ")
+    assert any("red3" in str(s.style) for s in line.spans)
+    assert head(hung_for=2.0, stale_for=None).plain.startswith(" DATABASE NOT ANSWERING for 2s · no data yet ")
+
+
+def test_the_header_names_role_host_port_database_schema_and_read_only() -> None:
+    plain = head(read_only=True).plain.split("\n")[0]
+    assert plain == "ops@db.example.com:5432/app schema jobtui  read-only console"
+    standby = header.where_line(replace(fx.WHERE, server_read_only=True), False, "jobtui").plain
+    assert standby.endswith("read-only server")
+    assert header.where_line(None, False, "jobs").plain == "schema jobs"  # before the first connection
+
+
+def test_an_estimated_backlog_is_labelled_and_rounded() -> None:
+    estimated = replace(fx.snapshot(), ready_estimate=ReadyEstimate(5_000_000, 4_518_286, 3742.0, "planner", {}))
+    line = render.vitals(estimated, [], T).plain
+    assert "ready ~4.5M+482k" in line and "oldest ready 1h02m" in line
+    assert "ready 1,196+52" in render.vitals(fx.snapshot(), [], T).plain  # counted: exact
+
+
 @pytest.mark.parametrize("width", [40, 60, 80, 118, 200])
 def test_vitals_wraps_between_figures_never_inside(width: int) -> None:
-    line = render.vitals(fx.snapshot(), fx.HISTORY, T, connected=False, stale_for=3, width=width)
+    line = render.vitals(fx.snapshot(), fx.HISTORY, T, width=width)
     lines = line.plain.split("\n")
     assert all(len(text) <= width for text in lines), lines
-    assert lines[0].startswith(" DATABASE UNREACHABLE")
     joined = " ".join(lines)
     for figure in ("ready 1,196+52", "done/min 174", "expiries 1h 7", "missed slots 14"):
         assert figure in joined, (figure, lines)
