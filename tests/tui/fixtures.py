@@ -182,6 +182,10 @@ class FixedSource(DataSource):
     def __init__(self) -> None:
         super().__init__("postgresql://fixed.invalid/jobtui", "jobtui")
         self.unreachable = False  # set to make every read fail as a lost server does
+        self.hung_for = 0.0  # set to show a read that has waited this long for the server
+
+    def busy_for(self) -> float:
+        return self.hung_for
 
     def fetch(self, needle: str = "") -> Fetched:
         if self.unreachable:
