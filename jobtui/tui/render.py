@@ -95,6 +95,19 @@ def sparkline(values: Sequence[float], width: int = 20) -> str:
     return "".join(SPARK[min(len(SPARK) - 1, int(v / top * (len(SPARK) - 1) + 0.5))] for v in data)
 
 
+FINGERPRINT_CELL = 60  # characters of an error fingerprint a dead group's row shows
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, ending in an ellipsis when cut (the whole text is in
+    the drill-down's title).
+
+    >>> clip("TimeoutError: upstream <n>", 12)
+    'TimeoutErro…'
+    """
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def styled(text: str, level: str) -> Text:
     return Text(line(text), style=STYLE[level])
 
@@ -286,7 +299,7 @@ def dead_rows(groups: Sequence[DeadGroup], needle: str, matched: Sequence[DeadGr
                     g.type,
                     f"{g.jobs:,}",
                     g.last_seen.strftime("%m-%d %H:%M:%S") if g.last_seen else "-",
-                    g.fingerprint or "-",
+                    clip(line(g.fingerprint), FINGERPRINT_CELL) if g.fingerprint else "-",
                     g.first_seen.strftime("%m-%d %H:%M:%S") if g.first_seen else "-",
                     str(g.latest_job_id),
                 ],

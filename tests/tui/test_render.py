@@ -433,3 +433,12 @@ def test_literal_cells_are_never_markup() -> None:
 def test_sort_value_numbers_then_text() -> None:
     cells: list[Text | str] = ["1,204", "36", Text("9"), "-", "b", "A"]
     assert sorted(cells, key=sort_value) == [Text("9"), "36", "1,204", "-", "A", "b"]
+
+
+def test_a_long_fingerprint_ends_in_an_ellipsis() -> None:
+    long = "ConnectionError: " + "x" * 100
+    group = DeadGroup("dead", "t", long, 3, None, None, 1, 1)
+    cell = named("dead", render.dead_rows([group], "")[0][1])["error fingerprint"]
+    assert len(cell) == render.FINGERPRINT_CELL and cell.endswith("…") and long.startswith(cell[:-1])
+    short = DeadGroup("dead", "t", "KeyError: <n>", 3, None, None, 1, 1)
+    assert named("dead", render.dead_rows([short], "")[0][1])["error fingerprint"] == "KeyError: <n>"
