@@ -77,6 +77,7 @@ class DataSource:
         self._conn: psycopg.Connection[Any] | None = None
         self._where: Where | None = None
         self._busy_since: float | None = None  # when the read in progress began
+        self._closed = False  # after close(), no read opens a connection again
         self._history = metrics.DoneHistory()
         # The page of running jobs each refresh reads: the Running pane moves it.
         self.running_after: RunningCursor | None = None
@@ -87,6 +88,8 @@ class DataSource:
         self._lock = threading.RLock()
 
     def _connection(self) -> psycopg.Connection[Any]:
+        if self._closed:
+            raise DatabaseUnavailable("the console is closing")
         if self._conn is None or self._conn.closed or self._conn.broken:
             conn = connect(self.dsn, autocommit=True, connect_timeout=3, **KEEPALIVES)
             timeout = f"{round(STATEMENT_TIMEOUT * 1000)}ms"
@@ -134,7 +137,7 @@ class DataSource:
             try:
                 return fn(self._connection(), *args)
             except psycopg.OperationalError:
-                self._drop()
+                self.disconnect()
                 raise
             finally:
                 if outer:
@@ -189,6 +192,8 @@ class DataSource:
         return result
 
     def close(self) -> None:
+        """For good: the console is quitting. A read in progress is ended, none starts again."""
+        self._closed = True
         if self._busy_since is not None:
             # A read still waiting on a hung server owns the connection: closing it under that
             # read is not safe; ending its socket makes the read fail and drop it.
@@ -198,8 +203,9 @@ class DataSource:
         if conn is not None:
             conn.close()
 
-    def _drop(self) -> None:
-        """Close the connection, from the read that holds it."""
+    def disconnect(self) -> None:
+        """Close the connection; the next read opens a new one. From the read that holds it,
+        or while none is in progress."""
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()

@@ -1,4 +1,4 @@
-"""7 Last hour: the queue's last hour in charts, from the database from the first frame.
+"""7 Charts: the queue's last hour in charts, from the database from the first frame.
 
 The history is the archiver's queue_minute rows (Snapshot.minutes) and the done jobs of each
 minute (Snapshot.done_per_minute), never the console's own memory: a console opened in the
@@ -79,7 +79,7 @@ class ChartsPane(Pane):
 
     ID = "charts"
     KEY = "7"
-    TITLE = "Last hour"
+    TITLE = "Charts"
     DEFAULT_CSS = """
     #charts-grid { grid-size: 2 3; grid-gutter: 0 1; height: 1fr; }
     Chart { height: 1fr; }
