@@ -32,6 +32,9 @@ GRANT SELECT, INSERT, DELETE ON :"schema".lease_expiry, :"schema".stats_hourly T
 -- Counts of jobs deleted at completion (--delete-on-complete), added to by each finishing
 -- worker and pruned by the archiver.
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".done_tally TO :"role";
+-- The queue's figures per minute (the console's charts and backlog estimate), written and
+-- pruned by the archiver.
+GRANT SELECT, INSERT, DELETE ON :"schema".queue_minute TO :"role";
 -- Effects recorded by handlers (`job.once`): written by handlers, pruned by the archiver
 -- once no retry of their job can need them.
 GRANT SELECT, INSERT, DELETE ON :"schema".effect TO :"role";

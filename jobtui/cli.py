@@ -24,6 +24,7 @@ from .cli_args import (
     ERROR_MATCH,
     Command,
     Parser,
+    accept_global_options_anywhere,
     add_wait_for_db,
     database_dsn,
     default_actor,
@@ -227,7 +228,10 @@ def add_log_options(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="jobtui", description="PostgreSQL job queue and operator console")
-    parser.add_argument("--dsn", help="PostgreSQL DSN (default: JOBTUI_DSN, DATABASE_URL, else embedded server)")
+    parser.add_argument("--dsn", help="PostgreSQL DSN (default: JOBTUI_DSN, else DATABASE_URL)")
+    parser.add_argument(
+        "--embedded", action="store_true", help="with no DSN, use the embedded PostgreSQL (as `jobtui demo` does)"
+    )
     parser.add_argument("--schema", default="jobtui", help="schema holding jobtui's tables (default: jobtui)")
     parser.add_argument("--actor", default=default_actor(), help="who acts, for the audit log (default user@host)")
     parser.add_argument("--version", action="version", version=f"jobtui {package_version()}")
@@ -367,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", type=job_id)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_job)
+    accept_global_options_anywhere(parser)
     return parser
 
 

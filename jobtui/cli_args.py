@@ -30,13 +30,44 @@ def default_actor() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def database_dsn(args: argparse.Namespace) -> str:
-    """The DSN from --dsn / JOBTUI_DSN / DATABASE_URL, else the embedded server's."""
+NO_DATABASE = "no database given: set JOBTUI_DSN or pass --dsn; `jobtui demo` runs on an embedded server"
+# Options of the whole command that may also come after the subcommand (`jobtui stats --dsn X`).
+GLOBAL_OPTIONS = ("--dsn", "--schema", "--actor", "--embedded")
+
+
+def database_dsn(args: argparse.Namespace, *, embedded_by_default: bool = False) -> str:
+    """The DSN from --dsn / JOBTUI_DSN / DATABASE_URL; the embedded server's only when asked
+    (--embedded, or `jobtui demo`), never by surprise: a console on an empty server of its own
+    would show an operator a quiet queue during an incident."""
     dsn = resolve_dsn(args.dsn)
     if dsn is None:
+        if not (embedded_by_default or getattr(args, "embedded", False)):
+            raise InvalidInput(NO_DATABASE)
         dsn = embedded_dsn()
-        print(f"jobtui: no DSN given, using the embedded PostgreSQL ({describe_dsn(dsn)})", file=sys.stderr)
+        print(f"jobtui: using the embedded PostgreSQL ({describe_dsn(dsn)})", file=sys.stderr)
     return dsn
+
+
+def accept_global_options_anywhere(parser: argparse.ArgumentParser) -> None:
+    """Let every subcommand take the global options too. They are added to each subparser
+    with a suppressed default, so given after the subcommand they set the value, and left
+    out they keep the one given before it (or the global default). A subcommand's own option
+    of the same name (`bench --schema`) keeps its meaning."""
+    originals = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for sub in action.choices.values():
+            taken = {o for a in sub._actions for o in a.option_strings}
+            for option in GLOBAL_OPTIONS:
+                original = originals.get(option)
+                if original is None or option in taken:
+                    continue
+                kwargs: dict[str, Any] = {"dest": original.dest, "default": argparse.SUPPRESS, "help": original.help}
+                if isinstance(original, argparse._StoreTrueAction):
+                    kwargs["action"] = "store_true"
+                sub.add_argument(option, **kwargs)
+            accept_global_options_anywhere(sub)
 
 
 def open_queue(args: argparse.Namespace, *, check: bool = True) -> Queue:

@@ -14,7 +14,7 @@ from typing import Any
 from . import cli_ops as ops
 from . import migrate as migrations
 from .cli_args import database_dsn
-from .db import Call, check_schema_name, connect, run, wait_for_database
+from .db import Call, check_schema_name, connect, describe_dsn, run, wait_for_database
 from .durations import parse_duration
 from .errors import InvalidInput, PrivilegeMissing
 from .logformat import chosen_format, formatter
@@ -167,7 +167,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .worker import Worker
 
     schema = args.schema if args.schema != "jobtui" else demo.DEMO_SCHEMA
-    dsn = database_dsn(args)
+    dsn = database_dsn(args, embedded_by_default=True)
+    # Another terminal can watch or query the same queue while the demo runs.
+    print(
+        f"jobtui demo: the queue is in schema {schema} of {describe_dsn(dsn)}; from another terminal:"
+        f" jobtui --dsn '{describe_dsn(dsn)}' --schema {schema} stats",
+        file=sys.stderr,
+    )
     with connect(dsn, autocommit=True) as conn:
         if args.reset:
             run(conn, Call("schema_drop", {}, lambda rows: None), check_schema_name(schema))

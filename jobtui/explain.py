@@ -69,12 +69,34 @@ def first_line(text: str | None) -> str:
     return text.strip().splitlines()[0] if text.strip() else "-"
 
 
-def explain(job: JobRow, now: datetime | None = None) -> list[str]:
+def _indented(text: str, prefix: str = "      ") -> list[str]:
+    """Every line of `text`, indented, each escaped on its own."""
+    return [prefix + line(part) for part in (text.rstrip("\n") or "-").split("\n")]
+
+
+def attempts(job: JobRow, now: datetime) -> list[str]:
+    """Each recorded attempt, newest first: which, on which worker, when it ended and how,
+    and its whole stored error (a traceback is kept line by line, each line escaped)."""
+    out = [f"Attempts and events ({len(job.errors)} recorded, newest first):"]
+    if job.status is JobStatus.RUNNING:
+        out.append(f"  attempt {job.attempts}  running on {line(job.locked_by or '-')}")
+        out.append(f"      started {_when(job.started_at, now)}, lease until {_when(job.locked_until, now)}")
+    for entry in reversed(job.errors):
+        out.append(f"  attempt {entry.attempt}  {line(entry.kind)} on {line(entry.worker or '-')}")
+        out.append(f"      ended {entry.at}")
+        out.extend(_indented(entry.error))
+    if len(out) == 1:
+        out.append("  none recorded")
+    return out
+
+
+def explain(job: JobRow, now: datetime | None = None, *, full: bool = False) -> list[str]:
     """The job as lines of text: state, facts, error history, payload.
 
     The type, worker, key, errors and payload are data: each line is escaped (`safetext`),
     so a newline or an escape sequence in them cannot reach the terminal. The payload is
-    the last item, JSON on several lines (its strings' newlines are JSON-escaped).
+    the last item, JSON on several lines (its strings' newlines are JSON-escaped). `full`
+    (the console's job view) lists every attempt with its whole error instead of first lines.
     """
     now = now or job.db_now or datetime.now().astimezone()
     lines = [
@@ -94,6 +116,11 @@ def explain(job: JobRow, now: datetime | None = None) -> list[str]:
         f"  expired leases {job.lease_expirations}",
         f"  last error    {first_line(job.last_error)}",
     ]
+    if full:
+        payload = json.dumps(job.payload, indent=2, ensure_ascii=False, sort_keys=True)
+        last = ["", "Last error:", *_indented(job.last_error or "-", "  ")] if job.last_error else []
+        told = [line(text) for text in lines] + last + ["", *attempts(job, now)]
+        return [*told, "", "Payload:", block(payload)]
     if job.errors:
         lines += ["", f"History ({len(job.errors)}):"]
         for entry in job.errors:

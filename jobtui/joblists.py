@@ -32,6 +32,16 @@ class RunningJob:
     heartbeat_age: float | None
     lease_left: float  # negative once the lease expired
     running_for: float | None
+    locked_until: datetime | None = None  # with the id, where the next page starts
+
+    @property
+    def cursor(self) -> RunningCursor:
+        assert self.locked_until is not None
+        return (self.locked_until, self.id)
+
+
+RunningCursor = tuple[datetime, int]  # (locked_until, id) of a page's last job
+RUNNING_PAGE = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +72,16 @@ def _floats(row: Row, *names: str) -> Row:
     return {**row, **{n: None if row[n] is None else float(row[n]) for n in names}}
 
 
-def running_jobs(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, limit: int = 500) -> list[RunningJob]:
-    """Running jobs, the leases closest to expiry (or expired) first."""
-    rows = _rows(conn, "list_running", schema, limit=limit)
+def running_jobs(
+    conn: psycopg.Connection[Any],
+    schema: str = DEFAULT_SCHEMA,
+    limit: int = RUNNING_PAGE,
+    after: RunningCursor | None = None,
+) -> list[RunningJob]:
+    """Running jobs, the leases closest to expiry (or expired) first: a page of `limit`,
+    from the job after `after` (a previous page's last `cursor`) on."""
+    until, job_id = after if after is not None else (None, None)
+    rows = _rows(conn, "list_running", schema, limit=limit, after_until=until, after_id=job_id)
     return [RunningJob(**_floats(r, "heartbeat_age", "lease_left", "running_for")) for r in rows]
 
 

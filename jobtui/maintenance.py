@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 
+from .backlog import record_minute
 from .db import Call, Rows, run
 from .domain import DEFAULT_SCHEMA
 from .registry import Job, Jobs, ScheduleSpec
@@ -129,6 +130,7 @@ def with_builtins(jobs: Jobs, dsn: str, schema: str, retention: Retention, *, po
 
         with connect(dsn, pooler=pooler) as conn:
             conn.autocommit = True
+            record_minute(conn, schema)  # first: the minute just ended, before anything moves
             summarise_hours(conn, schema)
             sweep(conn, Retention.from_payload(job.payload or {}), schema)
 

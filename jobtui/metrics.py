@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from .backlog import READY_EXACT_CAP, MinuteFigures, ReadyEstimate, estimate, minutes
 from .db import Call, Rows, run, statements
 from .domain import DEFAULT_SCHEMA
 from .errors import JobtuiError
@@ -151,13 +152,21 @@ class Snapshot:
     # when that is not known: nothing replayed yet).
     standby: bool = False
     replay_lag: float | None = None
+    # Set when the ready jobs were too many to count (backlog.py): ready, ready_due and the
+    # per-type figures are then estimates; None when they were counted.
+    ready_estimate: ReadyEstimate | None = None
+    minutes: list[MinuteFigures] = field(default_factory=list)  # the last hour, oldest first
 
     @property
     def ready(self) -> int:
+        if self.ready_estimate is not None:
+            return self.ready_estimate.ready
         return sum(t.ready for t in self.by_type)
 
     @property
     def ready_due(self) -> int:
+        if self.ready_estimate is not None:
+            return self.ready_estimate.ready_due
         return sum(t.ready_due for t in self.by_type)
 
     @property
@@ -174,6 +183,8 @@ class Snapshot:
 
     @property
     def oldest_ready_age(self) -> float | None:
+        if self.ready_estimate is not None:
+            return self.ready_estimate.oldest_ready_age
         ages = [t.oldest_ready_age for t in self.by_type if t.oldest_ready_age is not None]
         return max(ages) if ages else None
 
@@ -202,6 +213,7 @@ class Snapshot:
         data["totals"] = {
             "ready": self.ready,
             "ready_due": self.ready_due,
+            "ready_exact": self.ready_estimate is None,
             "running": self.running_count,
             "dead": self.dead_count,
             "failed": self.failed_count,
@@ -379,13 +391,15 @@ def _snapshot(
             wait_rows,
             oldest,
             recovery,
+            size_rows,
+            minute_rows,
         ) = _pipelined(
             conn,
             schema,
             [
                 ("metrics_lock_timeout", {"timeout": f"{max(1, round(lock_timeout * 1000))}ms"}),
                 ("db_now", {}),
-                ("metrics_ready", {}),
+                ("metrics_ready", {"cap": READY_EXACT_CAP}),
                 ("metrics_running", {}),
                 ("metrics_dead", {}),
                 ("metrics_done_minutes", {"since": history.read_from}),
@@ -399,9 +413,15 @@ def _snapshot(
                 ("metrics_lock_waits", _lock_wait_params(schema)),
                 ("metrics_oldest_xact", {}),
                 ("metrics_recovery", {}),
+                ("metrics_ready_size", {"cap": READY_EXACT_CAP, "schema_name": schema}),
+                ("metrics_minutes", {}),
             ],
         )
     taken_at = now_rows[0]["now"]
+    ready_estimate = estimate(size_rows[0], minute_rows, taken_at, READY_EXACT_CAP)
+    if ready_estimate is not None:
+        for job_type, (ready, due, age) in ready_estimate.by_type.items():
+            slot(job_type).update(ready=ready, ready_due=due, oldest_ready_age=age)
     for r in ready_rows:
         age = r["oldest_age"]
         slot(r["type"]).update(
@@ -458,7 +478,9 @@ def _snapshot(
     waits_by_kind, longest_by_kind = _lock_waits(wait_rows)
     by_type = [TypeCounts(**counts[t]) for t in sorted(counts)]
     job_table = next((t for t in tables if t.table == "job"), None)
-    exact = sum(t.ready + t.running + t.dead + t.failed for t in by_type)
+    exact = sum(t.running + t.dead + t.failed for t in by_type) + (
+        ready_estimate.ready if ready_estimate else sum(t.ready for t in by_type)
+    )
     done_estimate = max(0, (job_table.rows_estimate if job_table else 0) - exact)
     return Snapshot(
         taken_at=taken_at,
@@ -482,7 +504,10 @@ def _snapshot(
         attempts_by_type=by_type_hour,
         lock_waits_by_kind=waits_by_kind,
         longest_lock_wait_by_kind=longest_by_kind,
-        notes=["done_estimate comes from the planner's row estimate, not a count"],
+        notes=["done_estimate comes from the planner's row estimate, not a count"]
+        + ([f"ready is an estimate: {ready_estimate.source}"] if ready_estimate else []),
+        ready_estimate=ready_estimate,
+        minutes=minutes(minute_rows),
         standby=bool(recovery[0]["standby"]),
         replay_lag=None if recovery[0]["replay_lag"] is None else float(recovery[0]["replay_lag"]),
     )

@@ -69,13 +69,22 @@ def applied_version(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA)
     return int(row[0]) if row else 0
 
 
+def applied_versions(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> set[int]:
+    """Every version applied to `schema` (empty without a migration table)."""
+    if applied_version(conn, schema) is None:
+        return set()
+    rows = conn.execute(sql.SQL("SELECT version FROM {}.migration").format(sql.Identifier(schema))).fetchall()
+    return {int(r[0]) for r in rows}
+
+
 def check(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> int:
-    """Raise SchemaNotMigrated unless the schema is at least at this code's version."""
+    """Raise SchemaNotMigrated unless the schema has every migration of this code."""
     version = applied_version(conn, schema)
+    missing = {m.version for m in available()} - applied_versions(conn, schema) if version is not None else set()
     if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
         conn.rollback()
     expected = code_version()
-    if version is None or version < expected:
+    if version is None or version < expected or missing:
         found = "missing" if version is None else f"at version {version}"
         raise SchemaNotMigrated(
             f"schema {schema!r} is {found}, this jobtui needs version {expected}: run `jobtui migrate`"

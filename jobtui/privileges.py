@@ -35,6 +35,7 @@ WORKER_NEEDS = Needs(
         "lease_expiry": ("SELECT", "INSERT", "DELETE"),
         "stats_hourly": ("SELECT", "INSERT", "DELETE"),
         "done_tally": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+        "queue_minute": ("SELECT", "INSERT", "DELETE"),
         "effect": ("SELECT", "INSERT", "DELETE"),
         "audit": ("SELECT", "INSERT"),
         "migration": ("SELECT",),

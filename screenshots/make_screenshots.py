@@ -9,7 +9,12 @@ process) long enough for every pane to have something to show, then drives the c
 Textual's pilot and saves one SVG per view:
 
     ready.svg  running.svg  job-detail.svg  dead.svg  confirm.svg  dead-drilldown.svg
-    expiries.svg  schedules.svg  worker.svg  console-80x24.svg  dead-80x24.svg
+    expiries.svg  schedules.svg  worker.svg  charts.svg  console-80x24.svg  dead-80x24.svg
+
+The archiver writes one queue_minute row a minute; a run of a minute would leave the charts
+almost empty, so the script first writes the rows of an hour of a queue falling behind, as
+the demo's schedules are rewound to show missed slots. The minutes of the run itself are the
+archiver's own.
 
 Convert one to look at it: rsvg-convert -o /tmp/ready.png screenshots/ready.svg
 """
@@ -87,6 +92,20 @@ async def shoot(app: JobtuiApp, pilot: Any, out: Path, name: str) -> None:
     print(f"  {out / (name + '.svg')}", file=sys.stderr)
 
 
+def an_hour_behind(dsn: str) -> None:
+    """queue_minute rows for the hour before now: calm, then a backlog building up."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {}.queue_minute (minute, ready, ready_due, oldest_ready_age, done, dead, lease_expiries)"
+                " SELECT date_bin('1 minute', now(), timestamptz '2000-01-01') - i * interval '1 minute',"
+                " 30 + greatest(0, 25 - i) * 40, 25 + greatest(0, 25 - i) * 38, 1 + greatest(0, 25 - i) * 9.5,"
+                " 240 - greatest(0, 25 - i) * 3, (i % 4 = 0)::int + (i < 20)::int, (i IN (12, 7))::int * 3"
+                " FROM generate_series(2, 60) AS i ON CONFLICT DO NOTHING"
+            ).format(sql.Identifier(SCHEMA))
+        )
+
+
 def expire_a_lease(dsn: str) -> int:
     """A worker claims an image job and 'dies' holding it: its lease runs out unreaped."""
     with Queue(dsn, schema=SCHEMA, max_connections=1) as queue:
@@ -161,6 +180,10 @@ async def drive(dsn: str, out: Path, warmup: float) -> None:
             await pilot.press("6")
             await shoot(app, pilot, out, "worker")
 
+            await pilot.press("7")
+            await pilot.pause(0.6)
+            await shoot(app, pilot, out, "charts")
+
             await pilot.press("1")
             await pilot.resize_terminal(80, 24)
             await shoot(app, pilot, out, "console-80x24")
@@ -187,6 +210,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     dsn = create_database(args.dsn, args.database)
     demo.prepare(dsn, SCHEMA)
+    an_hour_behind(dsn)
     asyncio.run(drive(dsn, args.out, args.warmup))
     return 0
 

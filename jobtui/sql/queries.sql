@@ -547,13 +547,16 @@ SELECT count(*) FROM gone;
 
 -- name: metrics_lock_timeout
 -- For the snapshot's own transaction: wait this long for a lock on a queue table, then fail
--- (a snapshot must not hang behind the lock it would report).
-SELECT set_config('lock_timeout', %(timeout)s, true);
+-- (a snapshot must not hang behind the lock it would report). No JIT: on a big table the
+-- planner's row estimates make it compile the small aggregates, which costs more than it saves.
+SELECT set_config('lock_timeout', %(timeout)s, true), set_config('jit', 'off', true);
 
 -- name: metrics_ready
--- Ready jobs by type; the age counts only jobs already due (a delayed job is not late). Due
--- and delayed jobs are two ranges of the ready index (which carries the type), each counted
--- by plain aggregates: no per-row FILTER, no heap.
+-- Ready jobs by type, counted exactly while there are at most %(cap)s of them (the probe reads
+-- that many entries of the ready index and stops); above, nothing is counted here and the
+-- snapshot estimates (metrics_ready_size, metrics_minutes). The age counts only jobs already
+-- due (a delayed job is not late). Due and delayed jobs are two ranges of the ready index,
+-- each counted by plain aggregates: no per-row FILTER.
 SELECT type, sum(jobs)::bigint AS ready, coalesce(sum(jobs) FILTER (WHERE due), 0)::bigint AS due,
        extract(epoch FROM now() - min(oldest)) AS oldest_age
 FROM (SELECT type, true AS due, count(*) AS jobs, min(run_at) AS oldest
@@ -563,7 +566,29 @@ FROM (SELECT type, true AS due, count(*) AS jobs, min(run_at) AS oldest
       SELECT type, false, count(*), NULL
       FROM {schema}.job WHERE status = 'ready' AND run_at > now()
       GROUP BY type) AS ready
+WHERE (SELECT count(*) FROM (SELECT 1 FROM {schema}.job WHERE status = 'ready' ORDER BY run_at, id LIMIT %(cap)s + 1) AS probe)
+      <= %(cap)s
 GROUP BY type;
+
+-- name: metrics_ready_size
+-- What is cheap about the ready jobs however many there are: how many, counted up to
+-- %(cap)s + 1; the oldest due job's age (the first entry of the ready index); and the
+-- planner's estimate of the index's entries (pg_class.reltuples, set by VACUUM and ANALYZE).
+SELECT (SELECT count(*) FROM (SELECT 1 FROM {schema}.job WHERE status = 'ready' ORDER BY run_at, id LIMIT %(cap)s + 1) AS probe)
+           AS counted,
+       (SELECT extract(epoch FROM now() - run_at) FROM {schema}.job
+        WHERE status = 'ready' AND run_at <= now() ORDER BY run_at, id LIMIT 1)::float8 AS oldest_age,
+       (SELECT greatest(reltuples, 0)::bigint FROM pg_class
+        WHERE oid = to_regclass(format('%%I.job_ready_idx', %(schema_name)s::text))) AS index_estimate;
+
+-- name: metrics_minutes
+-- The queue's last hour, minute by minute (queue_minute, written by the archiver); the
+-- ready jobs by type only of the newest minute.
+SELECT minute, recorded_at, ready, ready_due, oldest_ready_age, done, dead, lease_expiries,
+       CASE WHEN minute = max(minute) OVER () THEN by_type END AS by_type
+FROM {schema}.queue_minute
+WHERE minute >= date_bin('1 minute', now(), timestamptz '2000-01-01 00:00:00+00') - interval '60 minutes'
+ORDER BY minute;
 
 -- name: metrics_running
 SELECT type, locked_by AS worker, count(*) AS jobs, count(*) FILTER (WHERE locked_until < now()) AS expired,
@@ -749,6 +774,39 @@ ON CONFLICT DO NOTHING;
 -- name: stats_prune_hours
 DELETE FROM {schema}.stats_hourly WHERE hour < now() - interval '8 days';
 
+-- name: queue_minute_record
+-- The row of the minute that just ended, once: the ready jobs as they are now (counted in
+-- full, once a minute by one worker, so that no reader has to), and what finished or expired
+-- within the minute. A second archiver in the same minute finds the row and counts nothing.
+WITH m AS (
+    SELECT date_bin('1 minute', now(), timestamptz '2000-01-01 00:00:00+00') - interval '1 minute' AS start
+), ready AS (
+    SELECT type, count(*) AS jobs, count(*) FILTER (WHERE run_at <= now()) AS due,
+           extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now()))::float8 AS oldest_age
+    FROM {schema}.job WHERE status = 'ready'
+    GROUP BY type
+)
+INSERT INTO {schema}.queue_minute (minute, ready, ready_due, oldest_ready_age, done, dead, lease_expiries, by_type)
+SELECT m.start,
+       coalesce((SELECT sum(jobs) FROM ready), 0),
+       coalesce((SELECT sum(due) FROM ready), 0),
+       (SELECT max(oldest_age) FROM ready),
+       (SELECT count(*) FROM {schema}.job
+        WHERE status = 'done' AND finished_at >= m.start AND finished_at < m.start + interval '1 minute')
+       + coalesce((SELECT sum(jobs) FROM {schema}.done_tally WHERE minute = m.start), 0),
+       (SELECT count(*) FROM {schema}.job
+        WHERE status IN ('dead', 'failed') AND finished_at >= m.start AND finished_at < m.start + interval '1 minute'),
+       (SELECT count(*) FROM {schema}.lease_expiry
+        WHERE reaped_at >= m.start AND reaped_at < m.start + interval '1 minute'),
+       coalesce((SELECT jsonb_object_agg(type, jsonb_build_array(jobs, due, oldest_age)) FROM ready), jsonb_build_object())
+FROM m
+WHERE NOT EXISTS (SELECT 1 FROM {schema}.queue_minute q WHERE q.minute = m.start)
+ON CONFLICT (minute) DO NOTHING
+RETURNING minute;
+
+-- name: queue_minute_prune
+DELETE FROM {schema}.queue_minute WHERE minute < now() - interval '1 day';
+
 -- name: prune_done_tally
 -- Minutes older than the day the hourly summaries cover, once their hours are summarised.
 DELETE FROM {schema}.done_tally
@@ -792,13 +850,24 @@ WITH gone AS (
 )
 SELECT count(*) FROM gone;
 
+-- name: console_session
+-- A console connection's first statement: a timeout for every later one, and who and where it is.
+SELECT set_config('statement_timeout', %(statement_timeout)s, false) AS statement_timeout,
+       current_user AS role, current_database() AS database,
+       current_setting('transaction_read_only') = 'on' AS read_only;
+
 -- name: list_running
--- Running jobs for the console: oldest lease first, expired leases included.
+-- Running jobs for the console: oldest lease first, expired leases included; a page at a
+-- time, each after the (locked_until, id) of the previous page's last job (NULL: the first).
 SELECT id, type, locked_by AS worker, attempts AS attempt, max_attempts,
        extract(epoch FROM now() - heartbeat_at) AS heartbeat_age, extract(epoch FROM locked_until - now()) AS lease_left,
-       extract(epoch FROM now() - started_at) AS running_for
-FROM {schema}.job WHERE status = 'running'
-ORDER BY locked_until
+       extract(epoch FROM now() - started_at) AS running_for, locked_until
+FROM {schema}.job
+WHERE status = 'running'
+  AND (%(after_until)s::timestamptz IS NULL
+       OR locked_until > %(after_until)s::timestamptz
+       OR (locked_until = %(after_until)s::timestamptz AND id > %(after_id)s::bigint))
+ORDER BY locked_until, id
 LIMIT %(limit)s;
 
 -- name: list_ready

@@ -29,10 +29,10 @@ from textual.widgets import Footer, Input, Static, TabbedContent
 
 from ..metrics import Snapshot
 from ..safetext import line, shorten
-from . import changes, panes, render
+from . import changes, header, panes, render
 from .console import Console, View
 from .data import Actions, DataSource, Fetched
-from .panes import LogToWidget, Pane, WorkerPane
+from .panes import ChartsPane, LogToWidget, Pane, WorkerPane
 from .screens import ConfirmScreen, HelpScreen
 
 HISTORY = 120  # samples of the oldest ready age kept for the sparkline
@@ -104,6 +104,7 @@ class JobtuiApp(App[None]):
                 yield pane()
             if self._log_handler is not None:
                 yield WorkerPane(self.embedded_worker, self._log_handler)
+            yield ChartsPane()
         yield Input(placeholder="filter by type or text; enter to apply, escape to clear", id="filter")
         yield Static("", id="status")
         yield Footer()
@@ -162,33 +163,46 @@ class JobtuiApp(App[None]):
             self._render_vitals(view.snapshot, view.elapsed)
 
     def tick(self) -> None:
-        """Between reads: advance countdowns and ages, show the worker's state."""
+        """Between reads: advance countdowns and ages, show the worker's state, and turn the
+        header red as soon as a read has waited too long (the read itself is still waiting)."""
+        self.source.give_up_if_hung()
         with contextlib.suppress(NoMatches):
             view = self.view()
-            if view is not None:
-                self._render_vitals(view.snapshot, view.elapsed)
-            elif not self.connected:
-                self.query_one("#vitals", Static).update(
-                    Text(f" DATABASE UNREACHABLE: {line(self.last_error)} ", style="bold white on red3")
-                )
+            self._render_vitals(None if view is None else view.snapshot, None if view is None else view.elapsed)
             for pane in self.query(Pane):
                 pane.tick(view)
 
-    def _render_vitals(self, snap: Snapshot, elapsed: float) -> None:
+    def _render_vitals(self, snap: Snapshot | None, elapsed: float | None) -> None:
         box = self.query_one("#vitals", Static)
         width = box.content_size.width or None  # unknown before the first layout
-        header = render.vitals(
-            snap, list(self.history), self.thresholds, connected=self.connected, stale_for=elapsed, width=width
+        where = self.latest.where if self.latest is not None and self.latest.where else self.source.where
+        # The sparkline: the database's minutes when there are some (the hour before the console
+        # opened), else what this console has seen.
+        ages = [m.oldest_ready_age or 0.0 for m in snap.minutes] if snap is not None else []
+        text = header.header(
+            snap,
+            ages or list(self.history),
+            self.thresholds,
+            where=where,
+            schema=self.schema,
+            read_only=self.read_only,
+            connected=self.connected,
+            last_error=self.last_error,
+            hung_for=self.source.busy_for(),
+            stale_for=elapsed,
+            width=width,
         )
         # The header wraps when the figures outgrow the width. It keeps its tallest height until
         # the terminal is resized, so the panes below do not jump as numbers grow and shrink.
-        lines = header.plain.count("\n") + 1
+        lines = text.plain.count("\n") + 1
         if width != self._vitals_width:
             self._vitals_width, self._vitals_lines = width, 0
         if lines > self._vitals_lines:
             self._vitals_lines = lines
             box.styles.min_height = lines
-        box.update(header)
+        box.update(text)
+        if elapsed is None:
+            return
         status = f"{self.schema} · {'read-only · ' if self.read_only else ''}"
         status += f"filter: '{self.needle}' · " if self.needle else ""  # as typed: not repr, which doubles \
         if self.needle and self.latest is not None and self.latest.needle == self.needle and self.latest.filter_problem:

@@ -64,6 +64,10 @@ class Console(Protocol):
         """Open the filter box, which filters every pane."""
         ...
 
+    def refresh_data(self) -> Any:
+        """Read again now (in a worker thread)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Change(Binding):

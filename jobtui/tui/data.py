@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -13,11 +16,39 @@ from .. import joblists, metrics
 from .. import scheduler as schedules
 from ..actions import check_regex
 from ..client import Queue
-from ..db import connect
+from ..db import Call, Rows, connect, run
 from ..domain import JobRow
-from ..errors import InvalidInput
-from ..joblists import DeadJob, ReadyJob, RunningJob
+from ..errors import DatabaseUnavailable, InvalidInput
+from ..joblists import DeadJob, ReadyJob, RunningCursor, RunningJob
 from ..metrics import DeadGroup, Snapshot
+from ..queue import get_job_call
+
+# Every statement the console runs is cancelled by the server after this long: a slow
+# database shows as an error in the header, not as a console waiting forever.
+STATEMENT_TIMEOUT = 5.0
+# A read waits this long for the connection another read holds (a hung server holds it for as
+# long as it hangs) before it gives up with an error instead.
+WAIT_FOR_CONNECTION = 2.0
+# A read still waiting this long after the server should have cancelled it (a hung server, a
+# partition) is ended from the console's side, so a new connection can be tried.
+GIVE_UP_AFTER = STATEMENT_TIMEOUT + 3.0
+# TCP keepalives, so that a server that vanished (a host gone, a cable cut) ends the read.
+KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3}
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """Which database the console reads, as the header names it."""
+
+    role: str
+    host: str
+    port: str
+    database: str
+    schema: str
+    server_read_only: bool  # a standby, or default_transaction_read_only
+
+    def label(self) -> str:
+        return f"{self.role}@{self.host}:{self.port}/{self.database} schema {self.schema}"
 
 
 @dataclass
@@ -33,6 +64,8 @@ class Fetched:
     dead_matched: list[DeadGroup] | None = None
     filter_problem: str = ""
     needle: str = ""  # the filter dead_matched was read for
+    where: Where | None = None
+    running_after: RunningCursor | None = None  # where the page of `running` starts
 
 
 class DataSource:
@@ -42,7 +75,12 @@ class DataSource:
         self.dsn = dsn
         self.schema = schema
         self._conn: psycopg.Connection[Any] | None = None
+        self._where: Where | None = None
+        self._busy_since: float | None = None  # when the read in progress began
+        self._closed = False  # after close(), no read opens a connection again
         self._history = metrics.DoneHistory()
+        # The page of running jobs each refresh reads: the Running pane moves it.
+        self.running_after: RunningCursor | None = None
         # The panes read from several thread workers at once (a refresh, an action's count,
         # and a cancelled refresh keeps running in its thread); one connection serves them
         # one at a time: a snapshot pipelines its statements, and another thread's statement
@@ -50,37 +88,88 @@ class DataSource:
         self._lock = threading.RLock()
 
     def _connection(self) -> psycopg.Connection[Any]:
+        if self._closed:
+            raise DatabaseUnavailable("the console is closing")
         if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = connect(self.dsn, autocommit=True)
+            conn = connect(self.dsn, autocommit=True, connect_timeout=3, **KEEPALIVES)
+            timeout = f"{round(STATEMENT_TIMEOUT * 1000)}ms"
+            identity = run(conn, Call("console_session", {"statement_timeout": timeout}, Rows.dicts), self.schema)[0]
+            self._where = Where(
+                identity["role"],
+                conn.info.host,
+                str(conn.info.port),
+                identity["database"],
+                self.schema,
+                bool(identity["read_only"]),
+            )
+            self._conn = conn
         return self._conn
 
+    def busy_for(self) -> float:
+        """Seconds the read in progress has waited for the database (0 when none is)."""
+        since = self._busy_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def give_up_if_hung(self, after: float = GIVE_UP_AFTER) -> bool:
+        """End the read in progress when it has waited `after` seconds: its socket is shut
+        down (not closed: the reading thread still owns it), so the read fails at once with
+        a lost connection, and the next read connects again. True when it did."""
+        conn = self._conn
+        if conn is None or self.busy_for() < after:
+            return False
+        with contextlib.suppress(OSError, psycopg.Error):
+            with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+            return True
+        return False
+
+    @property
+    def where(self) -> Where | None:
+        return self._where
+
     def _read(self, fn: Any, *args: Any) -> Any:
-        with self._lock:
+        if not self._lock.acquire(timeout=WAIT_FOR_CONNECTION):
+            raise DatabaseUnavailable(f"the database has not answered for {self.busy_for():.0f}s")
+        try:
+            outer = self._busy_since is None
+            if outer:
+                self._busy_since = time.monotonic()
             try:
                 return fn(self._connection(), *args)
             except psycopg.OperationalError:
-                self.close()
+                self.disconnect()
                 raise
+            finally:
+                if outer:
+                    self._busy_since = None
+        finally:
+            self._lock.release()
 
     def fetch(self, needle: str = "") -> Fetched:
         """One refresh; with a `needle` (the console's filter), also the dead groups of the
         jobs whose error it matches, with the matcher of `--error`."""
-        with self._lock:
-            snap = self._read(lambda c: metrics.snapshot(c, self.schema, history=self._history))
-            running = self._read(lambda c: joblists.running_jobs(c, self.schema))
-            if not needle:
-                return Fetched(snap, running)
-            try:
-                self._read(lambda c: check_regex(c, needle, self.schema))
-            except InvalidInput as exc:
-                return Fetched(snap, running, dead_matched=[], filter_problem=str(exc), needle=needle)
-            matched = self._read(lambda c: joblists.dead_groups(c, self.schema, error=needle))
-        return Fetched(snap, running, dead_matched=matched, needle=needle)
+        fetched: Fetched = self._read(self._fetch, needle)  # one hold of the connection for the whole refresh
+        return fetched
+
+    def _fetch(self, conn: psycopg.Connection[Any], needle: str) -> Fetched:
+        snap = metrics.snapshot(conn, self.schema, history=self._history)
+        after = self.running_after
+        running = joblists.running_jobs(conn, self.schema, after=after)
+        if not needle:
+            return Fetched(snap, running, where=self._where, running_after=after)
+        try:
+            check_regex(conn, needle, self.schema)
+        except InvalidInput as exc:
+            return Fetched(
+                snap, running, dead_matched=[], filter_problem=str(exc), needle=needle, where=self._where,
+                running_after=after,
+            )  # fmt: skip
+        matched = joblists.dead_groups(conn, self.schema, error=needle)
+        return Fetched(snap, running, dead_matched=matched, needle=needle, where=self._where, running_after=after)
 
     def backend_pid(self) -> int:
         """The server process behind the connection the refreshes use."""
-        with self._lock:
-            return int(self._connection().info.backend_pid)
+        return int(self._read(lambda c: c.info.backend_pid))
 
     def ready_jobs(self, job_type: str) -> list[ReadyJob]:
         result: list[ReadyJob] = self._read(lambda c: joblists.ready_jobs(c, job_type, self.schema))
@@ -98,15 +187,28 @@ class DataSource:
         return result
 
     def job(self, job_id: int) -> JobRow | None:
-        with Queue(self.dsn, schema=self.schema, max_connections=1) as queue:
-            return queue.get(job_id)
+        """The whole row, on the refreshes' connection (and its timeout)."""
+        result: JobRow | None = self._read(lambda c: run(c, get_job_call(job_id), self.schema))
+        return result
 
     def close(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            finally:
-                self._conn = None
+        """For good: the console is quitting. A read in progress is ended, none starts again."""
+        self._closed = True
+        if self._busy_since is not None:
+            # A read still waiting on a hung server owns the connection: closing it under that
+            # read is not safe; ending its socket makes the read fail and drop it.
+            self.give_up_if_hung(after=0.0)
+            return
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def disconnect(self) -> None:
+        """Close the connection; the next read opens a new one. From the read that holds it,
+        or while none is in progress."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
 
 
 class Actions:

@@ -56,6 +56,30 @@ def age(seconds: float | None) -> str:
     return "-" if seconds is None else human_delta(timedelta(seconds=seconds))
 
 
+def compact(n: int) -> str:
+    """A count in at most four significant characters, for estimates.
+
+    >>> compact(1_234_567), compact(48_200), compact(950)
+    ('1.2M', '48k', '950')
+    """
+    for size, unit in ((1_000_000_000, "G"), (1_000_000, "M"), (1_000, "k")):
+        if n >= size:
+            value = n / size
+            return f"{value:.1f}{unit}" if value < 10 else f"{value:.0f}{unit}"
+    return str(n)
+
+
+def ready_figure(snap: Snapshot) -> str:
+    """Due ready jobs, +delayed ones; `~` and rounded when they were too many to count.
+
+    The estimate says so: an operator must not read `~1.2M` as a count.
+    """
+    due, later = snap.ready_due, snap.ready - snap.ready_due
+    if snap.ready_estimate is not None:
+        return f"~{compact(due)}" + (f"+{compact(later)}" if later > 0 else "")
+    return f"{due:,}" + (f"+{later:,}" if later > 0 else "")
+
+
 def sparkline(values: Sequence[float], width: int = 20) -> str:
     """The last `width` values as block characters scaled to their own maximum.
 
@@ -69,6 +93,19 @@ def sparkline(values: Sequence[float], width: int = 20) -> str:
     if top <= 0:
         return SPARK[0] * len(data)
     return "".join(SPARK[min(len(SPARK) - 1, int(v / top * (len(SPARK) - 1) + 0.5))] for v in data)
+
+
+FINGERPRINT_CELL = 60  # characters of an error fingerprint a dead group's row shows
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, ending in an ellipsis when cut (the whole text is in
+    the drill-down's title).
+
+    >>> clip("TimeoutError: upstream <n>", 12)
+    'TimeoutErro…'
+    """
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def styled(text: str, level: str) -> Text:
@@ -85,8 +122,6 @@ def vitals(
     history: Sequence[float],
     thresholds: Thresholds,
     *,
-    connected: bool = True,
-    stale_for: float = 0.0,
     width: int | None = None,
 ) -> Text:
     """The header: the figures an operator looks at first, coloured by thresholds.
@@ -96,19 +131,13 @@ def vitals(
     """
     t = thresholds
     pieces: list[Text] = []
-    if not connected:
-        pieces.append(Text(f" DATABASE UNREACHABLE · data {age(stale_for)} old ", style="bold white on red3"))
     if snap.standby:
         # Read on a hot standby: every figure is as old as its replay.
         pieces.append(Text(f" {snap.standby_note} ", style="bold black on yellow"))
     oldest = snap.oldest_ready_age
     parts: list[tuple[str, str, str]] = [
         ("oldest ready", age(oldest), t.level(oldest, t.oldest_ready_warn, t.oldest_ready_crit)),
-        (
-            "ready",
-            f"{snap.ready_due:,}" + (f"+{snap.ready - snap.ready_due:,}" if snap.ready > snap.ready_due else ""),
-            "ok",
-        ),
+        ("ready", ready_figure(snap), "ok"),
         ("running", f"{snap.running_count:,}", "warn" if snap.expired_leases else "ok"),
         ("dead", f"{snap.dead_count:,}", t.level(snap.dead_count, t.dead_warn, t.dead_crit)),
         ("failed", f"{snap.failed_count:,}", "ok"),
@@ -273,7 +302,7 @@ def dead_rows(groups: Sequence[DeadGroup], needle: str, matched: Sequence[DeadGr
                     g.type,
                     f"{g.jobs:,}",
                     g.last_seen.strftime("%m-%d %H:%M:%S") if g.last_seen else "-",
-                    g.fingerprint or "-",
+                    clip(line(g.fingerprint), FINGERPRINT_CELL) if g.fingerprint else "-",
                     g.first_seen.strftime("%m-%d %H:%M:%S") if g.first_seen else "-",
                     str(g.latest_job_id),
                 ],

@@ -61,12 +61,13 @@ class ConfirmScreen(ModalScreen[bool]):
 
 HELP = """\
 [b]Panes[/]   1 ready · 2 running · 3 dead · 4 lease expiries · 5 schedules
-        6 worker (with --work); tab, shift+tab and the mouse work too
+        6 worker (with --work) · 7 charts of the last hour; tab, shift+tab, the mouse
 [b]Move[/]    arrows, page up/down, home/end
 [b]enter[/]   drill down: a type's ready jobs, a dead group's jobs, a job
 [b]Ready[/]   by type; "attempts (done 1h)": jobs done in the last hour by attempts used
 [b]/[/]       filter by type or text (escape clears)
 [b]s[/]       sort by the next column (again: reversed)
+[b]] \\[[/]     running jobs: next page of 100, back to the first
 
 [b]Actions[/] each change asks first and writes the audit log; hidden with --read-only
 [b]r[/]       requeue the selected dead group (in a group's list: the job)
@@ -121,7 +122,7 @@ class JobDetailScreen(Screen[None]):
         except Exception as exc:  # shown in place; the next tick tries again
             text = f"Cannot read job {self.job_id}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
         else:
-            text = f"No job {self.job_id} (archived or deleted)." if job is None else "\n".join(explain(job))
+            text = f"No job {self.job_id} (archived or deleted)." if job is None else "\n".join(explain(job, full=True))
         self.app.call_from_thread(self._show, text)
 
     def _show(self, text: str) -> None:
@@ -169,7 +170,9 @@ class JobListScreen(Screen[None]):
         return True
 
     def on_mount(self) -> None:
-        self.query_one(KeyedTable).focus()
+        table = self.query_one(KeyedTable)
+        table.focus()
+        table.loading = True  # until the first read: an empty table would say "no jobs"
         self.load()
         self.set_interval(1.0, self.load)
 
@@ -181,9 +184,20 @@ class JobListScreen(Screen[None]):
                 rows = render.ready_job_rows(source.ready_jobs(self.job_type))
             else:
                 rows = render.dead_job_rows(source.dead_jobs(self.status, self.job_type, self.fingerprint))
-        except Exception:  # the header already says the database is unreachable
+        except Exception as exc:  # said in the title; the next tick tries again
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self.app.call_from_thread(self._title, f"{self.title_text} · cannot read: {why}")
             return
-        self.app.call_from_thread(self.query_one(KeyedTable).sync, rows)
+        self.app.call_from_thread(self._loaded, rows)
+
+    def _title(self, text: str) -> None:
+        self.query_one("#title", Label).update(Text(line(text)))
+
+    def _loaded(self, rows: list[render.Row]) -> None:
+        table = self.query_one(KeyedTable)
+        table.loading = False
+        table.sync(rows)
+        self._title(self.title_text if rows else f"{self.title_text} · none now")
 
     def _selected_id(self) -> int | None:
         key = self.query_one(KeyedTable).selected_key

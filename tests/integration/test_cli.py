@@ -136,3 +136,30 @@ def test_password_is_not_printed() -> None:
     result = jobtui("postgresql://postgres:s3cret@127.0.0.1:1/test?connect_timeout=5", "enqueue", "t")
     assert result.returncode == 2
     assert "s3cret" not in result.stderr and "***" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "command", [[], ["stats"], ["migrate"], ["dead"], ["enqueue", "t"], ["worker", "--app", "jobtui.demo:jobs"]]
+)
+def test_no_database_given_stops_with_one_line(command: list[str]) -> None:
+    result = jobtui(None, *command)
+    assert result.returncode == 2
+    assert result.stderr == (
+        "jobtui: error: no database given: set JOBTUI_DSN or pass --dsn; `jobtui demo` runs on an embedded server\n"
+    )
+    assert result.stdout == ""
+
+
+def test_global_options_after_the_subcommand(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrations.migrate(conn, "jobs_after")
+    job = ok(jobtui(None, "enqueue", "after.t", "--dsn", dsn, "--schema", "jobs_after", "--actor", "me")).strip()
+    assert one(dsn, "SELECT type FROM jobs_after.job WHERE id = %s", int(job)) == "after.t"
+    stats = json.loads(ok(jobtui(None, "stats", "--json", "--dsn", dsn, "--schema", "jobs_after")))
+    assert stats["totals"]["ready"] == 1
+    # Before the subcommand still works, and the subcommand's own --schema keeps its meaning.
+    assert (
+        json.loads(ok(jobtui(None, "--dsn", dsn, "--schema", "jobs_after", "stats", "--json")))["totals"]["ready"] == 1
+    )
+    refused = jobtui(dsn, "stats", "--dsn")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "--dsn" in refused.stderr

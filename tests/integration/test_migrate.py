@@ -158,6 +158,7 @@ def test_check_on_an_empty_database(empty_dsn: str) -> None:
 
 def test_check_on_an_older_schema(conn: Conn) -> None:
     newest = migrations.code_version()
+    previous = migrations.available()[-2].version
     assert migrations.check(conn) == newest
     conn.execute("DELETE FROM jobtui.migration WHERE version = %s", (newest,))
     previous = migrations.available()[-2].version

@@ -46,6 +46,7 @@ WORKER_TABLES = {
     "lease_expiry": {"SELECT", "INSERT", "DELETE"},
     "stats_hourly": {"SELECT", "INSERT", "DELETE"},
     "done_tally": {"SELECT", "INSERT", "UPDATE", "DELETE"},
+    "queue_minute": {"SELECT", "INSERT", "DELETE"},
     "effect": {"SELECT", "INSERT", "DELETE"},
     "audit": {"SELECT", "INSERT"},
     "migration": {"SELECT"},

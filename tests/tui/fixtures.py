@@ -11,18 +11,20 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from jobtui.backlog import MinuteFigures
 from jobtui.domain import ErrorEntry, JobRow, JobStatus
 from jobtui.errors import DatabaseUnavailable
 from jobtui.joblists import DeadJob, ReadyJob, RunningJob
 from jobtui.metrics import DeadGroup, LeaseExpiry, RunningGroup, ScheduleHealth, Snapshot, TypeCounts
 from jobtui.tui.app import JobtuiApp
-from jobtui.tui.data import DataSource, Fetched
+from jobtui.tui.data import DataSource, Fetched, Where
 
 NOW = datetime(2025, 3, 14, 9, 26, 53, tzinfo=UTC)
 READ_AT = 1000.0  # the fixed monotonic time the data was "read"
 ELAPSED = 2.0  # and how long ago, by the fixed clock
 HISTORY = [3, 4, 4, 6, 9, 14, 22, 31, 35, 38, 41, 40, 44, 52, 61, 58, 64, 71, 75]
 
+WHERE = Where("ops", "db.example.com", "5432", "app", "jobtui", server_read_only=False)
 EXPIRED_JOB = 4130  # the running job whose lease expired (its worker crashed)
 
 
@@ -87,6 +89,21 @@ def schedules() -> list[ScheduleHealth]:
     ]  # fmt: skip
 
 
+def minutes() -> list[MinuteFigures]:
+    """The last hour: calm, then from 20 minutes ago a worker crashing and a backlog growing."""
+    start = NOW.replace(second=0) - timedelta(minutes=60)
+    rows = []
+    for i in range(60):
+        trouble = max(0, i - 40)
+        rows.append(
+            MinuteFigures(
+                start + timedelta(minutes=i), 40 + 60 * trouble, 35 + 58 * trouble, 2.0 + 21.0 * trouble,
+                150 - 4 * trouble, 1 + (trouble % 3 == 1), 7 if i == 52 else 2 if i == 58 else 0,
+            )
+        )  # fmt: skip
+    return rows
+
+
 def snapshot() -> Snapshot:
     return Snapshot(
         taken_at=NOW,
@@ -118,6 +135,7 @@ def snapshot() -> Snapshot:
         longest_lock_wait=0.0,
         oldest_xact_age=None,
         oldest_xact_pid=None,
+        minutes=minutes(),
     )
 
 
@@ -164,11 +182,15 @@ class FixedSource(DataSource):
     def __init__(self) -> None:
         super().__init__("postgresql://fixed.invalid/jobtui", "jobtui")
         self.unreachable = False  # set to make every read fail as a lost server does
+        self.hung_for = 0.0  # set to show a read that has waited this long for the server
+
+    def busy_for(self) -> float:
+        return self.hung_for
 
     def fetch(self, needle: str = "") -> Fetched:
         if self.unreachable:
             raise DatabaseUnavailable("cannot reach PostgreSQL at db.example.com:5432: connection refused")
-        return Fetched(snapshot(), running_jobs(), read_at=READ_AT)
+        return Fetched(snapshot(), running_jobs(), read_at=READ_AT, where=WHERE)
 
     def ready_jobs(self, job_type: str) -> list[ReadyJob]:
         return ready_jobs(job_type)

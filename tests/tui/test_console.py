@@ -554,7 +554,7 @@ async def test_database_unreachable_keeps_the_last_data_and_recovers(dsn: str) -
         vitals = app.query_one("#vitals")
         await wait_for(pilot, lambda: "UNREACHABLE" not in text(vitals), what="a healthy header")
         app.source.dsn = "postgresql://postgres@127.0.0.1:1/nowhere"  # a port nothing answers
-        app.source.close()
+        app.source.disconnect()
         await wait_for(pilot, lambda: not app.connected, what="the failed read")
         await wait_for(pilot, lambda: "DATABASE UNREACHABLE" in text(vitals), what="the banner")
         assert "dead 5" in text(vitals)  # the last figures stay

@@ -65,7 +65,9 @@ def test_every_pane_shows_its_data_escaped_and_literally(values: list[str]) -> N
     for pane, rows, fields in panes(*values[:4]):
         shown = shown_row(pane, rows)
         for column, value in fields.items():
-            assert shown[column].plain == visible(value), (pane, column)
+            # A dead group's fingerprint is cut, with an ellipsis, after its escaping.
+            expected = render.clip(visible(value), render.FINGERPRINT_CELL) if column == "error fingerprint" else None
+            assert shown[column].plain == (expected or visible(value)), (pane, column)
 
 
 @given(texts, st.data())

@@ -55,11 +55,12 @@ def test_each_pane_offers_its_own_keys_and_implements_them() -> None:
     offered = {pane.ID: pane.actions() - {"open", "filter", "sort"} for pane in panes.ALL}
     assert offered == {
         "ready": set(),
-        "running": {"kill_lease", "cancel"},
+        "running": {"kill_lease", "cancel", "next_page", "first_page"},
         "dead": {"requeue"},
         "expiries": set(),
         "schedules": {"pause_schedule", "run_now"},
         "worker": set(),
+        "charts": set(),
     }
     for pane in panes.ALL:
         for action in pane.actions():

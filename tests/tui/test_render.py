@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import replace
+from typing import Any
 
 import pytest
 from rich.text import Text
 
+from jobtui.backlog import ReadyEstimate
 from jobtui.joblists import DeadJob, ReadyJob, RunningJob
 from jobtui.metrics import DeadGroup, ScheduleHealth, Snapshot, TypeCounts
-from jobtui.tui import render
+from jobtui.tui import header, render
 from jobtui.tui.render import STYLE, Thresholds
 from jobtui.tui.widgets import literal, sort_value
 
@@ -130,19 +133,46 @@ def test_vitals_sparkline_follows_oldest_ready() -> None:
     assert "oldest ready 6m52s ▁▅█" in line.plain
 
 
+def head(**kwargs: Any) -> Text:
+    args: dict[str, Any] = {"where": fx.WHERE, "schema": "jobtui", "read_only": False, **kwargs}
+    return header.header(fx.snapshot(), [], T, **args)
+
+
 def test_vitals_unreachable_banner_says_how_old_the_data_is() -> None:
-    line = render.vitals(fx.snapshot(), [], T, connected=False, stale_for=75)
-    assert line.plain.startswith(" DATABASE UNREACHABLE · data 1m15s old ")
+    line = head(connected=False, last_error="connection refused", stale_for=75)
+    assert line.plain.startswith(" DATABASE UNREACHABLE · data 1m15s old · connection refused ")
     assert "dead 24" in line.plain  # the last figures stay
     assert any("red3" in str(s.style) for s in line.spans)
 
 
+def test_a_read_waiting_past_two_seconds_turns_the_header_red() -> None:
+    assert header.banner(connected=True, last_error="", hung_for=1.9, stale_for=2.5) is None
+    line = head(hung_for=4.2, stale_for=5.0)
+    assert line.plain.startswith(" DATABASE NOT ANSWERING for 4s · data 5s old ")
+    assert any("red3" in str(s.style) for s in line.spans)
+    assert head(hung_for=2.0, stale_for=None).plain.startswith(" DATABASE NOT ANSWERING for 2s · no data yet ")
+
+
+def test_the_header_names_role_host_port_database_schema_and_read_only() -> None:
+    plain = head(read_only=True).plain.split("\n")[0]
+    assert plain == "ops@db.example.com:5432/app schema jobtui  read-only console"
+    standby = header.where_line(replace(fx.WHERE, server_read_only=True), False, "jobtui").plain
+    assert standby.endswith("read-only server")
+    assert header.where_line(None, False, "jobs").plain == "schema jobs"  # before the first connection
+
+
+def test_an_estimated_backlog_is_labelled_and_rounded() -> None:
+    estimated = replace(fx.snapshot(), ready_estimate=ReadyEstimate(5_000_000, 4_518_286, 3742.0, "planner", {}))
+    line = render.vitals(estimated, [], T).plain
+    assert "ready ~4.5M+482k" in line and "oldest ready 1h02m" in line
+    assert "ready 1,196+52" in render.vitals(fx.snapshot(), [], T).plain  # counted: exact
+
+
 @pytest.mark.parametrize("width", [40, 60, 80, 118, 200])
 def test_vitals_wraps_between_figures_never_inside(width: int) -> None:
-    line = render.vitals(fx.snapshot(), fx.HISTORY, T, connected=False, stale_for=3, width=width)
+    line = render.vitals(fx.snapshot(), fx.HISTORY, T, width=width)
     lines = line.plain.split("\n")
     assert all(len(text) <= width for text in lines), lines
-    assert lines[0].startswith(" DATABASE UNREACHABLE")
     joined = " ".join(lines)
     for figure in ("ready 1,196+52", "done/min 174", "expiries 1h 7", "missed slots 14"):
         assert figure in joined, (figure, lines)
@@ -403,3 +433,12 @@ def test_literal_cells_are_never_markup() -> None:
 def test_sort_value_numbers_then_text() -> None:
     cells: list[Text | str] = ["1,204", "36", Text("9"), "-", "b", "A"]
     assert sorted(cells, key=sort_value) == [Text("9"), "36", "1,204", "-", "A", "b"]
+
+
+def test_a_long_fingerprint_ends_in_an_ellipsis() -> None:
+    long = "ConnectionError: " + "x" * 100
+    group = DeadGroup("dead", "t", long, 3, None, None, 1, 1)
+    cell = named("dead", render.dead_rows([group], "")[0][1])["error fingerprint"]
+    assert len(cell) == render.FINGERPRINT_CELL and cell.endswith("…") and long.startswith(cell[:-1])
+    short = DeadGroup("dead", "t", "KeyError: <n>", 3, None, None, 1, 1)
+    assert named("dead", render.dead_rows([short], "")[0][1])["error fingerprint"] == "KeyError: <n>"

@@ -102,3 +102,19 @@ def test_database_unreachable(snap_compare: Compare) -> None:
         await pilot.pause(0.3)  # a tick redraws the header
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_database_not_answering(snap_compare: Compare) -> None:
+    app = fx.FixedApp()
+
+    async def run_before(pilot: Any) -> None:
+        await after()(pilot)
+        assert isinstance(app.source, fx.FixedSource)
+        app.source.hung_for = 4.0
+        await pilot.pause(0.3)  # a tick redraws the header
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_last_hour_charts(snap_compare: Compare) -> None:
+    assert snap_compare(fx.FixedApp(), terminal_size=SIZE, run_before=after("7"))

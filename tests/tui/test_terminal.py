@@ -126,7 +126,7 @@ def test_hostile_rows_neither_retitle_nor_blank_the_terminal(dsn: str, terminal:
     for keys, shown, what in (
         ("3", lambda s: main(s) and "error fingerprint" in s, "the dead pane"),
         ("Enter", lambda s: " jobs of " in s and "error fingerprint" not in s, "a dead group's jobs"),
-        ("Enter", lambda s: "History (1):" in s and "Payload:" in s, "a dead job explained"),
+        ("Enter", lambda s: "Attempts and events (1 recorded" in s and "Payload:" in s, "a dead job explained"),
         ("Escape", lambda s: " jobs of " in s, "back to the group's jobs"),
         ("Escape", main, "back to the panes"),
         ("2", lambda s: "lease left" in s, "the running pane"),
@@ -141,8 +141,8 @@ def test_hostile_rows_neither_retitle_nor_blank_the_terminal(dsn: str, terminal:
         assert terminal.title() == TITLE, screen
 
     assert terminal.title() == TITLE, screen
-    header, tab_bar = screen.splitlines()[0], screen.splitlines()[1:4]
-    assert "oldest ready" in header, screen  # the vital signs, not blanked
+    where, header, tab_bar = screen.splitlines()[0], screen.splitlines()[1], screen.splitlines()[2:5]
+    assert "schema jobtui" in where and "oldest ready" in header, screen  # the vital signs, not blanked
     assert any(all(t in line for t in tabs) for line in tab_bar), screen
     terminal.keys("q")
     terminal.wait(lambda s: "1 Ready" not in s, what="the console to quit")

@@ -28,6 +28,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "otel",
         "scheduler",
         "maintenance",
+        "backlog",
         "metrics",
         "joblists",
         "jobquery",

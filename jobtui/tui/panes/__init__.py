@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .base import Pane, TablePane
+from .charts import ChartsPane
 from .dead import DeadPane
 from .expiries import ExpiriesPane
 from .ready import ReadyPane
@@ -11,11 +12,12 @@ from .schedules import SchedulesPane
 from .worker import LogToWidget, WorkerPane
 
 TABLES: tuple[type[TablePane], ...] = (ReadyPane, RunningPane, DeadPane, ExpiriesPane, SchedulesPane)
-ALL: tuple[type[Pane], ...] = (*TABLES, WorkerPane)  # the worker's tab only with --work
+ALL: tuple[type[Pane], ...] = (*TABLES, WorkerPane, ChartsPane)  # the worker's tab only with --work
 
 __all__ = [
     "ALL",
     "TABLES",
+    "ChartsPane",
     "DeadPane",
     "ExpiriesPane",
     "LogToWidget",

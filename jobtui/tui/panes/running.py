@@ -1,11 +1,32 @@
-"""2 Running: the running jobs with live lease countdowns; kill a lease, cancel a job."""
+"""2 Running: the running jobs with live lease countdowns, a page at a time; kill a lease,
+cancel a job."""
 
 from __future__ import annotations
 
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import Label
+
+from ...joblists import RUNNING_PAGE, RunningCursor
 from .. import changes, render
 from ..console import Change, View
 from ..screens import JobDetailScreen
+from ..widgets import KeyedTable
 from .base import TablePane
+
+
+def page_caption(first: int, shown: int, total: int, more: bool) -> str:
+    """Which running jobs the page shows of how many, and how to page.
+
+    >>> page_caption(1, 100, 2000, True)
+    'jobs 1-100 of 2,000 running, leases closest to expiry first · ] next page'
+    """
+    if shown == 0:
+        return f"no running jobs on this page of {total:,} · [ first page" if first > 1 else "no running jobs"
+    text = f"jobs {first:,}-{first + shown - 1:,} of {total:,} running, leases closest to expiry first"
+    keys = [k for k, on in (("] next page", more), ("[ first page", first > 1)) if on]
+    return " · ".join([text, *keys])
 
 
 class RunningPane(TablePane):
@@ -17,14 +38,50 @@ class RunningPane(TablePane):
     BINDINGS = [
         Change("k", "kill_lease", "Kill lease"),
         Change("c", "cancel", "Cancel"),
+        Binding("right_square_bracket", "next_page", "Next page", show=False),
+        Binding("left_square_bracket", "first_page", "First page", show=False),
     ]
+    DEFAULT_CSS = "#running-page { padding: 0 1; color: $text-muted; }"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pages: list[RunningCursor] = []  # the cursor each page after the first starts after
+
+    def compose(self) -> ComposeResult:
+        yield Label("", id="running-page")
+        yield KeyedTable(render.COLUMNS[self.ID], id=f"table-{self.ID}")
 
     def rows(self, view: View) -> list[render.Row]:
         return render.running_rows(view.fetched.running, view.needle, view.elapsed)
 
+    def show(self, view: View) -> None:
+        super().show(view)
+        fetched = view.fetched
+        first = 1 + RUNNING_PAGE * len(self.pages) if fetched.running_after is not None else 1
+        total = view.snapshot.running_count
+        more = len(fetched.running) == RUNNING_PAGE and first - 1 + len(fetched.running) < total
+        self.query_one("#running-page", Label).update(Text(page_caption(first, len(fetched.running), total, more)))
+
     def tick(self, view: View | None) -> None:
-        if view is not None:
-            self.show(view)  # the heartbeats, lease countdowns and run times move on
+        # The heartbeats, lease countdowns and run times move on; only on screen: redrawing a
+        # page of 500 rows four times a second behind another pane costs CPU for nothing.
+        if view is not None and self.display:
+            self.show(view)
+
+    def _turn(self) -> None:
+        self.console.source.running_after = self.pages[-1] if self.pages else None
+        self.console.refresh_data()
+
+    def action_next_page(self) -> None:
+        view = self.console.view()
+        if view is None or len(view.fetched.running) < RUNNING_PAGE:
+            return
+        self.pages.append(view.fetched.running[-1].cursor)
+        self._turn()
+
+    def action_first_page(self) -> None:
+        self.pages.clear()
+        self._turn()
 
     def action_open(self) -> None:
         key = self.selected_key

@@ -58,6 +58,10 @@ class WorkerPane(Pane):
         yield Label("", id="worker-state")
         yield RichLog(id="worker-log", max_lines=2000, wrap=False)
 
+    def on_show(self) -> None:
+        # At once when opened, not at the next tick: the log's lines are already kept.
+        self.tick(None)
+
     def tick(self, view: View | None) -> None:
         w = self.worker
         state = "paused" if w.paused else ("running" if w.running else "stopped")

@@ -1,0 +1,69 @@
+"""The console's header: where it reads, whether the database answers, then the vitals.
+
+Pure, like render.py: everything comes in as arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+
+from ..metrics import Snapshot
+from ..safetext import line
+from . import render
+from .data import Where
+
+# A read waiting this long means the database does not answer: the header turns red, with how
+# old the figures on screen are, while the read still waits.
+HUNG_AFTER = 2.0
+ALARM = "bold white on red3"
+
+
+def banner(*, connected: bool, last_error: str, hung_for: float, stale_for: float | None) -> Text | None:
+    """The red line while the database does not answer or cannot be reached; None while it does."""
+    old = "no data yet" if stale_for is None else f"data {render.age(stale_for)} old"
+    if hung_for >= HUNG_AFTER:
+        return Text(f" DATABASE NOT ANSWERING for {render.age(hung_for)} · {old} ", style=ALARM)
+    if not connected:
+        return Text(f" DATABASE UNREACHABLE · {old} · {line(last_error)} ", style=ALARM)
+    return None
+
+
+def where_line(where: Where | None, read_only: bool, schema: str) -> Text:
+    """Role, host, port, database and schema, and the read-only states, in that order."""
+    out = Text()
+    out.append(line(where.label() if where is not None else f"schema {schema}"), style=render.STYLE["dim"])
+    if read_only:
+        out.append("  read-only console", style="bold")
+    if where is not None and where.server_read_only:
+        out.append("  read-only server", style=render.STYLE["warn"])
+    return out
+
+
+def header(
+    snap: Snapshot | None,
+    history: Sequence[float],
+    thresholds: render.Thresholds,
+    *,
+    where: Where | None,
+    schema: str,
+    read_only: bool,
+    connected: bool = True,
+    last_error: str = "",
+    hung_for: float = 0.0,
+    stale_for: float | None = None,
+    width: int | None = None,
+) -> Text:
+    """The whole header: the red banner when the database does not answer, where the console
+    reads, then the figures (none before the first read)."""
+    out = Text()
+    alarm = banner(connected=connected, last_error=last_error, hung_for=hung_for, stale_for=stale_for)
+    if alarm is not None:
+        out.append_text(alarm)
+        out.append("\n")
+    out.append_text(where_line(where, read_only, schema))
+    if snap is not None:
+        out.append("\n")
+        out.append_text(render.vitals(snap, history, thresholds, width=width))
+    return out

@@ -1,0 +1,113 @@
+"""A backlog too big to count on every refresh: the snapshot estimates it, says so, and reads
+the archiver's minute rows (queue_minute) for the per-type figures and the last hour.
+
+The cap is lowered for the test (a figure of configuration, not of the database), so a few
+dozen real rows stand for millions.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from jobtui import Queue, backlog, metrics
+from jobtui.domain import NewJob
+from jobtui.metrics import snapshot
+
+Conn = psycopg.Connection[Any]
+CAP = 20
+
+
+def away_from_minute_boundary(conn: Conn, margin: float = 3.0) -> None:
+    """Sleep into the next minute when it is less than `margin` seconds away."""
+    row = conn.execute("SELECT 60 - extract(second FROM now())").fetchone()
+    assert row is not None
+    if float(row[0]) < margin:
+        time.sleep(float(row[0]) + 0.2)
+
+
+@pytest.fixture
+def backlog_of_30(dsn: str, conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """30 ready jobs: 20 of `a` (5 of them delayed), 10 of `b` due for 10 minutes."""
+    monkeypatch.setattr(metrics, "READY_EXACT_CAP", CAP)
+    with Queue(dsn) as q:
+        q.enqueue_many([NewJob("a", {}) for _ in range(15)] + [NewJob("a", {}, delay=3600) for _ in range(5)])
+        q.enqueue_many([NewJob("b", {}) for _ in range(10)])
+    conn.execute("UPDATE jobtui.job SET run_at = now() - interval '10 minutes' WHERE type = 'b'")
+
+
+def oldest_due_age(conn: Conn) -> float:
+    row = conn.execute(
+        "SELECT extract(epoch FROM now() - min(run_at))::float8 FROM jobtui.job"
+        " WHERE status = 'ready' AND run_at <= now()"
+    ).fetchone()
+    assert row is not None
+    return float(row[0])
+
+
+def test_up_to_the_cap_every_ready_job_is_counted(dsn: str, conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "READY_EXACT_CAP", CAP)
+    with Queue(dsn) as q:
+        q.enqueue_many([NewJob("a", {}) for _ in range(CAP)])
+    snap = snapshot(conn)
+    assert snap.ready_estimate is None and snap.ready == CAP
+    assert snap.to_json()["totals"]["ready_exact"] is True
+
+
+def test_above_the_cap_the_planner_estimates_and_the_age_stays_exact(conn: Conn, backlog_of_30: None) -> None:
+    conn.execute("VACUUM jobtui.job")  # sets the ready index's row estimate, as autovacuum does
+    snap = snapshot(conn)
+    est = snap.ready_estimate
+    assert est is not None and est.source == "the planner's estimate of the ready index"
+    assert snap.ready == 30 and est.by_type == {}
+    assert snap.oldest_ready_age == pytest.approx(oldest_due_age(conn), abs=2.0)
+    assert snap.oldest_ready_age is not None and snap.oldest_ready_age >= 600
+    assert snap.to_json()["totals"]["ready_exact"] is False
+    assert any(note.startswith("ready is an estimate") for note in snap.notes)
+
+
+def test_the_archivers_minute_row_gives_the_split_by_type(conn: Conn, backlog_of_30: None) -> None:
+    away_from_minute_boundary(conn)
+    assert backlog.record_minute(conn) is True
+    assert backlog.record_minute(conn) is False  # once per minute, whoever asks
+    snap = snapshot(conn)
+    est = snap.ready_estimate
+    assert est is not None and est.source.endswith("by the archiver")
+    assert (snap.ready, snap.ready_due) == (30, 25)
+    counts = {t.type: (t.ready, t.ready_due) for t in snap.by_type}
+    assert counts == {"a": (20, 15), "b": (10, 10)}
+    assert len(snap.minutes) == 1 and snap.minutes[0].ready == 30
+
+
+def test_a_minute_row_counts_what_finished_within_its_minute(dsn: str, conn: Conn) -> None:
+    away_from_minute_boundary(conn)
+    with Queue(dsn) as q:
+        ids = q.enqueue_many([NewJob("a", {}) for _ in range(6)])
+    last_minute = "date_bin('1 minute', now(), timestamptz '2000-01-01') - interval '30 seconds'"
+    earlier = "date_bin('1 minute', now(), timestamptz '2000-01-01') - interval '90 seconds'"
+    conn.execute(f"UPDATE jobtui.job SET status = 'done', finished_at = {last_minute} WHERE id = ANY(%s)", (ids[:3],))
+    conn.execute(f"UPDATE jobtui.job SET status = 'done', finished_at = {earlier} WHERE id = %s", (ids[3],))
+    conn.execute(f"UPDATE jobtui.job SET status = 'dead', finished_at = {last_minute} WHERE id = %s", (ids[4],))
+    conn.execute(
+        "INSERT INTO jobtui.lease_expiry (job_id, job_type, attempt, expired_at, reaped_at, outcome)"
+        f" VALUES (%s, 'a', 1, {last_minute}, {last_minute}, 'ready')",
+        (ids[5],),
+    )
+    assert backlog.record_minute(conn)
+    snap = snapshot(conn)
+    (row,) = snap.minutes
+    assert (row.ready, row.done, row.dead, row.lease_expiries) == (1, 3, 1, 1)
+    assert row.minute == metrics._minute(snap.taken_at) - metrics.MINUTE
+
+
+def test_minute_rows_older_than_a_day_are_pruned(conn: Conn) -> None:
+    conn.execute(
+        "INSERT INTO jobtui.queue_minute (minute, ready, ready_due, done, dead, lease_expiries)"
+        " VALUES (now() - interval '25 hours', 1, 1, 0, 0, 0), (now() - interval '23 hours', 2, 2, 0, 0, 0)"
+    )
+    backlog.record_minute(conn)
+    row = conn.execute("SELECT array_agg(ready ORDER BY minute) FROM jobtui.queue_minute").fetchone()
+    assert row is not None and row[0] == [2, 0]

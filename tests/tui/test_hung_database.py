@@ -1,0 +1,78 @@
+"""A database that stops answering (hung, not refusing): the header turns red within 3 s,
+says how old the figures are, the keys still work, and it recovers when the server does.
+
+Two real ways to hang: a TCP proxy that stops moving bytes (a partition; new connections
+hang too), and SIGSTOP on the PostgreSQL backend the console reads through.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from jobtui.tui.app import JobtuiApp
+
+from ..proxy import Proxy
+from .helpers import seed, wait_for
+
+SIZE = (120, 36)
+
+
+def header_text(app: JobtuiApp) -> str:
+    content: Any = app.query_one("#vitals").content  # type: ignore[attr-defined]
+    return str(content.plain)
+
+
+async def assert_turns_red_and_recovers(app: JobtuiApp, pilot: Any, hang: Any, resume: Any) -> None:
+    await wait_for(pilot, lambda: app.latest is not None, what="the first read")
+    assert "NOT ANSWERING" not in header_text(app) and "ready" in header_text(app)
+    hang()
+    hung_at = time.monotonic()
+    try:
+        await wait_for(pilot, lambda: "DATABASE NOT ANSWERING" in header_text(app), timeout=3.0, what="a red header")
+        assert time.monotonic() - hung_at <= 3.0
+        assert "data " in header_text(app) and " old" in header_text(app)
+        assert "dead 5" in header_text(app)  # the last figures stay on screen
+        await pilot.press("3")  # the keys answer while the read waits
+        await wait_for(pilot, lambda: app.pane == "dead", timeout=1.0, what="the dead pane")
+    finally:
+        resume()
+    await wait_for(pilot, lambda: "NOT ANSWERING" not in header_text(app), timeout=10.0, what="the header to recover")
+    read = app.latest.read_at if app.latest else 0.0
+    await wait_for(pilot, lambda: app.latest is not None and app.latest.read_at > read, what="a fresh read")
+
+
+async def test_a_frozen_connection_turns_the_header_red(dsn: str) -> None:
+    seed(dsn)
+    with Proxy(dsn) as proxy:
+        app = JobtuiApp(proxy.dsn(dsn), refresh_interval=0.25)
+        async with app.run_test(size=SIZE) as pilot:
+            await assert_turns_red_and_recovers(app, pilot, proxy.freeze, proxy.thaw)
+            await app.action_quit()
+
+
+async def test_a_stopped_backend_turns_the_header_red(dsn: str) -> None:
+    seed(dsn)
+    app = JobtuiApp(dsn, refresh_interval=0.25)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.latest is not None, what="the first read")
+        pid = app.source.backend_pid()
+        await assert_turns_red_and_recovers(
+            app, pilot, lambda: os.kill(pid, signal.SIGSTOP), lambda: os.kill(pid, signal.SIGCONT)
+        )
+        await app.action_quit()
+
+
+async def test_quit_while_the_database_hangs_takes_under_a_second(dsn: str) -> None:
+    with Proxy(dsn) as proxy:
+        app = JobtuiApp(proxy.dsn(dsn), refresh_interval=0.25)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.latest is not None, what="the first read")
+            proxy.freeze()
+            await wait_for(pilot, lambda: app.source.busy_for() > 0.5, what="a read that waits")
+            started = time.monotonic()
+            await pilot.press("q")
+            await wait_for(pilot, lambda: app.return_code is not None, timeout=1.0, what="the console to quit")
+        assert time.monotonic() - started < 1.0
