@@ -31,6 +31,11 @@ from .safetext import line
 Opener = Callable[[argparse.Namespace], Queue]
 
 
+def age_text(seconds: float | None) -> str:
+    """An age for a table cell, `-` for none."""
+    return _age(seconds)
+
+
 def _age(seconds: float | None) -> str:
     from datetime import timedelta
 

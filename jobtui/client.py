@@ -22,6 +22,7 @@ from .checks import check_text
 from .db import Call, arun, check_dsn, connect, connect_timeout, int_list, resolve_dsn, run, statements, unavailable
 from .domain import (
     DEFAULT_LEASE_SECONDS,
+    DEFAULT_QUEUE,
     DEFAULT_SCHEMA,
     ClaimedJob,
     FailOutcome,
@@ -173,10 +174,14 @@ class Queue:
         delay: float = 0.0,
         run_at: Any = None,
         max_attempts: int | None = None,
+        queue: str = DEFAULT_QUEUE,
         conn: psycopg.Connection[Any] | None = None,
     ) -> int:
-        """Insert one job and return its id; a key that exists returns the existing job's id."""
-        call = enqueue_call(job_type, payload, key=key, delay=delay, run_at=run_at, max_attempts=max_attempts)
+        """Insert one job into `queue` and return its id; a key that exists returns the
+        existing job's id."""
+        call = enqueue_call(
+            job_type, payload, key=key, delay=delay, run_at=run_at, max_attempts=max_attempts, queue=queue
+        )
         if conn is not None:
             return enqueue(conn, call, self.schema)
         return self._with_conn(None, lambda c: _autocommitted(c, lambda: enqueue(c, call, self.schema)))
@@ -298,7 +303,7 @@ class Queue:
 
     def cancel(self, ids: Sequence[int], *, actor: str) -> list[int]:
         """Mark ready or running jobs failed. Audited."""
-        return self._operate(cancel_call(ids, actor), "cancel", actor, _ids_target(ids))
+        return self._operate(cancel_call(ids, actor, self.schema), "cancel", actor, _ids_target(ids))
 
     def audit(self, limit: int = 100) -> list[AuditEntry]:
         """The newest operator actions first."""
@@ -423,10 +428,14 @@ class AsyncQueue:
         delay: float = 0.0,
         run_at: Any = None,
         max_attempts: int | None = None,
+        queue: str = DEFAULT_QUEUE,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> int:
-        """Insert one job and return its id; a key that exists returns the existing job's id."""
-        call = enqueue_call(job_type, payload, key=key, delay=delay, run_at=run_at, max_attempts=max_attempts)
+        """Insert one job into `queue` and return its id; a key that exists returns the
+        existing job's id."""
+        call = enqueue_call(
+            job_type, payload, key=key, delay=delay, run_at=run_at, max_attempts=max_attempts, queue=queue
+        )
         return await self._with_conn(conn, lambda c: aenqueue(c, call, self.schema), autocommit=conn is None)
 
     async def enqueue_many(

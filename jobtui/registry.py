@@ -162,12 +162,24 @@ class Job:
         # A plain flag: set once by the worker, read by the handler's thread; assignments of
         # a bool are atomic in CPython, and an Event per job cost a lock and a condition.
         self._lost = False
+        self._cancelled = False
+
+    @property
+    def cancelled(self) -> bool:
+        """True once an operator cancelled this job while it ran (`jobtui cancel`, the
+        console's `c`): the job is `failed` already, so the handler should return; its outcome
+        is discarded and `once()` refuses. An async handler is cancelled outright."""
+        return self._cancelled
+
+    def mark_cancelled(self) -> None:
+        self._cancelled = True
+        self._lost = True
 
     @property
     def lost(self) -> bool:
         """True once the worker gave this attempt up (its lease was lost, or could not be
         extended before it expired): a long handler checks it between steps and returns,
-        since its outcome is discarded and `once()` refuses."""
+        since its outcome is discarded and `once()` refuses. Also True once cancelled."""
         return self._lost
 
     def mark_lost(self) -> None:

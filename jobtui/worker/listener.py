@@ -1,9 +1,10 @@
-"""The listener: LISTENs on the schema's channel and wakes the producer at every insert, and
-after every reconnect (notifications may have been missed meanwhile)."""
+"""The listener: LISTENs on the schema's channel and wakes the producers at every insert, and
+after every reconnect (notifications may have been missed meanwhile). A notification
+`cancel <id>` says an operator cancelled a running job: its worker stops the handler."""
 
 from __future__ import annotations
 
-import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -11,6 +12,8 @@ import psycopg
 
 from ..db import statements
 from ..link import Connection
+
+_CANCEL = re.compile(r"cancel ([0-9]{1,19})")
 
 
 def subscriber(schema: str) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]:
@@ -22,15 +25,25 @@ def subscriber(schema: str) -> Callable[[psycopg.AsyncConnection[Any]], Awaitabl
     return subscribe
 
 
-async def listen(conn: Connection, kick: asyncio.Event) -> None:
-    """Set `kick` at every notification, until cancelled."""
+def cancelled_job(payload: str) -> int | None:
+    """The job id of a cancel notification's payload, or None for any other payload."""
+    match = _CANCEL.fullmatch(payload)
+    return int(match.group(1)) if match else None
+
+
+async def listen(conn: Connection, wake: Callable[[], None], cancel: Callable[[int], None]) -> None:
+    """Call `wake` at every notification and `cancel` at every cancel, until cancelled."""
     try:
         while True:
             live = await conn.get()
-            kick.set()  # notifications may have been missed while disconnected
+            wake()  # notifications may have been missed while disconnected
             try:
-                async for _ in live.notifies():
-                    kick.set()
+                async for note in live.notifies():
+                    job_id = cancelled_job(note.payload)
+                    if job_id is not None:
+                        cancel(job_id)
+                    else:
+                        wake()
             except psycopg.OperationalError as exc:
                 conn.lost(exc)
     finally:

@@ -21,13 +21,14 @@ import os
 import random
 import socket
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from functools import partial
 from typing import Any
 
 import psycopg
 
 from ..backoff import delay as backoff_delay
+from ..checks import check_queue
 from ..db import Call, aconnect, arun, first_line, statements
 from ..domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJob, FailOutcome
 from ..errors import InvalidInput, JobtuiError, PrivilegeMissing
@@ -44,6 +45,7 @@ from .listener import listen, subscriber
 from .outcome import MAX_UNCOUNTED_IN_A_ROW, Outcome, count_outcome
 from .producer import Producer, claim_session
 from .reaper import Reaper
+from .slots import Slots, describe
 
 DEFAULT_RETENTION = Retention()
 
@@ -74,6 +76,7 @@ class Worker:
         *,
         concurrency: int = 10,
         types: Sequence[str] | None = None,
+        queues: Mapping[str, int] | None = None,
         lease: float = DEFAULT_LEASE_SECONDS,
         worker_id: str | None = None,
         schema: str = DEFAULT_SCHEMA,
@@ -87,6 +90,8 @@ class Worker:
     ) -> None:
         if concurrency < 1:
             raise InvalidInput(f"concurrency must be at least 1, got {concurrency}")
+        if queues is not None and (not queues or any(n < 1 for n in queues.values())):
+            raise InvalidInput("queues: give each queue a concurrency of at least 1")
         if not lease >= 1:
             raise InvalidInput(f"lease must be at least 1 second, got {lease}")
         if not poll_interval >= 0.01:  # 0 would spin on the database
@@ -106,7 +111,10 @@ class Worker:
             raise InvalidInput("the app registers no handlers: decorate functions with @jobs.handler(TYPE)")
         self.jobs = jobs
         self.dsn = dsn
-        self.concurrency = concurrency
+        # One pool of slots per queue named, or one for every queue (None).
+        sizes: dict[str | None, int] = {check_queue(q): n for q, n in queues.items()} if queues else {None: concurrency}
+        self.slots = Slots(sizes)
+        self.concurrency = self.slots.total
         self.types = selected
         self.lease = lease
         self.worker_id = worker_id or default_worker_id()
@@ -122,9 +130,7 @@ class Worker:
         self.delete_on_complete = delete_on_complete
         self.scheduler = Scheduler(dsn, schema=schema, specs=list(jobs.schedules.values())) if scheduler else None
         self.in_flight: dict[int, InFlight] = {}
-        self._busy = 0  # handlers running now (in_flight also holds outcomes being written)
         self._limits = {t: h.max_attempts for t, h in jobs.handlers.items()}
-        self.paused = False
         self.counts = {
             "done": 0,
             "failed": 0,
@@ -133,11 +139,11 @@ class Worker:
             "lost": 0,
             "released": 0,
             "abandoned": 0,
+            "cancelled": 0,
         }
         # Why the worker stopped by itself (a privilege it lacks): raised by run().
         self.fatal: JobtuiError | None = None
         self._stopping: asyncio.Event | None = None
-        self._kick: asyncio.Event | None = None
         self._link: Link | None = None
         self._background: set[asyncio.Future[None]] = set()  # hand-backs under way, and the like
         self._stopping_for_privilege = False
@@ -150,17 +156,19 @@ class Worker:
         """Stop claiming; in-flight jobs get `shutdown_timeout` seconds, then are released."""
         if self._stopping is not None:
             self._stopping.set()
-        if self._kick is not None:
-            self._kick.set()
+        self.slots.wake()
+
+    @property
+    def paused(self) -> bool:
+        return self.slots.paused
 
     def pause(self) -> None:
-        """Stop claiming new jobs; in-flight ones finish."""
-        self.paused = True
+        """Stop claiming new jobs in this worker; in-flight ones finish."""
+        self.slots.paused = True
 
     def resume(self) -> None:
-        self.paused = False
-        if self._kick is not None:
-            self._kick.set()
+        self.slots.paused = False
+        self.slots.wake()
 
     @property
     def running(self) -> bool:
@@ -175,7 +183,6 @@ class Worker:
         at start or later (a revoked grant will not come back by itself).
         """
         stopping = self._stopping = asyncio.Event()
-        kick = self._kick = asyncio.Event()
         stopped_writing = asyncio.Event()
         # One link for every connection: after an outage they all come back together, and
         # claims, reaping, LISTEN and the scheduler wait until the heartbeat went first.
@@ -190,18 +197,21 @@ class Worker:
         self._writer = OutcomeWriter(
             write_conn, self.schema, self._job_died, self._denied, delete_on_complete=self.delete_on_complete
         )
-        producer = Producer(
-            claim_conn,
-            self.schema,
-            claim=self._claim_call,
-            room=self._room,
-            start=self._start,
-            lease=self.lease,
-            poll_interval=self.poll_interval,
-            kick=kick,
-            stopping=stopping,
-            denied=self._denied,
-        )
+        producers = [
+            Producer(
+                claim_conn,
+                self.schema,
+                claim=partial(self._claim_call, pool),
+                room=partial(self.slots.room, pool),
+                start=partial(self._start, pool),
+                lease=self.lease,
+                poll_interval=self.poll_interval,
+                kick=self.slots.kicks[pool],
+                stopping=stopping,
+                denied=self._denied,
+            )
+            for pool in self.slots.sizes
+        ]
         heartbeater = Heartbeater(
             heartbeat_conn,
             link,
@@ -211,6 +221,7 @@ class Worker:
             margin=self.lease_margin,
             flights=self.in_flight.values,
             give_up=self._give_up,
+            cancelled=self.cancel_requested,
             denied=self._denied,
         )
         reaper = Reaper(
@@ -228,10 +239,10 @@ class Worker:
             if missing:
                 raise PrivilegeMissing(privilege_message("jobtui worker", missing))
             log.info(
-                "worker %s started: types %s, concurrency %d, lease %.0fs",
+                "worker %s started: types %s, slots %s, lease %.0fs",
                 self.worker_id,
                 ", ".join(self.types),
-                self.concurrency,
+                describe(self.slots.sizes),
                 self.lease,
             )
             self._running = True
@@ -240,14 +251,14 @@ class Worker:
                 asyncio.create_task(heartbeater.run(), name="jobtui-heartbeat"),
                 asyncio.create_task(heartbeater.watch(), name="jobtui-lease-watch"),
                 asyncio.create_task(reaper.run(), name="jobtui-reaper"),
-                asyncio.create_task(listen(listen_conn, kick), name="jobtui-listen"),
+                asyncio.create_task(listen(listen_conn, self.slots.wake, self.cancel_requested), name="jobtui-listen"),
             ]
             if self.scheduler is not None:
                 background.append(asyncio.create_task(self.scheduler.run(stopping, link=link), name="jobtui-scheduler"))
             for task in background:
                 task.add_done_callback(self._background_ended)
             try:
-                await producer.run()
+                await asyncio.gather(*(producer.run() for producer in producers))
                 await self._drain()
             finally:
                 stopped_writing.set()
@@ -272,16 +283,10 @@ class Worker:
         if self.fatal is not None:
             raise self.fatal
 
-    def _room(self) -> int:
-        """How many jobs to claim now: handlers running stay within concurrency, and outcomes
-        still being written may add up to as many again, which bounds the memory a slow
-        database can cost."""
-        if self.paused:
-            return 0
-        return min(self.concurrency - self._busy, 2 * self.concurrency - len(self.in_flight))
-
-    def _claim_call(self, limit: int) -> Call[list[ClaimedJob]]:
-        return claim_call(self.types, worker=self.worker_id, limit=limit, lease=self.lease, max_attempts=self._limits)
+    def _claim_call(self, pool: str | None, limit: int) -> Call[list[ClaimedJob]]:
+        return claim_call(
+            self.types, worker=self.worker_id, limit=limit, lease=self.lease, max_attempts=self._limits, queue=pool
+        )
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` beside the loops; cancelled when the worker stops."""
@@ -325,13 +330,18 @@ class Worker:
         else:
             self._stop_for(PrivilegeMissing(f"{refused}; {GRANTS_HINT}"))
 
-    def _start(self, claimed: ClaimedJob, lease_until: float) -> None:
+    def _start(self, pool: str | None, claimed: ClaimedJob, lease_until: float) -> None:
         handler = self.jobs.handlers[claimed.type]
         job = Job(claimed, self.worker_id, self.schema)
         now = time.monotonic()
         flight = InFlight(job, claimed, now, now + handler.timeout if handler.timeout else None, lease_until)
+        flight.pool = pool
+        older = self.in_flight.get(claimed.id)
+        if older is not None:  # an older attempt of the job, still being written or given up
+            self.slots.held[older.pool] -= 1
         self.in_flight[claimed.id] = flight
-        self._busy += 1
+        self.slots.held[pool] += 1
+        self.slots.busy[pool] += 1
         flight.task = asyncio.create_task(self._execute(handler, flight))
 
     async def _execute(self, handler: Handler, flight: InFlight) -> None:
@@ -342,9 +352,8 @@ class Worker:
             finally:
                 # The handler is finished: its slot is free while the outcome is written, so
                 # the next claim overlaps this write instead of waiting for it.
-                self._busy -= 1
-                if self._kick is not None:
-                    self._kick.set()
+                self.slots.busy[flight.pool] -= 1
+                self.slots.wake()
             if job.lost:
                 self._lost(job, "its lease was lost while it ran")
                 return
@@ -379,17 +388,17 @@ class Worker:
                 self._lost(job, "its lease was lost before the outcome was written")
             return
         count_outcome(self.counts, outcome, flight.job, error, flight.claimed.uncounted)
-        if delay and self._kick is not None:
+        if delay:
             # Wake up to claim it again when it is due, instead of at the next poll.
-            asyncio.get_running_loop().call_later(delay, self._kick.set)
+            asyncio.get_running_loop().call_later(delay, self.slots.wake)
 
     def _finished(self, flight: InFlight) -> None:
         # The job may already run again here under a newer claim (a Retry without delay,
         # a lease lost and the job claimed back): that flight is not this one's to remove.
         if self.in_flight.get(flight.job.id) is flight:
             del self.in_flight[flight.job.id]
-        if self._kick is not None:
-            self._kick.set()
+            self.slots.held[flight.pool] -= 1
+        self.slots.wake()
 
     def _backoff(self, handler: Handler, job: Job) -> float:
         return backoff_delay(job.attempt, handler.backoff, self._rng)
@@ -414,6 +423,17 @@ class Worker:
                 log.exception("on_dead callback failed for job %d", outcome.job_id)
 
     # -- leases --------------------------------------------------------------------------
+
+    def cancel_requested(self, job_id: int) -> None:
+        """An operator cancelled job `job_id` (a notification, or the heartbeat's answer): if
+        it runs here, its handler is stopped as a lost lease's is, and `job.cancelled` set.
+        The job is `failed` already; the hand-back's release matches no row."""
+        flight = self.in_flight.get(job_id)
+        if flight is None or flight.writing or flight.job.lost:
+            return
+        flight.job.mark_cancelled()
+        self.counts["cancelled"] += 1
+        self._give_up(flight, "the job was cancelled by an operator")
 
     def _give_up(self, flight: InFlight, why: str) -> None:
         """The lease is lost or may be: stop the handler and hand the job back, uncounted.

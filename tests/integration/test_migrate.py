@@ -282,9 +282,9 @@ def test_copy_statement_matches_the_table(conn: Conn) -> None:
         cur.execute(statements("jobtui")["reserve_ids"], {"table": '"jobtui".job', "n": 1})
         [(job_id,)] = cur.fetchall()
         with cur.copy(statements("jobtui")["copy_jobs"]) as copy:
-            copy.write_row((job_id, "t", '{"a": 1}', 3))
-        cur.execute("SELECT type, payload, max_attempts, status FROM jobtui.job WHERE id = %s", (job_id,))
-        assert cur.fetchone() == ("t", {"a": 1}, 3, "ready")
+            copy.write_row((job_id, "t", '{"a": 1}', 3, "q"))
+        cur.execute("SELECT type, payload, max_attempts, status, queue FROM jobtui.job WHERE id = %s", (job_id,))
+        assert cur.fetchone() == ("t", {"a": 1}, 3, "ready", "q")
 
 
 # Columns of the job table by the migration that added them; the union up to the code's
@@ -312,6 +312,7 @@ JOB_COLUMNS_BY_VERSION: dict[int, dict[str, str]] = {
     },
     3: {"error_fingerprint": "text"},
     6: {"uncounted": "integer"},
+    8: {"queue": "text"},
 }
 
 

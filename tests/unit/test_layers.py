@@ -19,6 +19,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "queue",
         "audit",
         "actions",
+        "queues",
         "client",
         "registry",
         "scheduler",
@@ -29,7 +30,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "privileges",
     ),
     "runtime": ("worker",),
-    "edges": ("cli", "cli_args", "cli_run", "cli_ops", "prometheus", "demo", "sizing", "tui"),
+    "edges": ("cli", "cli_args", "cli_run", "cli_ops", "cli_queues", "prometheus", "demo", "sizing", "tui"),
 }
 RANK = {name: rank for rank, names in enumerate(LAYERS.values()) for name in names}
 
