@@ -9,15 +9,16 @@ from typing import Any
 
 import psycopg
 
-from .. import joblists, metrics
+from .. import joblists, metrics, queues
 from .. import scheduler as schedules
 from ..actions import check_regex
 from ..client import Queue
-from ..db import connect
+from ..db import connect, run
 from ..domain import JobRow
 from ..errors import InvalidInput
 from ..joblists import DeadJob, ReadyJob, RunningJob
 from ..metrics import DeadGroup, Snapshot
+from ..queues import QueueLine
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Fetched:
     dead_matched: list[DeadGroup] | None = None
     filter_problem: str = ""
     needle: str = ""  # the filter dead_matched was read for
+    queues: list[QueueLine] = field(default_factory=list)  # the Queues pane's lines
 
 
 class DataSource:
@@ -68,14 +70,15 @@ class DataSource:
         with self._lock:
             snap = self._read(lambda c: metrics.snapshot(c, self.schema, history=self._history))
             running = self._read(lambda c: joblists.running_jobs(c, self.schema))
+            lines = self._read(lambda c: run(c, queues.overview_call(), self.schema))
             if not needle:
-                return Fetched(snap, running)
+                return Fetched(snap, running, queues=lines)
             try:
                 self._read(lambda c: check_regex(c, needle, self.schema))
             except InvalidInput as exc:
-                return Fetched(snap, running, dead_matched=[], filter_problem=str(exc), needle=needle)
+                return Fetched(snap, running, dead_matched=[], filter_problem=str(exc), needle=needle, queues=lines)
             matched = self._read(lambda c: joblists.dead_groups(c, self.schema, error=needle))
-        return Fetched(snap, running, dead_matched=matched, needle=needle)
+        return Fetched(snap, running, dead_matched=matched, needle=needle, queues=lines)
 
     def backend_pid(self) -> int:
         """The server process behind the connection the refreshes use."""

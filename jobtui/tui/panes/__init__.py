@@ -5,12 +5,13 @@ from __future__ import annotations
 from .base import Pane, TablePane
 from .dead import DeadPane
 from .expiries import ExpiriesPane
+from .queues import QueuesPane
 from .ready import ReadyPane
 from .running import RunningPane
 from .schedules import SchedulesPane
 from .worker import LogToWidget, WorkerPane
 
-TABLES: tuple[type[TablePane], ...] = (ReadyPane, RunningPane, DeadPane, ExpiriesPane, SchedulesPane)
+TABLES: tuple[type[TablePane], ...] = (ReadyPane, RunningPane, DeadPane, ExpiriesPane, SchedulesPane, QueuesPane)
 ALL: tuple[type[Pane], ...] = (*TABLES, WorkerPane)  # the worker's tab only with --work
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "ExpiriesPane",
     "LogToWidget",
     "Pane",
+    "QueuesPane",
     "ReadyPane",
     "RunningPane",
     "SchedulesPane",
