@@ -236,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key", help="idempotency key: a second enqueue with it returns the first job")
     p.add_argument("--delay", default="0", help="run after this long, e.g. 30s, 5m")
     p.add_argument("--max-attempts", type=positive_int, help="attempts before dead (default: the handler's)")
-    p.add_argument("--queue", default=DEFAULT_QUEUE, help="the job's queue (default: default)")
+    p.add_argument("--queue", help=f"the job's queue (default: {DEFAULT_QUEUE})")
     p.set_defaults(func=cmd_enqueue)
 
     p = sub.add_parser("worker", help="run jobs with the handlers of an app")

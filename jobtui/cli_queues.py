@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
 from typing import Any
-
-from rich.table import Table
 
 from . import queues
 from .cli_args import with_dsn
-from .cli_ops import age_text, wide_console
+from .cli_ops import queue_json, queue_table, wide_console
 from .db import connect, run
 from .safetext import line, quote
 
@@ -34,23 +31,9 @@ def cmd_list(args: argparse.Namespace, dsn: str) -> int:
     with connect(dsn) as conn:
         lines = run(conn, queues.overview_call(), args.schema)
     if args.json:
-        print(json.dumps([{**asdict(q), "paused": q.paused} for q in lines], default=str, indent=2))
+        print(json.dumps(queue_json(lines), default=str, indent=2))
         return 0
-    table = Table("kind", "name", "ready", "due", "running", "limit", "paused", "oldest ready", "done/min",
-                  title="Queues and job types")  # fmt: skip
-    for q in lines:
-        table.add_row(
-            q.kind,
-            q.name,
-            str(q.ready),
-            str(q.due),
-            str(q.running),
-            "-" if q.max_running is None else str(q.max_running),
-            f"by {q.paused_by}" if q.paused else "-",
-            age_text(q.oldest_age),
-            str(q.done_last_minute),
-        )
-    wide_console().print(table)
+    wide_console().print(queue_table(lines))
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import psycopg
@@ -22,7 +23,6 @@ from .checks import check_text
 from .db import Call, arun, check_dsn, connect, connect_timeout, int_list, resolve_dsn, run, statements, unavailable
 from .domain import (
     DEFAULT_LEASE_SECONDS,
-    DEFAULT_QUEUE,
     DEFAULT_SCHEMA,
     ClaimedJob,
     FailOutcome,
@@ -49,6 +49,7 @@ from .queue import (
     reap_call,
     release_call,
 )
+from .registry import Jobs
 
 T = TypeVar("T")
 
@@ -111,8 +112,11 @@ class Queue:
         schema: str = DEFAULT_SCHEMA,
         max_connections: int = 4,
         timeout: float = DEFAULT_CLIENT_TIMEOUT,
+        jobs: Jobs | None = None,
     ) -> None:
         self.dsn, self.schema, self.timeout = _client_settings(dsn, schema, timeout)
+        # With a registry, a job enqueued without a queue goes to its handler's declared one.
+        self.jobs = jobs
         self._max_connections = max_connections
         self._pool: ConnectionPool[Any] | None = None
 
@@ -174,11 +178,12 @@ class Queue:
         delay: float = 0.0,
         run_at: Any = None,
         max_attempts: int | None = None,
-        queue: str = DEFAULT_QUEUE,
+        queue: str | None = None,
         conn: psycopg.Connection[Any] | None = None,
     ) -> int:
-        """Insert one job into `queue` and return its id; a key that exists returns the
-        existing job's id."""
+        """Insert one job into `queue` (None: its handler's declared queue, see `jobs`, else
+        the default one) and return its id; a key that exists returns the existing job's id."""
+        queue = _queue_for(self.jobs, job_type, queue)
         call = enqueue_call(
             job_type, payload, key=key, delay=delay, run_at=run_at, max_attempts=max_attempts, queue=queue
         )
@@ -188,7 +193,7 @@ class Queue:
 
     def enqueue_many(self, jobs: Iterable[NewJob], *, conn: psycopg.Connection[Any] | None = None) -> list[int]:
         """Insert many jobs in one statement (COPY for large batches); ids in input order."""
-        batch = list(jobs)
+        batch = _with_queues(self.jobs, jobs)
         return self._with_conn(conn, lambda c: enqueue_many(c, batch, self.schema))
 
     def claim(
@@ -335,6 +340,17 @@ class Queue:
         return self._with_conn(None, both)
 
 
+def _queue_for(registry: Jobs | None, job_type: str, queue: str | None) -> str | None:
+    return registry.queue_of(job_type) if queue is None and registry is not None else queue
+
+
+def _with_queues(registry: Jobs | None, jobs: Iterable[NewJob]) -> list[NewJob]:
+    """The jobs, each without a queue given its handler's declared one."""
+    if registry is None:
+        return list(jobs)
+    return [j if j.queue is not None else replace(j, queue=registry.queue_of(j.type)) for j in jobs]
+
+
 def _match_target(job_type: str | None, error: str | None) -> str:
     return f"type={job_type or '*'} error={error or '*'}"
 
@@ -358,8 +374,11 @@ class AsyncQueue:
         schema: str = DEFAULT_SCHEMA,
         max_connections: int = 4,
         timeout: float = DEFAULT_CLIENT_TIMEOUT,
+        jobs: Jobs | None = None,
     ) -> None:
         self.dsn, self.schema, self.timeout = _client_settings(dsn, schema, timeout)
+        # With a registry, a job enqueued without a queue goes to its handler's declared one.
+        self.jobs = jobs
         self._max_connections = max_connections
         self._pool: AsyncConnectionPool[Any] | None = None
 
@@ -428,11 +447,12 @@ class AsyncQueue:
         delay: float = 0.0,
         run_at: Any = None,
         max_attempts: int | None = None,
-        queue: str = DEFAULT_QUEUE,
+        queue: str | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> int:
-        """Insert one job into `queue` and return its id; a key that exists returns the
-        existing job's id."""
+        """Insert one job into `queue` (None: its handler's declared queue, see `jobs`, else
+        the default one) and return its id; a key that exists returns the existing job's id."""
+        queue = _queue_for(self.jobs, job_type, queue)
         call = enqueue_call(
             job_type, payload, key=key, delay=delay, run_at=run_at, max_attempts=max_attempts, queue=queue
         )
@@ -442,5 +462,5 @@ class AsyncQueue:
         self, jobs: Iterable[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None
     ) -> list[int]:
         """Insert many jobs in one statement (COPY for large batches); ids in input order."""
-        batch = list(jobs)
+        batch = _with_queues(self.jobs, jobs)
         return await self._with_conn(conn, lambda c: aenqueue_many(c, batch, self.schema))

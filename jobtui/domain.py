@@ -102,7 +102,7 @@ class NewJob:
     key: str | None = None
     delay: float = 0.0
     max_attempts: int | None = None  # None: the handler's limit, set at the first claim
-    queue: str = DEFAULT_QUEUE
+    queue: str | None = None  # None: the handler's declared queue (Queue(jobs=...)), else DEFAULT_QUEUE
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,10 +74,10 @@ def enqueue_call(
     delay: float = 0.0,
     run_at: Any = None,
     max_attempts: int | None = None,
-    queue: str = DEFAULT_QUEUE,
+    queue: str | None = None,
 ) -> Call[int | None]:
     params = {
-        "queue": check_queue(queue),
+        "queue": check_queue(DEFAULT_QUEUE if queue is None else queue),
         "type": check_type(job_type),
         "payload": encode_payload(payload),
         "key": check_key(key),
@@ -95,7 +95,7 @@ def enqueue_many_params(jobs: Sequence[NewJob]) -> dict[str, Any]:
         "keys": [check_key(j.key) for j in jobs],
         "delays": [check_delay(j.delay) for j in jobs],
         "max_attempts": [check_max_attempts(j.max_attempts) for j in jobs],
-        "queues": [check_queue(j.queue) for j in jobs],
+        "queues": [check_queue(DEFAULT_QUEUE if j.queue is None else j.queue) for j in jobs],
     }
 
 

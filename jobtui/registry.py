@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from .backoff import DEFAULT_POLICY, BackoffPolicy
-from .checks import check_delay, check_max_attempts, check_type
+from .checks import check_delay, check_max_attempts, check_queue, check_type
 from .cronslots import DEFAULT_GRACE_SECONDS
 from .db import Call, arun, run
 from .domain import DEFAULT_MAX_ATTEMPTS, ClaimedJob, FailOutcome
@@ -58,6 +58,9 @@ class Handler:
     max_attempts: int
     timeout: float | None
     backoff: BackoffPolicy
+    # The queue its jobs go to when enqueued through a client given this registry
+    # (Queue(dsn, jobs=jobs)) without a queue of their own; None: the default queue.
+    queue: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,9 +96,13 @@ class Jobs:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         timeout: float | None = None,
         backoff: BackoffPolicy = DEFAULT_POLICY,
+        queue: str | None = None,
     ) -> Callable[[F], F]:
-        """Register the decorated function (plain or `async def`) for jobs of `job_type`."""
+        """Register the decorated function (plain or `async def`) for jobs of `job_type`;
+        `queue` is where a client given this registry puts them by default."""
         check_type(job_type)
+        if queue is not None:
+            check_queue(queue)
         check_max_attempts(max_attempts)
         if timeout is not None and not timeout > 0:
             raise InvalidInput(f"handler {job_type!r}: timeout must be a positive number of seconds")
@@ -110,10 +117,16 @@ class Jobs:
                 max_attempts=max_attempts,
                 timeout=timeout,
                 backoff=backoff,
+                queue=queue,
             )
             return fn
 
         return register
+
+    def queue_of(self, job_type: str) -> str | None:
+        """The queue the handler of `job_type` declares, if any."""
+        handler = self.handlers.get(job_type)
+        return None if handler is None else handler.queue
 
     def on_dead(self, fn: DeadCallback) -> DeadCallback:
         """Register a callback run (in the worker) each time a job goes dead."""

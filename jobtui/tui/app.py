@@ -100,10 +100,11 @@ class JobtuiApp(App[None]):
     def compose(self) -> ComposeResult:
         yield Static(Text("connecting..."), id="vitals")
         with TabbedContent(initial="ready", id="panes"):
-            for pane in panes.TABLES:
-                yield pane()
-            if self._log_handler is not None:
-                yield WorkerPane(self.embedded_worker, self._log_handler)
+            for pane in panes.ALL:  # in the order of their number keys
+                if pane is not WorkerPane:
+                    yield pane()
+                elif self._log_handler is not None:
+                    yield WorkerPane(self.embedded_worker, self._log_handler)
         yield Input(placeholder="filter by type or text; enter to apply, escape to clear", id="filter")
         yield Static("", id="status")
         yield Footer()

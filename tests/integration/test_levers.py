@@ -8,6 +8,7 @@ and `nap_sync` handlers log each start, end and cancellation to `run_log`.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from jobtui.client import Queue
 from jobtui.db import Call, int_list, run
 from jobtui.domain import NewJob
 from jobtui.queue import claim_call
+from jobtui.registry import Jobs
 from tests.workers import APP_TABLES, WorkerProcess, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -166,6 +168,23 @@ def test_queue_overview_counts_per_queue_and_type(conn: Conn, dsn: str) -> None:
     assert lines[("queue", "default")].ready == 1
 
 
+def test_a_job_goes_to_its_handlers_declared_queue_unless_given_one(conn: Conn, dsn: str) -> None:
+    jobs = Jobs()
+    jobs.handler("mail.send", queue="mail")(lambda job: None)
+    jobs.handler("other")(lambda job: None)
+    with Queue(dsn, jobs=jobs) as q:
+        declared = q.enqueue("mail.send")
+        given = q.enqueue("mail.send", queue="urgent")
+        undeclared = q.enqueue("other")
+        many = q.enqueue_many([NewJob("mail.send"), NewJob("mail.send", queue="urgent"), NewJob("other")])
+    with Queue(dsn) as q:  # without the registry: the default queue
+        plain = q.enqueue("mail.send")
+    rows = dict(conn.execute("SELECT id, queue FROM jobtui.job").fetchall())
+    assert [rows[i] for i in (declared, given, undeclared, *many, plain)] == [
+        "mail", "urgent", "default", "mail", "urgent", "default", "default",
+    ]  # fmt: skip
+
+
 # -- real workers -------------------------------------------------------------------------
 
 
@@ -272,3 +291,17 @@ def test_queue_commands_refuse_bad_input_in_one_line(app_dsn: str) -> None:
         assert says in result.stderr and len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
     listed = jobtui(app_dsn, "queue", "list", "--json")
     assert listed.returncode == 0 and listed.stdout.strip() == "[]"
+
+
+def test_stats_show_the_queues_once_a_lever_is_pulled(app_dsn: str) -> None:
+    assert "Queues and job types" not in jobtui(app_dsn, "stats").stdout  # one default queue: nothing to add
+    enqueue(app_dsn, "mail", 2)
+    enqueue(app_dsn, "default", 1)
+    assert jobtui(app_dsn, "queue", "pause", "mail").returncode == 0
+    shown = jobtui(app_dsn, "stats").stdout
+    assert "Queues and job types" in shown and "by olga" in shown
+    data = json.loads(jobtui(app_dsn, "stats", "--json").stdout)
+    mail = next(q for q in data["queues"] if (q["kind"], q["name"]) == ("queue", "mail"))
+    assert (mail["ready"], mail["paused"], mail["paused_by"]) == (2, True, "olga")
+    audit = jobtui(app_dsn, "audit", "--json").stdout
+    assert [(e["action"], e["target"]) for e in json.loads(audit)] == [("queue-pause", "queue mail")]

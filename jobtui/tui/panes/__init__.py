@@ -12,7 +12,8 @@ from .schedules import SchedulesPane
 from .worker import LogToWidget, WorkerPane
 
 TABLES: tuple[type[TablePane], ...] = (ReadyPane, RunningPane, DeadPane, ExpiriesPane, SchedulesPane, QueuesPane)
-ALL: tuple[type[Pane], ...] = (*TABLES, WorkerPane)  # the worker's tab only with --work
+# The worker's tab only with --work.
+ALL: tuple[type[Pane], ...] = (ReadyPane, RunningPane, DeadPane, ExpiriesPane, SchedulesPane, WorkerPane, QueuesPane)
 
 __all__ = [
     "ALL",
