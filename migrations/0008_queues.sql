@@ -2,11 +2,14 @@
 --
 -- Every job belongs to a queue ('default' unless enqueued with another). A constant default
 -- adds the column to the catalog only: the table is not rewritten, and no index is built.
+-- The check is added NOT VALID, so that no scan of the existing rows (which all hold the
+-- default) runs under the table's lock; new and updated rows are checked all the same.
 -- The claim keeps walking job_ready_idx in run_at order and reads the queue from the row it
 -- is about to lock anyway, so a claim for one queue steps over due rows of other queues that
 -- are older than its own (docs/operations.md, "Queues, pauses and limits").
-ALTER TABLE {schema}.job ADD COLUMN queue text NOT NULL DEFAULT 'default'
-    CHECK (queue <> '' AND length(queue) <= 200);
+ALTER TABLE {schema}.job
+    ADD COLUMN queue text NOT NULL DEFAULT 'default',
+    ADD CONSTRAINT job_queue_check CHECK (queue <> '' AND length(queue) <= 200) NOT VALID;
 ALTER TABLE {schema}.job_archive ADD COLUMN queue text NOT NULL DEFAULT 'default';
 
 -- One row per queue or job type an operator paused or limited. Every claim reads this small
