@@ -52,7 +52,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.numeric import Int8
 
 from jobtui import NewJob, Queue
-from jobtui.cli import WORKER_GC_THRESHOLD
+from jobtui.cli_run import WORKER_GC_THRESHOLD
 from jobtui.db import run
 from jobtui.domain import DEFAULT_MAX_ATTEMPTS
 from jobtui.migrate import migrate

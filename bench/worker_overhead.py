@@ -29,7 +29,7 @@ from typing import Any
 
 import jobtui.worker
 import jobtui.worker.worker
-from jobtui.cli import WORKER_GC_THRESHOLD
+from jobtui.cli_run import WORKER_GC_THRESHOLD
 from jobtui.db import Call, Rows
 from jobtui.sizing import NOOP, jobs
 
