@@ -156,7 +156,7 @@ class QueuesPane(TablePane):
         if view is None:
             return
         self.show(view)
-        keys = [k for k, _ in self.rows(view)]
+        keys = [str(r.key.value) for r in self.table.ordered_rows]  # as shown, sorted or not
         if key in keys:
             self.table.move_cursor(row=keys.index(key), animate=False)
 
