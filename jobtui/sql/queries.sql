@@ -58,7 +58,11 @@ COPY {schema}.job (id, type, payload, max_attempts, queue) FROM STDIN;
 -- Pauses and limits are read here, in queue_control, in this statement: paused queues and
 -- types are left out (two one-time subqueries of that small table), and the jobs of queues
 -- with a limit come from claim_limited (migration 0008), which counts what runs under a lock.
--- Without a limit set, that function finds no row and takes no lock.
+-- Without a limit set, that function finds no row and takes no lock. The queue and the type
+-- are compared as expressions (`queue || ''`), which the planner estimates by default rather
+-- than from the columns' statistics: with a single queue or type in the table, those say
+-- that almost no row differs from a value not known yet, and a generic plan would sort every
+-- ready row instead of walking the ready index.
 WITH limited AS MATERIALIZED (
     SELECT {schema}.claim_limited(%(queue)s::text, %(types)s::text[], %(limit)s::int) AS ids
 )
@@ -79,10 +83,10 @@ WHERE j.id = ANY((SELECT ids FROM limited) || ARRAY(
         SELECT id FROM {schema}.job
         WHERE status = 'ready' AND run_at <= now() AND type = ANY(%(types)s::text[])
           AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-          AND queue <> ALL(ARRAY(SELECT name FROM {schema}.queue_control
-                                 WHERE kind = 'queue' AND (paused_at IS NOT NULL OR max_running IS NOT NULL)))
-          AND type <> ALL(ARRAY(SELECT name FROM {schema}.queue_control
-                                WHERE kind = 'type' AND paused_at IS NOT NULL))
+          AND (queue || '') <> ALL(ARRAY(SELECT name FROM {schema}.queue_control
+                                         WHERE kind = 'queue' AND (paused_at IS NOT NULL OR max_running IS NOT NULL)))
+          AND (type || '') <> ALL(ARRAY(SELECT name FROM {schema}.queue_control
+                                        WHERE kind = 'type' AND paused_at IS NOT NULL))
         ORDER BY run_at, id
         LIMIT greatest(0, %(limit)s::int - cardinality((SELECT ids FROM limited)))
         FOR UPDATE SKIP LOCKED))
