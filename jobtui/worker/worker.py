@@ -1,16 +1,15 @@
 """The worker: claims jobs, runs their handlers, keeps their leases, writes their outcomes.
 
-    worker = Worker(jobs, dsn, concurrency=20)
+    worker = Worker(jobs, dsn, concurrency=20)       # or queues={"emails": 20, "reports": 2}
     asyncio.run(worker.run())         # until worker.stop() (or SIGTERM in `jobtui worker`)
 
-One asyncio loop per process, and parts that each do one thing, wired here: the producer
-claims, the executor runs handlers, the completer writes outcomes in batches, the
-heartbeater keeps leases (and gives up those it could not keep), the reaper takes back other
-workers' expired leases, and the listener wakes the producer. This class owns the jobs in
-flight and what becomes of them.
-
-With delete_on_complete, a finished job without a key is deleted, and counted per minute in
-done_tally, instead of kept as a done row: no second row version or done-index entry per job.
+One asyncio loop per process, and parts that each do one thing, wired here: the producers
+(one per pool of slots, slots.py) claim, the executor runs handlers, the completer writes
+outcomes in batches, the heartbeater keeps leases (and gives up those it could not keep), the
+reaper takes back other workers' expired leases, and the listener wakes the producers and
+passes cancels on. This class owns the jobs in flight and what becomes of them. With
+delete_on_complete, a finished job without a key is deleted and counted per minute in
+done_tally instead of kept as a done row: no second row version or done-index entry per job.
 """
 
 from __future__ import annotations
@@ -425,9 +424,8 @@ class Worker:
     # -- leases --------------------------------------------------------------------------
 
     def cancel_requested(self, job_id: int) -> None:
-        """An operator cancelled job `job_id` (a notification, or the heartbeat's answer): if
-        it runs here, its handler is stopped as a lost lease's is, and `job.cancelled` set.
-        The job is `failed` already; the hand-back's release matches no row."""
+        """An operator cancelled job `job_id` (notified, or told by a heartbeat): a handler of
+        it here is stopped as for a lost lease, with `job.cancelled` set; the row is failed."""
         flight = self.in_flight.get(job_id)
         if flight is None or flight.writing or flight.job.lost:
             return
