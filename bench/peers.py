@@ -466,6 +466,8 @@ def run_config(cfg: Config, admin_dsn: str, args: argparse.Namespace, logdir: Pa
     procs: list[tuple[subprocess.Popen[bytes], Path]] = []
     try:
         run_helper(cfg.system, "setup", dsn)
+        if args.queue_limit is not None and cfg.system == "jobtui":
+            set_queue_limit(dsn, args.queue_limit)
         run_helper(cfg.system, "bulk", dsn, count=args.jobs)
         query_one(dsn, "VACUUM ANALYZE")
         load_start = os.getloadavg()[0]
@@ -489,6 +491,15 @@ def run_config(cfg: Config, admin_dsn: str, args: argparse.Namespace, logdir: Pa
         drop_database(admin_dsn, dbname)
     p50, p99 = percentiles(latencies)
     return RunResult(int(done) / float(span), int(done), not finished, p50, p99, len(latencies), (load_start, load_end))
+
+
+def set_queue_limit(dsn: str, limit: int) -> None:
+    """A global limit on the default queue, so that every claim counts its running jobs."""
+    from jobtui import queues
+    from jobtui.db import connect
+
+    with connect(dsn, autocommit=True) as conn:
+        queues.set_limit(conn, "default", limit, actor="bench")
 
 
 def run_graphile(cfg: Config, admin_dsn: str, args: argparse.Namespace) -> RunResult:
@@ -789,6 +800,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--wait-load", type=float, default=0.0, help="first wait for a 1-min load average below this")
     p.add_argument("--wait-max", type=float, default=900.0, help="longest wait for --wait-load (default 900 s)")
     p.add_argument("--json", type=Path, help="also write the raw figures to this file")
+    p.add_argument(
+        "--queue-limit",
+        type=int,
+        help="jobtui only: a global limit on the default queue (jobtui queue limit), to measure what it costs",
+    )
     args = p.parse_args(argv)
     if min(args.jobs, args.latency_jobs, args.rounds) < 1 or args.interval <= 0:
         p.error("--jobs, --latency-jobs, --rounds and --interval must be positive")

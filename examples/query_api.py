@@ -10,8 +10,10 @@ jobtui.migrate_schema(dsn)  # what `jobtui migrate` does; safe to race
 jobtui.check_schema(dsn)  # SchemaNotMigrated if the schema is older than this code
 
 with jobtui.Queue(dsn) as queue:
-    queue.enqueue_many([jobtui.NewJob("email.send", {"n": i}) for i in range(5)] + [jobtui.NewJob("sms.send")])
-    print("ready email jobs:", queue.count(status="ready", queue="email"))  # queue depth of a family
+    queue.enqueue_many(
+        [jobtui.NewJob("email.send", {"n": i}, queue="mail") for i in range(5)] + [jobtui.NewJob("sms.send")]
+    )
+    print("ready in the mail queue:", queue.count(status="ready", queue="mail"))
     for c in queue.counts(status="ready"):
         print(f"  {c.type}: {c.jobs}")
     page = queue.jobs(type="email.send", limit=2)  # newest first

@@ -17,12 +17,21 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from .adapters import async_connection
-from .client import DEFAULT_CLIENT_TIMEOUT, _client_settings, _reachable, check_schema, migrate_schema
+from .client import (
+    DEFAULT_CLIENT_TIMEOUT,
+    _client_settings,
+    _queue_for,
+    _reachable,
+    _with_queues,
+    check_schema,
+    migrate_schema,
+)
 from .db import Call, arun, connect_timeout, pooler_mode, pooler_options, unavailable
 from .domain import DEFAULT_SCHEMA, NewJob
 from .jobquery import JobCount, JobSummary, aquery, counts_call, jobs_call
 from .middleware import EnqueueHook, as_hook, entered
 from .queue import aenqueue, aenqueue_many, enqueue_call
+from .registry import Jobs
 
 T = TypeVar("T")
 
@@ -43,9 +52,12 @@ class AsyncQueue:
         timeout: float = DEFAULT_CLIENT_TIMEOUT,
         middleware: Sequence[EnqueueHook] = (),
         pooler: str | None = None,
+        jobs: Jobs | None = None,
     ) -> None:
         self.dsn, self.schema, self.timeout = _client_settings(dsn, schema, timeout)
         self.pooler = pooler_mode(pooler)  # see db.pooler_mode
+        # With a registry, a job enqueued without a queue goes to its handler's declared one.
+        self.registry = jobs
         self._max_connections = max_connections
         # As Queue's: sync hooks, run on the loop around each insert.
         self.middleware: list[EnqueueHook] = [as_hook(m) for m in middleware]
@@ -159,15 +171,18 @@ class AsyncQueue:
         delay: float = 0.0,
         run_at: Any = None,
         max_attempts: int | None = None,
+        queue: str | None = None,
         conn: object | None = None,
     ) -> int:
-        """Insert one job and return its id; a key that exists returns the existing job's id."""
-        with entered(self.middleware, [NewJob(job_type, payload, key, delay, max_attempts)]) as (job,):
+        """Insert one job into `queue` (None: its handler's declared queue, see `jobs`, else
+        the default one) and return its id; a key that exists returns the existing job's id."""
+        new = NewJob(job_type, payload, key, delay, max_attempts, queue=_queue_for(self.registry, job_type, queue))
+        with entered(self.middleware, [new]) as (job,):
             call = enqueue_call(job.type, job.payload, key=job.key, delay=job.delay, run_at=run_at,
-                                max_attempts=job.max_attempts, meta=job.meta)  # fmt: skip
+                                max_attempts=job.max_attempts, meta=job.meta, queue=job.queue)  # fmt: skip
             return await self._with_conn(conn, lambda c: aenqueue(c, call, self.schema), autocommit=conn is None)
 
     async def enqueue_many(self, jobs: Iterable[NewJob], *, conn: object | None = None) -> list[int]:
         """Insert many jobs in one statement (COPY for large batches); ids in input order."""
-        with entered(self.middleware, list(jobs)) as batch:
+        with entered(self.middleware, _with_queues(self.registry, jobs)) as batch:
             return await self._with_conn(conn, lambda c: aenqueue_many(c, batch, self.schema))

@@ -83,5 +83,7 @@ def kill_lease_call(ids: Sequence[int], actor: str) -> Call[list[int]]:
     return Call("kill_lease", {"ids": list(ids), "actor": actor}, int_list)
 
 
-def cancel_call(ids: Sequence[int], actor: str) -> Call[list[int]]:
-    return Call("cancel", {"ids": list(ids), "actor": actor}, int_list)
+def cancel_call(ids: Sequence[int], actor: str, schema: str = DEFAULT_SCHEMA) -> Call[list[int]]:
+    """Cancel ready or running jobs; a running job's worker is told on the schema's channel."""
+    params = {"ids": list(ids), "actor": actor, "channel": statements(schema).channel}
+    return Call("cancel", params, int_list)

@@ -70,6 +70,15 @@ def check_type(job_type: str) -> str:
     return check_text(job_type, "job type")
 
 
+def check_queue(queue: str) -> str:
+    """A queue's name: like a job type's, at most MAX_TYPE_CHARS characters."""
+    if not isinstance(queue, str) or not queue.strip() or len(queue) > MAX_TYPE_CHARS:
+        raise InvalidInput(
+            f"bad queue name {quote(queue)}: give a non-empty name of at most {MAX_TYPE_CHARS} characters"
+        )
+    return check_text(queue, "queue name")
+
+
 def check_key(key: str | None) -> str | None:
     if key is None:
         return None

@@ -35,11 +35,14 @@ from .cli_args import (
     port_number,
     positive_int,
     positive_seconds,
+    queue_slots,
     with_dsn,
     with_queue,
 )
+from .cli_queues import add_queue_commands
 from .cli_run import cmd_bench, cmd_console, cmd_demo, cmd_scheduler, cmd_worker
 from .db import POOLERS, connect, pooler_mode
+from .domain import DEFAULT_QUEUE
 from .durations import parse_duration
 from .errors import JobtuiError, UnknownJob
 from .explain import explain
@@ -62,7 +65,9 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     payload = parse_payload(args.payload)
     delay = parse_duration(args.delay)
     with open_queue(args) as queue:
-        job_id = queue.enqueue(args.type, payload, key=args.key, delay=delay, max_attempts=args.max_attempts)
+        job_id = queue.enqueue(
+            args.type, payload, key=args.key, delay=delay, max_attempts=args.max_attempts, queue=args.queue
+        )
     print(job_id)
     return 0
 
@@ -262,12 +267,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key", help="idempotency key: a second enqueue with it returns the first job")
     p.add_argument("--delay", default="0", help="run after this long, e.g. 30s, 5m")
     p.add_argument("--max-attempts", type=positive_int, help="attempts before dead (default: the handler's)")
+    p.add_argument("--queue", help=f"the job's queue (default: {DEFAULT_QUEUE})")
     p.set_defaults(func=cmd_enqueue)
 
     p = sub.add_parser("jobs", help="list jobs, newest first, or count them (--count)")
     p.add_argument("--status", help="comma-separated statuses: ready, running, done, failed, dead")
     p.add_argument("--type", help="only this job type")
-    p.add_argument("--queue", help="a family of types: email is email and every email.* type")
+    p.add_argument("--queue", help="only jobs of this queue")
     p.add_argument("--since", help="created this long ago or less, e.g. 1h")
     p.add_argument("--error", help="regular expression the last error matches")
     p.add_argument("--limit", type=positive_int, default=50, help="jobs per page (default 50, at most 1000)")
@@ -280,6 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--app", required=True, help="the Jobs registry, as pkg.module:jobs")
     p.add_argument("--concurrency", type=positive_int, default=10, help="jobs run at once (default 10)")
     p.add_argument("--types", help="comma-separated job types to run (default: every registered type)")
+    p.add_argument(
+        "--queues",
+        type=queue_slots,
+        help="queues to claim from, each with its own slots: NAME=CONCURRENCY,... (default: every queue, "
+        "sharing --concurrency)",
+    )
     p.add_argument("--lease", default="30s", help="lease length; heartbeats extend it (default 30s)")
     p.add_argument("--id", help="worker name shown as locked_by (default host:pid)")
     p.add_argument("--shutdown-timeout", default="30s", help="time in-flight jobs get on SIGTERM (default 30s)")
@@ -346,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_schedule)
 
     add_operator_commands(sub)
+    add_queue_commands(sub)
 
     p = sub.add_parser("bench", help="measure enqueue, drain and latency on this database (own schema)")
     p.add_argument("--jobs", type=positive_int, default=100_000)

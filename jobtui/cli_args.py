@@ -108,6 +108,20 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def queue_slots(text: str) -> dict[str, int]:
+    """`--queues emails=5,reports=2`: each queue claimed with its own slots."""
+    slots: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, count = part.strip().partition("=")
+        name = name.strip()
+        if not part.strip() or not sep or not name:
+            raise argparse.ArgumentTypeError(f"{quote(text)}: give NAME=CONCURRENCY pairs, comma-separated")
+        if name in slots:
+            raise argparse.ArgumentTypeError(f"queue {quote(name)} is given twice")
+        slots[name] = positive_int(count.strip())
+    return slots
+
+
 MAX_JOB_ID = 2**63 - 1  # ids are bigint
 
 

@@ -19,13 +19,14 @@ from rich.text import Text
 
 from .actions import check_regex
 from .client import Queue
-from .db import connect
+from .db import connect, run
 from .domain import JobStatus
 from .errors import InvalidInput, UnknownJob
 from .explain import human_delta
 from .joblists import dead_groups
 from .metrics import DoneHistory, Snapshot, snapshot
 from .queue import job_statuses_call
+from .queues import QueueLine, overview_call
 from .safetext import line
 
 Opener = Callable[[argparse.Namespace], Queue]
@@ -187,18 +188,47 @@ def wide_console() -> Console:
     return console if console.is_terminal or os.environ.get("COLUMNS", "").isdigit() else DataConsole(width=160)
 
 
+def queue_table(lines: list[QueueLine]) -> Table:
+    """Each queue and job type: ready, due, running, limit, pause, oldest wait, done/min."""
+    table = Table("kind", "name", "ready", "due", "running", "limit", "paused", "oldest ready", "done/min",
+                  title="Queues and job types")  # fmt: skip
+    for q in lines:
+        table.add_row(
+            q.kind,
+            q.name,
+            str(q.ready),
+            str(q.due),
+            str(q.running),
+            "-" if q.max_running is None else str(q.max_running),
+            f"by {q.paused_by}" if q.paused else "-",
+            _age(q.oldest_age),
+            str(q.done_last_minute),
+        )
+    return table
+
+
+def queue_json(lines: list[QueueLine]) -> list[dict[str, Any]]:
+    from dataclasses import asdict
+
+    return [{**asdict(q), "paused": q.paused} for q in lines]
+
+
 def cmd_stats(args: argparse.Namespace, dsn: str) -> int:
     console = wide_console()
     history = DoneHistory()
     while True:
         with connect(dsn, autocommit=True) as conn:
             snap = snapshot(conn, args.schema, history=history)
+            lines = run(conn, overview_call(), args.schema)
         if args.json:
-            print(json.dumps(snap.to_json(), default=str, indent=2))
+            print(json.dumps({**snap.to_json(), "queues": queue_json(lines)}, default=str, indent=2))
         else:
             if args.watch:
                 console.clear()
             render_stats(snap, console)
+            # Only when there is more than the one default queue, or a lever is pulled.
+            if any(q.name != "default" or q.paused or q.max_running is not None for q in lines if q.kind == "queue"):
+                console.print(queue_table([q for q in lines if q.kind == "queue" or q.paused]))
         if not args.watch:
             return 0
         time.sleep(args.watch)

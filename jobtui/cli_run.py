@@ -49,6 +49,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         dsn,
         concurrency=args.concurrency,
         types=types,
+        queues=args.queues,
         lease=parse_duration(args.lease),
         worker_id=args.id,
         schema=args.schema,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -63,6 +64,7 @@ from .queue import (
     reap_call,
     release_call,
 )
+from .registry import Jobs
 
 T = TypeVar("T")
 
@@ -143,9 +145,12 @@ class Queue:
         timeout: float = DEFAULT_CLIENT_TIMEOUT,
         middleware: Sequence[EnqueueHook] = (),
         pooler: str | None = None,
+        jobs: Jobs | None = None,
     ) -> None:
         self.dsn, self.schema, self.timeout = _client_settings(dsn, schema, timeout)
         self.pooler = pooler_mode(pooler)  # see db.pooler_mode
+        # With a registry, a job enqueued without a queue goes to its handler's declared one.
+        self.registry = jobs
         self._max_connections = max_connections
         self._pool: ConnectionPool[Any] | None = None
         # Around every enqueue, in order (middleware.py); generator functions are made hooks.
@@ -216,8 +221,8 @@ class Queue:
         before: int | None = None,
     ) -> list[JobSummary]:
         """Jobs matching every filter given, newest first; the next page is
-        `jobs(..., before=page[-1].id)`. `queue` is a family of types (`email`: email and
-        email.*), `since` the oldest creation time, `error` a regular expression."""
+        `jobs(..., before=page[-1].id)`. `queue` is a queue's name, `since` the oldest
+        creation time, `error` a regular expression."""
         call = jobs_call(status=status, type=type, queue=queue, since=since, error=error, limit=limit, before=before)
         return self._with_conn(None, lambda c: query(c, call, self.schema))
 
@@ -250,18 +255,25 @@ class Queue:
         delay: float = 0.0,
         run_at: Any = None,
         max_attempts: int | None = None,
+        queue: str | None = None,
         conn: object | None = None,
     ) -> int:
-        """Insert one job and return its id; a key that exists returns the existing job's id.
+        """Insert one job into `queue` (None: its handler's declared queue, see `jobs`, else
+        the default one) and return its id; a key that exists returns the existing job's id.
 
         With `conn` (psycopg, or SQLAlchemy's or Django's: adapters.py), the job is part of
         that connection's transaction: it commits or rolls back with the application's rows.
         """
+        queue = _queue_for(self.registry, job_type, queue)
         if self.middleware:
-            with entered(self.middleware, [NewJob(job_type, payload, key, delay, max_attempts)]) as (job,):
+            new = NewJob(job_type, payload, key, delay, max_attempts, queue=queue)
+            with entered(self.middleware, [new]) as (job,):
                 return self._enqueue(enqueue_call(job.type, job.payload, key=job.key, delay=job.delay, run_at=run_at,
-                                                  max_attempts=job.max_attempts, meta=job.meta), conn)  # fmt: skip
-        call = enqueue_call(job_type, payload, key=key, delay=delay, run_at=run_at, max_attempts=max_attempts)
+                                                  max_attempts=job.max_attempts, meta=job.meta, queue=job.queue),
+                                     conn)  # fmt: skip
+        call = enqueue_call(
+            job_type, payload, key=key, delay=delay, run_at=run_at, max_attempts=max_attempts, queue=queue
+        )
         return self._enqueue(call, conn)
 
     def _enqueue(self, call: Call[int | None], conn: object | None) -> int:
@@ -271,7 +283,7 @@ class Queue:
 
     def enqueue_many(self, jobs: Iterable[NewJob], *, conn: object | None = None) -> list[int]:
         """Insert many jobs in one statement (COPY for large batches); ids in input order."""
-        with entered(self.middleware, list(jobs)) as batch:
+        with entered(self.middleware, _with_queues(self.registry, jobs)) as batch:
             return self._with_conn(conn, lambda c: enqueue_many(c, batch, self.schema))
 
     def claim(
@@ -386,7 +398,7 @@ class Queue:
 
     def cancel(self, ids: Sequence[int], *, actor: str) -> list[int]:
         """Mark ready or running jobs failed. Audited."""
-        return self._operate(cancel_call(ids, actor), "cancel", actor, _ids_target(ids))
+        return self._operate(cancel_call(ids, actor, self.schema), "cancel", actor, _ids_target(ids))
 
     def audit(self, limit: int = 100) -> list[AuditEntry]:
         """The newest operator actions first."""
@@ -418,6 +430,17 @@ class Queue:
             return ids
 
         return self._with_conn(None, both)
+
+
+def _queue_for(registry: Jobs | None, job_type: str, queue: str | None) -> str | None:
+    return registry.queue_of(job_type) if queue is None and registry is not None else queue
+
+
+def _with_queues(registry: Jobs | None, jobs: Iterable[NewJob]) -> list[NewJob]:
+    """The jobs, each without a queue given its handler's declared one."""
+    if registry is None:
+        return list(jobs)
+    return [j if j.queue is not None else replace(j, queue=registry.queue_of(j.type)) for j in jobs]
 
 
 def _match_target(job_type: str | None, error: str | None) -> str:

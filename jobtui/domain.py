@@ -10,6 +10,8 @@ from typing import Any
 DEFAULT_SCHEMA = "jobtui"
 DEFAULT_MAX_ATTEMPTS = 25
 DEFAULT_LEASE_SECONDS = 30.0
+# The queue of a job enqueued without one.
+DEFAULT_QUEUE = "default"
 MAX_PAYLOAD_BYTES = 1_000_000
 MAX_DELAY_SECONDS = 10 * 365 * 86400  # longest delay before a job runs (again): 10 years
 
@@ -103,6 +105,7 @@ class NewJob:
     delay: float = 0.0
     max_attempts: int | None = None  # None: the handler's limit, set at the first claim
     meta: dict[str, Any] | None = None  # travels with the job to each attempt (Job.meta)
+    queue: str | None = None  # None: the handler's declared queue (Queue(jobs=...)), else DEFAULT_QUEUE
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,3 +142,4 @@ class JobRow:
     started_at: datetime | None = None
     finished_at: datetime | None = None
     db_now: datetime | None = None
+    queue: str = DEFAULT_QUEUE

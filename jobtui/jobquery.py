@@ -1,4 +1,4 @@
-"""The job query API: jobs by status, type, type family, age and error, newest first, a page
+"""The job query API: jobs by status, type, queue, age and error, newest first, a page
 at a time (keyset: pass the last id seen as `before`), and how many jobs there are by status
 and type. What `Queue.jobs` and `Queue.counts` run, and `jobtui jobs` prints.
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from .checks import check_run_at, check_text
+from .checks import check_queue, check_run_at, check_text
 from .db import Call, Rows, arun, run
 from .domain import DEFAULT_SCHEMA, JobStatus
 from .errors import InvalidInput
@@ -31,6 +31,7 @@ class JobSummary:
 
     id: int
     type: str
+    queue: str
     status: JobStatus
     attempts: int
     max_attempts: int | None
@@ -71,8 +72,7 @@ def _filters(status: Any, type: Any, queue: str | None) -> dict[str, Any]:
     return {
         "statuses": _statuses(status),
         "types": _texts(type, "job type"),
-        # A family of types: "email" is email itself and every email.* type.
-        "family": None if queue is None else check_text(queue, "queue"),
+        "queue": None if queue is None else check_queue(queue),
     }
 
 

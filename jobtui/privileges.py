@@ -39,6 +39,8 @@ WORKER_NEEDS = Needs(
         "effect": ("SELECT", "INSERT", "DELETE"),
         "audit": ("SELECT", "INSERT"),
         "migration": ("SELECT",),
+        # Read by every claim; written by operators' pauses and limits.
+        "queue_control": ("SELECT", "INSERT", "UPDATE"),
     }
 )
 

@@ -15,10 +15,11 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from .db import connect
+from .db import connect, run
 from .domain import DEFAULT_SCHEMA
 from .errors import InvalidInput
 from .metrics import DoneHistory, Snapshot, snapshot
+from .queues import QueueLine, overview_call
 
 CACHE_SECONDS = 1.0
 
@@ -30,22 +31,23 @@ class QueueCollector(Collector):
         self.dsn = dsn
         self.schema = schema
         self._lock = threading.Lock()
-        self._cached: tuple[float, Snapshot] | None = None
+        self._cached: tuple[float, Snapshot, list[QueueLine]] | None = None
         self._history = DoneHistory()
 
-    def _snapshot(self) -> Snapshot:
+    def _snapshot(self) -> tuple[Snapshot, list[QueueLine]]:
         with self._lock:
             if self._cached and time.monotonic() - self._cached[0] < CACHE_SECONDS:
-                return self._cached[1]
+                return self._cached[1], self._cached[2]
             with connect(self.dsn, autocommit=True) as conn:
                 snap = snapshot(conn, self.schema, history=self._history)
-            self._cached = (time.monotonic(), snap)
-            return snap
+                lines = run(conn, overview_call(), self.schema)
+            self._cached = (time.monotonic(), snap, lines)
+            return snap, lines
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("jobtui_up", "1 when the last scrape reached the database")
         try:
-            snap = self._snapshot()
+            snap, lines = self._snapshot()
         except Exception:  # the scrape must answer even when the database does not
             up.add_metric([], 0)
             yield up
@@ -53,6 +55,35 @@ class QueueCollector(Collector):
         up.add_metric([], 1)
         yield up
         yield from families(snap)
+        yield from queue_families(lines)
+
+
+def queue_families(lines: list[QueueLine]) -> Iterator[Metric]:
+    """Per queue: its jobs, oldest wait and limit; per queue and per type: paused or not."""
+    jobs = GaugeMetricFamily("jobtui_queue_jobs", "Ready and running jobs by queue", labels=["queue", "status"])
+    age = GaugeMetricFamily(
+        "jobtui_queue_oldest_ready_age_seconds",
+        "Seconds the oldest due ready job of the queue has waited",
+        labels=["queue"],
+    )
+    limit = GaugeMetricFamily(
+        "jobtui_queue_limit",
+        "Jobs of the queue allowed to run at once across every worker (set ones only)",
+        labels=["queue"],
+    )
+    paused = GaugeMetricFamily(
+        "jobtui_paused", "1 when the queue or job type is paused fleet-wide", labels=["kind", "name"]
+    )
+    for q in lines:
+        paused.add_metric([q.kind, q.name], 1 if q.paused else 0)
+        if q.kind != "queue":
+            continue
+        jobs.add_metric([q.name, "ready"], q.ready)
+        jobs.add_metric([q.name, "running"], q.running)
+        age.add_metric([q.name], q.oldest_age or 0.0)
+        if q.max_running is not None:
+            limit.add_metric([q.name], q.max_running)
+    yield from (jobs, age, limit, paused)
 
 
 def families(snap: Snapshot) -> Iterator[Metric]:

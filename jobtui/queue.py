@@ -25,6 +25,7 @@ from .checks import (
     check_key,
     check_lease,
     check_max_attempts,
+    check_queue,
     check_run_at,
     check_text,
     check_type,
@@ -35,6 +36,7 @@ from .db import Call, Rows, arun, first_int, int_set, run, statements
 from .domain import (
     DEFAULT_LEASE_SECONDS,
     DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE,
     DEFAULT_SCHEMA,
     ClaimedJob,
     ErrorEntry,
@@ -73,8 +75,10 @@ def enqueue_call(
     run_at: Any = None,
     max_attempts: int | None = None,
     meta: Mapping[str, Any] | None = None,
+    queue: str | None = None,
 ) -> Call[int | None]:
     params = {
+        "queue": check_queue(DEFAULT_QUEUE if queue is None else queue),
         "type": check_type(job_type),
         "payload": encode_payload(payload),
         "key": check_key(key),
@@ -99,6 +103,7 @@ def enqueue_many_params(jobs: Sequence[NewJob]) -> dict[str, Any]:
         "delays": [check_delay(j.delay) for j in jobs],
         "max_attempts": [check_max_attempts(j.max_attempts) for j in jobs],
         "metas": [_meta(j.meta) for j in jobs],
+        "queues": [check_queue(DEFAULT_QUEUE if j.queue is None else j.queue) for j in jobs],
     }
 
 
@@ -134,9 +139,12 @@ def claim_call(
     limit: int,
     lease: float = DEFAULT_LEASE_SECONDS,
     max_attempts: Mapping[str, int] | None = None,
+    queue: str | None = None,
 ) -> Call[list[ClaimedJob]]:
-    """Claim up to `limit` jobs of `types`; jobs enqueued without a limit of attempts take
-    theirs from `max_attempts` (by type, usually the handlers'), else DEFAULT_MAX_ATTEMPTS."""
+    """Claim up to `limit` jobs of `types` from `queue` (None: from any queue); jobs enqueued
+    without a limit of attempts take theirs from `max_attempts` (by type, usually the
+    handlers'), else DEFAULT_MAX_ATTEMPTS. Paused queues and types, and queues at their
+    limit, give none (see the statement)."""
     if limit < 1:
         raise InvalidInput(f"claim limit must be at least 1, got {limit}")
     limits = max_attempts or {}
@@ -148,6 +156,7 @@ def claim_call(
         "worker": check_text(worker, "worker id"),
         "limit": limit,
         "lease": check_lease(lease),
+        "queue": None if queue is None else check_queue(queue),
     }
     return Call("claim", params, _claimed, binary=True)
 
@@ -164,8 +173,29 @@ def _newest_leases(leases: Sequence[Lease]) -> list[Lease]:
     return list(newest.values()) if len(newest) < len(leases) else list(leases)
 
 
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """A heartbeat's answer: the jobs whose leases were extended, and those of the lost
+    ones that an operator cancelled."""
+
+    held: set[int]
+    cancelled: set[int]
+
+
+def _beat(rows: Rows) -> Beat:
+    i, k = rows.columns("id", "lease")
+    return Beat({r[i] for r in rows if r[k] == "held"}, {r[i] for r in rows if r[k] == "cancelled"})
+
+
+def heartbeat_beat_call(leases: Sequence[Lease], lease: float = DEFAULT_LEASE_SECONDS) -> Call[Beat]:
+    """Extend `leases`; the answer also names the lost leases whose jobs were cancelled."""
+    return Call("heartbeat", {**_leases(_newest_leases(leases)), "lease": check_lease(lease)}, _beat)
+
+
 def heartbeat_call(leases: Sequence[Lease], lease: float = DEFAULT_LEASE_SECONDS) -> Call[set[int]]:
-    return Call("heartbeat", {**_leases(_newest_leases(leases)), "lease": check_lease(lease)}, int_set)
+    """Extend `leases`; the ids whose leases still hold."""
+    beat = heartbeat_beat_call(leases, lease)
+    return Call(beat.name, beat.params, lambda rows: _beat(rows).held)
 
 
 def complete_call(leases: Sequence[Lease]) -> Call[set[int]]:
@@ -307,7 +337,9 @@ def job_statuses_call(ids: Sequence[int]) -> Call[dict[int, JobStatus]]:
 
 
 def _copy_rows(ids: Sequence[int], jobs: Sequence[NewJob], params: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
-    return zip(ids, params["types"], params["payloads"], params["max_attempts"], params["metas"], strict=True)
+    return zip(
+        ids, params["types"], params["payloads"], params["max_attempts"], params["metas"], params["queues"], strict=True
+    )
 
 
 def _can_copy(jobs: Sequence[NewJob]) -> bool:

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from .backoff import DEFAULT_POLICY, BackoffPolicy
-from .checks import check_delay, check_max_attempts, check_type
+from .checks import check_delay, check_max_attempts, check_queue, check_type
 from .cronslots import DEFAULT_GRACE_SECONDS
 from .db import Call, arun, run
 from .domain import DEFAULT_MAX_ATTEMPTS, ClaimedJob, FailOutcome
@@ -62,6 +62,9 @@ class Handler:
     # A pydantic model (or any class with model_validate/model_dump): payloads are checked
     # against it at enqueue and decoded into it for the handler (typed.py).
     payload: Any = None
+    # The queue its jobs go to when enqueued through a client given this registry
+    # (Queue(dsn, jobs=jobs)) without a queue of their own; None: the default queue.
+    queue: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +105,14 @@ class Jobs:
         timeout: float | None = None,
         backoff: BackoffPolicy = DEFAULT_POLICY,
         payload: Any = None,
+        queue: str | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function (plain or `async def`) for jobs of `job_type`;
-        with `payload=` a pydantic model, the handler's `job.payload` is an instance of it."""
+        with `payload=` a pydantic model, the handler's `job.payload` is an instance of it;
+        `queue` is where a client given this registry puts them by default."""
         check_type(job_type)
+        if queue is not None:
+            check_queue(queue)
         check_max_attempts(max_attempts)
         if timeout is not None and not timeout > 0:
             raise InvalidInput(f"handler {job_type!r}: timeout must be a positive number of seconds")
@@ -121,6 +128,7 @@ class Jobs:
                 timeout=timeout,
                 backoff=backoff,
                 payload=payload,
+                queue=queue,
             )
             return fn
 
@@ -132,6 +140,11 @@ class Jobs:
         function returning a context manager (see middleware.py)."""
         self.hooks.append(contextmanager(hook) if inspect.isgeneratorfunction(hook) else hook)
         return hook
+
+    def queue_of(self, job_type: str) -> str | None:
+        """The queue the handler of `job_type` declares, if any."""
+        handler = self.handlers.get(job_type)
+        return None if handler is None else handler.queue
 
     def on_dead(self, fn: DeadCallback) -> DeadCallback:
         """Register a callback run (in the worker) each time a job goes dead."""
@@ -185,12 +198,24 @@ class Job:
         # A plain flag: set once by the worker, read by the handler's thread; assignments of
         # a bool are atomic in CPython, and an Event per job cost a lock and a condition.
         self._lost = False
+        self._cancelled = False
+
+    @property
+    def cancelled(self) -> bool:
+        """True once an operator cancelled this job while it ran (`jobtui cancel`, the
+        console's `c`): the job is `failed` already, so the handler should return; its outcome
+        is discarded and `once()` refuses. An async handler is cancelled outright."""
+        return self._cancelled
+
+    def mark_cancelled(self) -> None:
+        self._cancelled = True
+        self._lost = True
 
     @property
     def lost(self) -> bool:
         """True once the worker gave this attempt up (its lease was lost, or could not be
         extended before it expired): a long handler checks it between steps and returns,
-        since its outcome is discarded and `once()` refuses."""
+        since its outcome is discarded and `once()` refuses. Also True once cancelled."""
         return self._lost
 
     def mark_lost(self) -> None:

@@ -9,6 +9,8 @@ process) long enough for every pane to have something to show, then drives the c
 Textual's pilot and saves one SVG per view:
 
     ready.svg  running.svg  job-detail.svg  dead.svg  confirm.svg  dead-drilldown.svg
+    expiries.svg  schedules.svg  worker.svg  queues.svg  console-80x24.svg  dead-80x24.svg
+
     expiries.svg  schedules.svg  worker.svg  charts.svg  console-80x24.svg  dead-80x24.svg
 
 The archiver writes one queue_minute row a minute; a run of a minute would leave the charts
@@ -35,8 +37,9 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from jobtui import demo, migrate
+from jobtui import demo, migrate, queues
 from jobtui.client import Queue
+from jobtui.domain import NewJob
 from jobtui.tui.app import JobtuiApp
 from jobtui.tui.screens import ConfirmScreen, JobDetailScreen, JobListScreen
 from jobtui.tui.widgets import KeyedTable
@@ -90,6 +93,16 @@ async def shoot(app: JobtuiApp, pilot: Any, out: Path, name: str) -> None:
     await pilot.pause(0.3)
     app.save_screenshot(f"{name}.svg", str(out))
     print(f"  {out / (name + '.svg')}", file=sys.stderr)
+
+
+def pull_levers(dsn: str) -> None:
+    """An incident's first moves: reports held in their own queue, webhooks paused, a limit."""
+    with Queue(dsn, schema=SCHEMA, max_connections=1) as queue:
+        queue.enqueue_many([NewJob("report.build", {"seconds": 1}, queue="reports")] * 40)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        queues.pause(conn, "queue", "reports", actor="screenshots", schema=SCHEMA)
+        queues.pause(conn, "type", "webhook.deliver", actor="screenshots", schema=SCHEMA)
+        queues.set_limit(conn, "default", 6, actor="screenshots", schema=SCHEMA)
 
 
 def an_hour_behind(dsn: str) -> None:
@@ -180,7 +193,14 @@ async def drive(dsn: str, out: Path, warmup: float) -> None:
             await pilot.press("6")
             await shoot(app, pilot, out, "worker")
 
+            pull_levers(dsn)
+            await asyncio.sleep(3)  # the paused work waits, and its oldest age grows
             await pilot.press("7")
+            await wait_for(pilot, lambda: table_rows(app, "queues") > 2, 10, "queues")
+            await pilot.pause(0.6)  # a refresh
+            await shoot(app, pilot, out, "queues")
+
+            await pilot.press("8")
             await pilot.pause(0.6)
             await shoot(app, pilot, out, "charts")
 

@@ -12,10 +12,10 @@ SELECT max(version) FROM {schema}.migration;
 -- name: enqueue
 -- One job. With an idempotency key that already exists, inserts nothing and returns nothing;
 -- the caller then reads the existing job with enqueue_existing.
-INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts, meta)
+INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts, meta, queue)
 VALUES (%(type)s, %(payload)s, %(key)s,
         coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s),
-        %(max_attempts)s, %(meta)s::jsonb)
+        %(max_attempts)s, %(meta)s::jsonb, %(queue)s)
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
@@ -25,11 +25,11 @@ SELECT id FROM {schema}.job WHERE idempotency_key = %(key)s;
 -- name: enqueue_many
 -- Many jobs in one statement; rows whose key already exists are skipped. Returns the new
 -- ids with their position in the input (ord, 1-based).
-INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts, meta)
-SELECT t.type, t.payload::jsonb, t.key, now() + make_interval(secs => t.delay), t.max_attempts, t.meta::jsonb
+INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts, meta, queue)
+SELECT t.type, t.payload::jsonb, t.key, now() + make_interval(secs => t.delay), t.max_attempts, t.meta::jsonb, t.queue
 FROM unnest(%(types)s::text[], %(payloads)s::text[], %(keys)s::text[],
-            %(delays)s::float8[], %(max_attempts)s::int[], %(metas)s::text[])
-     WITH ORDINALITY AS t(type, payload, key, delay, max_attempts, meta, ord)
+            %(delays)s::float8[], %(max_attempts)s::int[], %(metas)s::text[], %(queues)s::text[])
+     WITH ORDINALITY AS t(type, payload, key, delay, max_attempts, meta, queue, ord)
 ORDER BY t.ord
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, idempotency_key;
@@ -44,16 +44,28 @@ SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id')::regclass)) FROM 
 
 -- name: copy_jobs
 -- Bulk insert without keys or delays: run_at takes its default, the database's now().
-COPY {schema}.job (id, type, payload, max_attempts, meta) FROM STDIN;
+COPY {schema}.job (id, type, payload, max_attempts, meta, queue) FROM STDIN;
 
 -- name: claim
--- Up to `limit` ready jobs of the given types, oldest run_at first. SKIP LOCKED lets any
--- number of workers claim at once without waiting on each other or taking the same row.
+-- Up to `limit` ready jobs of the given types, oldest run_at first, from `queue` (NULL: from
+-- every queue). SKIP LOCKED lets any number of workers claim at once without waiting on each
+-- other or taking the same row.
 -- The ids come from an ARRAY(...) subquery rather than a join (UPDATE ... FROM picked):
 -- a joined relation costs a whole-row copy of each of its rows, kept for rechecks, and
 -- the join. The rows come back in id order; the caller sorts them by run_at. The payload
 -- comes as text, which the worker decodes with one JSON decoder, cheaper per row than
 -- psycopg's jsonb loader.
+-- Pauses and limits are read here, in queue_control, in this statement: paused queues and
+-- types are left out (two one-time subqueries of that small table), and the jobs of queues
+-- with a limit come from claim_limited (migration 0008), which counts what runs under a lock.
+-- Without a limit set, that function finds no row and takes no lock. The queue and the type
+-- are compared as expressions (`queue || ''`), which the planner estimates by default rather
+-- than from the columns' statistics: with a single queue or type in the table, those say
+-- that almost no row differs from a value not known yet, and a generic plan would sort every
+-- ready row instead of walking the ready index.
+WITH limited AS MATERIALIZED (
+    SELECT {schema}.claim_limited(%(queue)s::text, %(types)s::text[], %(limit)s::int) AS ids
+)
 UPDATE {schema}.job AS j
 SET status = 'running',
     attempts = j.attempts + 1,
@@ -67,26 +79,43 @@ SET status = 'running',
     locked_until = now() + make_interval(secs => %(lease)s),
     heartbeat_at = now(),
     started_at = now()
-WHERE j.id = ANY(ARRAY(
+WHERE j.id = ANY((SELECT ids FROM limited) || ARRAY(
         SELECT id FROM {schema}.job
         WHERE status = 'ready' AND run_at <= now() AND type = ANY(%(types)s::text[])
+          AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+          AND (queue || '') <> ALL(ARRAY(SELECT name FROM {schema}.queue_control
+                                         WHERE kind = 'queue' AND (paused_at IS NOT NULL OR max_running IS NOT NULL)))
+          AND (type || '') <> ALL(ARRAY(SELECT name FROM {schema}.queue_control
+                                        WHERE kind = 'type' AND paused_at IS NOT NULL))
         ORDER BY run_at, id
-        LIMIT %(limit)s
+        LIMIT greatest(0, %(limit)s::int - cardinality((SELECT ids FROM limited)))
         FOR UPDATE SKIP LOCKED))
   AND j.status = 'ready'
 RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_token,
           j.locked_until, j.created_at, j.run_at, j.uncounted, j.meta::text;
 
 -- name: heartbeat
--- Extends many leases at once; the ids returned still hold their lease, the others lost it.
--- Each id's token is found by its position in the arrays (see complete). A lease that has
--- already expired is not extended, even when no reaper took it yet: by the database's clock
--- it was lost, and its worker gives the attempt up (another worker may have started it).
-UPDATE {schema}.job AS j
-SET locked_until = now() + make_interval(secs => %(lease)s), heartbeat_at = now()
-WHERE j.id = ANY(%(ids)b::bigint[]) AND j.status = 'running' AND j.locked_until > now()
+-- Extends many leases at once; the ids returned as 'held' still hold their lease, the others
+-- lost it. Each id's token is found by its position in the arrays (see complete). A lease
+-- that has already expired is not extended, even when no reaper took it yet: by the
+-- database's clock it was lost, and its worker gives the attempt up (another worker may have
+-- started it). A lost lease whose job an operator cancelled under that very lease comes back
+-- as 'cancelled' (the backstop of a lost cancel notification); that lookup runs only when
+-- some lease was not extended.
+WITH held AS (
+    UPDATE {schema}.job AS j
+    SET locked_until = now() + make_interval(secs => %(lease)s), heartbeat_at = now()
+    WHERE j.id = ANY(%(ids)b::bigint[]) AND j.status = 'running' AND j.locked_until > now()
+      AND j.lease_token = (%(tokens)b::bigint[])[array_position(%(ids)b::bigint[], j.id)]
+    RETURNING j.id
+)
+SELECT id, 'held' AS lease FROM held
+UNION ALL
+SELECT j.id, 'cancelled' FROM {schema}.job AS j
+WHERE (SELECT count(*) FROM held) < cardinality(%(ids)b::bigint[])
+  AND j.id = ANY(%(ids)b::bigint[]) AND j.status = 'failed'
   AND j.lease_token = (%(tokens)b::bigint[])[array_position(%(ids)b::bigint[], j.id)]
-RETURNING j.id;
+  AND j.errors -> -1 ->> 'kind' = 'cancelled';
 
 -- name: complete
 -- Fenced by status and lease token, like every transition. The ids are matched with
@@ -331,21 +360,29 @@ RETURNING j.id;
 
 -- name: cancel
 -- Operator: a ready or running job becomes failed; it will not run again unless requeued.
-UPDATE {schema}.job AS j
-SET status = 'failed', locked_until = NULL, finished_at = now(),
-    last_error = format('cancelled by %%s', %(actor)s::text),
-    errors = (j.errors || jsonb_build_array(jsonb_build_object(
-                 'at', now(), 'attempt', j.attempts, 'worker', j.locked_by,
-                 'kind', 'cancelled', 'error', format('cancelled by %%s', %(actor)s::text))))
-             - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
-WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status IN ('ready', 'running')
-RETURNING j.id;
+-- A running job's worker hears of it at once on the schema's channel ('cancel <id>'), and
+-- its heartbeat's answer says so too, should the notification be lost; its late outcome is
+-- refused either way, since the status no longer matches.
+WITH cancelled AS (
+    UPDATE {schema}.job AS j
+    SET status = 'failed', locked_until = NULL, finished_at = now(),
+        last_error = format('cancelled by %%s', %(actor)s::text),
+        errors = (j.errors || jsonb_build_array(jsonb_build_object(
+                     'at', now(), 'attempt', j.attempts, 'worker', j.locked_by,
+                     'kind', 'cancelled', 'error', format('cancelled by %%s', %(actor)s::text))))
+                 - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status IN ('ready', 'running')
+    RETURNING j.id, j.locked_by
+)
+SELECT id, CASE WHEN locked_by IS NOT NULL
+                THEN pg_notify(%(channel)s::text, 'cancel ' || id) END AS told
+FROM cancelled;
 
 -- name: job_statuses
 SELECT id, status FROM {schema}.job WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: get_job
-SELECT id, type, payload, idempotency_key, status, run_at, attempts, max_attempts,
+SELECT id, type, queue, payload, idempotency_key, status, run_at, attempts, max_attempts,
        locked_by, locked_until, lease_token, heartbeat_at, last_error, errors,
        lease_expirations, created_at, started_at, finished_at, now() AS db_now
 FROM {schema}.job WHERE id = %(id)s;
@@ -500,10 +537,10 @@ WITH moved AS (
     INSERT INTO {schema}.job_archive
         (id, type, payload, idempotency_key, status, run_at, attempts, max_attempts, locked_by,
          locked_until, lease_token, heartbeat_at, last_error, errors, lease_expirations,
-         created_at, started_at, finished_at, error_fingerprint, uncounted, meta)
+         created_at, started_at, finished_at, error_fingerprint, uncounted, meta, queue)
     SELECT id, type, payload, idempotency_key, status, run_at, attempts, max_attempts, locked_by,
            locked_until, lease_token, heartbeat_at, last_error, errors, lease_expirations,
-           created_at, started_at, finished_at, error_fingerprint, uncounted, meta
+           created_at, started_at, finished_at, error_fingerprint, uncounted, meta, queue
     FROM moved
     RETURNING 1
 )
@@ -979,13 +1016,13 @@ SELECT extract(epoch FROM started_at - created_at) * 1000 FROM {schema}.job WHER
 -- The job query API's page: jobs matching every filter given (a NULL filter is off), newest
 -- first, ids below %(before)s (keyset: the last id of the page before). Walks the primary key
 -- backwards, or one of the partial status indexes when the planner finds that cheaper.
-SELECT id, type, status, attempts, max_attempts, idempotency_key AS key, run_at, created_at,
+SELECT id, type, queue, status, attempts, max_attempts, idempotency_key AS key, run_at, created_at,
        started_at, finished_at, locked_by AS worker,
        coalesce(split_part(last_error, E'\n', 1), '') AS last_error
 FROM {schema}.job
 WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
-  AND (%(family)s::text IS NULL OR type = %(family)s OR starts_with(type, %(family)s || '.'))
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)
   AND (%(error)s::text IS NULL OR last_error ~ %(error)s)
   AND (%(before)s::bigint IS NULL OR id < %(before)s)
@@ -1000,27 +1037,27 @@ LIMIT %(limit)s;
 -- the done rows still in the table (job_finished_idx, which carries the type).
 SELECT 'ready' AS status, type, count(*) AS jobs FROM {schema}.job
 WHERE status = 'ready' AND (%(statuses)s::text[] IS NULL OR 'ready' = ANY(%(statuses)s::text[])) AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
-  AND (%(family)s::text IS NULL OR type = %(family)s OR starts_with(type, %(family)s || '.'))
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 GROUP BY type
 UNION ALL
 SELECT 'running' AS status, type, count(*) AS jobs FROM {schema}.job
 WHERE status = 'running' AND (%(statuses)s::text[] IS NULL OR 'running' = ANY(%(statuses)s::text[])) AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
-  AND (%(family)s::text IS NULL OR type = %(family)s OR starts_with(type, %(family)s || '.'))
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 GROUP BY type
 UNION ALL
 SELECT 'dead' AS status, type, count(*) AS jobs FROM {schema}.job
 WHERE status = 'dead' AND (%(statuses)s::text[] IS NULL OR 'dead' = ANY(%(statuses)s::text[])) AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
-  AND (%(family)s::text IS NULL OR type = %(family)s OR starts_with(type, %(family)s || '.'))
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 GROUP BY type
 UNION ALL
 SELECT 'failed' AS status, type, count(*) AS jobs FROM {schema}.job
 WHERE status = 'failed' AND (%(statuses)s::text[] IS NULL OR 'failed' = ANY(%(statuses)s::text[])) AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
-  AND (%(family)s::text IS NULL OR type = %(family)s OR starts_with(type, %(family)s || '.'))
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 GROUP BY type
 UNION ALL
 SELECT 'done' AS status, type, count(*) AS jobs FROM {schema}.job
 WHERE status = 'done' AND (%(statuses)s::text[] IS NULL OR 'done' = ANY(%(statuses)s::text[])) AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
-  AND (%(family)s::text IS NULL OR type = %(family)s OR starts_with(type, %(family)s || '.'))
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 GROUP BY type
 ORDER BY status, type;
 
@@ -1031,3 +1068,88 @@ SELECT id, type, payload, idempotency_key AS key, status, run_at, created_at
 FROM {schema}.job
 WHERE type = %(type)s AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
 ORDER BY id;
+
+-- name: queue_overview
+-- `jobtui queue list` and the console's Queues pane: per queue and per job type, the ready
+-- jobs (and how many are due), running ones, the oldest due job's age (a pause makes it
+-- grow: that is what the pause costs), jobs done in the last minute (done rows; jobs deleted
+-- at completion are counted by type only, in done_tally, and not here), and the queue's
+-- limit and pause. Queues and types with no job but a control row are listed too. Read by
+-- column name.
+WITH ready AS (
+    SELECT queue, type, count(*) AS ready, count(*) FILTER (WHERE run_at <= now()) AS due,
+           min(run_at) FILTER (WHERE run_at <= now()) AS oldest
+    FROM {schema}.job WHERE status = 'ready'
+    GROUP BY queue, type
+), running AS (
+    SELECT queue, type, count(*) AS running FROM {schema}.job WHERE status = 'running'
+    GROUP BY queue, type
+), done AS (
+    SELECT queue, type, count(*) AS done FROM {schema}.job
+    WHERE status = 'done' AND finished_at > now() - interval '1 minute'
+    GROUP BY queue, type
+), pairs AS (
+    SELECT queue, type, sum(ready) AS ready, sum(due) AS due, min(oldest) AS oldest,
+           sum(running) AS running, sum(done) AS done
+    FROM (SELECT queue, type, ready, due, oldest, 0 AS running, 0 AS done FROM ready
+          UNION ALL SELECT queue, type, 0, 0, NULL, running, 0 FROM running
+          UNION ALL SELECT queue, type, 0, 0, NULL, 0, done FROM done) AS p
+    GROUP BY queue, type
+), grouped AS (
+    SELECT 'queue' AS kind, queue AS name, sum(ready) AS ready, sum(due) AS due, min(oldest) AS oldest,
+           sum(running) AS running, sum(done) AS done
+    FROM pairs GROUP BY queue
+    UNION ALL
+    SELECT 'type', type, sum(ready), sum(due), min(oldest), sum(running), sum(done)
+    FROM pairs GROUP BY type
+)
+SELECT coalesce(g.kind, c.kind) AS kind, coalesce(g.name, c.name) AS name,
+       coalesce(g.ready, 0)::bigint AS ready, coalesce(g.due, 0)::bigint AS due,
+       coalesce(g.running, 0)::bigint AS running, coalesce(g.done, 0)::bigint AS done_last_minute,
+       extract(epoch FROM now() - g.oldest)::float8 AS oldest_age,
+       c.max_running, c.paused_at, c.paused_by
+FROM grouped AS g
+FULL JOIN {schema}.queue_control AS c ON c.kind = g.kind AND c.name = g.name
+WHERE g.name IS NOT NULL OR c.paused_at IS NOT NULL OR c.max_running IS NOT NULL
+ORDER BY 1, 2;
+
+-- name: queue_pause
+-- Operator: pause a queue or a job type on every worker, from each one's next claim. Fenced
+-- by the state it expects: returns a row only when it was not paused.
+INSERT INTO {schema}.queue_control AS c (kind, name, paused_at, paused_by, changed_by)
+VALUES (%(kind)s, %(name)s, now(), %(actor)s, %(actor)s)
+ON CONFLICT (kind, name) DO UPDATE
+SET paused_at = now(), paused_by = excluded.paused_by, changed_at = now(), changed_by = excluded.changed_by
+WHERE c.paused_at IS NULL
+RETURNING c.name;
+
+-- name: queue_resume
+-- Operator: resume a paused queue or type; returns a row only when it was paused. Wakes the
+-- workers, so that they claim at once rather than at their next poll.
+WITH resumed AS (
+    UPDATE {schema}.queue_control AS c
+    SET paused_at = NULL, paused_by = NULL, changed_at = now(), changed_by = %(actor)s
+    WHERE c.kind = %(kind)s AND c.name = %(name)s AND c.paused_at IS NOT NULL
+    RETURNING c.name
+)
+SELECT name, pg_notify(%(channel)s::text, '') AS woken FROM resumed;
+
+-- name: queue_limit
+-- Operator: set (or with NULL clear) how many jobs of a queue run at once across every
+-- worker, from each one's next claim. Fenced by the limit the operator saw (`expected`,
+-- compared with IS NOT DISTINCT FROM) when `fenced`; returns the limit before, or no row
+-- when it had changed meanwhile. Wakes the workers, since a higher limit leaves room now.
+WITH before AS (
+    SELECT max_running FROM {schema}.queue_control
+    WHERE kind = 'queue' AND name = %(name)s
+    FOR UPDATE
+), allowed AS (
+    SELECT NOT %(fenced)s OR (SELECT max_running FROM before) IS NOT DISTINCT FROM %(expected)s::int AS ok
+), changed AS (
+    INSERT INTO {schema}.queue_control AS c (kind, name, max_running, changed_by)
+    SELECT 'queue', %(name)s, %(limit)s::int, %(actor)s FROM allowed WHERE ok
+    ON CONFLICT (kind, name) DO UPDATE
+    SET max_running = excluded.max_running, changed_at = now(), changed_by = excluded.changed_by
+    RETURNING c.name
+)
+SELECT (SELECT max_running FROM before) AS was, pg_notify(%(channel)s::text, '') AS woken FROM changed;

@@ -32,7 +32,7 @@ from ..safetext import line, shorten
 from . import changes, header, panes, render
 from .console import Console, View
 from .data import Actions, DataSource, Fetched
-from .panes import ChartsPane, LogToWidget, Pane, WorkerPane
+from .panes import LogToWidget, Pane, WorkerPane
 from .screens import ConfirmScreen, HelpScreen
 
 HISTORY = 120  # samples of the oldest ready age kept for the sparkline
@@ -100,11 +100,11 @@ class JobtuiApp(App[None]):
     def compose(self) -> ComposeResult:
         yield Static(Text("connecting..."), id="vitals")
         with TabbedContent(initial="ready", id="panes"):
-            for pane in panes.TABLES:
-                yield pane()
-            if self._log_handler is not None:
-                yield WorkerPane(self.embedded_worker, self._log_handler)
-            yield ChartsPane()
+            for pane in panes.ALL:  # in the order of their number keys
+                if pane is not WorkerPane:
+                    yield pane()
+                elif self._log_handler is not None:
+                    yield WorkerPane(self.embedded_worker, self._log_handler)
         yield Input(placeholder="filter by type or text; enter to apply, escape to clear", id="filter")
         yield Static("", id="status")
         yield Footer()

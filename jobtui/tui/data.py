@@ -7,12 +7,12 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psycopg
 
-from .. import joblists, metrics
+from .. import joblists, metrics, queues
 from .. import scheduler as schedules
 from ..actions import check_regex
 from ..client import Queue
@@ -22,6 +22,7 @@ from ..errors import DatabaseUnavailable, InvalidInput
 from ..joblists import DeadJob, ReadyJob, RunningCursor, RunningJob
 from ..metrics import DeadGroup, Snapshot
 from ..queue import get_job_call
+from ..queues import QueueLine
 
 # Every statement the console runs is cancelled by the server after this long: a slow
 # database shows as an error in the header, not as a console waiting forever.
@@ -66,6 +67,7 @@ class Fetched:
     needle: str = ""  # the filter dead_matched was read for
     where: Where | None = None
     running_after: RunningCursor | None = None  # where the page of `running` starts
+    queues: list[QueueLine] = field(default_factory=list)  # the Queues pane's lines
 
 
 class DataSource:
@@ -155,17 +157,15 @@ class DataSource:
         snap = metrics.snapshot(conn, self.schema, history=self._history)
         after = self.running_after
         running = joblists.running_jobs(conn, self.schema, after=after)
+        lines = run(conn, queues.overview_call(), self.schema)
+        fetched = Fetched(snap, running, where=self._where, running_after=after, queues=lines)
         if not needle:
-            return Fetched(snap, running, where=self._where, running_after=after)
+            return fetched
         try:
             check_regex(conn, needle, self.schema)
         except InvalidInput as exc:
-            return Fetched(
-                snap, running, dead_matched=[], filter_problem=str(exc), needle=needle, where=self._where,
-                running_after=after,
-            )  # fmt: skip
-        matched = joblists.dead_groups(conn, self.schema, error=needle)
-        return Fetched(snap, running, dead_matched=matched, needle=needle, where=self._where, running_after=after)
+            return replace(fetched, dead_matched=[], filter_problem=str(exc), needle=needle)
+        return replace(fetched, dead_matched=joblists.dead_groups(conn, self.schema, error=needle), needle=needle)
 
     def backend_pid(self) -> int:
         """The server process behind the connection the refreshes use."""

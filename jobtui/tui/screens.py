@@ -61,7 +61,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
 HELP = """\
 [b]Panes[/]   1 ready · 2 running · 3 dead · 4 lease expiries · 5 schedules
-        6 worker (with --work) · 7 charts of the last hour; tab, shift+tab, the mouse
+        6 worker (with --work) · 7 queues · 8 charts of the last hour; tab, shift+tab, the mouse
 [b]Move[/]    arrows, page up/down, home/end
 [b]enter[/]   drill down: a type's ready jobs, a dead group's jobs, a job
 [b]Ready[/]   by type; "attempts (done 1h)": jobs done in the last hour by attempts used
@@ -73,9 +73,10 @@ HELP = """\
 [b]r[/]       requeue the selected dead group (in a group's list: the job)
 [b]R[/]       requeue the whole group, from a group's list
 [b]k[/]       kill the lease of the selected running job (ready again now)
-[b]c[/]       cancel the selected job (it becomes failed)
-[b]p[/]       pause or resume the selected schedule
+[b]c[/]       cancel the selected job (it becomes failed; its worker stops it)
+[b]p[/]       pause or resume the selected schedule; in queues, the queue or type fleet-wide
 [b]n[/]       run the selected schedule now
+[b]l[/]       in queues: set the queue's limit of jobs running at once, fleet-wide
 [b]w[/]       pause or resume the embedded worker (--work; local, not asked)
 
 [b]?[/] this help · [b]esc[/] back · [b]q[/] quit (a worker finishes its jobs first)

@@ -36,6 +36,8 @@ class InFlight:
     # Set when the outcome is handed to the writer: from then on the row may leave
     # `running` at any moment, and the write itself tells whether the lease held.
     writing: bool = False
+    # The claim slots it takes (the queue its producer claims from; None: every queue).
+    pool: str | None = None
 
 
 Backoff = Callable[[Handler, Job], float]

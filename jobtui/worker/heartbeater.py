@@ -20,7 +20,7 @@ import psycopg
 from ..db import first_line
 from ..errors import DatabaseUnavailable
 from ..link import Connection, Link
-from ..queue import heartbeat_call
+from ..queue import heartbeat_beat_call
 from .executor import InFlight
 from .producer import Denied
 
@@ -39,6 +39,7 @@ class Heartbeater:
         margin: float,
         flights: Callable[[], Iterable[InFlight]],
         give_up: Callable[[InFlight, str], None],
+        cancelled: Callable[[int], None],
         denied: Denied,
     ) -> None:
         self._conn = conn
@@ -49,6 +50,7 @@ class Heartbeater:
         self._margin = margin
         self._flights = flights
         self._give_up = give_up
+        self._cancelled = cancelled
         self._denied = denied
 
     async def run(self) -> None:
@@ -83,15 +85,18 @@ class Heartbeater:
         ]
         if not flights:
             return
-        held, sent = await self._conn.run_timed(
-            heartbeat_call([f.claimed.lease for f in flights], self._lease), self._schema, retry=False
+        beat, sent = await self._conn.run_timed(
+            heartbeat_beat_call([f.claimed.lease for f in flights], self._lease), self._schema, retry=False
         )
         lease_until = sent + self._lease
         for flight in flights:
             if flight.writing or flight.job.lost:
                 continue  # finished (or given up) while the heartbeat ran
-            if flight.claimed.id in held:
+            if flight.claimed.id in beat.held:
                 flight.lease_until = lease_until
+            elif flight.claimed.id in beat.cancelled:
+                # The cancel notification was lost (or is late): the answer says it instead.
+                self._cancelled(flight.claimed.id)
             else:
                 self._give_up(flight, "its lease was lost (expired, reaped, killed or cancelled)")
 

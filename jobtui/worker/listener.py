@@ -1,10 +1,12 @@
-"""The listener: LISTENs on the schema's channel and wakes the producer at every insert, and
-after every reconnect (notifications may have been missed meanwhile)."""
+"""The listener: LISTENs on the schema's channel and wakes the producers at every insert, and
+after every reconnect (notifications may have been missed meanwhile). A notification
+`cancel <id>` says an operator cancelled a running job: its worker stops the handler."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -14,6 +16,8 @@ from ..db import statements
 from ..link import Connection, Link
 
 log = logging.getLogger("jobtui.worker")
+
+_CANCEL = re.compile(r"cancel ([0-9]{1,19})")
 
 
 def subscriber(schema: str) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]:
@@ -34,9 +38,18 @@ def listener_connection(dsn: str | None, link: Link, schema: str) -> Connection 
     return Connection(dsn, "listen", link=link, gated=True, on_connect=subscriber(schema))
 
 
-async def listen(conn: Connection | None, kick: asyncio.Event, poll_interval: float) -> None:
-    """Set `kick` at every notification, until cancelled; without a connection, say once
-    that the worker only polls."""
+def cancelled_job(payload: str) -> int | None:
+    """The job id of a cancel notification's payload, or None for any other payload."""
+    match = _CANCEL.fullmatch(payload)
+    return int(match.group(1)) if match else None
+
+
+async def listen(
+    conn: Connection | None, wake: Callable[[], None], cancel: Callable[[int], None], poll_interval: float
+) -> None:
+    """Call `wake` at every notification and `cancel` at every cancel, until cancelled;
+    without a connection, say once that the worker only polls (cancels then reach it with
+    the heartbeats' answers)."""
     if conn is None:
         log.info(
             "behind a transaction pooler LISTEN cannot work: polling every %gs "
@@ -48,10 +61,14 @@ async def listen(conn: Connection | None, kick: asyncio.Event, poll_interval: fl
     try:
         while True:
             live = await conn.get()
-            kick.set()  # notifications may have been missed while disconnected
+            wake()  # notifications may have been missed while disconnected
             try:
-                async for _ in live.notifies():
-                    kick.set()
+                async for note in live.notifies():
+                    job_id = cancelled_job(note.payload)
+                    if job_id is not None:
+                        cancel(job_id)
+                    else:
+                        wake()
             except psycopg.OperationalError as exc:
                 conn.lost(exc)
     finally:

@@ -1,16 +1,15 @@
 """The worker: claims jobs, runs their handlers, keeps their leases, writes their outcomes.
 
-    worker = Worker(jobs, dsn, concurrency=20)
+    worker = Worker(jobs, dsn, concurrency=20)       # or queues={"emails": 20, "reports": 2}
     asyncio.run(worker.run())         # until worker.stop() (or SIGTERM in `jobtui worker`)
 
-One asyncio loop per process, and parts that each do one thing, wired here: the producer
-claims, the executor runs handlers, the completer writes outcomes in batches, the
-heartbeater keeps leases (and gives up those it could not keep), the reaper takes back other
-workers' expired leases, and the listener wakes the producer. This class owns the jobs in
-flight and what becomes of them.
-
-With delete_on_complete, a finished job without a key is deleted, and counted per minute in
-done_tally, instead of kept as a done row: no second row version or done-index entry per job.
+One asyncio loop per process, and parts that each do one thing, wired here: the producers
+(one per pool of slots, slots.py) claim, the executor runs handlers, the completer writes
+outcomes in batches, the heartbeater keeps leases (and gives up those it could not keep), the
+reaper takes back other workers' expired leases, and the listener wakes the producers and
+passes cancels on. This class owns the jobs in flight and what becomes of them. With
+delete_on_complete, a finished job without a key is deleted and counted per minute in
+done_tally instead of kept as a done row: no second row version or done-index entry per job.
 """
 
 from __future__ import annotations
@@ -21,13 +20,14 @@ import os
 import random
 import socket
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from functools import partial
 from typing import Any
 
 import psycopg
 
 from ..backoff import delay as backoff_delay
+from ..checks import check_queue
 from ..db import Call, aconnect, arun, check_dsn, first_line, pooler_mode, statements, transaction_pooled
 from ..domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJob, FailOutcome
 from ..errors import InvalidInput, JobtuiError, PrivilegeMissing
@@ -46,9 +46,10 @@ from .listener import listen, listener_connection
 from .outcome import MAX_UNCOUNTED_IN_A_ROW, Outcome, count_outcome, fields
 from .producer import Producer, claim_session, claim_transaction
 from .reaper import Reaper
+from .slots import Slots, describe
 
 DEFAULT_RETENTION = Retention()
-COUNTERS = ("done", "failed", "retried", "dead", "lost", "released", "abandoned")
+COUNTERS = ("done", "failed", "retried", "dead", "lost", "released", "abandoned", "cancelled")
 
 log = logging.getLogger("jobtui.worker")
 
@@ -77,6 +78,7 @@ class Worker:
         *,
         concurrency: int = 10,
         types: Sequence[str] | None = None,
+        queues: Mapping[str, int] | None = None,
         lease: float = DEFAULT_LEASE_SECONDS,
         worker_id: str | None = None,
         schema: str = DEFAULT_SCHEMA,
@@ -92,6 +94,8 @@ class Worker:
     ) -> None:
         if concurrency < 1:
             raise InvalidInput(f"concurrency must be at least 1, got {concurrency}")
+        if queues is not None and (not queues or any(n < 1 for n in queues.values())):
+            raise InvalidInput("queues: give each queue a concurrency of at least 1")
         if not lease >= 1:
             raise InvalidInput(f"lease must be at least 1 second, got {lease}")
         if not poll_interval >= 0.01:  # 0 would spin on the database
@@ -112,7 +116,10 @@ class Worker:
             raise InvalidInput("the app registers no handlers: decorate functions with @jobs.handler(TYPE)")
         self.jobs = jobs
         self.dsn = dsn
-        self.concurrency = concurrency
+        # One pool of slots per queue named, or one for every queue (None).
+        sizes: dict[str | None, int] = {check_queue(q): n for q, n in queues.items()} if queues else {None: concurrency}
+        self.slots = Slots(sizes)
+        self.concurrency = self.slots.total
         self.types = selected
         self.lease = lease
         self.worker_id = worker_id or default_worker_id()
@@ -135,9 +142,7 @@ class Worker:
             else None
         )
         self.in_flight: dict[int, InFlight] = {}
-        self._busy = 0  # handlers running now (in_flight also holds outcomes being written)
         self._limits = {t: h.max_attempts for t, h in jobs.handlers.items()}
-        self.paused = False
         # What became of this worker's attempts, public (docs/operations.md, "Worker counters");
         # the built-in jobs (the archiver) count apart, in builtin_counts.
         self.counts = dict.fromkeys(COUNTERS, 0)
@@ -145,7 +150,6 @@ class Worker:
         # Why the worker stopped by itself (a privilege it lacks): raised by run().
         self.fatal: JobtuiError | None = None
         self._stopping: asyncio.Event | None = None
-        self._kick: asyncio.Event | None = None
         self._link: Link | None = None
         self._background: set[asyncio.Future[None]] = set()  # hand-backs under way, and the like
         self._stopping_for_privilege = False
@@ -158,17 +162,19 @@ class Worker:
         """Stop claiming; in-flight jobs get `shutdown_timeout` seconds, then are released."""
         if self._stopping is not None:
             self._stopping.set()
-        if self._kick is not None:
-            self._kick.set()
+        self.slots.wake()
+
+    @property
+    def paused(self) -> bool:
+        return self.slots.paused
 
     def pause(self) -> None:
-        """Stop claiming new jobs; in-flight ones finish."""
-        self.paused = True
+        """Stop claiming new jobs in this worker; in-flight ones finish."""
+        self.slots.paused = True
 
     def resume(self) -> None:
-        self.paused = False
-        if self._kick is not None:
-            self._kick.set()
+        self.slots.paused = False
+        self.slots.wake()
 
     @property
     def running(self) -> bool:
@@ -183,7 +189,6 @@ class Worker:
         at start or later (a revoked grant will not come back by itself).
         """
         stopping = self._stopping = asyncio.Event()
-        kick = self._kick = asyncio.Event()
         stopped_writing = asyncio.Event()
         # One link for every connection: after an outage they all come back together, and
         # claims, reaping, LISTEN and the scheduler wait until the heartbeat went first.
@@ -207,19 +212,22 @@ class Worker:
         self._writer = OutcomeWriter(
             write_conn, self.schema, self._job_died, self._denied, delete_on_complete=self.delete_on_complete
         )
-        producer = Producer(
-            claim_conn,
-            self.schema,
-            claim=self._claim_call,
-            unanswered=lambda: release_unanswered_call(self.worker_id, list(self.in_flight)),
-            room=self._room,
-            start=self._start,
-            lease=self.lease,
-            poll_interval=self.poll_interval,
-            kick=kick,
-            stopping=stopping,
-            denied=self._denied,
-        )
+        producers = [
+            Producer(
+                claim_conn,
+                self.schema,
+                claim=partial(self._claim_call, pool),
+                unanswered=lambda: release_unanswered_call(self.worker_id, list(self.in_flight)),
+                room=partial(self.slots.room, pool),
+                start=partial(self._start, pool),
+                lease=self.lease,
+                poll_interval=self.poll_interval,
+                kick=self.slots.kicks[pool],
+                stopping=stopping,
+                denied=self._denied,
+            )
+            for pool in self.slots.sizes
+        ]
         heartbeater = Heartbeater(
             heartbeat_conn,
             link,
@@ -229,6 +237,7 @@ class Worker:
             margin=self.lease_margin,
             flights=self.in_flight.values,
             give_up=self._give_up,
+            cancelled=self.cancel_requested,
             denied=self._denied,
         )
         reaper = Reaper(
@@ -246,10 +255,10 @@ class Worker:
             if missing:
                 raise PrivilegeMissing(privilege_message("jobtui worker", missing))
             log.info(
-                "worker %s started: types %s, concurrency %d, lease %.0fs",
+                "worker %s started: types %s, slots %s, lease %.0fs",
                 self.worker_id,
                 ", ".join(self.types),
-                self.concurrency,
+                describe(self.slots.sizes),
                 self.lease,
             )
             self._running = True
@@ -259,13 +268,14 @@ class Worker:
                 asyncio.create_task(heartbeater.watch(), name="jobtui-lease-watch"),
                 asyncio.create_task(reaper.run(), name="jobtui-reaper"),
             ]
-            background.append(asyncio.create_task(listen(listen_conn, kick, self.poll_interval), name="jobtui-listen"))
+            listener = listen(listen_conn, self.slots.wake, self.cancel_requested, self.poll_interval)
+            background.append(asyncio.create_task(listener, name="jobtui-listen"))
             if self.scheduler is not None:
                 background.append(asyncio.create_task(self.scheduler.run(stopping, link=link), name="jobtui-scheduler"))
             for task in background:
                 task.add_done_callback(self._background_ended)
             try:
-                await producer.run()
+                await asyncio.gather(*(producer.run() for producer in producers))
                 await self._drain()
             finally:
                 stopped_writing.set()
@@ -290,16 +300,10 @@ class Worker:
         if self.fatal is not None:
             raise self.fatal
 
-    def _room(self) -> int:
-        """How many jobs to claim now: handlers running stay within concurrency, and outcomes
-        still being written may add up to as many again, which bounds the memory a slow
-        database can cost."""
-        if self.paused:
-            return 0
-        return min(self.concurrency - self._busy, 2 * self.concurrency - len(self.in_flight))
-
-    def _claim_call(self, limit: int) -> Call[list[ClaimedJob]]:
-        return claim_call(self.types, worker=self.worker_id, limit=limit, lease=self.lease, max_attempts=self._limits)
+    def _claim_call(self, pool: str | None, limit: int) -> Call[list[ClaimedJob]]:
+        return claim_call(
+            self.types, worker=self.worker_id, limit=limit, lease=self.lease, max_attempts=self._limits, queue=pool
+        )
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` beside the loops; cancelled when the worker stops."""
@@ -343,13 +347,18 @@ class Worker:
         else:
             self._stop_for(PrivilegeMissing(f"{refused}; {GRANTS_HINT}"))
 
-    def _start(self, claimed: ClaimedJob, lease_until: float) -> None:
+    def _start(self, pool: str | None, claimed: ClaimedJob, lease_until: float) -> None:
         handler = self.jobs.handlers[claimed.type]
         job = Job(claimed, self.worker_id, self.schema)
         now = time.monotonic()
         flight = InFlight(job, claimed, now, now + handler.timeout if handler.timeout else None, lease_until)
+        flight.pool = pool
+        older = self.in_flight.get(claimed.id)
+        if older is not None:  # an older attempt of the job, still being written or given up
+            self.slots.held[older.pool] -= 1
         self.in_flight[claimed.id] = flight
-        self._busy += 1
+        self.slots.held[pool] += 1
+        self.slots.busy[pool] += 1
         flight.task = asyncio.create_task(self._execute(handler, flight))
 
     async def _execute(self, handler: Handler, flight: InFlight) -> None:
@@ -360,9 +369,8 @@ class Worker:
             finally:
                 # The handler is finished: its slot is free while the outcome is written, so
                 # the next claim overlaps this write instead of waiting for it.
-                self._busy -= 1
-                if self._kick is not None:
-                    self._kick.set()
+                self.slots.busy[flight.pool] -= 1
+                self.slots.wake()
             if job.lost:
                 self._lost(job, "its lease was lost while it ran")
                 return
@@ -398,17 +406,17 @@ class Worker:
             return
         counts = self.builtin_counts if job.type == ARCHIVE_TYPE else self.counts
         count_outcome(counts, outcome, job, error, flight.claimed.uncounted)
-        if delay and self._kick is not None:
+        if delay:
             # Wake up to claim it again when it is due, instead of at the next poll.
-            asyncio.get_running_loop().call_later(delay, self._kick.set)
+            asyncio.get_running_loop().call_later(delay, self.slots.wake)
 
     def _finished(self, flight: InFlight) -> None:
         # The job may already run again here under a newer claim (a Retry without delay,
         # a lease lost and the job claimed back): that flight is not this one's to remove.
         if self.in_flight.get(flight.job.id) is flight:
             del self.in_flight[flight.job.id]
-        if self._kick is not None:
-            self._kick.set()
+            self.slots.held[flight.pool] -= 1
+        self.slots.wake()
 
     def _backoff(self, handler: Handler, job: Job) -> float:
         return backoff_delay(job.attempt, handler.backoff, self._rng)
@@ -436,6 +444,16 @@ class Worker:
                 log.exception("on_dead callback failed for job %d", outcome.job_id)
 
     # -- leases --------------------------------------------------------------------------
+
+    def cancel_requested(self, job_id: int) -> None:
+        """An operator cancelled job `job_id` (notified, or told by a heartbeat): a handler of
+        it here is stopped as for a lost lease, with `job.cancelled` set; the row is failed."""
+        flight = self.in_flight.get(job_id)
+        if flight is None or flight.writing or flight.job.lost:
+            return
+        flight.job.mark_cancelled()
+        self.counts["cancelled"] += 1
+        self._give_up(flight, "the job was cancelled by an operator")
 
     def _give_up(self, flight: InFlight, why: str) -> None:
         """The lease is lost or may be: stop the handler and hand the job back, uncounted.

@@ -144,3 +144,33 @@ def slow_sync(job: Job) -> None:
         _log(job, f"effect refused: {type(exc).__name__}")
         raise
     _log(job, "end")
+
+
+@jobs.handler("nap")
+async def nap(job: Job) -> None:
+    """Sleep `sleep` seconds; logs `cancelled` if the worker cancels it meanwhile."""
+    await _alog(job, "start")
+    try:
+        await asyncio.sleep(float(job.payload.get("sleep", 0.1)))
+    except asyncio.CancelledError:
+        await asyncio.shield(_alog(job, "cancelled"))
+        raise
+    await _alog(job, "end")
+
+
+@jobs.handler("nap_sync")
+def nap_sync(job: Job) -> None:
+    """Sleep `sleep` seconds in steps, returning early once `job.cancelled`; then try effect
+    `key`, which a cancelled job's helper must refuse."""
+    _log(job, "start")
+    deadline = time.monotonic() + float(job.payload.get("sleep", 0.1))
+    while time.monotonic() < deadline and not job.cancelled:
+        time.sleep(0.02)
+    if job.cancelled:
+        _log(job, "cancelled")
+    try:
+        _effect(job, job.payload.get("key", f"nap-{job.id}"))
+    except Exception as exc:
+        _log(job, f"effect refused: {type(exc).__name__}")
+        return
+    _log(job, "end")

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 EXPECTED = {
     "middleware.py": "built for acme\nreported ValueError from job 2\n",
-    "query_api.py": "ready email jobs: 5\n  email.send: 5\n  sms.send: 1\n"
+    "query_api.py": "ready in the mail queue: 5\n  email.send: 5\n  sms.send: 1\n"
     "page: [5, 4] created True\npage: [3, 2] created True\npage: [1] created True\n",
     "typed_payloads.py": "refused: payload for 'email.welcome' does not fit Welcome: user_id: Input should be a valid "
     "integer, unable to parse string as an integer (and 1 more)\nwelcome, ada (user 1)\n",

@@ -16,13 +16,14 @@ from tests.integration.test_cli import ok
 
 
 def _fill(queue: Queue) -> dict[str, list[int]]:
-    """3 ready email.send, 2 ready email.bounce, 1 ready sms.send, then 2 of the email.send
-    claimed and failed for good (one "smtp 550", one "smtp 421")."""
+    """3 ready email.send and 2 ready email.bounce in the queue "mail", 1 ready sms.send and
+    1 emailer in the default queue, then 2 of the email.send claimed and failed for good (one
+    "smtp 550", one "smtp 421")."""
     ids = queue.enqueue_many(
-        [NewJob("email.send", {"n": i}) for i in range(3)]
-        + [NewJob("email.bounce", {}) for _ in range(2)]
+        [NewJob("email.send", {"n": i}, queue="mail") for i in range(3)]
+        + [NewJob("email.bounce", {}, queue="mail") for _ in range(2)]
         + [NewJob("sms.send", {})]
-        + [NewJob("emailer", {})]  # not of the email family
+        + [NewJob("emailer", {})]
     )
     claimed = queue.claim(["email.send"], worker="w1", limit=2)
     queue.fail_permanently([c.lease for c in claimed], ["smtp 550 no such user", "smtp 421 try later"])
@@ -40,8 +41,9 @@ def test_jobs_filter_and_page_newest_first(dsn: str) -> None:
         assert [j.id for j in queue.jobs(status="failed", error="550")] == [
             j.id for j in failed if j.last_error.startswith("smtp 550")
         ]
-        family = queue.jobs(queue="email")
-        assert {j.type for j in family} == {"email.send", "email.bounce"}
+        mail = queue.jobs(queue="mail")
+        assert {j.type for j in mail} == {"email.send", "email.bounce"} and {j.queue for j in mail} == {"mail"}
+        assert {j.type for j in queue.jobs(queue="default")} == {"sms.send", "emailer"}
         assert len(queue.jobs(type=["sms.send", "emailer"])) == 2
         assert queue.jobs(since=datetime.now(UTC) + timedelta(hours=1)) == []
         # Keyset pages: every job once, in order, however the pages fall.
@@ -64,7 +66,7 @@ def test_counts_by_status_and_type(dsn: str) -> None:
             ("ready", "sms.send"): 1,
             ("ready", "emailer"): 1,
         }
-        assert queue.count(status="ready", queue="email") == 3
+        assert queue.count(status="ready", queue="mail") == 3
         assert queue.count(status=["failed", "dead"]) == 2
         assert queue.count(type="nothing.here") == 0
 

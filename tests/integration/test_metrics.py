@@ -28,7 +28,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
-from jobtui import FailOutcome, JobStatus, Queue
+from jobtui import FailOutcome, JobStatus, Queue, queues
 from jobtui import scheduler as sched
 from jobtui.db import Call
 from jobtui.maintenance import Retention, summarise_hours, sweep
@@ -865,6 +865,23 @@ def test_prometheus_endpoint(dsn: str, conn: Conn, world: World, metrics_server:
         "jobtui_up 1.0",
     ):
         assert line in text.splitlines()
+
+
+def test_prometheus_labels_jobs_by_queue_and_says_what_is_paused(dsn: str, conn: Conn, metrics_server: int) -> None:
+    with Queue(dsn) as q:
+        q.enqueue("t", queue="mail")
+        q.enqueue("t", queue="mail")
+        q.enqueue("u")
+    queues.pause(conn, "queue", "mail", actor="op")
+    queues.set_limit(conn, "default", 4, actor="op")
+    samples = scrape(metrics_server)
+    assert samples["jobtui_queue_jobs", (("queue", "mail"), ("status", "ready"))] == 2
+    assert samples["jobtui_queue_jobs", (("queue", "default"), ("status", "ready"))] == 1
+    assert samples["jobtui_queue_oldest_ready_age_seconds", (("queue", "mail"),)] >= 0
+    assert samples["jobtui_queue_limit", (("queue", "default"),)] == 4
+    assert ("jobtui_queue_limit", (("queue", "mail"),)) not in samples
+    assert samples["jobtui_paused", (("kind", "queue"), ("name", "mail"))] == 1
+    assert samples["jobtui_paused", (("kind", "type"), ("name", "t"))] == 0
 
 
 def test_prometheus_scrapes_within_a_second_share_one_snapshot(dsn: str, metrics_server: int) -> None:

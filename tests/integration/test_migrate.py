@@ -84,6 +84,26 @@ def test_migration_5_resets_the_fillfactor_and_keeps_the_operators_settings(empt
     assert job_table_options(empty_conn) == ["autovacuum_vacuum_threshold=50000"]
 
 
+def test_migration_8_adds_the_queue_without_rewriting_or_scanning_the_job_table(empty_conn: Conn) -> None:
+    empty_conn.execute("CREATE SCHEMA jobtui")
+    empty_conn.execute("CREATE TABLE jobtui.migration (version integer PRIMARY KEY, name text NOT NULL,"
+                       " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
+    for m in migrations.available()[:7]:
+        empty_conn.execute(m.text("jobtui").encode())
+        empty_conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (%s, %s)", (m.version, m.name))
+    empty_conn.execute("INSERT INTO jobtui.job (type) SELECT 't' FROM generate_series(1, 1000)")
+    before = empty_conn.execute("SELECT pg_relation_filenode('jobtui.job')").fetchone()
+    scans = "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relid = 'jobtui.job'::regclass"
+    with empty_conn.transaction():
+        scanned = empty_conn.execute(scans).fetchone()
+        empty_conn.execute(migrations.available()[7].text("jobtui").encode())
+        assert empty_conn.execute(scans).fetchone() == scanned  # the check is NOT VALID: no scan
+    assert empty_conn.execute("SELECT pg_relation_filenode('jobtui.job')").fetchone() == before  # no rewrite
+    assert empty_conn.execute("SELECT DISTINCT queue FROM jobtui.job").fetchall() == [("default",)]
+    with pytest.raises(psycopg.errors.CheckViolation):
+        empty_conn.execute("UPDATE jobtui.job SET queue = '' WHERE id = 1")
+
+
 def test_migrate_applies_only_the_missing_versions(empty_conn: Conn) -> None:
     if migrations.code_version() < 2:
         pytest.skip("needs at least two migrations")
@@ -284,9 +304,9 @@ def test_copy_statement_matches_the_table(conn: Conn) -> None:
         cur.execute(statements("jobtui")["reserve_ids"], {"table": '"jobtui".job', "n": 1})
         [(job_id,)] = cur.fetchall()
         with cur.copy(statements("jobtui")["copy_jobs"]) as copy:
-            copy.write_row((job_id, "t", '{"a": 1}', 3, '{"traceparent": "x"}'))
-        cur.execute("SELECT type, payload, max_attempts, status, meta FROM jobtui.job WHERE id = %s", (job_id,))
-        assert cur.fetchone() == ("t", {"a": 1}, 3, "ready", {"traceparent": "x"})
+            copy.write_row((job_id, "t", '{"a": 1}', 3, '{"traceparent": "x"}', "q"))
+        cur.execute("SELECT type, payload, max_attempts, status, meta, queue FROM jobtui.job WHERE id = %s", (job_id,))
+        assert cur.fetchone() == ("t", {"a": 1}, 3, "ready", {"traceparent": "x"}, "q")
 
 
 # Columns of the job table by the migration that added them; the union up to the code's
@@ -314,6 +334,7 @@ JOB_COLUMNS_BY_VERSION: dict[int, dict[str, str]] = {
     },
     3: {"error_fingerprint": "text"},
     6: {"uncounted": "integer"},
+    8: {"queue": "text"},
     10: {"meta": "jsonb"},
 }
 

@@ -50,6 +50,7 @@ WORKER_TABLES = {
     "effect": {"SELECT", "INSERT", "DELETE"},
     "audit": {"SELECT", "INSERT"},
     "migration": {"SELECT"},
+    "queue_control": {"SELECT", "INSERT", "UPDATE"},
 }
 
 

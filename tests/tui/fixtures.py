@@ -16,6 +16,7 @@ from jobtui.domain import ErrorEntry, JobRow, JobStatus
 from jobtui.errors import DatabaseUnavailable
 from jobtui.joblists import DeadJob, ReadyJob, RunningJob
 from jobtui.metrics import DeadGroup, LeaseExpiry, RunningGroup, ScheduleHealth, Snapshot, TypeCounts
+from jobtui.queues import QueueLine
 from jobtui.tui.app import JobtuiApp
 from jobtui.tui.data import DataSource, Fetched, Where
 
@@ -30,6 +31,18 @@ EXPIRED_JOB = 4130  # the running job whose lease expired (its worker crashed)
 
 def ago(seconds: float) -> datetime:
     return NOW - timedelta(seconds=seconds)
+
+
+def queue_lines() -> list[QueueLine]:
+    """A paused queue whose oldest wait grows, a queue at its limit, and a paused type."""
+    return [
+        QueueLine("queue", "default", 1260, 1236, 9, 540, 42.0, None, None, None),
+        QueueLine("queue", "emails", 4210, 4210, 0, 0, 318.0, None, ago(320), "ops@bastion"),
+        QueueLine("queue", "reports", 35, 35, 3, 12, 75.0, 3, None, None),
+        QueueLine("type", "email.send", 1204, 1180, 6, 400, 42.0, None, None, None),
+        QueueLine("type", "report.build", 35, 35, 3, 12, 75.0, None, None, None),
+        QueueLine("type", "sms.send", 56, 56, 0, 0, 318.0, None, ago(320), "ops@bastion"),
+    ]
 
 
 def by_type() -> list[TypeCounts]:
@@ -190,7 +203,7 @@ class FixedSource(DataSource):
     def fetch(self, needle: str = "") -> Fetched:
         if self.unreachable:
             raise DatabaseUnavailable("cannot reach PostgreSQL at db.example.com:5432: connection refused")
-        return Fetched(snapshot(), running_jobs(), read_at=READ_AT, where=WHERE)
+        return Fetched(snapshot(), running_jobs(), read_at=READ_AT, where=WHERE, queues=queue_lines())
 
     def ready_jobs(self, job_type: str) -> list[ReadyJob]:
         return ready_jobs(job_type)

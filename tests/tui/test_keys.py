@@ -61,6 +61,7 @@ def test_each_pane_offers_its_own_keys_and_implements_them() -> None:
         "schedules": {"pause_schedule", "run_now"},
         "worker": set(),
         "charts": set(),
+        "queues": {"pause_queue", "limit"},
     }
     for pane in panes.ALL:
         for action in pane.actions():

@@ -74,7 +74,7 @@ async def test_the_charts_show_the_hour_before_the_console_opened(dsn: str) -> N
     app = JobtuiApp(dsn, refresh_interval=0.25, read_only=True)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.latest is not None, what="the first read")
-        await pilot.press("7")
+        await pilot.press("8")
         charts = list(app.query(Chart))
         await wait_for(pilot, lambda: all(c.drawn is not None for c in charts), what="the charts drawn")
         drawn = {c.drawn.title: c.drawn.points for c in charts if c.drawn is not None}
@@ -89,7 +89,7 @@ async def test_without_minute_rows_the_charts_say_why_they_are_empty(dsn: str) -
     app = JobtuiApp(dsn, refresh_interval=0.25, read_only=True)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.latest is not None, what="the first read")
-        await pilot.press("7")
+        await pilot.press("8")
         charts = list(app.query(Chart))
         await wait_for(pilot, lambda: all(c.drawn is not None for c in charts), what="the charts drawn")
         titles = [c.drawn.title for c in charts if c.drawn is not None]

@@ -59,6 +59,11 @@ def test_running_pane_with_an_expired_lease(snap_compare: Compare) -> None:
     assert snap_compare(fx.FixedApp(), terminal_size=SIZE, run_before=after("2"))
 
 
+def test_queues_pane(snap_compare: Compare) -> None:
+    # Opened from the Ready pane's first row (email.send): the cursor is on that type.
+    assert snap_compare(fx.FixedApp(), terminal_size=SIZE, run_before=after("7"))
+
+
 def test_dead_pane(snap_compare: Compare) -> None:
     assert snap_compare(fx.FixedApp(), terminal_size=SIZE, run_before=after("3"))
 
@@ -117,4 +122,4 @@ def test_database_not_answering(snap_compare: Compare) -> None:
 
 
 def test_last_hour_charts(snap_compare: Compare) -> None:
-    assert snap_compare(fx.FixedApp(), terminal_size=SIZE, run_before=after("7"))
+    assert snap_compare(fx.FixedApp(), terminal_size=SIZE, run_before=after("8"))

@@ -20,6 +20,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "queue",
         "audit",
         "actions",
+        "queues",
         "client",
         "aclient",
         "registry",
@@ -36,7 +37,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "privileges",
     ),
     "runtime": ("worker",),
-    "edges": ("cli", "cli_args", "cli_run", "cli_ops", "prometheus", "demo", "sizing", "testing", "tui"),
+    "edges": ("cli", "cli_args", "cli_run", "cli_ops", "cli_queues", "prometheus", "demo", "sizing", "testing", "tui"),
 }
 RANK = {name: rank for rank, names in enumerate(LAYERS.values()) for name in names}
 

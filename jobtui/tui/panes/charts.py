@@ -78,7 +78,7 @@ class ChartsPane(Pane):
     """The last hour: oldest ready age, ready jobs, done, dead and failed, lease expiries."""
 
     ID = "charts"
-    KEY = "7"
+    KEY = "8"
     TITLE = "Charts"
     DEFAULT_CSS = """
     #charts-grid { grid-size: 2 3; grid-gutter: 0 1; height: 1fr; }

@@ -113,7 +113,11 @@ class RunningPane(TablePane):
         if found:
             job_id, what = found
             self.console.confirm_then(
-                [f"Cancel {what}? It becomes failed.", "1 row will change."],
+                [
+                    f"Cancel {what}? It becomes failed.",
+                    "Its worker is told at once and stops the handler; no later outcome is written.",
+                    "1 row will change.",
+                ],
                 changes.cancel,
                 self.console.actions_,
                 job_id,

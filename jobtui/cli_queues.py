@@ -1,0 +1,82 @@
+"""`jobtui queue list|pause|resume|limit` and `jobtui type pause|resume`: the fleet-wide levers
+of jobtui/queues.py from the shell. Each change is audited; names are printed escaped."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from . import queues
+from .cli_args import with_dsn
+from .cli_ops import queue_json, queue_table, wide_console
+from .db import connect, run
+from .safetext import line, quote
+
+
+def limit_value(text: str) -> int | None:
+    """`none` clears the limit; otherwise a whole number of jobs running at once."""
+    if text.strip().lower() in ("none", "off"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not a number of jobs (or none)") from None
+    if not 0 <= value <= queues.MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"{quote(text)} must be between 0 and {queues.MAX_LIMIT}")
+    return value
+
+
+def cmd_list(args: argparse.Namespace, dsn: str) -> int:
+    with connect(dsn) as conn:
+        lines = run(conn, queues.overview_call(), args.schema)
+    if args.json:
+        print(json.dumps(queue_json(lines), default=str, indent=2))
+        return 0
+    wide_console().print(queue_table(lines))
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace, dsn: str) -> int:
+    with connect(dsn) as conn:
+        changed = queues.pause(conn, args.kind, args.name, actor=args.actor, schema=args.schema)
+    said = "paused on every worker (running jobs finish)" if changed else "was already paused"
+    print(f"{args.kind} {quote(args.name)} {said}")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace, dsn: str) -> int:
+    with connect(dsn) as conn:
+        changed = queues.resume(conn, args.kind, args.name, actor=args.actor, schema=args.schema)
+    print(f"{args.kind} {quote(args.name)} {'resumed' if changed else 'was not paused'}")
+    return 0
+
+
+def cmd_limit(args: argparse.Namespace, dsn: str) -> int:
+    with connect(dsn) as conn:
+        change = queues.set_limit(conn, args.name, args.limit, actor=args.actor, schema=args.schema)
+    was = "none" if change.was is None else str(change.was)
+    now = "none" if args.limit is None else f"{args.limit} running at once across every worker"
+    print(line(f"queue {quote(args.name)} limit: {now} (was {was})"))
+    return 0
+
+
+def add_queue_commands(sub: Any) -> None:
+    p = sub.add_parser("queue", help="list queues; pause, resume or limit one across every worker")
+    qsub = p.add_subparsers(dest="action", required=True)
+    a = qsub.add_parser("list", help="each queue and job type: ready, running, limit, paused, oldest age")
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=with_dsn(cmd_list))
+    for kind in queues.KINDS:
+        target = p if kind == "queue" else sub.add_parser("type", help="pause or resume a job type everywhere")
+        tsub = qsub if kind == "queue" else target.add_subparsers(dest="action", required=True)
+        a = tsub.add_parser("pause", help=f"no worker claims this {kind}'s jobs until resumed; running ones finish")
+        a.add_argument("name")
+        a.set_defaults(func=with_dsn(cmd_pause), kind=kind)
+        a = tsub.add_parser("resume", help=f"workers claim this {kind}'s jobs again")
+        a.add_argument("name")
+        a.set_defaults(func=with_dsn(cmd_resume), kind=kind)
+    a = qsub.add_parser("limit", help="cap how many jobs of a queue run at once across every worker")
+    a.add_argument("name")
+    a.add_argument("limit", type=limit_value, help="jobs running at once (0 holds the queue), or none")
+    a.set_defaults(func=with_dsn(cmd_limit))

@@ -1,0 +1,225 @@
+"""7 Queues: each queue and job type with its ready, running, limit, pause and oldest wait;
+pause or resume one on every worker, or set a queue's global limit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Input, Label
+
+from ... import queues
+from ...db import connect
+from ...errors import InvalidInput
+from ...queues import QueueLine
+from ...safetext import line
+from .. import render
+from ..console import Change, View
+from ..data import Actions
+from .base import TablePane
+
+COLUMNS = ["kind", "name", "ready", "due", "running", "limit", "paused", "oldest ready", "done/min"]
+
+
+def key_of(kind: str, name: str) -> str:
+    return f"{kind}:{name}"
+
+
+def queue_rows(lines: Sequence[QueueLine], needle: str, thresholds: render.Thresholds) -> list[render.Row]:
+    """Queues first, then types; a paused one says so in amber, a limit that is reached in red."""
+    rows: list[render.Row] = []
+    for q in lines:
+        if needle and needle.lower() not in q.name.lower():
+            continue
+        level = thresholds.level(q.oldest_age, thresholds.oldest_ready_warn, thresholds.oldest_ready_crit)
+        full = q.max_running is not None and q.running >= q.max_running
+        rows.append(
+            render.row(
+                key_of(q.kind, q.name),
+                [
+                    q.kind,
+                    q.name,
+                    f"{q.ready:,}",
+                    f"{q.due:,}",
+                    render.styled(f"{q.running:,}", "crit") if full else f"{q.running:,}",
+                    "-" if q.max_running is None else f"{q.max_running:,}",
+                    render.styled(f"paused by {q.paused_by}", "warn") if q.paused else "-",
+                    render.styled(render.age(q.oldest_age), level) if q.oldest_age is not None else "-",
+                    f"{q.done_last_minute:,}",
+                ],
+            )
+        )
+    return rows
+
+
+# -- the changes, run in a worker thread once the operator said yes --------------------------
+
+
+def pause(actions: Actions, kind: queues.Kind, name: str) -> str:
+    with connect(actions.dsn, autocommit=True) as conn:
+        changed = queues.pause(conn, kind, name, actor=actions.actor, schema=actions.schema)
+    return f"{kind} {name} " + ("paused on every worker" if changed else "was already paused")
+
+
+def resume(actions: Actions, kind: queues.Kind, name: str) -> str:
+    with connect(actions.dsn, autocommit=True) as conn:
+        changed = queues.resume(conn, kind, name, actor=actions.actor, schema=actions.schema)
+    return f"{kind} {name} " + ("resumed" if changed else "was not paused")
+
+
+def set_limit(actions: Actions, name: str, limit: int | None, seen: int | None) -> str:
+    with connect(actions.dsn, autocommit=True) as conn:
+        change = queues.set_limit(
+            conn, name, limit, actor=actions.actor, expected=seen, fenced=True, schema=actions.schema
+        )
+    if not change.changed:
+        return f"queue {name}: its limit changed to {change.was} meanwhile; nothing changed (look again)"
+    return f"queue {name}: limit {'none' if limit is None else limit} (was {'none' if seen is None else seen})"
+
+
+def parse_limit(text: str) -> int | None:
+    """What the limit box holds: a number of jobs, or empty / none for no limit."""
+    text = text.strip().lower()
+    if text in ("", "none", "off"):
+        return None
+    try:
+        return queues.check_limit(int(text))
+    except ValueError:
+        raise InvalidInput(f"{line(text)!r} is not a number of jobs: type one, or none") from None
+
+
+class LimitScreen(ModalScreen[str | None]):
+    """Asks for a queue's new limit; returns the text typed, None when dismissed."""
+
+    BINDINGS = [Binding("escape", "dismiss_none", "Back", show=False)]
+    DEFAULT_CSS = """
+    LimitScreen { align: center middle; }
+    #limit-dialog { width: 64; max-width: 95%; height: auto; border: thick $warning; background: $surface;
+                    padding: 1 2; }
+    """
+
+    def __init__(self, name: str, current: int | None) -> None:
+        super().__init__()
+        self.queue_name = name
+        self.current = current
+
+    def compose(self) -> ComposeResult:
+        now = "none" if self.current is None else str(self.current)
+        with Vertical(id="limit-dialog"):
+            yield Label(Text(line(f"Jobs of queue {self.queue_name} running at once, across every worker (now {now})")))
+            yield Label(Text("A number (0 holds the queue), or none; enter, then confirm."))
+            yield Input(value="" if self.current is None else str(self.current), id="limit-input")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.dismiss(event.value)
+
+    def action_dismiss_none(self) -> None:
+        self.dismiss(None)
+
+
+class QueuesPane(TablePane):
+    """The fleet-wide levers: opened from the Ready pane, the cursor is on the type selected there."""
+
+    ID = "queues"
+    KEY = "7"
+    TITLE = "Queues"
+    BINDINGS = [
+        Change("p", "pause_queue", "Pause/resume"),
+        Change("l", "limit", "Limit"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        from ..widgets import KeyedTable
+
+        yield KeyedTable(COLUMNS, id=f"table-{self.ID}")
+
+    def rows(self, view: View) -> list[render.Row]:
+        return queue_rows(view.fetched.queues, view.needle, view.thresholds)
+
+    def focus_default(self) -> None:
+        super().focus_default()
+        # From the Ready pane, its selected type is one key away: p pauses it, y confirms.
+        from .ready import ReadyPane
+
+        chosen = self.app.query_one(ReadyPane).selected_key
+        if chosen is not None:
+            self.select(key_of("type", chosen))
+
+    def select(self, key: str) -> None:
+        view = self.console.view()
+        if view is None:
+            return
+        self.show(view)
+        keys = [str(r.key.value) for r in self.table.ordered_rows]  # as shown, sorted or not
+        if key in keys:
+            self.table.move_cursor(row=keys.index(key), animate=False)
+
+    def _line(self) -> QueueLine | None:
+        key = self.selected_key
+        view = self.console.view()
+        if key is None or view is None:
+            return None
+        return next((q for q in view.fetched.queues if key_of(q.kind, q.name) == key), None)
+
+    def action_pause_queue(self) -> None:
+        q = self._line()
+        if q is None:
+            return
+        what = f"{q.kind} {q.name}"
+        if q.paused:
+            self.console.confirm_then(
+                [f"Resume {what}?", f"Every worker claims its {q.ready:,} ready job(s) again.", "1 row will change."],
+                resume,
+                self.console.actions_,
+                q.kind,
+                q.name,
+            )
+        else:
+            self.console.confirm_then(
+                [
+                    f"Pause {what} on every worker?",
+                    f"Its {q.running:,} running job(s) finish; its {q.ready:,} ready job(s) wait, and the oldest"
+                    " wait keeps growing.",
+                    "1 row will change.",
+                ],
+                pause,
+                self.console.actions_,
+                q.kind,
+                q.name,
+            )
+
+    def action_limit(self) -> None:
+        q = self._line()
+        if q is None:
+            return
+        if q.kind != "queue":
+            self.app.notify("limits are per queue: select a queue's row", severity="warning")
+            return
+        name, seen = q.name, q.max_running
+
+        def typed(text: str | None) -> None:
+            if text is None:
+                return
+            try:
+                limit = parse_limit(text)
+            except InvalidInput as exc:
+                self.app.notify(str(exc), severity="error")
+                return
+            self._ask_limit(name, limit, seen)
+
+        self.app.push_screen(LimitScreen(name, seen), typed)
+
+    def _ask_limit(self, name: str, limit: int | None, seen: int | None) -> None:
+        says = "no limit" if limit is None else f"at most {limit:,} running at once across every worker"
+        question: list[Any] = [
+            f"Set the limit of queue {name} to {says}?",
+            f"It was {'none' if seen is None else seen}; every worker holds to it from its next claim.",
+            "1 row will change.",
+        ]
+        self.console.confirm_then(question, set_limit, self.console.actions_, name, limit, seen)

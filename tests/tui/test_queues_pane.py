@@ -1,0 +1,80 @@
+"""The Queues pane driven by Textual's pilot against a real database: pausing a type from the
+Ready pane in three keys, resuming it, setting a queue's limit, and read-only refusing all.
+
+Every change is checked in queue_control and in the audit log.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobtui.tui.panes.queues import QueuesPane
+from jobtui.tui.screens import ConfirmScreen
+
+from .helpers import audit, query, seed, stays, wait_for
+from .test_console import answer, confirm_question, console, keys, open_pane, table
+
+
+def control(dsn: str) -> list[tuple[Any, ...]]:
+    return query(dsn, "SELECT kind, name, paused_by, max_running FROM jobtui.queue_control ORDER BY kind, name")
+
+
+async def test_a_type_is_paused_from_the_ready_pane_in_three_keys_and_resumed(dsn: str) -> None:
+    seed(dsn)
+    async with console(dsn, actor="olga") as (app, pilot):
+        await open_pane(pilot, app, "ready", "sms.send")
+        await pilot.press("7")  # 1: the Queues pane, on the type selected in the Ready pane
+        await wait_for(pilot, lambda: app.pane == "queues", what="the Queues pane")
+        assert table(app, "queues").selected_key == "type:sms.send"
+        await pilot.press("p")  # 2
+        question = await confirm_question(pilot, app)
+        assert "Pause type sms.send on every worker?" in question and "1 ready job(s) wait" in question
+        await answer(pilot, app, "y")  # 3
+        await wait_for(pilot, lambda: control(dsn) == [("type", "sms.send", "olga", None)], what="the pause")
+        rows = table(app, "queues")
+        await wait_for(pilot, lambda: "paused by olga" in str(rows.get_row("type:sms.send")), what="shown paused")
+        await pilot.press("p")
+        assert "Resume type sms.send?" in await confirm_question(pilot, app)
+        await answer(pilot, app, "y")
+        await wait_for(pilot, lambda: control(dsn) == [("type", "sms.send", None, None)], what="the resume")
+    assert [(a[1], a[2], a[4]) for a in audit(dsn)] == [
+        ("type-pause", "type sms.send", 1),
+        ("type-resume", "type sms.send", 1),
+    ]
+
+
+async def test_a_queue_limit_is_typed_then_confirmed(dsn: str) -> None:
+    seed(dsn)
+    async with console(dsn, actor="olga") as (app, pilot):
+        await pilot.press("7")
+        await wait_for(pilot, lambda: "queue:default" in keys(table(app, "queues")), what="the default queue")
+        t = table(app, "queues")
+        t.move_cursor(row=keys(t).index("queue:default"))
+        await pilot.pause(0.05)
+        await pilot.press("l")
+        await wait_for(pilot, lambda: app.screen.__class__.__name__ == "LimitScreen", what="the limit box")
+        await pilot.press("x", "enter")  # not a number: says so, changes nothing
+        await wait_for(pilot, lambda: app.on_main_screen(), what="the box closed")
+        assert any("not a number of jobs" in str(n.message) for n in app._notifications)
+        await pilot.press("l")
+        await wait_for(pilot, lambda: app.screen.__class__.__name__ == "LimitScreen", what="the limit box")
+        await pilot.press("3", "enter")
+        question = await confirm_question(pilot, app)
+        assert "at most 3 running at once across every worker" in question and "It was none" in question
+        await answer(pilot, app, "y")
+        await wait_for(pilot, lambda: control(dsn) == [("queue", "default", None, 3)], what="the limit")
+        await wait_for(pilot, lambda: "3" in str(t.get_row("queue:default")[5]), what="the limit shown")
+    assert [(a[1], a[2], a[4]) for a in audit(dsn)] == [("queue-limit", "queue default", 1)]
+
+
+async def test_read_only_offers_no_lever_and_changes_nothing(dsn: str) -> None:
+    seed(dsn)
+    async with console(dsn, read_only=True) as (app, pilot):
+        await pilot.press("7")
+        await wait_for(pilot, lambda: app.pane == "queues", what="the Queues pane")
+        await wait_for(pilot, lambda: table(app, "queues").row_count > 0, what="its rows")
+        shown = {b.binding.action for b in app.screen.active_bindings.values()}
+        assert not shown & set(QueuesPane.actions() - {"open", "filter", "sort"})
+        await pilot.press("p", "l")
+        await stays(pilot, lambda: app.on_main_screen() and not isinstance(app.screen, ConfirmScreen), 0.3)
+    assert control(dsn) == [] and audit(dsn) == []
