@@ -118,7 +118,7 @@ def test_cli_lists_and_counts_through_the_api(dsn: str) -> None:
         made = _fill(queue)
     listed = json.loads(ok(run_cli(dsn, "jobs", "--status", "failed", "--json")))
     assert sorted(j["id"] for j in listed) == made["failed"]
-    counted = json.loads(ok(run_cli(dsn, "jobs", "--count", "--queue", "email", "--json")))
+    counted = json.loads(ok(run_cli(dsn, "jobs", "--count", "--queue", "mail", "--json")))
     assert sum(c["jobs"] for c in counted) == 5
     table = ok(run_cli(dsn, "jobs", "--limit", "2"))
     assert f"--before {sorted(made['all'])[-2]}" in table
