@@ -51,8 +51,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobtui.db import Call, run, statements
+from jobtui.donehistory import DoneHistory
 from jobtui.maintenance import summarise_hours
-from jobtui.metrics import DoneHistory, snapshot
+from jobtui.metrics import snapshot
 from jobtui.migrate import migrate
 from jobtui.tui.data import DataSource
 

@@ -21,10 +21,11 @@ from .actions import check_regex
 from .client import Queue
 from .db import connect, run
 from .domain import JobStatus
+from .donehistory import DoneHistory
 from .errors import InvalidInput, UnknownJob
 from .explain import human_delta
 from .joblists import dead_groups
-from .metrics import DoneHistory, Snapshot, snapshot
+from .metrics import Snapshot, snapshot
 from .queue import job_statuses_call
 from .queues import QueueLine, overview_call
 from .safetext import line

@@ -17,8 +17,9 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from .db import connect, run
 from .domain import DEFAULT_SCHEMA
+from .donehistory import DoneHistory
 from .errors import InvalidInput
-from .metrics import DoneHistory, Snapshot, snapshot
+from .metrics import Snapshot, snapshot
 from .queues import QueueLine, overview_call
 
 CACHE_SECONDS = 1.0

@@ -18,6 +18,7 @@ from ..actions import check_regex
 from ..client import Queue
 from ..db import Call, Rows, connect, run
 from ..domain import JobRow
+from ..donehistory import DoneHistory
 from ..errors import DatabaseUnavailable, InvalidInput
 from ..joblists import DeadJob, ReadyJob, RunningCursor, RunningJob
 from ..metrics import DeadGroup, Snapshot
@@ -80,7 +81,7 @@ class DataSource:
         self._where: Where | None = None
         self._busy_since: float | None = None  # when the read in progress began
         self._closed = False  # after close(), no read opens a connection again
-        self._history = metrics.DoneHistory()
+        self._history = DoneHistory()
         # The page of running jobs each refresh reads: the Running pane moves it.
         self.running_after: RunningCursor | None = None
         # The panes read from several thread workers at once (a refresh, an action's count,

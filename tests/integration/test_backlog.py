@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import Queue, backlog, metrics
+from jobtui import Queue, backlog, donehistory, metrics
 from jobtui.domain import NewJob
 from jobtui.metrics import snapshot
 
@@ -100,7 +100,7 @@ def test_a_minute_row_counts_what_finished_within_its_minute(dsn: str, conn: Con
     snap = snapshot(conn)
     (row,) = snap.minutes
     assert (row.ready, row.done, row.dead, row.lease_expiries) == (1, 3, 1, 1)
-    assert row.minute == metrics._minute(snap.taken_at) - metrics.MINUTE
+    assert row.minute == donehistory.calendar_minute(snap.taken_at) - donehistory.MINUTE
 
 
 def test_minute_rows_older_than_a_day_are_pruned(conn: Conn) -> None:

@@ -31,8 +31,9 @@ from psycopg import sql
 from jobtui import FailOutcome, JobStatus, Queue, queues
 from jobtui import scheduler as sched
 from jobtui.db import Call
+from jobtui.donehistory import DoneHistory
 from jobtui.maintenance import Retention, summarise_hours, sweep
-from jobtui.metrics import DoneHistory, QueueLocked, Snapshot, snapshot
+from jobtui.metrics import QueueLocked, Snapshot, snapshot
 from jobtui.prometheus import serve
 from jobtui.registry import Job, Jobs, ScheduleSpec
 from jobtui.worker import Worker

@@ -12,7 +12,17 @@ PACKAGE = Path(__file__).resolve().parents[2] / "jobtui"
 
 # From the bottom up, as docs/design.md lists them; a module not named here is a defect.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "pure": ("domain", "errors", "backoff", "cronslots", "durations", "safetext", "explain", "logformat"),
+    "pure": (
+        "domain",
+        "errors",
+        "backoff",
+        "cronslots",
+        "durations",
+        "donehistory",
+        "safetext",
+        "explain",
+        "logformat",
+    ),
     "kernel": ("db", "link", "embedded"),
     "core": (
         "checks",

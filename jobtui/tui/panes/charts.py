@@ -16,7 +16,8 @@ from textual.app import ComposeResult
 from textual.containers import Grid
 from textual_plotext import PlotextPlot
 
-from ...metrics import MINUTE, Snapshot, _minute
+from ...donehistory import MINUTE, calendar_minute
+from ...metrics import Snapshot
 from ..console import View
 from .base import Pane
 
@@ -33,7 +34,7 @@ class Series:
 
 def series(snap: Snapshot) -> list[Series]:
     """The five charts of the last hour, x in minutes before the current one (-59..0)."""
-    current = _minute(snap.taken_at)
+    current = calendar_minute(snap.taken_at)
     rows = [(-round((current - m.minute) / MINUTE), m) for m in snap.minutes]
     rows = [(x, m) for x, m in rows if -60 <= x <= 0]
 
