@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
-import socket
 import time
 from collections.abc import Coroutine, Mapping, Sequence
 from functools import partial
@@ -30,16 +28,16 @@ from ..backoff import delay as backoff_delay
 from ..checks import check_queue
 from ..db import Call, aconnect, arun, check_dsn, first_line, pooler_mode, statements, transaction_pooled
 from ..domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJob, FailOutcome
-from ..errors import InvalidInput, JobtuiError, PrivilegeMissing
+from ..errors import JobtuiError, PrivilegeMissing
 from ..link import Connection, Link
 from ..logformat import job_fields
-from ..maintenance import ARCHIVE_TYPE, Retention, with_builtins
-from ..middleware import prepared
+from ..maintenance import ARCHIVE_TYPE, Retention
 from ..privileges import GRANTS_HINT, WORKER_NEEDS, missing_privileges_call, privilege_message
 from ..queue import claim_call, release_unanswered_call
 from ..registry import Handler, Job, Jobs
 from ..scheduler import Scheduler
 from .completer import OutcomeWriter
+from .config import DEFAULT_RETENTION, check_settings, default_worker_id, handled_types
 from .executor import InFlight, run_handler
 from .heartbeater import Heartbeater
 from .listener import listen, listener_connection
@@ -48,7 +46,6 @@ from .producer import Producer, claim_session, claim_transaction
 from .reaper import Reaper
 from .slots import Slots, describe
 
-DEFAULT_RETENTION = Retention()
 COUNTERS = ("done", "failed", "retried", "dead", "lost", "released", "abandoned", "cancelled")
 
 log = logging.getLogger("jobtui.worker")
@@ -56,10 +53,6 @@ log = logging.getLogger("jobtui.worker")
 # A sync handler whose lease was given up gets this long to notice `job.lost` and return
 # before its job is handed back (and may be claimed again).
 ABANDON_GRACE = 5.0
-
-
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class Worker:
@@ -92,28 +85,8 @@ class Worker:
         pooler: str | None = None,
         listen_dsn: str | None = None,
     ) -> None:
-        if concurrency < 1:
-            raise InvalidInput(f"concurrency must be at least 1, got {concurrency}")
-        if queues is not None and (not queues or any(n < 1 for n in queues.values())):
-            raise InvalidInput("queues: give each queue a concurrency of at least 1")
-        if not lease >= 1:
-            raise InvalidInput(f"lease must be at least 1 second, got {lease}")
-        if not poll_interval >= 0.01:  # 0 would spin on the database
-            raise InvalidInput(f"poll interval must be at least 10ms, got {poll_interval}")
-        jobs = prepared(jobs)  # the registry's middleware and payload models, if any
-        handled = list(jobs.handlers)
-        selected = list(types) if types else handled
-        if retention is not None:
-            # The built-in archive job runs on every worker, whatever types it was given.
-            jobs = with_builtins(jobs, dsn, schema, retention, pooler=pooler_mode(pooler))
-            selected = [*selected, ARCHIVE_TYPE]
-        unknown = [t for t in selected if t not in jobs.handlers]
-        if unknown:
-            raise InvalidInput(
-                f"no handler for job type(s) {', '.join(unknown)}; registered: {', '.join(handled) or 'none'}"
-            )
-        if not selected:
-            raise InvalidInput("the app registers no handlers: decorate functions with @jobs.handler(TYPE)")
+        check_settings(concurrency=concurrency, queues=queues, lease=lease, poll_interval=poll_interval)
+        jobs, selected = handled_types(jobs, types, retention, dsn, schema, pooler_mode(pooler))
         self.jobs = jobs
         self.dsn = dsn
         # One pool of slots per queue named, or one for every queue (None).

@@ -1,0 +1,58 @@
+"""What a worker is asked to do, checked before it starts: its settings, and the job types
+it runs (with the built-in archiver)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+
+from ..errors import InvalidInput
+from ..maintenance import ARCHIVE_TYPE, Retention, with_builtins
+from ..middleware import prepared
+from ..registry import Jobs
+
+DEFAULT_RETENTION = Retention()
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def check_settings(*, concurrency: int, queues: Mapping[str, int] | None, lease: float, poll_interval: float) -> None:
+    """InvalidInput, in one line, for a setting no worker can run with."""
+    if concurrency < 1:
+        raise InvalidInput(f"concurrency must be at least 1, got {concurrency}")
+    if queues is not None and (not queues or any(n < 1 for n in queues.values())):
+        raise InvalidInput("queues: give each queue a concurrency of at least 1")
+    if not lease >= 1:
+        raise InvalidInput(f"lease must be at least 1 second, got {lease}")
+    if not poll_interval >= 0.01:  # 0 would spin on the database
+        raise InvalidInput(f"poll interval must be at least 10ms, got {poll_interval}")
+
+
+def handled_types(
+    jobs: Jobs,
+    types: Sequence[str] | None,
+    retention: Retention | None,
+    dsn: str,
+    schema: str,
+    pooler: str | None,
+) -> tuple[Jobs, list[str]]:
+    """The registry the worker runs (with its middleware and payload models applied, and the
+    archiver added when `retention` is set) and the types it claims: `types`, else all."""
+    jobs = prepared(jobs)
+    handled = list(jobs.handlers)
+    selected = list(types) if types else handled
+    if retention is not None:
+        # The built-in archive job runs on every worker, whatever types it was given.
+        jobs = with_builtins(jobs, dsn, schema, retention, pooler=pooler)
+        selected = [*selected, ARCHIVE_TYPE]
+    unknown = [t for t in selected if t not in jobs.handlers]
+    if unknown:
+        raise InvalidInput(
+            f"no handler for job type(s) {', '.join(unknown)}; registered: {', '.join(handled) or 'none'}"
+        )
+    if not selected:
+        raise InvalidInput("the app registers no handlers: decorate functions with @jobs.handler(TYPE)")
+    return jobs, selected
