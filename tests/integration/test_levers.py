@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from jobtui.db import Call, int_list, run
 from jobtui.domain import NewJob
 from jobtui.queue import claim_call
 from jobtui.registry import Jobs
-from tests.workers import APP_TABLES, WorkerProcess, wait_for
+from tests.workers import WorkerProcess, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.apps.worker_app:jobs"
@@ -37,35 +37,9 @@ Spawn = Callable[..., WorkerProcess]
 
 
 @pytest.fixture
-def app_dsn(dsn: str) -> str:
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute(APP_TABLES)
-    return dsn
-
-
-@pytest.fixture
-def db(app_dsn: str) -> Iterator[Conn]:
-    with psycopg.connect(app_dsn, autocommit=True) as connection:
-        yield connection
-
-
-@pytest.fixture
-def spawn(app_dsn: str, tmp_path: Path) -> Iterator[Spawn]:
-    started: list[WorkerProcess] = []
-    env = {**os.environ, "JOBTUI_DSN": app_dsn, "PYTHONUNBUFFERED": "1"}
-    env.pop("DATABASE_URL", None)
-
-    def start(name: str, *args: str) -> WorkerProcess:
-        worker = WorkerProcess(name, ["--lease", "3s", "--no-scheduler", *args], env, tmp_path / f"{name}.log", app=APP)
-        started.append(worker)
-        worker.wait_started()
-        return worker
-
-    try:
-        yield start
-    finally:
-        for worker in started:
-            worker.kill()
+def spawn(spawn: Spawn) -> Spawn:
+    """Worker processes with a 3 s lease and no scheduler of their own."""
+    return lambda name, *args: spawn(name, "--no-scheduler", *args, lease="3s")
 
 
 def jobtui(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -89,8 +89,10 @@ async def test_adrain_in_async_tests(dsn: str) -> None:
 
 def test_the_pytest_example_passes(dsn: str) -> None:
     env = {**os.environ, "JOBTUI_DSN": dsn}
+    # In one process, as in an application's own project: the example's tests share its
+    # database, and this repository's pytest settings would run them in three.
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "examples/testing"],
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "examples/testing"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr

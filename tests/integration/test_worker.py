@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,8 @@ from jobtui.queue import enqueue as enqueue_job
 from jobtui.queue import enqueue_call, get_job_call
 from jobtui.registry import Job, Jobs, Retry
 from jobtui.worker import Worker
-from tests.workers import APP_TABLES, WorkerProcess, wait_for
+from tests.integration.conftest import Spawn
+from tests.workers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.apps.worker_app:jobs"
@@ -74,44 +75,6 @@ def effects(conn: Conn, key: str) -> list[tuple[int, int, str]]:
     """(job_id, attempt, worker) of each time effect `key` was done."""
     rows = conn.execute("SELECT job_id, attempt, worker FROM effect_log WHERE key = %s ORDER BY id", (key,)).fetchall()
     return [(int(r[0]), int(r[1]), str(r[2])) for r in rows]
-
-
-Spawn = Callable[..., WorkerProcess]
-
-
-@pytest.fixture
-def app_dsn(dsn: str) -> str:
-    """The test database with the app's tables."""
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute(APP_TABLES)
-    return dsn
-
-
-@pytest.fixture
-def db(app_dsn: str) -> Iterator[Conn]:
-    with psycopg.connect(app_dsn, autocommit=True) as connection:
-        yield connection
-
-
-@pytest.fixture
-def spawn(app_dsn: str, tmp_path: Path) -> Iterator[Spawn]:
-    """Start worker processes; every one is killed at the end of the test."""
-    started: list[WorkerProcess] = []
-    env = {**os.environ, "JOBTUI_DSN": app_dsn, "PYTHONUNBUFFERED": "1"}
-    env.pop("DATABASE_URL", None)
-
-    def start(name: str, *args: str, lease: str = "2s", wait: bool = True) -> WorkerProcess:
-        worker = WorkerProcess(name, ["--lease", lease, *args], env, tmp_path / f"{name}.log", app=APP)
-        started.append(worker)
-        if wait:
-            worker.wait_started()
-        return worker
-
-    try:
-        yield start
-    finally:
-        for worker in started:
-            worker.kill()
 
 
 # -- crashes and leases -------------------------------------------------------------------

@@ -92,5 +92,9 @@ class ChartsPane(Pane):
                 yield Chart(i)
 
     def show(self, view: View) -> None:
-        for chart, data in zip(self.query(Chart), series(view.snapshot), strict=True):
+        charts = list(self.query(Chart))
+        drawn = series(view.snapshot)
+        if len(charts) != len(drawn):  # a refresh while the pane is still being mounted
+            return  # the next refresh draws them
+        for chart, data in zip(charts, drawn, strict=True):
             chart.draw(data)
