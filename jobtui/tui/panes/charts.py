@@ -21,7 +21,8 @@ from ...metrics import Snapshot
 from ..console import View
 from .base import Pane
 
-NO_MINUTES = "no minute rows yet: the archiver writes one a minute while a worker runs"
+# Short enough to stay in a chart's title at 80 columns; docs/operations.md says where the rows come from.
+NO_MINUTES = "no minute rows yet"
 
 
 @dataclass(frozen=True, slots=True)
