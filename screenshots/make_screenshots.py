@@ -9,9 +9,8 @@ process) long enough for every pane to have something to show, then drives the c
 Textual's pilot and saves one SVG per view:
 
     ready.svg  running.svg  job-detail.svg  dead.svg  confirm.svg  dead-drilldown.svg
-    expiries.svg  schedules.svg  worker.svg  queues.svg  console-80x24.svg  dead-80x24.svg
-
-    expiries.svg  schedules.svg  worker.svg  charts.svg  console-80x24.svg  dead-80x24.svg
+    expiries.svg  schedules.svg  worker.svg  queues.svg  charts.svg  console-80x24.svg
+    dead-80x24.svg
 
 The archiver writes one queue_minute row a minute; a run of a minute would leave the charts
 almost empty, so the script first writes the rows of an hour of a queue falling behind, as
