@@ -117,6 +117,7 @@ class ErrorEntry:
     worker: str | None
     kind: str
     error: str
+    started: str | None = None  # when that attempt started (entries written before it was kept have none)
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,15 +75,17 @@ def _indented(text: str, prefix: str = "      ") -> list[str]:
 
 
 def attempts(job: JobRow, now: datetime) -> list[str]:
-    """Each recorded attempt, newest first: which, on which worker, when it ended and how,
-    and its whole stored error (a traceback is kept line by line, each line escaped)."""
+    """Each recorded attempt, newest first: which, on which worker, when it started and
+    ended and how, and its whole stored error (a traceback is kept line by line, each line
+    escaped)."""
     out = [f"Attempts and events ({len(job.errors)} recorded, newest first):"]
     if job.status is JobStatus.RUNNING:
         out.append(f"  attempt {job.attempts}  running on {line(job.locked_by or '-')}")
         out.append(f"      started {_when(job.started_at, now)}, lease until {_when(job.locked_until, now)}")
     for entry in reversed(job.errors):
         out.append(f"  attempt {entry.attempt}  {line(entry.kind)} on {line(entry.worker or '-')}")
-        out.append(f"      ended {entry.at}")
+        started = f"started {line(entry.started)}, " if entry.started else ""
+        out.append(f"      {started}ended {line(entry.at)}")
         out.extend(_indented(entry.error))
     if len(out) == 1:
         out.append("  none recorded")

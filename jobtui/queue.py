@@ -317,6 +317,7 @@ def _job_row(rows: Rows) -> JobRow | None:
             worker=e.get("worker"),
             kind=str(e.get("kind", "error")),
             error=str(e.get("error", "")),
+            started=None if e.get("started") is None else str(e["started"]),
         )
         for e in (row.pop("errors") or [])
     ]

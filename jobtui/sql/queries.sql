@@ -164,7 +164,7 @@ SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END
     uncounted = 0,
     last_error = t.error,
     errors = (j.errors || jsonb_build_array(jsonb_build_object(
-                 'at', now(), 'attempt', j.attempts, 'worker', j.locked_by,
+                 'at', now(), 'started', j.started_at, 'attempt', j.attempts, 'worker', j.locked_by,
                  'kind', 'error', 'error', t.error)))
              - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(delays)s::float8[], %(errors)s::text[])
@@ -177,7 +177,7 @@ RETURNING j.id, j.status, j.type, j.attempts, j.max_attempts, j.locked_by;
 UPDATE {schema}.job AS j
 SET status = 'failed', locked_until = NULL, finished_at = now(), last_error = t.error,
     errors = (j.errors || jsonb_build_array(jsonb_build_object(
-                 'at', now(), 'attempt', j.attempts, 'worker', j.locked_by,
+                 'at', now(), 'started', j.started_at, 'attempt', j.attempts, 'worker', j.locked_by,
                  'kind', 'permanent', 'error', t.error)))
              - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(errors)s::text[]) AS t(id, token, error)
@@ -198,7 +198,7 @@ SET status = 'ready', attempts = j.attempts - 1, locked_until = NULL,
     run_at = now() + make_interval(secs => t.delay),
     uncounted = j.uncounted + CASE WHEN t.kind IN ('retry', 'db_error') THEN 1 ELSE 0 END,
     errors = (j.errors || jsonb_build_array(jsonb_build_object(
-                 'at', now(), 'attempt', j.attempts, 'worker', j.locked_by,
+                 'at', now(), 'started', j.started_at, 'attempt', j.attempts, 'worker', j.locked_by,
                  'kind', t.kind, 'error', t.reason)))
              - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(delays)s::float8[], %(kinds)s::text[],
@@ -215,7 +215,7 @@ RETURNING j.id;
 UPDATE {schema}.job AS j
 SET status = 'ready', attempts = j.attempts - 1, locked_until = NULL,
     errors = (j.errors || jsonb_build_array(jsonb_build_object(
-                 'at', now(), 'attempt', j.attempts, 'worker', j.locked_by, 'kind', 'abandoned',
+                 'at', now(), 'started', j.started_at, 'attempt', j.attempts, 'worker', j.locked_by, 'kind', 'abandoned',
                  'error', 'the claim''s answer was lost with its connection')))
              - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
 WHERE j.status = 'running' AND j.locked_by = %(worker)s AND NOT (j.id = ANY(%(held)s::bigint[]))
@@ -260,7 +260,7 @@ WITH gate AS (
                                  THEN ' (attempts exhausted: the job may be crashing its worker)'
                                  ELSE '' END),
         errors = (j.errors || jsonb_build_array(jsonb_build_object(
-                     'at', now(), 'attempt', j.attempts, 'worker', j.locked_by,
+                     'at', now(), 'started', j.started_at, 'attempt', j.attempts, 'worker', j.locked_by,
                      'kind', 'lease_expired',
                      'error', format('lease expired at %%s', expired.locked_until))))
                  - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
@@ -282,7 +282,7 @@ SELECT id, type, locked_by, attempts, status, expired_at FROM reaped;
 UPDATE {schema}.job AS j
 SET status = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
     errors = (j.errors || jsonb_build_array(jsonb_build_object(
-                 'at', now(), 'attempt', j.attempts, 'worker', %(actor)s::text,
+                 'at', now(), 'started', j.started_at, 'attempt', j.attempts, 'worker', %(actor)s::text,
                  'kind', 'requeued', 'error', format('requeued from %%s by %%s', j.status, %(actor)s::text))))
              - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status IN ('dead', 'failed')
@@ -326,7 +326,7 @@ ORDER BY g.jobs DESC, g.status, g.type, g.fingerprint;
 UPDATE {schema}.job AS j
 SET status = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
     errors = (j.errors || jsonb_build_array(jsonb_build_object(
-                 'at', now(), 'attempt', j.attempts, 'worker', %(actor)s::text,
+                 'at', now(), 'started', j.started_at, 'attempt', j.attempts, 'worker', %(actor)s::text,
                  'kind', 'requeued', 'error', format('requeued from %%s by %%s', j.status, %(actor)s::text))))
              - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = %(status)s AND j.type = %(type)s
@@ -349,7 +349,7 @@ SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END
                         j.max_attempts,
                         CASE WHEN j.attempts >= j.max_attempts THEN ' (its last attempt: dead)' ELSE '' END),
     errors = (j.errors || jsonb_build_array(jsonb_build_object(
-                 'at', now(), 'attempt', j.attempts, 'worker', j.locked_by,
+                 'at', now(), 'started', j.started_at, 'attempt', j.attempts, 'worker', j.locked_by,
                  'kind', 'lease_killed', 'error', format('lease killed by %%s', %(actor)s::text))))
              - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
 WHERE j.id IN (SELECT id FROM {schema}.job
@@ -368,7 +368,7 @@ WITH cancelled AS (
     SET status = 'failed', locked_until = NULL, finished_at = now(),
         last_error = format('cancelled by %%s', %(actor)s::text),
         errors = (j.errors || jsonb_build_array(jsonb_build_object(
-                     'at', now(), 'attempt', j.attempts, 'worker', j.locked_by,
+                     'at', now(), 'started', j.started_at, 'attempt', j.attempts, 'worker', j.locked_by,
                      'kind', 'cancelled', 'error', format('cancelled by %%s', %(actor)s::text))))
                  - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
     WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status IN ('ready', 'running')

@@ -1147,3 +1147,19 @@ def test_a_reaper_reaps_only_while_in_touch_and_never_its_own_jobs(q: Queue, con
     assert count(conn, "status = 'running'") == 1
     assert run(conn, reap_call(own=[mine])) == []
     assert [r.job_id for r in run(conn, reap_call())] == [mine]
+
+
+def test_each_history_entry_says_when_its_attempt_started(dsn: str) -> None:
+    with Queue(dsn) as q:
+        job_id = q.enqueue("history", {}, max_attempts=3)
+        (first,) = q.claim(["history"], worker="w1")
+        started_first = q.get(job_id).started_at  # type: ignore[union-attr]
+        q.fail([Failure(first.lease, "ValueError: one", delay=0)])
+        (second,) = q.claim(["history"], worker="w2")
+        started_second = q.get(job_id).started_at  # type: ignore[union-attr]
+        q.fail_permanently([second.lease], ["ValueError: two"])
+        job = q.get(job_id)
+    assert job is not None and started_first is not None and started_second is not None
+    assert [(e.attempt, e.worker) for e in job.errors] == [(1, "w1"), (2, "w2")]
+    assert [datetime.fromisoformat(e.started or "") for e in job.errors] == [started_first, started_second]
+    assert all(datetime.fromisoformat(e.started or "") <= datetime.fromisoformat(e.at) for e in job.errors)

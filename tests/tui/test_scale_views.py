@@ -99,7 +99,8 @@ async def test_without_minute_rows_the_charts_say_why_they_are_empty(dsn: str) -
 
 async def test_the_job_view_lists_every_attempt_with_its_whole_error(dsn: str) -> None:
     errors = [
-        {"at": f"2026-01-01T00:0{n}:00+00:00", "attempt": n, "worker": f"w{n}", "kind": "error",
+        {"at": f"2026-01-01T00:0{n}:00+00:00", "started": f"2026-01-01T00:0{n - 1}:30+00:00",
+         "attempt": n, "worker": f"w{n}", "kind": "error",
          "error": f"ValueError: try {n}\nTraceback (most recent call last):\n  File \"app.py\", line {n}"}
         for n in (1, 2)
     ]  # fmt: skip
@@ -119,5 +120,6 @@ async def test_the_job_view_lists_every_attempt_with_its_whole_error(dsn: str) -
         attempts = text.split("Attempts and events (2 recorded, newest first):")[1]
         assert attempts.index("attempt 2  error on w2") < attempts.index("attempt 1  error on w1")
         assert attempts.count('  File "app.py", line') == 2  # the whole traceback, not a first line
+        assert "started 2026-01-01T00:01:30+00:00, ended 2026-01-01T00:02:00+00:00" in attempts
         assert '"a": {\n    "b": [\n      1,' in text  # the payload pretty-printed
         await app.action_quit()
