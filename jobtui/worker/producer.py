@@ -38,8 +38,13 @@ class Producer:
         kick: asyncio.Event,
         stopping: asyncio.Event,
         denied: Denied,
+        turn: asyncio.Lock,
     ) -> None:
         self._conn = conn
+        # Shared by the producers of one worker: a give-back of unanswered claims releases
+        # this worker's jobs that are not in flight, so it must not run between another
+        # producer's claim coming back and its jobs being started.
+        self._turn = turn
         self._schema = schema
         self._claim = claim
         self._unanswered = unanswered
@@ -61,27 +66,34 @@ class Producer:
                 continue
             # Clear before claiming: a notification arriving during the claim sets it again.
             self._kick.clear()
-            try:
-                if self._answer_lost:
-                    await self._give_back_unanswered()
-                claimed, sent = await self._conn.run_timed(self._claim(free), self._schema, self._stopping, retry=False)
-            except psycopg.OperationalError:
-                # The claim may have committed without its answer reaching us.
-                self._answer_lost = True
-                continue
-            except DatabaseUnavailable:
-                continue
-            except psycopg.errors.InsufficientPrivilege as exc:
-                self._denied(exc, "the claim")
-                continue
-            except psycopg.Error as exc:
-                log.error("claim failed: %s", first_line(exc))
+            async with self._turn:
+                try:
+                    if self._answer_lost:
+                        await self._give_back_unanswered()
+                    claimed, sent = await self._conn.run_timed(
+                        self._claim(free), self._schema, self._stopping, retry=False
+                    )
+                except psycopg.OperationalError:
+                    # The claim may have committed without its answer reaching us.
+                    self._answer_lost = True
+                    continue
+                except DatabaseUnavailable:
+                    continue
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    self._denied(exc, "the claim")
+                    continue
+                except psycopg.Error as exc:
+                    log.error("claim failed: %s", first_line(exc))
+                    failed = True
+                else:
+                    failed = False
+                    # The lease runs from the database's now(), which is no earlier than the send.
+                    lease_until = sent + self._lease
+                    for job in claimed:
+                        self._start(job, lease_until)
+            if failed:
                 await self._wait_kick()
                 continue
-            # The lease runs from the database's now(), which is no earlier than the send.
-            lease_until = sent + self._lease
-            for job in claimed:
-                self._start(job, lease_until)
             if len(claimed) < free:
                 await self._wait_kick()
 

@@ -185,6 +185,7 @@ class Worker:
         self._writer = OutcomeWriter(
             write_conn, self.schema, self._job_died, self._denied, delete_on_complete=self.delete_on_complete
         )
+        claim_turn = asyncio.Lock()  # see Producer: claims share one connection anyway
         producers = [
             Producer(
                 claim_conn,
@@ -198,6 +199,7 @@ class Worker:
                 kick=self.slots.kicks[pool],
                 stopping=stopping,
                 denied=self._denied,
+                turn=claim_turn,
             )
             for pool in self.slots.sizes
         ]
