@@ -1,0 +1,9 @@
+-- What runs each running job, as its worker's heartbeat last saw it: the executor (async,
+-- thread or process) and, for a child process, its pid and resident memory. The console, a
+-- process of its own, shows it in the Running pane and the job view. The heartbeat writes it
+-- as jsonb tagged with the lease token of the attempt it describes, so a value left by an
+-- earlier attempt (or by a worker that never writes it) is never shown as the current one;
+-- no other statement reads or clears it. NULL for jobs that never had a heartbeat.
+-- A nullable column without a default is a change of the catalog only: no table rewrite,
+-- however many rows the table holds, and workers of the previous release ignore it.
+ALTER TABLE {schema}.job ADD COLUMN runner jsonb;
