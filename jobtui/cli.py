@@ -302,6 +302,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="a direct DSN (not through a transaction pooler) for LISTEN wake-ups (default: JOBTUI_LISTEN_DSN;"
         " with --pooler transaction and none, the worker polls)",
     )
+    p.add_argument(
+        "--executor",
+        choices=("thread", "process"),
+        default=os.environ.get("JOBTUI_EXECUTOR") or "thread",
+        help="where sync handlers run: a thread each, or a pool of child processes the worker can stop"
+        " (default: JOBTUI_EXECUTOR, else thread; a handler's executor= wins)",
+    )
+    p.add_argument(
+        "--max-jobs-per-child", type=positive_int, help="process executor: replace a child after this many jobs"
+    )
+    p.add_argument(
+        "--max-memory-per-child",
+        help="process executor: resident memory (like 512M) a child may hold; over it while a job runs, the"
+        " child is stopped and the attempt fails; over it between jobs, the child is replaced",
+    )
     p.add_argument("--no-scheduler", action="store_true", help="do not run the scheduler in this worker")
     p.add_argument("--metrics-port", type=port_number, help="serve Prometheus /metrics on this port")
     p.add_argument("--retention", default="1d", help="how long done jobs stay before archiving (default 1d)")

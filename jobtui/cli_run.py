@@ -22,6 +22,7 @@ from .maintenance import Retention
 from .privileges import SCHEDULER_NEEDS, missing_privileges_call, privilege_message
 from .registry import load_app
 from .safetext import quote
+from .sizes import parse_size
 
 # Allocations between young-generation collections in a `jobtui worker` process (see cmd_worker).
 WORKER_GC_THRESHOLD = 10_000
@@ -58,6 +59,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         scheduler=not args.no_scheduler,
         delete_on_complete=args.delete_on_complete,
         listen_dsn=args.listen_dsn,
+        executor=args.executor,
+        max_jobs_per_child=args.max_jobs_per_child,
+        max_memory_per_child=parse_size(args.max_memory_per_child) if args.max_memory_per_child else None,
+        app=args.app,
         retention=Retention(
             done=parse_duration(args.retention),
             dead=parse_duration(args.dead_retention),
@@ -70,7 +75,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.metrics_port:
         from .prometheus import serve
 
-        serve(dsn, args.metrics_port, args.schema)
+        serve(dsn, args.metrics_port, args.schema, worker=worker)
     # The process is the worker's own, so it may tune the collector: every job makes a
     # dozen short-lived objects (task, coroutine, records), and at Python's default
     # threshold the collector runs every few dozen jobs, a large share of the worker's own
@@ -154,7 +159,7 @@ def cmd_console(args: argparse.Namespace) -> int:
 
         if args.read_only:
             raise InvalidInput("--work runs jobs, which --read-only forbids; drop one of them")
-        worker = Worker(load_app(args.work), dsn, concurrency=args.concurrency, schema=args.schema)
+        worker = Worker(load_app(args.work), dsn, concurrency=args.concurrency, schema=args.schema, app=args.work)
     app = JobtuiApp(
         dsn, schema=args.schema, actor=args.actor, read_only=args.read_only, thresholds=thresholds, worker=worker
     )

@@ -3,6 +3,7 @@ processes may race (through a transaction pooler too)."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import zlib
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ def available(directory: Path | None = None) -> list[Migration]:
     versions = [m.version for m in found]
     # A number reserved for a migration that is not here yet may be missing (while 11 is
     # reserved, 12 may come first); numbers never repeat and never go back.
-    if not versions or versions[0] != 1 or any(b <= a for a, b in zip(versions, versions[1:], strict=False)):
+    if not versions or versions[0] != 1 or any(b <= a for a, b in itertools.pairwise(versions)):
         raise RuntimeError(f"migrations must be numbered from 1, increasing, found {versions}")
     return found
 

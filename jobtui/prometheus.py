@@ -181,10 +181,51 @@ def families(snap: Snapshot) -> Iterator[Metric]:
         yield lag
 
 
-def serve(dsn: str, port: int, schema: str = DEFAULT_SCHEMA, addr: str = "0.0.0.0") -> Any:
-    """Serve /metrics on `port` in a background thread; returns the server."""
+class WorkerCollector(Collector):
+    """The serving worker's own figures (no database): its handler processes, in process mode."""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker  # a jobtui Worker, read from the scrape's thread: plain counters
+
+    def collect(self) -> Iterator[Metric]:
+        yield from pool_families(getattr(self.worker, "children", None))
+
+
+def pool_families(pool: Any) -> Iterator[Metric]:
+    """The handler-process pool's counters: children started, recycled and killed by reason,
+    and died by how; none without a pool."""
+    if pool is None:
+        return
+    counts = pool.counts
+    started = CounterMetricFamily("jobtui_worker_children_started", "Handler processes this worker started")
+    started.add_metric([], counts.started)
+    yield started
+    for name, help_text, counter in (
+        ("recycled", "Handler processes replaced after --max-jobs-per-child jobs or over --max-memory-per-child"
+         " between jobs, by reason (jobs, memory)", counts.recycled),
+        ("killed", "Handler processes the worker stopped while they ran a job, by reason (timeout, cancelled,"
+         " lease, memory, shutdown, reclaimed)", counts.killed),
+        ("died", "Handler processes that died by themselves, by how (a signal's name, or exit)", counts.died),
+    ):  # fmt: skip
+        family = CounterMetricFamily(f"jobtui_worker_children_{name}", help_text, labels=["reason"])
+        for reason, value in sorted(dict(counter).items()):
+            family.add_metric([reason], value)
+        yield family
+    alive = GaugeMetricFamily("jobtui_worker_children", "Handler processes alive, by state", labels=["state"])
+    children = list(pool.children)
+    busy = sum(1 for c in children if c.busy)
+    alive.add_metric(["busy"], busy)
+    alive.add_metric(["idle"], len(children) - busy)
+    yield alive
+
+
+def serve(dsn: str, port: int, schema: str = DEFAULT_SCHEMA, addr: str = "0.0.0.0", worker: Any = None) -> Any:
+    """Serve /metrics on `port` in a background thread; returns the server. With `worker`
+    (`jobtui worker --metrics-port`), its own figures too."""
     registry = CollectorRegistry()
     registry.register(QueueCollector(dsn, schema))
+    if worker is not None:
+        registry.register(WorkerCollector(worker))
     try:
         server, _thread = start_http_server(port, addr=addr, registry=registry)
     except OSError as exc:  # port taken, no permission, address not on this host

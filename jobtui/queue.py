@@ -187,9 +187,25 @@ def _beat(rows: Rows) -> Beat:
     return Beat({r[i] for r in rows if r[k] == "held"}, {r[i] for r in rows if r[k] == "cancelled"})
 
 
-def heartbeat_beat_call(leases: Sequence[Lease], lease: float = DEFAULT_LEASE_SECONDS) -> Call[Beat]:
-    """Extend `leases`; the answer also names the lost leases whose jobs were cancelled."""
-    return Call("heartbeat", {**_leases(_newest_leases(leases)), "lease": check_lease(lease)}, _beat)
+def heartbeat_beat_call(
+    leases: Sequence[Lease],
+    lease: float = DEFAULT_LEASE_SECONDS,
+    *,
+    keep: Sequence[int] = (),
+    runners: Mapping[int, Mapping[str, Any]] | None = None,
+) -> Call[Beat]:
+    """Extend `leases` (those of the jobs in `keep` even once expired, while the token is
+    theirs), recording `runners`, what runs each job (job.runner); the answer also names the
+    lost leases whose jobs were cancelled."""
+    newest = _newest_leases(leases)
+    found = runners or {}
+    params = {
+        **_leases(newest),
+        "lease": check_lease(lease),
+        "keep": [Int8(job_id) for job_id in keep],
+        "runners": [json.dumps(found[lc.job_id]) if lc.job_id in found else None for lc in newest],
+    }
+    return Call("heartbeat", params, _beat)
 
 
 def heartbeat_call(leases: Sequence[Lease], lease: float = DEFAULT_LEASE_SECONDS) -> Call[set[int]]:

@@ -99,13 +99,19 @@ RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_tok
 -- lost it. Each id's token is found by its position in the arrays (see complete). A lease
 -- that has already expired is not extended, even when no reaper took it yet: by the
 -- database's clock it was lost, and its worker gives the attempt up (another worker may have
--- started it). A lost lease whose job an operator cancelled under that very lease comes back
--- as 'cancelled' (the backstop of a lost cancel notification); that lookup runs only when
--- some lease was not extended.
+-- started it). The exception is `keep`: jobs whose sync handler's thread runs on after its
+-- attempt was given up, whose row stays running under the same token until the thread
+-- returns (no one else took the job while the token is the same). A lost lease whose job an
+-- operator cancelled under that very lease comes back as 'cancelled' (the backstop of a lost
+-- cancel notification); that lookup runs only when some lease was not extended.
+-- `runners` (jsonb text, by position; NULL keeps the row's) says what runs each job, for the
+-- console: the executor and a child's pid and resident memory, tagged with the lease token.
 WITH held AS (
     UPDATE {schema}.job AS j
-    SET locked_until = now() + make_interval(secs => %(lease)s), heartbeat_at = now()
-    WHERE j.id = ANY(%(ids)b::bigint[]) AND j.status = 'running' AND j.locked_until > now()
+    SET locked_until = now() + make_interval(secs => %(lease)s), heartbeat_at = now(),
+        runner = coalesce((%(runners)s::jsonb[])[array_position(%(ids)b::bigint[], j.id)], j.runner)
+    WHERE j.id = ANY(%(ids)b::bigint[]) AND j.status = 'running'
+      AND (j.locked_until > now() OR j.id = ANY(%(keep)b::bigint[]))
       AND j.lease_token = (%(tokens)b::bigint[])[array_position(%(ids)b::bigint[], j.id)]
     RETURNING j.id
 )

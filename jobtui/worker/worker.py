@@ -28,7 +28,7 @@ from ..backoff import delay as backoff_delay
 from ..checks import check_queue
 from ..db import Call, aconnect, arun, check_dsn, first_line, pooler_mode, statements, transaction_pooled
 from ..domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJob, FailOutcome
-from ..errors import JobtuiError, PrivilegeMissing
+from ..errors import InvalidInput, JobtuiError, PrivilegeMissing
 from ..link import Connection, Link
 from ..logformat import job_fields
 from ..maintenance import ARCHIVE_TYPE, Retention
@@ -36,9 +36,20 @@ from ..privileges import GRANTS_HINT, WORKER_NEEDS, missing_privileges_call, pri
 from ..queue import claim_call, release_unanswered_call
 from ..registry import Handler, Job, Jobs
 from ..scheduler import Scheduler
+from .child import Settings
+from .children import STOP_GRACE, ChildPool, memory_available
 from .completer import OutcomeWriter
-from .config import DEFAULT_RETENTION, check_settings, default_worker_id, handled_types
-from .executor import InFlight, run_handler
+from .config import (
+    DEFAULT_RETENTION,
+    check_children,
+    check_settings,
+    default_worker_id,
+    executors,
+    handled_types,
+    registry_spec,
+    uses_processes,
+)
+from .executor import PROCESS, THREAD, InFlight, run_handler, settled
 from .heartbeater import Heartbeater
 from .listener import listen, listener_connection
 from .outcome import MAX_UNCOUNTED_IN_A_ROW, Outcome, count_outcome, fields
@@ -50,9 +61,14 @@ COUNTERS = ("done", "failed", "retried", "dead", "lost", "released", "abandoned"
 
 log = logging.getLogger("jobtui.worker")
 
-# A sync handler whose lease was given up gets this long to notice `job.lost` and return
+# An async handler whose lease was given up gets this long to end after it was cancelled
 # before its job is handed back (and may be claimed again).
 ABANDON_GRACE = 5.0
+# The default executor of sync handlers (README, "Executors", says why).
+DEFAULT_EXECUTOR = THREAD
+# A job released at shutdown while its handler's thread still runs is due this much later,
+# when the worker's process (and so the thread) surely ended.
+THREAD_RELEASE_DELAY = 5.0
 
 
 class Worker:
@@ -84,10 +100,33 @@ class Worker:
         delete_on_complete: bool = False,
         pooler: str | None = None,
         listen_dsn: str | None = None,
+        executor: str = DEFAULT_EXECUTOR,
+        max_jobs_per_child: int | None = None,
+        max_memory_per_child: int | None = None,
+        app: str | None = None,
     ) -> None:
         check_settings(concurrency=concurrency, queues=queues, lease=lease, poll_interval=poll_interval)
+        check_children(executor, max_jobs_per_child, max_memory_per_child)
+        registry = jobs
         jobs, selected = handled_types(jobs, types, retention, dsn, schema, pooler_mode(pooler))
         self.jobs = jobs
+        # Where each type's handler runs; sync ones in `executor` unless the handler names one.
+        self.executor = executor
+        self._executors = executors(jobs, executor)
+        self.app = app
+        if uses_processes(self._executors, selected):
+            self.app = app or registry_spec(registry)
+            if self.app is None:
+                raise InvalidInput(
+                    "the process executor runs handlers in processes that import the registry by name: "
+                    "define it at module level of an importable module, or pass app='pkg.module:jobs'"
+                )
+            if max_memory_per_child is not None and not memory_available():
+                raise InvalidInput("--max-memory-per-child reads /proc (Linux); leave it out on this system")
+        self.max_jobs_per_child = max_jobs_per_child
+        self.max_memory_per_child = max_memory_per_child
+        # The handler processes, while the worker runs with any type in process mode.
+        self.children: ChildPool | None = None
         self.dsn = dsn
         # One pool of slots per queue named, or one for every queue (None).
         sizes: dict[str | None, int] = {check_queue(q): n for q, n in queues.items()} if queues else {None: concurrency}
@@ -210,6 +249,7 @@ class Worker:
             lease=self.lease,
             interval=self.heartbeat_interval,
             margin=self.lease_margin,
+            stop_grace=STOP_GRACE,
             flights=self.in_flight.values,
             give_up=self._give_up,
             cancelled=self.cancel_requested,
@@ -229,12 +269,21 @@ class Worker:
             missing = await write_conn.run(missing_privileges_call(self.schema, WORKER_NEEDS), self.schema)
             if missing:
                 raise PrivilegeMissing(privilege_message("jobtui worker", missing))
+            if uses_processes(self._executors, self.types):
+                assert self.app is not None
+                self.children = ChildPool(
+                    Settings(self.app, self.schema, self.worker_id, *_log_settings()),
+                    max_jobs=self.max_jobs_per_child,
+                    max_memory=self.max_memory_per_child,
+                )
+                await self.children.open()
             log.info(
-                "worker %s started: types %s, slots %s, lease %.0fs",
+                "worker %s started: types %s, slots %s, lease %.0fs, sync handlers in %s",
                 self.worker_id,
                 ", ".join(self.types),
                 describe(self.slots.sizes),
                 self.lease,
+                self._describe_executors(),
             )
             self._running = True
             background = [
@@ -269,6 +318,8 @@ class Worker:
                 self._running = False
                 log.info("worker %s stopped: %s", self.worker_id, ", ".join(f"{k} {v}" for k, v in self.counts.items()))
         finally:
+            if self.children is not None:
+                await self.children.close()
             for conn in (claim_conn, write_conn, heartbeat_conn):
                 await conn.close()
             await link.close()
@@ -326,32 +377,56 @@ class Worker:
         handler = self.jobs.handlers[claimed.type]
         job = Job(claimed, self.worker_id, self.schema)
         now = time.monotonic()
-        flight = InFlight(job, claimed, now, now + handler.timeout if handler.timeout else None, lease_until)
-        flight.pool = pool
+        deadline = now + handler.timeout if handler.timeout else None
+        flight = InFlight(job, claimed, now, deadline, lease_until, pool=pool, executor=self._executors[claimed.type])
         older = self.in_flight.get(claimed.id)
         if older is not None:  # an older attempt of the job, still being written or given up
             self.slots.held[older.pool] -= 1
+            if older.handler_done:
+                older = None
+            else:
+                self._claimed_again(older)
         self.in_flight[claimed.id] = flight
         self.slots.held[pool] += 1
         self.slots.busy[pool] += 1
-        flight.task = asyncio.create_task(self._execute(handler, flight))
+        flight.task = asyncio.create_task(self._execute(handler, flight, older))
 
-    async def _execute(self, handler: Handler, flight: InFlight) -> None:
+    def _claimed_again(self, older: InFlight) -> None:
+        """This worker claimed a job again while an older attempt's handler still runs here
+        (its lease was reaped, killed or cancelled and the job became ready): that attempt
+        is surely lost; the new one starts once its handler stopped."""
+        if not older.gone and not older.writing:
+            self._give_up(older, "the job was claimed again", surely=True, reason="reclaimed")
+        older.gone = True
+        older.job.mark_lost()
+
+    async def _execute(self, handler: Handler, flight: InFlight, older: InFlight | None = None) -> None:
         job = flight.job
         try:
             try:
-                outcome, error, delay = await run_handler(handler, flight, self._backoff)
+                if older is not None:
+                    log.warning(
+                        "job %d (%s) attempt %d waits for the handler of its attempt %d, still running here",
+                        job.id,
+                        job.type,
+                        job.attempt,
+                        older.job.attempt,
+                        extra=fields(job),
+                    )
+                    await older.wait_handler()
+                    flight.started = time.monotonic()
+                    flight.deadline = flight.started + handler.timeout if handler.timeout else None
+                outcome, error, delay = await run_handler(handler, flight, self._backoff, self.children)
             finally:
                 # The handler is finished: its slot is free while the outcome is written, so
                 # the next claim overlaps this write instead of waiting for it.
                 self.slots.busy[flight.pool] -= 1
                 self.slots.wake()
-            if job.lost:
+            judged = settled(flight, outcome, error)
+            if judged is None:
                 self._lost(job, "its lease was lost while it ran")
                 return
-            if outcome is Outcome.TIMEOUT:
-                # A sync handler keeps running in its thread: refuse its later effects.
-                job.mark_lost()
+            outcome, error = judged
             if flight.claimed.uncounted >= MAX_UNCOUNTED_IN_A_ROW and outcome in (Outcome.RETRY, Outcome.DB_ERROR):
                 outcome = Outcome.FAIL
                 error = (
@@ -424,32 +499,57 @@ class Worker:
         """An operator cancelled job `job_id` (notified, or told by a heartbeat): a handler of
         it here is stopped as for a lost lease, with `job.cancelled` set; the row is failed."""
         flight = self.in_flight.get(job_id)
-        if flight is None or flight.writing or flight.job.lost:
+        if flight is None or flight.writing or flight.gone:
             return
         flight.job.mark_cancelled()
         self.counts["cancelled"] += 1
-        self._give_up(flight, "the job was cancelled by an operator")
+        self._give_up(flight, "the job was cancelled by an operator", surely=True, reason="cancelled")
 
-    def _give_up(self, flight: InFlight, why: str) -> None:
-        """The lease is lost or may be: stop the handler and hand the job back, uncounted.
+    def _give_up(self, flight: InFlight, why: str, surely: bool = False, reason: str = "lease") -> None:
+        """The lease is lost (`surely`: a heartbeat found it gone, an operator cancelled the
+        job, it was claimed again) or may be (it could not be extended in time).
 
-        An async handler is cancelled; a sync one cannot be stopped, but its `job.lost` is
-        set and `job.once()` refuses from now on. Its outcome is discarded. The job is handed
-        back once the handler has stopped (a sync one gets ABANDON_GRACE to notice), so that
-        this worker never claims it again while it still runs here. The release is fenced by
-        the lease token: it matches nothing when another worker took the job, and returns it
-        without counting the attempt when nobody did (the database was away).
+        An async handler is cancelled, and a handler process stopped (SIGTERM, then SIGKILL):
+        once it has, the job is handed back uncounted, fenced by the lease token; that
+        release matches nothing when another worker took the job, and returns it without
+        counting the attempt when nobody did (the database was away). A thread cannot be
+        stopped: its `job.lost` is set and `once()` refuses from now on, but the job stays
+        running under this worker, heartbeated, until the thread returns (settled() then
+        says what is written); so this worker never runs it twice at once.
         """
         job = flight.job
+        if flight.executor == THREAD:
+            job.mark_lost()
+            if surely:
+                if flight.gone:
+                    return
+                flight.gone = True
+                then = "its outcome will be dropped"
+            else:
+                if flight.given_up is not None or flight.gone:
+                    return
+                flight.given_up = why
+                then = "the job stays running under this worker until it returns"
+            log.warning(
+                "job %d (%s) attempt %d: %s; job.lost set for its sync handler, which runs on in its thread: %s",
+                job.id,
+                job.type,
+                job.attempt,
+                why,
+                then,
+                extra=fields(job),
+            )
+            return
         job.mark_lost()
         flight.writing = True  # the release finishes the flight
+        flight.stop_reason = reason
         log.warning(
             "job %d (%s) attempt %d: %s; %s, its outcome will be discarded",
             job.id,
             job.type,
             job.attempt,
             why,
-            "handler cancelled" if self.jobs.handlers[job.type].is_async else "job.lost set for its sync handler",
+            "its handler process is being stopped" if flight.executor == PROCESS else "handler cancelled",
             extra=fields(job),
         )
         if flight.task is not None and not flight.task.done():
@@ -457,11 +557,11 @@ class Worker:
         self._spawn(self._hand_back(flight, why))
 
     async def _hand_back(self, flight: InFlight, why: str) -> None:
-        running: list[asyncio.Future[Any]] = [f for f in (flight.task,) if f is not None and not f.done()]
-        if flight.thread_ended is not None and not flight.thread_ended.is_set():
-            running.append(asyncio.ensure_future(flight.thread_ended.wait()))
-        if running:
-            _, late = await asyncio.wait(running, timeout=ABANDON_GRACE)
+        task = flight.task
+        if task is not None and not task.done():
+            # A handler process is surely gone when its task ends (children.py kills it);
+            # an async handler may hold on to its cancellation.
+            _, late = await asyncio.wait((task,), timeout=None if flight.executor == PROCESS else ABANDON_GRACE)
             if late:
                 log.warning(
                     "job %d (%s): its handler still runs %.0fs after its lease was given up; handing the job back",
@@ -475,21 +575,29 @@ class Worker:
     # -- shutdown ------------------------------------------------------------------------
 
     async def _drain(self) -> None:
-        """Wait for in-flight jobs up to the shutdown timeout, then release the rest."""
+        """Wait for in-flight jobs up to the shutdown timeout, then release the rest: once
+        its handler process is gone, or (a thread that runs on) due a little later."""
         tasks = [f.task for f in self.in_flight.values() if f.task is not None and not f.task.done()]
         if tasks:
             log.info("waiting up to %.0fs for %d in-flight job(s)", self.shutdown_timeout, len(tasks))
             await asyncio.wait(tasks, timeout=self.shutdown_timeout)
         # Outcomes handed to the writer are written before it stops; the rest go back.
-        left = [f for f in self.in_flight.values() if not f.writing]
+        left = [f for f in self.in_flight.values() if not f.writing and not f.gone]
         if not left:
             return
         for flight in left:
             flight.job.mark_lost()
+            flight.stop_reason = "shutdown"
             if flight.task is not None:
                 flight.task.cancel()
+        stopping = [f.task for f in left if f.executor == PROCESS and f.task is not None]
+        if stopping:
+            await asyncio.wait(stopping)  # children.py kills what is still there after its grace
         reason = "the worker stopped before the handler finished"
-        releases = asyncio.gather(*(self._writer.write(Outcome.SHUTDOWN, f.claimed.lease, reason) for f in left))
+        # A thread still running is released for later: by then the process has exited.
+        delay = {id(f): 0.0 if f.handler_done else THREAD_RELEASE_DELAY for f in left}
+        write = self._writer.write
+        releases = asyncio.gather(*(write(Outcome.SHUTDOWN, f.claimed.lease, reason, delay[id(f)]) for f in left))
         try:
             released = sum(await asyncio.wait_for(releases, self.shutdown_timeout))
         except TimeoutError:
@@ -498,3 +606,14 @@ class Worker:
             return
         self.counts["released"] += released
         log.warning("released %d unfinished job(s) back to ready, attempts not counted", released)
+
+    def _describe_executors(self) -> str:
+        used = {self._executors[t] for t in self.types if t != ARCHIVE_TYPE} - {"async"}
+        return ", ".join(sorted(used)) or "none"
+
+
+def _log_settings() -> tuple[int, Any]:
+    """The level and formatter of this process's log lines, for its handler processes."""
+    root = logging.getLogger()
+    formatter = next((h.formatter for h in root.handlers if h.formatter is not None), None)
+    return root.getEffectiveLevel(), formatter
