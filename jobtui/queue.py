@@ -47,6 +47,7 @@ from .domain import (
     Lease,
     NewJob,
     Reaped,
+    Runner,
 )
 from .errors import InvalidInput
 
@@ -337,7 +338,9 @@ def _job_row(rows: Rows) -> JobRow | None:
         )
         for e in (row.pop("errors") or [])
     ]
-    return JobRow(**{**row, "status": JobStatus(row["status"])}, errors=errors)
+    return JobRow(
+        **{**row, "status": JobStatus(row["status"]), "runner": Runner.decoded(row.get("runner"))}, errors=errors
+    )
 
 
 def get_job_call(job_id: int) -> Call[JobRow | None]:

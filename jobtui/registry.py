@@ -254,6 +254,12 @@ class Job:
     def mark_lost(self) -> None:
         self._lost = True
 
+    @property
+    def marked_lost(self) -> bool:
+        """`lost`, as the worker reads it: reading this one does not count as the handler
+        having seen the loss (`loss_seen`)."""
+        return self._lost
+
     def heartbeat(self) -> bool:
         """Whether the lease is still held; long handlers call it between steps and stop
         when it returns False. The worker itself extends every in-flight lease on an

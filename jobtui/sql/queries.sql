@@ -390,7 +390,8 @@ SELECT id, status FROM {schema}.job WHERE id = ANY(%(ids)s::bigint[]);
 -- name: get_job
 SELECT id, type, queue, payload, idempotency_key, status, run_at, attempts, max_attempts,
        locked_by, locked_until, lease_token, heartbeat_at, last_error, errors,
-       lease_expirations, created_at, started_at, finished_at, now() AS db_now
+       lease_expirations, created_at, started_at, finished_at, now() AS db_now,
+       CASE WHEN status = 'running' AND runner -> 'token' = to_jsonb(lease_token) THEN runner END AS runner
 FROM {schema}.job WHERE id = %(id)s;
 
 -- name: notify_ready
@@ -902,9 +903,12 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, false) AS statemen
 -- name: list_running
 -- Running jobs for the console: oldest lease first, expired leases included; a page at a
 -- time, each after the (locked_until, id) of the previous page's last job (NULL: the first).
+-- `runner` is what the worker's heartbeat said runs the job, only when it describes this attempt
+-- (its token is the row's): compared as jsonb, so that no text in it can fail a cast.
 SELECT id, type, locked_by AS worker, attempts AS attempt, max_attempts,
        extract(epoch FROM now() - heartbeat_at) AS heartbeat_age, extract(epoch FROM locked_until - now()) AS lease_left,
-       extract(epoch FROM now() - started_at) AS running_for, locked_until
+       extract(epoch FROM now() - started_at) AS running_for, locked_until,
+       CASE WHEN runner -> 'token' = to_jsonb(lease_token) THEN runner END AS runner
 FROM {schema}.job
 WHERE status = 'running'
   AND (%(after_until)s::timestamptz IS NULL

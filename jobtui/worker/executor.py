@@ -117,11 +117,11 @@ async def run_handler(
     handler: Handler, flight: InFlight, backoff: Backoff, children: ChildPool | None = None
 ) -> tuple[Outcome, str, float]:
     """Run the handler of `flight`; return (outcome, error text or reason, delay)."""
-    if flight.executor == THREAD:
+    if not handler.is_async:
+        if flight.executor == PROCESS:
+            assert children is not None
+            return await _in_child(handler, flight, backoff, children)
         return await _in_thread(handler, flight, backoff)
-    if flight.executor == PROCESS:
-        assert children is not None
-        return await _in_child(handler, flight, backoff, children)
     job = flight.job
     try:
         if handler.timeout is None:

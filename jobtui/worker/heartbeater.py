@@ -104,13 +104,13 @@ class Heartbeater:
         if not flights:
             return
         # Threads given up or over their timeout run on: their leases are kept even if expired.
-        keep = [f.claimed.id for f in flights if f.job.lost]
+        keep = [f.claimed.id for f in flights if f.job.marked_lost]
         runners = {f.claimed.id: f.runner() for f in flights}
         call = heartbeat_beat_call([f.claimed.lease for f in flights], self._lease, keep=keep, runners=runners)
         beat, sent = await self._conn.run_timed(call, self._schema, retry=False)
         lease_until = sent + self._lease
         for flight in flights:
-            if flight.writing or flight.gone or (flight.job.lost and flight.executor != THREAD):
+            if flight.writing or flight.gone or (flight.job.marked_lost and flight.executor != THREAD):
                 continue  # finished (or given up) while the heartbeat ran
             if flight.claimed.id in beat.held:
                 flight.lease_until = lease_until
@@ -140,7 +140,7 @@ class Heartbeater:
             now = time.monotonic()
             earliest: float | None = None
             for flight in list(self._flights()):
-                if flight.writing or flight.job.lost:
+                if flight.writing or flight.job.marked_lost:
                     continue
                 give_up_at = flight.lease_until - self._margin
                 if flight.executor == PROCESS:
@@ -163,6 +163,6 @@ def beats(flight: InFlight, now: float) -> bool:
         return False
     if flight.executor == THREAD:
         return True
-    if flight.job.lost:
+    if flight.job.marked_lost:
         return False
     return flight.executor != ASYNC or flight.deadline is None or now < flight.deadline
