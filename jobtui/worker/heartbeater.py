@@ -109,9 +109,14 @@ class Heartbeater:
         call = heartbeat_beat_call([f.claimed.lease for f in flights], self._lease, keep=keep, runners=runners)
         beat, sent = await self._conn.run_timed(call, self._schema, retry=False)
         lease_until = sent + self._lease
+        kept = set(keep)
         for flight in flights:
             if flight.writing or flight.gone or (flight.job.marked_lost and flight.executor != THREAD):
                 continue  # finished (or given up) while the heartbeat ran
+            if flight.job.marked_lost and flight.claimed.id not in kept:
+                # Given up while this statement waited (through an outage, say): it did not
+                # ask to keep the expired lease, so its answer says nothing; the next one will.
+                continue
             if flight.claimed.id in beat.held:
                 flight.lease_until = lease_until
                 flight.reported = True
