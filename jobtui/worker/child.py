@@ -3,16 +3,20 @@
 A child is forked from the pool's template process (zygote.py), a fresh interpreter that
 imported the app and nothing of the worker: no connection, pool, lock, thread or event loop
 of the worker's exists here. It runs one job at a time: a job comes in on its data socket,
-its outcome goes back on the same socket. Its control socket carries one
-byte that says why the worker is about to stop it (the job's `lost` and `cancelled` then
-say so during the grace before SIGKILL); when that socket closes with a job running, the
-worker is gone, and so is the child at once: no handler may outlive its worker's lease.
+its outcome goes back on the same socket. Its control socket carries a byte
+that says why the worker is about to stop it (the job's `lost` and `cancelled` then say so
+during the grace before SIGKILL), and, after each heartbeat, the moment until which the
+job's lease surely holds. A child whose job is still running at that moment kills itself:
+its worker may be frozen (SIGSTOP, a pause) and unable to stop it. When the control socket
+closes with a job running, the worker is gone, and so is the child at once: no handler may
+outlive its worker's lease.
 
 Messages are length-prefixed pickles: both ends are processes of the same worker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -21,6 +25,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +37,12 @@ HEADER = struct.Struct("!I")
 # The byte the worker sends on the control socket before it stops a child, per reason.
 CANCELLED = b"c"
 LOST = b"l"
+# Then 8 bytes: the time.monotonic() (one clock for every process of the machine) until which
+# the running job's lease surely holds, less the worker's margin.
+DEADLINE = b"d"
+DEADLINE_VALUE = struct.Struct("!d")
+# How often an idle child's watchdog looks whether a job started.
+WATCH_INTERVAL = 0.2
 
 
 class Stopped(BaseException):
@@ -52,9 +63,11 @@ class Settings:
 
 @dataclass(frozen=True, slots=True)
 class Attempt:
-    """One job for the child: the claim, as the worker got it."""
+    """One job for the child: the claim, as the worker got it, and the moment (monotonic)
+    the child must be gone by unless its worker extends the lease meanwhile."""
 
     claimed: ClaimedJob
+    deadline: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +113,7 @@ class _Child:
         self.control = control
         self.settings = settings
         self.job: Job | None = None  # the job running now, read by the watchdog thread
+        self.deadline = 0.0  # when its lease may be lost; set before `job`
         self.told = threading.Event()  # the worker said it is about to stop this child
 
     def serve(self, jobs: Jobs) -> None:
@@ -108,6 +122,7 @@ class _Child:
         try:
             while (message := receive(self.data)) is not None:
                 assert isinstance(message, Attempt)
+                self.deadline = message.deadline
                 self.data.sendall(frame(self._run(jobs, message.claimed)))
         except Stopped:
             pass
@@ -130,24 +145,47 @@ class _Child:
         return Result("complete", "", 0.0, job.loss_seen)
 
     def _watch(self) -> None:
-        """Read the control socket: a byte says why the worker is about to stop this child;
-        its closing with a job running says the worker is gone."""
+        """Read the control socket: a byte says why the worker is about to stop this child, or
+        brings a later deadline; its closing with a job running says the worker is gone. A job
+        still running past its deadline ends the child."""
         while True:
+            job = self.job
+            now = time.monotonic()
+            if job is not None and now >= self.deadline:
+                _exit_now("its worker did not extend the lease in time (frozen or gone)")
+            wait = WATCH_INTERVAL if job is None else min(WATCH_INTERVAL, self.deadline - now)
+            self.control.settimeout(max(wait, 0.001))
             try:
                 byte = self.control.recv(1)
+            except TimeoutError:
+                continue
             except OSError:
                 byte = b""
             job = self.job
             if not byte:
                 if job is not None:
-                    os.kill(os.getpid(), signal.SIGKILL)
+                    _exit_now("its worker is gone")
                 return
+            if byte == DEADLINE:
+                self.control.settimeout(None)  # the rest follows at once
+                value = _read_exactly(self.control, DEADLINE_VALUE.size)
+                if value is None:
+                    continue
+                self.deadline = max(self.deadline, DEADLINE_VALUE.unpack(value)[0])
+                continue
             self.told.set()
             if job is not None:
                 if byte == CANCELLED:
                     job.mark_cancelled()
                 else:
                     job.mark_lost()
+
+
+def _exit_now(why: str) -> None:
+    """End this child at once, no handler code run on the way out: its job may run elsewhere."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"jobtui handler process {os.getpid()}: {why}; exiting\n".encode())
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _on_sigterm(child: _Child) -> Any:

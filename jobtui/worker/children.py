@@ -142,6 +142,11 @@ class Child:
         self.memory_note: str | None = None  # why it was stopped for its memory, for the job's history
         self.rss: int | None = None  # resident bytes, as last read
 
+    def extend(self, deadline: float) -> None:
+        """Tell the child its job's lease holds until `deadline` (monotonic) at least."""
+        with contextlib.suppress(OSError):
+            self.control.send(child_side.DEADLINE + child_side.DEADLINE_VALUE.pack(deadline))
+
     def read_rss(self) -> int | None:
         self.rss = resident_bytes(self.pid) if not self.gone.is_set() else None
         return self.rss
@@ -167,6 +172,7 @@ class ChildPool:
         max_jobs: int | None = None,
         max_memory: int | None = None,
         grace: float = STOP_GRACE,
+        margin: float = 0.0,
     ) -> None:
         try:
             pickle.dumps(settings)
@@ -176,6 +182,9 @@ class ChildPool:
         self.max_jobs = max_jobs
         self.max_memory = max_memory
         self.grace = grace
+        # A child kills itself once its job's lease is this close to its end and not extended
+        # (its worker may be frozen): the worker's own margin, so it is gone before the lease.
+        self.margin = margin
         self.counts = PoolCounts()
         self.children: set[Child] = set()
         self._idle: list[Child] = []
@@ -243,7 +252,7 @@ class ChildPool:
         child.busy = True
         flight.child = child
         try:
-            child.writer.write(child_side.frame(Attempt(flight.claimed)))
+            child.writer.write(child_side.frame(Attempt(flight.claimed, flight.lease_until - self.margin)))
             try:
                 if timeout is None:
                     result = await self._result(child)

@@ -120,6 +120,8 @@ class Heartbeater:
             if flight.claimed.id in beat.held:
                 flight.lease_until = lease_until
                 flight.reported = True
+                if flight.child is not None:  # a handler process gives itself up by then too
+                    flight.child.extend(lease_until - self._margin)
             elif flight.claimed.id in beat.cancelled:
                 # The cancel notification was lost (or is late): the answer says it instead.
                 self._cancelled(flight.claimed.id)

@@ -268,6 +268,7 @@ class Worker(Flights):
                     Settings(self.app, self.schema, self.worker_id, *_log_settings()),
                     max_jobs=self.max_jobs_per_child,
                     max_memory=self.max_memory_per_child,
+                    margin=self.lease_margin,
                 )
                 await self.children.open()
             log.info(

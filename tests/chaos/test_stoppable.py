@@ -309,6 +309,30 @@ def test_a_child_over_its_jobs_is_replaced_and_its_worker_says_how_many(
     assert counters['jobtui_worker_children{state="busy"}'] == 0
 
 
+def test_a_frozen_workers_handler_process_ends_before_its_lease_could_expire(
+    db: Conn, dsn: str, start: Start, events: Path, deaths: Deaths
+) -> None:
+    x = start("X", dsn, "--executor", "process")
+    job_id = enqueue(db, enqueue_call("sleeper", {"seconds": 15}))
+    [first] = wait_for(lambda: runs(events, job_id), 15, "X to start the job", x.log)
+    x.signal(signal.SIGSTOP)  # X cannot stop its child now; the child must stop itself
+    frozen = time.monotonic()
+    try:
+        y = start("Y", dsn, "--executor", "process")
+        wait_for(lambda: runs(events, job_id)[1:], 20, "Y to run the job after its reaper took it", y.log)
+        found = runs(events, job_id, deaths)
+        assert found[0].gone is not None and found[0].gone - frozen < LEASE + 0.5, found
+        assert not overlapping(found), found
+        assert (found[0].pid, found[1].worker) == (first.pid, "Y")
+    finally:
+        x.signal(signal.SIGCONT)
+    wait_for(lambda: job_row(db, job_id)["status"] == "done", 30, "Y to finish the job", y.log)
+    x.wait_log(f"job {job_id} (sleeper) attempt 1: its lease was not extended in time", 10)
+    row = job_row(db, job_id)
+    assert (row["lease_token"], row["lease_expirations"]) == (2, 1), row  # a frozen worker's lease expires
+    assert x.proc.poll() is None
+
+
 # -- outages longer than the lease, a sync handler that only sleeps --------------------------
 
 
