@@ -252,6 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
     console.add_argument(
         "--concurrency", type=positive_int, default=4, help="embedded worker's concurrency (default 4)"
     )
+    console.add_argument(
+        "--executor",
+        choices=("thread", "process"),
+        default="thread",
+        help="embedded worker's sync handlers: a thread each, or child processes it can stop (default thread)",
+    )
     console.add_argument("--warn-age", default="1m", help="oldest ready age that turns amber (default 1m)")
     console.add_argument("--crit-age", default="5m", help="oldest ready age that turns red (default 5m)")
     console.add_argument("--warn-dead", type=int, default=1, help="dead count that turns amber (default 1)")

@@ -159,7 +159,10 @@ def cmd_console(args: argparse.Namespace) -> int:
 
         if args.read_only:
             raise InvalidInput("--work runs jobs, which --read-only forbids; drop one of them")
-        worker = Worker(load_app(args.work), dsn, concurrency=args.concurrency, schema=args.schema, app=args.work)
+        worker = Worker(
+            load_app(args.work), dsn, concurrency=args.concurrency, schema=args.schema, executor=args.executor,
+            app=args.work,
+        )  # fmt: skip
     app = JobtuiApp(
         dsn, schema=args.schema, actor=args.actor, read_only=args.read_only, thresholds=thresholds, worker=worker
     )
