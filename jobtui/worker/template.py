@@ -68,6 +68,8 @@ class Template:
         requests.send(pickle.dumps({"settings": settings, "sys_path": list(sys.path)}))
         try:
             broken = await asyncio.wait_for(asyncio.shield(template._ready), timeout)
+            if broken is not None:
+                broken = f"the handler processes cannot load the app {settings.app}: {broken}"
         except TimeoutError:
             broken = f"the handler processes' template did not load the app within {timeout:.0f}s"
         except NoChild as exc:

@@ -505,6 +505,25 @@ def test_an_app_that_fails_to_import_is_one_line_error(source: str, says: str, a
     assert "Traceback" not in proc.stderr
 
 
+def test_an_app_its_handler_processes_cannot_load_is_one_line_error(app_dsn: str, tmp_path: Path) -> None:
+    # It imports in the worker, not in the process pool's template (a fresh interpreter).
+    (tmp_path / "halfapp.py").write_text(
+        "import sys\nimport jobtui\nif 'jobtui.worker.zygote' in sys.modules:\n"
+        "    raise RuntimeError('no config in this process')\n"
+        "jobs = jobtui.Jobs()\njobs.handler('t')(lambda job: None)\n"
+    )
+    env = {**os.environ, "JOBTUI_DSN": app_dsn, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobtui.cli", "worker", "--app", "halfapp:jobs", "--executor", "process"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("jobtui: error: the handler processes cannot load the app halfapp:jobs"), lines
+    assert "raised RuntimeError: no config in this process" in lines[0] and "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("executor", ["thread", "process"])
 def test_sync_handler_over_its_timeout_keeps_its_job_until_it_is_stopped(executor: str, db: Conn, spawn: Spawn) -> None:
     w = spawn("W", "--concurrency", "1", "--executor", executor)
