@@ -91,7 +91,11 @@ class Flights:
                         older.job.attempt,
                         extra=fields(job),
                     )
-                    await older.wait_handler()
+                    try:
+                        await older.wait_handler()
+                    except BaseException:  # given up meanwhile: its own handler never ran
+                        flight.handler_stopped()
+                        raise
                     flight.started = time.monotonic()
                     flight.deadline = flight.started + handler.timeout if handler.timeout else None
                 outcome, error, delay = await run_handler(handler, flight, self._backoff, self.children)

@@ -309,6 +309,31 @@ def test_a_child_over_its_jobs_is_replaced_and_its_worker_says_how_many(
     assert counters['jobtui_worker_children{state="busy"}'] == 0
 
 
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_a_job_claimed_again_waits_for_its_earlier_handler_on_the_same_worker(
+    executor: str, db: Conn, dsn: str, start: Start, events: Path, deaths: Deaths
+) -> None:
+    w = start("W", dsn, "--executor", executor, lease=30.0)
+    job_id = enqueue(db, enqueue_call("sleeper", {"seconds": 4}))
+    wait_for(lambda: runs(events, job_id), 15, "the handler to start", w.log)
+    with Queue(dsn) as queue:
+        # The job is ready again at once, and W (the only worker) claims it back at its next poll.
+        assert queue.kill_lease([job_id], actor="test") == [job_id]
+    wait_for(lambda: job_row(db, job_id)["status"] == "done", 30, "the job done", w.log)
+    time.sleep(0.5)
+    found = runs(events, job_id, deaths)
+    assert len(found) == 2 and not overlapping(found), found
+    row = job_row(db, job_id)
+    assert (row["attempts"], row["lease_token"]) == (2, 2), row  # the kill counts, as an operator's kill does
+    assert [e["kind"] for e in row["errors"]] == ["lease_killed"], row["errors"]
+    if executor == "thread":
+        # The thread could not be stopped: the new attempt waited for it to return.
+        assert found[0].ended is not None and found[1].started >= found[0].ended
+        w.wait_log(f"job {job_id} (sleeper) attempt 2 waits for the handler of its attempt 1", 5)
+    else:
+        assert found[0].ended is None and found[0].gone is not None and found[1].started >= found[0].gone
+
+
 def test_a_frozen_workers_handler_process_ends_before_its_lease_could_expire(
     db: Conn, dsn: str, start: Start, events: Path, deaths: Deaths
 ) -> None:
