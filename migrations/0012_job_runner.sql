@@ -5,5 +5,8 @@
 -- earlier attempt (or by a worker that never writes it) is never shown as the current one;
 -- no other statement reads or clears it. NULL for jobs that never had a heartbeat.
 -- A nullable column without a default is a change of the catalog only: no table rewrite,
--- however many rows the table holds, and workers of the previous release ignore it.
+-- however many rows the table holds, and workers of the previous release ignore it. The
+-- archive keeps it as it keeps every other column (the archiver of the previous release
+-- names its columns, and leaves it NULL).
 ALTER TABLE {schema}.job ADD COLUMN runner jsonb;
+ALTER TABLE {schema}.job_archive ADD COLUMN runner jsonb;

@@ -544,10 +544,10 @@ WITH moved AS (
     INSERT INTO {schema}.job_archive
         (id, type, payload, idempotency_key, status, run_at, attempts, max_attempts, locked_by,
          locked_until, lease_token, heartbeat_at, last_error, errors, lease_expirations,
-         created_at, started_at, finished_at, error_fingerprint, uncounted, meta, queue)
+         created_at, started_at, finished_at, error_fingerprint, uncounted, meta, queue, runner)
     SELECT id, type, payload, idempotency_key, status, run_at, attempts, max_attempts, locked_by,
            locked_until, lease_token, heartbeat_at, last_error, errors, lease_expirations,
-           created_at, started_at, finished_at, error_fingerprint, uncounted, meta, queue
+           created_at, started_at, finished_at, error_fingerprint, uncounted, meta, queue, runner
     FROM moved
     RETURNING 1
 )

@@ -336,6 +336,7 @@ JOB_COLUMNS_BY_VERSION: dict[int, dict[str, str]] = {
     6: {"uncounted": "integer"},
     8: {"queue": "text"},
     10: {"meta": "jsonb"},
+    12: {"runner": "jsonb"},
 }
 
 
@@ -350,10 +351,26 @@ def test_migration_10_adds_meta_without_rewriting_the_table(empty_conn: Conn) ->
     empty_conn.execute("INSERT INTO jobtui.job (type) SELECT 't' FROM generate_series(1, 5000)")
     filenode = "SELECT pg_relation_filenode('jobtui.job')"
     before = empty_conn.execute(filenode).fetchone()
-    assert [m.version for m in migrations.migrate(empty_conn)] == [10]
+    assert [m.version for m in migrations.migrate(empty_conn)] == [m.version for m in migrations.available()][9:]
     assert empty_conn.execute(filenode).fetchone() == before  # the same file: not rewritten
     assert empty_conn.execute("SELECT count(*), count(meta) FROM jobtui.job").fetchone() == (5000, 0)
     assert empty_conn.execute("SELECT count(meta) FROM jobtui.job_archive").fetchone() == (0,)
+
+
+def test_migration_12_adds_the_runner_without_rewriting_the_table(empty_conn: Conn) -> None:
+    empty_conn.execute("CREATE SCHEMA jobtui")
+    empty_conn.execute("CREATE TABLE jobtui.migration (version integer PRIMARY KEY, name text NOT NULL,"
+                       " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
+    for m in [m for m in migrations.available() if m.version < 12]:
+        empty_conn.execute(m.text("jobtui").encode())
+        empty_conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (%s, %s)", (m.version, m.name))
+    empty_conn.execute("INSERT INTO jobtui.job (type) SELECT 't' FROM generate_series(1, 5000)")
+    filenode = "SELECT pg_relation_filenode('jobtui.job')"
+    before = empty_conn.execute(filenode).fetchone()
+    assert [m.version for m in migrations.migrate(empty_conn)] == [12]
+    assert empty_conn.execute(filenode).fetchone() == before  # the same file: not rewritten
+    assert empty_conn.execute("SELECT count(*), count(runner) FROM jobtui.job").fetchone() == (5000, 0)
+    assert empty_conn.execute("SELECT count(runner) FROM jobtui.job_archive").fetchone() == (0,)
 
 
 def test_the_job_table_has_exactly_the_expected_columns(dsn: str, conn: Conn) -> None:
