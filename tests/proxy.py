@@ -59,6 +59,11 @@ class Proxy:
             with contextlib.suppress(OSError):
                 # SO_LINGER 0: a reset, as a host that is gone answers.
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            with contextlib.suppress(OSError):
+                # A pump thread blocked in recv() on this socket keeps it open past close(), so
+                # that no reset would reach the client, whose statement would wait for an
+                # answer forever; shutdown() wakes that thread.
+                sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 
     def restore(self) -> None:
