@@ -34,9 +34,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("jobtui.worker")
 
-# SIGTERM, then SIGKILL after this many seconds: time for the handler's `finally` blocks,
-# middleware and span to end. The lease watch gives a process-mode attempt up this much
-# earlier than a thread's, so that the child is dead before the lease can expire.
+# SIGTERM, then SIGKILL after this many seconds (a quarter of the lease, if shorter: the
+# worker's stop_grace): time for the handler's `finally` blocks, middleware and span to end.
+# The lease watch gives a process-mode attempt up this much earlier than a thread's, so that
+# the child is dead before the lease can expire.
 STOP_GRACE = 1.0
 # How often the resident memory of busy children is read, with --max-memory-per-child.
 MEMORY_CHECK_INTERVAL = 0.5

@@ -136,6 +136,9 @@ class Worker(Flights):
         # A lease is given up this long before it could expire, so that the handler has
         # stopped before any reaper can take the job back.
         self.lease_margin = min(1.0, lease / 10)
+        # A handler process gets this long between SIGTERM and SIGKILL, and its attempt is
+        # given up this much earlier than a thread's (a short lease leaves it less).
+        self.stop_grace = min(STOP_GRACE, lease / 4)
         self.shutdown_timeout = shutdown_timeout
         self.delete_on_complete = delete_on_complete
         # Behind a transaction pooler (see db.pooler_mode); LISTEN then needs a direct DSN.
@@ -242,7 +245,7 @@ class Worker(Flights):
             lease=self.lease,
             interval=self.heartbeat_interval,
             margin=self.lease_margin,
-            stop_grace=STOP_GRACE,
+            stop_grace=self.stop_grace,
             flights=self.in_flight.values,
             give_up=self._give_up,
             cancelled=self.cancel_requested,
@@ -269,6 +272,7 @@ class Worker(Flights):
                     max_jobs=self.max_jobs_per_child,
                     max_memory=self.max_memory_per_child,
                     margin=self.lease_margin,
+                    grace=self.stop_grace,
                 )
                 await self.children.open()
             log.info(
