@@ -38,13 +38,14 @@ def event(job: Job, what: str) -> None:
 
 def _sleep(job: Job) -> None:
     event(job, "start")
-    time.sleep(float(job.payload["seconds"]))
+    first = job.lease_token == 1
+    time.sleep(float(job.payload["seconds"] if first else job.payload.get("then", job.payload["seconds"])))
     event(job, "end")
 
 
 @jobs.handler("sleeper", backoff=FAST)
 def sleeper(job: Job) -> None:
-    """Sleeps, and that is all."""
+    """Sleeps `seconds` (on later claims `then`, if given), and that is all."""
     _sleep(job)
 
 

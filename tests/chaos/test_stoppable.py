@@ -314,7 +314,7 @@ def test_a_job_claimed_again_waits_for_its_earlier_handler_on_the_same_worker(
     executor: str, db: Conn, dsn: str, start: Start, events: Path, deaths: Deaths
 ) -> None:
     w = start("W", dsn, "--executor", executor, lease=30.0)
-    job_id = enqueue(db, enqueue_call("sleeper", {"seconds": 4}))
+    job_id = enqueue(db, enqueue_call("sleeper", {"seconds": 4, "then": 0.1}))
     wait_for(lambda: runs(events, job_id), 15, "the handler to start", w.log)
     with Queue(dsn) as queue:
         # The job is ready again at once, and W (the only worker) claims it back at its next poll.
@@ -338,7 +338,7 @@ def test_a_frozen_workers_handler_process_ends_before_its_lease_could_expire(
     db: Conn, dsn: str, start: Start, events: Path, deaths: Deaths
 ) -> None:
     x = start("X", dsn, "--executor", "process")
-    job_id = enqueue(db, enqueue_call("sleeper", {"seconds": 15}))
+    job_id = enqueue(db, enqueue_call("sleeper", {"seconds": 15, "then": 0.1}))
     [first] = wait_for(lambda: runs(events, job_id), 15, "X to start the job", x.log)
     x.signal(signal.SIGSTOP)  # X cannot stop its child now; the child must stop itself
     frozen = time.monotonic()
@@ -374,7 +374,8 @@ class Trial:
 
 def _trial(trial: Trial, db: Conn, dsn: str, proxy: Proxy, start: Start, events: Path, deaths: Deaths) -> None:
     w = start("W", proxy.dsn(dsn), "--executor", trial.executor, "--concurrency", "2")
-    job_id = enqueue(db, enqueue_call("sleeper", {"seconds": trial.sleep}))
+    # A later attempt (a stopped process's job, run again) is short: only the first can overlap.
+    job_id = enqueue(db, enqueue_call("sleeper", {"seconds": trial.sleep, "then": 1.0}))
     wait_for(lambda: runs(events, job_id), 15, "the handler to start", w.log)
     time.sleep(trial.offset)
     proxy.cut()
