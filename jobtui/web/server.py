@@ -275,6 +275,7 @@ class WebConsole:
                 self.origin(request),
             )
             raise web.HTTPForbidden(text="a console opens only from this server's own page")
+        self.sessions.touch(session)
         socket = web.WebSocketResponse(heartbeat=30.0, max_msg_size=4 * MAX_INPUT + 1024)
         await socket.prepare(request)
         if len(self.open) >= self.config.max_sessions:
