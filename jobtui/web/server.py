@@ -29,7 +29,7 @@ from ..safetext import line, quote, shorten
 from . import pages
 from .bridge import MAX_CELLS, MAX_INPUT, ConsoleProcess
 from .sessions import Session, Sessions, SignInThrottle
-from .users import MAX_PASSWORD, UsersFile
+from .users import MAX_PASSWORD, UsersFile, unknown_user_hash
 
 log = logging.getLogger("jobtui.serve")
 
@@ -334,6 +334,7 @@ class WebConsole:
     # -- the server's own upkeep ------------------------------------------------------------
 
     async def _start_sweeper(self, app: web.Application) -> None:
+        await asyncio.to_thread(unknown_user_hash)  # made now, so the first wrong name costs no more
         self._sweeper = asyncio.create_task(self._sweep())
 
     async def _sweep(self) -> None:

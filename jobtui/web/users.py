@@ -13,6 +13,7 @@ operator may change the queue; a viewer gets a read-only console. The file is wr
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import stat
@@ -35,9 +36,13 @@ HEADER = "# jobtui serve users, one a line: NAME:ROLE:HASH (jobtui user add|remo
 USERS_ENV = "JOBTUI_USERS"
 
 _hasher = PasswordHasher()
-# Checked for a name that is not in the file, so that a wrong name costs as long as a wrong
-# password and the time of an answer does not tell which names exist.
-_UNKNOWN_USER_HASH = _hasher.hash("not the password of anyone")
+
+
+@functools.cache
+def unknown_user_hash() -> str:
+    """Checked for a name that is not in the file, so that a wrong name costs as long as a
+    wrong password and the time of an answer does not tell which names exist."""
+    return _hasher.hash("not the password of anyone")
 
 
 def default_path() -> Path:
@@ -142,7 +147,7 @@ class UsersFile:
         cost), as slow for an unknown name as for a wrong password."""
         user = self.load().get(name)
         try:
-            _hasher.verify(user.password_hash if user is not None else _UNKNOWN_USER_HASH, password)
+            _hasher.verify(user.password_hash if user is not None else unknown_user_hash(), password)
         except (VerificationError, InvalidHashError):
             return None
         return user
