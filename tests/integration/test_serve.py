@@ -320,3 +320,19 @@ def test_user_add_list_and_remove(
         assert code == 2 and said in err, err
     assert jobtui(capsys, monkeypatch, "user", "remove", "dave", "--users", path)[0] == 0
     assert jobtui(capsys, monkeypatch, "user", "list", "--users", path)[1].split() == ["carol", "operator"]
+
+
+async def test_consoles_end_when_their_server_is_killed(dsn: str, users: Path) -> None:
+    server = ServeProcess(dsn, users)
+    try:
+        async with await signed_in(server.url, "bob") as client:
+            console = await open_console(client, server.url)
+            await console.wait("the console", started)
+            pids = server.consoles()
+            assert len(pids) == 1
+            server.proc.kill()  # no chance to ask its consoles to quit
+            server.proc.wait(10)
+            wait_for(lambda: not Path(f"/proc/{pids[0]}").exists(), 15, "the orphaned console to end")
+            wait_for(lambda: console_connections(dsn, "bob") == 0, 10, "its database connection closed")
+    finally:
+        server.stop()

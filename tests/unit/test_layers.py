@@ -48,8 +48,18 @@ LAYERS: dict[str, tuple[str, ...]] = {
     ),
     "runtime": ("worker",),
     "edges": (
-        "cli", "cli_args", "cli_run", "cli_ops", "cli_queues", "cli_serve", "prometheus", "demo", "sizing", "testing",
-        "tui", "web",
+        "cli",
+        "cli_args",
+        "cli_run",
+        "cli_ops",
+        "cli_queues",
+        "cli_serve",
+        "prometheus",
+        "demo",
+        "sizing",
+        "testing",
+        "tui",
+        "web",
     ),  # fmt: skip
 }
 RANK = {name: rank for rank, names in enumerate(LAYERS.values()) for name in names}
