@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
+import psycopg
 import pytest
 
 from jobtui.cli import main
@@ -336,3 +337,14 @@ async def test_consoles_end_when_their_server_is_killed(dsn: str, users: Path) -
             wait_for(lambda: console_connections(dsn, "bob") == 0, 10, "its database connection closed")
     finally:
         server.stop()
+
+
+async def test_a_console_that_cannot_start_says_why_in_the_tab(dsn: str, server: ServeProcess) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER SCHEMA jobtui RENAME TO jobtui_elsewhere")  # as a failed deploy might leave it
+    async with await signed_in(server.url, "alice") as client:
+        console = await open_console(client, server.url)
+        assert await console.until_closed() == 1000
+    said = console.screen.text()
+    assert "jobtui serve: the console did not start: jobtui: error: schema 'jobtui' is missing" in said
+    assert server.consoles() == []

@@ -60,7 +60,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "testing",
         "tui",
         "web",
-    ),  # fmt: skip
+    ),
 }
 RANK = {name: rank for rank, names in enumerate(LAYERS.values()) for name in names}
 
