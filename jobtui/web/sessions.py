@@ -69,13 +69,15 @@ class Sessions:
         if session is None:
             return None
         if self.clock() - session.last_active > self.idle_timeout:
-            del self._by_digest[digest]
-            return None
+            return None  # ended by `idle`, whose caller closes its consoles
         return session
 
     def touch(self, session: Session) -> None:
-        """The user did something: the idle timeout starts again."""
-        session.last_active = self.clock()
+        """The user did something: the idle timeout starts again (unless it has run out: a key
+        pressed after the timeout does not bring the session back)."""
+        now = self.clock()
+        if now - session.last_active <= self.idle_timeout:
+            session.last_active = now
 
     def end(self, session: Session) -> None:
         for digest, s in list(self._by_digest.items()):

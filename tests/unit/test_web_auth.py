@@ -76,6 +76,9 @@ def test_sessions_end_when_idle_and_keep_no_token() -> None:
     clock.now += 50  # 100 s since sign-in, 50 since the last key
     assert sessions.get(token) is session
     clock.now += 61
+    assert sessions.get(token) is None  # expired, still there for `idle` to end with its consoles
+    sessions.touch(session)  # a key pressed now, before `idle` ran, does not bring it back
+    assert sessions.get(token) is None
     assert sessions.idle() == [session]
     assert sessions.get(token) is None and len(sessions) == 0
 
