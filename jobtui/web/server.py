@@ -29,7 +29,7 @@ from ..safetext import line, quote, shorten
 from . import pages
 from .bridge import MAX_CELLS, MAX_INPUT, ConsoleProcess
 from .sessions import Session, Sessions, SignInThrottle
-from .users import MAX_PASSWORD, UsersFile, unknown_user_hash
+from .users import MAX_PASSWORD, NAME, UsersFile, unknown_user_hash
 
 log = logging.getLogger("jobtui.serve")
 
@@ -181,7 +181,7 @@ class WebConsole:
             log.warning("sign-in refused from %s: a form of another origin", self.client(request))
             raise web.HTTPForbidden(text="this form comes from another site")
         form = await request.post()
-        name = str(form.get("name", "")).strip()
+        name = str(form.get("name", "")).strip()[:64]  # no user's name is longer (users.NAME)
         password = str(form.get("password", ""))
         address = self.client(request)
         keys = (f"name:{name}", f"address:{address}")
@@ -197,7 +197,7 @@ class WebConsole:
                     headers={"Retry-After": str(max(1, round(wait)))},
                 )
             user, failures = None, 0
-            if name and len(password) <= MAX_PASSWORD:
+            if NAME.fullmatch(name) and len(password) <= MAX_PASSWORD:
                 user = await asyncio.to_thread(self.config.users.verify, name, password)
             if user is None:
                 failures = self.throttle.failed(*keys)
