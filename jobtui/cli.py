@@ -41,6 +41,7 @@ from .cli_args import (
 )
 from .cli_queues import add_queue_commands
 from .cli_run import cmd_bench, cmd_console, cmd_demo, cmd_scheduler, cmd_worker
+from .cli_serve import add_serve_commands
 from .db import POOLERS, connect, pooler_mode
 from .domain import DEFAULT_QUEUE
 from .durations import parse_duration
@@ -359,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_operator_commands(sub)
     add_queue_commands(sub)
+    add_serve_commands(sub)
 
     p = sub.add_parser("bench", help="measure enqueue, drain and latency on this database (own schema)")
     p.add_argument("--jobs", type=positive_int, default=100_000)

@@ -47,7 +47,20 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "privileges",
     ),
     "runtime": ("worker",),
-    "edges": ("cli", "cli_args", "cli_run", "cli_ops", "cli_queues", "prometheus", "demo", "sizing", "testing", "tui"),
+    "edges": (
+        "cli",
+        "cli_args",
+        "cli_run",
+        "cli_ops",
+        "cli_queues",
+        "cli_serve",
+        "prometheus",
+        "demo",
+        "sizing",
+        "testing",
+        "tui",
+        "web",
+    ),
 }
 RANK = {name: rank for rank, names in enumerate(LAYERS.values()) for name in names}
 
