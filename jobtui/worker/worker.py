@@ -243,7 +243,8 @@ class Worker:
                 asyncio.create_task(heartbeater.watch(), name="jobtui-lease-watch"),
                 asyncio.create_task(reaper.run(), name="jobtui-reaper"),
             ]
-            listener = listen(listen_conn, self.slots.wake, self.cancel_requested, self.poll_interval)
+            hinted = partial(self._cancel_hinted, heartbeater)
+            listener = listen(listen_conn, self.slots.wake, hinted, self.poll_interval)
             background.append(asyncio.create_task(listener, name="jobtui-listen"))
             if self.scheduler is not None:
                 background.append(asyncio.create_task(self.scheduler.run(stopping, link=link), name="jobtui-scheduler"))
@@ -420,9 +421,15 @@ class Worker:
 
     # -- leases --------------------------------------------------------------------------
 
+    def _cancel_hinted(self, heartbeater: Heartbeater, job_id: int) -> None:
+        """A notification says job `job_id` was cancelled. Any role that can connect may send
+        one, so it only makes the heartbeat read the rows of the jobs here now."""
+        if job_id in self.in_flight:
+            heartbeater.look()
+
     def cancel_requested(self, job_id: int) -> None:
-        """An operator cancelled job `job_id` (notified, or told by a heartbeat): a handler of
-        it here is stopped as for a lost lease, with `job.cancelled` set; the row is failed."""
+        """The job's row says an operator cancelled job `job_id` under the lease held here (the
+        heartbeat's answer): its handler is stopped as for a lost lease, with `job.cancelled`."""
         flight = self.in_flight.get(job_id)
         if flight is None or flight.writing or flight.job.lost:
             return
