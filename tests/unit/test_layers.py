@@ -45,9 +45,25 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "jobquery",
         "migrate",
         "privileges",
+        "health",
+        "uninstall",
     ),
     "runtime": ("worker",),
-    "edges": ("cli", "cli_args", "cli_run", "cli_ops", "cli_queues", "prometheus", "demo", "sizing", "testing", "tui"),
+    "edges": (
+        "cli",
+        "cli_args",
+        "cli_run",
+        "cli_ops",
+        "cli_queues",
+        "cli_admin",
+        "prometheus",
+        "endpoints",
+        "sdnotify",
+        "demo",
+        "sizing",
+        "testing",
+        "tui",
+    ),
 }
 RANK = {name: rank for rank, names in enumerate(LAYERS.values()) for name in names}
 
