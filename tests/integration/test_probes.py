@@ -48,8 +48,6 @@ class Process:
         try:
             return self.proc.wait(30)
         except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGUSR2)
-            time.sleep(2)
             self.proc.send_signal(signal.SIGABRT)  # PYTHONFAULTHANDLER: every thread's stack to the log
             self.proc.wait(10)
             raise AssertionError(f"still running 30 s after SIGTERM:\n{self.log()[-8000:]}") from None
