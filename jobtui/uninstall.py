@@ -19,7 +19,7 @@ from .domain import DEFAULT_SCHEMA
 from .errors import InvalidInput
 
 # The comment docs/grants.sql puts on a role it creates, as format() fills it in with the
-# schema and the database (tests/unit/test_deploy_docs.py checks the file says the same).
+# schema and the database (tests/unit/test_deploy.py checks that the file says the same).
 ROLE_MARK = "created by jobtui's docs/grants.sql for schema %I of database %I: jobtui uninstall drops it"
 # Rows are counted up to this many per table before asking.
 COUNT_CAP = 1_000_000

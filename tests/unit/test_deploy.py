@@ -257,3 +257,35 @@ def test_systemd_analyze_verifies_the_units(tmp_path: Path) -> None:
     # Lines about units outside deploy/ (the host's own) are not ours to judge.
     ours = [line for line in (result.stdout + result.stderr).splitlines() if "jobtui" in line]
     assert result.returncode == 0 and not ours, result.stdout + result.stderr
+
+
+def test_grants_sql_marks_the_roles_it_creates_as_uninstall_looks_for_them() -> None:
+    from jobtui.uninstall import ROLE_MARK
+
+    grants = (DEPLOY.parent / "docs" / "grants.sql").read_text()
+    [mark] = re.findall(r"format\('((?:[^']|'')*)',", grants)
+    assert mark.replace("''", "'") == ROLE_MARK
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor, as GitHub makes it."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def test_the_links_between_the_docs_land_on_a_heading() -> None:
+    root = DEPLOY.parent
+    pages = [root / "README.md", root / "CHANGELOG.md", DEPLOY / "README.md", *sorted((root / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)", page.read_text()):
+            if target.startswith(("http:", "https:", "mailto:")):
+                continue
+            path = (page.parent / target).resolve() if target else page
+            if not path.exists():
+                broken.append(f"{page.name}: {target}")
+            elif anchor and path.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", path.read_text(), re.M)
+                if anchor not in {_slug(h) for h in headings}:
+                    broken.append(f"{page.name}: {target}#{anchor}")
+    assert not broken, broken
