@@ -238,3 +238,29 @@ def test_systemd_hears_ready_watchdog_and_stopping(dsn: str, start: Start, comma
         hear("STOPPING=1")
         assert process.stop(signalled=True) == 0, process.log()
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_probes_behind_pgbouncer_in_transaction_mode(dsn: str, start: Start) -> None:
+    """The readiness probe is one statement in its own transaction, like everything else
+    behind a transaction pooler (tests/topology.py skips without PgBouncer, saying why)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from tests.topology import PgBouncer
+
+    params = conninfo_to_dict(dsn)
+    upstream = (str(params.get("host", "127.0.0.1")), int(str(params.get("port", 5432))))
+    with PgBouncer.start(upstream_host=upstream[0], upstream_port=upstream[1], pool_size=2) as bouncer:
+        pooled = bouncer.dsn(str(params["dbname"]))
+        ports = {command: free_port() for command in COMMANDS}
+        pooler = {"JOBTUI_POOLER": "transaction"}
+        processes = [
+            start(command, pooled, *COMMANDS[command], "--metrics-port", str(port), env=pooler)
+            for command, port in ports.items()
+        ]
+        for process, port in zip(processes, ports.values(), strict=True):
+            wait_for(lambda port=port: probes(port) == (200, 200), 20, "ready behind PgBouncer", process.log)
+            status, text = get(port, METRICS_PATH)
+            assert status == 200 and "jobtui_up 1.0" in text.splitlines()
+        for process in processes:
+            assert process.stop() == 0, process.log()
+            assert "prepared statement" not in process.log() and "ERROR" not in process.log(), process.log()
