@@ -16,7 +16,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from jobtui.endpoints import LIVE_PATH, METRICS_PATH, READY_PATH
 from jobtui.prometheus import serve
@@ -209,6 +212,12 @@ def test_health_of_the_database(dsn: str, empty_dsn: str) -> None:
     assert missing.returncode == 1 and "schema 'jobtui' is missing" in missing.stdout, missing
     away = health("postgresql://postgres@127.0.0.1:1/nowhere", "--timeout", "1")
     assert away.returncode == 1 and away.stdout.startswith("not ready: cannot reach PostgreSQL"), away
+    # A server that takes no writes (a standby, or read-only by default) cannot run workers.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        database = sql.Identifier(str(conninfo_to_dict(dsn)["dbname"]))
+        conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on").format(database))
+    read_only = health(dsn)
+    assert read_only.returncode == 1 and "the server is read-only" in read_only.stdout, read_only
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
@@ -243,8 +252,6 @@ def test_systemd_hears_ready_watchdog_and_stopping(dsn: str, start: Start, comma
 def test_probes_behind_pgbouncer_in_transaction_mode(dsn: str, start: Start) -> None:
     """The readiness probe is one statement in its own transaction, like everything else
     behind a transaction pooler (tests/topology.py skips without PgBouncer, saying why)."""
-    from psycopg.conninfo import conninfo_to_dict
-
     from tests.topology import PgBouncer
 
     params = conninfo_to_dict(dsn)

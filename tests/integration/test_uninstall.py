@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from jobtui import scheduler as sched
 from jobtui.client import Queue
@@ -163,3 +164,13 @@ def test_a_role_used_elsewhere_is_kept_and_said(dsn: str, server_dsn: str) -> No
         with psycopg.connect(server_dsn, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(other)))
         drop_roles(dsn, worker)
+
+
+def test_uninstall_refuses_a_read_only_server(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        database = sql.Identifier(str(conninfo_to_dict(dsn)["dbname"]))
+        conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on").format(database))
+    result = jobtui(dsn, "uninstall", "--yes")
+    assert result.returncode == 2 and "the server is read-only" in result.stderr, result
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'jobtui'").fetchone() == (1,)
