@@ -20,7 +20,7 @@ import psycopg
 from . import cli_ops as ops
 from . import migrate as migrations
 from .audit import record_audit
-from .cli_admin import add_admin_commands
+from .cli_admin import add_admin_commands, add_migrate_command
 from .cli_args import (
     ERROR_MATCH,
     Command,
@@ -254,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     console.add_argument("--crit-dead", type=int, default=100, help="dead count that turns red (default 100)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    add_admin_commands(sub)
+    add_migrate_command(sub)
 
     p = sub.add_parser("enqueue", help="add a job")
     p.add_argument("type", help="job type, e.g. email.send")
@@ -355,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_operator_commands(sub)
     add_queue_commands(sub)
+    add_admin_commands(sub)
 
     p = sub.add_parser("bench", help="measure enqueue, drain and latency on this database (own schema)")
     p.add_argument("--jobs", type=positive_int, default=100_000)

@@ -23,13 +23,15 @@ from .errors import DatabaseUnavailable, InvalidInput
 from .safetext import line
 
 
-def add_admin_commands(sub: Any) -> None:
+def add_migrate_command(sub: Any) -> None:
     p = sub.add_parser("migrate", help="create or upgrade the schema (--check, --dry-run: change nothing)")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--check", action="store_true", help="exit 1 when migrations are pending, 0 when none are")
     what.add_argument("--dry-run", action="store_true", help="print the SQL `jobtui migrate` would run, run nothing")
     p.set_defaults(func=cmd_migrate)
 
+
+def add_admin_commands(sub: Any) -> None:
     p = sub.add_parser(
         "health",
         help="exit 0 when ready (a worker's or scheduler's /readyz with --port, else the database), 1 when not",
