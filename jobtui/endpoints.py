@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import hmac
 import ipaddress
-import logging
 import re
 import socket
 import threading
@@ -39,7 +38,6 @@ READY_PATH = "/readyz"
 # listen by default); else every IPv4 address.
 EVERY_ADDRESS = None
 
-log = logging.getLogger("jobtui.endpoints")
 _TOKEN = re.compile(r"[\x21-\x7e]{16,4096}")
 
 
@@ -90,6 +88,8 @@ class Listener(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: Listener
     protocol_version = "HTTP/1.1"
+    # A connection that sends nothing for this long is closed: each holds a thread.
+    timeout = 30
 
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
