@@ -9,6 +9,7 @@ run with this environment's dependencies, on whatever migrations this code ships
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -31,6 +32,7 @@ PREVIOUS_VERSION = 10  # the schema version release 0.2.0 ships
 
 OLD_APP = """
 import os
+import re
 
 import psycopg
 
@@ -235,3 +237,74 @@ def test_migrate_check_and_dry_run_change_nothing(empty_dsn: str, dsn: str) -> N
         scripted.commit()
     newer = jobtui(empty_dsn, "migrate", "--check")
     assert newer.returncode == 0 and "newer than this jobtui's" in newer.stdout, newer
+
+
+# What would break the previous release's code on the new schema: a column of a table it knew
+# dropped, renamed, retyped or made NOT NULL (or a new one NOT NULL without a default), and a
+# table of its dropped or renamed without one of the same name made in its place. A contract
+# step (removing what a release before the previous one needed) names its migration here,
+# with the release whose CHANGELOG says so.
+BREAKING_COLUMN = re.compile(
+    r"\bDROP\s+COLUMN\b|\bRENAME\s+COLUMN\b|\bALTER\s+COLUMN\s+\w+\s+(SET\s+DATA\s+)?TYPE\b|\bSET\s+NOT\s+NULL\b"
+    r"|\bADD\s+COLUMN\s+(IF\s+NOT\s+EXISTS\s+)?\w+\s+[^,;]*\bNOT\s+NULL\b(?![^,;]*\bDEFAULT\b)",
+    re.IGNORECASE,
+)
+TABLE_GONE = re.compile(
+    r"\bDROP\s+(?:TABLE|VIEW)\s+(?:IF\s+EXISTS\s+)?\{schema\}\.(\w+)|\bALTER\s+TABLE\s+(?:IF\s+EXISTS\s+)?"
+    r"\{schema\}\.(\w+)\s+RENAME\s+TO\b",
+    re.IGNORECASE,
+)
+CREATED = re.compile(r"\bCREATE\s+(?:TABLE|VIEW)\s+(?:IF\s+NOT\s+EXISTS\s+)?\{schema\}\.(\w+)", re.IGNORECASE)
+CONTRACT_STEPS: dict[str, str] = {}
+
+
+def _sql(migration: migrations.Migration) -> str:
+    return re.sub(r"--[^\n]*", "", migration.path.read_text())  # comments say what they like
+
+
+def breaking(text: str, known: set[str]) -> list[str]:
+    """The statements of a migration's `text` that would break code knowing the tables `known`."""
+    made = set(CREATED.findall(text))
+    found = []
+    for statement in text.split(";"):
+        gone = {name for pair in TABLE_GONE.findall(statement) for name in pair if name}
+        if BREAKING_COLUMN.search(statement) or (gone & known) - made:
+            found.append(" ".join(statement.split())[:120])
+    return found
+
+
+def test_migrations_since_the_previous_release_are_additive() -> None:
+    known = {name for m in migrations.available()[:PREVIOUS_VERSION] for name in CREATED.findall(_sql(m))}
+    assert {"job", "job_archive", "schedule", "audit", "queue_control"} <= known
+    found = [
+        f"{m.path.name}: {statement}"
+        for m in migrations.available()[PREVIOUS_VERSION:]
+        if m.path.name not in CONTRACT_STEPS
+        for statement in breaking(_sql(m), known)
+    ]
+    assert not found, "not additive (the previous release's workers run on this schema):\n" + "\n".join(found)
+
+
+def test_the_additive_check_sees_what_breaks() -> None:
+    known = {"job", "effect", "job_archive"}
+    for text in (
+        "ALTER TABLE {schema}.job DROP COLUMN meta",
+        "ALTER TABLE {schema}.job RENAME COLUMN a TO b",
+        "ALTER TABLE {schema}.job ADD COLUMN tenant text NOT NULL",
+        "ALTER TABLE {schema}.job ALTER COLUMN attempts TYPE bigint",
+        "ALTER TABLE {schema}.job ALTER COLUMN queue SET NOT NULL",
+        "DROP TABLE {schema}.effect",
+        "ALTER TABLE {schema}.job_archive RENAME TO job_archive_old",
+    ):
+        assert breaking(text, known), text
+    for text in (
+        "ALTER TABLE {schema}.job ADD COLUMN tenant text NOT NULL DEFAULT 'a'",
+        "ALTER TABLE {schema}.job ADD COLUMN note text",
+        "CREATE TABLE {schema}.t (id bigint NOT NULL, name text NOT NULL)",
+        "DROP INDEX IF EXISTS {schema}.job_old_idx",
+        "DROP TABLE {schema}.t_new_here",
+        # Swapped for a table of the same name, which the previous release's statements still find.
+        "ALTER TABLE {schema}.job_archive RENAME TO job_archive_legacy;"
+        " CREATE TABLE {schema}.job_archive (LIKE {schema}.job_archive_legacy INCLUDING DEFAULTS)",
+    ):
+        assert not breaking(text, known), text
