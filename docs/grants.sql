@@ -9,8 +9,24 @@
 -- changes the schema; the second gives SELECT only (`jobtui stats`, `job`, `dead`, `audit`,
 -- `jobtui --read-only`, Prometheus metrics). Every statement can be run again: re-run the file
 -- after a `jobtui migrate` that adds tables.
+--
+-- With -v create_role=1 (run by a role that may create roles), a role that does not exist yet
+-- is created first (LOGIN, no password: set one, or use another authentication), and marked
+-- as jobtui's in its comment, so that `jobtui uninstall` drops it with the schema. A role that
+-- exists is left as it is, and `jobtui uninstall` keeps it.
 
 \set ON_ERROR_STOP on
+
+\if :{?create_role}
+SELECT NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'role') AS role_missing,
+       format('created by jobtui''s docs/grants.sql for schema %I of database %I: jobtui uninstall drops it',
+              :'schema', current_database()) AS role_marker
+\gset
+\if :role_missing
+CREATE ROLE :"role" LOGIN;
+COMMENT ON ROLE :"role" IS :'role_marker';
+\endif
+\endif
 
 GRANT USAGE ON SCHEMA :"schema" TO :"role";
 

@@ -362,10 +362,12 @@ def cmd_audit(args: argparse.Namespace, queue: Queue) -> int:
 
 
 def cmd_metrics(args: argparse.Namespace, dsn: str) -> int:
+    from .endpoints import describe, read_token
     from .prometheus import serve
 
-    serve(dsn, args.port, args.schema, addr=args.addr)
-    print(f"serving Prometheus metrics on http://{args.addr}:{args.port}/metrics (Ctrl-C to stop)")
+    token = read_token(args.token_file) if args.token_file else None
+    server = serve(dsn, args.port, args.schema, args.addr, token=token, fix="choose another --port or --addr")
+    print(f"{describe(server)} (Ctrl-C to stop)")
     try:
         while True:
             time.sleep(3600)

@@ -1,5 +1,5 @@
-"""Prometheus exposition of the queue's measures: `/metrics` for `jobtui metrics --port`
-and `jobtui worker --metrics-port`.
+"""Prometheus exposition of the queue's measures: `/metrics` for `jobtui metrics --port`,
+`jobtui worker --metrics-port` and `jobtui scheduler --metrics-port` (served by endpoints.py).
 
 Each scrape takes one snapshot (cached for a second, so several scrapers cost one).
 """
@@ -9,16 +9,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
-from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from .db import connect, run
 from .domain import DEFAULT_SCHEMA
 from .donehistory import DoneHistory
-from .errors import InvalidInput
+from .endpoints import EVERY_ADDRESS, Listener, start
+from .health import Health
 from .metrics import Snapshot, snapshot
 from .queues import QueueLine, overview_call
 
@@ -181,14 +180,18 @@ def families(snap: Snapshot) -> Iterator[Metric]:
         yield lag
 
 
-def serve(dsn: str, port: int, schema: str = DEFAULT_SCHEMA, addr: str = "0.0.0.0") -> Any:
-    """Serve /metrics on `port` in a background thread; returns the server."""
+def serve(
+    dsn: str,
+    port: int,
+    schema: str = DEFAULT_SCHEMA,
+    addr: str | None = EVERY_ADDRESS,
+    *,
+    token: str | None = None,
+    health: Health | None = None,
+    fix: str = "choose another --metrics-port or --metrics-addr",
+) -> Listener:
+    """Serve /metrics on `addr`:`port` (every address when None) in a background thread, with
+    the probes of `health` when given (endpoints.py); returns the server."""
     registry = CollectorRegistry()
     registry.register(QueueCollector(dsn, schema))
-    try:
-        server, _thread = start_http_server(port, addr=addr, registry=registry)
-    except OSError as exc:  # port taken, no permission, address not on this host
-        raise InvalidInput(
-            f"cannot serve metrics on {addr}:{port} ({exc.strerror or exc}); choose another --port"
-        ) from None
-    return server
+    return start(registry, port, addr, token=token, health=health, fix=fix)

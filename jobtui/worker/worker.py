@@ -29,6 +29,7 @@ from ..checks import check_queue
 from ..db import Call, aconnect, arun, check_dsn, first_line, pooler_mode, statements, transaction_pooled
 from ..domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJob, FailOutcome
 from ..errors import JobtuiError, PrivilegeMissing
+from ..health import Health
 from ..link import Connection, Link
 from ..logformat import job_fields
 from ..maintenance import ARCHIVE_TYPE, Retention
@@ -44,6 +45,7 @@ from .listener import listen, listener_connection
 from .outcome import MAX_UNCOUNTED_IN_A_ROW, Outcome, count_outcome, fields
 from .producer import Producer, claim_session, claim_transaction
 from .reaper import Reaper
+from .shutdown import drain
 from .slots import Slots, describe
 
 COUNTERS = ("done", "failed", "retried", "dead", "lost", "released", "abandoned", "cancelled")
@@ -84,6 +86,7 @@ class Worker:
         delete_on_complete: bool = False,
         pooler: str | None = None,
         listen_dsn: str | None = None,
+        health: Health | None = None,
     ) -> None:
         check_settings(concurrency=concurrency, queues=queues, lease=lease, poll_interval=poll_interval)
         jobs, selected = handled_types(jobs, types, retention, dsn, schema, pooler_mode(pooler))
@@ -128,6 +131,8 @@ class Worker:
         self._stopping_for_privilege = False
         self._rng = random.Random()
         self._running = False
+        self.health = health  # answers /healthz and /readyz (health.py), probing through the worker's link
+        self.started = asyncio.Event()  # set once the worker claims (systemd's READY=1)
 
     # -- control -------------------------------------------------------------------------
 
@@ -243,15 +248,20 @@ class Worker:
                 asyncio.create_task(heartbeater.watch(), name="jobtui-lease-watch"),
                 asyncio.create_task(reaper.run(), name="jobtui-reaper"),
             ]
-            listener = listen(listen_conn, self.slots.wake, self.cancel_requested, self.poll_interval)
+            hinted = partial(self._cancel_hinted, heartbeater)
+            listener = listen(listen_conn, self.slots.wake, hinted, self.poll_interval)
             background.append(asyncio.create_task(listener, name="jobtui-listen"))
             if self.scheduler is not None:
                 background.append(asyncio.create_task(self.scheduler.run(stopping, link=link), name="jobtui-scheduler"))
+            if self.health is not None:
+                probe = Connection(self.dsn, "probe", link=link, gated=True, pooler=pooler)
+                background.append(asyncio.create_task(self.health.watch(probe, stopping), name="jobtui-health"))
+            self.started.set()
             for task in background:
                 task.add_done_callback(self._background_ended)
             try:
                 await asyncio.gather(*(producer.run() for producer in producers))
-                await self._drain()
+                self.counts["released"] += await drain(self.in_flight, self._writer, self.shutdown_timeout)
             finally:
                 stopped_writing.set()
                 try:
@@ -420,9 +430,15 @@ class Worker:
 
     # -- leases --------------------------------------------------------------------------
 
+    def _cancel_hinted(self, heartbeater: Heartbeater, job_id: int) -> None:
+        """A notification says job `job_id` was cancelled. Any role that can connect may send
+        one, so it only makes the heartbeat read the rows of the jobs here now."""
+        if job_id in self.in_flight:
+            heartbeater.look()
+
     def cancel_requested(self, job_id: int) -> None:
-        """An operator cancelled job `job_id` (notified, or told by a heartbeat): a handler of
-        it here is stopped as for a lost lease, with `job.cancelled` set; the row is failed."""
+        """The job's row says an operator cancelled job `job_id` under the lease held here (the
+        heartbeat's answer): its handler is stopped as for a lost lease, with `job.cancelled`."""
         flight = self.in_flight.get(job_id)
         if flight is None or flight.writing or flight.job.lost:
             return
@@ -471,30 +487,3 @@ class Worker:
                 )
         written = partial(self._written, flight, Outcome.ABANDONED, why, 0.0)
         self._writer.submit(Outcome.ABANDONED, flight.claimed.lease, written, f"attempt given up: {why}")
-
-    # -- shutdown ------------------------------------------------------------------------
-
-    async def _drain(self) -> None:
-        """Wait for in-flight jobs up to the shutdown timeout, then release the rest."""
-        tasks = [f.task for f in self.in_flight.values() if f.task is not None and not f.task.done()]
-        if tasks:
-            log.info("waiting up to %.0fs for %d in-flight job(s)", self.shutdown_timeout, len(tasks))
-            await asyncio.wait(tasks, timeout=self.shutdown_timeout)
-        # Outcomes handed to the writer are written before it stops; the rest go back.
-        left = [f for f in self.in_flight.values() if not f.writing]
-        if not left:
-            return
-        for flight in left:
-            flight.job.mark_lost()
-            if flight.task is not None:
-                flight.task.cancel()
-        reason = "the worker stopped before the handler finished"
-        releases = asyncio.gather(*(self._writer.write(Outcome.SHUTDOWN, f.claimed.lease, reason) for f in left))
-        try:
-            released = sum(await asyncio.wait_for(releases, self.shutdown_timeout))
-        except TimeoutError:
-            log.error("could not release %d unfinished job(s): the database did not answer; their leases will expire",
-                      len(left))  # fmt: skip
-            return
-        self.counts["released"] += released
-        log.warning("released %d unfinished job(s) back to ready, attempts not counted", released)

@@ -249,8 +249,8 @@ def test_a_custom_schema(empty_dsn: str, empty_conn: Conn) -> None:
 _PLACEHOLDER = re.compile(r"%%|%\((\w+)\)[sbt]|%[sbt]")  # psycopg: s = any format, b = binary, t = text
 # Utility statements, which PREPARE does not take: each is run for real by the tests of what
 # uses it (bulk enqueue, LISTEN wake-ups, jobtui bench, demo --reset).
-_UTILITY = re.compile(r"^(\s*--[^\n]*\n)*\s*(COPY|LISTEN|DROP|COMMENT|VACUUM)\b", re.IGNORECASE)
-UTILITY_STATEMENTS = {"copy_jobs", "listen", "schema_drop", "bench_schema_set_mark", "bench_vacuum"}
+_UTILITY = re.compile(r"^(\s*--[^\n]*\n)*\s*(COPY|LISTEN|DROP|COMMENT|VACUUM|DO)\b", re.IGNORECASE)
+UTILITY_STATEMENTS = {"copy_jobs", "listen", "schema_drop", "bench_schema_set_mark", "bench_vacuum", "role_drop"}
 
 
 def as_server_statement(text: str) -> str:

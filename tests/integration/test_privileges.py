@@ -72,6 +72,7 @@ def apply_grants(admin_dsn: str, role: str, *, read_only: bool) -> None:
         subprocess.run([psql, "-X", "-q", admin_dsn, *variables, "-f", str(GRANTS)], check=True, timeout=60)
         return
     text = GRANTS.read_text(encoding="utf-8")
+    text = re.sub(r"\\if :\{\?create_role\}\n.*?\\endif\n\\endif\n", "", text, flags=re.S)  # roles exist here
     text = re.sub(r"\\if :\{\?read_only\}\n(.*)\\else\n(.*)\\endif\n", r"\1" if read_only else r"\2", text, flags=re.S)
     text = text.replace("\\set ON_ERROR_STOP on\n", "")
     text = text.replace(':"schema"', '"jobtui"').replace(':"role"', sql.Identifier(role).as_string())
