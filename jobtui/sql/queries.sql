@@ -813,17 +813,23 @@ DELETE FROM {schema}.stats_hourly WHERE hour < now() - interval '8 days';
 
 -- name: queue_minute_record
 -- The row of the minute that just ended, once: the ready jobs as they are now (counted in
--- full, once a minute by one worker, so that no reader has to), and what finished or expired
--- within the minute. A second archiver in the same minute finds the row and counts nothing.
+-- full, by type and by queue, once a minute by one worker, so that no reader has to), and
+-- what finished or expired within the minute. A second archiver in the same minute finds the
+-- row and counts nothing.
 WITH m AS (
     SELECT date_bin('1 minute', now(), timestamptz '2000-01-01 00:00:00+00') - interval '1 minute' AS start
-), ready AS (
-    SELECT type, count(*) AS jobs, count(*) FILTER (WHERE run_at <= now()) AS due,
+), ready AS MATERIALIZED (
+    SELECT queue, type, count(*) AS jobs, count(*) FILTER (WHERE run_at <= now()) AS due,
            extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now()))::float8 AS oldest_age
     FROM {schema}.job WHERE status = 'ready'
-    GROUP BY type
+    GROUP BY queue, type
+), by_type AS (
+    SELECT type, sum(jobs) AS jobs, sum(due) AS due, max(oldest_age) AS oldest_age FROM ready GROUP BY type
+), by_queue AS (
+    SELECT queue, sum(jobs) AS jobs, sum(due) AS due, max(oldest_age) AS oldest_age FROM ready GROUP BY queue
 )
-INSERT INTO {schema}.queue_minute (minute, ready, ready_due, oldest_ready_age, done, dead, lease_expiries, by_type)
+INSERT INTO {schema}.queue_minute
+    (minute, ready, ready_due, oldest_ready_age, done, dead, lease_expiries, by_type, by_queue)
 SELECT m.start,
        coalesce((SELECT sum(jobs) FROM ready), 0),
        coalesce((SELECT sum(due) FROM ready), 0),
@@ -835,7 +841,10 @@ SELECT m.start,
         WHERE status IN ('dead', 'failed') AND finished_at >= m.start AND finished_at < m.start + interval '1 minute'),
        (SELECT count(*) FROM {schema}.lease_expiry
         WHERE reaped_at >= m.start AND reaped_at < m.start + interval '1 minute'),
-       coalesce((SELECT jsonb_object_agg(type, jsonb_build_array(jobs, due, oldest_age)) FROM ready), jsonb_build_object())
+       coalesce((SELECT jsonb_object_agg(type, jsonb_build_array(jobs, due, oldest_age)) FROM by_type),
+                jsonb_build_object()),
+       coalesce((SELECT jsonb_object_agg(queue, jsonb_build_array(jobs, due, oldest_age)) FROM by_queue),
+                jsonb_build_object())
 FROM m
 WHERE NOT EXISTS (SELECT 1 FROM {schema}.queue_minute q WHERE q.minute = m.start)
 ON CONFLICT (minute) DO NOTHING
@@ -908,12 +917,23 @@ ORDER BY locked_until, id
 LIMIT %(limit)s;
 
 -- name: list_ready
--- Ready jobs of one type, in claim order.
-SELECT id, type, attempts, max_attempts, extract(epoch FROM now() - run_at) AS waiting,
-       extract(epoch FROM now() - created_at) AS age, coalesce(split_part(last_error, E'\n', 1), '') AS last_error
-FROM {schema}.job WHERE status = 'ready' AND type = %(type)s
-ORDER BY run_at, id
-LIMIT %(limit)s;
+-- Ready jobs of one type, in claim order, among the first %(scan)s + 1 entries of the ready
+-- index: the list refreshes every second while it is open, and a type whose jobs wait behind
+-- a bigger backlog of others would have the whole index read for it each time. `cut` says
+-- that entries were left unread; a row with a NULL id stands for no job.
+WITH head AS MATERIALIZED (
+    SELECT id, type, run_at FROM {schema}.job WHERE status = 'ready'
+    ORDER BY run_at, id
+    LIMIT %(scan)s + 1
+), picked AS (
+    SELECT id FROM head WHERE type = %(type)s ORDER BY run_at, id LIMIT %(limit)s
+)
+SELECT (SELECT count(*) FROM head) > %(scan)s AS cut, j.id, j.type, j.attempts, j.max_attempts,
+       extract(epoch FROM now() - j.run_at) AS waiting, extract(epoch FROM now() - j.created_at) AS age,
+       coalesce(split_part(j.last_error, E'\n', 1), '') AS last_error
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (SELECT * FROM {schema}.job WHERE id IN (SELECT id FROM picked) AND status = 'ready') AS j ON true
+ORDER BY j.run_at, j.id;
 
 -- name: list_dead_group
 -- The jobs of one dead-letter group, newest first.
@@ -1070,30 +1090,40 @@ WHERE type = %(type)s AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s:
 ORDER BY id;
 
 -- name: queue_overview
--- `jobtui queue list` and the console's Queues pane: per queue and per job type, the ready
--- jobs (and how many are due), running ones, the oldest due job's age (a pause makes it
--- grow: that is what the pause costs), jobs done in the last minute (done rows; jobs deleted
--- at completion are counted by type only, in done_tally, and not here), and the queue's
--- limit and pause. Queues and types with no job but a control row are listed too. Read by
--- column name.
-WITH ready AS (
-    SELECT queue, type, count(*) AS ready, count(*) FILTER (WHERE run_at <= now()) AS due,
-           min(run_at) FILTER (WHERE run_at <= now()) AS oldest
-    FROM {schema}.job WHERE status = 'ready'
-    GROUP BY queue, type
-), running AS (
-    SELECT queue, type, count(*) AS running FROM {schema}.job WHERE status = 'running'
-    GROUP BY queue, type
-), done AS (
-    SELECT queue, type, count(*) AS done FROM {schema}.job
+-- `jobtui queue list`, `stats`, Prometheus and the console's Queues pane: per queue and per job
+-- type, the ready jobs (and how many are due), running ones, the oldest due job's age (a
+-- pause makes it grow: that is what the pause costs), jobs done in the last minute, and the
+-- queue's limit and pause. Queues and types with no job but a control row are listed too.
+-- Read by column name; runs on a timer, so it reads a bounded number of rows however big the
+-- backlog (jobtui/overview.py says what it makes of them):
+-- * the ready jobs: the first %(cap)s + 1 entries of the ready index, in claim order, and the
+--   rows behind them (the index holds the type, not the queue). When they are all the ready
+--   jobs, every figure is exact. Otherwise a queue's oldest age is still exact when one of
+--   its due jobs is among them (the first one is its oldest), and so is every figure of the
+--   due jobs while the last of them is delayed; `head_rows` and `head_last_age` say which;
+-- * the done jobs of the last minute: at most the newest %(cap)s + 1 (`recent_rows`, and the
+--   seconds they span, `recent_span`); jobs deleted at completion are counted by type only, in
+--   done_tally, and not here;
+-- * the running jobs, as many as the workers run.
+WITH head AS MATERIALIZED (
+    SELECT queue, type, run_at FROM {schema}.job WHERE status = 'ready'
+    ORDER BY run_at, id
+    LIMIT %(cap)s + 1
+), recent AS MATERIALIZED (
+    SELECT queue, type, finished_at FROM {schema}.job
     WHERE status = 'done' AND finished_at > now() - interval '1 minute'
-    GROUP BY queue, type
+    ORDER BY finished_at DESC
+    LIMIT %(cap)s + 1
 ), pairs AS (
     SELECT queue, type, sum(ready) AS ready, sum(due) AS due, min(oldest) AS oldest,
            sum(running) AS running, sum(done) AS done
-    FROM (SELECT queue, type, ready, due, oldest, 0 AS running, 0 AS done FROM ready
-          UNION ALL SELECT queue, type, 0, 0, NULL, running, 0 FROM running
-          UNION ALL SELECT queue, type, 0, 0, NULL, 0, done FROM done) AS p
+    FROM (SELECT queue, type, 1 AS ready, (run_at <= now())::int AS due,
+                 CASE WHEN run_at <= now() THEN run_at END AS oldest, 0 AS running, 0 AS done
+          FROM head
+          UNION ALL
+          SELECT queue, type, 0, 0, NULL, 1, 0 FROM {schema}.job WHERE status = 'running'
+          UNION ALL
+          SELECT queue, type, 0, 0, NULL, 0, 1 FROM recent) AS p
     GROUP BY queue, type
 ), grouped AS (
     SELECT 'queue' AS kind, queue AS name, sum(ready) AS ready, sum(due) AS due, min(oldest) AS oldest,
@@ -1107,11 +1137,33 @@ SELECT coalesce(g.kind, c.kind) AS kind, coalesce(g.name, c.name) AS name,
        coalesce(g.ready, 0)::bigint AS ready, coalesce(g.due, 0)::bigint AS due,
        coalesce(g.running, 0)::bigint AS running, coalesce(g.done, 0)::bigint AS done_last_minute,
        extract(epoch FROM now() - g.oldest)::float8 AS oldest_age,
-       c.max_running, c.paused_at, c.paused_by
+       c.max_running, c.paused_at, c.paused_by,
+       (SELECT count(*) FROM head) AS head_rows,
+       (SELECT extract(epoch FROM now() - max(run_at)) FROM head)::float8 AS head_last_age,
+       (SELECT count(*) FROM recent) AS recent_rows,
+       (SELECT extract(epoch FROM now() - min(finished_at)) FROM recent)::float8 AS recent_span
 FROM grouped AS g
 FULL JOIN {schema}.queue_control AS c ON c.kind = g.kind AND c.name = g.name
 WHERE g.name IS NOT NULL OR c.paused_at IS NOT NULL OR c.max_running IS NOT NULL
 ORDER BY 1, 2;
+
+-- name: queue_overview_estimate
+-- What the queue overview estimates from when the ready jobs are too many to count: the
+-- archiver's newest minute row (its ready jobs by queue and by type, counted once that
+-- minute), the planner's estimate of the ready index's entries, and the share of each queue
+-- and type among the table's rows in the planner's statistics (pg_stats: most common values,
+-- over every status). Catalog and one small table only.
+SELECT (SELECT greatest(reltuples, 0)::bigint FROM pg_class
+        WHERE oid = to_regclass(format('%%I.job_ready_idx', %(schema_name)s::text))) AS index_estimate,
+       m.recorded_at, extract(epoch FROM now() - m.recorded_at)::float8 AS minute_age, m.by_queue, m.by_type,
+       (SELECT jsonb_object_agg(s.attname, jsonb_build_object('values', to_jsonb(s.most_common_vals::text::text[]),
+                                                              'shares', to_jsonb(s.most_common_freqs)))
+        FROM pg_stats AS s
+        WHERE s.schemaname = %(schema_name)s AND s.tablename = 'job' AND s.attname IN ('queue', 'type')
+          AND s.most_common_vals IS NOT NULL) AS planner
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (SELECT recorded_at, ready, by_queue, by_type FROM {schema}.queue_minute
+                   ORDER BY minute DESC LIMIT 1) AS m ON true;
 
 -- name: queue_pause
 -- Operator: pause a queue or a job type on every worker, from each one's next claim. Fenced

@@ -25,6 +25,7 @@ from jobtui import queues
 from jobtui.client import Queue
 from jobtui.db import Call, int_list, run
 from jobtui.domain import NewJob
+from jobtui.overview import overview
 from jobtui.queue import claim_call
 from jobtui.registry import Jobs
 from tests.workers import WorkerProcess, wait_for
@@ -132,7 +133,7 @@ def test_queue_overview_counts_per_queue_and_type(conn: Conn, dsn: str) -> None:
     claim(conn, "x", 1, types=("a",))
     queues.set_limit(conn, "idle", 5, actor="olga")
     queues.pause(conn, "type", "b", actor="olga")
-    lines = {(q.kind, q.name): q for q in run(conn, queues.overview_call())}
+    lines = {(q.kind, q.name): q for q in overview(conn).lines}
     x = lines[("queue", "x")]
     assert (x.ready, x.due, x.running, x.max_running, x.paused) == (3, 2, 1, None, False)
     assert x.oldest_age is not None and x.oldest_age >= 0
