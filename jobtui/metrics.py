@@ -25,7 +25,7 @@ from psycopg.rows import dict_row
 
 from .backlog import READY_EXACT_CAP, MinuteFigures, ReadyEstimate, estimate, minutes
 from .db import Call, Rows, run, statements
-from .domain import DEFAULT_SCHEMA
+from .domain import DEFAULT_QUEUE, DEFAULT_SCHEMA
 from .donehistory import MINUTE, DoneHistory, calendar_minute
 from .errors import JobtuiError
 from .migrate import _lock_key as migration_lock_key
@@ -100,6 +100,7 @@ class ScheduleHealth:
     next_in: float
     backfilled: int = 0  # missed slots the policy fired late
     grace: float = 30.0  # seconds after its time a slot still runs as on time
+    queue: str = DEFAULT_QUEUE  # where its jobs go
 
 
 @dataclass(frozen=True, slots=True)

@@ -427,11 +427,12 @@ SELECT now();
 -- slot sequence from now; otherwise the slots already handled are kept.
 INSERT INTO {schema}.schedule AS s
     (name, job_type, cron, timezone, payload, max_attempts, offset_seconds, missed_policy,
-     grace_seconds, next_run_at, last_slot, source)
+     grace_seconds, next_run_at, last_slot, source, queue)
 VALUES (%(name)s, %(job_type)s, %(cron)s, %(timezone)s, %(payload)s, %(max_attempts)s,
-        %(offset)s, %(missed_policy)s, %(grace)s, %(next_run_at)s, now(), %(source)s)
+        %(offset)s, %(missed_policy)s, %(grace)s, %(next_run_at)s, now(), %(source)s, %(queue)s)
 ON CONFLICT (name) DO UPDATE
 SET job_type = excluded.job_type,
+    queue = excluded.queue,
     payload = excluded.payload,
     max_attempts = excluded.max_attempts,
     offset_seconds = excluded.offset_seconds,
@@ -448,9 +449,9 @@ SET job_type = excluded.job_type,
 RETURNING id;
 
 -- name: schedule_due
--- Due schedules, locked for this transaction; other instances skip them.
+-- Due schedules, locked for this transaction; other instances skip them. Read by column name.
 SELECT id, name, job_type, cron, timezone, payload, max_attempts, offset_seconds,
-       missed_policy, grace_seconds, last_slot, now()
+       missed_policy, grace_seconds, last_slot, now() AS now, queue
 FROM {schema}.schedule
 WHERE NOT paused AND next_run_at <= now()
 ORDER BY next_run_at
@@ -458,9 +459,10 @@ LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
 -- name: schedule_enqueue
--- One slot's job; the key makes a second enqueue of the same slot do nothing.
-INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts)
-VALUES (%(type)s, %(payload)s, %(key)s, %(run_at)s, %(max_attempts)s)
+-- One slot's job, in the schedule's queue; the key makes a second enqueue of the same slot
+-- do nothing.
+INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts, queue)
+VALUES (%(type)s, %(payload)s, %(key)s, %(run_at)s, %(max_attempts)s, %(queue)s)
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
@@ -495,7 +497,7 @@ SELECT extract(epoch FROM min(next_run_at) - now()) FROM {schema}.schedule WHERE
 SELECT id, name, job_type, cron, timezone, payload, max_attempts, offset_seconds, missed_policy,
        grace_seconds, paused, paused_at, next_run_at, last_slot, last_fired_slot, last_job_id,
        missed_count, backfilled_count, missed_slots, skipped_count, source, created_at,
-       now() AS db_now
+       now() AS db_now, queue
 FROM {schema}.schedule
 ORDER BY name;
 
@@ -520,7 +522,8 @@ RETURNING id;
 DELETE FROM {schema}.schedule WHERE name = %(name)s RETURNING id;
 
 -- name: schedule_get
-SELECT id, job_type, payload, max_attempts FROM {schema}.schedule WHERE name = %(name)s;
+-- Read by column name.
+SELECT id, job_type, payload, max_attempts, queue FROM {schema}.schedule WHERE name = %(name)s;
 
 -- name: archive_done
 -- Moves done jobs past their retention to job_archive, a bounded batch at a time; SKIP
@@ -713,7 +716,7 @@ FROM {schema}.lease_expiry ORDER BY reaped_at DESC, id DESC LIMIT %(limit)s;
 -- Read by column name (ScheduleHealth's fields).
 SELECT name, job_type, cron, paused, next_run_at, last_slot, missed_count AS missed,
        backfilled_count AS backfilled, skipped_count AS skipped, missed_slots, grace_seconds AS grace,
-       coalesce(extract(epoch FROM next_run_at - now()), 0)::float8 AS next_in
+       coalesce(extract(epoch FROM next_run_at - now()), 0)::float8 AS next_in, queue
 FROM {schema}.schedule ORDER BY name;
 
 -- name: metrics_tables

@@ -98,7 +98,8 @@ def schedules() -> list[ScheduleHealth]:
                        ago(4 * 86400), 0, 3, [], 254000.0),
         ScheduleHealth("heartbeat", "email.send", "*/5 * * * * *", False, NOW + timedelta(seconds=2),
                        ago(3), 0, 0, [], 2.0),
-        ScheduleHealth("reports.hourly", "report.build", "0 * * * *", False, ago(120), ago(3720), 0, 0, [], -120.0),
+        ScheduleHealth("reports.hourly", "report.build", "0 * * * *", False, ago(120), ago(3720), 0, 0, [], -120.0,
+                       queue="reports"),
     ]  # fmt: skip
 
 

@@ -352,6 +352,7 @@ def test_schedule_rows_overdue_paused_and_missed() -> None:
     overdue = rows["reports.hourly"]
     assert plain(overdue[nxt]) == "overdue 2m00s" and style_of(overdue[nxt]) == CRIT
     assert named("schedules", overdue)["state"] == "active"
+    assert named("schedules", overdue)["queue"] == "reports"  # its jobs' queue
     catch_up = rows["catch-up"]
     assert plain(catch_up[missed]) == "14" and style_of(catch_up[missed]) == WARN
     assert named("schedules", catch_up)["last missed"] == "03-14 09:24:00"  # the newest missed slot
@@ -364,6 +365,7 @@ def test_schedule_rows_overdue_paused_and_missed() -> None:
         "backfilled": "-",
         "skipped": "0",
         "type": "email.send",
+        "queue": "default",
         "cron": "*/5 * * * * *",
         "last slot": "03-14 09:26:50",
         "state": "active",
