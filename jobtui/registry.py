@@ -207,7 +207,8 @@ class Job:
         # When it was enqueued and when it was due: pickup latency is started minus run_at.
         self.created_at = claimed.created_at
         self.run_at = claimed.run_at
-        self.queue = schema  # the schema it runs in, as log lines name it
+        self.queue = claimed.queue  # the named queue it was claimed from
+        self.schema = schema  # the schema of jobtui's tables it runs in
         self.meta = claimed.meta  # what its enqueue attached (trace context), or None
         self._schema = schema
         # A plain flag: set once by the worker, read by the handler's thread; assignments of

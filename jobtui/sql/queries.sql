@@ -92,7 +92,7 @@ WHERE j.id = ANY((SELECT ids FROM limited) || ARRAY(
         FOR UPDATE SKIP LOCKED))
   AND j.status = 'ready'
 RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_token,
-          j.locked_until, j.created_at, j.run_at, j.uncounted, j.meta::text;
+          j.locked_until, j.created_at, j.run_at, j.uncounted, j.meta::text, j.queue;
 
 -- name: heartbeat
 -- Extends many leases at once; the ids returned as 'held' still hold their lease, the others
@@ -170,7 +170,7 @@ SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(delays)s::float8[], %(errors)s::text[])
      AS t(id, token, delay, error)
 WHERE j.id = t.id AND j.status = 'running' AND j.lease_token = t.token
-RETURNING j.id, j.status, j.type, j.attempts, j.max_attempts, j.locked_by;
+RETURNING j.id, j.status, j.type, j.attempts, j.max_attempts, j.locked_by, j.queue;
 
 -- name: fail_permanently
 -- The handler decided the job can never succeed: failed at once, whatever attempts remain.
@@ -266,16 +266,16 @@ WITH gate AS (
                  - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
     FROM expired
     WHERE j.id = expired.id
-    RETURNING j.id, j.type, j.locked_by, j.attempts, j.status, expired.locked_until AS expired_at
+    RETURNING j.id, j.type, j.locked_by, j.attempts, j.status, expired.locked_until AS expired_at, j.queue
 ), logged AS (
     INSERT INTO {schema}.lease_expiry (job_id, job_type, worker, attempt, expired_at, outcome)
     SELECT id, type, locked_by, attempts, expired_at, status FROM reaped
 )
 SELECT NULL::bigint AS job_id, NULL::text AS type, NULL::text AS worker, NULL::integer AS attempt,
-       CASE WHEN open THEN 'open' ELSE 'closed' END AS status, now() AS at
+       CASE WHEN open THEN 'open' ELSE 'closed' END AS status, now() AS at, NULL::text AS queue
 FROM gate
 UNION ALL
-SELECT id, type, locked_by, attempts, status, expired_at FROM reaped;
+SELECT id, type, locked_by, attempts, status, expired_at, queue FROM reaped;
 
 -- name: requeue_by_id
 -- Operator: dead or failed jobs back to ready now with a fresh set of attempts.

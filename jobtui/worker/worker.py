@@ -418,7 +418,7 @@ class Worker:
             outcome.type,
             outcome.attempt,
             outcome.max_attempts,
-            extra=job_fields(outcome.job_id, outcome.type, outcome.attempt, outcome.worker, self.schema),
+            extra=job_fields(outcome.job_id, outcome.type, outcome.attempt, outcome.worker, outcome.queue, self.schema),
         )
         for callback in self.jobs.dead_callbacks:
             try:
