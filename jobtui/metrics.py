@@ -34,8 +34,10 @@ from .migrate import _lock_key as migration_lock_key
 LOCK_TIMEOUT = 2.0
 # The kinds of lock a session can wait for, as pg_locks names them; any other is "other".
 # A row held by another transaction is waited for as its transaction id (the first waiter)
-# or its tuple (those queued behind the first).
-LOCK_KINDS = ("relation", "transactionid", "tuple", "advisory", "other")
+# or its tuple (those queued behind the first). queue_limit is a claim of a queue with a
+# global limit waiting for the claim before it (normal while the queue is busy); advisory is
+# then a `jobtui migrate` waiting for another.
+LOCK_KINDS = ("relation", "transactionid", "tuple", "advisory", "queue_limit", "other")
 
 
 class QueueLocked(JobtuiError):
@@ -182,6 +184,12 @@ class Snapshot:
             return self.ready_estimate.oldest_ready_age
         ages = [t.oldest_ready_age for t in self.by_type if t.oldest_ready_age is not None]
         return max(ages) if ages else None
+
+    @property
+    def alarming_lock_waits(self) -> int:
+        """The lock waits that say something holds the queue up: all but claims taking their
+        turn under a queue's global limit (queue_limit), which is the limit working."""
+        return sum(n for kind, n in self.lock_waits_by_kind.items() if kind != "queue_limit")
 
     @property
     def expired_leases(self) -> int:

@@ -67,7 +67,7 @@ def resume(conn: psycopg.Connection[Any], kind: Kind, name: str, *, actor: str, 
 @dataclass(frozen=True, slots=True)
 class LimitChange:
     changed: bool
-    was: int | None
+    was: int | None  # the limit found: the one replaced, or (not changed) the one set meanwhile
 
 
 def set_limit(
@@ -82,7 +82,8 @@ def set_limit(
 ) -> LimitChange:
     """Cap how many jobs of queue `name` run at once across every worker (None: no cap).
 
-    With `fenced`, only when its limit is still `expected` (what the operator saw). Audited.
+    With `fenced`, only when its limit is still `expected` (what the operator saw). Audited,
+    with the limit it replaced.
     """
     params = {
         "name": check_queue(name),
@@ -93,8 +94,8 @@ def set_limit(
         "channel": statements(schema).channel,
     }
     with conn.transaction():
-        rows = run(conn, Call("queue_limit", params, lambda r: r.dicts()), schema)
-        change = LimitChange(bool(rows), rows[0]["was"] if rows else expected)
+        found = run(conn, Call("queue_limit", params, lambda r: r.dicts()), schema)[0]
+        change = LimitChange(bool(found["changed"]), found["was"])
         detail = {"limit": limit, "was": change.was}
         record_audit(conn, actor, "queue-limit", f"queue {name}", int(change.changed), detail=detail, schema=schema)
     return change

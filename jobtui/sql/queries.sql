@@ -733,13 +733,23 @@ WHERE s.schemaname = %(schema_name)s;
 -- the sessions queued behind it for the row's tuple lock: the first names no table, so a wait
 -- counts when it is for a table of the schema (or one of its indexes), for jobtui's
 -- migration lock (advisory), or when the waiting session holds a lock on such a table (the
--- table lock its statement took before reaching the row). Sessions are matched by pid, both
--- views being per server; pg_locks shows every role's locks and when each wait began.
+-- table lock its statement took before reaching the row). A claim waiting its turn under a
+-- queue's global limit (claim_limited's lock, keyed by the schema and the queue, as in
+-- migration 0008) is its own kind, queue_limit: that wait is the limit working, not a lock
+-- held too long. An advisory key of 64 bits is shown in pg_locks as classid (its high half)
+-- and objid (its low half). Sessions are matched by pid, both views being per server;
+-- pg_locks shows every role's locks and when each wait began.
 WITH tables AS (
     SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
     WHERE n.nspname = %(schema_name)s
+), limit_keys AS (
+    SELECT hashtextextended('{schema}.queue_limit.' || name, 0) AS key FROM {schema}.queue_control
+    WHERE kind = 'queue'
 ), waits AS (
-    SELECT CASE WHEN l.locktype IN ('relation', 'transactionid', 'tuple', 'advisory') THEN l.locktype
+    SELECT CASE WHEN l.locktype = 'advisory' AND l.objsubid = 1
+                     AND ((l.classid::bigint << 32) | l.objid::bigint) IN (SELECT key FROM limit_keys)
+                THEN 'queue_limit'
+                WHEN l.locktype IN ('relation', 'transactionid', 'tuple', 'advisory') THEN l.locktype
                 ELSE 'other' END AS kind,
            coalesce(l.waitstart, a.query_start, clock_timestamp()) AS since
     FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
@@ -1192,14 +1202,19 @@ SELECT name, pg_notify(%(channel)s::text, '') AS woken FROM resumed;
 -- name: queue_limit
 -- Operator: set (or with NULL clear) how many jobs of a queue run at once across every
 -- worker, from each one's next claim. Fenced by the limit the operator saw (`expected`,
--- compared with IS NOT DISTINCT FROM) when `fenced`; returns the limit before, or no row
--- when it had changed meanwhile. Wakes the workers, since a higher limit leaves room now.
-WITH before AS (
+-- compared with IS NOT DISTINCT FROM) when `fenced`; returns the limit it found and whether it
+-- replaced it (not when it had changed meanwhile). Wakes the workers when it did, since a
+-- higher limit leaves room now.
+-- The limit before is read once, in `allowed`, which the insert reads first: read again after
+-- the insert, the row it locked FOR UPDATE would be the one this statement just changed, and
+-- come back empty.
+WITH before AS MATERIALIZED (
     SELECT max_running FROM {schema}.queue_control
     WHERE kind = 'queue' AND name = %(name)s
     FOR UPDATE
-), allowed AS (
-    SELECT NOT %(fenced)s OR (SELECT max_running FROM before) IS NOT DISTINCT FROM %(expected)s::int AS ok
+), allowed AS MATERIALIZED (
+    SELECT b.was, NOT %(fenced)s OR b.was IS NOT DISTINCT FROM %(expected)s::int AS ok
+    FROM (SELECT (SELECT max_running FROM before) AS was) AS b
 ), changed AS (
     INSERT INTO {schema}.queue_control AS c (kind, name, max_running, changed_by)
     SELECT 'queue', %(name)s, %(limit)s::int, %(actor)s FROM allowed WHERE ok
@@ -1207,4 +1222,6 @@ WITH before AS (
     SET max_running = excluded.max_running, changed_at = now(), changed_by = excluded.changed_by
     RETURNING c.name
 )
-SELECT (SELECT max_running FROM before) AS was, pg_notify(%(channel)s::text, '') AS woken FROM changed;
+SELECT a.was, c.name IS NOT NULL AS changed,
+       CASE WHEN c.name IS NOT NULL THEN pg_notify(%(channel)s::text, '') END AS woken
+FROM allowed AS a LEFT JOIN changed AS c ON true;

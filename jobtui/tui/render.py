@@ -153,7 +153,9 @@ def vitals(
         # Only while sessions wait: a queue blocked on a lock (a row held by a long
         # transaction, an ALTER TABLE) explains a backlog the other figures only show.
         kinds = " ".join(f"{kind} {n}" for kind, n in snap.lock_waits_by_kind.items() if n)
-        parts.append(("lock waits", f"{snap.lock_waits} ({kinds}, longest {age(snap.longest_lock_wait)})", "warn"))
+        # Claims taking turns under a queue's limit are the limit at work: shown, not amber.
+        level = "warn" if snap.alarming_lock_waits else "ok"
+        parts.append(("lock waits", f"{snap.lock_waits} ({kinds}, longest {age(snap.longest_lock_wait)})", level))
     for i, (label, value, level) in enumerate(parts):
         piece = Text()
         piece.append(f"{label} ", style=STYLE["dim"])

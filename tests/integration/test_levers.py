@@ -160,6 +160,20 @@ def test_a_job_goes_to_its_handlers_declared_queue_unless_given_one(conn: Conn, 
     ]  # fmt: skip
 
 
+def test_queue_limit_says_and_audits_what_it_replaced(app_dsn: str, conn: Conn) -> None:
+    said = [jobtui(app_dsn, "queue", "limit", "reports", value).stdout for value in ("5", "7", "none")]
+    assert ["(was none)" in said[0], "(was 5)" in said[1], "(was 7)" in said[2]] == [True, True, True], said
+    audit = json.loads(jobtui(app_dsn, "audit", "--json").stdout)
+    assert [(e["action"], e["detail"]) for e in reversed(audit)] == [
+        ("queue-limit", {"limit": 5, "was": None}),
+        ("queue-limit", {"limit": 7, "was": 5}),
+        ("queue-limit", {"limit": None, "was": 7}),
+    ]
+    # The console's change is fenced by what the operator saw: refused, it says what is there now.
+    refused = queues.set_limit(conn, "reports", 9, actor="olga", expected=5, fenced=True)
+    assert (refused.changed, refused.was) == (False, None)
+
+
 # -- real workers -------------------------------------------------------------------------
 
 

@@ -111,7 +111,7 @@ def test_vitals_thresholds_are_configurable_and_a_quiet_queue_is_all_ok() -> Non
 
 def test_vitals_show_lock_waits_by_kind_only_while_sessions_wait() -> None:
     assert "lock waits" not in render.vitals(fx.snapshot(), [], T).plain
-    kinds = dict.fromkeys(("relation", "transactionid", "tuple", "advisory", "other"), 0)
+    kinds = dict.fromkeys(("relation", "transactionid", "tuple", "advisory", "queue_limit", "other"), 0)
     waiting = snap_with(
         lock_waits=3,
         longest_lock_wait=75.0,

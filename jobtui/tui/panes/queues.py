@@ -86,9 +86,10 @@ def set_limit(actions: Actions, name: str, limit: int | None, seen: int | None) 
         change = queues.set_limit(
             conn, name, limit, actor=actions.actor, expected=seen, fenced=True, schema=actions.schema
         )
+    was = "none" if change.was is None else str(change.was)
     if not change.changed:
-        return f"queue {name}: its limit changed to {change.was} meanwhile; nothing changed (look again)"
-    return f"queue {name}: limit {'none' if limit is None else limit} (was {'none' if seen is None else seen})"
+        return f"queue {name}: its limit changed to {was} meanwhile; nothing changed (look again)"
+    return f"queue {name}: limit {'none' if limit is None else limit} (was {was})"
 
 
 def parse_limit(text: str) -> int | None:
