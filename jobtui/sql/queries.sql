@@ -910,10 +910,11 @@ WITH gone AS (
 SELECT count(*) FROM gone;
 
 -- name: console_session
--- A console connection's first statement: a timeout for every later one, and who and where it is.
+-- A console connection's first statement: a timeout for every later one, and who and where it
+-- is: a standby (in recovery), or a server whose transactions are read-only.
 SELECT set_config('statement_timeout', %(statement_timeout)s, false) AS statement_timeout,
        current_user AS role, current_database() AS database,
-       current_setting('transaction_read_only') = 'on' AS read_only;
+       current_setting('transaction_read_only') = 'on' AS read_only, pg_is_in_recovery() AS standby;
 
 -- name: list_running
 -- Running jobs for the console: oldest lease first, expired leases included; a page at a

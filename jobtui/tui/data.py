@@ -49,6 +49,7 @@ class Where:
     database: str
     schema: str
     server_read_only: bool  # a standby, or default_transaction_read_only
+    standby: bool = False  # in recovery when the connection was made
 
     def label(self) -> str:
         return f"{self.role}@{self.host}:{self.port}/{self.database} schema {self.schema}"
@@ -106,6 +107,7 @@ class DataSource:
                 identity["database"],
                 self.schema,
                 bool(identity["read_only"]),
+                bool(identity["standby"]),
             )
             self._conn = conn
         return self._conn

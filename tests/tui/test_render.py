@@ -156,8 +156,14 @@ def test_a_read_waiting_past_two_seconds_turns_the_header_red() -> None:
 def test_the_header_names_role_host_port_database_schema_and_read_only() -> None:
     plain = head(read_only=True).plain.split("\n")[0]
     assert plain == "ops@db.example.com:5432/app schema jobtui  read-only console"
-    standby = header.where_line(replace(fx.WHERE, server_read_only=True), False, "jobtui").plain
-    assert standby.endswith("read-only server")
+    read_only_server = header.where_line(replace(fx.WHERE, server_read_only=True), False, "jobtui").plain
+    assert read_only_server.endswith("read-only server")
+    on_standby = replace(fx.WHERE, server_read_only=True, standby=True)
+    by_itself = header.where_line(on_standby, False, "jobtui", refuses="standby").plain
+    assert by_itself.endswith("  read-only console (the server is a standby)")
+    assert header.where_line(on_standby, True, "jobtui", refuses="standby").plain.endswith(
+        "  read-only console  standby"
+    )
     assert header.where_line(None, False, "jobs").plain == "schema jobs"  # before the first connection
 
 
