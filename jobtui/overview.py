@@ -70,21 +70,23 @@ def _read(rows: Rows) -> list[Row]:
 def overview(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, cap: int = READY_EXACT_CAP) -> Overview:
     """The queues and types, with their figures counted or estimated (see the module)."""
     rows = run(conn, Call("queue_overview", {"cap": cap}, _read), schema)
-    first = rows[0] if rows else {}
     lines = [QueueLine(**{f: r[f] for f in LINE_FIELDS}) for r in rows]
-    if int(first.get("recent_rows") or 0) > cap:
+    types = [r for r in rows if r["kind"] == "type"]  # every job read is in exactly one type's line
+    if sum(int(r["done_last_minute"]) for r in types) > cap:
         # The newest cap + 1 done jobs span fewer than 60 seconds: their rate, per minute.
-        per_minute = 60.0 / max(1.0, float(first["recent_span"] or 0.0))
+        span = max((float(r["done_span"]) for r in types if r["done_span"] is not None), default=60.0)
+        per_minute = 60.0 / max(1.0, span)
         lines = [
             replace(q, done_last_minute=round(q.done_last_minute * per_minute), estimated=("done_last_minute",))
             for q in lines
         ]
-    if int(first.get("head_rows") or 0) <= cap:
+    if not rows or int(rows[0]["head_rows"]) <= cap:
         return Overview(lines)
-    params = {"schema_name": schema}
-    est = run(conn, Call("queue_overview_estimate", params, _read), schema)[0]
+    # The age of the newest ready job read (negative: delayed, so every due job was read).
+    newest = min((float(r["newest_age"]) for r in types if r["newest_age"] is not None), default=None)
+    est = run(conn, Call("queue_overview_estimate", {"schema_name": schema}, _read), schema)[0]
     minute_age = None if est["minute_age"] is None else float(est["minute_age"])
-    return _estimated(lines, est, first["head_last_age"], minute_age)
+    return _estimated(lines, est, newest, minute_age)
 
 
 def _estimated(lines: list[QueueLine], est: Row, head_last_age: float | None, minute_age: float | None) -> Overview:

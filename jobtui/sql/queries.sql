@@ -1110,41 +1110,53 @@ ORDER BY id;
 -- queue's limit and pause. Queues and types with no job but a control row are listed too.
 -- Read by column name; runs on a timer, so it reads a bounded number of rows however big the
 -- backlog (jobtui/overview.py says what it makes of them):
--- * the ready jobs: the first %(cap)s + 1 entries of the ready index, in claim order, and the
---   rows behind them (the index holds the type, not the queue). When they are all the ready
---   jobs, every figure is exact. Otherwise a queue's oldest age is still exact when one of
---   its due jobs is among them (the first one is its oldest), and so is every figure of the
---   due jobs while the last of them is delayed; `head_rows` and `head_last_age` say which;
--- * the done jobs of the last minute: at most the newest %(cap)s + 1 (`recent_rows`, and the
---   seconds they span, `recent_span`); jobs deleted at completion are counted by type only, in
---   done_tally, and not here;
+-- * the ready jobs: all of them while there are at most %(cap)s (`head_rows`, counted in the
+--   ready index up to %(cap)s + 1, as the snapshot's probe); above, the first %(cap)s + 1 in
+--   claim order and the rows behind them (the index holds the type, not the queue). A
+--   queue's oldest age is then still exact when one of its due jobs is among them (its first
+--   one is its oldest), and so is every figure of the due jobs while the newest of them is
+--   delayed (`newest_age` < 0);
+-- * the done jobs of the last minute: at most the newest %(cap)s + 1 (`done_since` says the
+--   seconds they span); jobs deleted at completion are counted by type only, in done_tally,
+--   and not here;
 -- * the running jobs, as many as the workers run.
-WITH head AS MATERIALIZED (
-    SELECT queue, type, run_at FROM {schema}.job WHERE status = 'ready'
-    ORDER BY run_at, id
-    LIMIT %(cap)s + 1
+WITH probe AS MATERIALIZED (
+    SELECT count(*) AS n
+    FROM (SELECT 1 FROM {schema}.job WHERE status = 'ready' ORDER BY run_at, id LIMIT %(cap)s + 1) AS p
+), head AS MATERIALIZED (
+    -- Two branches, one of them empty: counted in any order, or the first ones in claim order.
+    SELECT queue, type, run_at FROM {schema}.job
+    WHERE status = 'ready' AND (SELECT n FROM probe) <= %(cap)s
+    UNION ALL
+    (SELECT queue, type, run_at FROM {schema}.job
+     WHERE status = 'ready' AND (SELECT n FROM probe) > %(cap)s
+     ORDER BY run_at, id
+     LIMIT %(cap)s + 1)
 ), recent AS MATERIALIZED (
     SELECT queue, type, finished_at FROM {schema}.job
     WHERE status = 'done' AND finished_at > now() - interval '1 minute'
     ORDER BY finished_at DESC
     LIMIT %(cap)s + 1
 ), pairs AS (
-    SELECT queue, type, sum(ready) AS ready, sum(due) AS due, min(oldest) AS oldest,
-           sum(running) AS running, sum(done) AS done
-    FROM (SELECT queue, type, 1 AS ready, (run_at <= now())::int AS due,
-                 CASE WHEN run_at <= now() THEN run_at END AS oldest, 0 AS running, 0 AS done
-          FROM head
+    SELECT queue, type, sum(ready) AS ready, sum(due) AS due, min(oldest) AS oldest, max(newest) AS newest,
+           sum(running) AS running, sum(done) AS done, min(done_since) AS done_since
+    FROM (SELECT queue, type, count(*) AS ready, count(*) FILTER (WHERE run_at <= now()) AS due,
+                 min(run_at) FILTER (WHERE run_at <= now()) AS oldest, max(run_at) AS newest,
+                 0 AS running, 0 AS done, NULL::timestamptz AS done_since
+          FROM head GROUP BY queue, type
           UNION ALL
-          SELECT queue, type, 0, 0, NULL, 1, 0 FROM {schema}.job WHERE status = 'running'
+          SELECT queue, type, 0, 0, NULL, NULL, count(*), 0, NULL
+          FROM {schema}.job WHERE status = 'running' GROUP BY queue, type
           UNION ALL
-          SELECT queue, type, 0, 0, NULL, 0, 1 FROM recent) AS p
+          SELECT queue, type, 0, 0, NULL, NULL, 0, count(*), min(finished_at)
+          FROM recent GROUP BY queue, type) AS p
     GROUP BY queue, type
 ), grouped AS (
     SELECT 'queue' AS kind, queue AS name, sum(ready) AS ready, sum(due) AS due, min(oldest) AS oldest,
-           sum(running) AS running, sum(done) AS done
+           max(newest) AS newest, sum(running) AS running, sum(done) AS done, min(done_since) AS done_since
     FROM pairs GROUP BY queue
     UNION ALL
-    SELECT 'type', type, sum(ready), sum(due), min(oldest), sum(running), sum(done)
+    SELECT 'type', type, sum(ready), sum(due), min(oldest), max(newest), sum(running), sum(done), min(done_since)
     FROM pairs GROUP BY type
 )
 SELECT coalesce(g.kind, c.kind) AS kind, coalesce(g.name, c.name) AS name,
@@ -1152,10 +1164,9 @@ SELECT coalesce(g.kind, c.kind) AS kind, coalesce(g.name, c.name) AS name,
        coalesce(g.running, 0)::bigint AS running, coalesce(g.done, 0)::bigint AS done_last_minute,
        extract(epoch FROM now() - g.oldest)::float8 AS oldest_age,
        c.max_running, c.paused_at, c.paused_by,
-       (SELECT count(*) FROM head) AS head_rows,
-       (SELECT extract(epoch FROM now() - max(run_at)) FROM head)::float8 AS head_last_age,
-       (SELECT count(*) FROM recent) AS recent_rows,
-       (SELECT extract(epoch FROM now() - min(finished_at)) FROM recent)::float8 AS recent_span
+       (SELECT n FROM probe) AS head_rows,
+       extract(epoch FROM now() - g.newest)::float8 AS newest_age,
+       extract(epoch FROM now() - g.done_since)::float8 AS done_span
 FROM grouped AS g
 FULL JOIN {schema}.queue_control AS c ON c.kind = g.kind AND c.name = g.name
 WHERE g.name IS NOT NULL OR c.paused_at IS NOT NULL OR c.max_running IS NOT NULL
