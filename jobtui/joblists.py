@@ -13,7 +13,7 @@ from .actions import dead_matching, matching_ids
 from .backlog import READY_EXACT_CAP
 from .db import Call, Rows, run
 from .domain import DEFAULT_SCHEMA
-from .metrics import DeadGroup
+from .metrics import DeadGroup, read_transaction
 
 Row = dict[str, Any]
 
@@ -99,7 +99,8 @@ def ready_jobs(
 ) -> ReadyJobs:
     """Ready jobs of `job_type` in the order workers will claim them, among the oldest
     READY_EXACT_CAP + 1 ready jobs of every type (a bounded read, however big the backlog)."""
-    rows = _rows(conn, "list_ready", schema, type=job_type, limit=limit, scan=READY_EXACT_CAP)
+    with read_transaction(conn, schema):
+        rows = _rows(conn, "list_ready", schema, type=job_type, limit=limit, scan=READY_EXACT_CAP)
     jobs = [
         ReadyJob(**_floats({k: v for k, v in r.items() if k != "cut"}, "waiting", "age"))
         for r in rows

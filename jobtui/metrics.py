@@ -16,6 +16,8 @@ instead of on every snapshot.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -265,6 +267,21 @@ def _distribution(rows: list[Row]) -> dict[str, dict[int, int]]:
         if r["status"] in ("done", "dead", "failed"):
             out.setdefault(r["status"], {})[int(r["attempts"])] = int(r["jobs"])
     return out
+
+
+def lock_timeout_call(lock_timeout: float = LOCK_TIMEOUT) -> Call[None]:
+    """For a read's own transaction: a lock timeout, and no JIT (on a big table the planner's
+    row estimates make it compile small aggregates, which costs more than they do)."""
+    return Call("metrics_lock_timeout", {"timeout": f"{max(1, round(lock_timeout * 1000))}ms"}, lambda rows: None)
+
+
+@contextmanager
+def read_transaction(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> Iterator[None]:
+    """A transaction for a read that runs on a timer (the queue overview, a type's ready
+    jobs): no JIT, and a lock timeout, as the snapshot's."""
+    with conn.transaction():
+        run(conn, lock_timeout_call(), schema)
+        yield
 
 
 def _lock_wait_params(schema: str) -> dict[str, Any]:

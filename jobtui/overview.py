@@ -27,6 +27,7 @@ import psycopg
 from .backlog import MINUTE_ROW_FRESH, READY_EXACT_CAP
 from .db import Call, Rows, run
 from .domain import DEFAULT_SCHEMA
+from .metrics import read_transaction
 
 Row = dict[str, Any]
 LINE_FIELDS = ("kind", "name", "ready", "due", "running", "done_last_minute", "oldest_age", "max_running",
@@ -69,7 +70,13 @@ def _read(rows: Rows) -> list[Row]:
 
 def overview(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, cap: int = READY_EXACT_CAP) -> Overview:
     """The queues and types, with their figures counted or estimated (see the module)."""
-    rows = run(conn, Call("queue_overview", {"cap": cap}, _read), schema)
+    with read_transaction(conn, schema):
+        rows = run(conn, Call("queue_overview", {"cap": cap}, _read), schema)
+        est = (
+            run(conn, Call("queue_overview_estimate", {"schema_name": schema}, _read), schema)[0]
+            if (rows and int(rows[0]["head_rows"]) > cap)
+            else None
+        )
     lines = [QueueLine(**{f: r[f] for f in LINE_FIELDS}) for r in rows]
     types = [r for r in rows if r["kind"] == "type"]  # every job read is in exactly one type's line
     if sum(int(r["done_last_minute"]) for r in types) > cap:
@@ -80,11 +87,10 @@ def overview(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, cap: i
             replace(q, done_last_minute=round(q.done_last_minute * per_minute), estimated=("done_last_minute",))
             for q in lines
         ]
-    if not rows or int(rows[0]["head_rows"]) <= cap:
+    if est is None:
         return Overview(lines)
     # The age of the newest ready job read (negative: delayed, so every due job was read).
     newest = min((float(r["newest_age"]) for r in types if r["newest_age"] is not None), default=None)
-    est = run(conn, Call("queue_overview_estimate", {"schema_name": schema}, _read), schema)[0]
     minute_age = None if est["minute_age"] is None else float(est["minute_age"])
     return _estimated(lines, est, newest, minute_age)
 

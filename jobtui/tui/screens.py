@@ -62,7 +62,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
 HELP = """\
 [b]Panes[/]   1 ready · 2 running · 3 dead · 4 lease expiries · 5 schedules
-        6 worker (with --work) · 7 queues · 8 charts of the last hour; tab, shift+tab, the mouse
+        6 worker (with --work) · 7 queues · 8 charts of the last hour; or click a tab
 [b]Move[/]    arrows, page up/down, home/end
 [b]enter[/]   drill down: a type's ready jobs, a dead group's jobs, a job
 [b]Ready[/]   by type; "attempts (done 1h)": jobs done in the last hour by attempts used
