@@ -612,14 +612,18 @@ GROUP BY type;
 
 -- name: metrics_ready_size
 -- What is cheap about the ready jobs however many there are: how many, counted up to
--- %(cap)s + 1; the oldest due job's age (the first entry of the ready index); and the
--- planner's estimate of the index's entries (pg_class.reltuples, set by VACUUM and ANALYZE).
+-- %(cap)s + 1; the oldest due job's age (the first entry of the ready index); the planner's
+-- estimate of the index's entries (pg_class.reltuples, set by VACUUM and ANALYZE); and each
+-- type's share of the table's rows in the planner's statistics (pg_stats, every status).
 SELECT (SELECT count(*) FROM (SELECT 1 FROM {schema}.job WHERE status = 'ready' ORDER BY run_at, id LIMIT %(cap)s + 1) AS probe)
            AS counted,
        (SELECT extract(epoch FROM now() - run_at) FROM {schema}.job
         WHERE status = 'ready' AND run_at <= now() ORDER BY run_at, id LIMIT 1)::float8 AS oldest_age,
        (SELECT greatest(reltuples, 0)::bigint FROM pg_class
-        WHERE oid = to_regclass(format('%%I.job_ready_idx', %(schema_name)s::text))) AS index_estimate;
+        WHERE oid = to_regclass(format('%%I.job_ready_idx', %(schema_name)s::text))) AS index_estimate,
+       (SELECT jsonb_build_object('values', to_jsonb(most_common_vals::text::text[]), 'shares', to_jsonb(most_common_freqs))
+        FROM pg_stats WHERE schemaname = %(schema_name)s AND tablename = 'job' AND attname = 'type'
+          AND most_common_vals IS NOT NULL) AS type_shares;
 
 -- name: metrics_minutes
 -- The queue's last hour, minute by minute (queue_minute, written by the archiver); the

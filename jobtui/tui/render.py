@@ -210,11 +210,14 @@ def ready_rows(
     needle: str,
     thresholds: Thresholds,
     attempts: Mapping[str, Mapping[int, int]] | None = None,
+    estimated: bool = False,
 ) -> list[Row]:
     """One row per type with ready jobs or jobs done in the last hour: counts, the oldest
     wait, and the attempts the last hour's done jobs used (`attempts`: type -> attempts ->
-    jobs, the snapshot's figures, so this costs no query of its own)."""
+    jobs, the snapshot's figures, so this costs no query of its own). With `estimated` (too
+    many ready jobs to count), the due and delayed figures are marked `~`."""
     attempts = attempts or {}
+    mark = "~" if estimated else ""
     counts = {t.type: t for t in by_type}
     # A type whose jobs all ran (none waiting, none dead) is in the done figures only.
     every = sorted(set(counts) | set(attempts))
@@ -228,8 +231,8 @@ def ready_rows(
                 t.type,
                 [
                     t.type,
-                    f"{t.ready_due:,}",
-                    f"{t.ready - t.ready_due:,}",
+                    f"{mark}{t.ready_due:,}",
+                    f"{mark}{t.ready - t.ready_due:,}",
                     styled(age(t.oldest_ready_age), level),
                     f"{t.running:,}",
                     attempts_cell(attempts.get(t.type, {})),

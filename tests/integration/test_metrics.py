@@ -1013,7 +1013,7 @@ async def test_dead_letter_alert_when_the_last_attempt_fails(dsn: str, caplog: p
         "attempts": 1,
         "error": "RuntimeError: payment 42 declined for order 7",
     }
-    assert seen == [FailOutcome(job_id, JobStatus.DEAD, "alert.fail", 1, 1, worker.worker_id)]
+    assert seen == [FailOutcome(job_id, JobStatus.DEAD, "alert.fail", 1, 1, worker.worker_id, "default")]
     errors = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "jobtui.worker" and r.levelno >= 40]
     assert ("ERROR", f"job {job_id} (alert.fail) is dead after 1 of 1 attempts") in errors
     assert ("ERROR", f"on_dead callback failed for job {job_id}") in errors
@@ -1050,7 +1050,7 @@ async def test_dead_letter_alert_when_the_reaper_ends_a_crash_loop(dsn: str, cap
         "error": "lease expired: worker ghost stopped heartbeating during attempt 1 of 1"
         " (attempts exhausted: the job may be crashing its worker)",
     }
-    assert seen == [FailOutcome(job_id, JobStatus.DEAD, "alert.crash", 1, 1, "ghost")]
+    assert seen == [FailOutcome(job_id, JobStatus.DEAD, "alert.crash", 1, 1, "ghost", "default")]
     messages = [r.getMessage() for r in caplog.records if r.name == "jobtui.worker" and r.levelname == "ERROR"]
     assert f"job {job_id} (alert.crash) is dead after 1 of 1 attempts" in messages
 

@@ -450,3 +450,33 @@ def test_a_long_fingerprint_ends_in_an_ellipsis() -> None:
     assert len(cell) == render.FINGERPRINT_CELL and cell.endswith("…") and long.startswith(cell[:-1])
     short = DeadGroup("dead", "t", "KeyError: <n>", 3, None, None, 1, 1)
     assert named("dead", render.dead_rows([short], "")[0][1])["error fingerprint"] == "KeyError: <n>"
+
+
+def test_estimates_sort_as_their_numbers() -> None:
+    assert sorted(["~1,204", "36", "~9"], key=sort_value) == ["~9", "36", "~1,204"]
+
+
+def test_the_ready_pane_marks_estimated_counts() -> None:
+    rows = dict(render.ready_rows(fx.by_type(), "", T, estimated=True))
+    cells = named("ready", rows["email.send"])
+    assert cells["due"].startswith("~") and cells["delayed"].startswith("~")
+    assert not named("ready", dict(render.ready_rows(fx.by_type(), "", T))["email.send"])["due"].startswith("~")
+
+
+async def test_a_figure_that_grows_widens_its_column_instead_of_being_cut() -> None:
+    from textual.app import App, ComposeResult
+
+    from jobtui.tui.widgets import KeyedTable
+
+    class One(App[None]):
+        def compose(self) -> ComposeResult:
+            yield KeyedTable(["type", "due"])
+
+    app = One()
+    async with app.run_test(size=(60, 10)) as pilot:
+        table = app.query_one(KeyedTable)
+        table.sync([render.row("a", ["a", "0"])])
+        await pilot.pause()
+        table.sync([render.row("a", ["a", "712,143"])])  # the same row, a bigger figure
+        await pilot.pause()
+        assert table.columns["due"].content_width >= len("712,143")  # type: ignore[index]
