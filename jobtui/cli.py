@@ -49,7 +49,7 @@ from .domain import DEFAULT_QUEUE
 from .durations import parse_duration
 from .errors import JobtuiError, UnknownJob
 from .explain import explain
-from .registry import ScheduleSpec
+from .registry import ScheduleSpec, load_app
 from .safetext import quote
 
 
@@ -95,6 +95,11 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         migrations.check(conn, args.schema)
         action = args.schedule_action
         if action == "add":
+            queue = args.queue
+            if queue is None and args.app:
+                # The queue the app's handler of the type declares, as a worker syncing the app's
+                # own schedules would choose.
+                queue = load_app(args.app).queue_of(args.type)
             spec = ScheduleSpec(
                 name=args.name,
                 cron=args.cron,
@@ -105,6 +110,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
                 missed=args.missed,
                 max_attempts=args.max_attempts,
                 grace=parse_duration(args.grace),
+                queue=DEFAULT_QUEUE if queue is None else queue,
             )
             with conn.transaction():
                 sched.upsert(conn, spec, source="cli", schema=args.schema)
@@ -135,13 +141,14 @@ def _print_schedules(rows: list[Any], *, as_json: bool) -> None:
     from rich.table import Table
 
     table = Table(
-        "name", "type", "cron", "tz", "grace", "policy", "next run", "last slot", "missed", "backfilled",
+        "name", "type", "queue", "cron", "tz", "grace", "policy", "next run", "last slot", "missed", "backfilled",
         "last missed", "skipped", "state",
     )  # fmt: skip
     for r in rows:
         table.add_row(
             r.name,
             r.job_type,
+            r.queue,
             r.cron,
             r.timezone,
             f"{r.grace_seconds:g}s",
@@ -342,6 +349,11 @@ def build_parser() -> argparse.ArgumentParser:
         " the latest, all each of them (the newest 100)",
     )
     a.add_argument("--max-attempts", type=positive_int, help="attempts before dead (default: the handler's)")
+    a.add_argument(
+        "--queue",
+        help="the queue its jobs go to (default: the queue --app's handler of --type declares, else default)",
+    )
+    a.add_argument("--app", metavar="M:ATTR", help="the app whose handler of --type names the default queue")
     a = ssub.add_parser("list", help="list schedules")
     a.add_argument("--json", action="store_true")
     for action, text in (

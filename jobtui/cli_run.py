@@ -154,7 +154,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 
     dsn = database_dsn(args)
     wait = parse_duration(args.wait_for_db)
-    specs = list(load_app(args.app).schedules.values()) if args.app else []
+    specs = load_app(args.app).schedule_specs() if args.app else []
     health = _health(args)
     setup_logging(args.verbose, args.log_format)
     _serve_endpoints(args, dsn, health)

@@ -2,8 +2,11 @@
 their retention passes, in bounded batches.
 
 The archiver runs as a built-in schedule (`jobtui.archive`, every minute) whose job any
-worker runs, so it happens once per minute however many workers there are; the reaper
-lives in the worker itself (see worker.py) because it must run even when no job can.
+worker runs, so it happens once per minute however many workers there are. Its jobs go to a
+queue of their own, BUILTIN_QUEUE, and every worker claims them whatever queues it serves
+(worker.py): a fleet that serves only named queues archives too, and pausing the default
+queue does not stop it. The reaper lives in the worker itself because it must run even when
+no job can.
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ from .domain import DEFAULT_SCHEMA
 from .registry import Job, Jobs, ScheduleSpec
 
 ARCHIVE_TYPE = "jobtui.archive"
+# The queue of jobtui's own jobs. Every worker claims them, from any queue (a scheduler of the
+# previous release enqueues them into the default queue), with a slot of their own.
+BUILTIN_QUEUE = "jobtui.builtin"
+BUILTIN_TYPES = (ARCHIVE_TYPE,)
 ARCHIVE_CRON = "* * * * *"
 BATCH = 5000
 # One run stops after this many rows, so a large backlog is worked off over several minutes
@@ -124,7 +131,7 @@ def with_builtins(jobs: Jobs, dsn: str, schema: str, retention: Retention, *, po
     """A copy of `jobs` plus the built-in archive handler and its schedule."""
     merged = Jobs(dict(jobs.handlers), dict(jobs.schedules), list(jobs.dead_callbacks), list(jobs.hooks))
 
-    @merged.handler(ARCHIVE_TYPE, max_attempts=3, timeout=600)
+    @merged.handler(ARCHIVE_TYPE, max_attempts=3, timeout=600, queue=BUILTIN_QUEUE)
     def archive(job: Job) -> None:
         from .db import connect
 
@@ -135,6 +142,12 @@ def with_builtins(jobs: Jobs, dsn: str, schema: str, retention: Retention, *, po
             sweep(conn, Retention.from_payload(job.payload or {}), schema)
 
     merged.schedules[ARCHIVE_TYPE] = ScheduleSpec(
-        name=ARCHIVE_TYPE, cron=ARCHIVE_CRON, type=ARCHIVE_TYPE, payload=retention.payload(), offset=0.0, missed="once"
+        name=ARCHIVE_TYPE,
+        cron=ARCHIVE_CRON,
+        type=ARCHIVE_TYPE,
+        payload=retention.payload(),
+        offset=0.0,
+        missed="once",
+        queue=BUILTIN_QUEUE,
     )
     return merged

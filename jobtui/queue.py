@@ -113,7 +113,7 @@ _CLAIMED = ("id", "type", "payload", "attempts", "max_attempts", "lease_token", 
 def _claimed(rows: Rows) -> list[ClaimedJob]:
     """The claimed jobs in the order they were waiting: run_at, then id."""
     i, t, p, a, m, k, u, c = rows.columns(*_CLAIMED)
-    r_at, n, meta = rows.columns("run_at", "uncounted", "meta")
+    r_at, n, meta, q = rows.columns("run_at", "uncounted", "meta", "queue")
     return [
         ClaimedJob(
             id=r[i],
@@ -127,6 +127,7 @@ def _claimed(rows: Rows) -> list[ClaimedJob]:
             run_at=r[r_at],
             uncounted=r[n],
             meta=None if r[meta] is None else _JSON_DECODER.decode(r[meta]),
+            queue=r[q],
         )
         for r in sorted(rows, key=lambda r: (r[r_at], r[i]))
     ]
@@ -210,7 +211,9 @@ def complete_deleting_call(leases: Sequence[Lease]) -> Call[set[int]]:
 
 def _fail_outcomes(rows: Rows) -> list[FailOutcome]:
     return [
-        FailOutcome(d["id"], JobStatus(d["status"]), d["type"], d["attempts"], d["max_attempts"], d["locked_by"])
+        FailOutcome(
+            d["id"], JobStatus(d["status"]), d["type"], d["attempts"], d["max_attempts"], d["locked_by"], d["queue"]
+        )
         for d in rows.dicts()
     ]
 
@@ -264,7 +267,7 @@ def release_unanswered_call(worker: str, held: Sequence[int]) -> Call[set[int]]:
 def _reaped(rows: Rows) -> list[Reaped]:
     # The first row is the round itself (see the statement), not a job.
     return [
-        Reaped(d["job_id"], d["type"], d["worker"], d["attempt"], JobStatus(d["status"]), d["at"])
+        Reaped(d["job_id"], d["type"], d["worker"], d["attempt"], JobStatus(d["status"]), d["at"], d["queue"])
         for d in rows.dicts()
         if d["job_id"] is not None
     ]

@@ -32,7 +32,7 @@ from ..errors import JobtuiError, PrivilegeMissing
 from ..health import Health
 from ..link import Connection, Link
 from ..logformat import job_fields
-from ..maintenance import ARCHIVE_TYPE, Retention
+from ..maintenance import ARCHIVE_TYPE, BUILTIN_QUEUE, BUILTIN_TYPES, Retention
 from ..privileges import GRANTS_HINT, WORKER_NEEDS, missing_privileges_call, privilege_message
 from ..queue import claim_call, release_unanswered_call
 from ..registry import Handler, Job, Jobs
@@ -92,8 +92,17 @@ class Worker:
         jobs, selected = handled_types(jobs, types, retention, dsn, schema, pooler_mode(pooler))
         self.jobs = jobs
         self.dsn = dsn
-        # One pool of slots per queue named, or one for every queue (None).
+        # One pool of slots per queue named, or one for every queue (None). Each pool claims
+        # its queue's jobs of the worker's types.
         sizes: dict[str | None, int] = {check_queue(q): n for q, n in queues.items()} if queues else {None: concurrency}
+        self._pool_claims: dict[str | None, tuple[list[str], str | None]] = {q: (selected, q) for q in sizes}
+        builtins = [t for t in BUILTIN_TYPES if t in selected]
+        if queues and builtins and BUILTIN_QUEUE not in sizes:
+            # jobtui's own jobs (the archiver) run on every worker, whatever queues it serves:
+            # a slot of their own, claiming them from any queue (a scheduler of the previous
+            # release put them in the default one).
+            sizes[BUILTIN_QUEUE] = 1
+            self._pool_claims[BUILTIN_QUEUE] = (builtins, None)
         self.slots = Slots(sizes)
         self.concurrency = self.slots.total
         self.types = selected
@@ -113,9 +122,7 @@ class Worker:
         self.pooler = pooler_mode(pooler)
         self.listen_dsn = check_dsn(listen_dsn) if listen_dsn else None
         self.scheduler = (
-            Scheduler(dsn, schema=schema, specs=list(jobs.schedules.values()), pooler=self.pooler)
-            if scheduler
-            else None
+            Scheduler(dsn, schema=schema, specs=jobs.schedule_specs(), pooler=self.pooler) if scheduler else None
         )
         self.in_flight: dict[int, InFlight] = {}
         self._limits = {t: h.max_attempts for t, h in jobs.handlers.items()}
@@ -286,8 +293,9 @@ class Worker:
             raise self.fatal
 
     def _claim_call(self, pool: str | None, limit: int) -> Call[list[ClaimedJob]]:
+        types, queue = self._pool_claims[pool]
         return claim_call(
-            self.types, worker=self.worker_id, limit=limit, lease=self.lease, max_attempts=self._limits, queue=pool
+            types, worker=self.worker_id, limit=limit, lease=self.lease, max_attempts=self._limits, queue=queue
         )
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
@@ -420,7 +428,7 @@ class Worker:
             outcome.type,
             outcome.attempt,
             outcome.max_attempts,
-            extra=job_fields(outcome.job_id, outcome.type, outcome.attempt, outcome.worker, self.schema),
+            extra=job_fields(outcome.job_id, outcome.type, outcome.attempt, outcome.worker, outcome.queue, self.schema),
         )
         for callback in self.jobs.dead_callbacks:
             try:

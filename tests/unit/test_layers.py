@@ -31,6 +31,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "audit",
         "actions",
         "queues",
+        "overview",
+        "timers",
         "client",
         "aclient",
         "registry",
