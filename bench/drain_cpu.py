@@ -38,6 +38,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,7 +133,7 @@ def one_drain(dsn: str, dbname: str, config: str, trees: dict[str, str], args: a
     with Queue(dsn) as queue:
         for start in range(0, jobs, 10_000):
             queue.enqueue_many([NewJob(JOB_TYPE) for _ in range(min(10_000, jobs - start))])
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True) as conn, tempfile.TemporaryFile() as log:
         conn.execute("VACUUM ANALYZE jobtui.job")
         conn.execute("CHECKPOINT")
         if config == "raw":
@@ -141,14 +142,16 @@ def one_drain(dsn: str, dbname: str, config: str, trees: dict[str, str], args: a
                  "delete" if args.delete_on_complete else "keep"]
                 for i in range(args.workers)
             ]  # fmt: skip
-            procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL) for cmd in cmds]
+            procs = [
+                subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log) for cmd in cmds
+            ]
         else:
             conn.execute(PAUSE)
             env = dict(os.environ)
             if config in trees:
                 env["PYTHONPATH"] = trees[config]
             procs = spawn_workers(
-                dsn, SCHEMA, args.workers, args.concurrency, subprocess.DEVNULL,
+                dsn, SCHEMA, args.workers, args.concurrency, log,
                 delete_on_complete=args.delete_on_complete, env=env,
             )  # fmt: skip
         try:
@@ -175,7 +178,10 @@ def one_drain(dsn: str, dbname: str, config: str, trees: dict[str, str], args: a
                 if not queue_busy(conn, SCHEMA) and drain_window(conn, SCHEMA)[0] >= jobs:
                     break
                 if any(p.poll() not in (None, 0) for p in procs):
-                    raise SystemExit(f"{config}: a worker process failed")
+                    log.seek(0)
+                    raise SystemExit(
+                        f"{config}: a worker process failed:\n" + log.read().decode(errors="replace")[-2000:]
+                    )
                 time.sleep(0.05)
             workers.sample([p.pid for p in procs])
             server.sample(backends(conn, dbname)[0])
