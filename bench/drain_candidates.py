@@ -21,6 +21,8 @@ and `complete_deleting` (or `complete`, with --keep-done) of queries.sql, and di
                dead or finished index) and whose fillfactor leaves room on each page: the
                claim's update can be HOT. This is the upper bound of what a HOT claim saves:
                without an index of running jobs, the reaper would have to read the backlog
+    raw-claim  `two` with the raw loop's claim (bench/core.py), which reads no pauses or
+               limits: what the claim's reads of queue_control cost
 
 Every loop drains --jobs jobs of its own table per round, taking turns of --slice jobs with
 the others (the order rotating), each loop's clocks running only in its own turns. Each loop
@@ -51,11 +53,14 @@ from jobtui.db import statements
 from jobtui.domain import DEFAULT_MAX_ATTEMPTS
 from jobtui.migrate import migrate
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from core import RAW_CLAIM  # bench/ is not a package
+
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_DB = "jobtui_bench_candidates"
 JOB_TYPE = "bench.candidates"
 TICKS = os.sysconf("SC_CLK_TCK")
-LOOPS = ("two", "pipeline", "pipeline-autocommit", "combined", "hot")
+LOOPS = ("two", "pipeline", "pipeline-autocommit", "combined", "hot", "raw-claim")
 
 # The HOT variant's indexes: none holds a column the claim writes (status, attempts,
 # lease_token, locked_*, heartbeat_at, started_at, max_attempts), in its keys, INCLUDE or
@@ -152,6 +157,17 @@ class Loop:
             )
             assert "finished_at IS NULL" in text, "the claim's ready filter changed: update this benchmark"
             self.claim = sql.SQL(text)  # type: ignore[arg-type,unused-ignore]
+        if name == "raw-claim":
+            self.claim = sql.SQL(RAW_CLAIM.replace("jobtui.job", f"{schema}.job"))  # type: ignore[arg-type,unused-ignore]
+            self.params = (  # type: ignore[assignment]
+                [None],
+                [JOB_TYPE],
+                DEFAULT_MAX_ATTEMPTS,
+                f"bench-{name}",
+                30.0,
+                [JOB_TYPE],
+                batch,
+            )
         self.complete = q["complete" if keep_done else "complete_deleting"]
         self.combined = sql.SQL(combined_statement(schema, keep_done)) if name == "combined" else None  # type: ignore[arg-type,unused-ignore]
         self.held: list[Any] = []  # the claimed batch not yet completed (pipelined loops)
@@ -165,6 +181,7 @@ class Loop:
         step: Callable[[], tuple[int, bool]] = {
             "two": self._two,
             "hot": self._two,
+            "raw-claim": self._two,
             "pipeline": lambda: self._pipelined(True),
             "pipeline-autocommit": lambda: self._pipelined(False),
             "combined": self._combined,
