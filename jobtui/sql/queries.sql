@@ -572,15 +572,15 @@ WITH gone AS (
 )
 SELECT count(*) FROM gone;
 
--- name: delete_archive
-WITH gone AS (
-    DELETE FROM {schema}.job_archive
-    WHERE id IN (SELECT id FROM {schema}.job_archive
-                 WHERE archived_at < now() - make_interval(secs => %(retention)s)
-                 LIMIT %(limit)s)
-    RETURNING 1
-)
-SELECT count(*) FROM gone;
+-- name: archive_partitions_add
+-- The archive's partitions for today and the next `days` days, made where missing (migration
+-- 0016): before the archiver moves rows in, days ahead of their use.
+SELECT {schema}.archive_partitions_add(%(days)s);
+
+-- name: archive_prune
+-- Archived jobs past their retention: whole days dropped as partitions, and up to `limit`
+-- rows deleted from the default partition and the legacy archive (migration 0016).
+SELECT dropped, deleted FROM {schema}.archive_prune(make_interval(secs => %(retention)s), %(limit)s);
 
 -- name: metrics_lock_timeout
 -- For the snapshot's own transaction: wait this long for a lock on a queue table, then fail
@@ -717,11 +717,18 @@ SELECT name, job_type, cron, paused, next_run_at, last_slot, missed_count AS mis
 FROM {schema}.schedule ORDER BY name;
 
 -- name: metrics_tables
--- Table health from the statistics collector, plus an estimate of all rows (no scan).
-SELECT s.relname AS table, s.n_live_tup AS live_rows, s.n_dead_tup AS dead_rows, s.last_autovacuum,
-       s.last_vacuum, s.last_autoanalyze, c.reltuples::bigint AS rows_estimate
+-- Table health from the statistics collector, plus an estimate of all rows (no scan). The
+-- partitions of a partitioned table (job_archive's days) count as that table: the partitioned
+-- table itself holds no rows, and a row per day would come and go with the days.
+SELECT coalesce(p.relname, s.relname) AS table, sum(s.n_live_tup)::bigint AS live_rows,
+       sum(s.n_dead_tup)::bigint AS dead_rows, max(s.last_autovacuum) AS last_autovacuum,
+       max(s.last_vacuum) AS last_vacuum, max(s.last_autoanalyze) AS last_autoanalyze,
+       sum(greatest(c.reltuples, 0))::bigint AS rows_estimate
 FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
-WHERE s.schemaname = %(schema_name)s;
+LEFT JOIN pg_inherits i ON i.inhrelid = s.relid AND c.relispartition
+LEFT JOIN pg_class p ON p.oid = i.inhparent
+WHERE s.schemaname = %(schema_name)s
+GROUP BY 1;
 
 -- name: metrics_lock_waits
 -- Sessions of this database waiting for a lock while they work on jobtui's tables, by the
