@@ -17,7 +17,10 @@ leaves them; then VACUUM ANALYZE. Per round, the sizes taking turns:
    as a worker's claim connection; p50 and p99;
 3. drain: --workers `jobtui worker` processes (--concurrency each, done rows kept) drain the
    jobs; jobs / (last finished_at - first started_at), on the database's clock;
-4. archive: the archiver's sweep moves the round's done jobs into the big archive; jobs/s.
+4. archive: the archiver's sweep moves the round's done jobs into the big archive; jobs/s;
+5. the previous release's prune (its archiver's DELETE by archived_at, which a worker of that
+   release still runs against the partitioned archive): one batch of up to 5,000 rows of the
+   oldest day that are past 30 days, in ms.
 
 Then, unless --skip-prune, in two more databases of --prune-rows archived rows each, all past
 the archive's retention (30 days):
@@ -187,7 +190,7 @@ def settle(conn: psycopg.Connection[Any], longest: float = 600.0) -> None:
     conn.execute("CHECKPOINT")
 
 
-def one_round(dsn: str, jobs: int, workers: int, concurrency: int) -> tuple[list[float], float, float]:
+def one_round(dsn: str, jobs: int, workers: int, concurrency: int) -> tuple[list[float], float, float, float]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM jobtui.job").fetchone()
         first_id = int(row[0]) if row else 1
@@ -204,7 +207,10 @@ def one_round(dsn: str, jobs: int, workers: int, concurrency: int) -> tuple[list
         archived = sweep(conn, Retention(done=0.0, archive=None)).archived
         archive_rate = archived / (time.perf_counter() - began)
         conn.execute("VACUUM ANALYZE jobtui.job")
-    return latency, rate, archive_rate
+        began = time.perf_counter()
+        conn.execute(DELETE_ARCHIVE_BEFORE, {"retention": DAYS * 86400.0, "limit": 5000})
+        old_prune = (time.perf_counter() - began) * 1000
+    return latency, rate, archive_rate, old_prune
 
 
 def p99(values: list[float]) -> float:
@@ -296,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     with psycopg.connect(args.dsn, autocommit=True) as admin:
         version = admin.execute("SHOW server_version").fetchone()
         print(f"PostgreSQL {version[0] if version else '?'}, {os.cpu_count()} CPUs, archived rows {sizes}")
-    figures: dict[int, dict[str, list[float]]] = {s: {"p50": [], "p99": [], "drain": [], "archive": []} for s in sizes}
+    figures: dict[int, dict[str, list[float]]] = {
+        s: {"p50": [], "p99": [], "drain": [], "archive": [], "old_prune": []} for s in sizes
+    }
     databases = {size: f"{BENCH_DB}_{size}" for size in sizes}
     ok = True
     try:
@@ -316,14 +324,16 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             order = sizes[r % len(sizes) :] + sizes[: r % len(sizes)]
             for size in order:
-                latency, rate, archive_rate = one_round(with_dbname(args.dsn, databases[size]), args.jobs,
+                latency, rate, archive_rate, old_prune = one_round(with_dbname(args.dsn, databases[size]), args.jobs,
                                                         args.workers, args.concurrency)  # fmt: skip
                 figures[size]["p50"].append(statistics.median(latency))
                 figures[size]["p99"].append(p99(latency))
                 figures[size]["drain"].append(rate)
                 figures[size]["archive"].append(archive_rate)
+                figures[size]["old_prune"].append(old_prune)
                 print(f"round {r + 1} {size:>11,} archived rows: claim of 10 p50 {statistics.median(latency):.2f} ms "
-                      f"p99 {p99(latency):.2f} ms, drain {rate:,.0f} jobs/s, archived at {archive_rate:,.0f} jobs/s "
+                      f"p99 {p99(latency):.2f} ms, drain {rate:,.0f} jobs/s, archived at {archive_rate:,.0f} jobs/s, "
+                      f"previous release's prune batch {old_prune:,.0f} ms "
                       f"(load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
     finally:
         for name in databases.values():
@@ -333,13 +343,14 @@ def main(argv: list[str] | None = None) -> int:
     med: dict[int, dict[str, Any]] = {s: {k: statistics.median(v) for k, v in figures[s].items()} for s in sizes}
     print()
     print(f"{'archived rows':>13} | {'claim p50 ms':>12} | {'claim p99 ms':>12} | {'drain jobs/s':>12} | "
-          f"{'archive jobs/s':>14} | vs {base:,}")  # fmt: skip
+          f"{'archive jobs/s':>14} | {'old prune ms':>12} | vs {base:,}")  # fmt: skip
     for s in sizes:
         claim_ratio = med[s]["p50"] / med[base]["p50"]
         drain_ratio = med[s]["drain"] / med[base]["drain"]
         ok &= abs(claim_ratio - 1) <= TOLERANCE and abs(drain_ratio - 1) <= TOLERANCE
         print(f"{s:>13,} | {med[s]['p50']:>12.2f} | {med[s]['p99']:>12.2f} | {med[s]['drain']:>12,.0f} | "
-              f"{med[s]['archive']:>14,.0f} | claim {claim_ratio:.2f}x, drain {drain_ratio:.2f}x")  # fmt: skip
+              f"{med[s]['archive']:>14,.0f} | {med[s]['old_prune']:>12,.0f} | "
+              f"claim {claim_ratio:.2f}x, drain {drain_ratio:.2f}x")  # fmt: skip
     print(f"claims and drains within {TOLERANCE:.0%} of each other: {'yes' if ok else 'NO'}")
 
     if not args.skip_prune:
