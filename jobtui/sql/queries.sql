@@ -105,16 +105,16 @@ RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_tok
 WITH held AS (
     UPDATE {schema}.job AS j
     SET locked_until = now() + make_interval(secs => %(lease)s), heartbeat_at = now()
-    WHERE j.id = ANY(%(ids)b::bigint[]) AND j.status = 'running' AND j.locked_until > now()
-      AND j.lease_token = (%(tokens)b::bigint[])[array_position(%(ids)b::bigint[], j.id)]
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'running' AND j.locked_until > now()
+      AND j.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], j.id)]
     RETURNING j.id
 )
 SELECT id, 'held' AS lease FROM held
 UNION ALL
 SELECT j.id, 'cancelled' FROM {schema}.job AS j
-WHERE (SELECT count(*) FROM held) < cardinality(%(ids)b::bigint[])
-  AND j.id = ANY(%(ids)b::bigint[]) AND j.status = 'failed'
-  AND j.lease_token = (%(tokens)b::bigint[])[array_position(%(ids)b::bigint[], j.id)]
+WHERE (SELECT count(*) FROM held) < cardinality(%(ids)s::bigint[])
+  AND j.id = ANY(%(ids)s::bigint[]) AND j.status = 'failed'
+  AND j.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], j.id)]
   AND j.errors -> -1 ->> 'kind' = 'cancelled';
 
 -- name: complete
@@ -123,8 +123,8 @@ WHERE (SELECT count(*) FROM held) < cardinality(%(ids)b::bigint[])
 -- that join (a whole-row copy per row, kept for rechecks) would be most of this statement.
 UPDATE {schema}.job AS j
 SET status = 'done', locked_until = NULL, finished_at = now()
-WHERE j.id = ANY(%(ids)b::bigint[]) AND j.status = 'running'
-  AND j.lease_token = (%(tokens)b::bigint[])[array_position(%(ids)b::bigint[], j.id)]
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'running'
+  AND j.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], j.id)]
 RETURNING j.id;
 
 -- name: complete_deleting
@@ -135,8 +135,8 @@ RETURNING j.id;
 -- done_tally in the same statement, in the finishing worker's own row (see migration 0004).
 WITH gone AS (
     DELETE FROM {schema}.job AS j
-    WHERE j.id = ANY(%(ids)b::bigint[]) AND j.status = 'running' AND j.idempotency_key IS NULL
-      AND j.lease_token = (%(tokens)b::bigint[])[array_position(%(ids)b::bigint[], j.id)]
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'running' AND j.idempotency_key IS NULL
+      AND j.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], j.id)]
     RETURNING j.id, j.type, j.attempts, j.locked_by, j.started_at
 ), counted AS (
     INSERT INTO {schema}.done_tally AS t
