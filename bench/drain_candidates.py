@@ -12,9 +12,11 @@ and `complete_deleting` (or `complete`, with --keep-done) of queries.sql, and di
     two        claim, then complete the batch: two statements, two round trips, two commits
                (what the raw loop of bench/core.py does, and a worker's connections do apart)
     pipeline   the completion of the previous batch and the next claim sent together in
-               psycopg's pipeline mode, in one transaction: one round trip, one commit
+               psycopg's pipeline mode, inside `conn.transaction()` (BEGIN and COMMIT sent
+               as statements of their own): one round trip, one commit
     pipeline-autocommit
-               the same, each statement its own transaction: one round trip, two commits
+               the same without BEGIN and COMMIT: nothing syncs between the two statements,
+               so they still run in one (implicit) transaction: one round trip, one commit
     combined   one statement: the completion of the previous batch as a CTE of the claim
     hot        `two` on a copy of the schema whose indexes name no column the claim sets (the
                ready index is partial on `finished_at IS NULL`, not on the status; no running,
@@ -46,7 +48,6 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.types.numeric import Int8
 
 from jobtui import NewJob, Queue
 from jobtui.db import statements
@@ -97,7 +98,11 @@ def claim_params(batch: int, worker: str) -> dict[str, Any]:
 
 
 def lease_params(rows: Sequence[Any], prefix: str = "") -> dict[str, Any]:
-    return {f"{prefix}ids": [Int8(r[0]) for r in rows], f"{prefix}tokens": [Int8(r[5]) for r in rows]}
+    """The leases of claimed rows as jobtui's calls send them (bigint[] literals)."""
+    return {
+        f"{prefix}ids": "{" + ",".join(str(r[0]) for r in rows) + "}",
+        f"{prefix}tokens": "{" + ",".join(str(r[5]) for r in rows) + "}",
+    }
 
 
 def _without_comments(text: str) -> str:
@@ -115,7 +120,10 @@ def combined_statement(schema: str, keep_done: bool) -> str:
         "j.meta::text", "j.meta::text AS meta"
     )
     complete = _without_comments(statements(schema)["complete" if keep_done else "complete_deleting"].as_string(None))
-    complete = complete.replace("%(ids)b", "%(done_ids)b").replace("%(tokens)b", "%(done_tokens)b")
+    for kind in "sb":
+        complete = complete.replace(f"%(ids){kind}", f"%(done_ids){kind}").replace(
+            f"%(tokens){kind}", f"%(done_tokens){kind}"
+        )
     if keep_done:
         finished = f"finished AS ({complete})"
     else:
