@@ -104,10 +104,12 @@ def sweep(conn: psycopg.Connection[Any], retention: Retention, schema: str = DEF
     Each batch is its own short transaction so the sweep never holds many locks.
     """
     archived = deleted_done = deleted_archive = dropped_days = 0
+    # The days ahead, even when this worker archives nothing: another may (of the previous
+    # release, say, which makes no partition).
+    run(conn, Call("archive_partitions_add", {"days": PARTITION_DAYS_AHEAD}, _count), schema)
     if retention.delete_done:
         deleted_done = _batches(conn, "delete_done", retention.done, schema)
     else:
-        run(conn, Call("archive_partitions_add", {"days": PARTITION_DAYS_AHEAD}, _count), schema)
         archived = _batches(conn, "archive_done", retention.done, schema)
     deleted_dead = _batches(conn, "delete_dead", retention.dead, schema)
     if retention.archive is not None:
