@@ -74,6 +74,8 @@ class InstantDatabase:
             return call.decode(Rows(rows, CLAIM_COLUMNS)), sent
         if call.name in ("complete_deleting", "complete", "heartbeat"):
             ids = call.params["ids"]
+            if isinstance(ids, str):  # a bigint[] literal, as queue.py sends them
+                ids = [int(i) for i in ids.strip("{}").split(",")] if ids != "{}" else []
             if call.name != "heartbeat":
                 self._written += len(ids)
                 if self._written >= self._total:

@@ -41,7 +41,9 @@ GRANT SELECT ON ALL TABLES IN SCHEMA :"schema" TO :"role";
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".job TO :"role";
 -- Schedules: synced from code by each worker, advanced by the scheduler, managed by the CLI.
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".schedule TO :"role";
--- The archiver moves done jobs here, and deletes them after their own retention.
+-- The archiver moves done jobs here, and prunes them after their own retention (through the
+-- owner's functions archive_partitions_add and archive_prune, granted with the others below:
+-- the day partitions are the owner's, reached through job_archive).
 GRANT SELECT, INSERT, DELETE ON :"schema".job_archive TO :"role";
 -- Lease expiries (recorded by the reaper) and hourly summaries, pruned by the archiver.
 GRANT SELECT, INSERT, DELETE ON :"schema".lease_expiry, :"schema".stats_hourly TO :"role";

@@ -3,6 +3,7 @@ processes may race (through a transaction pooler too)."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import zlib
 from dataclasses import dataclass
@@ -39,14 +40,15 @@ def available(directory: Path | None = None) -> list[Migration]:
         if match:
             found.append(Migration(int(match.group(1)), match.group(2), path))
     versions = [m.version for m in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise RuntimeError(f"migrations must be numbered 1..n without gaps, found {versions}")
+    # Increasing from 1, each number once; a number may be skipped (one kept for another change).
+    if not versions or versions[0] != 1 or any(b <= a for a, b in itertools.pairwise(versions)):
+        raise RuntimeError(f"migrations must be numbered from 1, each number once, found {versions}")
     return found
 
 
 def code_version() -> int:
     """The schema version this code expects."""
-    return len(available())
+    return available()[-1].version
 
 
 def _lock_key(schema: str) -> int:
@@ -114,7 +116,7 @@ def pending(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> tupl
     version = applied_version(conn, schema)
     if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
         conn.rollback()
-    return version, available()[version or 0 :]
+    return version, [m for m in available() if m.version > (version or 0)]
 
 
 def dry_run_sql(schema: str, version: int | None, todo: list[Migration]) -> str:
@@ -147,12 +149,12 @@ def migrate(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> list
         for statement in _bootstrap(schema):
             _execute(conn, statement)
         current = applied_version(conn, schema) or 0
-        if current > len(known):
+        if current > known[-1].version:
             raise SchemaTooNew(
                 f"schema {schema!r} is at version {current} but this jobtui knows only "
-                f"{len(known)}: upgrade jobtui instead of migrating"
+                f"{known[-1].version}: upgrade jobtui instead of migrating"
             )
-        todo = known[current:]
+        todo = [m for m in known if m.version > current]
         for migration in todo:
             conn.execute(migration.text(schema).encode())
             _execute(conn, _recorded(schema, migration))

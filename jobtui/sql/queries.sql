@@ -109,16 +109,16 @@ RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_tok
 WITH held AS (
     UPDATE {schema}.job AS j
     SET locked_until = now() + make_interval(secs => %(lease)s), heartbeat_at = now()
-    WHERE j.id = ANY(%(ids)b::bigint[]) AND j.status = 'running' AND j.locked_until > now()
-      AND j.lease_token = (%(tokens)b::bigint[])[array_position(%(ids)b::bigint[], j.id)]
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'running' AND j.locked_until > now()
+      AND j.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], j.id)]
     RETURNING j.id
 )
 SELECT id, 'held' AS lease FROM held
 UNION ALL
 SELECT j.id, 'cancelled' FROM {schema}.job AS j
-WHERE (SELECT count(*) FROM held) < cardinality(%(ids)b::bigint[])
-  AND j.id = ANY(%(ids)b::bigint[]) AND j.status = 'failed'
-  AND j.lease_token = (%(tokens)b::bigint[])[array_position(%(ids)b::bigint[], j.id)]
+WHERE (SELECT count(*) FROM held) < cardinality(%(ids)s::bigint[])
+  AND j.id = ANY(%(ids)s::bigint[]) AND j.status = 'failed'
+  AND j.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], j.id)]
   AND j.errors -> -1 ->> 'kind' = 'cancelled';
 
 -- name: complete
@@ -127,8 +127,8 @@ WHERE (SELECT count(*) FROM held) < cardinality(%(ids)b::bigint[])
 -- that join (a whole-row copy per row, kept for rechecks) would be most of this statement.
 UPDATE {schema}.job AS j
 SET status = 'done', locked_until = NULL, finished_at = now()
-WHERE j.id = ANY(%(ids)b::bigint[]) AND j.status = 'running'
-  AND j.lease_token = (%(tokens)b::bigint[])[array_position(%(ids)b::bigint[], j.id)]
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'running'
+  AND j.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], j.id)]
 RETURNING j.id;
 
 -- name: complete_deleting
@@ -139,8 +139,8 @@ RETURNING j.id;
 -- done_tally in the same statement, in the finishing worker's own row (see migration 0004).
 WITH gone AS (
     DELETE FROM {schema}.job AS j
-    WHERE j.id = ANY(%(ids)b::bigint[]) AND j.status = 'running' AND j.idempotency_key IS NULL
-      AND j.lease_token = (%(tokens)b::bigint[])[array_position(%(ids)b::bigint[], j.id)]
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'running' AND j.idempotency_key IS NULL
+      AND j.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], j.id)]
     RETURNING j.id, j.type, j.attempts, j.locked_by, j.started_at
 ), counted AS (
     INSERT INTO {schema}.done_tally AS t
@@ -579,15 +579,15 @@ WITH gone AS (
 )
 SELECT count(*) FROM gone;
 
--- name: delete_archive
-WITH gone AS (
-    DELETE FROM {schema}.job_archive
-    WHERE id IN (SELECT id FROM {schema}.job_archive
-                 WHERE archived_at < now() - make_interval(secs => %(retention)s)
-                 LIMIT %(limit)s)
-    RETURNING 1
-)
-SELECT count(*) FROM gone;
+-- name: archive_partitions_add
+-- The archive's partitions for today and the next `days` days, made where missing (migration
+-- 0014): before the archiver moves rows in, days ahead of their use.
+SELECT {schema}.archive_partitions_add(%(days)s);
+
+-- name: archive_prune
+-- Archived jobs past their retention: whole days dropped as partitions, and up to `limit`
+-- rows deleted from the default partition and the legacy archive (migration 0014).
+SELECT dropped, deleted FROM {schema}.archive_prune(make_interval(secs => %(retention)s), %(limit)s);
 
 -- name: metrics_lock_timeout
 -- For the snapshot's own transaction: wait this long for a lock on a queue table, then fail
@@ -728,11 +728,18 @@ SELECT name, job_type, cron, paused, next_run_at, last_slot, missed_count AS mis
 FROM {schema}.schedule ORDER BY name;
 
 -- name: metrics_tables
--- Table health from the statistics collector, plus an estimate of all rows (no scan).
-SELECT s.relname AS table, s.n_live_tup AS live_rows, s.n_dead_tup AS dead_rows, s.last_autovacuum,
-       s.last_vacuum, s.last_autoanalyze, c.reltuples::bigint AS rows_estimate
+-- Table health from the statistics collector, plus an estimate of all rows (no scan). The
+-- partitions of a partitioned table (job_archive's days) count as that table: the partitioned
+-- table itself holds no rows, and a row per day would come and go with the days.
+SELECT coalesce(p.relname, s.relname) AS table, sum(s.n_live_tup)::bigint AS live_rows,
+       sum(s.n_dead_tup)::bigint AS dead_rows, max(s.last_autovacuum) AS last_autovacuum,
+       max(s.last_vacuum) AS last_vacuum, max(s.last_autoanalyze) AS last_autoanalyze,
+       sum(greatest(c.reltuples, 0))::bigint AS rows_estimate
 FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
-WHERE s.schemaname = %(schema_name)s;
+LEFT JOIN pg_inherits i ON i.inhrelid = s.relid AND c.relispartition
+LEFT JOIN pg_class p ON p.oid = i.inhparent
+WHERE s.schemaname = %(schema_name)s
+GROUP BY 1;
 
 -- name: metrics_lock_waits
 -- Sessions of this database waiting for a lock while they work on jobtui's tables, by the

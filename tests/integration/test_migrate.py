@@ -351,7 +351,7 @@ def test_migration_10_adds_meta_without_rewriting_the_table(empty_conn: Conn) ->
     empty_conn.execute("INSERT INTO jobtui.job (type) SELECT 't' FROM generate_series(1, 5000)")
     filenode = "SELECT pg_relation_filenode('jobtui.job')"
     before = empty_conn.execute(filenode).fetchone()
-    assert [m.version for m in migrations.migrate(empty_conn)][:1] == [10]
+    assert [m.version for m in migrations.migrate(empty_conn)] == [m.version for m in migrations.available()[9:]]
     assert empty_conn.execute(filenode).fetchone() == before  # the same file: not rewritten
     assert empty_conn.execute("SELECT count(*), count(meta) FROM jobtui.job").fetchone() == (5000, 0)
     assert empty_conn.execute("SELECT count(meta) FROM jobtui.job_archive").fetchone() == (0,)
@@ -381,7 +381,7 @@ def test_migration_11_gives_schedules_and_minute_rows_a_queue_while_the_previous
     empty_conn.execute(old_minute, (datetime(2026, 1, 1, tzinfo=UTC),))
     filenode = "SELECT pg_relation_filenode('jobtui.job')"
     before = empty_conn.execute(filenode).fetchone()
-    assert [m.version for m in migrations.migrate(empty_conn)] == [11]
+    assert [m.version for m in migrations.migrate(empty_conn)][:1] == [11]
     assert empty_conn.execute(filenode).fetchone() == before
     empty_conn.execute(old_schedule, ("after",))  # the previous release's statements, as they are
     empty_conn.execute(old_minute, (datetime(2026, 1, 2, tzinfo=UTC),))
