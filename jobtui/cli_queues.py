@@ -10,8 +10,10 @@ from typing import Any
 from . import queues
 from .cli_args import with_dsn
 from .cli_ops import queue_json, queue_table, wide_console
-from .db import connect, run
+from .db import connect
+from .overview import overview
 from .safetext import line, quote
+from .timers import watched
 
 
 def limit_value(text: str) -> int | None:
@@ -28,12 +30,15 @@ def limit_value(text: str) -> int | None:
 
 
 def cmd_list(args: argparse.Namespace, dsn: str) -> int:
-    with connect(dsn) as conn:
-        lines = run(conn, queues.overview_call(), args.schema)
+    with watched(connect(dsn, autocommit=True), args.schema) as conn:
+        view = overview(conn, args.schema)
     if args.json:
-        print(json.dumps(queue_json(lines), default=str, indent=2))
+        print(json.dumps(queue_json(view.lines), default=str, indent=2))
         return 0
-    wide_console().print(queue_table(lines))
+    console = wide_console()
+    console.print(queue_table(view.lines))
+    if not view.counted:
+        console.print(f"~ estimated: too many ready jobs to count on every read; from {view.source}")
     return 0
 
 

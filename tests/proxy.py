@@ -60,9 +60,8 @@ class Proxy:
                 # SO_LINGER 0: a reset, as a host that is gone answers.
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
             with contextlib.suppress(OSError):
-                # A pump thread blocked in recv() on this socket keeps it open past close(), so
-                # that no reset would reach the client, whose statement would wait for an
-                # answer forever; shutdown() wakes that thread.
+                # Wakes the pump blocked in recv() on it: a close alone leaves the connection
+                # open until that call returns, and the server's session with it.
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 

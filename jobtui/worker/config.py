@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from ..errors import InvalidInput
-from ..maintenance import ARCHIVE_TYPE, Retention, with_builtins
+from ..maintenance import ARCHIVE_TYPE, BUILTIN_TYPES, Retention, with_builtins
 from ..middleware import prepared
 from ..registry import Jobs, check_executor
 from .executor import ASYNC, PROCESS, THREAD
@@ -46,7 +46,7 @@ def executors(jobs: Jobs, default: str) -> dict[str, str]:
     """Where each type's handler runs: async ones on the loop, sync ones in the executor they
     name or `default`; the built-in jobs (the archiver) in a thread of the worker's own."""
     return {
-        t: ASYNC if h.is_async else THREAD if t == ARCHIVE_TYPE else (h.executor or default)
+        t: ASYNC if h.is_async else THREAD if t in BUILTIN_TYPES else (h.executor or default)
         for t, h in jobs.handlers.items()
     }
 

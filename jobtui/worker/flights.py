@@ -1,7 +1,7 @@
 """The jobs a worker has in flight, and what becomes of each: started when claimed, its
 handler run by the executor, its outcome handed to the writer; or, when its lease is lost or
 may be, given up (an async handler cancelled, a handler process stopped, a thread left to
-return); and at shutdown, released.
+return). At shutdown, shutdown.py releases them.
 
 A mixin of Worker (worker.py), which holds the parts these use.
 """
@@ -29,9 +29,6 @@ log = logging.getLogger("jobtui.worker")
 # An async handler whose lease was given up gets this long to end after it was cancelled
 # before its job is handed back (and may be claimed again).
 ABANDON_GRACE = 5.0
-# A job released at shutdown while its handler's thread still runs is due this much later,
-# when the worker's process (and so the thread) surely ended.
-THREAD_RELEASE_DELAY = 5.0
 
 
 class Flights:
@@ -45,7 +42,6 @@ class Flights:
     children: ChildPool | None
     counts: dict[str, int]
     builtin_counts: dict[str, int]
-    shutdown_timeout: float
     _executors: dict[str, str]
     _writer: OutcomeWriter
     _backoff: Callable[[Handler, Job], float]
@@ -159,8 +155,9 @@ class Flights:
     # -- leases --------------------------------------------------------------------------
 
     def cancel_requested(self, job_id: int) -> None:
-        """An operator cancelled job `job_id` (notified, or told by a heartbeat): a handler of
-        it here is stopped as for a lost lease, with `job.cancelled` set; the row is failed."""
+        """The job's row says an operator cancelled job `job_id` under the lease held here (the
+        heartbeat's answer): its handler is stopped as for a lost lease, with `job.cancelled`
+        set (a handler process killed, a thread left to return, its outcome dropped)."""
         flight = self.in_flight.get(job_id)
         if flight is None or flight.writing or flight.gone:
             return
@@ -234,38 +231,3 @@ class Flights:
                 )
         written = partial(self._written, flight, Outcome.ABANDONED, why, 0.0)
         self._writer.submit(Outcome.ABANDONED, flight.claimed.lease, written, f"attempt given up: {why}")
-
-    # -- shutdown ------------------------------------------------------------------------
-
-    async def _drain(self) -> None:
-        """Wait for in-flight jobs up to the shutdown timeout, then release the rest: once
-        its handler process is gone, or (a thread that runs on) due a little later."""
-        tasks = [f.task for f in self.in_flight.values() if f.task is not None and not f.task.done()]
-        if tasks:
-            log.info("waiting up to %.0fs for %d in-flight job(s)", self.shutdown_timeout, len(tasks))
-            await asyncio.wait(tasks, timeout=self.shutdown_timeout)
-        # Outcomes handed to the writer are written before it stops; the rest go back.
-        left = [f for f in self.in_flight.values() if not f.writing and not f.gone]
-        if not left:
-            return
-        for flight in left:
-            flight.job.mark_lost()
-            flight.stop_reason = "shutdown"
-            if flight.task is not None:
-                flight.task.cancel()
-        stopping = [f.task for f in left if f.executor == PROCESS and f.task is not None]
-        if stopping:
-            await asyncio.wait(stopping)  # children.py kills what is still there after its grace
-        reason = "the worker stopped before the handler finished"
-        # A thread still running is released for later: by then the process has exited.
-        delay = {id(f): 0.0 if f.handler_done else THREAD_RELEASE_DELAY for f in left}
-        write = self._writer.write
-        releases = asyncio.gather(*(write(Outcome.SHUTDOWN, f.claimed.lease, reason, delay[id(f)]) for f in left))
-        try:
-            released = sum(await asyncio.wait_for(releases, self.shutdown_timeout))
-        except TimeoutError:
-            log.error("could not release %d unfinished job(s): the database did not answer; their leases will expire",
-                      len(left))  # fmt: skip
-            return
-        self.counts["released"] += released
-        log.warning("released %d unfinished job(s) back to ready, attempts not counted", released)

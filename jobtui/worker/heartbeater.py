@@ -1,5 +1,6 @@
 """The heartbeater: extends every lease the worker holds in one statement per interval, and
-gives up each lease it could not extend in time.
+gives up each lease it could not extend in time. Its answer also names the leases an operator
+cancelled: that row is what stops a cancelled job's handler, never a notification alone.
 
 Each job in flight knows until when its lease surely holds: the moment its claim or last
 successful heartbeat was sent, plus the lease the database granted from its own now(). The
@@ -34,6 +35,9 @@ from .producer import Denied
 
 log = logging.getLogger("jobtui.worker")
 
+# Beats that cancel hints bring are at least this far apart: a flood of forged notifications
+# costs each worker at most a few small statements a second.
+HINT_GAP = 0.2
 # A job running this long without a heartbeat yet gets one early, so that the console can say
 # what runs it; at most one such extra beat per REPORT_AFTER.
 REPORT_AFTER = 1.0
@@ -67,17 +71,42 @@ class Heartbeater:
         self._give_up = give_up
         self._cancelled = cancelled
         self._denied = denied
+        self._hinted = asyncio.Event()
+        self._last_hinted = 0.0
+
+    def look(self) -> None:
+        """Beat soon: a notification hints that a job here was cancelled. Anyone may send one,
+        so only the beat's answer, read from the job's row, stops a handler; hints close
+        together share a beat, and beats they bring come at most every HINT_GAP."""
+        self._hinted.set()
+
+    async def _until_due(self) -> None:
+        """Every interval, at once when the database is back after an outage, soon after a
+        hint, and early for a job that runs without having been reported yet."""
+        link = self._link
+        due = time.monotonic() + self._interval
+        while not self._hinted.is_set():
+            back = asyncio.ensure_future(link.wait_for(lambda: link.heartbeat_due, timeout=self._next_wait(due)))
+            waits = [back, asyncio.ensure_future(self._hinted.wait())]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waits:
+                    waiter.cancel()
+            if back.done() and not back.cancelled() and back.result():
+                break  # the database is back
+            now = time.monotonic()
+            if now >= due or self._report_due(now):
+                break
+        if self._hinted.is_set():
+            await asyncio.sleep(max(0.0, self._last_hinted + HINT_GAP - time.monotonic()))
+            self._last_hinted = time.monotonic()
+            self._hinted.clear()
 
     async def run(self) -> None:
         link = self._link
         while True:
-            # Every interval, at once when the database is back after an outage, and early
-            # for a job that runs without having been reported yet.
-            due = time.monotonic() + self._interval
-            while not await link.wait_for(lambda: link.heartbeat_due, timeout=self._next_wait(due)):
-                now = time.monotonic()
-                if now >= due or self._report_due(now):
-                    break
+            await self._until_due()
             await link.wait(False)
             generation = link.generation
             try:

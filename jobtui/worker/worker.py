@@ -28,9 +28,10 @@ from ..checks import check_queue
 from ..db import Call, aconnect, arun, check_dsn, first_line, pooler_mode, statements, transaction_pooled
 from ..domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJob, FailOutcome
 from ..errors import InvalidInput, JobtuiError, PrivilegeMissing
+from ..health import Health
 from ..link import Connection, Link
 from ..logformat import job_fields
-from ..maintenance import ARCHIVE_TYPE, Retention
+from ..maintenance import ARCHIVE_TYPE, BUILTIN_QUEUE, BUILTIN_TYPES, Retention
 from ..privileges import GRANTS_HINT, WORKER_NEEDS, missing_privileges_call, privilege_message
 from ..queue import claim_call, release_unanswered_call
 from ..registry import Handler, Job, Jobs
@@ -54,6 +55,7 @@ from .heartbeater import Heartbeater
 from .listener import listen, listener_connection
 from .producer import Producer, claim_session, claim_transaction
 from .reaper import Reaper
+from .shutdown import drain
 from .slots import Slots, describe
 
 COUNTERS = ("done", "failed", "retried", "dead", "lost", "released", "abandoned", "cancelled")
@@ -97,6 +99,7 @@ class Worker(Flights):
         max_jobs_per_child: int | None = None,
         max_memory_per_child: int | None = None,
         app: str | None = None,
+        health: Health | None = None,
     ) -> None:
         check_settings(concurrency=concurrency, queues=queues, lease=lease, poll_interval=poll_interval)
         check_children(executor, max_jobs_per_child, max_memory_per_child)
@@ -121,8 +124,17 @@ class Worker(Flights):
         # The handler processes, while the worker runs with any type in process mode.
         self.children: ChildPool | None = None
         self.dsn = dsn
-        # One pool of slots per queue named, or one for every queue (None).
+        # One pool of slots per queue named, or one for every queue (None). Each pool claims
+        # its queue's jobs of the worker's types.
         sizes: dict[str | None, int] = {check_queue(q): n for q, n in queues.items()} if queues else {None: concurrency}
+        self._pool_claims: dict[str | None, tuple[list[str], str | None]] = {q: (selected, q) for q in sizes}
+        builtins = [t for t in BUILTIN_TYPES if t in selected]
+        if queues and builtins and BUILTIN_QUEUE not in sizes:
+            # jobtui's own jobs (the archiver) run on every worker, whatever queues it serves:
+            # a slot of their own, claiming them from any queue (a scheduler of the previous
+            # release put them in the default one).
+            sizes[BUILTIN_QUEUE] = 1
+            self._pool_claims[BUILTIN_QUEUE] = (builtins, None)
         self.slots = Slots(sizes)
         self.concurrency = self.slots.total
         self.types = selected
@@ -145,9 +157,7 @@ class Worker(Flights):
         self.pooler = pooler_mode(pooler)
         self.listen_dsn = check_dsn(listen_dsn) if listen_dsn else None
         self.scheduler = (
-            Scheduler(dsn, schema=schema, specs=list(jobs.schedules.values()), pooler=self.pooler)
-            if scheduler
-            else None
+            Scheduler(dsn, schema=schema, specs=jobs.schedule_specs(), pooler=self.pooler) if scheduler else None
         )
         self.in_flight: dict[int, InFlight] = {}
         self._limits = {t: h.max_attempts for t, h in jobs.handlers.items()}
@@ -163,6 +173,8 @@ class Worker(Flights):
         self._stopping_for_privilege = False
         self._rng = random.Random()
         self._running = False
+        self.health = health  # answers /healthz and /readyz (health.py), probing through the worker's link
+        self.started = asyncio.Event()  # set once the worker claims (systemd's READY=1)
 
     # -- control -------------------------------------------------------------------------
 
@@ -290,15 +302,20 @@ class Worker(Flights):
                 asyncio.create_task(heartbeater.watch(), name="jobtui-lease-watch"),
                 asyncio.create_task(reaper.run(), name="jobtui-reaper"),
             ]
-            listener = listen(listen_conn, self.slots.wake, self.cancel_requested, self.poll_interval)
+            hinted = partial(self._cancel_hinted, heartbeater)
+            listener = listen(listen_conn, self.slots.wake, hinted, self.poll_interval)
             background.append(asyncio.create_task(listener, name="jobtui-listen"))
             if self.scheduler is not None:
                 background.append(asyncio.create_task(self.scheduler.run(stopping, link=link), name="jobtui-scheduler"))
+            if self.health is not None:
+                probe = Connection(self.dsn, "probe", link=link, gated=True, pooler=pooler)
+                background.append(asyncio.create_task(self.health.watch(probe, stopping), name="jobtui-health"))
+            self.started.set()
             for task in background:
                 task.add_done_callback(self._background_ended)
             try:
                 await asyncio.gather(*(producer.run() for producer in producers))
-                await self._drain()
+                self.counts["released"] += await drain(self.in_flight, self._writer, self.shutdown_timeout)
             finally:
                 stopped_writing.set()
                 try:
@@ -325,8 +342,9 @@ class Worker(Flights):
             raise self.fatal
 
     def _claim_call(self, pool: str | None, limit: int) -> Call[list[ClaimedJob]]:
+        types, queue = self._pool_claims[pool]
         return claim_call(
-            self.types, worker=self.worker_id, limit=limit, lease=self.lease, max_attempts=self._limits, queue=pool
+            types, worker=self.worker_id, limit=limit, lease=self.lease, max_attempts=self._limits, queue=queue
         )
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
@@ -382,7 +400,7 @@ class Worker(Flights):
             outcome.type,
             outcome.attempt,
             outcome.max_attempts,
-            extra=job_fields(outcome.job_id, outcome.type, outcome.attempt, outcome.worker, self.schema),
+            extra=job_fields(outcome.job_id, outcome.type, outcome.attempt, outcome.worker, outcome.queue, self.schema),
         )
         for callback in self.jobs.dead_callbacks:
             try:
@@ -393,6 +411,12 @@ class Worker(Flights):
     def _describe_executors(self) -> str:
         used = {self._executors[t] for t in self.types if t != ARCHIVE_TYPE} - {"async"}
         return ", ".join(sorted(used)) or "none"
+
+    def _cancel_hinted(self, heartbeater: Heartbeater, job_id: int) -> None:
+        """A notification says job `job_id` was cancelled. Any role that can connect may send
+        one, so it only makes the heartbeat read the rows of the jobs here now."""
+        if job_id in self.in_flight:
+            heartbeater.look()
 
 
 def _log_settings() -> tuple[int, Any]:

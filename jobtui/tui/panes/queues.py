@@ -16,7 +16,7 @@ from textual.widgets import Input, Label
 from ... import queues
 from ...db import connect
 from ...errors import InvalidInput
-from ...queues import QueueLine
+from ...overview import QueueLine
 from ...safetext import line
 from .. import render
 from ..console import Change, View
@@ -30,27 +30,36 @@ def key_of(kind: str, name: str) -> str:
     return f"{kind}:{name}"
 
 
+def marked(q: QueueLine, field: str, text: str) -> str:
+    """`text`, with `~` when the field is an estimate (a backlog too big to count on every read)."""
+    return f"~{text}" if field in q.estimated else text
+
+
 def queue_rows(lines: Sequence[QueueLine], needle: str, thresholds: render.Thresholds) -> list[render.Row]:
-    """Queues first, then types; a paused one says so in amber, a limit that is reached in red."""
+    """Queues first, then types; a paused one says so in amber, a limit that is reached in red;
+    estimates start with `~`."""
     rows: list[render.Row] = []
     for q in lines:
         if needle and needle.lower() not in q.name.lower():
             continue
         level = thresholds.level(q.oldest_age, thresholds.oldest_ready_warn, thresholds.oldest_ready_crit)
         full = q.max_running is not None and q.running >= q.max_running
+        oldest = "?" if q.oldest_age is None and "oldest_age" in q.estimated else "-"
         rows.append(
             render.row(
                 key_of(q.kind, q.name),
                 [
                     q.kind,
                     q.name,
-                    f"{q.ready:,}",
-                    f"{q.due:,}",
+                    marked(q, "ready", f"{q.ready:,}"),
+                    marked(q, "due", f"{q.due:,}"),
                     render.styled(f"{q.running:,}", "crit") if full else f"{q.running:,}",
                     "-" if q.max_running is None else f"{q.max_running:,}",
                     render.styled(f"paused by {q.paused_by}", "warn") if q.paused else "-",
-                    render.styled(render.age(q.oldest_age), level) if q.oldest_age is not None else "-",
-                    f"{q.done_last_minute:,}",
+                    render.styled(marked(q, "oldest_age", render.age(q.oldest_age)), level)
+                    if q.oldest_age is not None
+                    else oldest,
+                    marked(q, "done_last_minute", f"{q.done_last_minute:,}"),
                 ],
             )
         )
@@ -77,9 +86,10 @@ def set_limit(actions: Actions, name: str, limit: int | None, seen: int | None) 
         change = queues.set_limit(
             conn, name, limit, actor=actions.actor, expected=seen, fenced=True, schema=actions.schema
         )
+    was = "none" if change.was is None else str(change.was)
     if not change.changed:
-        return f"queue {name}: its limit changed to {change.was} meanwhile; nothing changed (look again)"
-    return f"queue {name}: limit {'none' if limit is None else limit} (was {'none' if seen is None else seen})"
+        return f"queue {name}: its limit changed to {was} meanwhile; nothing changed (look again)"
+    return f"queue {name}: limit {'none' if limit is None else limit} (was {was})"
 
 
 def parse_limit(text: str) -> int | None:
