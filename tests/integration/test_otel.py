@@ -116,7 +116,7 @@ def test_an_attempt_in_a_handler_process_has_its_span_middleware_and_effect(dsn:
         worker.wait_started()
         EXPORTER.clear()
         with Queue(dsn, middleware=[otel.trace_enqueue]) as queue:
-            job_id = queue.enqueue("traced", {})
+            job_id = queue.enqueue("traced", {}, queue="mail")
             wait_for(lambda: queue.get(job_id).status is JobStatus.DONE, 20, "the job done", worker.log)  # type: ignore[union-attr]
     finally:
         worker.kill()
@@ -126,5 +126,7 @@ def test_an_attempt_in_a_handler_process_has_its_span_middleware_and_effect(dsn:
     assert run["pid"] not in (os.getpid(), worker.pid) and run["attributes"]["app.pid"] == run["pid"]
     assert run["links"] == [format(enqueued.context.span_id, "016x")]
     assert run["attributes"]["jobtui.outcome"] == "complete" and run["attributes"]["jobtui.job.id"] == job_id
+    # The claim's queue came over the pipe: the job's named queue, and its schema apart.
+    assert (run["attributes"]["jobtui.queue"], run["attributes"]["jobtui.schema"]) == ("mail", "jobtui")
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT count(*) FROM effect_log WHERE key = %s", (f"traced:{job_id}",)).fetchone() == (1,)
