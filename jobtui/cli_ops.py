@@ -28,6 +28,7 @@ from .joblists import dead_groups
 from .metrics import Snapshot, snapshot
 from .queue import job_statuses_call
 from .queues import QueueLine, overview_call
+from .rates import RAMP_TOP, rate_text
 from .safetext import line
 
 Opener = Callable[[argparse.Namespace], Queue]
@@ -190,8 +191,8 @@ def wide_console() -> Console:
 
 
 def queue_table(lines: list[QueueLine]) -> Table:
-    """Each queue and job type: ready, due, running, limit, pause, oldest wait, done/min."""
-    table = Table("kind", "name", "ready", "due", "running", "limit", "paused", "oldest ready", "done/min",
+    """Each queue and job type: ready, due, running, limit, rate, pause, oldest wait, done/min."""
+    table = Table("kind", "name", "ready", "due", "running", "limit", "rate", "paused", "oldest ready", "done/min",
                   title="Queues and job types")  # fmt: skip
     for q in lines:
         table.add_row(
@@ -201,6 +202,7 @@ def queue_table(lines: list[QueueLine]) -> Table:
             str(q.due),
             str(q.running),
             "-" if q.max_running is None else str(q.max_running),
+            rate_cell(q),
             f"by {q.paused_by}" if q.paused else "-",
             _age(q.oldest_age),
             str(q.done_last_minute),
@@ -208,10 +210,17 @@ def queue_table(lines: list[QueueLine]) -> Table:
     return table
 
 
+def rate_cell(q: QueueLine) -> str:
+    """`20/s`, `3.2/s ramping to 20/s until 12:00:30` (UTC), or `-` without a rate."""
+    if q.ramp_until is not None:
+        return f"{rate_text(q.rate_now)} ramping to {rate_text(q.rate or RAMP_TOP)} until {q.ramp_until:%H:%M:%S}"
+    return "-" if q.rate is None else rate_text(q.rate)
+
+
 def queue_json(lines: list[QueueLine]) -> list[dict[str, Any]]:
     from dataclasses import asdict
 
-    return [{**asdict(q), "paused": q.paused} for q in lines]
+    return [{**asdict(q), "paused": q.paused, "ramping": q.ramping} for q in lines]
 
 
 def cmd_stats(args: argparse.Namespace, dsn: str) -> int:
@@ -228,11 +237,18 @@ def cmd_stats(args: argparse.Namespace, dsn: str) -> int:
                 console.clear()
             render_stats(snap, console)
             # Only when there is more than the one default queue, or a lever is pulled.
-            if any(q.name != "default" or q.paused or q.max_running is not None for q in lines if q.kind == "queue"):
-                console.print(queue_table([q for q in lines if q.kind == "queue" or q.paused]))
+            if any(_lever_pulled(q) for q in lines):
+                shown = [q for q in lines if q.kind == "queue" or q.paused or q.rate_now is not None]
+                console.print(queue_table(shown))
         if not args.watch:
             return 0
         time.sleep(args.watch)
+
+
+def _lever_pulled(q: QueueLine) -> bool:
+    """Whether `stats` shows the queues: more than the one default queue, or a lever pulled."""
+    levers = q.paused or q.max_running is not None or q.rate_now is not None
+    return levers or (q.kind == "queue" and q.name != "default")
 
 
 def cmd_dead(args: argparse.Namespace, dsn: str) -> int:

@@ -39,14 +39,16 @@ def available(directory: Path | None = None) -> list[Migration]:
         if match:
             found.append(Migration(int(match.group(1)), match.group(2), path))
     versions = [m.version for m in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise RuntimeError(f"migrations must be numbered 1..n without gaps, found {versions}")
+    # Numbers are handed out ahead, one per change under way, so a tree may lack some of
+    # them for a while: each must be unique, and the first is 1.
+    if versions[:1] != [1] or len(set(versions)) != len(versions):
+        raise RuntimeError(f"migrations must be numbered from 1, each number once, found {versions}")
     return found
 
 
 def code_version() -> int:
-    """The schema version this code expects."""
-    return len(available())
+    """The schema version this code expects: its newest migration's."""
+    return available()[-1].version
 
 
 def _lock_key(schema: str) -> int:
@@ -67,13 +69,22 @@ def applied_version(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA)
     return int(row[0]) if row else 0
 
 
+def applied_versions(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> set[int]:
+    """Every version applied to `schema` (empty without a migration table)."""
+    if applied_version(conn, schema) is None:
+        return set()
+    rows = conn.execute(sql.SQL("SELECT version FROM {}.migration").format(sql.Identifier(schema))).fetchall()
+    return {int(r[0]) for r in rows}
+
+
 def check(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> int:
-    """Raise SchemaNotMigrated unless the schema is at least at this code's version."""
+    """Raise SchemaNotMigrated unless the schema has every migration of this code."""
     version = applied_version(conn, schema)
+    missing = {m.version for m in available()} - applied_versions(conn, schema) if version is not None else set()
     if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
         conn.rollback()
     expected = code_version()
-    if version is None or version < expected:
+    if version is None or version < expected or missing:
         found = "missing" if version is None else f"at version {version}"
         raise SchemaNotMigrated(
             f"schema {schema!r} is {found}, this jobtui needs version {expected}: run `jobtui migrate`"
@@ -104,12 +115,13 @@ def migrate(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> list
             ).format(ident)
         )
         current = applied_version(conn, schema) or 0
-        if current > len(known):
+        if current > known[-1].version:
             raise SchemaTooNew(
                 f"schema {schema!r} is at version {current} but this jobtui knows only "
-                f"{len(known)}: upgrade jobtui instead of migrating"
+                f"{known[-1].version}: upgrade jobtui instead of migrating"
             )
-        pending = known[current:]
+        applied = {int(r[0]) for r in conn.execute(sql.SQL("SELECT version FROM {}.migration").format(ident))}
+        pending = [m for m in known if m.version not in applied]
         for migration in pending:
             conn.execute(migration.text(schema).encode())
             conn.execute(

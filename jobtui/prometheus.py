@@ -75,8 +75,16 @@ def queue_families(lines: list[QueueLine]) -> Iterator[Metric]:
     paused = GaugeMetricFamily(
         "jobtui_paused", "1 when the queue or job type is paused fleet-wide", labels=["kind", "name"]
     )
+    rate = GaugeMetricFamily(
+        "jobtui_rate_limit_per_second",
+        "Jobs of the queue or job type claimed per second at most, across every worker, now (lower during a"
+        " resume's ramp; set ones only)",
+        labels=["kind", "name"],
+    )
     for q in lines:
         paused.add_metric([q.kind, q.name], 1 if q.paused else 0)
+        if q.rate_now is not None:
+            rate.add_metric([q.kind, q.name], q.rate_now)
         if q.kind != "queue":
             continue
         jobs.add_metric([q.name, "ready"], q.ready)
@@ -84,7 +92,7 @@ def queue_families(lines: list[QueueLine]) -> Iterator[Metric]:
         age.add_metric([q.name], q.oldest_age or 0.0)
         if q.max_running is not None:
             limit.add_metric([q.name], q.max_running)
-    yield from (jobs, age, limit, paused)
+    yield from (jobs, age, limit, paused, rate)
 
 
 def families(snap: Snapshot) -> Iterator[Metric]:

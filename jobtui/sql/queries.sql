@@ -58,13 +58,23 @@ COPY {schema}.job (id, type, payload, max_attempts, meta, queue) FROM STDIN;
 -- Pauses and limits are read here, in queue_control, in this statement: paused queues and
 -- types are left out (two one-time subqueries of that small table), and the jobs of queues
 -- with a limit come from claim_limited (migration 0008), which counts what runs under a lock.
--- Without a limit set, that function finds no row and takes no lock. The queue and the type
+-- Without a limit set, that function finds no row and takes no lock. The jobs of queues and
+-- types with a rate (or a ramp) come from claim_rated (migration 0013), which takes a token
+-- of their buckets per job; without a rate set, one small subquery finds none and the function
+-- is not called. The queue and the type
 -- are compared as expressions (`queue || ''`), which the planner estimates by default rather
 -- than from the columns' statistics: with a single queue or type in the table, those say
 -- that almost no row differs from a value not known yet, and a generic plan would sort every
 -- ready row instead of walking the ready index.
-WITH limited AS MATERIALIZED (
-    SELECT {schema}.claim_limited(%(queue)s::text, %(types)s::text[], %(limit)s::int) AS ids
+WITH rated AS MATERIALIZED (
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM {schema}.queue_control
+                             WHERE rate_per_second IS NOT NULL OR ramp_until > now())
+                THEN {schema}.claim_rated(%(queue)s::text, %(types)s::text[], %(limit)s::int)
+                ELSE ARRAY[]::bigint[] END AS ids
+), limited AS MATERIALIZED (
+    SELECT (SELECT ids FROM rated)
+           || {schema}.claim_limited(%(queue)s::text, %(types)s::text[],
+                                     %(limit)s::int - cardinality((SELECT ids FROM rated)), (SELECT ids FROM rated)) AS ids
 )
 UPDATE {schema}.job AS j
 SET status = 'running',
@@ -84,9 +94,11 @@ WHERE j.id = ANY((SELECT ids FROM limited) || ARRAY(
         WHERE status = 'ready' AND run_at <= now() AND type = ANY(%(types)s::text[])
           AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
           AND (queue || '') <> ALL(ARRAY(SELECT name FROM {schema}.queue_control
-                                         WHERE kind = 'queue' AND (paused_at IS NOT NULL OR max_running IS NOT NULL)))
+                                         WHERE kind = 'queue' AND (paused_at IS NOT NULL OR max_running IS NOT NULL
+                                               OR rate_per_second IS NOT NULL OR ramp_until > now())))
           AND (type || '') <> ALL(ARRAY(SELECT name FROM {schema}.queue_control
-                                        WHERE kind = 'type' AND paused_at IS NOT NULL))
+                                        WHERE kind = 'type' AND (paused_at IS NOT NULL
+                                              OR rate_per_second IS NOT NULL OR ramp_until > now())))
         ORDER BY run_at, id
         LIMIT greatest(0, %(limit)s::int - cardinality((SELECT ids FROM limited)))
         FOR UPDATE SKIP LOCKED))
@@ -1107,10 +1119,13 @@ SELECT coalesce(g.kind, c.kind) AS kind, coalesce(g.name, c.name) AS name,
        coalesce(g.ready, 0)::bigint AS ready, coalesce(g.due, 0)::bigint AS due,
        coalesce(g.running, 0)::bigint AS running, coalesce(g.done, 0)::bigint AS done_last_minute,
        extract(epoch FROM now() - g.oldest)::float8 AS oldest_age,
-       c.max_running, c.paused_at, c.paused_by
+       c.max_running, c.paused_at, c.paused_by,
+       c.rate_per_second AS rate, CASE WHEN c.ramp_until > now() THEN c.ramp_until END AS ramp_until,
+       {schema}.control_rate(c.rate_per_second, c.ramp_from, c.ramp_until, now()) AS rate_now
 FROM grouped AS g
 FULL JOIN {schema}.queue_control AS c ON c.kind = g.kind AND c.name = g.name
 WHERE g.name IS NOT NULL OR c.paused_at IS NOT NULL OR c.max_running IS NOT NULL
+   OR c.rate_per_second IS NOT NULL OR c.ramp_until > now()
 ORDER BY 1, 2;
 
 -- name: queue_pause
@@ -1125,12 +1140,20 @@ RETURNING c.name;
 
 -- name: queue_resume
 -- Operator: resume a paused queue or type; returns a row only when it was paused. Wakes the
--- workers, so that they claim at once rather than at their next poll.
+-- workers, so that they claim at once rather than at their next poll. With a ramp of
+-- %(ramp)s seconds the rate then rises over that time (control_rate, migration 0013), from an
+-- empty bucket; without one any earlier ramp ends.
 WITH resumed AS (
     UPDATE {schema}.queue_control AS c
-    SET paused_at = NULL, paused_by = NULL, changed_at = now(), changed_by = %(actor)s
+    SET paused_at = NULL, paused_by = NULL, changed_at = now(), changed_by = %(actor)s,
+        ramp_from = CASE WHEN %(ramp)s::float8 > 0 THEN now() END,
+        ramp_until = CASE WHEN %(ramp)s::float8 > 0 THEN now() + make_interval(secs => %(ramp)s::float8) END
     WHERE c.kind = %(kind)s AND c.name = %(name)s AND c.paused_at IS NOT NULL
-    RETURNING c.name
+    RETURNING c.kind, c.name
+), bucket AS (
+    INSERT INTO {schema}.rate_bucket AS b (kind, name, tokens, refilled_at)
+    SELECT kind, name, 0, now() FROM resumed WHERE %(ramp)s::float8 > 0
+    ON CONFLICT (kind, name) DO UPDATE SET tokens = 0, refilled_at = now()
 )
 SELECT name, pg_notify(%(channel)s::text, '') AS woken FROM resumed;
 
@@ -1153,3 +1176,32 @@ WITH before AS (
     RETURNING c.name
 )
 SELECT (SELECT max_running FROM before) AS was, pg_notify(%(channel)s::text, '') AS woken FROM changed;
+
+-- name: queue_rate
+-- Operator: set (or with NULL clear) how many jobs of a queue or job type are claimed per
+-- second across every worker, from each one's next claim. Fenced by the rate the operator
+-- saw, as queue_limit is; returns the rate before, or no row when it had changed meanwhile.
+-- The bucket keeps what it held at the old rate (up to a second's worth of the new one), so
+-- that a change takes effect at the next claim, without a burst. Wakes the workers.
+WITH before AS (
+    SELECT rate_per_second FROM {schema}.queue_control
+    WHERE kind = %(kind)s AND name = %(name)s
+    FOR UPDATE
+), allowed AS (
+    SELECT NOT %(fenced)s OR (SELECT rate_per_second FROM before) IS NOT DISTINCT FROM %(expected)s::float8 AS ok
+), changed AS (
+    INSERT INTO {schema}.queue_control AS c (kind, name, rate_per_second, changed_by)
+    SELECT %(kind)s, %(name)s, %(rate)s::float8, %(actor)s FROM allowed WHERE ok
+    ON CONFLICT (kind, name) DO UPDATE
+    SET rate_per_second = excluded.rate_per_second, changed_at = now(), changed_by = excluded.changed_by
+    RETURNING c.kind, c.name
+), bucket AS (
+    INSERT INTO {schema}.rate_bucket AS b (kind, name, tokens, refilled_at)
+    SELECT kind, name, 1, now() FROM changed WHERE %(rate)s::float8 IS NOT NULL
+    ON CONFLICT (kind, name) DO UPDATE
+    SET tokens = least({schema}.rate_burst(%(rate)s::float8),
+                       b.tokens + coalesce((SELECT rate_per_second FROM before), 0)
+                                  * greatest(0.0, extract(epoch FROM now() - b.refilled_at)::float8)),
+        refilled_at = greatest(b.refilled_at, now())
+)
+SELECT (SELECT rate_per_second FROM before) AS was, pg_notify(%(channel)s::text, '') AS woken FROM changed;

@@ -22,6 +22,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "safetext",
         "explain",
         "logformat",
+        "rates",
     ),
     "kernel": ("db", "link", "embedded"),
     "core": (
