@@ -25,9 +25,13 @@ RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
                                            / greatest(extract(epoch FROM p_until - p_from)::float8, 0.001))) AS f) AS ramp
 $$;
 
--- How many jobs a bucket may hold: one second's worth, and at least one job.
+-- How many jobs a bucket may hold: two seconds' worth, and at least one job. Tokens refill
+-- only up to it, so when no claim comes for longer (a worker claims at least once per poll,
+-- a second by default, and later on a loaded machine) the time past it is lost. Two seconds
+-- keep a fleet's long-run rate at the rate; the price is that after a quiet spell up to twice
+-- the rate may start within one second.
 CREATE FUNCTION {schema}.rate_burst(p_rate float8) RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
-    SELECT greatest(1.0, coalesce(p_rate, 1.0))
+    SELECT greatest(1.0, 2.0 * coalesce(p_rate, 1.0))
 $$;
 
 -- The token bucket of each rated queue or type: the jobs it may still claim (`tokens`) as of
@@ -106,7 +110,7 @@ BEGIN
             WHERE kind = c.kind AND name = c.name FOR UPDATE;
         END IF;
         -- Refilled at the rate of the middle of the time since (a ramp's rate moves meanwhile),
-        -- up to one second's worth. A claim that waited for this lock may have started before
+        -- up to two seconds' worth (rate_burst). A claim that waited for this lock may have started before
         -- the last refill: it adds nothing for that time.
         have := least({schema}.rate_burst({schema}.control_rate(c.rate_per_second, c.ramp_from, c.ramp_until, now())),
                       have + {schema}.control_rate(c.rate_per_second, c.ramp_from, c.ramp_until,

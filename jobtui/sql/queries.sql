@@ -1181,7 +1181,7 @@ SELECT (SELECT max_running FROM before) AS was, pg_notify(%(channel)s::text, '')
 -- Operator: set (or with NULL clear) how many jobs of a queue or job type are claimed per
 -- second across every worker, from each one's next claim. Fenced by the rate the operator
 -- saw, as queue_limit is; returns the rate before, or no row when it had changed meanwhile.
--- The bucket keeps what it held at the old rate (up to a second's worth of the new one), so
+-- The bucket keeps what it held at the old rate (up to two seconds' worth of the new one), so
 -- that a change takes effect at the next claim, without a burst. Wakes the workers.
 WITH before AS (
     SELECT rate_per_second FROM {schema}.queue_control

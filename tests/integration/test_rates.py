@@ -5,6 +5,8 @@ claim, and leaves the jobs of unrated queues to the claim as it was."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -13,11 +15,15 @@ import pytest
 from jobtui import queues
 from jobtui.client import Queue
 from jobtui.db import run
+from jobtui.domain import NewJob
 from jobtui.errors import InvalidInput
 from jobtui.queue import claim_call
 from jobtui.rates import parse_rate
+from tests.integration.test_levers import jobtui
+from tests.workers import WorkerProcess, wait_for
 
 Conn = psycopg.Connection[Any]
+Spawn = Callable[..., WorkerProcess]
 
 
 def claim(conn: Conn, queue: str | None = None, limit: int = 50, types: tuple[str, ...] = ("a", "b")) -> list[int]:
@@ -131,7 +137,7 @@ def test_a_ramp_starts_slow_and_ends_at_the_rate(conn: Conn, dsn: str) -> None:
         early += len(claim(conn))
         time.sleep(0.05)
     time.sleep(1.6)
-    claim(conn)  # the bucket at its fullest is a second's worth
+    claim(conn)  # the bucket at its fullest is two seconds' worth
     started = time.monotonic()
     late = 0
     while time.monotonic() - started < 0.5:
@@ -153,3 +159,89 @@ def test_bad_rates_are_refused_in_one_line(conn: Conn) -> None:
     with pytest.raises(InvalidInput, match="ramp"):
         queues.resume(conn, "queue", "q", actor="olga", ramp=0)
     assert parse_rate("1200/min") == 20.0
+
+
+# -- real workers -------------------------------------------------------------------------
+
+
+def db_now(conn: Conn) -> datetime:
+    row = conn.execute("SELECT now()").fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+def started_between(conn: Conn, since: datetime, until: datetime, job_type: str = "quick") -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM jobtui.job WHERE type = %s AND started_at >= %s AND started_at < %s",
+        (job_type, since, until),
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def rate_over(conn: Conn, seconds: float) -> float:
+    """Jobs started per second over the next `seconds`, by the database's clock."""
+    since = db_now(conn)
+    time.sleep(seconds)
+    return started_between(conn, since, db_now(conn)) / seconds
+
+
+def two_rated_workers(conn: Conn, app_dsn: str, spawn: Spawn, jobs: int) -> None:
+    with Queue(app_dsn) as q:
+        q.enqueue_many([NewJob("quick", {}) for _ in range(jobs)])
+    queues.set_rate(conn, "type", "quick", 20.0, actor="olga")
+    for name in ("A", "B"):
+        spawn(name, "--no-scheduler", "--concurrency", "20")
+    wait_for(lambda: started_between(conn, db_now(conn) - timedelta(seconds=5), db_now(conn)) >= 20, 20, "jobs run")
+
+
+def test_two_workers_hold_to_20_per_second_and_to_50_from_the_next_claim(db: Conn, app_dsn: str, spawn: Spawn) -> None:
+    two_rated_workers(db, app_dsn, spawn, 800)
+    rate = rate_over(db, 4.0)
+    assert 20 * 0.8 <= rate <= 20 * 1.2, rate
+    # Each worker claims at least once a second (its poll): from then on the new rate holds.
+    changed = db_now(db)
+    assert queues.set_rate(db, "type", "quick", 50.0, actor="olga", expected=20.0, fenced=True).changed
+    time.sleep(4.2)
+    after = started_between(db, changed + timedelta(seconds=1.1), changed + timedelta(seconds=4.1)) / 3.0
+    assert 50 * 0.8 <= after <= 50 * 1.2, after
+    locked_by = db.execute("SELECT DISTINCT locked_by FROM jobtui.job WHERE started_at IS NOT NULL").fetchall()
+    assert {str(r[0]) for r in locked_by} == {"A", "B"}
+
+
+@pytest.mark.slow
+def test_two_workers_hold_to_20_per_second_over_30s_windows(db: Conn, app_dsn: str, spawn: Spawn) -> None:
+    two_rated_workers(db, app_dsn, spawn, 3000)
+    for _ in range(2):
+        rate = rate_over(db, 30.0)
+        assert 20 * 0.9 <= rate <= 20 * 1.1, rate
+    queues.set_rate(db, "type", "quick", 50.0, actor="olga")
+    time.sleep(1.5)
+    rate = rate_over(db, 30.0)
+    assert 50 * 0.9 <= rate <= 50 * 1.1, rate
+
+
+def ramp_run(db: Conn, app_dsn: str, spawn: Spawn, jobs: int, ramp: str, seconds: float) -> tuple[int, int]:
+    """Jobs started in the first and in the last 5 s of a ramp of a paused queue's backlog."""
+    with Queue(app_dsn) as q:
+        q.enqueue_many([NewJob("quick", {}, queue="bulk") for _ in range(jobs)])
+    assert "paused" in jobtui(app_dsn, "queue", "pause", "bulk").stdout
+    for name in ("A", "B"):
+        spawn(name, "--no-scheduler", "--concurrency", "50")
+    out = jobtui(app_dsn, "queue", "resume", "bulk", "--ramp", ramp)
+    assert out.returncode == 0 and "rising over" in out.stdout, out
+    resumed = db_now(db)
+    time.sleep(seconds + 0.5)
+    first = started_between(db, resumed, resumed + timedelta(seconds=5))
+    last = started_between(db, resumed + timedelta(seconds=seconds - 5), resumed + timedelta(seconds=seconds))
+    return first, last
+
+
+def test_a_resume_with_a_ramp_lets_the_backlog_in_slowly_at_first(db: Conn, app_dsn: str, spawn: Spawn) -> None:
+    first, last = ramp_run(db, app_dsn, spawn, 3000, "10s", 10.0)
+    assert last > 0 and first < last / 3, (first, last)
+
+
+@pytest.mark.slow
+def test_a_30s_ramp_over_20000_ready_jobs(db: Conn, app_dsn: str, spawn: Spawn) -> None:
+    first, last = ramp_run(db, app_dsn, spawn, 20_000, "30s", 30.0)
+    assert last > 0 and first < last / 3, (first, last)
