@@ -24,6 +24,8 @@ from .domain import JobStatus
 from .donehistory import DoneHistory
 from .errors import InvalidInput, UnknownJob
 from .explain import human_delta
+from .flows import line_forecasts
+from .forecast import Forecast
 from .joblists import dead_groups
 from .metrics import Snapshot, snapshot
 from .queue import job_statuses_call
@@ -77,6 +79,7 @@ def render_stats(snap: Snapshot, console: Console) -> None:
         ("done/min", snap.done_last_minute),
         ("lease expiries 1h", snap.lease_expiries_last_hour),
         ("missed slots", snap.missed_slots),
+        ("backlog", snap.forecast.text),
     )
     console.print(header.append(f"done ≈ {snap.done_estimate} (estimate)", style="dim"))
     types = Table("type", "ready", "due", "oldest ready", "running", "dead", "failed", title="Jobs by type")
@@ -190,11 +193,15 @@ def wide_console() -> Console:
     return console if console.is_terminal or os.environ.get("COLUMNS", "").isdigit() else DataConsole(width=160)
 
 
-def queue_table(lines: list[QueueLine]) -> Table:
-    """Each queue and job type: ready, due, running, limit, rate, pause, oldest wait, done/min."""
+def queue_table(lines: list[QueueLine], forecasts: dict[tuple[str, str], Forecast] | None = None) -> Table:
+    """Each queue and job type: ready, due, running, limit, rate, pause, oldest wait, done/min,
+    and with `forecasts` when its due backlog drains."""
     table = Table("kind", "name", "ready", "due", "running", "limit", "rate", "paused", "oldest ready", "done/min",
                   title="Queues and job types")  # fmt: skip
+    if forecasts is not None:
+        table.add_column("forecast")
     for q in lines:
+        more = [] if forecasts is None else [forecasts[(q.kind, q.name)].text]
         table.add_row(
             q.kind,
             q.name,
@@ -206,6 +213,7 @@ def queue_table(lines: list[QueueLine]) -> Table:
             f"by {q.paused_by}" if q.paused else "-",
             _age(q.oldest_age),
             str(q.done_last_minute),
+            *more,
         )
     return table
 
@@ -217,10 +225,16 @@ def rate_cell(q: QueueLine) -> str:
     return "-" if q.rate is None else rate_text(q.rate)
 
 
-def queue_json(lines: list[QueueLine]) -> list[dict[str, Any]]:
+def queue_json(
+    lines: list[QueueLine], forecasts: dict[tuple[str, str], Forecast] | None = None
+) -> list[dict[str, Any]]:
     from dataclasses import asdict
 
-    return [{**asdict(q), "paused": q.paused, "ramping": q.ramping} for q in lines]
+    out = [{**asdict(q), "paused": q.paused, "ramping": q.ramping} for q in lines]
+    if forecasts is not None:
+        for q, data in zip(lines, out, strict=True):
+            data["forecast"] = forecasts[(q.kind, q.name)].to_json()
+    return out
 
 
 def cmd_stats(args: argparse.Namespace, dsn: str) -> int:
@@ -230,8 +244,9 @@ def cmd_stats(args: argparse.Namespace, dsn: str) -> int:
         with connect(dsn, autocommit=True) as conn:
             snap = snapshot(conn, args.schema, history=history)
             lines = run(conn, overview_call(), args.schema)
+        forecasts = line_forecasts(lines, snap.flows)
         if args.json:
-            print(json.dumps({**snap.to_json(), "queues": queue_json(lines)}, default=str, indent=2))
+            print(json.dumps({**snap.to_json(), "queues": queue_json(lines, forecasts)}, default=str, indent=2))
         else:
             if args.watch:
                 console.clear()
@@ -239,7 +254,7 @@ def cmd_stats(args: argparse.Namespace, dsn: str) -> int:
             # Only when there is more than the one default queue, or a lever is pulled.
             if any(_lever_pulled(q) for q in lines):
                 shown = [q for q in lines if q.kind == "queue" or q.paused or q.rate_now is not None]
-                console.print(queue_table(shown))
+                console.print(queue_table(shown, forecasts))
         if not args.watch:
             return 0
         time.sleep(args.watch)

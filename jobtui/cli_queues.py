@@ -14,6 +14,7 @@ from .cli_ops import queue_json, queue_table, wide_console
 from .db import connect, run
 from .durations import parse_duration
 from .errors import InvalidInput
+from .flows import line_forecasts, recent_call
 from .rates import parse_rate, rate_text
 from .safetext import line, quote
 
@@ -34,10 +35,11 @@ def limit_value(text: str) -> int | None:
 def cmd_list(args: argparse.Namespace, dsn: str) -> int:
     with connect(dsn) as conn:
         lines = run(conn, queues.overview_call(), args.schema)
+        forecasts = line_forecasts(lines, run(conn, recent_call(), args.schema))
     if args.json:
-        print(json.dumps(queue_json(lines), default=str, indent=2))
+        print(json.dumps(queue_json(lines, forecasts), default=str, indent=2))
         return 0
-    wide_console().print(queue_table(lines))
+    wide_console().print(queue_table(lines, forecasts))
     return 0
 
 

@@ -28,6 +28,7 @@ from .db import Call, Rows, run, statements
 from .domain import DEFAULT_SCHEMA
 from .donehistory import MINUTE, DoneHistory, calendar_minute
 from .errors import JobtuiError
+from .forecast import Flows, Forecast, Span, forecast, spans
 from .migrate import _lock_key as migration_lock_key
 
 # How long a snapshot waits for a lock on a queue table before giving up (seconds).
@@ -150,6 +151,12 @@ class Snapshot:
     # per-type figures are then estimates; None when they were counted.
     ready_estimate: ReadyEstimate | None = None
     minutes: list[MinuteFigures] = field(default_factory=list)  # the last hour, oldest first
+    flows: list[Span] = field(default_factory=list)  # the last minutes' flows (forecast.py), oldest first
+
+    @property
+    def forecast(self) -> Forecast:
+        """When the due backlog of every queue drains, from the last minutes' flows."""
+        return forecast(Flows.of(self.flows), None, None, backlog=self.ready_due)
 
     @property
     def ready(self) -> int:
@@ -218,6 +225,7 @@ class Snapshot:
             "missed_slots": self.missed_slots,
             "done_last_minute": self.done_last_minute,
         }
+        data["forecast"] = self.forecast.to_json()
         return data
 
 
@@ -336,6 +344,7 @@ def _snapshot(
             recovery,
             size_rows,
             minute_rows,
+            flow_rows,
         ) = _pipelined(
             conn,
             schema,
@@ -358,6 +367,7 @@ def _snapshot(
                 ("metrics_recovery", {}),
                 ("metrics_ready_size", {"cap": READY_EXACT_CAP, "schema_name": schema}),
                 ("metrics_minutes", {}),
+                ("queue_flow_recent", {}),
             ],
         )
     taken_at = now_rows[0]["now"]
@@ -451,6 +461,7 @@ def _snapshot(
         + ([f"ready is an estimate: {ready_estimate.source}"] if ready_estimate else []),
         ready_estimate=ready_estimate,
         minutes=minutes(minute_rows),
+        flows=spans(flow_rows),
         standby=bool(recovery[0]["standby"]),
         replay_lag=None if recovery[0]["replay_lag"] is None else float(recovery[0]["replay_lag"]),
     )

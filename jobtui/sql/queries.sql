@@ -856,6 +856,66 @@ RETURNING minute;
 -- name: queue_minute_prune
 DELETE FROM {schema}.queue_minute WHERE minute < now() - interval '1 day';
 
+-- name: queue_flow_record
+-- The drain forecast's span (migration 0013): what was enqueued and what finished, by queue
+-- and type, from the end of the last span (at most 10 minutes back; else one minute) to now
+-- (or %(until)s). Enqueues are the ids above the last span's last_id: they are read by the
+-- primary key, as many as were enqueued, whatever the backlog. Finishes are done, dead and
+-- failed rows of the span (their indexes, by finished_at), plus the jobs deleted at completion
+-- (done_tally, by type only: queue NULL; its whole minutes, each in the span its end falls
+-- in). Without an `until`, nothing is recorded when the
+-- last span ended under 30 s ago (a second archiver in the same minute).
+WITH bounds AS (
+    SELECT coalesce(%(until)s::timestamptz, now()) AS span_end,
+           coalesce(prev.span_end, coalesce(%(until)s::timestamptz, now()) - interval '1 minute') AS span_start,
+           prev.last_id AS after_id,
+           (SELECT coalesce(max(id), 0) FROM {schema}.job) AS last_id
+    FROM (SELECT 1) AS one
+    LEFT JOIN LATERAL (SELECT f.span_end, f.last_id FROM {schema}.queue_flow AS f
+                       WHERE f.span_end < coalesce(%(until)s::timestamptz, now())
+                         AND f.span_end >= coalesce(%(until)s::timestamptz, now()) - interval '10 minutes'
+                       ORDER BY f.span_end DESC LIMIT 1) AS prev ON true
+), flows AS (
+    SELECT j.queue, j.type, count(*) AS enqueued, 0 AS finished
+    FROM {schema}.job AS j, bounds AS b
+    WHERE b.after_id IS NOT NULL AND j.id > b.after_id AND j.id <= b.last_id
+    GROUP BY j.queue, j.type
+    UNION ALL
+    SELECT j.queue, j.type, 0, count(*) FROM {schema}.job AS j, bounds AS b
+    WHERE j.status = 'done' AND j.finished_at >= b.span_start AND j.finished_at < b.span_end
+    GROUP BY j.queue, j.type
+    UNION ALL
+    SELECT j.queue, j.type, 0, count(*) FROM {schema}.job AS j, bounds AS b
+    WHERE j.status IN ('dead', 'failed') AND j.finished_at >= b.span_start AND j.finished_at < b.span_end
+    GROUP BY j.queue, j.type
+    UNION ALL
+    SELECT NULL, t.type, 0, sum(t.jobs) FROM {schema}.done_tally AS t, bounds AS b
+    WHERE t.minute >= date_bin('1 minute', b.span_start, timestamptz '2000-01-01 00:00:00+00')
+      AND t.minute < date_bin('1 minute', b.span_end, timestamptz '2000-01-01 00:00:00+00')
+    GROUP BY t.type
+)
+INSERT INTO {schema}.queue_flow (span_end, span_start, last_id, enqueues_known, pairs)
+SELECT b.span_end, b.span_start, b.last_id, b.after_id IS NOT NULL,
+       coalesce((SELECT jsonb_agg(jsonb_build_array(queue, type, enqueued, finished) ORDER BY queue, type)
+                 FROM (SELECT queue, type, sum(enqueued)::bigint AS enqueued, sum(finished)::bigint AS finished
+                       FROM flows GROUP BY queue, type) AS p), '[]'::jsonb)
+FROM bounds AS b
+WHERE %(until)s::timestamptz IS NOT NULL
+   OR NOT EXISTS (SELECT 1 FROM {schema}.queue_flow WHERE span_end > now() - interval '30 seconds')
+ON CONFLICT (span_end) DO NOTHING
+RETURNING span_end;
+
+-- name: queue_flow_prune
+DELETE FROM {schema}.queue_flow WHERE span_end < now() - interval '1 day';
+
+-- name: queue_flow_recent
+-- The spans of the last 11 minutes (at most one a minute, so a handful of rows), oldest
+-- first: the forecast reads the last five minutes of them, and each span's enqueues are
+-- told apart from the ids drawn since the span before.
+SELECT span_start, span_end, last_id, enqueues_known, pairs FROM {schema}.queue_flow
+WHERE span_end > now() - interval '11 minutes'
+ORDER BY span_end;
+
 -- name: prune_done_tally
 -- Minutes older than the day the hourly summaries cover, once their hours are summarised.
 DELETE FROM {schema}.done_tally

@@ -23,6 +23,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "explain",
         "logformat",
         "rates",
+        "forecast",
     ),
     "kernel": ("db", "link", "embedded"),
     "core": (
@@ -32,6 +33,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "audit",
         "actions",
         "queues",
+        "flows",
         "client",
         "aclient",
         "registry",

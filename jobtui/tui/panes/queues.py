@@ -3,7 +3,7 @@ pause or resume one on every worker, or set a queue's global limit."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.text import Text
@@ -16,24 +16,41 @@ from textual.widgets import Input, Label
 from ... import queues
 from ...db import connect
 from ...errors import InvalidInput
+from ...flows import line_forecasts
+from ...forecast import Forecast
 from ...queues import QueueLine
+from ...rates import RAMP_TOP, rate_text
 from ...safetext import line
 from .. import render
 from ..console import Change, View
 from ..data import Actions
 from .base import TablePane
 
-COLUMNS = ["kind", "name", "ready", "due", "running", "limit", "paused", "oldest ready", "done/min"]
+COLUMNS = ["kind", "name", "ready", "due", "running", "limit", "rate", "paused", "oldest ready", "done/min", "forecast"]
+
+
+def rate_cell(q: QueueLine) -> str:
+    """`20/s`, `3.2/s → 20/s` while a ramp rises, `-` without a rate."""
+    if q.ramping:
+        return f"{rate_text(q.rate_now)} → {rate_text(q.rate or RAMP_TOP)}"
+    return "-" if q.rate is None else rate_text(q.rate)
 
 
 def key_of(kind: str, name: str) -> str:
     return f"{kind}:{name}"
 
 
-def queue_rows(lines: Sequence[QueueLine], needle: str, thresholds: render.Thresholds) -> list[render.Row]:
-    """Queues first, then types; a paused one says so in amber, a limit that is reached in red."""
+def queue_rows(
+    lines: Sequence[QueueLine],
+    needle: str,
+    thresholds: render.Thresholds,
+    forecasts: Mapping[tuple[str, str], Forecast] | None = None,
+) -> list[render.Row]:
+    """Queues first, then types; a paused one says so in amber, a limit that is reached in
+    red, a ramp in amber, a backlog that grows in amber and one that is stalled in red."""
     rows: list[render.Row] = []
     for q in lines:
+        ahead = (forecasts or {}).get((q.kind, q.name))
         if needle and needle.lower() not in q.name.lower():
             continue
         level = thresholds.level(q.oldest_age, thresholds.oldest_ready_warn, thresholds.oldest_ready_crit)
@@ -48,9 +65,11 @@ def queue_rows(lines: Sequence[QueueLine], needle: str, thresholds: render.Thres
                     f"{q.due:,}",
                     render.styled(f"{q.running:,}", "crit") if full else f"{q.running:,}",
                     "-" if q.max_running is None else f"{q.max_running:,}",
+                    render.styled(rate_cell(q), "warn") if q.ramping else rate_cell(q),
                     render.styled(f"paused by {q.paused_by}", "warn") if q.paused else "-",
                     render.styled(render.age(q.oldest_age), level) if q.oldest_age is not None else "-",
                     f"{q.done_last_minute:,}",
+                    render.styled(ahead.short, ahead.level) if ahead is not None and ahead.short else "-",
                 ],
             )
         )
@@ -140,7 +159,8 @@ class QueuesPane(TablePane):
         yield KeyedTable(COLUMNS, id=f"table-{self.ID}")
 
     def rows(self, view: View) -> list[render.Row]:
-        return queue_rows(view.fetched.queues, view.needle, view.thresholds)
+        lines = view.fetched.queues
+        return queue_rows(lines, view.needle, view.thresholds, line_forecasts(lines, view.snapshot.flows))
 
     def focus_default(self) -> None:
         super().focus_default()
