@@ -45,12 +45,26 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "backlog",
         "metrics",
         "joblists",
+        "jobfilter",
         "jobquery",
         "migrate",
         "privileges",
     ),
     "runtime": ("worker",),
-    "edges": ("cli", "cli_args", "cli_run", "cli_ops", "cli_queues", "prometheus", "demo", "sizing", "testing", "tui"),
+    "edges": (
+        "cli",
+        "cli_args",
+        "cli_run",
+        "cli_ops",
+        "cli_queues",
+        "cli_search",
+        "cli_bulk",
+        "prometheus",
+        "demo",
+        "sizing",
+        "testing",
+        "tui",
+    ),
 }
 RANK = {name: rank for rank, names in enumerate(LAYERS.values()) for name in names}
 
