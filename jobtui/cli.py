@@ -39,6 +39,7 @@ from .cli_args import (
     with_dsn,
     with_queue,
 )
+from .cli_bulk import add_bulk_commands
 from .cli_queues import add_queue_commands
 from .cli_run import cmd_bench, cmd_console, cmd_demo, cmd_scheduler, cmd_worker
 from .cli_search import add_index_command, add_search_options
@@ -363,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_operator_commands(sub)
     add_queue_commands(sub)
     add_index_command(sub)
+    add_bulk_commands(sub)
 
     p = sub.add_parser("bench", help="measure enqueue, drain and latency on this database (own schema)")
     p.add_argument("--jobs", type=positive_int, default=100_000)

@@ -32,6 +32,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "queue",
         "audit",
         "actions",
+        "bulk",
         "queues",
         "flows",
         "client",
