@@ -156,7 +156,7 @@ class Forecast:
         """The same in a table cell or the console's header; '' when there is nothing to say
         (an empty backlog, no flows recorded)."""
         if self.state == "drains":
-            return f"drains ~{duration(self.seconds)} ({self.net_per_minute:,.0f}/min)"
+            return f"drains ~{duration(self.seconds)}"
         if self.state == "growing":
             return f"growing +{-self.net_per_minute:,.0f}/min"
         if self.state == "steady":

@@ -187,8 +187,8 @@ def set_rate(
         "channel": statements(schema).channel,
     }
     with conn.transaction():
-        rows = run(conn, Call("queue_rate", params, lambda r: r.dicts()), schema)
-        change = RateChange(bool(rows), rows[0]["was"] if rows else expected)
+        [row] = run(conn, Call("queue_rate", params, lambda r: r.dicts()), schema)
+        change = RateChange(bool(row["changed"]), row["was"])
         detail = {"rate_per_second": rate, "was": change.was}
         record_audit(conn, actor, f"{kind}-rate", f"{kind} {name}", int(change.changed), detail=detail, schema=schema)
     return change

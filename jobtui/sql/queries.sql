@@ -1505,7 +1505,8 @@ SELECT (SELECT max_running FROM before) AS was, pg_notify(%(channel)s::text, '')
 -- name: queue_rate
 -- Operator: set (or with NULL clear) how many jobs of a queue or job type are claimed per
 -- second across every worker, from each one's next claim. Fenced by the rate the operator
--- saw, as queue_limit is; returns the rate before, or no row when it had changed meanwhile.
+-- saw, as queue_limit is; returns the rate before, and whether it changed (not when the rate
+-- had changed meanwhile: `was` then says what it is).
 -- The bucket keeps what it held at the old rate (up to two seconds' worth of the new one), so
 -- that a change takes effect at the next claim, without a burst. Wakes the workers.
 WITH before AS (
@@ -1529,4 +1530,5 @@ WITH before AS (
                                   * greatest(0.0, extract(epoch FROM now() - b.refilled_at)::float8)),
         refilled_at = greatest(b.refilled_at, now())
 )
-SELECT (SELECT rate_per_second FROM before) AS was, pg_notify(%(channel)s::text, '') AS woken FROM changed;
+SELECT (SELECT rate_per_second FROM before) AS was, EXISTS (SELECT 1 FROM changed) AS changed,
+       CASE WHEN EXISTS (SELECT 1 FROM changed) THEN pg_notify(%(channel)s::text, '') END AS woken;

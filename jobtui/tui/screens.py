@@ -65,18 +65,25 @@ HELP = """\
 [b]Move[/]    arrows, page up/down, home/end
 [b]enter[/]   drill down: a type's ready jobs, a dead group's jobs, a job
 [b]Ready[/]   by type; "attempts (done 1h)": jobs done in the last hour by attempts used
-[b]/[/]       filter by type or text (escape clears)
+[b]/[/]       filter by type or text (escape clears); a filter of words such as
+        payload:account=acme status:dead (type:, queue:, error:, older:, since:)
+        opens the jobs that match, newest first: ] older, \\[ newest, esc stops
 [b]s[/]       sort by the next column (again: reversed)
 [b]] \\[[/]     running jobs: next page of 100, back to the first
 
 [b]Actions[/] each change asks first and writes the audit log; hidden with --read-only
-[b]r[/]       requeue the selected dead group (in a group's list: the job)
+[b]r[/]       requeue the selected dead group (in a group's list: the job); in a jobs
+        search, every dead or failed job of it in batches: esc stops, r resumes
 [b]R[/]       requeue the whole group, from a group's list
 [b]k[/]       kill the lease of the selected running job (ready again now)
-[b]c[/]       cancel the selected job (it becomes failed; its worker stops it)
+[b]c[/]       cancel the selected job (it becomes failed; its worker stops it); in a jobs
+        search, every ready or running job of it, as r does
+[b]d[/]       in a jobs search: delete every dead or failed job of it, as r does
 [b]p[/]       pause or resume the selected schedule; in queues, the queue or type fleet-wide
 [b]n[/]       run the selected schedule now
 [b]l[/]       in queues: set the queue's limit of jobs running at once, fleet-wide
+[b]t[/]       in queues: set the queue's or type's rate (20/s, 1200/min), fleet-wide
+[b]u[/]       in queues: resume a paused queue or type with a ramp (its rate rises from 1/s)
 [b]w[/]       pause or resume the embedded worker (--work; local, not asked)
 
 [b]?[/] this help · [b]esc[/] back · [b]q[/] quit (a worker finishes its jobs first)
