@@ -175,6 +175,7 @@ class ValueScreen(ModalScreen[str | None]):
     ValueScreen { align: center middle; }
     #value-dialog { width: 64; max-width: 95%; height: auto; border: thick $warning; background: $surface;
                     padding: 1 2; }
+    #value-dialog Label { width: 100%; }
     """
 
     def __init__(self, lines: list[str], value: str) -> None:
