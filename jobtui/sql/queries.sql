@@ -1054,7 +1054,7 @@ DELETE FROM {schema}.queue_minute WHERE minute < now() - interval '1 day';
 -- (done_tally, by type only: queue NULL; its whole minutes, each in the span its end falls
 -- in). Without an `until`, nothing is recorded when the
 -- last span ended under 30 s ago (a second archiver in the same minute).
-WITH bounds AS (
+WITH RECURSIVE bounds AS (
     SELECT coalesce(%(until)s::timestamptz, now()) AS span_end,
            coalesce(prev.span_end, coalesce(%(until)s::timestamptz, now()) - interval '1 minute') AS span_start,
            prev.last_id AS after_id,
@@ -1064,6 +1064,14 @@ WITH bounds AS (
                        WHERE f.span_end < coalesce(%(until)s::timestamptz, now())
                          AND f.span_end >= coalesce(%(until)s::timestamptz, now()) - interval '10 minutes'
                        ORDER BY f.span_end DESC LIMIT 1) AS prev ON true
+), dead_types AS (
+    -- The types of the dead and failed jobs, one index probe each (job_dead_idx leads with the
+    -- type): the span's dead jobs are then one range per type, however many dead jobs wait.
+    (SELECT type FROM {schema}.job WHERE status IN ('dead', 'failed') ORDER BY type LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.type FROM {schema}.job AS j
+            WHERE j.status IN ('dead', 'failed') AND j.type > d.type ORDER BY j.type LIMIT 1)
+    FROM dead_types AS d WHERE d.type IS NOT NULL
 ), flows AS (
     SELECT j.queue, j.type, count(*) AS enqueued, 0 AS finished
     FROM {schema}.job AS j, bounds AS b
@@ -1074,8 +1082,13 @@ WITH bounds AS (
     WHERE j.status = 'done' AND j.finished_at >= b.span_start AND j.finished_at < b.span_end
     GROUP BY j.queue, j.type
     UNION ALL
-    SELECT j.queue, j.type, 0, count(*) FROM {schema}.job AS j, bounds AS b
-    WHERE j.status IN ('dead', 'failed') AND j.finished_at >= b.span_start AND j.finished_at < b.span_end
+    SELECT j.queue, j.type, 0, count(*) FROM dead_types AS d, bounds AS b
+    -- OFFSET 0 keeps it a lookup per type, not a join over the whole index.
+    CROSS JOIN LATERAL (SELECT x.queue, x.type FROM {schema}.job AS x
+                        WHERE x.type = d.type AND x.status IN ('dead', 'failed')
+                          AND x.finished_at >= b.span_start AND x.finished_at < b.span_end
+                        OFFSET 0) AS j
+    WHERE d.type IS NOT NULL
     GROUP BY j.queue, j.type
     UNION ALL
     SELECT NULL, t.type, 0, sum(t.jobs) FROM {schema}.done_tally AS t, bounds AS b
