@@ -49,32 +49,38 @@ CREATE TABLE {schema}.rate_bucket (
 -- The jobs of rated queues and types a claim may take: ready, due jobs of p_types in p_queue
 -- (every queue when NULL) whose queue or type has a rate, in claim order, each taking a token
 -- of its queue's bucket and of its type's, up to p_want. A limited queue's jobs also take
--- its room, counted as claim_limited counts it. Locks are taken in one order by every claim:
--- the limits of the queues in scope (in name order, as claim_limited takes them), then the
--- buckets (in kind and name order), so claims wait on each other but never deadlock. A round
--- reads at most the jobs still wanted; a job whose bucket or limit is spent is passed over,
--- and the next round leaves that bucket out, so the rounds end. The rows are locked here and
--- updated by the claim.
+-- its room, counted as claim_limited counts it. It looks among the first p_want + 20 due jobs
+-- in claim order (the horizon), whatever the backlog: a rated queue or type with no job due
+-- must not make every claim read the backlog of the others, and a rated job further back
+-- waits its turn, as it would without a rate. When the horizon holds no rated job, it takes
+-- no lock. Else locks are taken in one order by every claim: the limits of the queues in
+-- scope (in name order, as claim_limited takes them), then the buckets the horizon needs (in
+-- kind and name order), so claims wait on each other but never deadlock. A round reads the
+-- horizon's jobs still wanted; a job whose bucket or limit is spent is passed over, and the
+-- next round leaves that bucket out, so the rounds end. The rows are locked here and updated
+-- by the claim.
 CREATE FUNCTION {schema}.claim_rated(p_queue text, p_types text[], p_want integer)
 RETURNS bigint[] LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     c record;
     j record;
+    horizon bigint[];
+    rated_queues text[];
+    rated_types text[];
+    paused_queues text[];
+    paused_types text[];
+    needed text[];
     b_kind text[] := ARRAY[]::text[];
     b_name text[] := ARRAY[]::text[];
     b_key text[] := ARRAY[]::text[];
     b_tokens float8[] := ARRAY[]::float8[];
     b_taken boolean[] := ARRAY[]::boolean[];
-    rated_queues text[] := ARRAY[]::text[];
-    rated_types text[] := ARRAY[]::text[];
     limited text[] := ARRAY[]::text[];
     room bigint[] := ARRAY[]::bigint[];
     spent_queues text[] := ARRAY[]::text[];
     spent_types text[] := ARRAY[]::text[];
     live_queues text[];
     live_types text[];
-    paused_queues text[];
-    paused_types text[];
     got bigint[] := ARRAY[]::bigint[];
     have float8;
     since timestamptz;
@@ -84,6 +90,33 @@ DECLARE
     passed boolean;
 BEGIN
     IF p_want <= 0 THEN
+        RETURN got;
+    END IF;
+    rated_queues := ARRAY(SELECT name FROM {schema}.queue_control
+                          WHERE kind = 'queue' AND (rate_per_second IS NOT NULL OR ramp_until > now())
+                            AND paused_at IS NULL AND (p_queue IS NULL OR name = p_queue));
+    rated_types := ARRAY(SELECT name FROM {schema}.queue_control
+                         WHERE kind = 'type' AND (rate_per_second IS NOT NULL OR ramp_until > now())
+                           AND paused_at IS NULL AND name = ANY(p_types));
+    IF cardinality(rated_queues) = 0 AND cardinality(rated_types) = 0 THEN
+        RETURN got;
+    END IF;
+    paused_queues := ARRAY(SELECT name FROM {schema}.queue_control WHERE kind = 'queue' AND paused_at IS NOT NULL);
+    paused_types := ARRAY(SELECT name FROM {schema}.queue_control WHERE kind = 'type' AND paused_at IS NOT NULL);
+    horizon := ARRAY(SELECT id FROM {schema}.job
+                     WHERE status = 'ready' AND run_at <= now() AND type = ANY(p_types)
+                       AND (p_queue IS NULL OR queue = p_queue)
+                     ORDER BY run_at, id
+                     LIMIT p_want + 20);
+    -- The buckets of the rated jobs in the horizon, read without a lock.
+    needed := ARRAY(SELECT DISTINCT k FROM {schema}.job AS h,
+                    LATERAL (VALUES ('queue:' || h.queue), ('type:' || h.type)) AS keys(k)
+                    WHERE h.id = ANY(horizon) AND h.status = 'ready'
+                      AND (h.queue = ANY(rated_queues) OR h.type = ANY(rated_types))
+                      AND h.queue <> ALL(paused_queues) AND h.type <> ALL(paused_types)
+                      AND (k = 'queue:' || h.queue AND h.queue = ANY(rated_queues)
+                           OR k = 'type:' || h.type AND h.type = ANY(rated_types)));
+    IF cardinality(needed) = 0 THEN
         RETURN got;
     END IF;
     FOR c IN SELECT name, max_running FROM {schema}.queue_control
@@ -97,8 +130,7 @@ BEGIN
         room := room || (SELECT c.max_running - count(*) FROM {schema}.job WHERE status = 'running' AND queue = c.name);
     END LOOP;
     FOR c IN SELECT kind, name, rate_per_second, ramp_from, ramp_until FROM {schema}.queue_control
-             WHERE (rate_per_second IS NOT NULL OR ramp_until > now()) AND paused_at IS NULL
-               AND ((kind = 'queue' AND (p_queue IS NULL OR name = p_queue)) OR (kind = 'type' AND name = ANY(p_types)))
+             WHERE (kind || ':' || name) = ANY(needed)
              ORDER BY kind, name
     LOOP
         SELECT tokens, refilled_at INTO have, since FROM {schema}.rate_bucket
@@ -110,53 +142,45 @@ BEGIN
             WHERE kind = c.kind AND name = c.name FOR UPDATE;
         END IF;
         -- Refilled at the rate of the middle of the time since (a ramp's rate moves meanwhile),
-        -- up to two seconds' worth (rate_burst). A claim that waited for this lock may have started before
-        -- the last refill: it adds nothing for that time.
+        -- up to two seconds' worth (rate_burst). A claim that waited for this lock may have
+        -- started before the last refill: it adds nothing for that time.
         have := least({schema}.rate_burst({schema}.control_rate(c.rate_per_second, c.ramp_from, c.ramp_until, now())),
-                      have + {schema}.control_rate(c.rate_per_second, c.ramp_from, c.ramp_until,
-                                                   since + (now() - since) / 2)
+                      have + coalesce({schema}.control_rate(c.rate_per_second, c.ramp_from, c.ramp_until,
+                                                            since + (now() - since) / 2), 0)
                              * greatest(0.0, extract(epoch FROM now() - since)::float8));
         b_kind := b_kind || c.kind;
         b_name := b_name || c.name;
         b_key := b_key || (c.kind || ':' || c.name);
         b_tokens := b_tokens || have;
         b_taken := b_taken || false;
-        IF c.kind = 'queue' THEN
-            rated_queues := rated_queues || c.name;
-        ELSE
-            rated_types := rated_types || c.name;
-        END IF;
     END LOOP;
-    IF cardinality(b_key) = 0 THEN
-        RETURN got;
-    END IF;
-    paused_queues := ARRAY(SELECT name FROM {schema}.queue_control WHERE kind = 'queue' AND paused_at IS NOT NULL);
-    paused_types := ARRAY(SELECT name FROM {schema}.queue_control WHERE kind = 'type' AND paused_at IS NOT NULL);
+    live_queues := ARRAY(SELECT b_name[i] FROM generate_subscripts(b_key, 1) AS i WHERE b_kind[i] = 'queue');
+    live_types := ARRAY(SELECT b_name[i] FROM generate_subscripts(b_key, 1) AS i WHERE b_kind[i] = 'type');
     LOOP
         EXIT WHEN cardinality(got) >= p_want;
-        live_queues := ARRAY(SELECT q FROM unnest(rated_queues) AS q WHERE q <> ALL(spent_queues));
-        live_types := ARRAY(SELECT t FROM unnest(rated_types) AS t WHERE t <> ALL(spent_types));
+        live_queues := ARRAY(SELECT q FROM unnest(live_queues) AS q WHERE q <> ALL(spent_queues));
+        live_types := ARRAY(SELECT t FROM unnest(live_types) AS t WHERE t <> ALL(spent_types));
         EXIT WHEN cardinality(live_queues) = 0 AND cardinality(live_types) = 0;
         passed := false;
         FOR j IN SELECT id, queue, type FROM {schema}.job
-                 WHERE status = 'ready' AND run_at <= now() AND type = ANY(p_types)
-                   AND (p_queue IS NULL OR queue = p_queue)
+                 WHERE id = ANY(horizon) AND status = 'ready'
                    AND (queue = ANY(live_queues) OR type = ANY(live_types))
                    AND queue <> ALL(spent_queues) AND type <> ALL(spent_types)
-                   -- Expressions, estimated by default, as in the claim (queries.sql).
-                   AND (queue || '') <> ALL(paused_queues) AND (type || '') <> ALL(paused_types)
+                   AND queue <> ALL(paused_queues) AND type <> ALL(paused_types)
                    AND NOT (id = ANY(got))
                  ORDER BY run_at, id
                  LIMIT p_want - cardinality(got)
                  FOR UPDATE SKIP LOCKED
         LOOP
-            IF j.queue = ANY(spent_queues) OR j.type = ANY(spent_types) THEN
-                passed := true;
-                CONTINUE;
-            END IF;
             qi := array_position(b_key, 'queue:' || j.queue);
             ti := array_position(b_key, 'type:' || j.type);
             li := array_position(limited, j.queue);
+            IF j.queue = ANY(spent_queues) OR j.type = ANY(spent_types)
+               -- a rated queue or type whose bucket was not locked (changed since the horizon)
+               OR (qi IS NULL AND j.queue = ANY(rated_queues)) OR (ti IS NULL AND j.type = ANY(rated_types)) THEN
+                passed := true;
+                CONTINUE;
+            END IF;
             IF qi IS NOT NULL AND b_tokens[qi] < 1 THEN
                 spent_queues := spent_queues || j.queue;
                 passed := true;

@@ -66,15 +66,13 @@ COPY {schema}.job (id, type, payload, max_attempts, meta, queue) FROM STDIN;
 -- than from the columns' statistics: with a single queue or type in the table, those say
 -- that almost no row differs from a value not known yet, and a generic plan would sort every
 -- ready row instead of walking the ready index.
-WITH rated AS MATERIALIZED (
-    SELECT CASE WHEN EXISTS (SELECT 1 FROM {schema}.queue_control
-                             WHERE rate_per_second IS NOT NULL OR ramp_until > now())
-                THEN {schema}.claim_rated(%(queue)s::text, %(types)s::text[], %(limit)s::int)
-                ELSE ARRAY[]::bigint[] END AS ids
-), limited AS MATERIALIZED (
-    SELECT (SELECT ids FROM rated)
-           || {schema}.claim_limited(%(queue)s::text, %(types)s::text[],
-                                     %(limit)s::int - cardinality((SELECT ids FROM rated)), (SELECT ids FROM rated)) AS ids
+WITH limited AS MATERIALIZED (
+    SELECT r.ids || {schema}.claim_limited(%(queue)s::text, %(types)s::text[], %(limit)s::int - cardinality(r.ids), r.ids)
+           AS ids
+    FROM (SELECT CASE WHEN EXISTS (SELECT 1 FROM {schema}.queue_control
+                                   WHERE rate_per_second IS NOT NULL OR ramp_until > now())
+                      THEN {schema}.claim_rated(%(queue)s::text, %(types)s::text[], %(limit)s::int)
+                      ELSE ARRAY[]::bigint[] END AS ids) AS r
 )
 UPDATE {schema}.job AS j
 SET status = 'running',
