@@ -105,11 +105,11 @@ def live_rate(conn: psycopg.Connection[Any], seconds: float) -> float:
     return float(after - before) / seconds
 
 
-def bulk_command(dsn: str, batch: int) -> subprocess.Popen[str]:
+def bulk_command(dsn: str, batch: int, rest: float) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("JOBTUI_DSN", "DATABASE_URL")}
     return subprocess.Popen(
         [sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "bulk", "requeue", "--queue", "dead", "--yes",
-         "--batch", str(batch)],
+         "--batch", str(batch), "--rest", str(rest)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
@@ -120,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dead", type=int, default=1_000_000)
     p.add_argument("--live", type=int, default=3_000_000)
     p.add_argument("--batch", type=int, default=1000)
+    p.add_argument("--rest", type=float, default=1.0, help="the bulk command's --rest (default 1)")
     p.add_argument("--baseline", type=float, default=20.0, help="seconds of the live drain measured before")
     p.add_argument("--dbname", default="bench_i28b")
     args = p.parse_args(argv)
@@ -143,13 +144,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         conn = psycopg.connect(dsn, autocommit=True)
         time.sleep(5)  # the workers start and settle
         before = live_rate(conn, args.baseline)
-        print(f"{args.dead:,} dead jobs, {args.live:,} live ones; batches of {args.batch:,}")
+        print(f"{args.dead:,} dead jobs, {args.live:,} live ones; batches of {args.batch:,}, --rest {args.rest:g}")
         print(f"live queue before the bulk action: {before:,.0f} jobs/s over {args.baseline:g}s")
         sampler = Sampler(dsn)
         sampler.thread.start()
         done_before = one(conn, "SELECT count(*) FROM jobtui.job WHERE queue = 'live' AND status = 'done'")
         started = time.monotonic()
-        first = bulk_command(dsn, args.batch)
+        first = bulk_command(dsn, args.batch, args.rest)
         while one(conn, "SELECT changed FROM jobtui.bulk_run ORDER BY id DESC LIMIT 1") is None or (
             one(conn, "SELECT changed FROM jobtui.bulk_run ORDER BY id DESC LIMIT 1") < args.dead // 2
         ):
@@ -160,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         first.wait()
         killed_at = time.monotonic()
         halfway = one(conn, "SELECT changed FROM jobtui.bulk_run ORDER BY id DESC LIMIT 1")
-        second = bulk_command(dsn, args.batch)
+        second = bulk_command(dsn, args.batch, args.rest)
         out, err = second.communicate()
         ended = time.monotonic()
         sampler.stop.set()

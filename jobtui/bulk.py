@@ -50,6 +50,9 @@ BATCH = 1000  # jobs a statement changes at most: the row locks it holds at once
 WINDOW = 50_000  # ids a statement reads at most
 TIMEOUT = 30.0  # seconds a statement may take before the server ends it
 BUSY_ROUNDS = 3  # times the jobs passed over as busy are tried again at the end
+# After each batch the run rests this many times as long as the batch took: a bulk action
+# takes at most half of the database's time, and the workers keep the rest.
+REST = 1.0
 
 Progress = Callable[[float, int], None]  # (share of the ids done, jobs changed by the run)
 
@@ -101,6 +104,7 @@ class Bulk:
         batch: int = BATCH,
         window: int = WINDOW,
         timeout: float = TIMEOUT,
+        rest: float = REST,
     ) -> None:
         if action not in ACTIONS:
             raise InvalidInput(f"unknown bulk action {action!r}: use {', '.join(ACTIONS)}")
@@ -118,6 +122,9 @@ class Bulk:
         self.batch = batch
         self.window = window
         self.timeout = timeout
+        if not 0 <= rest <= 100:
+            raise InvalidInput(f"a rest must be 0 to 100 times a batch's time, got {rest}")
+        self.rest = rest
         check_regex(conn, filt.error, schema)
 
     @property
@@ -200,9 +207,16 @@ class Bulk:
                     stopped = True
                     break
                 floor = max(lowest, below - self.window)
+                took = time.monotonic()
                 got = self._batch(job_run, floor, below, None)
                 if not got["running"]:  # ended elsewhere (another invocation finished it)
                     break
+                if self.rest and int(got["changed"]):
+                    pause = (time.monotonic() - took) * self.rest
+                    if stop is not None:
+                        stop.wait(pause)
+                    else:
+                        time.sleep(pause)
                 changed += int(got["changed"])
                 busy += [int(i) for i in got["busy"]]
                 below = int(got["next_id"])

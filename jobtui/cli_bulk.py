@@ -46,7 +46,7 @@ def cmd_bulk(args: argparse.Namespace, dsn: str) -> int:
     action = args.bulk_action
     with connect(dsn, autocommit=True) as conn:
         job = bulk.Bulk(conn, action, filt, actor=args.actor, schema=args.schema, batch=args.batch,
-                        timeout=parse_duration(args.timeout))  # fmt: skip
+                        timeout=parse_duration(args.timeout), rest=args.rest)  # fmt: skip
         pending = job.pending()
         what = f"{' and '.join(bulk.SCOPE[job.action])} jobs matching {filt.describe()}"
         if pending is not None:
@@ -113,4 +113,11 @@ def add_bulk_commands(sub: Any) -> None:
             "--batch", type=positive_int, default=bulk.BATCH, help=f"jobs per transaction (default {bulk.BATCH})"
         )
         a.add_argument("--timeout", default="30s", help="the longest one batch may take (default 30s)")
+        a.add_argument(
+            "--rest",
+            type=float,
+            default=bulk.REST,
+            help=f"after each batch, rest this many times as long as it took, so workers keep the database"
+            f" (default {bulk.REST:g}; 0: as fast as it goes)",
+        )
         a.set_defaults(func=with_dsn(cmd_bulk))
