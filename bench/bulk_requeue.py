@@ -173,7 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"first run: {halfway:,} requeued in {killed_at - started:.1f}s, then killed (SIGKILL)")
         print(f"second run: {out.strip()} in {ended - killed_at:.1f}s ({err.strip().splitlines()[0] if err else ''})")
         print(f"in all {args.dead / (ended - started):,.0f} jobs/s requeued")
+        after = live_rate(conn, args.baseline)
         print(f"live queue during it: {during:,.0f} jobs/s ({during / before - 1:+.0%} against before)")
+        print(f"live queue after it: {after:,.0f} jobs/s over {args.baseline:g}s ({after / before - 1:+.0%})")
         print(f"longest open transaction of the bulk command: {sampler.longest_bulk_xact:.3f}s;")
         print(f"longest lock wait of any session: {sampler.longest_wait:.3f}s ({sampler.samples:,} samples)")
         times = one(
