@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -36,6 +37,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from jobtui.bulk import Bulk
+from jobtui.jobfilter import JobFilter
 from jobtui.migrate import migrate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,7 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--live", type=int, default=3_000_000)
     p.add_argument("--batch", type=int, default=1000)
     p.add_argument("--rest", type=float, default=1.0, help="the bulk command's --rest (default 1)")
-    p.add_argument("--baseline", type=float, default=20.0, help="seconds of the live drain measured before")
+    p.add_argument("--window", type=float, default=10.0, help="seconds of each turn of the drain comparison")
+    p.add_argument("--turns", type=int, default=4, help="turns with the bulk action held, and as many running")
     p.add_argument("--dbname", default="bench_i28b")
     args = p.parse_args(argv)
     admin = with_dbname(args.dsn, "postgres")
@@ -143,40 +147,62 @@ def main(argv: Sequence[str] | None = None) -> int:
             ))  # fmt: skip
         conn = psycopg.connect(dsn, autocommit=True)
         time.sleep(5)  # the workers start and settle
-        before = live_rate(conn, args.baseline)
         print(f"{args.dead:,} dead jobs, {args.live:,} live ones; batches of {args.batch:,}, --rest {args.rest:g}")
-        print(f"live queue before the bulk action: {before:,.0f} jobs/s over {args.baseline:g}s")
         sampler = Sampler(dsn)
         sampler.thread.start()
-        done_before = one(conn, "SELECT count(*) FROM jobtui.job WHERE queue = 'live' AND status = 'done'")
+        # 1. The live queue's drain with the bulk action running and held, in turns of
+        # --window seconds (held between two batches: it holds no lock then).
+        on = threading.Event()
+        stop = threading.Event()
+        on.set()
+
+        def between_batches(done: float, changed: int) -> None:
+            while not on.is_set() and not stop.is_set():
+                on.wait(0.05)
+
+        bulk_conn = psycopg.connect(dsn, autocommit=True)
+        job = Bulk(bulk_conn, "requeue", JobFilter(queue="dead"), actor="bench", batch=args.batch, rest=args.rest)
+        thread = threading.Thread(target=lambda: job.run(job.start(), progress=between_batches, stop=stop))
+        running: list[float] = []
+        held: list[float] = []
+        on.clear()
+        thread.start()
+        for turn in range(2 * args.turns):
+            if turn % 2:
+                on.set()
+                running.append(live_rate(conn, args.window))
+            else:
+                on.clear()
+                held.append(live_rate(conn, args.window))
+        stop.set()
+        on.set()
+        thread.join()
+        bulk_conn.close()
+        first_part = one(conn, "SELECT changed FROM jobtui.bulk_run ORDER BY id DESC LIMIT 1")
+        a, b = statistics.median(held), statistics.median(running)
+        print(f"live queue, {args.turns} turns of {args.window:g}s each: {a:,.0f} jobs/s with the bulk action held,"
+              f" {b:,.0f} with it running ({b / a - 1:+.0%}); it requeued {first_part:,} meanwhile")  # fmt: skip
+        # 2. The same command from the shell resumes it; killed at three quarters, and again.
         started = time.monotonic()
         first = bulk_command(dsn, args.batch, args.rest)
-        while one(conn, "SELECT changed FROM jobtui.bulk_run ORDER BY id DESC LIMIT 1") is None or (
-            one(conn, "SELECT changed FROM jobtui.bulk_run ORDER BY id DESC LIMIT 1") < args.dead // 2
-        ):
+        while (one(conn, "SELECT changed FROM jobtui.bulk_run ORDER BY id DESC LIMIT 1") or 0) < args.dead * 3 // 4:
             time.sleep(0.2)
             if first.poll() is not None:
                 break
         first.send_signal(signal.SIGKILL)
         first.wait()
         killed_at = time.monotonic()
-        halfway = one(conn, "SELECT changed FROM jobtui.bulk_run ORDER BY id DESC LIMIT 1")
+        then = one(conn, "SELECT changed FROM jobtui.bulk_run ORDER BY id DESC LIMIT 1")
         second = bulk_command(dsn, args.batch, args.rest)
-        out, err = second.communicate()
+        out, _ = second.communicate()
         ended = time.monotonic()
         sampler.stop.set()
         sampler.thread.join()
-        done_during = (
-            one(conn, "SELECT count(*) FROM jobtui.job WHERE queue = 'live' AND status = 'done'") - done_before
+        print(
+            f"`jobtui bulk requeue` resumed it: {then - first_part:,} more in {killed_at - started:.1f}s, then killed"
         )
-        during = done_during / (ended - started)
-        print(f"first run: {halfway:,} requeued in {killed_at - started:.1f}s, then killed (SIGKILL)")
-        print(f"second run: {out.strip()} in {ended - killed_at:.1f}s ({err.strip().splitlines()[0] if err else ''})")
-        print(f"in all {args.dead / (ended - started):,.0f} jobs/s requeued")
-        after = live_rate(conn, args.baseline)
-        print(f"live queue during it: {during:,.0f} jobs/s ({during / before - 1:+.0%} against before)")
-        print(f"live queue after it: {after:,.0f} jobs/s over {args.baseline:g}s ({after / before - 1:+.0%})")
-        print(f"longest open transaction of the bulk command: {sampler.longest_bulk_xact:.3f}s;")
+        print(f"and again: {out.strip()} in {ended - killed_at:.1f}s")
+        print(f"longest open transaction of the bulk action: {sampler.longest_bulk_xact:.3f}s;")
         print(f"longest lock wait of any session: {sampler.longest_wait:.3f}s ({sampler.samples:,} samples)")
         times = one(
             conn,
