@@ -210,7 +210,7 @@ async def drive(dsn: str, out: Path, warmup: float) -> None:
             await pilot.pause(0.6)
             await shoot(app, pilot, out, "charts")
 
-            await pilot.press("1", "slash", *"payload:hook=7", "enter")  # the jobs search
+            await pilot.press("1", "slash", *"type:invoice.render status:dead,failed", "enter")  # the jobs search
             await wait_for(pilot, lambda: isinstance(app.screen, JobSearchScreen), 5, "the search")
             await wait_for(pilot, lambda: "match" in str(app.screen.query_one("#search-status").render()), 15, "it")
             await shoot(app, pilot, out, "search")
