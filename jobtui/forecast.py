@@ -149,7 +149,7 @@ class Forecast:
             return f"stalled: nothing done for {duration(self.window)}"
         if self.state == "empty":
             return "empty"
-        return "no forecast yet: no flows recorded (the archiver records them once a minute)"
+        return "no forecast yet: no flows recorded"
 
     @property
     def short(self) -> str:
