@@ -245,3 +245,18 @@ def test_a_resume_with_a_ramp_lets_the_backlog_in_slowly_at_first(db: Conn, app_
 def test_a_30s_ramp_over_20000_ready_jobs(db: Conn, app_dsn: str, spawn: Spawn) -> None:
     first, last = ramp_run(db, app_dsn, spawn, 20_000, "30s", 30.0)
     assert last > 0 and first < last / 3, (first, last)
+
+
+def test_a_rated_queue_without_due_jobs_costs_the_claim_a_few_rows(conn: Conn, dsn: str) -> None:
+    """A rate elsewhere must not make every claim read the whole backlog of the others."""
+    with Queue(dsn) as q:
+        q.enqueue_many([NewJob("a", {}) for _ in range(5000)])
+    conn.execute("VACUUM ANALYZE jobtui.job")
+    queues.set_rate(conn, "queue", "idle", 5.0, actor="olga")
+    with conn.transaction():
+        assert len(claim(conn, limit=10)) == 10
+        row = conn.execute(
+            "SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0) FROM pg_stat_xact_user_tables"
+            " WHERE schemaname = 'jobtui' AND relname = 'job'"
+        ).fetchone()
+    assert row is not None and row[0] < 200, row  # the claim's own rows and the rated part's first ones
