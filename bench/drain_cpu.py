@@ -1,21 +1,34 @@
-"""Where a drain's CPU goes: worker processes against the PostgreSQL server, per job.
+"""Where a drain's CPU goes: jobtui's workers beside the raw loop, worker and server, per job.
 
     .venv/bin/python bench/drain_cpu.py [--dsn DSN] [--jobs 200000] [--workers 2]
-                                        [--concurrency 100] [--rounds 3] [--raw]
-                                        [--delete-on-complete]
+                                        [--concurrency 200] [--rounds 3] [--delete-on-complete]
+                                        [--configs jobtui,raw] [--tree NAME=PATH ...]
 
-A benchmark, not a test. In its own database (jobtui_bench_drain_cpu, dropped afterwards)
-it enqueues --jobs no-op jobs, starts --workers `jobtui worker` processes (or, with --raw,
-the raw psycopg claim/complete loop of bench/core.py, batch --concurrency) and reads, once
-the queue is empty:
+A benchmark, not a test. In its own database (jobtui_bench_drain_cpu, dropped afterwards),
+each round drains --jobs no-op jobs once per configuration, the configurations taking turns
+(their order rotating each round):
 
-- the drain rate, jobs / (last finished_at - first started_at), the database's own clock;
-- the CPU time of the worker processes (utime + stime from /proc, their start-up included)
-  and of every PostgreSQL process on the machine (backends, WAL writer, checkpointer;
-  the server must be local), each divided by the number of jobs.
+    jobtui      --workers `jobtui worker` processes, --concurrency each
+    raw         --workers processes of the raw psycopg loop of bench/core.py, claims of
+                --concurrency, jobtui's table (with --delete-on-complete it completes by
+                delete and tally, as jobtui's workers do)
+    NAME        with --tree NAME=PATH, `jobtui worker` processes running the jobtui of the
+                source tree PATH (PYTHONPATH=PATH): a commit before a change, checked out
+                with `git worktree add`, against the change in one run
 
-On a machine whose CPUs are all busy during a drain, the rate is about
-CPUs / (worker CPU + server CPU per job): the two columns say which side to work on.
+The processes start with the queue paused (jobtui) or waiting for a line on stdin (raw); once
+their CPU time stops moving (imports done, connected), the readings start and the queue is
+resumed. Once it is empty the script reads:
+
+- the drain rate, jobs / (last finished_at - first started_at), on the database's clock;
+- worker CPU: the processes' utime + stime from /proc since the start, per job;
+- server CPU: the same for the backends of the bench database (the workers' connections),
+  per job; and, apart, for the server's background processes (WAL writer, checkpointer,
+  background writer), which other databases on the server share.
+
+On a machine whose CPUs are all busy during a drain, the rate is about the number of CPUs
+divided by the worker's and the server's CPU per job: the columns say which side to work on,
+and how far jobtui is from what the database itself costs. Medians over the rounds.
 """
 
 from __future__ import annotations
@@ -25,8 +38,11 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -44,6 +60,7 @@ DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_DB = "jobtui_bench_drain_cpu"
 SCHEMA = "jobtui"
 TICKS = os.sysconf("SC_CLK_TCK")
+BACKGROUND = ("walwriter", "checkpointer", "background writer")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -55,70 +72,125 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def postgres_pids() -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if Path(f"/proc/{entry}/comm").read_text().strip() == "postgres":
-                    pids.append(int(entry))
-            except OSError:
-                continue
-    return pids
-
-
 def raw_loop(dsn: str, batch: int, worker: str, delete: bool) -> None:
-    """bench/core.py's raw loop, until a claim finds nothing."""
+    """bench/core.py's raw loop, from a line on stdin until a claim finds nothing."""
     loop = RawLoop(dsn, job_type=JOB_TYPE, worker=worker, delete=delete)
     try:
+        sys.stdin.readline()
         loop.drain(batch)
     finally:
         loop.close()
 
 
-def one_drain(
-    dsn: str, jobs: int, workers: int, concurrency: int, raw: bool, delete: bool
-) -> tuple[float, float, float]:
-    """(jobs/s, worker CPU us/job, server CPU us/job) of one drain from a fresh table."""
+@dataclass
+class Reading:
+    """CPU seconds by process, the highest seen (a process that exits keeps its last)."""
+
+    start: dict[int, float] = field(default_factory=dict)
+    last: dict[int, float] = field(default_factory=dict)
+
+    def sample(self, pids: list[int]) -> None:
+        for pid in pids:
+            cpu = cpu_seconds(pid)
+            self.start.setdefault(pid, cpu)
+            self.last[pid] = max(self.last.get(pid, 0.0), cpu)
+
+    def used(self) -> float:
+        return sum(cpu - self.start[pid] for pid, cpu in self.last.items())
+
+
+def backends(conn: psycopg.Connection[Any], dbname: str) -> tuple[list[int], list[int]]:
+    """(pids of the bench database's other backends, pids of the server's background processes)."""
+    rows = conn.execute(
+        "SELECT pid, datname = %s AND pid <> pg_backend_pid(), backend_type = ANY(%s) FROM pg_stat_activity",
+        (dbname, list(BACKGROUND)),
+    ).fetchall()
+    return [int(r[0]) for r in rows if r[1]], [int(r[0]) for r in rows if r[2]]
+
+
+def settled(pids: list[int], longest: float = 30.0) -> None:
+    """Until the processes' CPU time stops moving for half a second (imports done, connected)."""
+    deadline = time.monotonic() + longest
+    before = sum(cpu_seconds(p) for p in pids)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = sum(cpu_seconds(p) for p in pids)
+        if now - before < 0.02:
+            return
+        before = now
+    raise SystemExit("the workers did not settle within 30 s")
+
+
+PAUSE = "INSERT INTO jobtui.queue_control (kind, name, paused_at, paused_by, changed_by) VALUES ('queue', 'default', now(), 'bench', 'bench')"  # noqa: E501
+RESUME = "DELETE FROM jobtui.queue_control WHERE kind = 'queue' AND name = 'default'"
+
+
+def one_drain(dsn: str, dbname: str, config: str, trees: dict[str, str], args: argparse.Namespace) -> tuple[float, ...]:
+    """(jobs/s, worker us/job, server us/job, background us/job) of one drain from a fresh table."""
+    jobs = args.jobs
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE jobtui.job, jobtui.done_tally")
+        conn.execute("TRUNCATE jobtui.job, jobtui.done_tally, jobtui.queue_control")
     with Queue(dsn) as queue:
         for start in range(0, jobs, 10_000):
             queue.enqueue_many([NewJob(JOB_TYPE) for _ in range(min(10_000, jobs - start))])
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True) as conn, tempfile.TemporaryFile() as log:
         conn.execute("VACUUM ANALYZE jobtui.job")
         conn.execute("CHECKPOINT")
-    server_before = {pid: cpu_seconds(pid) for pid in postgres_pids()}
-    if raw:
-        cmds = [
-            [sys.executable, __file__, "--raw-loop", dsn, str(concurrency), f"raw-{i}", "delete" if delete else "keep"]
-            for i in range(workers)
-        ]
-        procs = [subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL) for cmd in cmds]
-    else:
-        procs = spawn_workers(dsn, SCHEMA, workers, concurrency, subprocess.DEVNULL, delete_on_complete=delete)
-    worker_cpu = dict.fromkeys((p.pid for p in procs), 0.0)
-    server_cpu = dict(server_before)
-
-    def sample() -> None:
-        # A raw loop and its backend exit when they are done: keep the last reading of each.
-        for p in procs:
-            worker_cpu[p.pid] = max(worker_cpu[p.pid], cpu_seconds(p.pid))
-        for pid in postgres_pids():
-            server_cpu[pid] = max(server_cpu.get(pid, 0.0), cpu_seconds(pid))
-
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        while True:
-            sample()
-            if not queue_busy(conn, SCHEMA):
-                break
-            time.sleep(0.05)
-        sample()
-        server = sum(cpu - server_before.get(pid, 0.0) for pid, cpu in server_cpu.items())
-        finished, span = drain_window(conn, SCHEMA)
-        rate = finished / span if span else 0.0
-    stop_workers(procs)
-    return rate, sum(worker_cpu.values()) / jobs * 1e6, server / jobs * 1e6
+        if config == "raw":
+            cmds = [
+                [sys.executable, __file__, "--raw-loop", dsn, str(args.concurrency), f"raw-{i}",
+                 "delete" if args.delete_on_complete else "keep"]
+                for i in range(args.workers)
+            ]  # fmt: skip
+            procs = [
+                subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log) for cmd in cmds
+            ]
+        else:
+            conn.execute(PAUSE)
+            env = dict(os.environ)
+            if config in trees:
+                env["PYTHONPATH"] = trees[config]
+            procs = spawn_workers(
+                dsn, SCHEMA, args.workers, args.concurrency, log,
+                delete_on_complete=args.delete_on_complete, env=env,
+            )  # fmt: skip
+        try:
+            settled([p.pid for p in procs])
+            time.sleep(0.5)  # their connections are open
+            workers, server, background = Reading(), Reading(), Reading()
+            own, shared = backends(conn, dbname)
+            workers.sample([p.pid for p in procs])
+            server.sample(own)
+            background.sample(shared)
+            if config == "raw":
+                for p in procs:
+                    assert p.stdin is not None
+                    p.stdin.write(b"go\n")
+                    p.stdin.close()
+            else:
+                conn.execute(RESUME)
+                conn.execute(sql.SQL("NOTIFY {}").format(sql.Identifier(f"{SCHEMA}.job")))
+            while True:
+                workers.sample([p.pid for p in procs])
+                own, shared = backends(conn, dbname)
+                server.sample(own)
+                background.sample(shared)
+                if not queue_busy(conn, SCHEMA) and drain_window(conn, SCHEMA)[0] >= jobs:
+                    break
+                if any(p.poll() not in (None, 0) for p in procs):
+                    log.seek(0)
+                    raise SystemExit(
+                        f"{config}: a worker process failed:\n" + log.read().decode(errors="replace")[-2000:]
+                    )
+                time.sleep(0.05)
+            workers.sample([p.pid for p in procs])
+            server.sample(backends(conn, dbname)[0])
+            background.sample(backends(conn, dbname)[1])
+            finished, span = drain_window(conn, SCHEMA)
+        finally:
+            stop_workers(procs)
+    rate = finished / span if span else 0.0
+    return rate, workers.used() / jobs * 1e6, server.used() / jobs * 1e6, background.used() / jobs * 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,41 +198,65 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dsn", default=os.environ.get("JOBTUI_BENCH_DSN", DEFAULT_DSN))
     parser.add_argument("--jobs", type=int, default=200_000)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=100, help="per worker; the raw loop's batch")
+    parser.add_argument("--concurrency", type=int, default=200, help="per worker; the raw loop's batch")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--raw", action="store_true", help="the raw psycopg loop instead of jobtui workers")
     parser.add_argument(
         "--delete-on-complete", action="store_true", help="finished jobs are deleted and tallied (raw loop too)"
     )
+    parser.add_argument("--configs", default="jobtui,raw", help="comma-separated: jobtui, raw, and the --tree names")
+    parser.add_argument(
+        "--tree", action="append", default=[], metavar="NAME=PATH", help="also run the jobtui of source tree PATH"
+    )
+    parser.add_argument("--dbname", default=BENCH_DB)
     args = parser.parse_args(argv)
+    trees = {}
+    for spec in args.tree:
+        name, sep, path = spec.partition("=")
+        if not sep or not (Path(path) / "jobtui" / "__init__.py").is_file() or name in ("jobtui", "raw"):
+            parser.error(f"--tree {spec!r}: write NAME=PATH, PATH a source tree holding jobtui/")
+        trees[name] = str(Path(path).resolve())
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    for name in trees:
+        if name not in configs:
+            configs.append(name)
+    if unknown := [c for c in configs if c not in ("jobtui", "raw", *trees)]:
+        parser.error(f"unknown configurations {unknown}")
+    if not args.dbname.startswith("jobtui_bench"):
+        parser.error("--dbname must start with jobtui_bench (the database is dropped at the end)")
 
     params = conninfo_to_dict(args.dsn)
     with psycopg.connect(args.dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(BENCH_DB)))
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(BENCH_DB)))
-    params["dbname"] = BENCH_DB
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(args.dbname)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(args.dbname)))
+    params["dbname"] = args.dbname
     dsn = make_conninfo(**params)  # type: ignore[arg-type]
-    what = f"raw loop, batch {args.concurrency}" if args.raw else f"jobtui worker, concurrency {args.concurrency}"
-    if args.delete_on_complete:
-        what += ", --delete-on-complete" if not args.raw else ", completing by delete and tally"
-    print(f"{args.workers} x {what}, {args.jobs:,} jobs, {os.cpu_count()} CPUs")
-    figures = []
+    done = "--delete-on-complete (raw: delete and tally)" if args.delete_on_complete else "done rows kept"
+    print(f"{args.workers} processes each, concurrency (raw: batch) {args.concurrency}, {done}, "
+          f"{args.jobs:,} jobs, {os.cpu_count()} CPUs; trees: {trees or 'none'}")  # fmt: skip
+    figures: dict[str, list[tuple[float, ...]]] = {c: [] for c in configs}
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             migrate(conn)
         for r in range(args.rounds):
-            rate, worker, server = one_drain(
-                dsn, args.jobs, args.workers, args.concurrency, args.raw, args.delete_on_complete
-            )
-            figures.append((rate, worker, server))
-            print(f"round {r + 1}: drain {rate:,.0f} jobs/s, worker CPU {worker:.1f} us/job, "
-                  f"server CPU {server:.1f} us/job (load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
+            for config in configs[r % len(configs) :] + configs[: r % len(configs)]:
+                fig = one_drain(dsn, args.dbname, config, trees, args)
+                figures[config].append(fig)
+                print(f"round {r + 1} {config}: drain {fig[0]:,.0f} jobs/s, worker {fig[1]:.1f} us/job, "
+                      f"server {fig[2]:.1f} us/job, background {fig[3]:.1f} us/job "
+                      f"(load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
     finally:
         with psycopg.connect(args.dsn, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(BENCH_DB)))
-    rates, workers, servers = zip(*figures, strict=True)
-    print(f"median: drain {statistics.median(rates):,.0f} jobs/s, worker CPU {statistics.median(workers):.1f} us/job, "
-          f"server CPU {statistics.median(servers):.1f} us/job")  # fmt: skip
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(args.dbname)))
+    print()
+    print(f"{'configuration':<14} | {'drain jobs/s':>12} | {'worker us/job':>13} | {'server us/job':>13} | "
+          f"{'background':>10} | {'worker+server':>13}")  # fmt: skip
+    for config in configs:
+        rate, worker, server, background = (statistics.median(col) for col in zip(*figures[config], strict=True))
+        print(f"{config:<14} | {rate:>12,.0f} | {worker:>13.1f} | {server:>13.1f} | {background:>10.1f} | "
+              f"{worker + server:>13.1f}")  # fmt: skip
+    if "raw" in figures and "jobtui" in figures:
+        share = statistics.median(j[0] / r[0] for j, r in zip(figures["jobtui"], figures["raw"], strict=True))
+        print(f"jobtui's drain as a share of the raw loop's, paired by round: {share:.0%}")
     return 0
 
 

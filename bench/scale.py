@@ -1,25 +1,39 @@
-"""Does the queue slow down as done jobs pile up? Claim latency and drain rate at table sizes.
+"""Does the queue slow down as history piles up? Claims, drains and archiving beside archives
+of 0, 10,000,000 and 50,000,000 rows, and pruning 10,000,000 archived rows: by DELETE, as
+the archiver did before the archive was partitioned, against dropping their day.
 
-    .venv/bin/python bench/scale.py [--dsn DSN] [--sizes 10000,1000000,5000000] [--jobs 50000]
+    .venv/bin/python bench/scale.py [--dsn DSN] [--sizes 0,10000000,50000000] [--jobs 50000]
                                     [--rounds 3] [--workers 2] [--concurrency 100]
+                                    [--prune-rows 10000000] [--prune-cap 1800] [--skip-prune]
 
-A benchmark, not a test. For each size it creates a database of its own
-(jobtui_bench_scale_<size>, dropped at the end) on the server of --dsn, migrates it, and:
+A benchmark, not a test. Each size gets a database of its own (jobtui_bench_scale_<size>,
+dropped at the end) on the server of --dsn, migrated, whose job_archive holds that many
+archived no-op jobs spread over the last 30 days, in their days' partitions, as the archiver
+leaves them; then VACUUM ANALYZE. Per round, the sizes taking turns:
 
-1. fills the job table with that many done jobs (finished over the last 7 days, as a
-   production table keeps them until the archiver moves them), then VACUUM ANALYZE;
-2. per round: enqueues --jobs no-op jobs with `Queue.enqueue_many`, `VACUUM ANALYZE`s,
-   waits until no autovacuum worker runs on the server (the 5,000,000-row fill sets one off
-   for minutes) and checkpoints, so that every size starts from the same state; then
-   - claim latency: 200 claims of 10 jobs, one at a time, each completed before the next,
-     on one connection set up as the worker's claim connection; median and p99 ms;
-   - drain: --workers `jobtui worker` processes (concurrency --concurrency) drain the jobs;
-     jobs / (last finished_at - first started_at), from the database's own clock;
-   then deletes the round's jobs again, so every round starts from the same table.
+1. enqueue --jobs no-op jobs, VACUUM ANALYZE, wait until no autovacuum worker runs on the
+   server, CHECKPOINT;
+2. claim latency: 200 claims of 10, each completed before the next, on one connection set up
+   as a worker's claim connection; p50 and p99;
+3. drain: --workers `jobtui worker` processes (--concurrency each, done rows kept) drain the
+   jobs; jobs / (last finished_at - first started_at), on the database's clock;
+4. archive: the archiver's sweep moves the round's done jobs into the big archive; jobs/s;
+5. the previous release's prune (its archiver's DELETE by archived_at, which a worker of that
+   release still runs against the partitioned archive): one batch of up to 5,000 rows of the
+   oldest day that are past 30 days, in ms.
 
-Sizes take turns round by round (noise on the shared machine falls on all of them alike),
-and the table gives medians over the rounds with each size's figures as a share of the
-smallest size's. The issue's bar: within 20 % of each other. Exit status 1 past it.
+Then, unless --skip-prune, in two more databases of --prune-rows archived rows each, all past
+the archive's retention (30 days):
+
+- DELETE: the previous release's schema (migrations before 0014: one unpartitioned
+  job_archive) and its archiver's statement, in batches of 5,000, each its own transaction,
+  until no row is left or --prune-cap seconds have passed (the rate then gives the time);
+- DROP: the current schema, the rows in one day's partition, and the archiver's prune: one
+  DROP TABLE.
+
+The exit status is 1 when a size's claim or drain median is more than 10 % from the smallest
+size's, or the DROP took a second or more. The largest size needs about 10 GB of disk while
+it runs: watch `df -h`.
 """
 
 from __future__ import annotations
@@ -37,8 +51,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobtui import NewJob, Queue
+from jobtui import migrate as migrations
 from jobtui.db import run
-from jobtui.migrate import migrate
+from jobtui.maintenance import Retention, prune_archive, sweep
 from jobtui.queue import claim_call, complete_call
 from jobtui.sizing import NOOP as JOB_TYPE
 from jobtui.sizing import queue_busy, spawn_workers, stop_workers
@@ -46,15 +61,34 @@ from jobtui.sizing import queue_busy, spawn_workers, stop_workers
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_DB = "jobtui_bench_scale"
 SCHEMA = "jobtui"
-TOLERANCE = 0.20
+TOLERANCE = 0.10
+DAYS = 30
+FILL_CHUNK = 1_000_000
 
-FILL_DONE = """
-INSERT INTO jobtui.job (type, status, run_at, attempts, max_attempts, locked_by, lease_token,
-                        heartbeat_at, created_at, started_at, finished_at)
-SELECT 'type_' || (i %% 8), 'done', f - interval '2 seconds', 1, 25, 'worker-' || (i %% 16), 1,
-       f - interval '1 second', f - interval '3 seconds', f - interval '1 second', f
-FROM (SELECT i, now() - (i * interval '604800 seconds') / %(n)s AS f
+# Archived rows of one UTC day (%(day)s days before today), %(n)s of them, as archive_done
+# writes them: spread over the day, ids from %(first)s.
+FILL_DAY = """
+INSERT INTO jobtui.job_archive (id, type, payload, status, run_at, attempts, max_attempts, locked_by,
+                                lease_token, heartbeat_at, errors, created_at, started_at, finished_at,
+                                archived_at, queue)
+SELECT %(first)s + i, 'type_' || (i %% 8), '{}', 'done', a - interval '1 day 3 seconds', 1, 25,
+       'worker-' || (i %% 16), 1, a - interval '1 day 1 second', '[]', a - interval '1 day 3 seconds',
+       a - interval '1 day 1 second', a - interval '1 day', a, 'default'
+FROM (SELECT i, (((now() AT TIME ZONE 'UTC')::date - %(day)s)::timestamp AT TIME ZONE 'UTC')
+                + (i * interval '86399 seconds') / %(n)s AS a
       FROM generate_series(1, %(n)s) AS i) AS s
+"""
+
+# The archiver's prune before migration 0014 (the previous release's queries.sql).
+DELETE_ARCHIVE_BEFORE = """
+WITH gone AS (
+    DELETE FROM jobtui.job_archive
+    WHERE id IN (SELECT id FROM jobtui.job_archive
+                 WHERE archived_at < now() - make_interval(secs => %(retention)s)
+                 LIMIT %(limit)s)
+    RETURNING 1
+)
+SELECT count(*) FROM gone
 """
 
 
@@ -62,6 +96,47 @@ def with_dbname(dsn: str, dbname: str) -> str:
     params = conninfo_to_dict(dsn)
     params["dbname"] = dbname
     return make_conninfo(**params)  # type: ignore[arg-type]
+
+
+def create(admin_dsn: str, name: str) -> str:
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return with_dbname(admin_dsn, name)
+
+
+def drop(admin_dsn: str, name: str) -> None:
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def make_day(conn: psycopg.Connection[Any], day: int) -> None:
+    """The partition of the UTC day `day` days before today, as archive_partitions_add names it."""
+    row = conn.execute(
+        "SELECT (now() AT TIME ZONE 'UTC')::date - %s, (now() AT TIME ZONE 'UTC')::date - %s + 1", (day, day)
+    ).fetchone()
+    assert row is not None
+    name = f"job_archive_{row[0]:%Y%m%d}"
+    if conn.execute("SELECT to_regclass(%s)", (f"jobtui.{name}",)).fetchone() == (None,):
+        conn.execute(
+            sql.SQL("CREATE TABLE jobtui.{} PARTITION OF jobtui.job_archive FOR VALUES FROM ({}) TO ({})").format(
+                sql.Identifier(name),
+                sql.Literal(f"{row[0]:%Y-%m-%d} 00:00+00"),
+                sql.Literal(f"{row[1]:%Y-%m-%d} 00:00+00"),
+            )
+        )
+
+
+def fill_archive(conn: psycopg.Connection[Any], rows: int, days: list[int], first_id: int = 10**12) -> None:
+    """`rows` archived rows spread evenly over `days` (days before today), in chunks."""
+    per_day, extra = divmod(rows, len(days))
+    next_id = first_id
+    for k, day in enumerate(days):
+        n = per_day + (1 if k < extra else 0)
+        for start in range(0, n, FILL_CHUNK):
+            chunk = min(FILL_CHUNK, n - start)
+            conn.execute(FILL_DAY, {"first": next_id, "n": chunk, "day": day})
+            next_id += chunk
 
 
 def claim_latency(dsn: str, claims: int = 200) -> list[float]:
@@ -94,17 +169,18 @@ def drain(dsn: str, workers: int, concurrency: int, first_id: int) -> float:
         finally:
             stop_workers(procs)
         row = conn.execute(
-            "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at)) FROM jobtui.job WHERE id >= %s",
-            (first_id,),
+            "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at)) FROM jobtui.job"
+            " WHERE id >= %s AND type = %s",
+            (first_id, JOB_TYPE),
         ).fetchone()
         assert row is not None
         return float(row[0]) / float(row[1])
 
 
-def settle(conn: psycopg.Connection[Any], longest: float = 300.0) -> None:
+def settle(conn: psycopg.Connection[Any], longest: float = 600.0) -> None:
     """Start from the same state every time: no autovacuum worker busy anywhere on the server
-    (a 5,000,000-row fill sets one off that runs for minutes, beside whatever size is being
-    measured), and a checkpoint behind us, so no drain pays for another's dirty pages."""
+    (a big fill sets them off for minutes, beside whatever size is being measured), and a
+    checkpoint behind us, so no drain pays for another's dirty pages."""
     deadline = time.monotonic() + longest
     while time.monotonic() < deadline:
         row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'").fetchone()
@@ -114,7 +190,7 @@ def settle(conn: psycopg.Connection[Any], longest: float = 300.0) -> None:
     conn.execute("CHECKPOINT")
 
 
-def one_round(dsn: str, jobs: int, workers: int, concurrency: int) -> tuple[list[float], float]:
+def one_round(dsn: str, jobs: int, workers: int, concurrency: int) -> tuple[list[float], float, float, float]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM jobtui.job").fetchone()
         first_id = int(row[0]) if row else 1
@@ -127,9 +203,14 @@ def one_round(dsn: str, jobs: int, workers: int, concurrency: int) -> tuple[list
     latency = claim_latency(dsn)
     rate = drain(dsn, workers, concurrency, first_id)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("DELETE FROM jobtui.job WHERE id >= %s", (first_id,))
+        began = time.perf_counter()
+        archived = sweep(conn, Retention(done=0.0, archive=None)).archived
+        archive_rate = archived / (time.perf_counter() - began)
         conn.execute("VACUUM ANALYZE jobtui.job")
-    return latency, rate
+        began = time.perf_counter()
+        conn.execute(DELETE_ARCHIVE_BEFORE, {"retention": DAYS * 86400.0, "limit": 5000})
+        old_prune = (time.perf_counter() - began) * 1000
+    return latency, rate, archive_rate, old_prune
 
 
 def p99(values: list[float]) -> float:
@@ -137,63 +218,152 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
 
 
+def size_of(conn: psycopg.Connection[Any], table: str) -> str:
+    row = conn.execute(
+        "SELECT pg_size_pretty(coalesce((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree(%s)),"
+        " pg_total_relation_size(%s)))",
+        (table, table),
+    ).fetchone()
+    return str(row[0]) if row else "?"
+
+
+def prune_by_delete(admin_dsn: str, rows: int, cap: float) -> tuple[float, int, bool]:
+    """(seconds, rows deleted, all gone) of the previous release's DELETE of `rows` archived rows."""
+    name = f"{BENCH_DB}_prune_delete"
+    dsn = create(admin_dsn, name)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE SCHEMA jobtui")
+            conn.execute("CREATE TABLE jobtui.migration (version integer PRIMARY KEY, name text NOT NULL,"
+                         " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
+            for m in migrations.available():
+                if m.name == "archive_partitions":
+                    break
+                conn.execute(m.text(SCHEMA).encode())
+                conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (%s, %s)", (m.version, m.name))
+            started = time.perf_counter()
+            fill_archive(conn, rows, [DAYS + 10])
+            conn.execute("VACUUM ANALYZE jobtui.job_archive")
+            print(f"prune by DELETE: {rows:,} rows filled in {time.perf_counter() - started:.0f}s, "
+                  f"{size_of(conn, 'jobtui.job_archive')}", flush=True)  # fmt: skip
+            settle(conn)
+            deleted = 0
+            started = time.perf_counter()
+            while time.perf_counter() - started < cap:
+                row = conn.execute(DELETE_ARCHIVE_BEFORE, {"retention": DAYS * 86400.0, "limit": 5000}).fetchone()
+                n = int(row[0]) if row else 0
+                deleted += n
+                if n < 5000:
+                    break
+            return time.perf_counter() - started, deleted, deleted == rows
+    finally:
+        drop(admin_dsn, name)
+
+
+def prune_by_drop(admin_dsn: str, rows: int) -> float:
+    """Seconds the archiver's prune takes to drop a day of `rows` archived rows."""
+    name = f"{BENCH_DB}_prune_drop"
+    dsn = create(admin_dsn, name)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrations.migrate(conn, SCHEMA)
+            make_day(conn, DAYS + 10)
+            started = time.perf_counter()
+            fill_archive(conn, rows, [DAYS + 10])
+            conn.execute("VACUUM ANALYZE jobtui.job_archive")
+            print(f"prune by DROP: {rows:,} rows filled in {time.perf_counter() - started:.0f}s, "
+                  f"{size_of(conn, 'jobtui.job_archive')}", flush=True)  # fmt: skip
+            settle(conn)
+            started = time.perf_counter()
+            dropped, deleted = prune_archive(conn, DAYS * 86400.0, SCHEMA)
+            took = time.perf_counter() - started
+            left = conn.execute("SELECT count(*) FROM jobtui.job_archive").fetchone()
+            if (dropped, deleted, left) != (1, 0, (0,)):
+                raise SystemExit(f"the prune dropped {dropped} day(s), deleted {deleted} row(s), left {left}")
+            return took
+    finally:
+        drop(admin_dsn, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", default=os.environ.get("JOBTUI_BENCH_DSN", DEFAULT_DSN))
-    parser.add_argument("--sizes", default="10000,1000000,5000000")
+    parser.add_argument("--sizes", default="0,10000000,50000000", help="archived rows, comma-separated")
     parser.add_argument("--jobs", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--prune-rows", type=int, default=10_000_000)
+    parser.add_argument("--prune-cap", type=float, default=1800.0, help="seconds the DELETE may run at most")
+    parser.add_argument("--skip-prune", action="store_true")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
 
     with psycopg.connect(args.dsn, autocommit=True) as admin:
         version = admin.execute("SHOW server_version").fetchone()
-        print(f"PostgreSQL {version[0] if version else '?'}, {os.cpu_count()} CPUs, sizes {sizes}")
-    figures: dict[int, dict[str, list[float]]] = {s: {"p50": [], "p99": [], "drain": []} for s in sizes}
+        print(f"PostgreSQL {version[0] if version else '?'}, {os.cpu_count()} CPUs, archived rows {sizes}")
+    figures: dict[int, dict[str, list[float]]] = {
+        s: {"p50": [], "p99": [], "drain": [], "archive": [], "old_prune": []} for s in sizes
+    }
     databases = {size: f"{BENCH_DB}_{size}" for size in sizes}
+    ok = True
     try:
         for size, name in databases.items():
-            with psycopg.connect(args.dsn, autocommit=True) as admin:
-                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-                admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-            dsn = with_dbname(args.dsn, name)
+            dsn = create(args.dsn, name)
             start = time.perf_counter()
             with psycopg.connect(dsn, autocommit=True) as conn:
-                migrate(conn, SCHEMA)
-                conn.execute(FILL_DONE, {"n": size})
-                conn.execute("VACUUM ANALYZE jobtui.job")
-                row = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('jobtui.job'))").fetchone()
-            print(f"{size:>9,} done rows: filled in {time.perf_counter() - start:.0f}s, {row[0] if row else '?'}")
+                migrations.migrate(conn, SCHEMA)
+                days = list(range(1, DAYS + 1))
+                for day in days:
+                    make_day(conn, day)
+                if size:
+                    fill_archive(conn, size, days)
+                conn.execute("VACUUM ANALYZE jobtui.job_archive")
+                print(f"{size:>11,} archived rows: filled in {time.perf_counter() - start:.0f}s, "
+                      f"{size_of(conn, 'jobtui.job_archive')}", flush=True)  # fmt: skip
         for r in range(args.rounds):
             order = sizes[r % len(sizes) :] + sizes[: r % len(sizes)]
             for size in order:
-                latency, rate = one_round(with_dbname(args.dsn, databases[size]), args.jobs, args.workers,
-                                          args.concurrency)  # fmt: skip
+                latency, rate, archive_rate, old_prune = one_round(with_dbname(args.dsn, databases[size]), args.jobs,
+                                                        args.workers, args.concurrency)  # fmt: skip
                 figures[size]["p50"].append(statistics.median(latency))
                 figures[size]["p99"].append(p99(latency))
                 figures[size]["drain"].append(rate)
-                load = os.getloadavg()[0]
-                print(f"round {r + 1} {size:>9,} done rows: claim of 10 p50 {statistics.median(latency):.2f} ms "
-                      f"p99 {p99(latency):.2f} ms, drain {rate:,.0f} jobs/s (load {load:.1f})", flush=True)  # fmt: skip
+                figures[size]["archive"].append(archive_rate)
+                figures[size]["old_prune"].append(old_prune)
+                print(f"round {r + 1} {size:>11,} archived rows: claim of 10 p50 {statistics.median(latency):.2f} ms "
+                      f"p99 {p99(latency):.2f} ms, drain {rate:,.0f} jobs/s, archived at {archive_rate:,.0f} jobs/s, "
+                      f"previous release's prune batch {old_prune:,.0f} ms "
+                      f"(load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
     finally:
-        with psycopg.connect(args.dsn, autocommit=True) as admin:
-            for name in databases.values():
-                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        for name in databases.values():
+            drop(args.dsn, name)
 
     base = sizes[0]
     med: dict[int, dict[str, Any]] = {s: {k: statistics.median(v) for k, v in figures[s].items()} for s in sizes}
     print()
-    print(f"{'done rows':>10} | {'claim p50 ms':>12} | {'claim p99 ms':>12} | {'drain jobs/s':>12} | vs {base:,}")
-    ok = True
+    print(f"{'archived rows':>13} | {'claim p50 ms':>12} | {'claim p99 ms':>12} | {'drain jobs/s':>12} | "
+          f"{'archive jobs/s':>14} | {'old prune ms':>12} | vs {base:,}")  # fmt: skip
     for s in sizes:
         claim_ratio = med[s]["p50"] / med[base]["p50"]
         drain_ratio = med[s]["drain"] / med[base]["drain"]
         ok &= abs(claim_ratio - 1) <= TOLERANCE and abs(drain_ratio - 1) <= TOLERANCE
-        print(f"{s:>10,} | {med[s]['p50']:>12.2f} | {med[s]['p99']:>12.2f} | {med[s]['drain']:>12,.0f} | "
+        print(f"{s:>13,} | {med[s]['p50']:>12.2f} | {med[s]['p99']:>12.2f} | {med[s]['drain']:>12,.0f} | "
+              f"{med[s]['archive']:>14,.0f} | {med[s]['old_prune']:>12,.0f} | "
               f"claim {claim_ratio:.2f}x, drain {drain_ratio:.2f}x")  # fmt: skip
-    print(f"within {TOLERANCE:.0%} of each other: {'yes' if ok else 'NO'}")
+    print(f"claims and drains within {TOLERANCE:.0%} of each other: {'yes' if ok else 'NO'}")
+
+    if not args.skip_prune:
+        took, deleted, all_gone = prune_by_delete(args.dsn, args.prune_rows, args.prune_cap)
+        if all_gone:
+            print(f"prune {args.prune_rows:,} archived rows by DELETE (before 0014): {took:,.1f} s")
+        else:
+            per_s = deleted / took
+            print(f"prune by DELETE (before 0014): {deleted:,} of {args.prune_rows:,} rows in {took:,.0f} s "
+                  f"({per_s:,.0f} rows/s; all of them: about {args.prune_rows / per_s:,.0f} s)")  # fmt: skip
+        dropped = prune_by_drop(args.dsn, args.prune_rows)
+        print(f"prune a day of {args.prune_rows:,} archived rows by DROP: {dropped:.3f} s")
+        ok &= dropped < 1.0
     return 0 if ok else 1
 
 

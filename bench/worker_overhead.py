@@ -37,9 +37,9 @@ NOW = datetime.now(UTC)
 # The columns the claim and reap statements return, as PostgreSQL names them.
 CLAIM_COLUMNS = (
     "id", "type", "payload", "attempts", "max_attempts", "lease_token", "locked_until", "created_at", "run_at",
-    "uncounted", "meta",
+    "uncounted", "meta", "queue",
 )  # fmt: skip
-REAP_COLUMNS = ("job_id", "type", "worker", "attempt", "status", "at")
+REAP_COLUMNS = ("job_id", "type", "worker", "attempt", "status", "at", "queue")
 
 
 class InstantDatabase:
@@ -68,18 +68,21 @@ class InstantDatabase:
             n = min(call.params["limit"], self._left)
             self._left -= n
             first, self._next_id = self._next_id, self._next_id + n
-            # The claim's columns: id, type, payload text, attempts, max_attempts, token, 3 timestamps, uncounted.
-            rows = [(i, NOOP, "{}", 1, 25, 1, NOW, NOW, NOW, 0, None) for i in range(first, first + n)]
+            # The claim's columns: id, type, payload text, attempts, max_attempts, token, 3 timestamps,
+            # uncounted, meta, queue.
+            rows = [(i, NOOP, "{}", 1, 25, 1, NOW, NOW, NOW, 0, None, "default") for i in range(first, first + n)]
             return call.decode(Rows(rows, CLAIM_COLUMNS)), sent
         if call.name in ("complete_deleting", "complete", "heartbeat"):
             ids = call.params["ids"]
+            if isinstance(ids, str):  # a bigint[] literal, as queue.py sends them
+                ids = [int(i) for i in ids.strip("{}").split(",")] if ids != "{}" else []
             if call.name != "heartbeat":
                 self._written += len(ids)
                 if self._written >= self._total:
                     self._worker[0].stop()
             return set(ids), sent
         if call.name == "reap":
-            return call.decode(Rows([(None, None, None, None, "open", NOW)], REAP_COLUMNS)), sent
+            return call.decode(Rows([(None, None, None, None, "open", NOW, None)], REAP_COLUMNS)), sent
         if call.name == "privileges_missing":
             return [], sent
         raise AssertionError(f"unexpected statement {call.name}")

@@ -9,8 +9,24 @@
 -- changes the schema; the second gives SELECT only (`jobtui stats`, `job`, `dead`, `audit`,
 -- `jobtui --read-only`, Prometheus metrics). Every statement can be run again: re-run the file
 -- after a `jobtui migrate` that adds tables.
+--
+-- With -v create_role=1 (run by a role that may create roles), a role that does not exist yet
+-- is created first (LOGIN, no password: set one, or use another authentication), and marked
+-- as jobtui's in its comment, so that `jobtui uninstall` drops it with the schema. A role that
+-- exists is left as it is, and `jobtui uninstall` keeps it.
 
 \set ON_ERROR_STOP on
+
+\if :{?create_role}
+SELECT NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'role') AS role_missing,
+       format('created by jobtui''s docs/grants.sql for schema %I of database %I: jobtui uninstall drops it',
+              :'schema', current_database()) AS role_marker
+\gset
+\if :role_missing
+CREATE ROLE :"role" LOGIN;
+COMMENT ON ROLE :"role" IS :'role_marker';
+\endif
+\endif
 
 GRANT USAGE ON SCHEMA :"schema" TO :"role";
 
@@ -25,7 +41,9 @@ GRANT SELECT ON ALL TABLES IN SCHEMA :"schema" TO :"role";
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".job TO :"role";
 -- Schedules: synced from code by each worker, advanced by the scheduler, managed by the CLI.
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".schedule TO :"role";
--- The archiver moves done jobs here, and deletes them after their own retention.
+-- The archiver moves done jobs here, and prunes them after their own retention (through the
+-- owner's functions archive_partitions_add and archive_prune, granted with the others below:
+-- the day partitions are the owner's, reached through job_archive).
 GRANT SELECT, INSERT, DELETE ON :"schema".job_archive TO :"role";
 -- Lease expiries (recorded by the reaper) and hourly summaries, pruned by the archiver.
 GRANT SELECT, INSERT, DELETE ON :"schema".lease_expiry, :"schema".stats_hourly TO :"role";

@@ -89,7 +89,14 @@ def estimate(size: Row, minute_rows: list[Row], taken_at: datetime, cap: int = R
             ready, round(ready * due_share), oldest, f"counted at {at:%H:%M:%S} UTC by the archiver", by_type
         )
     ready = max(counted, int(size["index_estimate"] or 0))
-    return ReadyEstimate(ready, ready, oldest, "the planner's estimate of the ready index", {})
+    # Each type's share of the table in the planner's statistics: rough (every status counts),
+    # and better than no split at all.
+    shares = size.get("type_shares") or {}
+    split: dict[str, tuple[int, int, float | None]] = {
+        str(t): (round(ready * float(share)), round(ready * float(share)), None)
+        for t, share in zip(shares.get("values") or [], shares.get("shares") or [], strict=False)
+    }
+    return ReadyEstimate(ready, ready, oldest, "the planner's estimate of the ready index", split)
 
 
 def _count(rows: Rows) -> int:

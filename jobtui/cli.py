@@ -20,11 +20,13 @@ import psycopg
 from . import cli_ops as ops
 from . import migrate as migrations
 from .audit import record_audit
+from .cli_admin import add_admin_commands, add_migrate_command
 from .cli_args import (
     ERROR_MATCH,
     Command,
     Parser,
     accept_global_options_anywhere,
+    add_metrics_options,
     add_wait_for_db,
     database_dsn,
     default_actor,
@@ -44,24 +46,14 @@ from .cli_queues import add_queue_commands
 from .cli_run import cmd_bench, cmd_console, cmd_demo, cmd_scheduler, cmd_worker
 from .cli_search import add_index_command, add_search_options
 from .cli_search import cmd_jobs as search_cmd_jobs
+from .cli_serve import add_serve_commands
 from .db import POOLERS, connect, pooler_mode
 from .domain import DEFAULT_QUEUE
 from .durations import parse_duration
 from .errors import JobtuiError, UnknownJob
 from .explain import explain
-from .registry import ScheduleSpec
+from .registry import ScheduleSpec, load_app
 from .safetext import quote
-
-
-def cmd_migrate(args: argparse.Namespace) -> int:
-    dsn = database_dsn(args)
-    with connect(dsn, autocommit=True) as conn:
-        applied = migrations.migrate(conn, args.schema)
-    if applied:
-        for m in applied:
-            print(f"applied {m.version:04d}_{m.name}")
-    print(f"schema {args.schema!r} is at version {migrations.code_version()}")
-    return 0
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
@@ -106,6 +98,11 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         migrations.check(conn, args.schema)
         action = args.schedule_action
         if action == "add":
+            queue = args.queue
+            if queue is None and args.app:
+                # The queue the app's handler of the type declares, as a worker syncing the app's
+                # own schedules would choose.
+                queue = load_app(args.app).queue_of(args.type)
             spec = ScheduleSpec(
                 name=args.name,
                 cron=args.cron,
@@ -116,6 +113,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
                 missed=args.missed,
                 max_attempts=args.max_attempts,
                 grace=parse_duration(args.grace),
+                queue=DEFAULT_QUEUE if queue is None else queue,
             )
             with conn.transaction():
                 sched.upsert(conn, spec, source="cli", schema=args.schema)
@@ -146,13 +144,14 @@ def _print_schedules(rows: list[Any], *, as_json: bool) -> None:
     from rich.table import Table
 
     table = Table(
-        "name", "type", "cron", "tz", "grace", "policy", "next run", "last slot", "missed", "backfilled",
+        "name", "type", "queue", "cron", "tz", "grace", "policy", "next run", "last slot", "missed", "backfilled",
         "last missed", "skipped", "state",
     )  # fmt: skip
     for r in rows:
         table.add_row(
             r.name,
             r.job_type,
+            r.queue,
             r.cron,
             r.timezone,
             f"{r.grace_seconds:g}s",
@@ -211,7 +210,12 @@ def add_operator_commands(sub: Any) -> None:
 
     p = sub.add_parser("metrics", help="serve Prometheus metrics")
     p.add_argument("--port", type=port_number, required=True)
-    p.add_argument("--addr", default="0.0.0.0", help="listen address (default 0.0.0.0)")
+    p.add_argument("--addr", help="the address to listen on, e.g. 127.0.0.1 (default: every address)")
+    p.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="answer only requests with `Authorization: Bearer TOKEN`, TOKEN read from PATH",
+    )
     p.set_defaults(func=with_dsn(ops.cmd_metrics))
 
 
@@ -261,8 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     console.add_argument("--crit-dead", type=int, default=100, help="dead count that turns red (default 100)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("migrate", help="create or upgrade the schema")
-    p.set_defaults(func=cmd_migrate)
+    add_migrate_command(sub)
 
     p = sub.add_parser("enqueue", help="add a job")
     p.add_argument("type", help="job type, e.g. email.send")
@@ -307,7 +310,6 @@ def build_parser() -> argparse.ArgumentParser:
         " with --pooler transaction and none, the worker polls)",
     )
     p.add_argument("--no-scheduler", action="store_true", help="do not run the scheduler in this worker")
-    p.add_argument("--metrics-port", type=port_number, help="serve Prometheus /metrics on this port")
     p.add_argument("--retention", default="1d", help="how long done jobs stay before archiving (default 1d)")
     p.add_argument("--dead-retention", default="30d", help="how long dead/failed jobs stay (default 30d)")
     p.add_argument("--delete-done", action="store_true", help="delete done jobs instead of archiving them")
@@ -316,12 +318,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="delete jobs without a key when they finish, keeping only their count (faster; no done rows)",
     )
+    add_metrics_options(p)
     add_wait_for_db(p)
     add_log_options(p)
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("scheduler", help="run only the scheduler (workers run one too)")
     p.add_argument("--app", help="also sync the schedules declared in this app (pkg.module:jobs)")
+    add_metrics_options(p)
     add_wait_for_db(p)
     add_log_options(p)
     p.set_defaults(func=cmd_scheduler)
@@ -349,6 +353,11 @@ def build_parser() -> argparse.ArgumentParser:
         " the latest, all each of them (the newest 100)",
     )
     a.add_argument("--max-attempts", type=positive_int, help="attempts before dead (default: the handler's)")
+    a.add_argument(
+        "--queue",
+        help="the queue its jobs go to (default: the queue --app's handler of --type declares, else default)",
+    )
+    a.add_argument("--app", metavar="M:ATTR", help="the app whose handler of --type names the default queue")
     a = ssub.add_parser("list", help="list schedules")
     a.add_argument("--json", action="store_true")
     for action, text in (
@@ -365,6 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_queue_commands(sub)
     add_index_command(sub)
     add_bulk_commands(sub)
+    add_serve_commands(sub)
+    add_admin_commands(sub)
 
     p = sub.add_parser("bench", help="measure enqueue, drain and latency on this database (own schema)")
     p.add_argument("--jobs", type=positive_int, default=100_000)

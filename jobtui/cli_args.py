@@ -171,6 +171,24 @@ def add_wait_for_db(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_metrics_options(parser: argparse.ArgumentParser) -> None:
+    """The metrics port of a worker or a scheduler: /metrics, /healthz and /readyz."""
+    parser.add_argument(
+        "--metrics-port", type=port_number, help="serve Prometheus /metrics and the probes /healthz, /readyz here"
+    )
+    parser.add_argument(
+        "--metrics-addr",
+        metavar="ADDR",
+        help="the address to listen on, e.g. 127.0.0.1 for this host only (default: every address)",
+    )
+    parser.add_argument(
+        "--metrics-token-file",
+        metavar="PATH",
+        help="/metrics answers only requests with `Authorization: Bearer TOKEN`, TOKEN read from PATH"
+        " (the probes stay open)",
+    )
+
+
 def with_dsn(fn: Callable[[argparse.Namespace, str], int]) -> Command:
     def command(args: argparse.Namespace) -> int:
         dsn = database_dsn(args)

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from .actions import check_regex
 from .client import Queue
-from .db import connect, run
+from .db import connect
 from .domain import JobStatus
 from .donehistory import DoneHistory
 from .errors import InvalidInput, UnknownJob
@@ -28,10 +28,11 @@ from .flows import line_forecasts
 from .forecast import Forecast
 from .joblists import dead_groups
 from .metrics import Snapshot, snapshot
+from .overview import QueueLine, overview
 from .queue import job_statuses_call
-from .queues import QueueLine, overview_call
 from .rates import RAMP_TOP, rate_text
 from .safetext import line
+from .timers import watched
 
 Opener = Callable[[argparse.Namespace], Queue]
 
@@ -193,6 +194,13 @@ def wide_console() -> Console:
     return console if console.is_terminal or os.environ.get("COLUMNS", "").isdigit() else DataConsole(width=160)
 
 
+def estimate_mark(q: QueueLine, field: str, text: str) -> str:
+    """`text` marked `~` when the line's `field` is an estimate (`?` for an age not known)."""
+    if field not in q.estimated:
+        return text
+    return "?" if text == "-" else f"~{text}"
+
+
 def queue_table(lines: list[QueueLine], forecasts: dict[tuple[str, str], Forecast] | None = None) -> Table:
     """Each queue and job type: ready, due, running, limit, rate, pause, oldest wait, done/min,
     and with `forecasts` when its due backlog drains."""
@@ -205,14 +213,14 @@ def queue_table(lines: list[QueueLine], forecasts: dict[tuple[str, str], Forecas
         table.add_row(
             q.kind,
             q.name,
-            str(q.ready),
-            str(q.due),
+            estimate_mark(q, "ready", str(q.ready)),
+            estimate_mark(q, "due", str(q.due)),
             str(q.running),
             "-" if q.max_running is None else str(q.max_running),
             rate_cell(q),
             f"by {q.paused_by}" if q.paused else "-",
-            _age(q.oldest_age),
-            str(q.done_last_minute),
+            estimate_mark(q, "oldest_age", _age(q.oldest_age)),
+            estimate_mark(q, "done_last_minute", str(q.done_last_minute)),
             *more,
         )
     return table
@@ -241,9 +249,9 @@ def cmd_stats(args: argparse.Namespace, dsn: str) -> int:
     console = wide_console()
     history = DoneHistory()
     while True:
-        with connect(dsn, autocommit=True) as conn:
+        with watched(connect(dsn, autocommit=True), args.schema) as conn:
             snap = snapshot(conn, args.schema, history=history)
-            lines = run(conn, overview_call(), args.schema)
+            lines = overview(conn, args.schema).lines
         forecasts = line_forecasts(lines, snap.flows)
         if args.json:
             print(json.dumps({**snap.to_json(), "queues": queue_json(lines, forecasts)}, default=str, indent=2))
@@ -393,10 +401,12 @@ def cmd_audit(args: argparse.Namespace, queue: Queue) -> int:
 
 
 def cmd_metrics(args: argparse.Namespace, dsn: str) -> int:
+    from .endpoints import describe, read_token
     from .prometheus import serve
 
-    serve(dsn, args.port, args.schema, addr=args.addr)
-    print(f"serving Prometheus metrics on http://{args.addr}:{args.port}/metrics (Ctrl-C to stop)")
+    token = read_token(args.token_file) if args.token_file else None
+    server = serve(dsn, args.port, args.schema, args.addr, token=token, fix="choose another --port or --addr")
+    print(f"{describe(server)} (Ctrl-C to stop)")
     try:
         while True:
             time.sleep(3600)

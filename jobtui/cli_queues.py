@@ -15,8 +15,10 @@ from .db import connect, run
 from .durations import parse_duration
 from .errors import InvalidInput
 from .flows import line_forecasts, recent_call
+from .overview import overview
 from .rates import parse_rate, rate_text
 from .safetext import line, quote
+from .timers import watched
 
 
 def limit_value(text: str) -> int | None:
@@ -33,13 +35,16 @@ def limit_value(text: str) -> int | None:
 
 
 def cmd_list(args: argparse.Namespace, dsn: str) -> int:
-    with connect(dsn) as conn:
-        lines = run(conn, queues.overview_call(), args.schema)
-        forecasts = line_forecasts(lines, run(conn, recent_call(), args.schema))
+    with watched(connect(dsn, autocommit=True), args.schema) as conn:
+        view = overview(conn, args.schema)
+        forecasts = line_forecasts(view.lines, run(conn, recent_call(), args.schema))
     if args.json:
-        print(json.dumps(queue_json(lines, forecasts), default=str, indent=2))
+        print(json.dumps(queue_json(view.lines, forecasts), default=str, indent=2))
         return 0
-    wide_console().print(queue_table(lines, forecasts))
+    console = wide_console()
+    console.print(queue_table(view.lines, forecasts))
+    if not view.counted:
+        console.print(f"~ estimated: too many ready jobs to count on every read; from {view.source}")
     return 0
 
 

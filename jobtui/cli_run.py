@@ -13,10 +13,12 @@ from typing import Any
 
 from . import cli_ops as ops
 from . import migrate as migrations
+from . import sdnotify
 from .cli_args import database_dsn
 from .db import Call, check_schema_name, connect, describe_dsn, run, wait_for_database
 from .durations import parse_duration
 from .errors import InvalidInput, PrivilegeMissing
+from .health import Health
 from .logformat import chosen_format, formatter
 from .maintenance import Retention
 from .privileges import SCHEDULER_NEEDS, missing_privileges_call, privilege_message
@@ -63,26 +65,57 @@ def cmd_worker(args: argparse.Namespace) -> int:
             dead=parse_duration(args.dead_retention),
             delete_done=args.delete_done,
         ),
+        health=_health(args),
     )
     setup_logging(args.verbose, args.log_format)
+    # The probes answer from here on: alive, and not ready while the database is awaited.
+    _serve_endpoints(args, dsn, worker.health)
     with wait_for_database(dsn, wait, what=f"worker {worker.worker_id}") as conn:
         migrations.check(conn, args.schema)
-    if args.metrics_port:
-        from .prometheus import serve
-
-        serve(dsn, args.metrics_port, args.schema)
     # The process is the worker's own, so it may tune the collector: every job makes a
     # dozen short-lived objects (task, coroutine, records), and at Python's default
     # threshold the collector runs every few dozen jobs, a large share of the worker's own
     # CPU (docs/performance.md, "Worker overhead"). Cycles are still collected, every
     # WORKER_GC_THRESHOLD allocations.
     gc.set_threshold(WORKER_GC_THRESHOLD, *gc.get_threshold()[1:])
-    asyncio.run(_run_until_signalled(worker))
+    asyncio.run(_run_until_signalled(worker, f"worker {worker.worker_id}"))
     return 0
 
 
-async def _run_until_signalled(worker: Any) -> None:
-    """Run `worker`; the first SIGTERM/SIGINT stops it gracefully, a second exits at once."""
+def _health(args: argparse.Namespace) -> Health | None:
+    """The probes' state, with a metrics port to answer on; bad metrics options first."""
+    if args.metrics_port is None:
+        given = [
+            o
+            for o, v in (("--metrics-addr", args.metrics_addr), ("--metrics-token-file", args.metrics_token_file))
+            if v
+        ]
+        if given:
+            raise InvalidInput(f"{' and '.join(given)} need --metrics-port, the port to serve on")
+        return None
+    return Health(args.schema)
+
+
+def _serve_endpoints(args: argparse.Namespace, dsn: str, health: Health | None) -> None:
+    if health is None:
+        return
+    from .endpoints import describe, read_token
+    from .prometheus import serve
+
+    token = read_token(args.metrics_token_file) if args.metrics_token_file else None
+    server = serve(dsn, args.metrics_port, args.schema, args.metrics_addr, token=token, health=health)
+    logging.getLogger("jobtui.endpoints").info("%s", describe(server))
+
+
+# What stops a worker or a scheduler gracefully (deploy/ recipes send these; a second one
+# exits at once).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+async def _run_until_signalled(worker: Any, what: str) -> None:
+    """Run `worker` (or a scheduler in its shape: run, stop, started); the first SIGTERM or
+    SIGINT stops it gracefully, a second exits at once. Under systemd (Type=notify) it says
+    READY=1 once started, STOPPING=1 on the signal, and keeps the watchdog fed."""
     loop = asyncio.get_running_loop()
     signals_seen = 0
 
@@ -96,11 +129,24 @@ async def _run_until_signalled(worker: Any) -> None:
         logging.getLogger("jobtui.worker").info(
             "%s: stopping; waiting for in-flight jobs (signal again to exit at once)", signal.Signals(signum).name
         )
+        sdnotify.notify("STOPPING=1", f"STATUS={what}: stopping after the jobs in flight")
         worker.stop()
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    async def ready_when_started() -> None:
+        await worker.started.wait()
+        sdnotify.notify("READY=1", f"STATUS={what} started", f"MAINPID={os.getpid()}")
+
+    for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, on_signal, signum)
-    await worker.run()
+    around = [asyncio.create_task(ready_when_started())]
+    interval = sdnotify.watchdog_interval()
+    if interval is not None:
+        around.append(asyncio.create_task(sdnotify.keep_watchdog(interval)))
+    try:
+        await worker.run()
+    finally:
+        for task in around:
+            task.cancel()
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
@@ -108,30 +154,49 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 
     dsn = database_dsn(args)
     wait = parse_duration(args.wait_for_db)
-    specs = list(load_app(args.app).schedules.values()) if args.app else []
+    specs = load_app(args.app).schedule_specs() if args.app else []
+    health = _health(args)
     setup_logging(args.verbose, args.log_format)
+    _serve_endpoints(args, dsn, health)
     with wait_for_database(dsn, wait, what="scheduler") as conn:
         migrations.check(conn, args.schema)
         missing = run(conn, missing_privileges_call(args.schema, SCHEDULER_NEEDS), args.schema)
     if missing:
         raise PrivilegeMissing(privilege_message("jobtui scheduler", missing))
-    asyncio.run(_run_until_signalled(_StandaloneScheduler(Scheduler(dsn, schema=args.schema, specs=specs))))
+    scheduler = _StandaloneScheduler(Scheduler(dsn, schema=args.schema, specs=specs), health)
+    asyncio.run(_run_until_signalled(scheduler, "scheduler"))
     return 0
 
 
 class _StandaloneScheduler:
-    """Gives the scheduler the worker's run/stop shape for the signal handling above."""
+    """Gives the scheduler the worker's run/stop/started shape for the signal handling above,
+    and a link of its own, which its readiness probe shares (health.py)."""
 
-    def __init__(self, scheduler: Any) -> None:
+    def __init__(self, scheduler: Any, health: Health | None) -> None:
         self.scheduler = scheduler
+        self.health = health
         self._stopping = asyncio.Event()
+        self.started = asyncio.Event()
 
     def stop(self) -> None:
         self._stopping.set()
 
     async def run(self) -> None:
+        from .link import Connection, Link
+
+        link = Link(self.scheduler.dsn, pooler=self.scheduler.pooler)
+        tasks = [asyncio.create_task(self.scheduler.run(self._stopping, link=link), name="jobtui-scheduler")]
+        if self.health is not None:
+            probe = Connection(self.scheduler.dsn, "probe", link=link, gated=True, pooler=self.scheduler.pooler)
+            tasks.append(asyncio.create_task(self.health.watch(probe, self._stopping), name="jobtui-health"))
         logging.getLogger("jobtui.scheduler").info("scheduler started")
-        await self.scheduler.run(self._stopping)
+        self.started.set()
+        try:
+            await tasks[0]
+        finally:
+            self._stopping.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await link.close()
 
 
 def cmd_console(args: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar, overload
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import ExecStatus
 from psycopg.rows import TupleRow
 
 from .domain import DEFAULT_SCHEMA
@@ -79,8 +80,18 @@ class Rows(Sequence[TupleRow]):
         return [dict(zip(self.names, row, strict=True)) for row in self._rows]
 
 
-def _rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any], fetched: list[TupleRow]) -> Rows:
-    return Rows(fetched, [c.name for c in cur.description] if cur.description else ())
+def _names(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> tuple[str, ...] | None:
+    """The names of the result's columns, or None when the statement returned no rows.
+
+    Read from the result itself: `cur.description` builds a Column object per column, with
+    its type looked up, each time it is read (a claim's eleven columns, several times a
+    statement, were most of what a small claim cost the worker).
+    """
+    res = cur.pgresult
+    if res is None or not (res.nfields or res.status == ExecStatus.TUPLES_OK):
+        return None
+    # The statements of queries.sql name their columns in ASCII.
+    return tuple((res.fname(i) or b"").decode() for i in range(res.nfields))
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,14 +174,16 @@ def run(conn: psycopg.Connection[Any], call: Call[T], schema: str = DEFAULT_SCHE
     """Run `call` on `conn` inside whatever transaction the connection is in."""
     with conn.cursor(binary=call.binary) as cur:
         cur.execute(statements(schema)[call.name], call.params)
-        return call.decode(_rows(cur, cur.fetchall() if cur.description else []))
+        names = _names(cur)
+        return call.decode(Rows(cur.fetchall(), names) if names is not None else Rows([], ()))
 
 
 async def arun(conn: psycopg.AsyncConnection[Any], call: Call[T], schema: str = DEFAULT_SCHEMA) -> T:
     """Async counterpart of `run`."""
     async with conn.cursor(binary=call.binary) as cur:
         await cur.execute(statements(schema)[call.name], call.params)
-        return call.decode(_rows(cur, await cur.fetchall() if cur.description else []))
+        names = _names(cur)
+        return call.decode(Rows(await cur.fetchall(), names) if names is not None else Rows([], ()))
 
 
 def resolve_dsn(dsn: str | None = None) -> str | None:

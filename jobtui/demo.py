@@ -84,7 +84,7 @@ MAIN_TYPES = [t for t in jobs.handlers if t not in CRASH_TYPES]
 def prepare(dsn: str, schema: str) -> None:
     """Sync the schedules, pause one, and make one look as if every scheduler had been down."""
     with connect(dsn, autocommit=True) as conn:
-        schedules.sync(conn, list(jobs.schedules.values()), schema)
+        schedules.sync(conn, jobs.schedule_specs(), schema)
         schedules.pause(conn, "demo.paused", schema, actor="demo")
         schedules.rewind(conn, "demo.catch-up", 15 * 60, schema)
 

@@ -56,6 +56,7 @@ class ClaimedJob:
     uncounted: int = 0
     # What the enqueuing code attached (the trace context it ran in, say), or None.
     meta: dict[str, Any] | None = None
+    queue: str = DEFAULT_QUEUE  # the named queue it was claimed from
 
     @property
     def lease(self) -> Lease:
@@ -81,6 +82,7 @@ class FailOutcome:
     attempt: int
     max_attempts: int
     worker: str | None
+    queue: str | None = None  # the job's named queue, when the statement that failed it said
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +95,7 @@ class Reaped:
     attempt: int
     status: JobStatus
     expired_at: datetime
+    queue: str | None = None  # the job's named queue
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ readers read the spans of the last minutes and forecast from them (forecast.py).
 
     with connect(dsn, autocommit=True) as conn:
         record_flow(conn)
-        lines = run(conn, overview_call())
+        lines = overview(conn).lines
         by_line = line_forecasts(lines, run(conn, recent_call()))
 """
 
@@ -19,7 +19,7 @@ import psycopg
 from .db import Call, Rows, run
 from .domain import DEFAULT_SCHEMA
 from .forecast import Flows, Forecast, Span, forecast, spans
-from .queues import QueueLine
+from .overview import QueueLine
 
 
 def record_flow(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, until: datetime | None = None) -> bool:

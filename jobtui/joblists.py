@@ -10,9 +10,10 @@ from typing import Any
 import psycopg
 
 from .actions import dead_matching, matching_ids
+from .backlog import READY_EXACT_CAP
 from .db import Call, Rows, run
 from .domain import DEFAULT_SCHEMA
-from .metrics import DeadGroup
+from .metrics import DeadGroup, read_transaction
 
 Row = dict[str, Any]
 
@@ -56,6 +57,14 @@ class ReadyJob:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadyJobs:
+    """A type's ready jobs in claim order, as far as the list reads (`cut`: not all of them)."""
+
+    jobs: list[ReadyJob]
+    cut: bool = False  # the ready index has more entries than were read
+
+
+@dataclass(frozen=True, slots=True)
 class DeadJob:
     id: int
     type: str
@@ -87,11 +96,17 @@ def running_jobs(
 
 def ready_jobs(
     conn: psycopg.Connection[Any], job_type: str, schema: str = DEFAULT_SCHEMA, limit: int = 200
-) -> list[ReadyJob]:
-    """Ready jobs of `job_type` in the order workers will claim them."""
-    return [
-        ReadyJob(**_floats(r, "waiting", "age")) for r in _rows(conn, "list_ready", schema, type=job_type, limit=limit)
+) -> ReadyJobs:
+    """Ready jobs of `job_type` in the order workers will claim them, among the oldest
+    READY_EXACT_CAP + 1 ready jobs of every type (a bounded read, however big the backlog)."""
+    with read_transaction(conn, schema):
+        rows = _rows(conn, "list_ready", schema, type=job_type, limit=limit, scan=READY_EXACT_CAP)
+    jobs = [
+        ReadyJob(**_floats({k: v for k, v in r.items() if k != "cut"}, "waiting", "age"))
+        for r in rows
+        if r["id"] is not None
     ]
+    return ReadyJobs(jobs, cut=bool(rows and rows[0]["cut"]))
 
 
 def dead_jobs(

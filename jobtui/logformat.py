@@ -28,12 +28,29 @@ ENV = "JOBTUI_LOG_FORMAT"
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 # LogRecord attributes a job's log lines may carry, and their names in the JSON object.
-JOB_FIELDS = {"job_id": "job_id", "job_type": "type", "queue": "queue", "attempt": "attempt", "worker": "worker"}
+JOB_FIELDS = {
+    "job_id": "job_id",
+    "job_type": "type",
+    "queue": "queue",
+    "schema": "schema",
+    "attempt": "attempt",
+    "worker": "worker",
+}
 
 
-def job_fields(job_id: int, job_type: str, attempt: int, worker: str | None, queue: str) -> dict[str, Any]:
-    """The `extra=` of a log call about one job (`queue` is the schema it is in)."""
-    return {"job_id": job_id, "job_type": job_type, "attempt": attempt, "worker": worker, "queue": queue}
+def job_fields(
+    job_id: int, job_type: str, attempt: int, worker: str | None, queue: str | None, schema: str
+) -> dict[str, Any]:
+    """The `extra=` of a log call about one job: `queue` is its named queue (None when the
+    line does not know it), `schema` the schema of jobtui's tables."""
+    return {
+        "job_id": job_id,
+        "job_type": job_type,
+        "attempt": attempt,
+        "worker": worker,
+        "queue": queue,
+        "schema": schema,
+    }
 
 
 class JsonFormatter(logging.Formatter):

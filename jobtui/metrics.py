@@ -16,6 +16,8 @@ instead of on every snapshot.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -25,7 +27,7 @@ from psycopg.rows import dict_row
 
 from .backlog import READY_EXACT_CAP, MinuteFigures, ReadyEstimate, estimate, minutes
 from .db import Call, Rows, run, statements
-from .domain import DEFAULT_SCHEMA
+from .domain import DEFAULT_QUEUE, DEFAULT_SCHEMA
 from .donehistory import MINUTE, DoneHistory, calendar_minute
 from .errors import JobtuiError
 from .forecast import Flows, Forecast, Span, forecast, spans
@@ -35,8 +37,10 @@ from .migrate import _lock_key as migration_lock_key
 LOCK_TIMEOUT = 2.0
 # The kinds of lock a session can wait for, as pg_locks names them; any other is "other".
 # A row held by another transaction is waited for as its transaction id (the first waiter)
-# or its tuple (those queued behind the first).
-LOCK_KINDS = ("relation", "transactionid", "tuple", "advisory", "other")
+# or its tuple (those queued behind the first). queue_limit is a claim of a queue with a
+# global limit waiting for the claim before it (normal while the queue is busy); advisory is
+# then a `jobtui migrate` waiting for another.
+LOCK_KINDS = ("relation", "transactionid", "tuple", "advisory", "queue_limit", "other")
 
 
 class QueueLocked(JobtuiError):
@@ -101,6 +105,7 @@ class ScheduleHealth:
     next_in: float
     backfilled: int = 0  # missed slots the policy fired late
     grace: float = 30.0  # seconds after its time a slot still runs as on time
+    queue: str = DEFAULT_QUEUE  # where its jobs go
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +195,12 @@ class Snapshot:
         return max(ages) if ages else None
 
     @property
+    def alarming_lock_waits(self) -> int:
+        """The lock waits that say something holds the queue up: all but claims taking their
+        turn under a queue's global limit (queue_limit), which is the limit working."""
+        return sum(n for kind, n in self.lock_waits_by_kind.items() if kind != "queue_limit")
+
+    @property
     def expired_leases(self) -> int:
         return sum(g.expired for g in self.running)
 
@@ -264,6 +275,21 @@ def _distribution(rows: list[Row]) -> dict[str, dict[int, int]]:
         if r["status"] in ("done", "dead", "failed"):
             out.setdefault(r["status"], {})[int(r["attempts"])] = int(r["jobs"])
     return out
+
+
+def lock_timeout_call(lock_timeout: float = LOCK_TIMEOUT) -> Call[None]:
+    """For a read's own transaction: a lock timeout, and no JIT (on a big table the planner's
+    row estimates make it compile small aggregates, which costs more than they do)."""
+    return Call("metrics_lock_timeout", {"timeout": f"{max(1, round(lock_timeout * 1000))}ms"}, lambda rows: None)
+
+
+@contextmanager
+def read_transaction(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> Iterator[None]:
+    """A transaction for a read that runs on a timer (the queue overview, a type's ready
+    jobs): no JIT, and a lock timeout, as the snapshot's."""
+    with conn.transaction():
+        run(conn, lock_timeout_call(), schema)
+        yield
 
 
 def _lock_wait_params(schema: str) -> dict[str, Any]:

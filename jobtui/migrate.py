@@ -3,6 +3,7 @@ processes may race (through a transaction pooler too)."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import zlib
 from dataclasses import dataclass
@@ -39,9 +40,8 @@ def available(directory: Path | None = None) -> list[Migration]:
         if match:
             found.append(Migration(int(match.group(1)), match.group(2), path))
     versions = [m.version for m in found]
-    # Numbers are handed out ahead, one per change under way, so a tree may lack some of
-    # them for a while: each must be unique, and the first is 1.
-    if versions[:1] != [1] or len(set(versions)) != len(versions):
+    # Increasing from 1, each number once; a number may be skipped (one kept for another change).
+    if not versions or versions[0] != 1 or any(b <= a for a, b in itertools.pairwise(versions)):
         raise RuntimeError(f"migrations must be numbered from 1, each number once, found {versions}")
     return found
 
@@ -86,10 +86,63 @@ def check(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> int:
     expected = code_version()
     if version is None or version < expected or missing:
         found = "missing" if version is None else f"at version {version}"
+        command = "jobtui migrate" if schema == DEFAULT_SCHEMA else f"jobtui --schema {schema} migrate"
         raise SchemaNotMigrated(
-            f"schema {schema!r} is {found}, this jobtui needs version {expected}: run `jobtui migrate`"
+            f"schema {schema!r} is {found}, this jobtui needs version {expected}: run `{command}` of this"
+            f" release first, as the schema's owner (`{command} --dry-run` prints its SQL)"
         )
     return version
+
+
+def _bootstrap(schema: str) -> list[sql.Composed]:
+    """What a migration's transaction runs first: the lock, and the schema and its migration
+    table when they are missing."""
+    ident = sql.Identifier(check_schema_name(schema))
+    return [
+        sql.SQL("SELECT pg_advisory_xact_lock({})").format(sql.Literal(_lock_key(schema))),
+        sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident),
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {}.migration ("
+            " version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        ).format(ident),
+    ]
+
+
+def _execute(conn: psycopg.Connection[Any], statement: sql.Composed) -> None:
+    conn.execute(statement)
+
+
+def _recorded(schema: str, migration: Migration) -> sql.Composed:
+    return sql.SQL("INSERT INTO {}.migration (version, name) VALUES ({}, {})").format(
+        sql.Identifier(schema), sql.Literal(migration.version), sql.Literal(migration.name)
+    )
+
+
+def pending(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> tuple[int | None, list[Migration]]:
+    """The schema's version (None: not migrated at all) and the migrations this code would
+    apply to it, changing nothing (`jobtui migrate --check` and `--dry-run`): every one it
+    lacks, a number handed out earlier and landed later included."""
+    version = applied_version(conn, schema)
+    applied = applied_versions(conn, schema)
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+        conn.rollback()
+    return version, [m for m in available() if m.version not in applied]
+
+
+def dry_run_sql(schema: str, version: int | None, todo: list[Migration]) -> str:
+    """The SQL `jobtui migrate` would run on a schema at `version`, as one psql script."""
+    parts = ["BEGIN;", *(f"{statement.as_string(None)};" for statement in _bootstrap(schema))]
+    if version is None:
+        parts[1:1] = [f"-- schema {schema!r} is missing: it and its migration table are created"]
+    for migration in todo:
+        parts += [
+            f"\n-- {migration.path.name}",
+            migration.text(schema).strip(),
+            f"{_recorded(schema, migration).as_string(None)};",
+        ]
+    parts.append("COMMIT;")
+    return "\n".join(parts) + "\n"
 
 
 def migrate(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> list[Migration]:
@@ -105,27 +158,19 @@ def migrate(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> list
     conn.autocommit = True
     known = available()
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(schema),))
-        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {}.migration ("
-                " version integer PRIMARY KEY, name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            ).format(ident)
-        )
+        for statement in _bootstrap(schema):
+            _execute(conn, statement)
         current = applied_version(conn, schema) or 0
         if current > known[-1].version:
             raise SchemaTooNew(
                 f"schema {schema!r} is at version {current} but this jobtui knows only "
                 f"{known[-1].version}: upgrade jobtui instead of migrating"
             )
+        # Every missing one: numbers are handed out ahead, one per change under way, so one may
+        # land after a higher one was applied.
         applied = {int(r[0]) for r in conn.execute(sql.SQL("SELECT version FROM {}.migration").format(ident))}
-        pending = [m for m in known if m.version not in applied]
-        for migration in pending:
+        todo = [m for m in known if m.version not in applied]
+        for migration in todo:
             conn.execute(migration.text(schema).encode())
-            conn.execute(
-                sql.SQL("INSERT INTO {}.migration (version, name) VALUES (%s, %s)").format(ident),
-                (migration.version, migration.name),
-            )
-        return pending
+            _execute(conn, _recorded(schema, migration))
+        return todo

@@ -94,6 +94,7 @@ def attempt_span(job: Job) -> Iterator[None]:
         "jobtui.job.id": job.id,
         "jobtui.job.type": job.type,
         "jobtui.queue": job.queue,
+        "jobtui.schema": job.schema,
         "jobtui.attempt": job.attempt,
         "jobtui.max_attempts": job.max_attempts,
         # From when the job was due to this attempt's start, by this worker's clock.

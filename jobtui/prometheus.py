@@ -1,5 +1,5 @@
-"""Prometheus exposition of the queue's measures: `/metrics` for `jobtui metrics --port`
-and `jobtui worker --metrics-port`.
+"""Prometheus exposition of the queue's measures: `/metrics` for `jobtui metrics --port`,
+`jobtui worker --metrics-port` and `jobtui scheduler --metrics-port` (served by endpoints.py).
 
 Each scrape takes one snapshot (cached for a second, so several scrapers cost one).
 """
@@ -9,20 +9,20 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
-from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from .db import connect, run
+from .db import connect
 from .domain import DEFAULT_SCHEMA
 from .donehistory import DoneHistory
-from .errors import InvalidInput
+from .endpoints import EVERY_ADDRESS, Listener, start
 from .flows import line_forecasts
 from .forecast import Forecast
+from .health import Health
 from .metrics import Snapshot, snapshot
-from .queues import QueueLine, overview_call
+from .overview import QueueLine, overview
+from .timers import watched
 
 CACHE_SECONDS = 1.0
 
@@ -41,9 +41,9 @@ class QueueCollector(Collector):
         with self._lock:
             if self._cached and time.monotonic() - self._cached[0] < CACHE_SECONDS:
                 return self._cached[1], self._cached[2]
-            with connect(self.dsn, autocommit=True) as conn:
+            with watched(connect(self.dsn, autocommit=True), self.schema) as conn:
                 snap = snapshot(conn, self.schema, history=self._history)
-                lines = run(conn, overview_call(), self.schema)
+                lines = overview(conn, self.schema).lines
             self._cached = (time.monotonic(), snap, lines)
             return snap, lines
 
@@ -92,7 +92,8 @@ def queue_families(lines: list[QueueLine]) -> Iterator[Metric]:
             continue
         jobs.add_metric([q.name, "ready"], q.ready)
         jobs.add_metric([q.name, "running"], q.running)
-        age.add_metric([q.name], q.oldest_age or 0.0)
+        if q.oldest_age is not None or "oldest_age" not in q.estimated:  # not a 0 for an age not known
+            age.add_metric([q.name], q.oldest_age or 0.0)
         if q.max_running is not None:
             limit.add_metric([q.name], q.max_running)
     yield from (jobs, age, limit, paused, rate)
@@ -142,6 +143,13 @@ def families(snap: Snapshot) -> Iterator[Metric]:
     overall = GaugeMetricFamily("jobtui_oldest_ready_age_max_seconds", "The oldest due ready job's wait, any type")
     overall.add_metric([], snap.oldest_ready_age or 0.0)
     yield overall
+    exact = GaugeMetricFamily(
+        "jobtui_ready_exact",
+        "1 when the ready jobs were counted; 0 when too many to count on every scrape, and jobtui_jobs{status=ready}"
+        " and jobtui_queue_jobs{status=ready} are estimates",
+    )
+    exact.add_metric([], 1 if snap.ready_estimate is None else 0)
+    yield exact
     done = GaugeMetricFamily("jobtui_jobs_done_estimate", "Done jobs in the queue table (planner estimate)")
     done.add_metric([], snap.done_estimate)
     yield done
@@ -219,14 +227,18 @@ def families(snap: Snapshot) -> Iterator[Metric]:
         yield lag
 
 
-def serve(dsn: str, port: int, schema: str = DEFAULT_SCHEMA, addr: str = "0.0.0.0") -> Any:
-    """Serve /metrics on `port` in a background thread; returns the server."""
+def serve(
+    dsn: str,
+    port: int,
+    schema: str = DEFAULT_SCHEMA,
+    addr: str | None = EVERY_ADDRESS,
+    *,
+    token: str | None = None,
+    health: Health | None = None,
+    fix: str = "choose another --metrics-port or --metrics-addr",
+) -> Listener:
+    """Serve /metrics on `addr`:`port` (every address when None) in a background thread, with
+    the probes of `health` when given (endpoints.py); returns the server."""
     registry = CollectorRegistry()
     registry.register(QueueCollector(dsn, schema))
-    try:
-        server, _thread = start_http_server(port, addr=addr, registry=registry)
-    except OSError as exc:  # port taken, no permission, address not on this host
-        raise InvalidInput(
-            f"cannot serve metrics on {addr}:{port} ({exc.strerror or exc}); choose another --port"
-        ) from None
-    return server
+    return start(registry, port, addr, token=token, health=health, fix=fix)

@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from operator import itemgetter
 from typing import Any, TypeVar
 
 import psycopg
@@ -59,11 +60,16 @@ _JSON_DECODER = json.JSONDecoder()
 # -- calls --------------------------------------------------------------------------------
 
 
+def _bigints(values: Iterable[int]) -> str:
+    """A bigint[] literal, for a parameter the statement casts (`%(ids)s::bigint[]`)."""
+    return "{" + ",".join(map(str, map(int, values))) + "}"
+
+
 def _leases(leases: Sequence[Lease]) -> dict[str, Any]:
-    # Sent as bigint[] (binary, where the statement says %(ids)b): a list of small ints goes
-    # as smallint[] or int[], whose cast in `(tokens)[array_position(ids, id)]` would be
-    # redone for every row; and the text form is escaped element by element.
-    return {"ids": [Int8(lease.job_id) for lease in leases], "tokens": [Int8(lease.token) for lease in leases]}
+    # The ids and tokens go as array literals joined here, typed once by the statement's cast:
+    # a list would be adapted element by element (Python code per id, several times this),
+    # and a list of small ints would go as int[], cast again for every row the statement reads.
+    return {"ids": _bigints([lease.job_id for lease in leases]), "tokens": _bigints([lease.token for lease in leases])}
 
 
 def enqueue_call(
@@ -113,12 +119,14 @@ _CLAIMED = ("id", "type", "payload", "attempts", "max_attempts", "lease_token", 
 def _claimed(rows: Rows) -> list[ClaimedJob]:
     """The claimed jobs in the order they were waiting: run_at, then id."""
     i, t, p, a, m, k, u, c = rows.columns(*_CLAIMED)
-    r_at, n, meta = rows.columns("run_at", "uncounted", "meta")
+    r_at, n, meta, q = rows.columns("run_at", "uncounted", "meta", "queue")
+    # jsonb's text has no white space around the value: raw_decode skips decode's two scans for it.
+    decode = _JSON_DECODER.raw_decode
     return [
         ClaimedJob(
             id=r[i],
             type=r[t],
-            payload=_JSON_DECODER.decode(r[p]),
+            payload=decode(r[p])[0],
             attempt=r[a],
             max_attempts=r[m],
             lease_token=r[k],
@@ -126,9 +134,10 @@ def _claimed(rows: Rows) -> list[ClaimedJob]:
             created_at=r[c],
             run_at=r[r_at],
             uncounted=r[n],
-            meta=None if r[meta] is None else _JSON_DECODER.decode(r[meta]),
+            meta=None if r[meta] is None else decode(r[meta])[0],
+            queue=r[q],
         )
-        for r in sorted(rows, key=lambda r: (r[r_at], r[i]))
+        for r in sorted(rows, key=itemgetter(r_at, i))
     ]
 
 
@@ -165,6 +174,8 @@ def _newest_leases(leases: Sequence[Lease]) -> list[Lease]:
     """One lease per job, the one with the highest token: complete and heartbeat look a job's
     token up by its first position, and a job's current token is never lower than any token
     handed out for it, so an older lease of the same job in the batch can only be stale."""
+    if len({lease.job_id for lease in leases}) == len(leases):
+        return list(leases)  # no job twice: the common case, checked at C speed
     newest: dict[int, Lease] = {}
     for lease in leases:
         held = newest.get(lease.job_id)
@@ -210,7 +221,9 @@ def complete_deleting_call(leases: Sequence[Lease]) -> Call[set[int]]:
 
 def _fail_outcomes(rows: Rows) -> list[FailOutcome]:
     return [
-        FailOutcome(d["id"], JobStatus(d["status"]), d["type"], d["attempts"], d["max_attempts"], d["locked_by"])
+        FailOutcome(
+            d["id"], JobStatus(d["status"]), d["type"], d["attempts"], d["max_attempts"], d["locked_by"], d["queue"]
+        )
         for d in rows.dicts()
     ]
 
@@ -264,7 +277,7 @@ def release_unanswered_call(worker: str, held: Sequence[int]) -> Call[set[int]]:
 def _reaped(rows: Rows) -> list[Reaped]:
     # The first row is the round itself (see the statement), not a job.
     return [
-        Reaped(d["job_id"], d["type"], d["worker"], d["attempt"], JobStatus(d["status"]), d["at"])
+        Reaped(d["job_id"], d["type"], d["worker"], d["attempt"], JobStatus(d["status"]), d["at"], d["queue"])
         for d in rows.dicts()
         if d["job_id"] is not None
     ]

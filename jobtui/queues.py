@@ -1,5 +1,5 @@
-"""Queues, fleet-wide pauses, global concurrency limits and rates: the operator's levers
-during an incident, and the figures behind them.
+"""Fleet-wide pauses, global concurrency limits and rates of queues and types: the operator's
+levers during an incident (their figures are in overview.py).
 
 A pause, a limit or a rate is a row of `queue_control` that every worker's claim statement reads
 itself (queries.sql, claim), so it holds on every worker from its next claim and across
@@ -12,14 +12,13 @@ restarts. Each change writes its audit row in the same transaction.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Literal
 
 import psycopg
 
 from .audit import record_audit
 from .checks import check_queue, check_text, check_type
-from .db import Call, Rows, run, statements
+from .db import Call, run, statements
 from .domain import DEFAULT_SCHEMA
 from .errors import InvalidInput
 from .rates import check_rate
@@ -27,41 +26,6 @@ from .rates import check_rate
 Kind = Literal["queue", "type"]
 KINDS: tuple[Kind, ...] = ("queue", "type")
 MAX_LIMIT = 1_000_000  # as the table's check says
-
-
-@dataclass(frozen=True, slots=True)
-class QueueLine:
-    """One queue or job type as `jobtui queue list` and the Queues pane show it."""
-
-    kind: Kind
-    name: str
-    ready: int
-    due: int
-    running: int
-    done_last_minute: int
-    oldest_age: float | None  # seconds the oldest due job has waited; None with none due
-    max_running: int | None  # the queue's global limit; None: none (types have none)
-    paused_at: datetime | None
-    paused_by: str | None
-    rate: float | None = None  # jobs per second across every worker; None: no rate
-    ramp_until: datetime | None = None  # while a resume's ramp runs, when it ends
-    rate_now: float | None = None  # the rate the claims hold to now (lower during a ramp)
-
-    @property
-    def paused(self) -> bool:
-        return self.paused_at is not None
-
-    @property
-    def ramping(self) -> bool:
-        return self.ramp_until is not None
-
-
-def _lines(rows: Rows) -> list[QueueLine]:
-    return [QueueLine(**d) for d in rows.dicts()]
-
-
-def overview_call() -> Call[list[QueueLine]]:
-    return Call("queue_overview", {}, _lines)
 
 
 def check_name(kind: str, name: str) -> str:
@@ -124,7 +88,7 @@ def resume(
 @dataclass(frozen=True, slots=True)
 class LimitChange:
     changed: bool
-    was: int | None
+    was: int | None  # the limit found: the one replaced, or (not changed) the one set meanwhile
 
 
 def set_limit(
@@ -139,7 +103,8 @@ def set_limit(
 ) -> LimitChange:
     """Cap how many jobs of queue `name` run at once across every worker (None: no cap).
 
-    With `fenced`, only when its limit is still `expected` (what the operator saw). Audited.
+    With `fenced`, only when its limit is still `expected` (what the operator saw). Audited,
+    with the limit it replaced.
     """
     params = {
         "name": check_queue(name),
@@ -150,8 +115,8 @@ def set_limit(
         "channel": statements(schema).channel,
     }
     with conn.transaction():
-        rows = run(conn, Call("queue_limit", params, lambda r: r.dicts()), schema)
-        change = LimitChange(bool(rows), rows[0]["was"] if rows else expected)
+        found = run(conn, Call("queue_limit", params, lambda r: r.dicts()), schema)[0]
+        change = LimitChange(bool(found["changed"]), found["was"])
         detail = {"limit": limit, "was": change.was}
         record_audit(conn, actor, "queue-limit", f"queue {name}", int(change.changed), detail=detail, schema=schema)
     return change

@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import psycopg
@@ -24,7 +24,7 @@ from .backoff import DEFAULT_POLICY, BackoffPolicy
 from .checks import check_delay, check_max_attempts, check_queue, check_type
 from .cronslots import DEFAULT_GRACE_SECONDS
 from .db import Call, arun, run
-from .domain import DEFAULT_MAX_ATTEMPTS, ClaimedJob, FailOutcome
+from .domain import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, ClaimedJob, FailOutcome
 from .errors import InvalidInput, JobtuiError
 from .queue import effect_exists_call, record_effect_call
 
@@ -80,6 +80,9 @@ class ScheduleSpec:
     missed: str = "once"
     max_attempts: int | None = None
     grace: float = DEFAULT_GRACE_SECONDS  # seconds after its time a slot still runs as on time
+    # The queue its jobs go to; None: the queue the handler of `type` declares, else the
+    # default queue (Jobs.schedule_specs resolves it).
+    queue: str | None = None
 
 
 DeadCallback = Callable[[FailOutcome], Any]
@@ -146,6 +149,14 @@ class Jobs:
         handler = self.handlers.get(job_type)
         return None if handler is None else handler.queue
 
+    def schedule_specs(self) -> list[ScheduleSpec]:
+        """The declared schedules, each with its queue: its own, else its handler's, else
+        the default queue (what a worker or scheduler syncs to the schedule table)."""
+        return [
+            s if s.queue is not None else replace(s, queue=self.queue_of(s.type) or DEFAULT_QUEUE)
+            for s in self.schedules.values()
+        ]
+
     def on_dead(self, fn: DeadCallback) -> DeadCallback:
         """Register a callback run (in the worker) each time a job goes dead."""
         self.dead_callbacks.append(fn)
@@ -163,8 +174,10 @@ class Jobs:
         missed: str = "once",
         max_attempts: int | None = None,
         grace: float = DEFAULT_GRACE_SECONDS,
+        queue: str | None = None,
     ) -> ScheduleSpec:
-        """Declare a cron schedule that enqueues a job of `type` once per slot.
+        """Declare a cron schedule that enqueues a job of `type` once per slot, in `queue`
+        (default: the queue the handler of `type` declares, else the default queue).
 
         A slot whose scheduler comes `grace` seconds late or less still runs as on time;
         `missed` (skip, once, all) decides what runs for slots missed beyond it.
@@ -173,7 +186,9 @@ class Jobs:
 
         validate_schedule(name, cron, timezone, missed, offset, grace)
         check_type(type)
-        spec = ScheduleSpec(name, cron, type, payload, timezone, offset, missed, max_attempts, float(grace))
+        if queue is not None:
+            check_queue(queue)
+        spec = ScheduleSpec(name, cron, type, payload, timezone, offset, missed, max_attempts, float(grace), queue)
         self.schedules[name] = spec
         return spec
 
@@ -192,7 +207,8 @@ class Job:
         # When it was enqueued and when it was due: pickup latency is started minus run_at.
         self.created_at = claimed.created_at
         self.run_at = claimed.run_at
-        self.queue = schema  # the schema it runs in, as log lines name it
+        self.queue = claimed.queue  # the named queue it was claimed from
+        self.schema = schema  # the schema of jobtui's tables it runs in
         self.meta = claimed.meta  # what its enqueue attached (trace context), or None
         self._schema = schema
         # A plain flag: set once by the worker, read by the handler's thread; assignments of

@@ -23,10 +23,10 @@ from psycopg.rows import dict_row
 
 from . import cronslots
 from .audit import record_audit
-from .checks import check_max_attempts, check_text, check_type, encode_payload
+from .checks import check_max_attempts, check_queue, check_text, check_type, encode_payload
 from .cronslots import MissedPolicy
 from .db import Call, Rows, arun, first_line, pooler_mode, run, statements
-from .domain import DEFAULT_SCHEMA
+from .domain import DEFAULT_QUEUE, DEFAULT_SCHEMA
 from .errors import DatabaseUnavailable, InvalidInput, JobtuiError, PrivilegeMissing
 from .link import Connection, Link
 from .privileges import GRANTS_HINT
@@ -88,6 +88,7 @@ def upsert(conn: psycopg.Connection[Any], spec: ScheduleSpec, *, source: str, sc
         "grace": float(spec.grace),
         "next_run_at": cronslots.next_slot(spec.cron, spec.timezone, now),
         "source": source,
+        "queue": check_queue(DEFAULT_QUEUE if spec.queue is None else spec.queue),
     }
     schedule_id: int = run(conn, Call("schedule_upsert", params, lambda r: int(r[0][0])), schema)
     return schedule_id
@@ -127,6 +128,7 @@ class ScheduleRow:
     source: str
     created_at: datetime
     db_now: datetime
+    queue: str = DEFAULT_QUEUE  # where its jobs go
 
 
 def list_schedules(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> list[ScheduleRow]:
@@ -187,17 +189,18 @@ def run_now(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHE
 
 def _run_now(conn: psycopg.Connection[Any], name: str, schema: str) -> int:
     check_text(name, "schedule name")
-    rows = run(conn, Call("schedule_get", {"name": name}, _rows), schema)
+    rows = run(conn, Call("schedule_get", {"name": name}, Rows.dicts), schema)
     if not rows:
         raise UnknownSchedule(f"no schedule named {name!r}; see `jobtui schedule list`")
-    schedule_id, job_type, payload, max_attempts = rows[0]
+    found = rows[0]
     now = _now(conn, schema)
     params = {
-        "type": job_type,
-        "payload": json.dumps(payload),
-        "key": f"schedule:{schedule_id}:manual:{now.isoformat()}",
+        "type": found["job_type"],
+        "payload": json.dumps(found["payload"]),
+        "key": f"schedule:{found['id']}:manual:{now.isoformat()}",
         "run_at": now,
-        "max_attempts": max_attempts,
+        "max_attempts": found["max_attempts"],
+        "queue": found["queue"],
     }
     job_id: int = run(conn, Call("schedule_enqueue", params, lambda r: int(r[0][0])), schema)
     return job_id
@@ -215,8 +218,12 @@ async def fire_due(conn: psycopg.AsyncConnection[Any], schema: str = DEFAULT_SCH
     """One tick: enqueue the jobs of every due slot and advance the schedules, atomically."""
     fired: list[Fired] = []
     async with conn.transaction():
-        due = await arun(conn, Call("schedule_due", {"limit": limit}, _rows), schema)
-        for sid, name, job_type, cron, timezone, payload, max_attempts, offset, policy, grace, last_slot, now in due:
+        due = await arun(conn, Call("schedule_due", {"limit": limit}, Rows.dicts), schema)
+        for row in due:
+            sid, name, cron, timezone, policy, grace = (
+                row["id"], row["name"], row["cron"], row["timezone"], row["missed_policy"], row["grace_seconds"]
+            )  # fmt: skip
+            last_slot, now = row["last_slot"], row["now"]
             try:
                 slot_plan = cronslots.plan(
                     cron, timezone, last_slot, now, MissedPolicy(policy), timedelta(seconds=grace)
@@ -229,12 +236,13 @@ async def fire_due(conn: psycopg.AsyncConnection[Any], schema: str = DEFAULT_SCH
             job_id = None
             for slot in slot_plan.fire:
                 params = {
-                    "type": job_type,
-                    "payload": json.dumps(payload),
+                    "type": row["job_type"],
+                    "payload": json.dumps(row["payload"]),
                     "key": slot_key(sid, slot),
                     # In UTC: adding to a wall-clock time is off by an hour across a DST change.
-                    "run_at": slot.astimezone(UTC) + timedelta(seconds=offset),
-                    "max_attempts": max_attempts,
+                    "run_at": slot.astimezone(UTC) + timedelta(seconds=row["offset_seconds"]),
+                    "max_attempts": row["max_attempts"],
+                    "queue": row["queue"],
                 }
                 ids = await arun(conn, Call("schedule_enqueue", params, _rows), schema)
                 job_id = int(ids[0][0]) if ids else job_id

@@ -49,17 +49,27 @@ class BenchResult:
 
 
 def spawn_workers(
-    dsn: str, schema: str, workers: int, concurrency: int, log: IO[bytes] | int, *, delete_on_complete: bool = False
+    dsn: str,
+    schema: str,
+    workers: int,
+    concurrency: int,
+    log: IO[bytes] | int,
+    *,
+    delete_on_complete: bool = False,
+    env: dict[str, str] | None = None,
 ) -> list[subprocess.Popen[bytes]]:
     """Start `jobtui worker` processes running the no-op app; their logs go to `log`, a file
-    (a pipe nobody reads would fill up and stall a worker mid-benchmark)."""
+    (a pipe nobody reads would fill up and stall a worker mid-benchmark). `env` replaces the
+    environment (a benchmark runs another source tree's jobtui with its PYTHONPATH)."""
     cmd = [
         sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "--schema", schema, "worker", "--app", "jobtui.sizing:jobs",
         "--types", NOOP, "--concurrency", str(concurrency), "--no-scheduler", "--poll", "1s",
         *(["--delete-on-complete"] if delete_on_complete else []),
     ]  # fmt: skip
     return [
-        subprocess.Popen([*cmd, "--id", f"bench-{i}"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+        subprocess.Popen(
+            [*cmd, "--id", f"bench-{i}"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env
+        )
         for i in range(workers)
     ]
 

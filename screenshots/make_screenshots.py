@@ -12,6 +12,11 @@ Textual's pilot and saves one SVG per view:
     expiries.svg  schedules.svg  worker.svg  queues.svg  charts.svg  console-80x24.svg
     dead-80x24.svg  search.svg
 
+Then it serves the same database with `jobtui serve`, signs in with Debian's Chromium
+(/usr/bin/chromium, headless, driven by Playwright; no browser is downloaded), shows the dead
+groups and saves browser.png (--no-browser skips it; --browser-only runs the workload
+without the console, for --warmup seconds, and makes browser.png alone).
+
 The archiver writes one queue_minute row a minute; a run of a minute would leave the charts
 almost empty, so the script first writes the rows of an hour of a queue falling behind, as
 the demo's schedules are rewound to show missed slots. The minutes of the run itself are the
@@ -26,7 +31,10 @@ import argparse
 import asyncio
 import logging
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -229,12 +237,91 @@ async def drive(dsn: str, out: Path, warmup: float) -> None:
         crasher.stop()
 
 
+async def workload(dsn: str, seconds: float) -> None:
+    """The demo's traffic and main worker, without the console, for `seconds`."""
+    worker = Worker(demo.jobs, dsn, concurrency=8, types=demo.MAIN_TYPES, lease=demo.LEASE, schema=SCHEMA,
+                    shutdown_timeout=5, worker_id="demo-main")  # fmt: skip
+    traffic = demo.Traffic(dsn, SCHEMA)
+    traffic.start()
+    try:
+        print(f"workload for {seconds:.0f}s...", file=sys.stderr)
+        task = asyncio.create_task(worker.run())
+        await asyncio.sleep(seconds)
+        worker.stop()
+        await task
+    finally:
+        traffic.stop()
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+ESCAPES = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[\]P^_].*?(?:\x07|\x1b\\)|\x1b[()][0-9A-Za-z]|\x1b[=>78]")
+
+
+def browser(dsn: str, out: Path) -> None:
+    """The console in Chromium, served by `jobtui serve`, signed in as an operator."""
+    if not os.access(CHROMIUM, os.X_OK):
+        print(f"  no {CHROMIUM}: browser.png not made (apt-get install -y chromium)", file=sys.stderr)
+        return
+    from playwright.sync_api import sync_playwright
+
+    from jobtui.web.users import OPERATOR, UsersFile
+
+    work = Path(tempfile.mkdtemp(prefix="jobtui-screens-"))
+    UsersFile(work / "users").add("alice", "alice-password-1", role=OPERATOR)
+    log = (work / "serve.log").open("w+")
+    command = [sys.executable, "-m", "jobtui.cli", "--schema", SCHEMA, "serve", "--users", str(work / "users")]
+    env = {**os.environ, "JOBTUI_DSN": dsn}
+    server = subprocess.Popen([*command, "--port", "0"], env=env, stderr=log, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not (found := re.search(r"listening on (\S+)", (work / "serve.log").read_text())):
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"jobtui serve did not start: {(work / 'serve.log').read_text()}")
+            time.sleep(0.1)
+        url = found.group(1).rstrip("/")
+        seen: list[bytes] = []
+        with sync_playwright() as playwright:
+            chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+            page = chromium.new_page(viewport={"width": 1280, "height": 720})
+            page.on(
+                "websocket",
+                lambda ws: ws.on("framereceived", lambda f: seen.append(f) if isinstance(f, bytes) else None),
+            )
+
+            def showing(text: bytes) -> None:
+                deadline = time.monotonic() + 20
+                while not any(text in ESCAPES.sub(b"", frame) for frame in seen):
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"the browser's console never showed {text!r}")
+                    page.wait_for_timeout(100)
+
+            page.goto(f"{url}/login")
+            page.fill("#name", "alice")
+            page.fill("#password", "alice-password-1")
+            page.click("button[type=submit]")
+            showing(b"updated")
+            seen.clear()
+            page.keyboard.press("3")
+            showing(b"error fingerprint")
+            page.wait_for_timeout(1500)  # a refresh, and the footer's keys
+            page.screenshot(path=str(out / "browser.png"))
+            print(f"  {out / 'browser.png'}", file=sys.stderr)
+            chromium.close()
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dsn", default=os.environ.get("JOBTUI_DSN"), help="a server to create the database on")
     parser.add_argument("--database", default="jobtui_screens", help="the database to (re)create")
     parser.add_argument("--warmup", type=float, default=40.0, help="seconds of workload before the screenshots")
     parser.add_argument("--out", type=Path, default=HERE, help="where the SVGs go (default: this folder)")
+    parser.add_argument("--no-browser", action="store_true", help="no browser.png (jobtui serve in Chromium)")
+    parser.add_argument("--browser-only", action="store_true", help="browser.png alone, after --warmup of workload")
     args = parser.parse_args()
     if not args.dsn:
         parser.error("give --dsn or set JOBTUI_DSN")
@@ -243,7 +330,12 @@ def main() -> int:
     dsn = create_database(args.dsn, args.database)
     demo.prepare(dsn, SCHEMA)
     an_hour_behind(dsn)
-    asyncio.run(drive(dsn, args.out, args.warmup))
+    if args.browser_only:
+        asyncio.run(workload(dsn, args.warmup))
+    else:
+        asyncio.run(drive(dsn, args.out, args.warmup))
+    if not args.no_browser:
+        browser(dsn, args.out)
     return 0
 
 

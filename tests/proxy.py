@@ -59,6 +59,10 @@ class Proxy:
             with contextlib.suppress(OSError):
                 # SO_LINGER 0: a reset, as a host that is gone answers.
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            with contextlib.suppress(OSError):
+                # Wakes the pump blocked in recv() on it: a close alone leaves the connection
+                # open until that call returns, and the server's session with it.
+                sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 
     def restore(self) -> None:

@@ -30,6 +30,7 @@ import psycopg
 import pytest
 
 from .cluster import LocalCluster, _bin_dir, _free_port
+from .proxy import Proxy
 
 PGBOUNCER = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None)
 
@@ -76,12 +77,18 @@ def _wait_accepting(dsn: str, timeout: float, what: str, log: Path) -> None:
 
 class PgBouncer:
     """A PgBouncer process with pool_mode = transaction in front of one PostgreSQL server,
-    every database name passed through (a `*` entry)."""
+    every database name passed through (a `*` entry).
 
-    def __init__(self, base: Path, port: int, proc: subprocess.Popen[bytes]) -> None:
+    PgBouncer reaches the server over TCP. A server that listens only on a Unix socket (the
+    embedded one of the tests, whose socket is in a directory of its own user) gets a TCP
+    proxy in front of it, run by this process: PgBouncer may run as another user (`postgres`
+    when the tests run as root), who cannot open that socket."""
+
+    def __init__(self, base: Path, port: int, proc: subprocess.Popen[bytes], proxy: Proxy | None = None) -> None:
         self.base = base
         self.port = port
         self.proc = proc
+        self.proxy = proxy
 
     @classmethod
     def start(
@@ -95,6 +102,10 @@ class PgBouncer:
         """Start PgBouncer; skips the test when the pgbouncer package is not installed."""
         if PGBOUNCER is None:
             pytest.skip("pgbouncer is not installed: apt-get install -y pgbouncer (.ci/run does it)")
+        proxy = None
+        if upstream_host.startswith("/"):
+            proxy = Proxy(f"host={upstream_host} port={upstream_port}")
+            upstream_host, upstream_port = "127.0.0.1", proxy.port
         base = _own_dir("jobtui-pgbouncer-")
         port = _free_port()
         (base / "users.txt").write_text('"postgres" ""\n')
@@ -132,7 +143,7 @@ class PgBouncer:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        bouncer = cls(base, port, proc)
+        bouncer = cls(base, port, proc, proxy)
         try:
             _wait_accepting(bouncer.dsn("postgres"), 15, "pgbouncer", bouncer.log_path)
         except BaseException:
@@ -161,6 +172,8 @@ class PgBouncer:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
+        if self.proxy is not None:
+            self.proxy.close()
         shutil.rmtree(self.base, ignore_errors=True)
 
     def __enter__(self) -> PgBouncer:

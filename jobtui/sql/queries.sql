@@ -9,6 +9,10 @@
 -- The newest applied migration, or NULL when the schema has none.
 SELECT max(version) FROM {schema}.migration;
 
+-- name: server_read_only
+-- Whether this session may write: false on a hot standby or a read-only default.
+SELECT current_setting('transaction_read_only') = 'on' OR pg_is_in_recovery() AS read_only;
+
 -- name: enqueue
 -- One job. With an idempotency key that already exists, inserts nothing and returns nothing;
 -- the caller then reads the existing job with enqueue_existing.
@@ -102,7 +106,7 @@ WHERE j.id = ANY((SELECT ids FROM limited) || ARRAY(
         FOR UPDATE SKIP LOCKED))
   AND j.status = 'ready'
 RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_token,
-          j.locked_until, j.created_at, j.run_at, j.uncounted, j.meta::text;
+          j.locked_until, j.created_at, j.run_at, j.uncounted, j.meta::text, j.queue;
 
 -- name: heartbeat
 -- Extends many leases at once; the ids returned as 'held' still hold their lease, the others
@@ -115,16 +119,16 @@ RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_tok
 WITH held AS (
     UPDATE {schema}.job AS j
     SET locked_until = now() + make_interval(secs => %(lease)s), heartbeat_at = now()
-    WHERE j.id = ANY(%(ids)b::bigint[]) AND j.status = 'running' AND j.locked_until > now()
-      AND j.lease_token = (%(tokens)b::bigint[])[array_position(%(ids)b::bigint[], j.id)]
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'running' AND j.locked_until > now()
+      AND j.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], j.id)]
     RETURNING j.id
 )
 SELECT id, 'held' AS lease FROM held
 UNION ALL
 SELECT j.id, 'cancelled' FROM {schema}.job AS j
-WHERE (SELECT count(*) FROM held) < cardinality(%(ids)b::bigint[])
-  AND j.id = ANY(%(ids)b::bigint[]) AND j.status = 'failed'
-  AND j.lease_token = (%(tokens)b::bigint[])[array_position(%(ids)b::bigint[], j.id)]
+WHERE (SELECT count(*) FROM held) < cardinality(%(ids)s::bigint[])
+  AND j.id = ANY(%(ids)s::bigint[]) AND j.status = 'failed'
+  AND j.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], j.id)]
   AND j.errors -> -1 ->> 'kind' = 'cancelled';
 
 -- name: complete
@@ -133,8 +137,8 @@ WHERE (SELECT count(*) FROM held) < cardinality(%(ids)b::bigint[])
 -- that join (a whole-row copy per row, kept for rechecks) would be most of this statement.
 UPDATE {schema}.job AS j
 SET status = 'done', locked_until = NULL, finished_at = now()
-WHERE j.id = ANY(%(ids)b::bigint[]) AND j.status = 'running'
-  AND j.lease_token = (%(tokens)b::bigint[])[array_position(%(ids)b::bigint[], j.id)]
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'running'
+  AND j.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], j.id)]
 RETURNING j.id;
 
 -- name: complete_deleting
@@ -145,8 +149,8 @@ RETURNING j.id;
 -- done_tally in the same statement, in the finishing worker's own row (see migration 0004).
 WITH gone AS (
     DELETE FROM {schema}.job AS j
-    WHERE j.id = ANY(%(ids)b::bigint[]) AND j.status = 'running' AND j.idempotency_key IS NULL
-      AND j.lease_token = (%(tokens)b::bigint[])[array_position(%(ids)b::bigint[], j.id)]
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'running' AND j.idempotency_key IS NULL
+      AND j.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], j.id)]
     RETURNING j.id, j.type, j.attempts, j.locked_by, j.started_at
 ), counted AS (
     INSERT INTO {schema}.done_tally AS t
@@ -180,7 +184,7 @@ SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(delays)s::float8[], %(errors)s::text[])
      AS t(id, token, delay, error)
 WHERE j.id = t.id AND j.status = 'running' AND j.lease_token = t.token
-RETURNING j.id, j.status, j.type, j.attempts, j.max_attempts, j.locked_by;
+RETURNING j.id, j.status, j.type, j.attempts, j.max_attempts, j.locked_by, j.queue;
 
 -- name: fail_permanently
 -- The handler decided the job can never succeed: failed at once, whatever attempts remain.
@@ -276,16 +280,16 @@ WITH gate AS (
                  - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
     FROM expired
     WHERE j.id = expired.id
-    RETURNING j.id, j.type, j.locked_by, j.attempts, j.status, expired.locked_until AS expired_at
+    RETURNING j.id, j.type, j.locked_by, j.attempts, j.status, expired.locked_until AS expired_at, j.queue
 ), logged AS (
     INSERT INTO {schema}.lease_expiry (job_id, job_type, worker, attempt, expired_at, outcome)
     SELECT id, type, locked_by, attempts, expired_at, status FROM reaped
 )
 SELECT NULL::bigint AS job_id, NULL::text AS type, NULL::text AS worker, NULL::integer AS attempt,
-       CASE WHEN open THEN 'open' ELSE 'closed' END AS status, now() AS at
+       CASE WHEN open THEN 'open' ELSE 'closed' END AS status, now() AS at, NULL::text AS queue
 FROM gate
 UNION ALL
-SELECT id, type, locked_by, attempts, status, expired_at FROM reaped;
+SELECT id, type, locked_by, attempts, status, expired_at, queue FROM reaped;
 
 -- name: requeue_by_id
 -- Operator: dead or failed jobs back to ready now with a fresh set of attempts.
@@ -626,11 +630,12 @@ SELECT now();
 -- slot sequence from now; otherwise the slots already handled are kept.
 INSERT INTO {schema}.schedule AS s
     (name, job_type, cron, timezone, payload, max_attempts, offset_seconds, missed_policy,
-     grace_seconds, next_run_at, last_slot, source)
+     grace_seconds, next_run_at, last_slot, source, queue)
 VALUES (%(name)s, %(job_type)s, %(cron)s, %(timezone)s, %(payload)s, %(max_attempts)s,
-        %(offset)s, %(missed_policy)s, %(grace)s, %(next_run_at)s, now(), %(source)s)
+        %(offset)s, %(missed_policy)s, %(grace)s, %(next_run_at)s, now(), %(source)s, %(queue)s)
 ON CONFLICT (name) DO UPDATE
 SET job_type = excluded.job_type,
+    queue = excluded.queue,
     payload = excluded.payload,
     max_attempts = excluded.max_attempts,
     offset_seconds = excluded.offset_seconds,
@@ -647,9 +652,9 @@ SET job_type = excluded.job_type,
 RETURNING id;
 
 -- name: schedule_due
--- Due schedules, locked for this transaction; other instances skip them.
+-- Due schedules, locked for this transaction; other instances skip them. Read by column name.
 SELECT id, name, job_type, cron, timezone, payload, max_attempts, offset_seconds,
-       missed_policy, grace_seconds, last_slot, now()
+       missed_policy, grace_seconds, last_slot, now() AS now, queue
 FROM {schema}.schedule
 WHERE NOT paused AND next_run_at <= now()
 ORDER BY next_run_at
@@ -657,9 +662,10 @@ LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
 -- name: schedule_enqueue
--- One slot's job; the key makes a second enqueue of the same slot do nothing.
-INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts)
-VALUES (%(type)s, %(payload)s, %(key)s, %(run_at)s, %(max_attempts)s)
+-- One slot's job, in the schedule's queue; the key makes a second enqueue of the same slot
+-- do nothing.
+INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts, queue)
+VALUES (%(type)s, %(payload)s, %(key)s, %(run_at)s, %(max_attempts)s, %(queue)s)
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
@@ -694,7 +700,7 @@ SELECT extract(epoch FROM min(next_run_at) - now()) FROM {schema}.schedule WHERE
 SELECT id, name, job_type, cron, timezone, payload, max_attempts, offset_seconds, missed_policy,
        grace_seconds, paused, paused_at, next_run_at, last_slot, last_fired_slot, last_job_id,
        missed_count, backfilled_count, missed_slots, skipped_count, source, created_at,
-       now() AS db_now
+       now() AS db_now, queue
 FROM {schema}.schedule
 ORDER BY name;
 
@@ -719,7 +725,8 @@ RETURNING id;
 DELETE FROM {schema}.schedule WHERE name = %(name)s RETURNING id;
 
 -- name: schedule_get
-SELECT id, job_type, payload, max_attempts FROM {schema}.schedule WHERE name = %(name)s;
+-- Read by column name.
+SELECT id, job_type, payload, max_attempts, queue FROM {schema}.schedule WHERE name = %(name)s;
 
 -- name: archive_done
 -- Moves done jobs past their retention to job_archive, a bounded batch at a time; SKIP
@@ -771,15 +778,15 @@ WITH gone AS (
 )
 SELECT count(*) FROM gone;
 
--- name: delete_archive
-WITH gone AS (
-    DELETE FROM {schema}.job_archive
-    WHERE id IN (SELECT id FROM {schema}.job_archive
-                 WHERE archived_at < now() - make_interval(secs => %(retention)s)
-                 LIMIT %(limit)s)
-    RETURNING 1
-)
-SELECT count(*) FROM gone;
+-- name: archive_partitions_add
+-- The archive's partitions for today and the next `days` days, made where missing (migration
+-- 0014): before the archiver moves rows in, days ahead of their use.
+SELECT {schema}.archive_partitions_add(%(days)s);
+
+-- name: archive_prune
+-- Archived jobs past their retention: whole days dropped as partitions, and up to `limit`
+-- rows deleted from the default partition and the legacy archive (migration 0014).
+SELECT dropped, deleted FROM {schema}.archive_prune(make_interval(secs => %(retention)s), %(limit)s);
 
 -- name: metrics_lock_timeout
 -- For the snapshot's own transaction: wait this long for a lock on a queue table, then fail
@@ -808,14 +815,18 @@ GROUP BY type;
 
 -- name: metrics_ready_size
 -- What is cheap about the ready jobs however many there are: how many, counted up to
--- %(cap)s + 1; the oldest due job's age (the first entry of the ready index); and the
--- planner's estimate of the index's entries (pg_class.reltuples, set by VACUUM and ANALYZE).
+-- %(cap)s + 1; the oldest due job's age (the first entry of the ready index); the planner's
+-- estimate of the index's entries (pg_class.reltuples, set by VACUUM and ANALYZE); and each
+-- type's share of the table's rows in the planner's statistics (pg_stats, every status).
 SELECT (SELECT count(*) FROM (SELECT 1 FROM {schema}.job WHERE status = 'ready' ORDER BY run_at, id LIMIT %(cap)s + 1) AS probe)
            AS counted,
        (SELECT extract(epoch FROM now() - run_at) FROM {schema}.job
         WHERE status = 'ready' AND run_at <= now() ORDER BY run_at, id LIMIT 1)::float8 AS oldest_age,
        (SELECT greatest(reltuples, 0)::bigint FROM pg_class
-        WHERE oid = to_regclass(format('%%I.job_ready_idx', %(schema_name)s::text))) AS index_estimate;
+        WHERE oid = to_regclass(format('%%I.job_ready_idx', %(schema_name)s::text))) AS index_estimate,
+       (SELECT jsonb_build_object('values', to_jsonb(most_common_vals::text::text[]), 'shares', to_jsonb(most_common_freqs))
+        FROM pg_stats WHERE schemaname = %(schema_name)s AND tablename = 'job' AND attname = 'type'
+          AND most_common_vals IS NOT NULL) AS type_shares;
 
 -- name: metrics_minutes
 -- The queue's last hour, minute by minute (queue_minute, written by the archiver); the
@@ -912,15 +923,22 @@ FROM {schema}.lease_expiry ORDER BY reaped_at DESC, id DESC LIMIT %(limit)s;
 -- Read by column name (ScheduleHealth's fields).
 SELECT name, job_type, cron, paused, next_run_at, last_slot, missed_count AS missed,
        backfilled_count AS backfilled, skipped_count AS skipped, missed_slots, grace_seconds AS grace,
-       coalesce(extract(epoch FROM next_run_at - now()), 0)::float8 AS next_in
+       coalesce(extract(epoch FROM next_run_at - now()), 0)::float8 AS next_in, queue
 FROM {schema}.schedule ORDER BY name;
 
 -- name: metrics_tables
--- Table health from the statistics collector, plus an estimate of all rows (no scan).
-SELECT s.relname AS table, s.n_live_tup AS live_rows, s.n_dead_tup AS dead_rows, s.last_autovacuum,
-       s.last_vacuum, s.last_autoanalyze, c.reltuples::bigint AS rows_estimate
+-- Table health from the statistics collector, plus an estimate of all rows (no scan). The
+-- partitions of a partitioned table (job_archive's days) count as that table: the partitioned
+-- table itself holds no rows, and a row per day would come and go with the days.
+SELECT coalesce(p.relname, s.relname) AS table, sum(s.n_live_tup)::bigint AS live_rows,
+       sum(s.n_dead_tup)::bigint AS dead_rows, max(s.last_autovacuum) AS last_autovacuum,
+       max(s.last_vacuum) AS last_vacuum, max(s.last_autoanalyze) AS last_autoanalyze,
+       sum(greatest(c.reltuples, 0))::bigint AS rows_estimate
 FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
-WHERE s.schemaname = %(schema_name)s;
+LEFT JOIN pg_inherits i ON i.inhrelid = s.relid AND c.relispartition
+LEFT JOIN pg_class p ON p.oid = i.inhparent
+WHERE s.schemaname = %(schema_name)s
+GROUP BY 1;
 
 -- name: metrics_lock_waits
 -- Sessions of this database waiting for a lock while they work on jobtui's tables, by the
@@ -929,13 +947,23 @@ WHERE s.schemaname = %(schema_name)s;
 -- the sessions queued behind it for the row's tuple lock: the first names no table, so a wait
 -- counts when it is for a table of the schema (or one of its indexes), for jobtui's
 -- migration lock (advisory), or when the waiting session holds a lock on such a table (the
--- table lock its statement took before reaching the row). Sessions are matched by pid, both
--- views being per server; pg_locks shows every role's locks and when each wait began.
+-- table lock its statement took before reaching the row). A claim waiting its turn under a
+-- queue's global limit (claim_limited's lock, keyed by the schema and the queue, as in
+-- migration 0008) is its own kind, queue_limit: that wait is the limit working, not a lock
+-- held too long. An advisory key of 64 bits is shown in pg_locks as classid (its high half)
+-- and objid (its low half). Sessions are matched by pid, both views being per server;
+-- pg_locks shows every role's locks and when each wait began.
 WITH tables AS (
     SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
     WHERE n.nspname = %(schema_name)s
+), limit_keys AS (
+    SELECT hashtextextended('{schema}.queue_limit.' || name, 0) AS key FROM {schema}.queue_control
+    WHERE kind = 'queue'
 ), waits AS (
-    SELECT CASE WHEN l.locktype IN ('relation', 'transactionid', 'tuple', 'advisory') THEN l.locktype
+    SELECT CASE WHEN l.locktype = 'advisory' AND l.objsubid = 1
+                     AND ((l.classid::bigint << 32) | l.objid::bigint) IN (SELECT key FROM limit_keys)
+                THEN 'queue_limit'
+                WHEN l.locktype IN ('relation', 'transactionid', 'tuple', 'advisory') THEN l.locktype
                 ELSE 'other' END AS kind,
            coalesce(l.waitstart, a.query_start, clock_timestamp()) AS since
     FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
@@ -1012,17 +1040,23 @@ DELETE FROM {schema}.stats_hourly WHERE hour < now() - interval '8 days';
 
 -- name: queue_minute_record
 -- The row of the minute that just ended, once: the ready jobs as they are now (counted in
--- full, once a minute by one worker, so that no reader has to), and what finished or expired
--- within the minute. A second archiver in the same minute finds the row and counts nothing.
+-- full, by type and by queue, once a minute by one worker, so that no reader has to), and
+-- what finished or expired within the minute. A second archiver in the same minute finds the
+-- row and counts nothing.
 WITH m AS (
     SELECT date_bin('1 minute', now(), timestamptz '2000-01-01 00:00:00+00') - interval '1 minute' AS start
-), ready AS (
-    SELECT type, count(*) AS jobs, count(*) FILTER (WHERE run_at <= now()) AS due,
+), ready AS MATERIALIZED (
+    SELECT queue, type, count(*) AS jobs, count(*) FILTER (WHERE run_at <= now()) AS due,
            extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now()))::float8 AS oldest_age
     FROM {schema}.job WHERE status = 'ready'
-    GROUP BY type
+    GROUP BY queue, type
+), by_type AS (
+    SELECT type, sum(jobs) AS jobs, sum(due) AS due, max(oldest_age) AS oldest_age FROM ready GROUP BY type
+), by_queue AS (
+    SELECT queue, sum(jobs) AS jobs, sum(due) AS due, max(oldest_age) AS oldest_age FROM ready GROUP BY queue
 )
-INSERT INTO {schema}.queue_minute (minute, ready, ready_due, oldest_ready_age, done, dead, lease_expiries, by_type)
+INSERT INTO {schema}.queue_minute
+    (minute, ready, ready_due, oldest_ready_age, done, dead, lease_expiries, by_type, by_queue)
 SELECT m.start,
        coalesce((SELECT sum(jobs) FROM ready), 0),
        coalesce((SELECT sum(due) FROM ready), 0),
@@ -1034,7 +1068,10 @@ SELECT m.start,
         WHERE status IN ('dead', 'failed') AND finished_at >= m.start AND finished_at < m.start + interval '1 minute'),
        (SELECT count(*) FROM {schema}.lease_expiry
         WHERE reaped_at >= m.start AND reaped_at < m.start + interval '1 minute'),
-       coalesce((SELECT jsonb_object_agg(type, jsonb_build_array(jobs, due, oldest_age)) FROM ready), jsonb_build_object())
+       coalesce((SELECT jsonb_object_agg(type, jsonb_build_array(jobs, due, oldest_age)) FROM by_type),
+                jsonb_build_object()),
+       coalesce((SELECT jsonb_object_agg(queue, jsonb_build_array(jobs, due, oldest_age)) FROM by_queue),
+                jsonb_build_object())
 FROM m
 WHERE NOT EXISTS (SELECT 1 FROM {schema}.queue_minute q WHERE q.minute = m.start)
 ON CONFLICT (minute) DO NOTHING
@@ -1160,10 +1197,11 @@ WITH gone AS (
 SELECT count(*) FROM gone;
 
 -- name: console_session
--- A console connection's first statement: a timeout for every later one, and who and where it is.
+-- A console connection's first statement: a timeout for every later one, and who and where it
+-- is: a standby (in recovery), or a server whose transactions are read-only.
 SELECT set_config('statement_timeout', %(statement_timeout)s, false) AS statement_timeout,
        current_user AS role, current_database() AS database,
-       current_setting('transaction_read_only') = 'on' AS read_only;
+       current_setting('transaction_read_only') = 'on' AS read_only, pg_is_in_recovery() AS standby;
 
 -- name: list_running
 -- Running jobs for the console: oldest lease first, expired leases included; a page at a
@@ -1180,12 +1218,23 @@ ORDER BY locked_until, id
 LIMIT %(limit)s;
 
 -- name: list_ready
--- Ready jobs of one type, in claim order.
-SELECT id, type, attempts, max_attempts, extract(epoch FROM now() - run_at) AS waiting,
-       extract(epoch FROM now() - created_at) AS age, coalesce(split_part(last_error, E'\n', 1), '') AS last_error
-FROM {schema}.job WHERE status = 'ready' AND type = %(type)s
-ORDER BY run_at, id
-LIMIT %(limit)s;
+-- Ready jobs of one type, in claim order, among the first %(scan)s + 1 entries of the ready
+-- index: the list refreshes every second while it is open, and a type whose jobs wait behind
+-- a bigger backlog of others would have the whole index read for it each time. `cut` says
+-- that entries were left unread; a row with a NULL id stands for no job.
+WITH head AS MATERIALIZED (
+    SELECT id, type, run_at FROM {schema}.job WHERE status = 'ready'
+    ORDER BY run_at, id
+    LIMIT %(scan)s + 1
+), picked AS (
+    SELECT id FROM head WHERE type = %(type)s ORDER BY run_at, id LIMIT %(limit)s
+)
+SELECT (SELECT count(*) FROM head) > %(scan)s AS cut, j.id, j.type, j.attempts, j.max_attempts,
+       extract(epoch FROM now() - j.run_at) AS waiting, extract(epoch FROM now() - j.created_at) AS age,
+       coalesce(split_part(j.last_error, E'\n', 1), '') AS last_error
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (SELECT * FROM {schema}.job WHERE id IN (SELECT id FROM picked) AND status = 'ready') AS j ON true
+ORDER BY j.run_at, j.id;
 
 -- name: list_dead_group
 -- The jobs of one dead-letter group, newest first.
@@ -1251,6 +1300,59 @@ LISTEN {channel};
 -- name: schema_drop
 -- `jobtui demo --reset` and `jobtui bench`: a schema of their own, dropped whole.
 DROP SCHEMA IF EXISTS {schema} CASCADE;
+
+-- name: uninstall_contents
+-- `jobtui uninstall`, before it asks: what the schema holds. Rows are counted up to %(cap)s
+-- only, so that the question comes at once however long the backlog; leases still live say
+-- that workers run.
+SELECT current_database() AS database, pg_get_userbyid(n.nspowner) AS owner,
+       (SELECT count(*) FROM (SELECT FROM {schema}.job LIMIT %(cap)s) AS j) AS jobs,
+       (SELECT count(*) FROM (SELECT FROM {schema}.job_archive LIMIT %(cap)s) AS a) AS archived,
+       (SELECT count(*) FROM (SELECT FROM {schema}.schedule LIMIT %(cap)s) AS s) AS schedules,
+       (SELECT count(*) FROM (SELECT FROM {schema}.audit LIMIT %(cap)s) AS u) AS audit_rows,
+       (SELECT count(*) FROM {schema}.job WHERE status = 'running' AND locked_until > now()) AS live_leases,
+       (SELECT coalesce(array_agg(DISTINCT locked_by), '{{}}') FROM {schema}.job
+        WHERE status = 'running' AND locked_until > now()) AS workers,
+       (SELECT count(*) FROM pg_class AS c WHERE c.relnamespace = n.oid AND c.relkind IN ('r', 'p')) AS tables,
+       (SELECT count(*) FROM pg_class AS c WHERE c.relnamespace = n.oid AND c.relkind = 'S') AS sequences,
+       (SELECT count(*) FROM pg_class AS c WHERE c.relnamespace = n.oid AND c.relkind IN ('v', 'm')) AS views,
+       (SELECT count(*) FROM pg_proc AS p WHERE p.pronamespace = n.oid) AS functions,
+       pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on' AS read_only
+FROM pg_namespace AS n WHERE n.nspname = %(schema_name)s;
+
+-- name: uninstall_roles
+-- The roles that hold privileges in the schema (on it, or on its tables and sequences), and
+-- those docs/grants.sql created for it: their comment is the mark the file leaves, `mark`
+-- filled with the schema and this database. `jobtui uninstall` drops the marked ones; the
+-- others (the schema's owner, roles that existed before) keep existing.
+WITH ns AS (
+    SELECT oid, nspowner, nspacl FROM pg_namespace WHERE nspname = %(schema_name)s
+), granted AS (
+    SELECT (aclexplode(nspacl)).grantee AS oid FROM ns WHERE nspacl IS NOT NULL
+    UNION
+    SELECT (aclexplode(c.relacl)).grantee FROM pg_class AS c
+    WHERE c.relnamespace = (SELECT oid FROM ns) AND c.relacl IS NOT NULL
+)
+SELECT r.rolname AS role,
+       coalesce(shobj_description(r.oid, 'pg_authid') = format(%(mark)s::text, %(schema_name)s::text,
+                                                                current_database()), false) AS made_by_grants
+FROM pg_roles AS r
+WHERE (r.oid IN (SELECT oid FROM granted)
+       OR shobj_description(r.oid, 'pg_authid') = format(%(mark)s::text, %(schema_name)s::text, current_database()))
+  AND r.oid <> (SELECT nspowner FROM ns)
+ORDER BY r.rolname;
+
+-- name: uninstall_lock_timeout
+-- `jobtui uninstall` waits this long at most for the schema's tables, in its transaction.
+SELECT set_config('lock_timeout', %(lock_timeout)s, true);
+
+-- name: role_to_drop
+-- `jobtui uninstall`: the role role_drop drops, as a setting of this transaction only.
+SELECT set_config('jobtui.role_to_drop', %(role)s, true);
+
+-- name: role_drop
+-- DO takes no parameters: the role's name comes from the setting role_to_drop made, quoted.
+DO $$ BEGIN EXECUTE format('DROP ROLE %%I', current_setting('jobtui.role_to_drop')); END $$;
 
 -- name: bench_drain_window
 -- `jobtui bench`: jobs finished and seconds from the first start to the last finish, from the
@@ -1418,37 +1520,59 @@ WHERE type = %(type)s AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s:
 ORDER BY id;
 
 -- name: queue_overview
--- `jobtui queue list` and the console's Queues pane: per queue and per job type, the ready
--- jobs (and how many are due), running ones, the oldest due job's age (a pause makes it
--- grow: that is what the pause costs), jobs done in the last minute (done rows; jobs deleted
--- at completion are counted by type only, in done_tally, and not here), and the queue's
--- limit and pause. Queues and types with no job but a control row are listed too. Read by
--- column name.
-WITH ready AS (
-    SELECT queue, type, count(*) AS ready, count(*) FILTER (WHERE run_at <= now()) AS due,
-           min(run_at) FILTER (WHERE run_at <= now()) AS oldest
-    FROM {schema}.job WHERE status = 'ready'
-    GROUP BY queue, type
-), running AS (
-    SELECT queue, type, count(*) AS running FROM {schema}.job WHERE status = 'running'
-    GROUP BY queue, type
-), done AS (
-    SELECT queue, type, count(*) AS done FROM {schema}.job
+-- `jobtui queue list`, `stats`, Prometheus and the console's Queues pane: per queue and per job
+-- type, the ready jobs (and how many are due), running ones, the oldest due job's age (a
+-- pause makes it grow: that is what the pause costs), jobs done in the last minute, and the
+-- queue's limit and pause. Queues and types with no job but a control row are listed too.
+-- Read by column name; runs on a timer, so it reads a bounded number of rows however big the
+-- backlog (jobtui/overview.py says what it makes of them):
+-- * the ready jobs: all of them while there are at most %(cap)s (`head_rows`, counted in the
+--   ready index up to %(cap)s + 1, as the snapshot's probe); above, the first %(cap)s + 1 in
+--   claim order and the rows behind them (the index holds the type, not the queue). A
+--   queue's oldest age is then still exact when one of its due jobs is among them (its first
+--   one is its oldest), and so is every figure of the due jobs while the newest of them is
+--   delayed (`newest_age` < 0);
+-- * the done jobs of the last minute: at most the newest %(cap)s + 1 (`done_since` says the
+--   seconds they span); jobs deleted at completion are counted by type only, in done_tally,
+--   and not here;
+-- * the running jobs, as many as the workers run.
+WITH probe AS MATERIALIZED (
+    SELECT count(*) AS n
+    FROM (SELECT 1 FROM {schema}.job WHERE status = 'ready' ORDER BY run_at, id LIMIT %(cap)s + 1) AS p
+), head AS MATERIALIZED (
+    -- Two branches, one of them empty: counted in any order, or the first ones in claim order.
+    SELECT queue, type, run_at FROM {schema}.job
+    WHERE status = 'ready' AND (SELECT n FROM probe) <= %(cap)s
+    UNION ALL
+    (SELECT queue, type, run_at FROM {schema}.job
+     WHERE status = 'ready' AND (SELECT n FROM probe) > %(cap)s
+     ORDER BY run_at, id
+     LIMIT %(cap)s + 1)
+), recent AS MATERIALIZED (
+    SELECT queue, type, finished_at FROM {schema}.job
     WHERE status = 'done' AND finished_at > now() - interval '1 minute'
-    GROUP BY queue, type
+    ORDER BY finished_at DESC
+    LIMIT %(cap)s + 1
 ), pairs AS (
-    SELECT queue, type, sum(ready) AS ready, sum(due) AS due, min(oldest) AS oldest,
-           sum(running) AS running, sum(done) AS done
-    FROM (SELECT queue, type, ready, due, oldest, 0 AS running, 0 AS done FROM ready
-          UNION ALL SELECT queue, type, 0, 0, NULL, running, 0 FROM running
-          UNION ALL SELECT queue, type, 0, 0, NULL, 0, done FROM done) AS p
+    SELECT queue, type, sum(ready) AS ready, sum(due) AS due, min(oldest) AS oldest, max(newest) AS newest,
+           sum(running) AS running, sum(done) AS done, min(done_since) AS done_since
+    FROM (SELECT queue, type, count(*) AS ready, count(*) FILTER (WHERE run_at <= now()) AS due,
+                 min(run_at) FILTER (WHERE run_at <= now()) AS oldest, max(run_at) AS newest,
+                 0 AS running, 0 AS done, NULL::timestamptz AS done_since
+          FROM head GROUP BY queue, type
+          UNION ALL
+          SELECT queue, type, 0, 0, NULL, NULL, count(*), 0, NULL
+          FROM {schema}.job WHERE status = 'running' GROUP BY queue, type
+          UNION ALL
+          SELECT queue, type, 0, 0, NULL, NULL, 0, count(*), min(finished_at)
+          FROM recent GROUP BY queue, type) AS p
     GROUP BY queue, type
 ), grouped AS (
     SELECT 'queue' AS kind, queue AS name, sum(ready) AS ready, sum(due) AS due, min(oldest) AS oldest,
-           sum(running) AS running, sum(done) AS done
+           max(newest) AS newest, sum(running) AS running, sum(done) AS done, min(done_since) AS done_since
     FROM pairs GROUP BY queue
     UNION ALL
-    SELECT 'type', type, sum(ready), sum(due), min(oldest), sum(running), sum(done)
+    SELECT 'type', type, sum(ready), sum(due), min(oldest), max(newest), sum(running), sum(done), min(done_since)
     FROM pairs GROUP BY type
 )
 SELECT coalesce(g.kind, c.kind) AS kind, coalesce(g.name, c.name) AS name,
@@ -1457,12 +1581,33 @@ SELECT coalesce(g.kind, c.kind) AS kind, coalesce(g.name, c.name) AS name,
        extract(epoch FROM now() - g.oldest)::float8 AS oldest_age,
        c.max_running, c.paused_at, c.paused_by,
        c.rate_per_second AS rate, CASE WHEN c.ramp_until > now() THEN c.ramp_until END AS ramp_until,
-       {schema}.control_rate(c.rate_per_second, c.ramp_from, c.ramp_until, now()) AS rate_now
+       {schema}.control_rate(c.rate_per_second, c.ramp_from, c.ramp_until, now()) AS rate_now,
+       (SELECT n FROM probe) AS head_rows,
+       extract(epoch FROM now() - g.newest)::float8 AS newest_age,
+       extract(epoch FROM now() - g.done_since)::float8 AS done_span
 FROM grouped AS g
 FULL JOIN {schema}.queue_control AS c ON c.kind = g.kind AND c.name = g.name
 WHERE g.name IS NOT NULL OR c.paused_at IS NOT NULL OR c.max_running IS NOT NULL
    OR c.rate_per_second IS NOT NULL OR c.ramp_until > now()
 ORDER BY 1, 2;
+
+-- name: queue_overview_estimate
+-- What the queue overview estimates from when the ready jobs are too many to count: the
+-- archiver's newest minute row (its ready jobs by queue and by type, counted once that
+-- minute), the planner's estimate of the ready index's entries, and the share of each queue
+-- and type among the table's rows in the planner's statistics (pg_stats: most common values,
+-- over every status). Catalog and one small table only.
+SELECT (SELECT greatest(reltuples, 0)::bigint FROM pg_class
+        WHERE oid = to_regclass(format('%%I.job_ready_idx', %(schema_name)s::text))) AS index_estimate,
+       m.recorded_at, extract(epoch FROM now() - m.recorded_at)::float8 AS minute_age, m.by_queue, m.by_type,
+       (SELECT jsonb_object_agg(s.attname, jsonb_build_object('values', to_jsonb(s.most_common_vals::text::text[]),
+                                                              'shares', to_jsonb(s.most_common_freqs)))
+        FROM pg_stats AS s
+        WHERE s.schemaname = %(schema_name)s AND s.tablename = 'job' AND s.attname IN ('queue', 'type')
+          AND s.most_common_vals IS NOT NULL) AS planner
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (SELECT recorded_at, ready, by_queue, by_type FROM {schema}.queue_minute
+                   ORDER BY minute DESC LIMIT 1) AS m ON true;
 
 -- name: queue_pause
 -- Operator: pause a queue or a job type on every worker, from each one's next claim. Fenced
@@ -1496,14 +1641,19 @@ SELECT name, pg_notify(%(channel)s::text, '') AS woken FROM resumed;
 -- name: queue_limit
 -- Operator: set (or with NULL clear) how many jobs of a queue run at once across every
 -- worker, from each one's next claim. Fenced by the limit the operator saw (`expected`,
--- compared with IS NOT DISTINCT FROM) when `fenced`; returns the limit before, or no row
--- when it had changed meanwhile. Wakes the workers, since a higher limit leaves room now.
-WITH before AS (
+-- compared with IS NOT DISTINCT FROM) when `fenced`; returns the limit it found and whether it
+-- replaced it (not when it had changed meanwhile). Wakes the workers when it did, since a
+-- higher limit leaves room now.
+-- The limit before is read once, in `allowed`, which the insert reads first: read again after
+-- the insert, the row it locked FOR UPDATE would be the one this statement just changed, and
+-- come back empty.
+WITH before AS MATERIALIZED (
     SELECT max_running FROM {schema}.queue_control
     WHERE kind = 'queue' AND name = %(name)s
     FOR UPDATE
-), allowed AS (
-    SELECT NOT %(fenced)s OR (SELECT max_running FROM before) IS NOT DISTINCT FROM %(expected)s::int AS ok
+), allowed AS MATERIALIZED (
+    SELECT b.was, NOT %(fenced)s OR b.was IS NOT DISTINCT FROM %(expected)s::int AS ok
+    FROM (SELECT (SELECT max_running FROM before) AS was) AS b
 ), changed AS (
     INSERT INTO {schema}.queue_control AS c (kind, name, max_running, changed_by)
     SELECT 'queue', %(name)s, %(limit)s::int, %(actor)s FROM allowed WHERE ok
@@ -1511,7 +1661,9 @@ WITH before AS (
     SET max_running = excluded.max_running, changed_at = now(), changed_by = excluded.changed_by
     RETURNING c.name
 )
-SELECT (SELECT max_running FROM before) AS was, pg_notify(%(channel)s::text, '') AS woken FROM changed;
+SELECT a.was, c.name IS NOT NULL AS changed,
+       CASE WHEN c.name IS NOT NULL THEN pg_notify(%(channel)s::text, '') END AS woken
+FROM allowed AS a LEFT JOIN changed AS c ON true;
 
 -- name: queue_rate
 -- Operator: set (or with NULL clear) how many jobs of a queue or job type are claimed per
@@ -1520,12 +1672,14 @@ SELECT (SELECT max_running FROM before) AS was, pg_notify(%(channel)s::text, '')
 -- had changed meanwhile: `was` then says what it is).
 -- The bucket keeps what it held at the old rate (up to two seconds' worth of the new one), so
 -- that a change takes effect at the next claim, without a burst. Wakes the workers.
-WITH before AS (
+-- The rate before is read once, in `allowed`, as in queue_limit.
+WITH before AS MATERIALIZED (
     SELECT rate_per_second FROM {schema}.queue_control
     WHERE kind = %(kind)s AND name = %(name)s
     FOR UPDATE
-), allowed AS (
-    SELECT NOT %(fenced)s OR (SELECT rate_per_second FROM before) IS NOT DISTINCT FROM %(expected)s::float8 AS ok
+), allowed AS MATERIALIZED (
+    SELECT b.was, NOT %(fenced)s OR b.was IS NOT DISTINCT FROM %(expected)s::float8 AS ok
+    FROM (SELECT (SELECT rate_per_second FROM before) AS was) AS b
 ), changed AS (
     INSERT INTO {schema}.queue_control AS c (kind, name, rate_per_second, changed_by)
     SELECT %(kind)s, %(name)s, %(rate)s::float8, %(actor)s FROM allowed WHERE ok
@@ -1537,9 +1691,10 @@ WITH before AS (
     SELECT kind, name, 1, now() FROM changed WHERE %(rate)s::float8 IS NOT NULL
     ON CONFLICT (kind, name) DO UPDATE
     SET tokens = least({schema}.rate_burst(%(rate)s::float8),
-                       b.tokens + coalesce((SELECT rate_per_second FROM before), 0)
+                       b.tokens + coalesce((SELECT was FROM allowed), 0)
                                   * greatest(0.0, extract(epoch FROM now() - b.refilled_at)::float8)),
         refilled_at = greatest(b.refilled_at, now())
 )
-SELECT (SELECT rate_per_second FROM before) AS was, EXISTS (SELECT 1 FROM changed) AS changed,
-       CASE WHEN EXISTS (SELECT 1 FROM changed) THEN pg_notify(%(channel)s::text, '') END AS woken;
+SELECT a.was, c.name IS NOT NULL AS changed,
+       CASE WHEN c.name IS NOT NULL THEN pg_notify(%(channel)s::text, '') END AS woken
+FROM allowed AS a LEFT JOIN changed AS c ON true;

@@ -80,7 +80,10 @@ class JobtuiApp(App[None]):
         super().__init__()
         self.dsn = dsn
         self.schema = schema
-        self.read_only = read_only
+        self.read_only_asked = read_only
+        # Why the server takes no change, once a read said so ("standby", "read-only server");
+        # '' while it takes them. The console is then read-only by itself.
+        self.server_refuses = ""
         self.thresholds = thresholds or render.Thresholds()
         self.source = DataSource(dsn, schema)
         self.actions_ = None if read_only else Actions(dsn, schema, actor)
@@ -114,6 +117,12 @@ class JobtuiApp(App[None]):
         )
         yield Static("", id="status")
         yield Footer()
+
+    @property
+    def read_only(self) -> bool:
+        """No change keys: asked for with --read-only, or on a standby (or a server whose
+        transactions are read-only), where every change would fail."""
+        return self.read_only_asked or bool(self.server_refuses)
 
     def on_mount(self) -> None:
         self.sub_title = "read-only" if self.read_only else ""
@@ -149,8 +158,25 @@ class JobtuiApp(App[None]):
         self.connected = True
         self.last_error = ""
         self.latest = fetched
+        self._server_refusal(fetched)
         self.history.append(fetched.snapshot.oldest_ready_age or 0.0)
         self.render_panes()
+
+    def _server_refusal(self, fetched: Fetched) -> None:
+        """Read-only by itself while the server takes no change: the snapshot asks each read
+        whether it is in recovery (so a promoted standby takes changes again); a server whose
+        transactions are read-only says so when the console connects."""
+        where = fetched.where
+        if fetched.snapshot.standby:
+            refuses = "standby"
+        elif where is not None and where.server_read_only and not where.standby:
+            refuses = "read-only server"
+        else:
+            refuses = ""
+        if refuses != self.server_refuses:
+            self.server_refuses = refuses
+            self.sub_title = "read-only" if self.read_only else ""
+            self.refresh_bindings()  # the change keys go (or come back)
 
     def view(self) -> View | None:
         """What the panes show now: the last read, aged by the clock, with the filter."""
@@ -191,7 +217,8 @@ class JobtuiApp(App[None]):
             self.thresholds,
             where=where,
             schema=self.schema,
-            read_only=self.read_only,
+            read_only=self.read_only_asked,
+            refuses=self.server_refuses,
             connected=self.connected,
             last_error=self.last_error,
             hung_for=self.source.busy_for(),
@@ -330,7 +357,8 @@ class JobtuiApp(App[None]):
         this refuses before anything runs.
         """
         if self.read_only or self.actions_ is None:
-            self.notify("read-only console: actions are disabled", severity="error")
+            why = f" (the server is a {self.server_refuses})" if self.server_refuses else ""
+            self.notify(f"read-only console{why}: actions are disabled", severity="error")
             return
 
         def answered(yes: bool | None) -> None:

@@ -40,7 +40,11 @@ class View:
 class Console(Protocol):
     """What panes and screens use of the app besides Textual's own API."""
 
-    read_only: bool
+    @property
+    def read_only(self) -> bool:
+        """No change to the queue from here: asked for (--read-only), or the server takes none."""
+        ...
+
     source: DataSource
     actions_: Actions | None  # None in read-only
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from .. import joblists, metrics, queues
+from .. import joblists, metrics
 from .. import scheduler as schedules
 from ..actions import check_regex
 from ..client import Queue
@@ -20,10 +20,11 @@ from ..db import Call, Rows, connect, run
 from ..domain import JobRow
 from ..donehistory import DoneHistory
 from ..errors import DatabaseUnavailable, InvalidInput
-from ..joblists import DeadJob, ReadyJob, RunningCursor, RunningJob
+from ..joblists import DeadJob, ReadyJobs, RunningCursor, RunningJob
 from ..metrics import DeadGroup, Snapshot
+from ..overview import Overview, QueueLine, overview
 from ..queue import get_job_call
-from ..queues import QueueLine
+from ..timers import watched
 
 # Every statement the console runs is cancelled by the server after this long: a slow
 # database shows as an error in the header, not as a console waiting forever.
@@ -48,6 +49,7 @@ class Where:
     database: str
     schema: str
     server_read_only: bool  # a standby, or default_transaction_read_only
+    standby: bool = False  # in recovery when the connection was made
 
     def label(self) -> str:
         return f"{self.role}@{self.host}:{self.port}/{self.database} schema {self.schema}"
@@ -69,6 +71,7 @@ class Fetched:
     where: Where | None = None
     running_after: RunningCursor | None = None  # where the page of `running` starts
     queues: list[QueueLine] = field(default_factory=list)  # the Queues pane's lines
+    queues_source: str = ""  # where their estimates come from ('' when counted)
 
 
 class DataSource:
@@ -94,7 +97,7 @@ class DataSource:
         if self._closed:
             raise DatabaseUnavailable("the console is closing")
         if self._conn is None or self._conn.closed or self._conn.broken:
-            conn = connect(self.dsn, autocommit=True, connect_timeout=3, **KEEPALIVES)
+            conn = watched(connect(self.dsn, autocommit=True, connect_timeout=3, **KEEPALIVES), self.schema)
             timeout = f"{round(STATEMENT_TIMEOUT * 1000)}ms"
             identity = run(conn, Call("console_session", {"statement_timeout": timeout}, Rows.dicts), self.schema)[0]
             self._where = Where(
@@ -104,6 +107,7 @@ class DataSource:
                 identity["database"],
                 self.schema,
                 bool(identity["read_only"]),
+                bool(identity["standby"]),
             )
             self._conn = conn
         return self._conn
@@ -158,8 +162,10 @@ class DataSource:
         snap = metrics.snapshot(conn, self.schema, history=self._history)
         after = self.running_after
         running = joblists.running_jobs(conn, self.schema, after=after)
-        lines = run(conn, queues.overview_call(), self.schema)
-        fetched = Fetched(snap, running, where=self._where, running_after=after, queues=lines)
+        view: Overview = overview(conn, self.schema)
+        fetched = Fetched(
+            snap, running, where=self._where, running_after=after, queues=view.lines, queues_source=view.source
+        )
         if not needle:
             return fetched
         try:
@@ -172,8 +178,8 @@ class DataSource:
         """The server process behind the connection the refreshes use."""
         return int(self._read(lambda c: c.info.backend_pid))
 
-    def ready_jobs(self, job_type: str) -> list[ReadyJob]:
-        result: list[ReadyJob] = self._read(lambda c: joblists.ready_jobs(c, job_type, self.schema))
+    def ready_jobs(self, job_type: str) -> ReadyJobs:
+        result: ReadyJobs = self._read(lambda c: joblists.ready_jobs(c, job_type, self.schema))
         return result
 
     def dead_jobs(self, status: str, job_type: str, fingerprint: str) -> list[DeadJob]:

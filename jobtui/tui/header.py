@@ -30,14 +30,24 @@ def banner(*, connected: bool, last_error: str, hung_for: float, stale_for: floa
     return None
 
 
-def where_line(where: Where | None, read_only: bool, schema: str) -> Text:
-    """Role, host, port, database and schema, and the read-only states, in that order."""
+def where_line(where: Where | None, read_only: bool, schema: str, refuses: str = "") -> Text:
+    """Role, host, port, database and schema, and the read-only states, in that order.
+
+    `refuses` is why the server takes no change ("standby", "read-only server"): the console
+    is then read-only by itself, and says so."""
     out = Text()
     out.append(line(where.label() if where is not None else f"schema {schema}"), style=render.STYLE["dim"])
+    read_only_server = where is not None and where.server_read_only and not where.standby
+    server = refuses or ("read-only server" if read_only_server else "")
     if read_only:
         out.append("  read-only console", style="bold")
-    if where is not None and where.server_read_only:
-        out.append("  read-only server", style=render.STYLE["warn"])
+        if server:
+            out.append(f"  {server}", style=render.STYLE["warn"])
+    elif refuses:
+        said = "a standby" if refuses == "standby" else "read-only"
+        out.append(f"  read-only console (the server is {said})", style=render.STYLE["warn"])
+    elif server:
+        out.append(f"  {server}", style=render.STYLE["warn"])
     return out
 
 
@@ -49,6 +59,7 @@ def header(
     where: Where | None,
     schema: str,
     read_only: bool,
+    refuses: str = "",
     connected: bool = True,
     last_error: str = "",
     hung_for: float = 0.0,
@@ -62,7 +73,7 @@ def header(
     if alarm is not None:
         out.append_text(alarm)
         out.append("\n")
-    out.append_text(where_line(where, read_only, schema))
+    out.append_text(where_line(where, read_only, schema, refuses))
     if snap is not None:
         out.append("\n")
         out.append_text(render.vitals(snap, history, thresholds, width=width))

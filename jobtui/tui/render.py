@@ -157,7 +157,9 @@ def vitals(
         # Only while sessions wait: a queue blocked on a lock (a row held by a long
         # transaction, an ALTER TABLE) explains a backlog the other figures only show.
         kinds = " ".join(f"{kind} {n}" for kind, n in snap.lock_waits_by_kind.items() if n)
-        parts.append(("lock waits", f"{snap.lock_waits} ({kinds}, longest {age(snap.longest_lock_wait)})", "warn"))
+        # Claims taking turns under a queue's limit are the limit at work: shown, not amber.
+        level = "warn" if snap.alarming_lock_waits else "ok"
+        parts.append(("lock waits", f"{snap.lock_waits} ({kinds}, longest {age(snap.longest_lock_wait)})", level))
     for i, (label, value, level) in enumerate(parts):
         piece = Text()
         piece.append(f"{label} ", style=STYLE["dim"])
@@ -212,11 +214,14 @@ def ready_rows(
     needle: str,
     thresholds: Thresholds,
     attempts: Mapping[str, Mapping[int, int]] | None = None,
+    estimated: bool = False,
 ) -> list[Row]:
     """One row per type with ready jobs or jobs done in the last hour: counts, the oldest
     wait, and the attempts the last hour's done jobs used (`attempts`: type -> attempts ->
-    jobs, the snapshot's figures, so this costs no query of its own)."""
+    jobs, the snapshot's figures, so this costs no query of its own). With `estimated` (too
+    many ready jobs to count), the due and delayed figures are marked `~`."""
     attempts = attempts or {}
+    mark = "~" if estimated else ""
     counts = {t.type: t for t in by_type}
     # A type whose jobs all ran (none waiting, none dead) is in the done figures only.
     every = sorted(set(counts) | set(attempts))
@@ -230,8 +235,8 @@ def ready_rows(
                 t.type,
                 [
                     t.type,
-                    f"{t.ready_due:,}",
-                    f"{t.ready - t.ready_due:,}",
+                    f"{mark}{t.ready_due:,}",
+                    f"{mark}{t.ready - t.ready_due:,}",
                     styled(age(t.oldest_ready_age), level),
                     f"{t.running:,}",
                     attempts_cell(attempts.get(t.type, {})),
@@ -363,6 +368,7 @@ def schedule_rows(schedules: Sequence[ScheduleHealth], needle: str, elapsed: flo
                     backfilled,
                     str(s.skipped),
                     s.job_type,
+                    s.queue,
                     s.cron,
                     s.last_slot.strftime("%m-%d %H:%M:%S"),
                     "paused" if s.paused else "active",
@@ -438,6 +444,7 @@ COLUMNS = {
         "backfilled",
         "skipped",
         "type",
+        "queue",
         "cron",
         "last slot",
         "state",

@@ -12,6 +12,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Footer, Label, Static
 
+from ..backlog import READY_EXACT_CAP
 from ..explain import explain
 from ..safetext import block, line
 from . import changes, render
@@ -61,7 +62,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
 HELP = """\
 [b]Panes[/]   1 ready · 2 running · 3 dead · 4 lease expiries · 5 schedules
-        6 worker (with --work) · 7 queues · 8 charts of the last hour; tab, shift+tab, the mouse
+        6 worker (with --work) · 7 queues · 8 charts of the last hour; or click a tab
 [b]Move[/]    arrows, page up/down, home/end
 [b]enter[/]   drill down: a type's ready jobs, a dead group's jobs, a job
 [b]Ready[/]   by type; "attempts (done 1h)": jobs done in the last hour by attempts used
@@ -187,25 +188,29 @@ class JobListScreen(Screen[None]):
     @work(thread=True, exclusive=True, group="list")
     def load(self) -> None:
         source = self.console.source
+        note = ""
         try:
             if self.kind == "ready":
-                rows = render.ready_job_rows(source.ready_jobs(self.job_type))
+                ready = source.ready_jobs(self.job_type)
+                rows = render.ready_job_rows(ready.jobs)
+                # A bounded read: past that many, the list says it did not look further.
+                note = f" · among the oldest {READY_EXACT_CAP:,} ready jobs" if ready.cut else ""
             else:
                 rows = render.dead_job_rows(source.dead_jobs(self.status, self.job_type, self.fingerprint))
         except Exception as exc:  # said in the title; the next tick tries again
             why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             self.app.call_from_thread(self._title, f"{self.title_text} · cannot read: {why}")
             return
-        self.app.call_from_thread(self._loaded, rows)
+        self.app.call_from_thread(self._loaded, rows, note)
 
     def _title(self, text: str) -> None:
         self.query_one("#title", Label).update(Text(line(text)))
 
-    def _loaded(self, rows: list[render.Row]) -> None:
+    def _loaded(self, rows: list[render.Row], note: str = "") -> None:
         table = self.query_one(KeyedTable)
         table.loading = False
         table.sync(rows)
-        self._title(self.title_text if rows else f"{self.title_text} · none now")
+        self._title(f"{self.title_text}{'' if rows else ' · none now'}{note}")
 
     def _selected_id(self) -> int | None:
         key = self.query_one(KeyedTable).selected_key

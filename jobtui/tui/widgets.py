@@ -11,7 +11,7 @@ from textual.widgets import DataTable
 from ..safetext import line
 from .render import Row
 
-_NUMBER = re.compile(r"^-?[\d,]+(\.\d+)?$")
+_NUMBER = re.compile(r"^~?(-?[\d,]+(\.\d+)?)$")  # `~`: an estimate, sorted as its number
 
 
 def literal(cell: Text | str) -> Text:
@@ -25,8 +25,9 @@ def literal(cell: Text | str) -> Text:
 def sort_value(cell: Text | str) -> tuple[int, Any]:
     """Numbers sort as numbers, everything else as lower-case text."""
     plain = cell.plain if isinstance(cell, Text) else str(cell)
-    if _NUMBER.match(plain):
-        return (0, float(plain.replace(",", "")))
+    number = _NUMBER.match(plain)
+    if number:
+        return (0, float(number.group(1).replace(",", "")))
     return (1, plain.lower())
 
 
@@ -85,4 +86,5 @@ class KeyedTable(DataTable[Any]):
         for key, cells in rows:
             for name, cell in zip(self.column_names, cells, strict=True):
                 if self.get_cell(key, name) != cell:
-                    self.update_cell(key, name, cell)
+                    # A figure that grew (1,204 to 12,040) widens its column rather than being cut.
+                    self.update_cell(key, name, cell, update_width=True)

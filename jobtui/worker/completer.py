@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import NamedTuple
 
 import psycopg
 
@@ -26,12 +25,9 @@ log = logging.getLogger("jobtui.worker")
 FLUSH_DELAY = 0.0
 
 
-class _Pending(NamedTuple):
-    outcome: Outcome
-    lease: Lease
-    error: str
-    delay: float
-    written: Written
+# What waits to be written, per statement: (lease, written, outcome, error, delay), a plain
+# tuple (a NamedTuple's constructor is Python code, run once per job).
+_Pending = tuple[Lease, Written, Outcome, str, float]
 
 
 class OutcomeWriter:
@@ -55,12 +51,16 @@ class OutcomeWriter:
         self._on_dead = on_dead
         self._on_denied = on_denied
         self._delete_on_complete = delete_on_complete
-        self._pending: list[_Pending] = []
+        # By statement: grouped as they come, not again at each write.
+        self._pending: dict[str, list[_Pending]] = {}
         self._wake = asyncio.Event()
 
     def submit(self, outcome: Outcome, lease: Lease, written: Written, error: str = "", delay: float = 0.0) -> None:
         """Queue an outcome; `written` is called once it was written or refused."""
-        self._pending.append(_Pending(outcome, lease, error, delay, written))
+        waiting = self._pending.get(outcome.statement)
+        if waiting is None:
+            waiting = self._pending[outcome.statement] = []
+        waiting.append((lease, written, outcome, error, delay))
         self._wake.set()
 
     async def write(self, outcome: Outcome, lease: Lease, error: str = "", delay: float = 0.0) -> bool:
@@ -85,15 +85,12 @@ class OutcomeWriter:
                 stop_waiter.cancel()
                 continue
             await asyncio.sleep(FLUSH_DELAY)
-            batch, self._pending = self._pending, []
+            batch, self._pending = self._pending, {}
             await self._flush(batch)
 
-    async def _flush(self, batch: list[_Pending]) -> None:
-        by_statement: dict[str, list[_Pending]] = {}
-        for item in batch:
-            by_statement.setdefault(item.outcome.statement, []).append(item)
+    async def _flush(self, batch: dict[str, list[_Pending]]) -> None:
         written: set[int] = set()
-        for statement, items in by_statement.items():
+        for statement, items in batch.items():
             try:
                 written |= await self._write(statement, items)
             except psycopg.errors.InsufficientPrivilege as exc:
@@ -104,14 +101,15 @@ class OutcomeWriter:
                 log.error("could not write %d %s outcome(s): %s", len(items), statement, first_line(exc))
             except Exception:  # a bug must not stop the writer; these leases expire as above
                 log.exception("could not write %d %s outcome(s)", len(items), statement)
-        for item in batch:
-            try:
-                item.written(item.lease.job_id in written)
-            except Exception:  # one submitter's bug must not keep the others from learning
-                log.exception("job %d: internal error after its outcome was written", item.lease.job_id)
+        for items in batch.values():
+            for lease, told, _outcome, _error, _delay in items:
+                try:
+                    told(lease.job_id in written)
+                except Exception:  # one submitter's bug must not keep the others from learning
+                    log.exception("job %d: internal error after its outcome was written", lease.job_id)
 
     async def _write(self, statement: str, items: list[_Pending]) -> set[int]:
-        leases = [i.lease for i in items]
+        leases = [i[0] for i in items]
         if statement == "complete":
             if not self._delete_on_complete:
                 return await self._conn.run(complete_call(leases), self._schema)
@@ -127,14 +125,16 @@ class OutcomeWriter:
                 log.error("could not write %d complete outcome(s): %s", len(kept), first_line(exc))
                 return deleted
             return deleted | completed
+        errors = [i[3] for i in items]
         if statement == "permanent":
-            return await self._conn.run(fail_permanently_call(leases, [i.error for i in items]), self._schema)
+            return await self._conn.run(fail_permanently_call(leases, errors), self._schema)
+        delays = [i[4] for i in items]
         if statement == "release":
-            kinds = [i.outcome.value for i in items]
-            call = release_call(leases, [i.delay for i in items], kinds=kinds, reasons=[i.error for i in items])
+            kinds = [i[2].value for i in items]
+            call = release_call(leases, delays, kinds=kinds, reasons=errors)
             return await self._conn.run(call, self._schema)
         # fail and timeout: counted failures
-        failures = [Failure(i.lease, i.error, i.delay) for i in items]
+        failures = [Failure(lease, error, delay) for lease, error, delay in zip(leases, errors, delays, strict=True)]
         outcomes = await self._conn.run(fail_call(failures), self._schema)
         for outcome in outcomes:
             if outcome.status is JobStatus.DEAD:

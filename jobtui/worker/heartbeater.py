@@ -1,5 +1,6 @@
 """The heartbeater: extends every lease the worker holds in one statement per interval, and
-gives up each lease it could not extend in time.
+gives up each lease it could not extend in time. Its answer also names the leases an operator
+cancelled: that row is what stops a cancelled job's handler, never a notification alone.
 
 Each job in flight knows until when its lease surely holds: the moment its claim or last
 successful heartbeat was sent, plus the lease the database granted from its own now(). The
@@ -25,6 +26,10 @@ from .executor import InFlight
 from .producer import Denied
 
 log = logging.getLogger("jobtui.worker")
+
+# Beats that cancel hints bring are at least this far apart: a flood of forged notifications
+# costs each worker at most a few small statements a second.
+HINT_GAP = 0.2
 
 
 class Heartbeater:
@@ -52,12 +57,37 @@ class Heartbeater:
         self._give_up = give_up
         self._cancelled = cancelled
         self._denied = denied
+        self._hinted = asyncio.Event()
+        self._last_hinted = 0.0
+
+    def look(self) -> None:
+        """Beat soon: a notification hints that a job here was cancelled. Anyone may send one,
+        so only the beat's answer, read from the job's row, stops a handler; hints close
+        together share a beat, and beats they bring come at most every HINT_GAP."""
+        self._hinted.set()
+
+    async def _until_due(self) -> None:
+        """Every interval, at once when the database is back after an outage, and soon after
+        a hint."""
+        link = self._link
+        waits = [
+            asyncio.ensure_future(link.wait_for(lambda: link.heartbeat_due, timeout=self._interval)),
+            asyncio.ensure_future(self._hinted.wait()),
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waits:
+                waiter.cancel()
+        if self._hinted.is_set():
+            await asyncio.sleep(max(0.0, self._last_hinted + HINT_GAP - time.monotonic()))
+            self._last_hinted = time.monotonic()
+            self._hinted.clear()
 
     async def run(self) -> None:
         link = self._link
         while True:
-            # Every interval, and at once when the database is back after an outage.
-            await link.wait_for(lambda: link.heartbeat_due, timeout=self._interval)
+            await self._until_due()
             await link.wait(False)
             generation = link.generation
             try:

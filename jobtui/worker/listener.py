@@ -1,6 +1,8 @@
 """The listener: LISTENs on the schema's channel and wakes the producers at every insert, and
 after every reconnect (notifications may have been missed meanwhile). A notification
-`cancel <id>` says an operator cancelled a running job: its worker stops the handler."""
+`cancel <id>` hints that an operator cancelled a running job. PostgreSQL checks no privilege
+for NOTIFY, so the hint only makes the worker read the job's row (heartbeater.look), and the
+row alone decides."""
 
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ def cancelled_job(payload: str) -> int | None:
 async def listen(
     conn: Connection | None, wake: Callable[[], None], cancel: Callable[[int], None], poll_interval: float
 ) -> None:
-    """Call `wake` at every notification and `cancel` at every cancel, until cancelled;
+    """Call `wake` at every notification and `cancel` at every cancel hint, until cancelled;
     without a connection, say once that the worker only polls (cancels then reach it with
     the heartbeats' answers)."""
     if conn is None:

@@ -69,7 +69,7 @@ def first_of(text: str) -> str:
 
 def fields(job: Job) -> dict[str, object]:
     """The job's fields for a log line's `extra=` (the JSON log format shows them)."""
-    return job_fields(job.id, job.type, job.attempt, job.worker_id, job.queue)
+    return job_fields(job.id, job.type, job.attempt, job.worker_id, job.queue, job.schema)
 
 
 def count_outcome(counts: dict[str, int], outcome: Outcome, job: Job, error: str, uncounted: int) -> None:

@@ -78,7 +78,9 @@ class Reaper:
             previous = reaped.at
             for job in reaped.reaped:
                 if job.status is JobStatus.DEAD:
-                    self._on_dead(FailOutcome(job.job_id, job.status, job.type, job.attempt, job.attempt, job.worker))
+                    self._on_dead(
+                        FailOutcome(job.job_id, job.status, job.type, job.attempt, job.attempt, job.worker, job.queue)
+                    )
                 else:
                     log.warning(
                         "job %d (%s) attempt %d: lease of worker %s expired; back to ready",

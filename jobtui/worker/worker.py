@@ -29,9 +29,10 @@ from ..checks import check_queue
 from ..db import Call, aconnect, arun, check_dsn, first_line, pooler_mode, statements, transaction_pooled
 from ..domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJob, FailOutcome
 from ..errors import JobtuiError, PrivilegeMissing
+from ..health import Health
 from ..link import Connection, Link
 from ..logformat import job_fields
-from ..maintenance import ARCHIVE_TYPE, Retention
+from ..maintenance import ARCHIVE_TYPE, BUILTIN_QUEUE, BUILTIN_TYPES, Retention
 from ..privileges import GRANTS_HINT, WORKER_NEEDS, missing_privileges_call, privilege_message
 from ..queue import claim_call, release_unanswered_call
 from ..registry import Handler, Job, Jobs
@@ -44,6 +45,7 @@ from .listener import listen, listener_connection
 from .outcome import MAX_UNCOUNTED_IN_A_ROW, Outcome, count_outcome, fields
 from .producer import Producer, claim_session, claim_transaction
 from .reaper import Reaper
+from .shutdown import drain
 from .slots import Slots, describe
 
 COUNTERS = ("done", "failed", "retried", "dead", "lost", "released", "abandoned", "cancelled")
@@ -84,13 +86,23 @@ class Worker:
         delete_on_complete: bool = False,
         pooler: str | None = None,
         listen_dsn: str | None = None,
+        health: Health | None = None,
     ) -> None:
         check_settings(concurrency=concurrency, queues=queues, lease=lease, poll_interval=poll_interval)
         jobs, selected = handled_types(jobs, types, retention, dsn, schema, pooler_mode(pooler))
         self.jobs = jobs
         self.dsn = dsn
-        # One pool of slots per queue named, or one for every queue (None).
+        # One pool of slots per queue named, or one for every queue (None). Each pool claims
+        # its queue's jobs of the worker's types.
         sizes: dict[str | None, int] = {check_queue(q): n for q, n in queues.items()} if queues else {None: concurrency}
+        self._pool_claims: dict[str | None, tuple[list[str], str | None]] = {q: (selected, q) for q in sizes}
+        builtins = [t for t in BUILTIN_TYPES if t in selected]
+        if queues and builtins and BUILTIN_QUEUE not in sizes:
+            # jobtui's own jobs (the archiver) run on every worker, whatever queues it serves:
+            # a slot of their own, claiming them from any queue (a scheduler of the previous
+            # release put them in the default one).
+            sizes[BUILTIN_QUEUE] = 1
+            self._pool_claims[BUILTIN_QUEUE] = (builtins, None)
         self.slots = Slots(sizes)
         self.concurrency = self.slots.total
         self.types = selected
@@ -110,9 +122,7 @@ class Worker:
         self.pooler = pooler_mode(pooler)
         self.listen_dsn = check_dsn(listen_dsn) if listen_dsn else None
         self.scheduler = (
-            Scheduler(dsn, schema=schema, specs=list(jobs.schedules.values()), pooler=self.pooler)
-            if scheduler
-            else None
+            Scheduler(dsn, schema=schema, specs=jobs.schedule_specs(), pooler=self.pooler) if scheduler else None
         )
         self.in_flight: dict[int, InFlight] = {}
         self._limits = {t: h.max_attempts for t, h in jobs.handlers.items()}
@@ -128,6 +138,8 @@ class Worker:
         self._stopping_for_privilege = False
         self._rng = random.Random()
         self._running = False
+        self.health = health  # answers /healthz and /readyz (health.py), probing through the worker's link
+        self.started = asyncio.Event()  # set once the worker claims (systemd's READY=1)
 
     # -- control -------------------------------------------------------------------------
 
@@ -243,15 +255,20 @@ class Worker:
                 asyncio.create_task(heartbeater.watch(), name="jobtui-lease-watch"),
                 asyncio.create_task(reaper.run(), name="jobtui-reaper"),
             ]
-            listener = listen(listen_conn, self.slots.wake, self.cancel_requested, self.poll_interval)
+            hinted = partial(self._cancel_hinted, heartbeater)
+            listener = listen(listen_conn, self.slots.wake, hinted, self.poll_interval)
             background.append(asyncio.create_task(listener, name="jobtui-listen"))
             if self.scheduler is not None:
                 background.append(asyncio.create_task(self.scheduler.run(stopping, link=link), name="jobtui-scheduler"))
+            if self.health is not None:
+                probe = Connection(self.dsn, "probe", link=link, gated=True, pooler=pooler)
+                background.append(asyncio.create_task(self.health.watch(probe, stopping), name="jobtui-health"))
+            self.started.set()
             for task in background:
                 task.add_done_callback(self._background_ended)
             try:
                 await asyncio.gather(*(producer.run() for producer in producers))
-                await self._drain()
+                self.counts["released"] += await drain(self.in_flight, self._writer, self.shutdown_timeout)
             finally:
                 stopped_writing.set()
                 try:
@@ -276,8 +293,9 @@ class Worker:
             raise self.fatal
 
     def _claim_call(self, pool: str | None, limit: int) -> Call[list[ClaimedJob]]:
+        types, queue = self._pool_claims[pool]
         return claim_call(
-            self.types, worker=self.worker_id, limit=limit, lease=self.lease, max_attempts=self._limits, queue=pool
+            types, worker=self.worker_id, limit=limit, lease=self.lease, max_attempts=self._limits, queue=queue
         )
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
@@ -410,7 +428,7 @@ class Worker:
             outcome.type,
             outcome.attempt,
             outcome.max_attempts,
-            extra=job_fields(outcome.job_id, outcome.type, outcome.attempt, outcome.worker, self.schema),
+            extra=job_fields(outcome.job_id, outcome.type, outcome.attempt, outcome.worker, outcome.queue, self.schema),
         )
         for callback in self.jobs.dead_callbacks:
             try:
@@ -420,9 +438,15 @@ class Worker:
 
     # -- leases --------------------------------------------------------------------------
 
+    def _cancel_hinted(self, heartbeater: Heartbeater, job_id: int) -> None:
+        """A notification says job `job_id` was cancelled. Any role that can connect may send
+        one, so it only makes the heartbeat read the rows of the jobs here now."""
+        if job_id in self.in_flight:
+            heartbeater.look()
+
     def cancel_requested(self, job_id: int) -> None:
-        """An operator cancelled job `job_id` (notified, or told by a heartbeat): a handler of
-        it here is stopped as for a lost lease, with `job.cancelled` set; the row is failed."""
+        """The job's row says an operator cancelled job `job_id` under the lease held here (the
+        heartbeat's answer): its handler is stopped as for a lost lease, with `job.cancelled`."""
         flight = self.in_flight.get(job_id)
         if flight is None or flight.writing or flight.job.lost:
             return
@@ -471,30 +495,3 @@ class Worker:
                 )
         written = partial(self._written, flight, Outcome.ABANDONED, why, 0.0)
         self._writer.submit(Outcome.ABANDONED, flight.claimed.lease, written, f"attempt given up: {why}")
-
-    # -- shutdown ------------------------------------------------------------------------
-
-    async def _drain(self) -> None:
-        """Wait for in-flight jobs up to the shutdown timeout, then release the rest."""
-        tasks = [f.task for f in self.in_flight.values() if f.task is not None and not f.task.done()]
-        if tasks:
-            log.info("waiting up to %.0fs for %d in-flight job(s)", self.shutdown_timeout, len(tasks))
-            await asyncio.wait(tasks, timeout=self.shutdown_timeout)
-        # Outcomes handed to the writer are written before it stops; the rest go back.
-        left = [f for f in self.in_flight.values() if not f.writing]
-        if not left:
-            return
-        for flight in left:
-            flight.job.mark_lost()
-            if flight.task is not None:
-                flight.task.cancel()
-        reason = "the worker stopped before the handler finished"
-        releases = asyncio.gather(*(self._writer.write(Outcome.SHUTDOWN, f.claimed.lease, reason) for f in left))
-        try:
-            released = sum(await asyncio.wait_for(releases, self.shutdown_timeout))
-        except TimeoutError:
-            log.error("could not release %d unfinished job(s): the database did not answer; their leases will expire",
-                      len(left))  # fmt: skip
-            return
-        self.counts["released"] += released
-        log.warning("released %d unfinished job(s) back to ready, attempts not counted", released)

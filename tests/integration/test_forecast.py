@@ -20,6 +20,7 @@ from jobtui.db import run
 from jobtui.domain import NewJob
 from jobtui.flows import line_forecasts, recent_call, record_flow
 from jobtui.metrics import snapshot
+from jobtui.overview import overview
 from jobtui.prometheus import forecast_families
 from tests.integration.test_levers import jobtui
 from tests.workers import WorkerProcess, wait_for
@@ -75,7 +76,7 @@ def drain_with_inflow(db: Conn, app_dsn: str, spawn: Spawn, backlog: int, second
 
 def test_the_forecast_reads_back_a_known_drain_and_inflow(db: Conn, app_dsn: str, spawn: Spawn) -> None:
     drain_with_inflow(db, app_dsn, spawn, 3000, 8.0)
-    lines = run(db, queues.overview_call())
+    lines = overview(db).lines
     by_line = line_forecasts(lines, run(db, recent_call()))
     due = next(q.due for q in lines if (q.kind, q.name) == ("queue", "fq"))
     expected = due / (DRAIN - INFLOW)
@@ -101,7 +102,7 @@ def test_a_growing_backlog_is_nan_seconds_for_prometheus(db: Conn, app_dsn: str)
     time.sleep(0.2)
     record_flow(db, until=db_now(db))
     snap = snapshot(db)
-    lines = run(db, queues.overview_call())
+    lines = overview(db).lines
     assert snap.forecast.state == "stalled" and "nothing done" in snap.forecast.text  # nothing finished
     with Queue(app_dsn) as q:
         done = q.claim(["quick"], worker="w", limit=100)
@@ -124,7 +125,7 @@ def test_the_forecast_comes_true(db: Conn, app_dsn: str, spawn: Spawn) -> None:
     with Queue(app_dsn) as q:
         q.enqueue_many([NewJob("quick", {}, queue="fq") for _ in range(3000)])
     drain_with_inflow(db, app_dsn, spawn, 0, 20.0)
-    lines = run(db, queues.overview_call())
+    lines = overview(db).lines
     f = line_forecasts(lines, run(db, recent_call()))[("queue", "fq")]
     assert f.state == "drains"
     stop = threading.Event()

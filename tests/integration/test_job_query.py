@@ -91,14 +91,16 @@ async def test_the_async_client_answers_the_same(dsn: str) -> None:
         assert await aqueue.check_schema() == jobtui.migrate.code_version()
 
 
-def test_claimed_job_and_handler_job_carry_their_times(dsn: str) -> None:
+def test_claimed_job_and_handler_job_carry_their_times_and_queue(dsn: str) -> None:
     with Queue(dsn) as queue:
-        job_id = queue.enqueue("t", {}, delay=0)
+        job_id = queue.enqueue("t", {}, delay=0, queue="reports")
         claimed = queue.claim(["t"], worker="w")[0]
         row = queue.get(job_id)
         assert row is not None and (claimed.created_at, claimed.run_at) == (row.created_at, row.run_at)
         job = jobtui.Job(claimed, "w", queue.schema)
-        assert (job.created_at, job.run_at, job.queue) == (row.created_at, row.run_at, "jobtui")
+        assert (job.created_at, job.run_at) == (row.created_at, row.run_at)
+        # A queue is a named queue; the schema is the schema.
+        assert (job.queue, job.schema, claimed.queue) == ("reports", "jobtui", "reports")
         queue.fail([Failure(claimed.lease, "x", 0)])
 
 

@@ -25,6 +25,7 @@ from jobtui import queues
 from jobtui.client import Queue
 from jobtui.db import Call, int_list, run
 from jobtui.domain import NewJob
+from jobtui.overview import overview
 from jobtui.queue import claim_call
 from jobtui.registry import Jobs
 from tests.workers import WorkerProcess, wait_for
@@ -132,7 +133,7 @@ def test_queue_overview_counts_per_queue_and_type(conn: Conn, dsn: str) -> None:
     claim(conn, "x", 1, types=("a",))
     queues.set_limit(conn, "idle", 5, actor="olga")
     queues.pause(conn, "type", "b", actor="olga")
-    lines = {(q.kind, q.name): q for q in run(conn, queues.overview_call())}
+    lines = {(q.kind, q.name): q for q in overview(conn).lines}
     x = lines[("queue", "x")]
     assert (x.ready, x.due, x.running, x.max_running, x.paused) == (3, 2, 1, None, False)
     assert x.oldest_age is not None and x.oldest_age >= 0
@@ -157,6 +158,20 @@ def test_a_job_goes_to_its_handlers_declared_queue_unless_given_one(conn: Conn, 
     assert [rows[i] for i in (declared, given, undeclared, *many, plain)] == [
         "mail", "urgent", "default", "mail", "urgent", "default", "default",
     ]  # fmt: skip
+
+
+def test_queue_limit_says_and_audits_what_it_replaced(app_dsn: str, conn: Conn) -> None:
+    said = [jobtui(app_dsn, "queue", "limit", "reports", value).stdout for value in ("5", "7", "none")]
+    assert ["(was none)" in said[0], "(was 5)" in said[1], "(was 7)" in said[2]] == [True, True, True], said
+    audit = json.loads(jobtui(app_dsn, "audit", "--json").stdout)
+    assert [(e["action"], e["detail"]) for e in reversed(audit)] == [
+        ("queue-limit", {"limit": 5, "was": None}),
+        ("queue-limit", {"limit": 7, "was": 5}),
+        ("queue-limit", {"limit": None, "was": 7}),
+    ]
+    # The console's change is fenced by what the operator saw: refused, it says what is there now.
+    refused = queues.set_limit(conn, "reports", 9, actor="olga", expected=5, fenced=True)
+    assert (refused.changed, refused.was) == (False, None)
 
 
 # -- real workers -------------------------------------------------------------------------

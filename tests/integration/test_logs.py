@@ -28,7 +28,7 @@ def _failed_job(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(APP_TABLES)
         row = conn.execute(
-            "INSERT INTO jobtui.job (type, payload) VALUES ('permanent', %s) RETURNING id",
+            "INSERT INTO jobtui.job (type, payload, queue) VALUES ('permanent', %s, 'mail') RETURNING id",
             (json.dumps({"why": HOSTILE}),),
         ).fetchone()
     assert row is not None
@@ -47,7 +47,7 @@ def test_json_log_lines_carry_the_job_and_its_exact_data(dsn: str, tmp_path: Pat
     failed = next(e for e in entries if "failed permanently" in e["message"])
     assert failed["level"] == "WARNING" and failed["logger"] == "jobtui.worker"
     assert (failed["job_id"], failed["type"], failed["attempt"]) == (job_id, "permanent", 1)
-    assert failed["worker"] == "J" and failed["queue"] == "jobtui"
+    assert (failed["worker"], failed["queue"], failed["schema"]) == ("J", "mail", "jobtui")
     assert HOSTILE in failed["message"]  # exact, once decoded
     assert not any("\x1b" in text for text in lines)  # escaped on the wire
     assert any(e["message"].startswith("worker J started") for e in entries)

@@ -28,9 +28,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
-from jobtui import FailOutcome, JobStatus, Queue, queues
+from jobtui import FailOutcome, JobStatus, NewJob, Queue, prometheus, queues
 from jobtui import scheduler as sched
-from jobtui.db import Call
+from jobtui.db import Call, statements
 from jobtui.donehistory import DoneHistory
 from jobtui.maintenance import Retention, summarise_hours, sweep
 from jobtui.metrics import QueueLocked, Snapshot, snapshot
@@ -649,7 +649,9 @@ def test_row_lock_waits_are_counted_by_kind(dsn: str, conn: Conn, holder: Conn) 
         time.sleep(0.3)
         snap = snapshot(conn)
         assert snap.lock_waits == 2, snap.lock_waits_by_kind  # the app table's wait is left out
-        assert snap.lock_waits_by_kind == {"relation": 0, "transactionid": 1, "tuple": 1, "advisory": 0, "other": 0}
+        assert snap.lock_waits_by_kind == {
+            "relation": 0, "transactionid": 1, "tuple": 1, "advisory": 0, "queue_limit": 0, "other": 0,
+        }  # fmt: skip
         longest = snap.longest_lock_wait_by_kind
         assert 0.3 <= longest["tuple"] <= longest["transactionid"] < 10, longest
         assert longest["relation"] == longest["advisory"] == longest["other"] == 0
@@ -686,6 +688,45 @@ def test_a_migration_waiting_for_another_is_an_advisory_lock_wait(dsn: str, conn
         holder.rollback()
         thread.join(10)
     assert not errors and not thread.is_alive()
+
+
+def test_a_claim_waiting_its_turn_under_a_queue_limit_is_its_own_kind(dsn: str, conn: Conn, holder: Conn) -> None:
+    """claim_limited counts a limited queue's running jobs under a lock the claims of that queue
+    take in turn: the next claim waits for it. That wait is the limit at work, not an alarm."""
+    from jobtui.db import run
+    from jobtui.queue import claim_call
+
+    with Queue(dsn) as q:
+        q.enqueue_many([NewJob("t", {}, queue="lim") for _ in range(4)])
+    queues.set_limit(conn, "lim", 2, actor="olga")
+    claim = claim_call(["t"], worker="w1", limit=1, queue="lim")
+    assert len(run(holder, claim)) == 1  # the holder's claim keeps the queue's lock until it commits
+    errors = list[BaseException]()
+    statement = statements("jobtui")["claim"].as_string(None)
+    params = {**claim.params, "worker": "w2"}
+    thread = threading.Thread(target=_blocked_claim, args=(dsn, statement, params, errors))
+    thread.start()
+    try:
+        _wait_until_waiting(conn, 1)
+        snap = snapshot(conn)
+        kinds = snap.lock_waits_by_kind
+        assert (snap.lock_waits, kinds["queue_limit"], kinds["advisory"]) == (1, 1, 0)
+        assert snap.alarming_lock_waits == 0
+        families = {m.name: m for m in prometheus.families(snap)}
+        waits = {s.labels["kind"]: s.value for s in families["jobtui_lock_waits"].samples}
+        assert waits["queue_limit"] == 1 and waits["advisory"] == 0
+    finally:
+        holder.rollback()
+        thread.join(10)
+    assert not errors and not thread.is_alive()
+
+
+def _blocked_claim(dsn: str, statement: str, params: dict[str, Any], errors: list[BaseException]) -> None:
+    try:
+        with psycopg.connect(dsn, autocommit=True) as blocked:
+            blocked.execute(statement, params, binary=True)
+    except BaseException as exc:  # reported to the test
+        errors.append(exc)
 
 
 def test_snapshot_gives_up_behind_an_access_exclusive_lock(dsn: str, conn: Conn, holder: Conn) -> None:
@@ -972,7 +1013,7 @@ async def test_dead_letter_alert_when_the_last_attempt_fails(dsn: str, caplog: p
         "attempts": 1,
         "error": "RuntimeError: payment 42 declined for order 7",
     }
-    assert seen == [FailOutcome(job_id, JobStatus.DEAD, "alert.fail", 1, 1, worker.worker_id)]
+    assert seen == [FailOutcome(job_id, JobStatus.DEAD, "alert.fail", 1, 1, worker.worker_id, "default")]
     errors = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "jobtui.worker" and r.levelno >= 40]
     assert ("ERROR", f"job {job_id} (alert.fail) is dead after 1 of 1 attempts") in errors
     assert ("ERROR", f"on_dead callback failed for job {job_id}") in errors
@@ -1009,7 +1050,7 @@ async def test_dead_letter_alert_when_the_reaper_ends_a_crash_loop(dsn: str, cap
         "error": "lease expired: worker ghost stopped heartbeating during attempt 1 of 1"
         " (attempts exhausted: the job may be crashing its worker)",
     }
-    assert seen == [FailOutcome(job_id, JobStatus.DEAD, "alert.crash", 1, 1, "ghost")]
+    assert seen == [FailOutcome(job_id, JobStatus.DEAD, "alert.crash", 1, 1, "ghost", "default")]
     messages = [r.getMessage() for r in caplog.records if r.name == "jobtui.worker" and r.levelname == "ERROR"]
     assert f"job {job_id} (alert.crash) is dead after 1 of 1 attempts" in messages
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -248,11 +249,12 @@ def test_a_custom_schema(empty_dsn: str, empty_conn: Conn) -> None:
 
 _PLACEHOLDER = re.compile(r"%%|%\((\w+)\)[sbt]|%[sbt]")  # psycopg: s = any format, b = binary, t = text
 # Utility statements, which PREPARE does not take: each is run for real by the tests of what
-# uses it (bulk enqueue, LISTEN wake-ups, jobtui bench, demo --reset, jobtui index payload).
-_UTILITY = re.compile(r"^(\s*--[^\n]*\n)*\s*(COPY|LISTEN|DROP|COMMENT|VACUUM|CREATE)\b", re.IGNORECASE)
+# uses it (bulk enqueue, LISTEN wake-ups, jobtui bench, demo --reset, jobtui index payload,
+# jobtui uninstall).
+_UTILITY = re.compile(r"^(\s*--[^\n]*\n)*\s*(COPY|LISTEN|DROP|COMMENT|VACUUM|CREATE|DO)\b", re.IGNORECASE)
 UTILITY_STATEMENTS = {
     "copy_jobs", "listen", "schema_drop", "bench_schema_set_mark", "bench_vacuum",
-    "payload_index_create", "payload_index_drop",
+    "payload_index_create", "payload_index_drop", "role_drop",
 }  # fmt: skip
 
 
@@ -353,10 +355,43 @@ def test_migration_10_adds_meta_without_rewriting_the_table(empty_conn: Conn) ->
     empty_conn.execute("INSERT INTO jobtui.job (type) SELECT 't' FROM generate_series(1, 5000)")
     filenode = "SELECT pg_relation_filenode('jobtui.job')"
     before = empty_conn.execute(filenode).fetchone()
-    assert [m.version for m in migrations.migrate(empty_conn)] == [m.version for m in migrations.available()][9:]
+    assert [m.version for m in migrations.migrate(empty_conn)] == [m.version for m in migrations.available()[9:]]
     assert empty_conn.execute(filenode).fetchone() == before  # the same file: not rewritten
     assert empty_conn.execute("SELECT count(*), count(meta) FROM jobtui.job").fetchone() == (5000, 0)
     assert empty_conn.execute("SELECT count(meta) FROM jobtui.job_archive").fetchone() == (0,)
+
+
+def test_migration_11_gives_schedules_and_minute_rows_a_queue_while_the_previous_release_writes_on(
+    empty_conn: Conn,
+) -> None:
+    """A scheduler and an archiver of the previous release name no queue: their rows take the
+    defaults, and the job table is not touched."""
+    before_11 = [m for m in migrations.available() if m.version < 11]
+    empty_conn.execute("CREATE SCHEMA jobtui")
+    empty_conn.execute("CREATE TABLE jobtui.migration (version integer PRIMARY KEY, name text NOT NULL,"
+                       " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
+    for m in before_11:
+        empty_conn.execute(m.text("jobtui").encode())
+        empty_conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (%s, %s)", (m.version, m.name))
+    old_schedule = (
+        "INSERT INTO jobtui.schedule (name, job_type, cron, next_run_at, last_slot)"
+        " VALUES (%s, 't', '* * * * *', now(), now())"
+    )
+    old_minute = (
+        "INSERT INTO jobtui.queue_minute (minute, ready, ready_due, done, dead, lease_expiries)"
+        " VALUES (%s, 1, 1, 0, 0, 0)"
+    )
+    empty_conn.execute(old_schedule, ("before",))
+    empty_conn.execute(old_minute, (datetime(2026, 1, 1, tzinfo=UTC),))
+    filenode = "SELECT pg_relation_filenode('jobtui.job')"
+    before = empty_conn.execute(filenode).fetchone()
+    assert [m.version for m in migrations.migrate(empty_conn)][:1] == [11]
+    assert empty_conn.execute(filenode).fetchone() == before
+    empty_conn.execute(old_schedule, ("after",))  # the previous release's statements, as they are
+    empty_conn.execute(old_minute, (datetime(2026, 1, 2, tzinfo=UTC),))
+    queues = empty_conn.execute("SELECT name, queue FROM jobtui.schedule ORDER BY name").fetchall()
+    assert queues == [("after", "default"), ("before", "default")]
+    assert empty_conn.execute("SELECT DISTINCT by_queue::text FROM jobtui.queue_minute").fetchall() == [("{}",)]
 
 
 def test_the_job_table_has_exactly_the_expected_columns(dsn: str, conn: Conn) -> None:
@@ -398,7 +433,8 @@ def test_migration_13_leaves_the_job_table_and_the_previous_claim_alone(empty_co
     )
     filenode = "SELECT pg_relation_filenode('jobtui.job')"
     before = empty_conn.execute(filenode).fetchone()
-    assert [m.version for m in migrations.migrate(empty_conn)] == [13]
+    after_levers = [m.version for m in migrations.available() if m.version >= 13]
+    assert [m.version for m in migrations.migrate(empty_conn)] == after_levers
     assert empty_conn.execute(filenode).fetchone() == before  # the same file: not rewritten
     # The previous release's claim calls claim_limited with three arguments: it is there, as it was.
     got = empty_conn.execute("SELECT jobtui.claim_limited(NULL, ARRAY['t'], 10)").fetchone()

@@ -42,7 +42,7 @@ async def test_attempt_spans_link_to_the_span_that_enqueued_them(dsn: str) -> No
     tracer = trace.get_tracer("app")
     with Queue(dsn, middleware=[otel.trace_enqueue]) as queue:
         with tracer.start_as_current_span("signup request") as request:
-            ok_id = queue.enqueue("ok", {})
+            ok_id = queue.enqueue("ok", {}, queue="mail")
             bad_id = queue.enqueue("bad", {})
         row = queue.get(ok_id)
         assert row is not None
@@ -60,13 +60,17 @@ async def test_attempt_spans_link_to_the_span_that_enqueued_them(dsn: str) -> No
         assert span.kind is trace.SpanKind.PRODUCER
         assert span.parent is not None and span.parent.span_id == request.get_span_context().span_id
     runs = {s.attributes["jobtui.job.type"]: s for s in _named("run ") if s.attributes}
-    for job_type, job_id, outcome in (("ok", ok_id, "complete"), ("bad", bad_id, "permanent")):
+    for job_type, job_id, outcome, queue_name in (
+        ("ok", ok_id, "complete", "mail"),
+        ("bad", bad_id, "permanent", "default"),
+    ):
         span = runs[job_type]
         assert span.kind is trace.SpanKind.CONSUMER
         assert [link.context.span_id for link in span.links] == [enqueues[job_type].context.span_id]
         assert span.attributes is not None
         assert (span.attributes["jobtui.job.id"], span.attributes["jobtui.attempt"]) == (job_id, 1)
-        assert span.attributes["jobtui.queue"] == "jobtui" and span.attributes["jobtui.outcome"] == outcome
+        assert (span.attributes["jobtui.queue"], span.attributes["jobtui.schema"]) == (queue_name, "jobtui")
+        assert span.attributes["jobtui.outcome"] == outcome
         assert float(span.attributes["jobtui.pickup_wait_s"]) >= 0  # type: ignore[arg-type]
     assert runs["bad"].status.status_code is trace.StatusCode.ERROR
     assert runs["ok"].status.status_code is trace.StatusCode.UNSET

@@ -17,6 +17,7 @@ from jobtui.client import Queue
 from jobtui.db import run
 from jobtui.domain import NewJob
 from jobtui.errors import InvalidInput
+from jobtui.overview import overview
 from jobtui.queue import claim_call
 from jobtui.rates import parse_rate
 from tests.integration.test_levers import jobtui
@@ -51,7 +52,7 @@ def test_a_rated_type_gets_a_token_per_job_and_the_rest_flows(conn: Conn, dsn: s
     elapsed = time.monotonic() - started
     taken += len(claim(conn, types=("a",)))  # what is left of the time: the tokens since the last claim
     assert 1 + 10 * (elapsed - 0.15) <= taken <= 1 + 10 * (elapsed + 0.15) + 1, (taken, elapsed)
-    line = next(q for q in run(conn, queues.overview_call()) if (q.kind, q.name) == ("type", "a"))
+    line = next(q for q in overview(conn).lines if (q.kind, q.name) == ("type", "a"))
     assert (line.rate, line.rate_now, line.ramp_until) == (10.0, 10.0, None)
 
 
@@ -129,7 +130,7 @@ def test_a_ramp_starts_slow_and_ends_at_the_rate(conn: Conn, dsn: str) -> None:
     queues.pause(conn, "queue", "api", actor="olga")
     queues.set_rate(conn, "queue", "api", 100.0, actor="olga")
     assert queues.resume(conn, "queue", "api", actor="olga", ramp=2.0)
-    line = next(q for q in run(conn, queues.overview_call()) if q.name == "api")
+    line = next(q for q in overview(conn).lines if q.name == "api")
     assert line.ramping and line.rate == 100.0 and line.rate_now is not None and line.rate_now < 2.0
     early = 0
     started = time.monotonic()
@@ -146,7 +147,7 @@ def test_a_ramp_starts_slow_and_ends_at_the_rate(conn: Conn, dsn: str) -> None:
     # From 1/s, ten times as fast per half of the ramp: the first half second lets in about
     # one job, the last (past the ramp) about 50.
     assert early <= 3 and late >= 30, (early, late)
-    assert next(q for q in run(conn, queues.overview_call()) if q.name == "api").ramp_until is None
+    assert next(q for q in overview(conn).lines if q.name == "api").ramp_until is None
     detail = conn.execute("SELECT detail FROM jobtui.audit WHERE action = 'queue-resume'").fetchone()
     assert detail == ({"ramp_seconds": 2.0},)
 

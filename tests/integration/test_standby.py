@@ -114,3 +114,29 @@ async def test_the_read_only_console_on_a_standby_says_standby_and_shows_the_que
         header = str(app.query_one("#vitals", Static).content)
         assert "standby · replay lag" in header
         assert app.latest is not None and app.latest.snapshot.ready == 30
+
+
+async def test_a_console_on_a_standby_is_read_only_by_itself_and_says_so(pair: tuple[LocalCluster, Standby]) -> None:
+    """Started without --read-only: it asks the server whether it is in recovery, hides every
+    change key, refuses a change before asking, and its header says why."""
+    _, standby = pair
+    app = JobtuiApp(standby.dsn(), refresh_interval=0.25)
+    app.animation_level = "none"
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: app.latest is not None, what="the first read")
+        await wait_for(pilot, lambda: app.read_only, what="the console read-only by itself")
+        header = str(app.query_one("#vitals", Static).content)
+        assert "read-only console (the server is a standby)" in header, header
+        assert app.sub_title == "read-only"
+        await pilot.press("3")  # the dead pane: 2 dead jobs, `r` would requeue them
+        await wait_for(pilot, lambda: app.pane == "dead", what="the dead pane")
+        assert app.check_action("requeue", ()) is False
+        shown = {key for key, active in app.screen.active_bindings.items() if active.enabled and active.binding.show}
+        assert "r" not in shown and "slash" in shown  # the filter stays
+        await pilot.press("r")
+        await pilot.pause(0.2)
+        assert len(app.screen_stack) == 1  # no question asked
+        app.confirm_then("Requeue?", lambda: "done")  # what a key would ask: refused, saying why
+        await pilot.pause(0.1)
+        assert len(app.screen_stack) == 1
+        assert any("standby" in str(n.message) for n in app._notifications)

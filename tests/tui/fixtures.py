@@ -15,9 +15,9 @@ from jobtui.backlog import MinuteFigures
 from jobtui.domain import ErrorEntry, JobRow, JobStatus
 from jobtui.errors import DatabaseUnavailable
 from jobtui.forecast import Span
-from jobtui.joblists import DeadJob, ReadyJob, RunningJob
+from jobtui.joblists import DeadJob, ReadyJob, ReadyJobs, RunningJob
 from jobtui.metrics import DeadGroup, LeaseExpiry, RunningGroup, ScheduleHealth, Snapshot, TypeCounts
-from jobtui.queues import QueueLine
+from jobtui.overview import QueueLine
 from jobtui.tui.app import JobtuiApp
 from jobtui.tui.data import DataSource, Fetched, Where
 
@@ -116,7 +116,8 @@ def schedules() -> list[ScheduleHealth]:
                        ago(4 * 86400), 0, 3, [], 254000.0),
         ScheduleHealth("heartbeat", "email.send", "*/5 * * * * *", False, NOW + timedelta(seconds=2),
                        ago(3), 0, 0, [], 2.0),
-        ScheduleHealth("reports.hourly", "report.build", "0 * * * *", False, ago(120), ago(3720), 0, 0, [], -120.0),
+        ScheduleHealth("reports.hourly", "report.build", "0 * * * *", False, ago(120), ago(3720), 0, 0, [], -120.0,
+                       queue="reports"),
     ]  # fmt: skip
 
 
@@ -224,8 +225,8 @@ class FixedSource(DataSource):
             raise DatabaseUnavailable("cannot reach PostgreSQL at db.example.com:5432: connection refused")
         return Fetched(snapshot(), running_jobs(), read_at=READ_AT, where=WHERE, queues=queue_lines())
 
-    def ready_jobs(self, job_type: str) -> list[ReadyJob]:
-        return ready_jobs(job_type)
+    def ready_jobs(self, job_type: str) -> ReadyJobs:
+        return ReadyJobs(ready_jobs(job_type))
 
     def dead_jobs(self, status: str, job_type: str, fingerprint: str) -> list[DeadJob]:
         return dead_jobs(status, job_type, fingerprint)

@@ -111,7 +111,7 @@ def test_vitals_thresholds_are_configurable_and_a_quiet_queue_is_all_ok() -> Non
 
 def test_vitals_show_lock_waits_by_kind_only_while_sessions_wait() -> None:
     assert "lock waits" not in render.vitals(fx.snapshot(), [], T).plain
-    kinds = dict.fromkeys(("relation", "transactionid", "tuple", "advisory", "other"), 0)
+    kinds = dict.fromkeys(("relation", "transactionid", "tuple", "advisory", "queue_limit", "other"), 0)
     waiting = snap_with(
         lock_waits=3,
         longest_lock_wait=75.0,
@@ -156,8 +156,14 @@ def test_a_read_waiting_past_two_seconds_turns_the_header_red() -> None:
 def test_the_header_names_role_host_port_database_schema_and_read_only() -> None:
     plain = head(read_only=True).plain.split("\n")[0]
     assert plain == "ops@db.example.com:5432/app schema jobtui  read-only console"
-    standby = header.where_line(replace(fx.WHERE, server_read_only=True), False, "jobtui").plain
-    assert standby.endswith("read-only server")
+    read_only_server = header.where_line(replace(fx.WHERE, server_read_only=True), False, "jobtui").plain
+    assert read_only_server.endswith("read-only server")
+    on_standby = replace(fx.WHERE, server_read_only=True, standby=True)
+    by_itself = header.where_line(on_standby, False, "jobtui", refuses="standby").plain
+    assert by_itself.endswith("  read-only console (the server is a standby)")
+    assert header.where_line(on_standby, True, "jobtui", refuses="standby").plain.endswith(
+        "  read-only console  standby"
+    )
     assert header.where_line(None, False, "jobs").plain == "schema jobs"  # before the first connection
 
 
@@ -352,6 +358,7 @@ def test_schedule_rows_overdue_paused_and_missed() -> None:
     overdue = rows["reports.hourly"]
     assert plain(overdue[nxt]) == "overdue 2m00s" and style_of(overdue[nxt]) == CRIT
     assert named("schedules", overdue)["state"] == "active"
+    assert named("schedules", overdue)["queue"] == "reports"  # its jobs' queue
     catch_up = rows["catch-up"]
     assert plain(catch_up[missed]) == "14" and style_of(catch_up[missed]) == WARN
     assert named("schedules", catch_up)["last missed"] == "03-14 09:24:00"  # the newest missed slot
@@ -364,6 +371,7 @@ def test_schedule_rows_overdue_paused_and_missed() -> None:
         "backfilled": "-",
         "skipped": "0",
         "type": "email.send",
+        "queue": "default",
         "cron": "*/5 * * * * *",
         "last slot": "03-14 09:26:50",
         "state": "active",
@@ -442,3 +450,33 @@ def test_a_long_fingerprint_ends_in_an_ellipsis() -> None:
     assert len(cell) == render.FINGERPRINT_CELL and cell.endswith("…") and long.startswith(cell[:-1])
     short = DeadGroup("dead", "t", "KeyError: <n>", 3, None, None, 1, 1)
     assert named("dead", render.dead_rows([short], "")[0][1])["error fingerprint"] == "KeyError: <n>"
+
+
+def test_estimates_sort_as_their_numbers() -> None:
+    assert sorted(["~1,204", "36", "~9"], key=sort_value) == ["~9", "36", "~1,204"]
+
+
+def test_the_ready_pane_marks_estimated_counts() -> None:
+    rows = dict(render.ready_rows(fx.by_type(), "", T, estimated=True))
+    cells = named("ready", rows["email.send"])
+    assert cells["due"].startswith("~") and cells["delayed"].startswith("~")
+    assert not named("ready", dict(render.ready_rows(fx.by_type(), "", T))["email.send"])["due"].startswith("~")
+
+
+async def test_a_figure_that_grows_widens_its_column_instead_of_being_cut() -> None:
+    from textual.app import App, ComposeResult
+
+    from jobtui.tui.widgets import KeyedTable
+
+    class One(App[None]):
+        def compose(self) -> ComposeResult:
+            yield KeyedTable(["type", "due"])
+
+    app = One()
+    async with app.run_test(size=(60, 10)) as pilot:
+        table = app.query_one(KeyedTable)
+        table.sync([render.row("a", ["a", "0"])])
+        await pilot.pause()
+        table.sync([render.row("a", ["a", "712,143"])])  # the same row, a bigger figure
+        await pilot.pause()
+        assert table.columns["due"].content_width >= len("712,143")  # type: ignore[index]

@@ -26,3 +26,13 @@ def test_the_core_does_not_import_the_console() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_web_server_runs_consoles_and_does_not_import_one() -> None:
+    # `jobtui serve` serves the console as processes of their own; the server never loads Textual.
+    code = (
+        "import sys, jobtui.cli_serve, jobtui.web.server; "
+        "print(sorted(m for m in sys.modules if m.startswith(('textual', 'jobtui.tui')) and m != 'textual_serve'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

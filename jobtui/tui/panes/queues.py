@@ -20,7 +20,7 @@ from ...durations import parse_duration
 from ...errors import InvalidInput
 from ...flows import line_forecasts
 from ...forecast import Forecast
-from ...queues import QueueLine
+from ...overview import QueueLine
 from ...rates import RAMP_TOP, parse_rate, rate_text
 from ...safetext import line
 from .. import render
@@ -44,6 +44,11 @@ def key_of(kind: str, name: str) -> str:
     return f"{kind}:{name}"
 
 
+def marked(q: QueueLine, field: str, text: str) -> str:
+    """`text`, with `~` when the field is an estimate (a backlog too big to count on every read)."""
+    return f"~{text}" if field in q.estimated else text
+
+
 def queue_rows(
     lines: Sequence[QueueLine],
     needle: str,
@@ -51,7 +56,8 @@ def queue_rows(
     forecasts: Mapping[tuple[str, str], Forecast] | None = None,
 ) -> list[render.Row]:
     """Queues first, then types; a paused one says so in amber, a limit that is reached in
-    red, a ramp in amber, a backlog that grows in amber and one that is stalled in red."""
+    red, a ramp in amber, a backlog that grows in amber and one that is stalled in red;
+    estimates start with `~`."""
     rows: list[render.Row] = []
     for q in lines:
         ahead = (forecasts or {}).get((q.kind, q.name))
@@ -59,18 +65,21 @@ def queue_rows(
             continue
         level = thresholds.level(q.oldest_age, thresholds.oldest_ready_warn, thresholds.oldest_ready_crit)
         full = q.max_running is not None and q.running >= q.max_running
+        oldest = "?" if q.oldest_age is None and "oldest_age" in q.estimated else "-"
         rows.append(
             render.row(
                 key_of(q.kind, q.name),
                 [
                     q.kind,
                     q.name,
-                    f"{q.ready:,}",
-                    f"{q.due:,}",
+                    marked(q, "ready", f"{q.ready:,}"),
+                    marked(q, "due", f"{q.due:,}"),
                     render.styled(f"{q.running:,}", "crit") if full else f"{q.running:,}",
                     render.styled(ahead.short, ahead.level) if ahead is not None and ahead.short else "-",
-                    render.styled(render.age(q.oldest_age), level) if q.oldest_age is not None else "-",
-                    f"{q.done_last_minute:,}",
+                    render.styled(marked(q, "oldest_age", render.age(q.oldest_age)), level)
+                    if q.oldest_age is not None
+                    else oldest,
+                    marked(q, "done_last_minute", f"{q.done_last_minute:,}"),
                     "-" if q.max_running is None else f"{q.max_running:,}",
                     render.styled(rate_cell(q), "warn") if q.ramping else rate_cell(q),
                     render.styled(f"by {q.paused_by}", "warn") if q.paused else "-",
@@ -100,9 +109,10 @@ def set_limit(actions: Actions, name: str, limit: int | None, seen: int | None) 
         change = queues.set_limit(
             conn, name, limit, actor=actions.actor, expected=seen, fenced=True, schema=actions.schema
         )
+    was = "none" if change.was is None else str(change.was)
     if not change.changed:
-        return f"queue {name}: its limit changed to {change.was} meanwhile; nothing changed (look again)"
-    return f"queue {name}: limit {'none' if limit is None else limit} (was {'none' if seen is None else seen})"
+        return f"queue {name}: its limit changed to {was} meanwhile; nothing changed (look again)"
+    return f"queue {name}: limit {'none' if limit is None else limit} (was {was})"
 
 
 def parse_limit(text: str) -> int | None:

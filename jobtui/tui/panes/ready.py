@@ -18,7 +18,9 @@ class ReadyPane(TablePane):
     def rows(self, view: View) -> list[render.Row]:
         snap = view.snapshot
         done_attempts = snap.attempts_by_type.get("done", {})
-        return render.ready_rows(snap.by_type, view.needle, view.thresholds, done_attempts)
+        return render.ready_rows(
+            snap.by_type, view.needle, view.thresholds, done_attempts, estimated=snap.ready_estimate is not None
+        )
 
     def action_open(self) -> None:
         key = self.selected_key

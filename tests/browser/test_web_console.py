@@ -1,0 +1,258 @@
+"""The console in a real browser: Debian's Chromium, headless, driven by Playwright, on a real
+`jobtui serve` and its console processes, on a real database.
+
+A person signs in with the form, reads the console (the frames the page's socket received,
+drawn by a terminal emulator as xterm.js draws them), presses keys in the page, and clicks
+Sign out. One server and one browser serve the module's tests; each test has a browser
+context (cookies) of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.server
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tests.web import (
+    CHROMIUM,
+    CHROMIUM_FLAGS,
+    PASSWORDS,
+    Screen,
+    ServeProcess,
+    audit_rows,
+    chromium_missing,
+    seed_dead,
+    statuses,
+    watch_browser_socket,
+    write_users,
+)
+from tests.workers import wait_for
+
+MISSING = chromium_missing()
+pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+
+# Opens the console's WebSocket from the page it runs in: "open" or "refused".
+TRY_SOCKET = """(url) => new Promise((resolve) => {
+  const socket = new WebSocket(url);
+  socket.onopen = () => { socket.close(); resolve("open"); };
+  socket.onerror = () => resolve("refused");
+  setTimeout(() => resolve("no answer"), 10000);
+})"""
+
+
+@pytest.fixture(scope="module")
+def database(server_dsn: str, template_db: str) -> Iterator[tuple[str, str]]:
+    """A migrated database of the module's own: its name and DSN."""
+    from tests.conftest import with_dbname
+
+    name = f"jobtui_browser_{time.monotonic_ns()}"
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template_db))
+        )
+    yield name, with_dbname(server_dsn, name)
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="module")
+def users(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("serve") / "users"
+    write_users(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(database: tuple[str, str], users: Path) -> Iterator[ServeProcess]:
+    serve = ServeProcess(database[1], users)
+    yield serve
+    serve.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        # launch() gives the browser a fresh, temporary profile (user-data-dir) of its own.
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def context(browser: Any, server: ServeProcess) -> Iterator[Any]:
+    """A browser context (its own cookies); the consoles it opened are gone after it."""
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    yield ctx
+    ctx.close()
+    wait_for(lambda: server.consoles() == [], 15, "the test's console processes to end", server.log)
+
+
+@contextlib.contextmanager
+def other_origin() -> Iterator[str]:
+    """A page on another port of this host: another origin, but the same site, so the browser
+    sends it the server's SameSite=Strict cookie (a real server: Chromium refuses a page that
+    came from no address at all the right to reach a local one)."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(Path(__file__).parent))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as httpd:
+        thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+        finally:
+            httpd.shutdown()
+
+
+def sign_in(page: Any, url: str, name: str, password: str | None = None) -> None:
+    page.goto(f"{url}/login")
+    page.fill("#name", name)
+    page.fill("#password", PASSWORDS[name] if password is None else password)
+    page.click("button[type=submit]")
+    page.wait_for_load_state()
+
+
+def until(page: Any, screen: Screen, what: str, condition: Callable[[str], bool], timeout: float = 20.0) -> str:
+    """Let the page run until its console's screen satisfies `condition`."""
+    deadline = time.monotonic() + timeout
+    while not condition(text := screen.text()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; the screen:\n{text}")
+        page.wait_for_timeout(50)
+    return text
+
+
+def footer(screen: str) -> str:
+    return screen.rstrip().splitlines()[-1]
+
+
+def test_an_operator_signs_in_switches_panes_and_requeues_a_dead_group(
+    context: Any, server: ServeProcess, database: tuple[str, str]
+) -> None:
+    name, dsn = database
+    ids = seed_dead(dsn, 3, "email.send")
+    page = context.new_page()
+    screen, _ = watch_browser_socket(page)
+    sign_in(page, server.url, "alice")
+    assert page.url == f"{server.url}/"
+    assert page.inner_text("#user") == "alice"
+
+    # The header names the database the console reads.
+    until(page, screen, "the header", lambda s: f"postgres@127.0.0.1:5432/{name} schema jobtui" in s)
+    for key, column in (("2", "lease left"), ("5", "missed"), ("7", "paused"), ("3", "error fingerprint")):
+        page.keyboard.press(key)
+        until(page, screen, f"pane {key}", lambda s, c=column: c in s)
+    # The dead group, and the key to requeue it (the footer follows the pane a frame later).
+    until(page, screen, "the dead group", lambda s: "SMTPError: <n> mailbox <n> unavailable" in s)
+    until(page, screen, "the requeue key", lambda s: "r Requeue" in footer(s))
+
+    page.keyboard.press("r")
+    asked = until(page, screen, "the question", lambda s: "3 row(s) will change" in s)
+    assert "Requeue every dead job of type email.send" in asked
+    assert statuses(dsn, ids) == ["dead"] * 3  # nothing before the answer
+    page.keyboard.press("y")
+    until(page, screen, "the toast", lambda s: "requeued 3 job(s)" in s)
+    assert statuses(dsn, ids) == ["ready"] * 3
+    assert audit_rows(dsn)[-1] == ("web:alice", "requeue", 3)
+
+
+def test_signing_out_closes_the_socket_and_ends_the_console(context: Any, server: ServeProcess) -> None:
+    first = context.new_page()
+    screen, socket = watch_browser_socket(first)
+    sign_in(first, server.url, "alice")
+    until(first, screen, "the console", lambda s: "updated" in s)
+    assert len(server.consoles()) == 1
+
+    # Signing out in another tab of the same browser ends the session, and so this tab's socket.
+    second = context.new_page()
+    second.goto(f"{server.url}/")
+    second.click("#signout")
+    second.wait_for_url(f"{server.url}/login?out")
+    assert "Signed out." in second.inner_text("main")
+    first.wait_for_selector("#closed", state="visible", timeout=15000)
+    assert socket["closed"]
+    wait_for(lambda: server.consoles() == [], 15, "the console processes to end", server.log)
+    assert context.cookies() == []
+    first.reload()
+    assert first.url == f"{server.url}/login"
+
+
+def test_a_viewer_sees_no_change_keys_and_changes_nothing(
+    context: Any, server: ServeProcess, database: tuple[str, str]
+) -> None:
+    _, dsn = database
+    ids = seed_dead(dsn, 2, "sms.send")
+    audited = audit_rows(dsn)
+    page = context.new_page()
+    screen, _ = watch_browser_socket(page)
+    sign_in(page, server.url, "bob")
+    assert "viewer: read-only console" in page.inner_text("#bar")
+    until(page, screen, "the header", lambda s: "read-only console" in s)
+    page.keyboard.press("3")
+    shown = until(page, screen, "the dead pane's keys", lambda s: "sms.send" in s and "Sort" in footer(s))
+    assert "Requeue" not in footer(shown)
+    page.keyboard.press("Enter")  # the group's jobs: no requeue or cancel keys either
+    listed = until(page, screen, "the group's jobs", lambda s: "Back" in footer(s))
+    assert "Requeue" not in footer(listed) and "Cancel" not in footer(listed)
+    for key in ("r", "y", "R", "y", "Escape"):
+        page.keyboard.press(key)
+    page.keyboard.press("?")
+    helped = until(page, screen, "the help", lambda s: "this help" in s)
+    assert "row(s) will change" not in helped
+    assert statuses(dsn, ids) == ["dead"] * 2
+    assert audit_rows(dsn) == audited
+
+
+def test_wrong_password_no_cookie_other_origin_and_idle_session_are_refused(
+    browser: Any, database: tuple[str, str], users: Path
+) -> None:
+    server = ServeProcess(database[1], users, "--idle-timeout", "4s")
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    ws_url = server.url.replace("http://", "ws://") + "/ws"
+    try:
+        page = context.new_page()
+        # No cookie: the console's page sends to the sign-in, and its socket does not open.
+        page.goto(f"{server.url}/")
+        assert page.url == f"{server.url}/login"
+        assert page.evaluate(TRY_SOCKET, ws_url) == "refused"
+
+        # Signed in, the console opens; left idle past the timeout, its socket is closed.
+        screen, socket = watch_browser_socket(page)
+        sign_in(page, server.url, "alice")
+        until(page, screen, "the console", lambda s: "updated" in s)
+        page.wait_for_selector("#closed", state="visible", timeout=20000)
+        assert socket["closed"]
+        wait_for(lambda: "'alice' signed out: idle" in server.log(), 10, "the sign-out in the log", server.log)
+        page.reload()
+        assert page.url == f"{server.url}/login"
+
+        # A page of another origin on the same host (same site: the browser sends the cookie)
+        # cannot open a console of the signed-in user.
+        sign_in(page, server.url, "alice")
+        with other_origin() as elsewhere:
+            foreign = context.new_page()
+            foreign.goto(elsewhere)
+            assert foreign.evaluate(TRY_SOCKET, ws_url) == "refused"
+            said = f"console refused to 'alice' from 127.0.0.1: Origin '{elsewhere.rstrip('/')}' is not"
+            wait_for(lambda: said in server.log(), 10, "the refusal in the log", server.log)
+            foreign.close()
+
+        # A wrong password: the form again, saying so, and no cookie.
+        context.clear_cookies()
+        sign_in(page, server.url, "alice", "not-the-password")
+        assert page.url == f"{server.url}/login"
+        assert "Wrong name or password." in page.inner_text("main")
+        assert context.cookies() == []
+        assert "failed sign-in as 'alice' from 127.0.0.1 (1 in a row)" in server.log()
+    finally:
+        context.close()
+        server.stop()

@@ -1,0 +1,95 @@
+"""The queue overview (`queue list`, `stats`, Prometheus, the Queues pane) read the way the
+header reads the backlog: counted up to a cap, then estimated and marked so, the oldest ages
+exact where the ready index can tell them.
+
+The cap is lowered for the test (a figure of configuration, not of the database), so a few
+dozen real rows stand for millions; tests/integration/test_timer_guard.py measures the pages
+read on a real big backlog.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from jobtui import Queue, backlog
+from jobtui.domain import NewJob
+from jobtui.overview import QueueLine, overview
+from tests.integration.test_backlog import away_from_minute_boundary
+
+Conn = psycopg.Connection[Any]
+CAP = 20
+
+
+def lines(conn: Conn, cap: int = CAP) -> dict[tuple[str, str], QueueLine]:
+    return {(q.kind, q.name): q for q in overview(conn, cap=cap).lines}
+
+
+@pytest.fixture
+def flood(dsn: str, conn: Conn) -> None:
+    """30 ready jobs of `default` due for an hour, then 4 of `reports` due for a minute, behind
+    them in claim order; 2 delayed jobs of `default`."""
+    with Queue(dsn) as q:
+        q.enqueue_many([NewJob("a", {}) for _ in range(30)] + [NewJob("r", {}, queue="reports") for _ in range(4)])
+        q.enqueue_many([NewJob("a", {}, delay=3600) for _ in range(2)])
+    conn.execute("UPDATE jobtui.job SET run_at = now() - interval '1 hour' WHERE type = 'a' AND run_at <= now()")
+    conn.execute("UPDATE jobtui.job SET run_at = now() - interval '1 minute' WHERE queue = 'reports'")
+
+
+def test_up_to_the_cap_every_figure_is_counted(conn: Conn, flood: None) -> None:
+    seen = overview(conn, cap=100)
+    assert seen.counted and seen.source == ""
+    got = {(q.kind, q.name): (q.ready, q.due, q.estimated) for q in seen.lines}
+    assert got[("queue", "default")] == (32, 30, ())
+    assert got[("queue", "reports")] == (4, 4, ())
+    assert got[("type", "a")] == (32, 30, ())
+
+
+def test_above_the_cap_the_archivers_row_gives_each_queue_and_the_ages_stay_honest(conn: Conn, flood: None) -> None:
+    away_from_minute_boundary(conn)
+    assert backlog.record_minute(conn)  # the archiver's count, once a minute
+    seen = overview(conn, cap=CAP)
+    assert not seen.counted and seen.source.endswith("by the archiver")
+    default, reports = lines(conn)[("queue", "default")], lines(conn)[("queue", "reports")]
+    assert (default.ready, default.due) == (32, 30) and {"ready", "due"} <= set(default.estimated)
+    assert (reports.ready, reports.due) == (4, 4) and {"ready", "due"} <= set(reports.estimated)
+    # default's oldest job is the first entry of the ready index: exact, and about an hour.
+    assert "oldest_age" not in default.estimated and default.oldest_age is not None and default.oldest_age >= 3600
+    # reports waits behind the entries read: its age is the archiver's, aged since, never above
+    # the age of the last entry read (an hour).
+    assert "oldest_age" in reports.estimated
+    assert reports.oldest_age is not None and 60 <= reports.oldest_age <= default.oldest_age
+    assert lines(conn)[("type", "r")].ready == 4
+
+
+def test_above_the_cap_without_a_minute_row_the_planner_estimates(conn: Conn, flood: None) -> None:
+    conn.execute("ANALYZE jobtui.job")  # the planner's statistics, as autovacuum keeps them
+    conn.execute("VACUUM jobtui.job")
+    seen = overview(conn, cap=CAP)
+    assert not seen.counted and seen.source == "the planner's statistics of the job table"
+    default = lines(conn)[("queue", "default")]
+    assert "ready" in default.estimated and 20 <= default.ready <= 40
+    assert default.oldest_age is not None and "oldest_age" not in default.estimated
+
+
+def test_with_every_due_job_among_the_entries_read_the_due_figures_stay_counted(dsn: str, conn: Conn) -> None:
+    with Queue(dsn) as q:
+        q.enqueue_many([NewJob("a", {}) for _ in range(5)] + [NewJob("b", {}, queue="later") for _ in range(3)])
+        q.enqueue_many([NewJob("a", {}, delay=3600) for _ in range(30)])
+    got = lines(conn, cap=10)
+    default, later = got[("queue", "default")], got[("queue", "later")]
+    assert (default.due, later.due) == (5, 3)
+    assert "due" not in default.estimated and "oldest_age" not in later.estimated
+    assert "ready" in default.estimated and default.ready >= 5
+
+
+def test_estimates_are_marked_in_queue_list_and_its_json(app_dsn: str, conn: Conn, flood: None) -> None:
+    from jobtui import cli_ops
+
+    shown = cli_ops.queue_table(list(overview(conn, cap=CAP).lines))
+    cells = [str(c) for col in shown.columns for c in col._cells]
+    assert any(c.startswith("~") for c in cells)
+    data = cli_ops.queue_json(overview(conn, cap=CAP).lines)
+    assert all("estimated" in d for d in data)

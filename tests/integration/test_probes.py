@@ -1,0 +1,275 @@
+"""The probes on the metrics port of real worker and scheduler processes: /readyz follows the
+database (false within 3 s of it going away through a cut or frozen TCP proxy, true within
+3 s of its return), /healthz stays true throughout, `jobtui health` says the same in exit
+codes; --metrics-addr places the listener and --metrics-token-file closes /metrics alone."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from jobtui.endpoints import LIVE_PATH, METRICS_PATH, READY_PATH
+from jobtui.prometheus import serve
+from tests.probes import connects, free_port, get
+from tests.proxy import Proxy
+from tests.workers import ROOT, wait_for
+
+APP = "tests.apps.metrics_app:jobs"
+
+
+class Process:
+    """`python -m jobtui.cli ARGS` with its output in a file; killed at the end of the test."""
+
+    def __init__(self, args: list[str], dsn: str, log: Path, env: dict[str, str] | None = None) -> None:
+        self.log_path = log
+        self._file = log.open("wb")
+        environ = {**os.environ, "JOBTUI_DSN": dsn, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
+        environ.pop("DATABASE_URL", None)
+        command = [sys.executable, "-m", "jobtui.cli", *args]
+        self.proc = subprocess.Popen(command, cwd=ROOT, env=environ, stdout=self._file, stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, *, signalled: bool = False) -> int:
+        """SIGTERM (unless `signalled` already), then its exit code."""
+        if self.proc.poll() is None and not signalled:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)  # PYTHONFAULTHANDLER: every thread's stack to the log
+            self.proc.wait(10)
+            raise AssertionError(f"still running 30 s after SIGTERM:\n{self.log()[-8000:]}") from None
+        finally:
+            self._file.close()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._file.close()
+
+
+Start = Callable[..., Process]
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Start]:
+    started: list[Process] = []
+
+    def run(name: str, dsn: str, *args: str, env: dict[str, str] | None = None) -> Process:
+        process = Process(list(args), dsn, tmp_path / f"{name}.log", env)
+        started.append(process)
+        return process
+
+    try:
+        yield run
+    finally:
+        for process in started:
+            process.kill()
+
+
+@pytest.fixture
+def proxy(server_dsn: str) -> Iterator[Proxy]:
+    with Proxy(server_dsn) as through:
+        yield through
+
+
+def health(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("JOBTUI_DSN", "DATABASE_URL")}
+    return subprocess.run(
+        [sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "health", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def seconds_until(condition: Callable[[], bool], timeout: float, what: str, logs: Callable[[], str]) -> float:
+    started = time.monotonic()
+    wait_for(condition, timeout, what, logs)
+    return time.monotonic() - started
+
+
+def probes(port: int) -> tuple[int, int]:
+    return get(port, READY_PATH)[0], get(port, LIVE_PATH)[0]
+
+
+COMMANDS = {
+    "worker": ["worker", "--app", APP, "--no-scheduler", "--lease", "6s"],
+    "scheduler": ["scheduler"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_readiness_follows_the_database_and_liveness_stays(dsn: str, proxy: Proxy, start: Start, command: str) -> None:
+    port = free_port()
+    process = start(command, proxy.dsn(dsn), *COMMANDS[command], "--metrics-port", str(port))
+    wait_for(lambda: probes(port) == (200, 200), 20, "ready and alive", process.log)
+    for down, up in ((proxy.cut, proxy.restore), (proxy.freeze, proxy.thaw)):
+        down()
+        # /readyz answers 503 within 3 s; /healthz answers 200 all along.
+        lived: list[int] = []
+
+        def not_ready(lived: list[int] = lived) -> bool:
+            lived.append(get(port, LIVE_PATH)[0])
+            return get(port, READY_PATH)[0] == 503
+
+        assert seconds_until(not_ready, 3, f"not ready after {down.__name__}", process.log) <= 3.0
+        status, text = get(port, READY_PATH)
+        assert status == 503 and text.startswith("not ready: the database is not answering"), text
+        assert set(lived) == {200}, lived
+        outage = health(dsn, "--port", str(port))
+        assert (outage.returncode, outage.stdout.split(":")[0]) == (1, "not ready"), outage
+        assert health(dsn, "--port", str(port), "--live").returncode == 0
+        assert get(port, LIVE_PATH)[0] == 200
+        up()
+        assert seconds_until(lambda: probes(port) == (200, 200), 3, f"ready after {up.__name__}", process.log) <= 3.0
+    ready = health(dsn, "--port", str(port))
+    assert ready.returncode == 0 and ready.stdout.startswith("ready: "), ready
+    assert process.stop() == 0, process.log()
+    gone = health(dsn, "--port", str(port))
+    assert gone.returncode == 1 and "nothing answers" in gone.stdout, gone
+
+
+def test_metrics_addr_and_token(dsn: str, start: Start, tmp_path: Path) -> None:
+    token = "s3cr3t-token-0123456789abcdef"
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    port = free_port()
+    args = ["--metrics-port", str(port), "--metrics-addr", "127.0.0.1", "--metrics-token-file", str(token_file)]
+    worker = start("worker", dsn, *COMMANDS["worker"], *args)
+    wait_for(lambda: get(port, READY_PATH)[0] == 200, 20, "ready", worker.log)
+    assert f"serving Prometheus metrics on http://127.0.0.1:{port}/metrics (bearer token required)" in worker.log()
+    # Loopback only: another loopback address, and IPv6's, are refused.
+    assert connects("127.0.0.1", port)
+    assert not connects("127.0.0.2", port)
+    assert not connects("::1", port)
+    # /metrics wants the token; the probes do not.
+    status, text = get(port, METRICS_PATH)
+    assert status == 401 and "bearer token" in text
+    assert get(port, METRICS_PATH, token="wrong-token-0123456789")[0] == 401
+    status, text = get(port, METRICS_PATH, token=token)
+    assert status == 200 and "jobtui_up 1.0" in text.splitlines()
+    assert get(port, LIVE_PATH) == (200, "alive\n")
+    assert get(port, READY_PATH)[0] == 200
+    assert get(port, "/other")[0] == 404
+    assert worker.stop() == 0
+
+
+def test_every_address_is_the_default(dsn: str) -> None:
+    port = free_port()
+    server = serve(dsn, port)
+    try:
+        # IPv6 too where the host has it (it may not: then every IPv4 address).
+        dual = server.server_address[0] == "::"
+        assert server.where == f"http://*:{port} (every address{', IPv6 and IPv4' if dual else ''})"
+        for host in ("127.0.0.1", "127.0.0.2", *(["::1"] if dual else [])):
+            assert connects(host, port), host
+            assert get(port, METRICS_PATH, host=host)[0] == 200
+        assert get(port, READY_PATH)[0] == 404  # `jobtui metrics` serves no probes
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--metrics-addr", "127.0.0.1"], "--metrics-addr need --metrics-port"),
+        (["--metrics-port", "PORT", "--metrics-token-file", "/nonexistent/token"], "cannot read the metrics token"),
+        (["--metrics-port", "PORT", "--metrics-token-file", "EMPTY"], "must hold one token"),
+        (["--metrics-port", "PORT", "--metrics-addr", "no.such.host.invalid"], "cannot serve metrics on"),
+    ],
+)
+def test_bad_metrics_options_are_one_line(dsn: str, tmp_path: Path, args: list[str], says: str) -> None:
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    args = [str(free_port()) if a == "PORT" else str(empty) if a == "EMPTY" else a for a in args]
+    env = {k: v for k, v in os.environ.items() if k not in ("JOBTUI_DSN", "DATABASE_URL")}
+    result = subprocess.run(
+        [sys.executable, "-m", "jobtui.cli", "--dsn", dsn, *COMMANDS["worker"], *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result
+    assert says in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_health_of_the_database(dsn: str, empty_dsn: str) -> None:
+    ready = health(dsn)
+    assert ready.returncode == 0 and ready.stdout.startswith("ready: ") and "at version" in ready.stdout, ready
+    missing = health(empty_dsn)
+    assert missing.returncode == 1 and "schema 'jobtui' is missing" in missing.stdout, missing
+    away = health("postgresql://postgres@127.0.0.1:1/nowhere", "--timeout", "1")
+    assert away.returncode == 1 and away.stdout.startswith("not ready: cannot reach PostgreSQL"), away
+    # A server that takes no writes (a standby, or read-only by default) cannot run workers.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        database = sql.Identifier(str(conninfo_to_dict(dsn)["dbname"]))
+        conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on").format(database))
+    read_only = health(dsn)
+    assert read_only.returncode == 1 and "the server is read-only" in read_only.stdout, read_only
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_systemd_hears_ready_watchdog_and_stopping(dsn: str, start: Start, command: str) -> None:
+    """Type=notify: READY=1 once started, WATCHDOG=1 every half WatchdogSec, STOPPING=1 on SIGTERM."""
+    folder = Path(tempfile.mkdtemp(prefix="jt-notify-"))  # a socket path must stay short
+    path = folder / "notify"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(str(path))
+        sock.settimeout(20)
+        process = start(command, dsn, *COMMANDS[command], env={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "400000"})
+        heard: list[str] = []
+
+        def hear(field: str) -> None:
+            while not any(m.startswith(field) for m in heard):
+                heard.extend(sock.recv(4096).decode().splitlines())
+
+        hear("READY=1")
+        assert any(m.startswith("STATUS=") and "started" in m for m in heard), heard
+        assert f"MAINPID={process.proc.pid}" in heard
+        pings = len([m for m in heard if m == "WATCHDOG=1"])
+        started = time.monotonic()
+        while len([m for m in heard if m == "WATCHDOG=1"]) < pings + 3:
+            heard.extend(sock.recv(4096).decode().splitlines())
+        assert time.monotonic() - started < 3  # three pings 0.2 s apart, give or take the load
+        process.proc.send_signal(signal.SIGTERM)
+        hear("STOPPING=1")
+        assert process.stop(signalled=True) == 0, process.log()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_probes_behind_pgbouncer_in_transaction_mode(dsn: str, start: Start) -> None:
+    """The readiness probe is one statement in its own transaction, like everything else
+    behind a transaction pooler (tests/topology.py skips without PgBouncer, saying why)."""
+    from tests.topology import PgBouncer
+
+    params = conninfo_to_dict(dsn)
+    upstream = (str(params.get("host", "127.0.0.1")), int(str(params.get("port", 5432))))
+    with PgBouncer.start(upstream_host=upstream[0], upstream_port=upstream[1], pool_size=2) as bouncer:
+        pooled = bouncer.dsn(str(params["dbname"]))
+        ports = {command: free_port() for command in COMMANDS}
+        pooler = {"JOBTUI_POOLER": "transaction"}
+        processes = [
+            start(command, pooled, *COMMANDS[command], "--metrics-port", str(port), env=pooler)
+            for command, port in ports.items()
+        ]
+        for process, port in zip(processes, ports.values(), strict=True):
+            wait_for(lambda port=port: probes(port) == (200, 200), 20, "ready behind PgBouncer", process.log)
+            status, text = get(port, METRICS_PATH)
+            assert status == 200 and "jobtui_up 1.0" in text.splitlines()
+        for process in processes:
+            assert process.stop() == 0, process.log()
+            assert "prepared statement" not in process.log() and "ERROR" not in process.log(), process.log()

@@ -1,0 +1,350 @@
+"""`jobtui serve` spoken to as a browser speaks to it: the real server, real console processes
+on a real database, over HTTP and the WebSocket protocol of textual-serve's client.
+
+What a person does in Chromium is in tests/browser/; here are the refusals and the limits,
+including what no browser page would send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import psycopg
+import pytest
+
+from jobtui.cli import main
+from tests.web import (
+    PASSWORDS,
+    ServeProcess,
+    audit_rows,
+    console_connections,
+    open_console,
+    openssl_cert,
+    seed_dead,
+    signed_in,
+    statuses,
+    write_users,
+)
+from tests.workers import ROOT, wait_for
+
+DEAD_PANE = "3 Dead"
+
+
+@pytest.fixture
+def users(tmp_path: Path) -> Path:
+    write_users(tmp_path / "users")
+    return tmp_path / "users"
+
+
+@pytest.fixture
+def server(dsn: str, users: Path) -> Iterator[ServeProcess]:
+    serve = ServeProcess(dsn, users)
+    yield serve
+    serve.stop()
+
+
+def started(screen: str) -> bool:
+    return DEAD_PANE in screen and "updated" in screen
+
+
+async def test_a_viewer_cannot_force_a_change_down_the_socket(dsn: str, server: ServeProcess) -> None:
+    ids = seed_dead(dsn)
+    async with await signed_in(server.url, "bob") as client:
+        console = await open_console(client, server.url)
+        screen = await console.wait("the console", started)
+        assert "read-only console" in screen
+        await console.keys("3")
+        await console.wait("the dead group", lambda s: "SMTPError" in s)
+        # What a key press cannot do, the same bytes sent straight down the socket cannot either:
+        # requeue the group, answer yes, requeue one job from the group's list, yes again.
+        await console.keys("r", "y", "\r", "r", "y", "R", "y", "\x1b", "\x1b")
+        await console.keys("?")  # the keys are read in order: the help shows once the ones before were
+        screen = await console.wait("the help", lambda s: "this help" in s)
+        assert "row(s) will change" not in screen
+    assert statuses(dsn, ids) == ["dead"] * len(ids)
+    assert audit_rows(dsn) == []
+
+    # The same keys from an operator do change the queue: the refusal above is the viewer's.
+    async with await signed_in(server.url, "alice") as client:
+        console = await open_console(client, server.url)
+        await console.wait("the console", started)
+        await console.keys("3")
+        await console.wait("the dead group", lambda s: "SMTPError" in s)
+        await console.keys("r")
+        await console.wait("the question", lambda s: f"{len(ids)} row(s) will change" in s)
+        await console.keys("y")
+        await console.wait("the toast", lambda s: f"requeued {len(ids)} job(s)" in s)
+    assert statuses(dsn, ids) == ["ready"] * len(ids)
+    assert audit_rows(dsn) == [("web:alice", "requeue", len(ids))]
+
+
+async def test_each_console_process_ends_with_its_socket(dsn: str, server: ServeProcess) -> None:
+    async with await signed_in(server.url, "alice") as client:
+        first = await open_console(client, server.url)
+        second = await open_console(client, server.url)
+        for console in (first, second):
+            await console.wait("the console", started)
+        assert len(server.consoles()) == 2
+        # One connection for the panes' reads (the operator's changes open theirs when used).
+        assert wait_for(lambda: console_connections(dsn, "alice") == 2, 10, "a connection per console")
+
+        await first.socket.close()
+        wait_for(lambda: len(server.consoles()) == 1, 15, "the first console's process to end", server.log)
+        wait_for(lambda: console_connections(dsn, "alice") == 1, 10, "its database connection closed")
+
+        # Signing out closes the session's other consoles from the server's side.
+        async with client.post(f"{server.url}/logout", headers={"Origin": server.url}, allow_redirects=False) as out:
+            assert out.status == 303
+        assert await second.until_closed() == 4001
+        wait_for(lambda: server.consoles() == [], 15, "every console process to end", server.log)
+        wait_for(lambda: console_connections(dsn, "alice") == 0, 10, "every console connection closed")
+        # And the cookie of the session that ended opens nothing.
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await open_console(client, server.url)
+        assert refused.value.status == 403
+
+
+async def test_no_session_no_console(server: ServeProcess) -> None:
+    async with aiohttp.ClientSession() as client:
+        async with client.get(f"{server.url}/", allow_redirects=False) as page:
+            assert page.status == 303 and page.headers["Location"] == "/login"
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await open_console(client, server.url)
+        assert refused.value.status == 403
+        with pytest.raises(aiohttp.WSServerHandshakeError):  # a made-up cookie is no session
+            client.cookie_jar.update_cookies({"jobtui": "made-up"})
+            await open_console(client, server.url)
+    assert server.consoles() == []
+    assert "console refused to 127.0.0.1: no live session" in server.log()
+
+
+async def test_a_page_of_another_origin_opens_no_console(server: ServeProcess) -> None:
+    async with await signed_in(server.url, "alice") as client:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await open_console(client, server.url, origin="http://127.0.0.1:1")  # same site, other origin
+        assert refused.value.status == 403
+        with pytest.raises(aiohttp.WSServerHandshakeError):
+            await open_console(client, server.url, origin="null")
+        # Nor signs in, or out, with a form of its own.
+        form = {"name": "alice", "password": PASSWORDS["alice"]}
+        for path, data in (("/login", form), ("/logout", {})):
+            async with client.post(f"{server.url}{path}", data=data, headers={"Origin": "http://evil.example"}) as r:
+                assert r.status == 403
+        console = await open_console(client, server.url)  # the session was not signed out
+        await console.wait("the console", started)
+    assert "Origin 'http://127.0.0.1:1' is not" in server.log()
+
+
+async def test_wrong_passwords_are_refused_slowly_and_logged(server: ServeProcess) -> None:
+    async with aiohttp.ClientSession() as client:
+        for name, password in (("alice", "not-her-password"), ("nobody", "any-password-at-all")):
+            began = time.monotonic()
+            form = {"name": name, "password": password}
+            async with client.post(f"{server.url}/login", data=form, headers={"Origin": server.url}) as answer:
+                assert answer.status == 401
+                assert "Wrong name or password" in await answer.text()
+                assert "Set-Cookie" not in answer.headers
+            assert time.monotonic() - began >= 1.0
+        # Two failures in a row from this address: the next attempt waits, even with the right
+        # password, and is answered without being checked.
+        form = {"name": "alice", "password": PASSWORDS["alice"]}
+        async with client.post(f"{server.url}/login", data=form, headers={"Origin": server.url}) as answer:
+            assert answer.status == 429
+            assert int(answer.headers["Retry-After"]) >= 1
+    log = server.log()
+    assert "failed sign-in as 'alice' from 127.0.0.1 (1 in a row)" in log
+    assert "failed sign-in as 'nobody' from 127.0.0.1 (2 in a row)" in log
+    assert "refused unchecked" in log
+
+
+async def test_an_idle_session_is_signed_out_and_its_console_closed(dsn: str, users: Path) -> None:
+    server = ServeProcess(dsn, users, "--idle-timeout", "2s")
+    try:
+        async with await signed_in(server.url, "alice") as client:
+            console = await open_console(client, server.url)
+            await console.wait("the console", started)
+            # Left alone, with the console refreshing on its own, the session ends.
+            assert await console.until_closed(timeout=15) == 4001
+            async with client.get(f"{server.url}/", allow_redirects=False) as page:
+                assert page.status == 303 and page.headers["Location"] == "/login"
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await open_console(client, server.url)
+            assert refused.value.status == 403
+        wait_for(lambda: server.consoles() == [], 15, "the console process to end", server.log)
+        assert "'alice' signed out: idle" in server.log()
+    finally:
+        server.stop()
+
+
+async def test_consoles_past_the_limit_are_refused(dsn: str, users: Path) -> None:
+    server = ServeProcess(dsn, users, "--max-sessions", "1")
+    try:
+        async with await signed_in(server.url, "alice") as client, await signed_in(server.url, "bob") as other:
+            first = await open_console(client, server.url)
+            await first.wait("the console", started)
+            refused = await open_console(other, server.url)
+            assert await refused.until_closed() == 4002
+            assert "consoles are open, the most this server runs at once" in refused.screen.text()
+            assert len(server.consoles()) == 1
+            await first.keys("q")  # quit: the console ends, and its socket with it
+            assert await first.until_closed() == 1000
+            wait_for(lambda: server.consoles() == [], 15, "the console process to end", server.log)
+            again = await open_console(other, server.url)
+            await again.wait("a console again", started)
+    finally:
+        server.stop()
+
+
+def test_tls_cookie_is_secure_and_host_only(dsn: str, users: Path, tmp_path: Path) -> None:
+    pair = openssl_cert(tmp_path)
+    if pair is None:
+        pytest.skip("the openssl command is not installed")
+    cert, key = pair
+    server = ServeProcess(dsn, users, "--cert", str(cert), "--key", str(key))
+    try:
+        assert server.url.startswith("https://127.0.0.1:")
+
+        async def sign_in() -> aiohttp.ClientResponse:
+            context = ssl.create_default_context(cafile=str(cert))
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as client:
+                form = {"name": "alice", "password": PASSWORDS["alice"]}
+                async with client.post(
+                    f"{server.url}/login", data=form, headers={"Origin": server.url}, allow_redirects=False
+                ) as answer:
+                    return answer
+
+        answer = asyncio.run(sign_in())
+        assert answer.status == 303
+        cookie = answer.headers["Set-Cookie"]
+        assert cookie.startswith("__Host-jobtui=")
+        for flag in ("HttpOnly", "Secure", "SameSite=Strict", "Path=/"):
+            assert flag in cookie
+        assert "Domain" not in cookie
+        assert answer.headers["Strict-Transport-Security"].startswith("max-age=")
+    finally:
+        server.stop()
+
+
+async def test_plain_http_cookie_and_a_trusted_proxy(dsn: str, users: Path) -> None:
+    form = {"name": "alice", "password": PASSWORDS["alice"]}
+    forwarded = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "198.51.100.7"}
+    for proxy, secure, client_address in (
+        ([], False, "127.0.0.1"),
+        (["--trusted-proxy", "127.0.0.1"], True, "198.51.100.7"),
+    ):
+        server = ServeProcess(dsn, users, *proxy)
+        try:
+            origin = server.url.replace("http://", "https://") if secure else server.url
+            async with aiohttp.ClientSession() as client:
+                headers = {"Origin": origin, **forwarded}
+                async with client.post(f"{server.url}/login", data=form, headers=headers, allow_redirects=False) as ok:
+                    assert ok.status == 303
+                    cookie = ok.headers["Set-Cookie"]
+                    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+                    assert ("Secure" in cookie) is secure
+                    assert cookie.startswith("__Host-jobtui=" if secure else "jobtui=")
+                bad = {**form, "password": "wrong-password-here"}
+                async with client.post(f"{server.url}/login", data=bad, headers=headers) as refused:
+                    assert refused.status == 401
+            assert f"failed sign-in as 'alice' from {client_address}" in server.log()
+        finally:
+            server.stop()
+
+
+def jobtui(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str, stdin: str = ""
+) -> tuple[int, str, str]:
+    """`jobtui ARGS` in this process, with `stdin` as its standard input: exit code, out, err."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_network_and_users_file_defaults_refuse_what_is_unsafe(
+    dsn: str, users: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JOBTUI_DSN", dsn)
+    cases = [
+        (["serve", "--users", str(users), "--addr", "0.0.0.0"], "refusing to serve plain HTTP on 0.0.0.0"),
+        (["serve", "--users", str(users), "--addr", "db.example.com"], "refusing to serve plain HTTP on db.example"),
+        (["serve", "--users", str(users), "--cert", str(users)], "give --cert and --key together"),
+        (["serve", "--users", str(tmp_path / "none")], "no users in"),
+        (["serve", "--users", str(users), "--trusted-proxy", "proxy.example"], "is not an address or network"),
+        (["--work", "tests.apps.worker_app:jobs", "serve", "--users", str(users)], "does not: run `jobtui worker`"),
+    ]
+    for args, said in cases:
+        code, _, err = jobtui(capsys, monkeypatch, *args)
+        assert code == 2, (args, err)
+        assert said in err and err.count("\n") == 1, err
+    users.chmod(0o644)
+    code, _, err = jobtui(capsys, monkeypatch, "serve", "--users", str(users))
+    assert code == 2 and "chmod 600" in err
+
+
+def test_user_add_list_and_remove(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "conf" / "users")
+    # As a script adds one: the password on standard input, through a pipe.
+    added = subprocess.run(
+        [sys.executable, "-m", "jobtui.cli", "user", "add", "carol", "--operator", "--users", path],
+        input="carol-password-1\n", capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    assert "added as operator" in added.stdout
+    assert (Path(path).stat().st_mode & 0o777) == 0o600
+    text = Path(path).read_text()
+    assert "carol:operator:$argon2id$" in text and "carol-password-1" not in text
+    assert jobtui(capsys, monkeypatch, "user", "add", "dave", "--users", path, stdin="dave-password-12\n")[0] == 0
+    assert jobtui(capsys, monkeypatch, "user", "list", "--users", path)[1].split() == [
+        "carol",
+        "operator",
+        "dave",
+        "viewer",
+    ]
+    for args, stdin, said in (
+        (["add", "carol"], "another-password", "exists: give --replace"),
+        (["add", "erin"], "short", "at least 12 characters"),
+        (["add", "bad:name"], "long-enough-password", "is not allowed"),
+        (["remove", "nobody"], "", "no user 'nobody'"),
+    ):
+        code, _, err = jobtui(capsys, monkeypatch, "user", *args, "--users", path, stdin=stdin)
+        assert code == 2 and said in err, err
+    assert jobtui(capsys, monkeypatch, "user", "remove", "dave", "--users", path)[0] == 0
+    assert jobtui(capsys, monkeypatch, "user", "list", "--users", path)[1].split() == ["carol", "operator"]
+
+
+async def test_consoles_end_when_their_server_is_killed(dsn: str, users: Path) -> None:
+    server = ServeProcess(dsn, users)
+    try:
+        async with await signed_in(server.url, "bob") as client:
+            console = await open_console(client, server.url)
+            await console.wait("the console", started)
+            pids = server.consoles()
+            assert len(pids) == 1
+            server.proc.kill()  # no chance to ask its consoles to quit
+            server.proc.wait(10)
+            wait_for(lambda: not Path(f"/proc/{pids[0]}").exists(), 15, "the orphaned console to end")
+            wait_for(lambda: console_connections(dsn, "bob") == 0, 10, "its database connection closed")
+    finally:
+        server.stop()
+
+
+async def test_a_console_that_cannot_start_says_why_in_the_tab(dsn: str, server: ServeProcess) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER SCHEMA jobtui RENAME TO jobtui_elsewhere")  # as a failed deploy might leave it
+    async with await signed_in(server.url, "alice") as client:
+        console = await open_console(client, server.url)
+        assert await console.until_closed() == 1000
+    said = console.screen.text()
+    assert "jobtui serve: the console did not start: jobtui: error: schema 'jobtui' is missing" in said
+    assert server.consoles() == []
