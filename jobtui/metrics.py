@@ -39,8 +39,11 @@ LOCK_TIMEOUT = 2.0
 # A row held by another transaction is waited for as its transaction id (the first waiter)
 # or its tuple (those queued behind the first). queue_limit is a claim of a queue with a
 # global limit waiting for the claim before it (normal while the queue is busy); advisory is
-# then a `jobtui migrate` waiting for another.
-LOCK_KINDS = ("relation", "transactionid", "tuple", "advisory", "queue_limit", "other")
+# then a `jobtui migrate` waiting for another. rate_limit is a claim of a rated queue or type
+# waiting for the claim before it to commit its token bucket (normal too).
+LOCK_KINDS = ("relation", "transactionid", "tuple", "advisory", "queue_limit", "rate_limit", "other")
+# The kinds that are the levers at work, not something holding the queue up.
+TURN_KINDS = ("queue_limit", "rate_limit")
 
 
 class QueueLocked(JobtuiError):
@@ -197,8 +200,9 @@ class Snapshot:
     @property
     def alarming_lock_waits(self) -> int:
         """The lock waits that say something holds the queue up: all but claims taking their
-        turn under a queue's global limit (queue_limit), which is the limit working."""
-        return sum(n for kind, n in self.lock_waits_by_kind.items() if kind != "queue_limit")
+        turn under a queue's global limit (queue_limit) or a rate's bucket (rate_limit), which
+        is the lever working."""
+        return sum(n for kind, n in self.lock_waits_by_kind.items() if kind not in TURN_KINDS)
 
     @property
     def expired_leases(self) -> int:

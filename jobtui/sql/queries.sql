@@ -950,12 +950,18 @@ GROUP BY 1;
 -- table lock its statement took before reaching the row). A claim waiting its turn under a
 -- queue's global limit (claim_limited's lock, keyed by the schema and the queue, as in
 -- migration 0008) is its own kind, queue_limit: that wait is the limit working, not a lock
--- held too long. An advisory key of 64 bits is shown in pg_locks as classid (its high half)
--- and objid (its low half). Sessions are matched by pid, both views being per server;
--- pg_locks shows every role's locks and when each wait began.
+-- held too long. So is a claim of a rated queue or type waiting for the claim before it to
+-- commit its token bucket (claim_rated locks the bucket's row, migration 0013): rate_limit.
+-- That wait is for the bucket's row: for its tuple lock (queued behind the first waiter), or
+-- for the holder's transaction id while holding that tuple lock (the first waiter). An
+-- advisory key of 64 bits is shown in pg_locks as classid (its high half) and objid (its low
+-- half). Sessions are matched by pid, both views being per server; pg_locks shows every
+-- role's locks and when each wait began.
 WITH tables AS (
     SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
     WHERE n.nspname = %(schema_name)s
+), buckets AS (
+    SELECT to_regclass(format('%%I.rate_bucket', %(schema_name)s::text)) AS oid
 ), limit_keys AS (
     SELECT hashtextextended('{schema}.queue_limit.' || name, 0) AS key FROM {schema}.queue_control
     WHERE kind = 'queue'
@@ -963,6 +969,12 @@ WITH tables AS (
     SELECT CASE WHEN l.locktype = 'advisory' AND l.objsubid = 1
                      AND ((l.classid::bigint << 32) | l.objid::bigint) IN (SELECT key FROM limit_keys)
                 THEN 'queue_limit'
+                WHEN l.locktype = 'tuple' AND l.relation = (SELECT oid FROM buckets)
+                     OR l.locktype = 'transactionid'
+                        AND EXISTS (SELECT 1 FROM pg_locks t
+                                    WHERE t.pid = l.pid AND t.granted AND t.locktype = 'tuple'
+                                      AND t.relation = (SELECT oid FROM buckets))
+                THEN 'rate_limit'
                 WHEN l.locktype IN ('relation', 'transactionid', 'tuple', 'advisory') THEN l.locktype
                 ELSE 'other' END AS kind,
            coalesce(l.waitstart, a.query_start, clock_timestamp()) AS since
