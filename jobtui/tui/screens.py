@@ -63,7 +63,7 @@ class ConfirmScreen(ModalScreen[bool]):
 HELP = """\
 [b]Panes[/]   1 ready · 2 running · 3 dead · 4 lease expiries · 5 schedules · 7 queues
         6 worker (with --work) · 8 charts of the last hour; or click a tab
-[b]Move[/]    arrows, page up/down, home/end; [b]enter[/] drills down: a type, a group, a job
+[b]Move[/]    arrows, page up/down, home/end; [b]enter[/] drill down: a type, a group, a job
 [b]Ready[/]   by type; "attempts (done 1h)": jobs done in the last hour by attempts used
 [b]/[/]       filter by type or text (escape clears); words such as payload:account=acme
         status:dead (type:, queue:, error:, older:, since:) search the jobs instead
