@@ -5,7 +5,7 @@
 --   psql "$OWNER_DSN" -v schema=jobtui -v role=jobtui_readonly -v read_only=1 -f docs/grants.sql
 --
 -- The first gives a role what workers, schedulers, enqueueing applications and operators
--- (`jobtui requeue`, `kill-lease`, `cancel`, `schedule`, `queue`, `type`, the console) need, and nothing that
+-- (`jobtui requeue`, `kill-lease`, `cancel`, `bulk`, `schedule`, `queue`, `type`, the console) need, and nothing that
 -- changes the schema; the second gives SELECT only (`jobtui stats`, `job`, `dead`, `audit`,
 -- `jobtui --read-only`, Prometheus metrics). Every statement can be run again: re-run the file
 -- after a `jobtui migrate` that adds tables.
@@ -59,8 +59,14 @@ GRANT SELECT, INSERT, DELETE ON :"schema".effect TO :"role";
 -- The operators' audit log: written, never changed or deleted by this role (the archiver
 -- prunes rows older than 30 days at least through the owner's prune_audit function).
 GRANT SELECT, INSERT ON :"schema".audit TO :"role";
--- Pauses and limits of queues and types: read by every claim, set by operators.
+-- Pauses, limits and rates of queues and types: read by every claim, set by operators.
 GRANT SELECT, INSERT, UPDATE ON :"schema".queue_control TO :"role";
+-- The token buckets of rated queues and types: taken from by every claim of them.
+GRANT SELECT, INSERT, UPDATE ON :"schema".rate_bucket TO :"role";
+-- The flows behind the drain forecast, written and pruned by the archiver.
+GRANT SELECT, INSERT, DELETE ON :"schema".queue_flow TO :"role";
+-- Bulk actions' runs (`jobtui bulk`): their progress, written with each batch.
+GRANT SELECT, INSERT, UPDATE ON :"schema".bulk_run TO :"role";
 -- Checking that the schema is migrated; migrating is left to the owner.
 GRANT SELECT ON :"schema".migration TO :"role";
 -- Ids for bulk enqueue (COPY) are drawn from the job table's sequence.

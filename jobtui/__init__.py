@@ -18,7 +18,8 @@ from .errors import (
     SchemaTooNew,
     UnknownJob,
 )
-from .jobquery import JobCount, JobSummary
+from .jobfilter import JobFilter
+from .jobquery import JobCount, JobSummary, SearchCancelled, SearchResult
 from .registry import Job, Jobs, LeaseLost, Permanent, Retry, ScheduleSpec
 from .typed import checked_payloads
 from .worker import Worker
@@ -34,6 +35,7 @@ __all__ = [
     "Job",
     "JobRow",
     "JobCount",
+    "JobFilter",
     "JobStatus",
     "JobSummary",
     "Jobs",
@@ -47,6 +49,8 @@ __all__ = [
     "Reaped",
     "Retry",
     "ScheduleSpec",
+    "SearchCancelled",
+    "SearchResult",
     "SchemaNotMigrated",
     "SchemaTooNew",
     "UnknownJob",

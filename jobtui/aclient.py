@@ -25,10 +25,12 @@ from .client import (
     _with_queues,
     check_schema,
     migrate_schema,
+    search_filter,
 )
 from .db import Call, arun, connect_timeout, pooler_mode, pooler_options, unavailable
 from .domain import DEFAULT_SCHEMA, NewJob
-from .jobquery import JobCount, JobSummary, aquery, counts_call, jobs_call
+from .jobfilter import JobFilter
+from .jobquery import JobCount, JobSummary, SearchResult, aquery, asearch, counts_call, jobs_call
 from .middleware import EnqueueHook, as_hook, entered
 from .queue import aenqueue, aenqueue_many, enqueue_call
 from .registry import Jobs
@@ -133,10 +135,25 @@ class AsyncQueue:
         error: str | None = None,
         limit: int = 100,
         before: int | None = None,
+        payload: dict[str, Any] | None = None,
     ) -> list[JobSummary]:
         """See `Queue.jobs`."""
+        if payload is not None:
+            found = await self.search(
+                search_filter(status, type, queue, since, payload), error=error, limit=limit, before=before
+            )
+            return found.jobs
         call = jobs_call(status=status, type=type, queue=queue, since=since, error=error, limit=limit, before=before)
         result: list[JobSummary] = await self._with_conn(None, lambda c: aquery(c, call, self.schema))
+        return result
+
+    async def search(
+        self, filt: JobFilter, *, error: str | None = None, limit: int = 100, before: int | None = None
+    ) -> SearchResult:
+        """See `Queue.search`; cancel the task to stop it."""
+        result: SearchResult = await self._with_conn(
+            None, lambda c: asearch(c, filt, error=error, limit=limit, before=before, schema=self.schema)
+        )
         return result
 
     async def counts(

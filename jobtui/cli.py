@@ -41,8 +41,11 @@ from .cli_args import (
     with_dsn,
     with_queue,
 )
+from .cli_bulk import add_bulk_commands
 from .cli_queues import add_queue_commands
 from .cli_run import cmd_bench, cmd_console, cmd_demo, cmd_scheduler, cmd_worker
+from .cli_search import add_index_command, add_search_options
+from .cli_search import cmd_jobs as search_cmd_jobs
 from .cli_serve import add_serve_commands
 from .db import POOLERS, connect, pooler_mode
 from .domain import DEFAULT_QUEUE
@@ -289,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--before", type=job_id, help="the page older than this job id")
     p.add_argument("--count", action="store_true", help="how many jobs match, by status and type")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=with_queue(ops.cmd_jobs))
+    add_search_options(p)
+    p.set_defaults(func=with_queue(search_cmd_jobs))
 
     p = sub.add_parser("worker", help="run jobs with the handlers of an app")
     p.add_argument("--app", required=True, help="the Jobs registry, as pkg.module:jobs")
@@ -389,6 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_operator_commands(sub)
     add_queue_commands(sub)
+    add_index_command(sub)
+    add_bulk_commands(sub)
     add_serve_commands(sub)
     add_admin_commands(sub)
 

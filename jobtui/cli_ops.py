@@ -24,10 +24,13 @@ from .domain import JobStatus
 from .donehistory import DoneHistory
 from .errors import InvalidInput, UnknownJob
 from .explain import human_delta
+from .flows import line_forecasts
+from .forecast import Forecast
 from .joblists import dead_groups
 from .metrics import Snapshot, snapshot
 from .overview import QueueLine, overview
 from .queue import job_statuses_call
+from .rates import RAMP_TOP, rate_text
 from .safetext import line
 from .timers import watched
 
@@ -77,6 +80,7 @@ def render_stats(snap: Snapshot, console: Console) -> None:
         ("done/min", snap.done_last_minute),
         ("lease expiries 1h", snap.lease_expiries_last_hour),
         ("missed slots", snap.missed_slots),
+        ("backlog", snap.forecast.text),
     )
     console.print(header.append(f"done ≈ {snap.done_estimate} (estimate)", style="dim"))
     types = Table("type", "ready", "due", "oldest ready", "running", "dead", "failed", title="Jobs by type")
@@ -197,11 +201,15 @@ def estimate_mark(q: QueueLine, field: str, text: str) -> str:
     return "?" if text == "-" else f"~{text}"
 
 
-def queue_table(lines: list[QueueLine]) -> Table:
-    """Each queue and job type: ready, due, running, limit, pause, oldest wait, done/min."""
-    table = Table("kind", "name", "ready", "due", "running", "limit", "paused", "oldest ready", "done/min",
+def queue_table(lines: list[QueueLine], forecasts: dict[tuple[str, str], Forecast] | None = None) -> Table:
+    """Each queue and job type: ready, due, running, limit, rate, pause, oldest wait, done/min,
+    and with `forecasts` when its due backlog drains."""
+    table = Table("kind", "name", "ready", "due", "running", "limit", "rate", "paused", "oldest ready", "done/min",
                   title="Queues and job types")  # fmt: skip
+    if forecasts is not None:
+        table.add_column("forecast")
     for q in lines:
+        more = [] if forecasts is None else [forecasts[(q.kind, q.name)].text]
         table.add_row(
             q.kind,
             q.name,
@@ -209,17 +217,32 @@ def queue_table(lines: list[QueueLine]) -> Table:
             estimate_mark(q, "due", str(q.due)),
             str(q.running),
             "-" if q.max_running is None else str(q.max_running),
+            rate_cell(q),
             f"by {q.paused_by}" if q.paused else "-",
             estimate_mark(q, "oldest_age", _age(q.oldest_age)),
             estimate_mark(q, "done_last_minute", str(q.done_last_minute)),
+            *more,
         )
     return table
 
 
-def queue_json(lines: list[QueueLine]) -> list[dict[str, Any]]:
+def rate_cell(q: QueueLine) -> str:
+    """`20/s`, `3.2/s ramping to 20/s until 12:00:30` (UTC), or `-` without a rate."""
+    if q.ramp_until is not None:
+        return f"{rate_text(q.rate_now)} ramping to {rate_text(q.rate or RAMP_TOP)} until {q.ramp_until:%H:%M:%S}"
+    return "-" if q.rate is None else rate_text(q.rate)
+
+
+def queue_json(
+    lines: list[QueueLine], forecasts: dict[tuple[str, str], Forecast] | None = None
+) -> list[dict[str, Any]]:
     from dataclasses import asdict
 
-    return [{**asdict(q), "paused": q.paused} for q in lines]
+    out = [{**asdict(q), "paused": q.paused, "ramping": q.ramping} for q in lines]
+    if forecasts is not None:
+        for q, data in zip(lines, out, strict=True):
+            data["forecast"] = forecasts[(q.kind, q.name)].to_json()
+    return out
 
 
 def cmd_stats(args: argparse.Namespace, dsn: str) -> int:
@@ -229,18 +252,26 @@ def cmd_stats(args: argparse.Namespace, dsn: str) -> int:
         with watched(connect(dsn, autocommit=True), args.schema) as conn:
             snap = snapshot(conn, args.schema, history=history)
             lines = overview(conn, args.schema).lines
+        forecasts = line_forecasts(lines, snap.flows)
         if args.json:
-            print(json.dumps({**snap.to_json(), "queues": queue_json(lines)}, default=str, indent=2))
+            print(json.dumps({**snap.to_json(), "queues": queue_json(lines, forecasts)}, default=str, indent=2))
         else:
             if args.watch:
                 console.clear()
             render_stats(snap, console)
             # Only when there is more than the one default queue, or a lever is pulled.
-            if any(q.name != "default" or q.paused or q.max_running is not None for q in lines if q.kind == "queue"):
-                console.print(queue_table([q for q in lines if q.kind == "queue" or q.paused]))
+            if any(_lever_pulled(q) for q in lines):
+                shown = [q for q in lines if q.kind == "queue" or q.paused or q.rate_now is not None]
+                console.print(queue_table(shown, forecasts))
         if not args.watch:
             return 0
         time.sleep(args.watch)
+
+
+def _lever_pulled(q: QueueLine) -> bool:
+    """Whether `stats` shows the queues: more than the one default queue, or a lever pulled."""
+    levers = q.paused or q.max_running is not None or q.rate_now is not None
+    return levers or (q.kind == "queue" and q.name != "default")
 
 
 def cmd_dead(args: argparse.Namespace, dsn: str) -> int:

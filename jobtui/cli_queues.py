@@ -1,5 +1,6 @@
-"""`jobtui queue list|pause|resume|limit` and `jobtui type pause|resume`: the fleet-wide levers
-of jobtui/queues.py from the shell. Each change is audited; names are printed escaped."""
+"""`jobtui queue list|pause|resume|limit|rate` and `jobtui type pause|resume|rate`: the
+fleet-wide levers of jobtui/queues.py from the shell. Each change is audited; names are
+printed escaped."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ from typing import Any
 from . import queues
 from .cli_args import with_dsn
 from .cli_ops import queue_json, queue_table, wide_console
-from .db import connect
+from .db import connect, run
+from .durations import parse_duration
+from .errors import InvalidInput
+from .flows import line_forecasts, recent_call
 from .overview import overview
+from .rates import parse_rate, rate_text
 from .safetext import line, quote
 from .timers import watched
 
@@ -32,11 +37,12 @@ def limit_value(text: str) -> int | None:
 def cmd_list(args: argparse.Namespace, dsn: str) -> int:
     with watched(connect(dsn, autocommit=True), args.schema) as conn:
         view = overview(conn, args.schema)
+        forecasts = line_forecasts(view.lines, run(conn, recent_call(), args.schema))
     if args.json:
-        print(json.dumps(queue_json(view.lines), default=str, indent=2))
+        print(json.dumps(queue_json(view.lines, forecasts), default=str, indent=2))
         return 0
     console = wide_console()
-    console.print(queue_table(view.lines))
+    console.print(queue_table(view.lines, forecasts))
     if not view.counted:
         console.print(f"~ estimated: too many ready jobs to count on every read; from {view.source}")
     return 0
@@ -50,10 +56,32 @@ def cmd_pause(args: argparse.Namespace, dsn: str) -> int:
     return 0
 
 
+def rate_value(text: str) -> float | None:
+    """`20/s`, `1200/min`, `30/h`, or none."""
+    try:
+        return parse_rate(text)
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("bad rate ")) from None
+
+
 def cmd_resume(args: argparse.Namespace, dsn: str) -> int:
+    ramp = None if args.ramp is None else parse_duration(args.ramp)
+    if ramp is not None and ramp <= 0:
+        raise InvalidInput(f"--ramp {quote(args.ramp)}: give how long the rate rises, e.g. 60s")
     with connect(dsn) as conn:
-        changed = queues.resume(conn, args.kind, args.name, actor=args.actor, schema=args.schema)
-    print(f"{args.kind} {quote(args.name)} {'resumed' if changed else 'was not paused'}")
+        changed = queues.resume(conn, args.kind, args.name, actor=args.actor, ramp=ramp, schema=args.schema)
+    said = "resumed" if changed else "was not paused"
+    if changed and ramp is not None:
+        said += f", its rate rising over {args.ramp} from 1/s"
+    print(f"{args.kind} {quote(args.name)} {said}")
+    return 0
+
+
+def cmd_rate(args: argparse.Namespace, dsn: str) -> int:
+    with connect(dsn) as conn:
+        change = queues.set_rate(conn, args.kind, args.name, args.rate, actor=args.actor, schema=args.schema)
+    now = "none" if args.rate is None else f"{rate_text(args.rate)} across every worker"
+    print(line(f"{args.kind} {quote(args.name)} rate: {now} (was {rate_text(change.was)})"))
     return 0
 
 
@@ -80,7 +108,17 @@ def add_queue_commands(sub: Any) -> None:
         a.set_defaults(func=with_dsn(cmd_pause), kind=kind)
         a = tsub.add_parser("resume", help=f"workers claim this {kind}'s jobs again")
         a.add_argument("name")
+        a.add_argument(
+            "--ramp",
+            metavar="DURATION",
+            help="let the backlog back in at a rate that rises over this long (e.g. 60s), tenfold in equal steps"
+            " from 1/s to the rate (none set: 10,000/s)",
+        )
         a.set_defaults(func=with_dsn(cmd_resume), kind=kind)
+        a = tsub.add_parser("rate", help=f"at most N of this {kind}'s jobs claimed per second or minute, fleet-wide")
+        a.add_argument("name")
+        a.add_argument("rate", type=rate_value, help="20/s, 1200/min, 30/h, or none")
+        a.set_defaults(func=with_dsn(cmd_rate), kind=kind)
     a = qsub.add_parser("limit", help="cap how many jobs of a queue run at once across every worker")
     a.add_argument("name")
     a.add_argument("limit", type=limit_value, help="jobs running at once (0 holds the queue), or none")

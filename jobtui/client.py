@@ -47,7 +47,8 @@ from .domain import (
     Reaped,
 )
 from .errors import InvalidInput
-from .jobquery import JobCount, JobSummary, counts_call, jobs_call, query
+from .jobfilter import JobFilter
+from .jobquery import JobCount, JobSummary, SearchResult, counts_call, jobs_call, query, search
 from .middleware import EnqueueHook, as_hook, entered
 from .otel import action_span
 from .queue import (
@@ -219,12 +220,31 @@ class Queue:
         error: str | None = None,
         limit: int = 100,
         before: int | None = None,
+        payload: dict[str, Any] | None = None,
     ) -> list[JobSummary]:
         """Jobs matching every filter given, newest first; the next page is
         `jobs(..., before=page[-1].id)`. `queue` is a queue's name, `since` the oldest
-        creation time, `error` a regular expression."""
+        creation time, `error` a regular expression, `payload` a JSON object the payload
+        contains (`{"account": "acme"}`; see `search` for the scan behind it)."""
+        if payload is not None:
+            return self.search(
+                search_filter(status, type, queue, since, payload), error=error, limit=limit, before=before
+            ).jobs
         call = jobs_call(status=status, type=type, queue=queue, since=since, error=error, limit=limit, before=before)
         return self._with_conn(None, lambda c: query(c, call, self.schema))
+
+    def search(
+        self, filt: JobFilter, *, error: str | None = None, limit: int = 100, before: int | None = None
+    ) -> SearchResult:
+        """A page of the jobs of `filt`, newest first, and how many match as far as it read.
+
+        Without an index that serves the filter (`jobtui index payload` for the payload), it
+        reads the table window by window of ids (jobquery.search), each statement bounded by
+        a timeout: at 5,000,000 jobs a rare match costs seconds, a common one milliseconds.
+        """
+        return self._with_conn(
+            None, lambda c: search(c, filt, error=error, limit=limit, before=before, schema=self.schema)
+        )
 
     def counts(
         self,
@@ -430,6 +450,21 @@ class Queue:
             return ids
 
         return self._with_conn(None, both)
+
+
+def search_filter(
+    status: str | Sequence[str] | None,
+    type: str | Sequence[str] | None,
+    queue: str | None,
+    since: datetime | None,
+    payload: dict[str, Any] | None,
+) -> JobFilter:
+    """The `jobs()` arguments as the search's filter."""
+
+    def many(value: str | Sequence[str] | None) -> tuple[str, ...]:
+        return () if value is None else (value,) if isinstance(value, str) else tuple(value)
+
+    return JobFilter(statuses=many(status), types=many(type), queue=queue, since=since, payload=payload)
 
 
 def _queue_for(registry: Jobs | None, job_type: str, queue: str | None) -> str | None:

@@ -20,6 +20,7 @@ import psycopg
 from .backlog import record_minute
 from .db import Call, Rows, run
 from .domain import DEFAULT_SCHEMA
+from .flows import record_flow
 from .registry import Job, Jobs, ScheduleSpec
 
 ARCHIVE_TYPE = "jobtui.archive"
@@ -165,6 +166,7 @@ def with_builtins(jobs: Jobs, dsn: str, schema: str, retention: Retention, *, po
         with connect(dsn, pooler=pooler) as conn:
             conn.autocommit = True
             record_minute(conn, schema)  # first: the minute just ended, before anything moves
+            record_flow(conn, schema)  # and the jobs enqueued and finished since the last span
             summarise_hours(conn, schema)
             sweep(conn, Retention.from_payload(job.payload or {}), schema)
 

@@ -30,6 +30,7 @@ from .db import Call, Rows, run, statements
 from .domain import DEFAULT_QUEUE, DEFAULT_SCHEMA
 from .donehistory import MINUTE, DoneHistory, calendar_minute
 from .errors import JobtuiError
+from .forecast import Flows, Forecast, Span, forecast, spans
 from .migrate import _lock_key as migration_lock_key
 
 # How long a snapshot waits for a lock on a queue table before giving up (seconds).
@@ -38,8 +39,11 @@ LOCK_TIMEOUT = 2.0
 # A row held by another transaction is waited for as its transaction id (the first waiter)
 # or its tuple (those queued behind the first). queue_limit is a claim of a queue with a
 # global limit waiting for the claim before it (normal while the queue is busy); advisory is
-# then a `jobtui migrate` waiting for another.
-LOCK_KINDS = ("relation", "transactionid", "tuple", "advisory", "queue_limit", "other")
+# then a `jobtui migrate` waiting for another. rate_limit is a claim of a rated queue or type
+# waiting for the claim before it to commit its token bucket (normal too).
+LOCK_KINDS = ("relation", "transactionid", "tuple", "advisory", "queue_limit", "rate_limit", "other")
+# The kinds that are the levers at work, not something holding the queue up.
+TURN_KINDS = ("queue_limit", "rate_limit")
 
 
 class QueueLocked(JobtuiError):
@@ -155,6 +159,12 @@ class Snapshot:
     # per-type figures are then estimates; None when they were counted.
     ready_estimate: ReadyEstimate | None = None
     minutes: list[MinuteFigures] = field(default_factory=list)  # the last hour, oldest first
+    flows: list[Span] = field(default_factory=list)  # the last minutes' flows (forecast.py), oldest first
+
+    @property
+    def forecast(self) -> Forecast:
+        """When the due backlog of every queue drains, from the last minutes' flows."""
+        return forecast(Flows.of(self.flows), None, None, backlog=self.ready_due)
 
     @property
     def ready(self) -> int:
@@ -190,8 +200,9 @@ class Snapshot:
     @property
     def alarming_lock_waits(self) -> int:
         """The lock waits that say something holds the queue up: all but claims taking their
-        turn under a queue's global limit (queue_limit), which is the limit working."""
-        return sum(n for kind, n in self.lock_waits_by_kind.items() if kind != "queue_limit")
+        turn under a queue's global limit (queue_limit) or a rate's bucket (rate_limit), which
+        is the lever working."""
+        return sum(n for kind, n in self.lock_waits_by_kind.items() if kind not in TURN_KINDS)
 
     @property
     def expired_leases(self) -> int:
@@ -229,6 +240,7 @@ class Snapshot:
             "missed_slots": self.missed_slots,
             "done_last_minute": self.done_last_minute,
         }
+        data["forecast"] = self.forecast.to_json()
         return data
 
 
@@ -362,6 +374,7 @@ def _snapshot(
             recovery,
             size_rows,
             minute_rows,
+            flow_rows,
         ) = _pipelined(
             conn,
             schema,
@@ -384,6 +397,7 @@ def _snapshot(
                 ("metrics_recovery", {}),
                 ("metrics_ready_size", {"cap": READY_EXACT_CAP, "schema_name": schema}),
                 ("metrics_minutes", {}),
+                ("queue_flow_recent", {}),
             ],
         )
     taken_at = now_rows[0]["now"]
@@ -477,6 +491,7 @@ def _snapshot(
         + ([f"ready is an estimate: {ready_estimate.source}"] if ready_estimate else []),
         ready_estimate=ready_estimate,
         minutes=minutes(minute_rows),
+        flows=spans(flow_rows),
         standby=bool(recovery[0]["standby"]),
         replay_lag=None if recovery[0]["replay_lag"] is None else float(recovery[0]["replay_lag"]),
     )

@@ -47,7 +47,7 @@ def available(directory: Path | None = None) -> list[Migration]:
 
 
 def code_version() -> int:
-    """The schema version this code expects."""
+    """The schema version this code expects: its newest migration's."""
     return available()[-1].version
 
 
@@ -69,13 +69,22 @@ def applied_version(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA)
     return int(row[0]) if row else 0
 
 
+def applied_versions(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> set[int]:
+    """Every version applied to `schema` (empty without a migration table)."""
+    if applied_version(conn, schema) is None:
+        return set()
+    rows = conn.execute(sql.SQL("SELECT version FROM {}.migration").format(sql.Identifier(schema))).fetchall()
+    return {int(r[0]) for r in rows}
+
+
 def check(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> int:
-    """Raise SchemaNotMigrated unless the schema is at least at this code's version."""
+    """Raise SchemaNotMigrated unless the schema has every migration of this code."""
     version = applied_version(conn, schema)
+    missing = {m.version for m in available()} - applied_versions(conn, schema) if version is not None else set()
     if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
         conn.rollback()
     expected = code_version()
-    if version is None or version < expected:
+    if version is None or version < expected or missing:
         found = "missing" if version is None else f"at version {version}"
         command = "jobtui migrate" if schema == DEFAULT_SCHEMA else f"jobtui --schema {schema} migrate"
         raise SchemaNotMigrated(
@@ -112,11 +121,13 @@ def _recorded(schema: str, migration: Migration) -> sql.Composed:
 
 def pending(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> tuple[int | None, list[Migration]]:
     """The schema's version (None: not migrated at all) and the migrations this code would
-    apply to it, changing nothing (`jobtui migrate --check` and `--dry-run`)."""
+    apply to it, changing nothing (`jobtui migrate --check` and `--dry-run`): every one it
+    lacks, a number handed out earlier and landed later included."""
     version = applied_version(conn, schema)
+    applied = applied_versions(conn, schema)
     if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
         conn.rollback()
-    return version, [m for m in available() if m.version > (version or 0)]
+    return version, [m for m in available() if m.version not in applied]
 
 
 def dry_run_sql(schema: str, version: int | None, todo: list[Migration]) -> str:
@@ -143,6 +154,7 @@ def migrate(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> list
     Refuses a schema newer than this code.
     """
     check_schema_name(schema)
+    ident = sql.Identifier(schema)
     conn.autocommit = True
     known = available()
     with conn.transaction():
@@ -154,7 +166,10 @@ def migrate(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> list
                 f"schema {schema!r} is at version {current} but this jobtui knows only "
                 f"{known[-1].version}: upgrade jobtui instead of migrating"
             )
-        todo = [m for m in known if m.version > current]
+        # Every missing one: numbers are handed out ahead, one per change under way, so one may
+        # land after a higher one was applied.
+        applied = {int(r[0]) for r in conn.execute(sql.SQL("SELECT version FROM {}.migration").format(ident))}
+        todo = [m for m in known if m.version not in applied]
         for migration in todo:
             conn.execute(migration.text(schema).encode())
             _execute(conn, _recorded(schema, migration))

@@ -31,7 +31,7 @@ from .metrics import read_transaction
 
 Row = dict[str, Any]
 LINE_FIELDS = ("kind", "name", "ready", "due", "running", "done_last_minute", "oldest_age", "max_running",
-               "paused_at", "paused_by")  # fmt: skip
+               "paused_at", "paused_by", "rate", "ramp_until", "rate_now")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +48,9 @@ class QueueLine:
     max_running: int | None  # the queue's global limit; None: none (types have none)
     paused_at: datetime | None
     paused_by: str | None
+    rate: float | None = None  # jobs per second across every worker; None: no rate
+    ramp_until: datetime | None = None  # while a resume's ramp runs, when it ends
+    rate_now: float | None = None  # the rate the claims hold to now (lower during a ramp)
     # The fields above that are estimates, not counts (shown with `~`): some of ready, due,
     # oldest_age and done_last_minute.
     estimated: tuple[str, ...] = ()
@@ -55,6 +58,10 @@ class QueueLine:
     @property
     def paused(self) -> bool:
         return self.paused_at is not None
+
+    @property
+    def ramping(self) -> bool:
+        return self.ramp_until is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,10 @@ WORKER_NEEDS = Needs(
         "migration": ("SELECT",),
         # Read by every claim; written by operators' pauses and limits.
         "queue_control": ("SELECT", "INSERT", "UPDATE"),
+        # Taken from by the claims of rated queues and types.
+        "rate_bucket": ("SELECT", "INSERT", "UPDATE"),
+        # The drain forecast's spans, written and pruned by the archiver.
+        "queue_flow": ("SELECT", "INSERT", "DELETE"),
     }
 )
 

@@ -18,6 +18,8 @@ from .db import connect
 from .domain import DEFAULT_SCHEMA
 from .donehistory import DoneHistory
 from .endpoints import EVERY_ADDRESS, Listener, start
+from .flows import line_forecasts
+from .forecast import Forecast
 from .health import Health
 from .metrics import Snapshot, snapshot
 from .overview import QueueLine, overview
@@ -58,6 +60,7 @@ class QueueCollector(Collector):
         yield up
         yield from families(snap)
         yield from queue_families(lines)
+        yield from forecast_families(snap, line_forecasts(lines, snap.flows))
 
 
 def queue_families(lines: list[QueueLine]) -> Iterator[Metric]:
@@ -76,8 +79,16 @@ def queue_families(lines: list[QueueLine]) -> Iterator[Metric]:
     paused = GaugeMetricFamily(
         "jobtui_paused", "1 when the queue or job type is paused fleet-wide", labels=["kind", "name"]
     )
+    rate = GaugeMetricFamily(
+        "jobtui_rate_limit_per_second",
+        "Jobs of the queue or job type claimed per second at most, across every worker, now (lower during a"
+        " resume's ramp; set ones only)",
+        labels=["kind", "name"],
+    )
     for q in lines:
         paused.add_metric([q.kind, q.name], 1 if q.paused else 0)
+        if q.rate_now is not None:
+            rate.add_metric([q.kind, q.name], q.rate_now)
         if q.kind != "queue":
             continue
         jobs.add_metric([q.name, "ready"], q.ready)
@@ -86,7 +97,34 @@ def queue_families(lines: list[QueueLine]) -> Iterator[Metric]:
             age.add_metric([q.name], q.oldest_age or 0.0)
         if q.max_running is not None:
             limit.add_metric([q.name], q.max_running)
-    yield from (jobs, age, limit, paused)
+    yield from (jobs, age, limit, paused, rate)
+
+
+def forecast_families(snap: Snapshot, forecasts: dict[tuple[str, str], Forecast]) -> Iterator[Metric]:
+    """Seconds until each due backlog drains, at the last minutes' pace: 0 when empty, NaN
+    when it grows, holds steady, is stalled or has no flows recorded yet."""
+    every = GaugeMetricFamily(
+        "jobtui_drain_seconds",
+        "Seconds until the due ready jobs of every queue are gone at the last 5 minutes' pace (NaN: not draining)",
+    )
+    every.add_metric([], snap.forecast.seconds)
+    yield every
+    each = GaugeMetricFamily(
+        "jobtui_queue_drain_seconds",
+        "Seconds until the queue's or job type's due ready jobs are gone at the last 5 minutes' pace (NaN: not"
+        " draining)",
+        labels=["kind", "name"],
+    )
+    net = GaugeMetricFamily(
+        "jobtui_queue_drain_per_minute",
+        "Jobs per minute the queue's or job type's backlog shrinks by (negative: grows), over the last 5 minutes",
+        labels=["kind", "name"],
+    )
+    for (kind, name), f in forecasts.items():
+        each.add_metric([kind, name], f.seconds)
+        net.add_metric([kind, name], f.net_per_minute)
+    yield each
+    yield net
 
 
 def families(snap: Snapshot) -> Iterator[Metric]:

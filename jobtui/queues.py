@@ -1,7 +1,7 @@
-"""Fleet-wide pauses and global concurrency limits of queues and types: the operator's levers
-during an incident (their figures are in overview.py).
+"""Fleet-wide pauses, global concurrency limits and rates of queues and types: the operator's
+levers during an incident (their figures are in overview.py).
 
-A pause or a limit is a row of `queue_control` that every worker's claim statement reads
+A pause, a limit or a rate is a row of `queue_control` that every worker's claim statement reads
 itself (queries.sql, claim), so it holds on every worker from its next claim and across
 restarts. Each change writes its audit row in the same transaction.
 
@@ -21,6 +21,7 @@ from .checks import check_queue, check_text, check_type
 from .db import Call, run, statements
 from .domain import DEFAULT_SCHEMA
 from .errors import InvalidInput
+from .rates import check_rate
 
 Kind = Literal["queue", "type"]
 KINDS: tuple[Kind, ...] = ("queue", "type")
@@ -50,17 +51,37 @@ def pause(conn: psycopg.Connection[Any], kind: Kind, name: str, *, actor: str, s
     return changed
 
 
-def resume(conn: psycopg.Connection[Any], kind: Kind, name: str, *, actor: str, schema: str = DEFAULT_SCHEMA) -> bool:
-    """Resume queue or type `name`; False when it was not paused. Audited."""
+MAX_RAMP = 86_400.0
+
+
+def check_ramp(ramp: float | None) -> float | None:
+    if ramp is not None and (isinstance(ramp, bool) or not isinstance(ramp, (int, float)) or not 0 < ramp <= MAX_RAMP):
+        raise InvalidInput(f"a ramp must be more than 0 and at most {MAX_RAMP:.0f} seconds (1d), got {ramp!r}")
+    return None if ramp is None else float(ramp)
+
+
+def resume(
+    conn: psycopg.Connection[Any],
+    kind: Kind,
+    name: str,
+    *,
+    actor: str,
+    ramp: float | None = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> bool:
+    """Resume queue or type `name`; False when it was not paused. With `ramp` (seconds), its
+    rate rises over that time instead of letting its backlog in at once. Audited."""
     params = {
         "kind": kind,
         "name": check_name(kind, name),
         "actor": check_text(actor, "actor"),
         "channel": statements(schema).channel,
+        "ramp": check_ramp(ramp),
     }
     with conn.transaction():
         changed = bool(run(conn, Call("queue_resume", params, len), schema))
-        record_audit(conn, actor, f"{kind}-resume", f"{kind} {name}", int(changed), schema=schema)
+        detail = {"ramp_seconds": ramp} if ramp is not None else None
+        record_audit(conn, actor, f"{kind}-resume", f"{kind} {name}", int(changed), detail=detail, schema=schema)
     return changed
 
 
@@ -98,4 +119,41 @@ def set_limit(
         change = LimitChange(bool(found["changed"]), found["was"])
         detail = {"limit": limit, "was": change.was}
         record_audit(conn, actor, "queue-limit", f"queue {name}", int(change.changed), detail=detail, schema=schema)
+    return change
+
+
+@dataclass(frozen=True, slots=True)
+class RateChange:
+    changed: bool
+    was: float | None
+
+
+def set_rate(
+    conn: psycopg.Connection[Any],
+    kind: Kind,
+    name: str,
+    rate: float | None,
+    *,
+    actor: str,
+    expected: float | None = None,
+    fenced: bool = False,
+    schema: str = DEFAULT_SCHEMA,
+) -> RateChange:
+    """Let at most `rate` jobs per second of queue or type `name` be claimed, across every
+    worker (None: no rate). With `fenced`, only when its rate is still `expected` (what the
+    operator saw). Audited."""
+    params = {
+        "kind": kind,
+        "name": check_name(kind, name),
+        "rate": check_rate(rate),
+        "expected": expected,
+        "fenced": fenced,
+        "actor": check_text(actor, "actor"),
+        "channel": statements(schema).channel,
+    }
+    with conn.transaction():
+        [row] = run(conn, Call("queue_rate", params, lambda r: r.dicts()), schema)
+        change = RateChange(bool(row["changed"]), row["was"])
+        detail = {"rate_per_second": rate, "was": change.was}
+        record_audit(conn, actor, f"{kind}-rate", f"{kind} {name}", int(change.changed), detail=detail, schema=schema)
     return change

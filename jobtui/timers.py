@@ -52,6 +52,7 @@ TIMED: dict[str, str] = {
     # The queues and types: the Queues pane, `queue list`, `stats`, the scrape (overview.py).
     "queue_overview": "queue overview: counted up to backlog.READY_EXACT_CAP",
     "queue_overview_estimate": "queue overview above the cap: the archiver's minute row, the planner",
+    "queue_flow_recent": "the drain forecast: the archiver's flow spans of the last minutes (snapshot, queue list)",
     # The console's lists.
     "list_running": "console: the Running pane's page",
     "check_regex": "console: the filter, checked",

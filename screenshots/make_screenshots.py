@@ -10,7 +10,7 @@ Textual's pilot and saves one SVG per view:
 
     ready.svg  running.svg  job-detail.svg  dead.svg  confirm.svg  dead-drilldown.svg
     expiries.svg  schedules.svg  worker.svg  queues.svg  charts.svg  console-80x24.svg
-    dead-80x24.svg
+    dead-80x24.svg  search.svg
 
 Then it serves the same database with `jobtui serve`, signs in with Debian's Chromium
 (/usr/bin/chromium, headless, driven by Playwright; no browser is downloaded), shows the dead
@@ -47,8 +47,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from jobtui import demo, migrate, queues
 from jobtui.client import Queue
 from jobtui.domain import NewJob
+from jobtui.flows import record_flow
 from jobtui.tui.app import JobtuiApp
 from jobtui.tui.screens import ConfirmScreen, JobDetailScreen, JobListScreen
+from jobtui.tui.search import JobSearchScreen
 from jobtui.tui.widgets import KeyedTable
 from jobtui.worker import Worker
 
@@ -110,6 +112,9 @@ def pull_levers(dsn: str) -> None:
         queues.pause(conn, "queue", "reports", actor="screenshots", schema=SCHEMA)
         queues.pause(conn, "type", "webhook.deliver", actor="screenshots", schema=SCHEMA)
         queues.set_limit(conn, "default", 6, actor="screenshots", schema=SCHEMA)
+        queues.set_rate(conn, "type", "webhook.deliver", 2.0, actor="screenshots", schema=SCHEMA)
+        queues.set_rate(conn, "type", "image.resize", 5.0, actor="screenshots", schema=SCHEMA)
+        record_flow(conn, SCHEMA, until=conn.execute("SELECT now()").fetchone()[0])  # type: ignore[index]
 
 
 def an_hour_behind(dsn: str) -> None:
@@ -148,6 +153,8 @@ async def drive(dsn: str, out: Path, warmup: float) -> None:
     try:
         async with app.run_test(size=(120, 36)) as pilot:
             print(f"warming up for {warmup:.0f}s (traffic, worker, crash worker)...", file=sys.stderr)
+            with psycopg.connect(dsn, autocommit=True) as conn:  # the forecast's first span
+                record_flow(conn, SCHEMA, until=conn.execute("SELECT now()").fetchone()[0])  # type: ignore[index]
             await asyncio.sleep(warmup)
             crasher.stop()
             ghost = expire_a_lease(dsn)
@@ -210,6 +217,12 @@ async def drive(dsn: str, out: Path, warmup: float) -> None:
             await pilot.press("8")
             await pilot.pause(0.6)
             await shoot(app, pilot, out, "charts")
+
+            await pilot.press("1", "slash", *"type:invoice.render status:dead,failed", "enter")  # the jobs search
+            await wait_for(pilot, lambda: isinstance(app.screen, JobSearchScreen), 5, "the search")
+            await wait_for(pilot, lambda: "match" in str(app.screen.query_one("#search-status").render()), 15, "it")
+            await shoot(app, pilot, out, "search")
+            await pilot.press("escape")
 
             await pilot.press("1")
             await pilot.resize_terminal(80, 24)

@@ -62,13 +62,21 @@ COPY {schema}.job (id, type, payload, max_attempts, meta, queue) FROM STDIN;
 -- Pauses and limits are read here, in queue_control, in this statement: paused queues and
 -- types are left out (two one-time subqueries of that small table), and the jobs of queues
 -- with a limit come from claim_limited (migration 0008), which counts what runs under a lock.
--- Without a limit set, that function finds no row and takes no lock. The queue and the type
+-- Without a limit set, that function finds no row and takes no lock. The jobs of queues and
+-- types with a rate (or a ramp) come from claim_rated (migration 0013), which takes a token
+-- of their buckets per job; without a rate set, one small subquery finds none and the function
+-- is not called. The queue and the type
 -- are compared as expressions (`queue || ''`), which the planner estimates by default rather
 -- than from the columns' statistics: with a single queue or type in the table, those say
 -- that almost no row differs from a value not known yet, and a generic plan would sort every
 -- ready row instead of walking the ready index.
 WITH limited AS MATERIALIZED (
-    SELECT {schema}.claim_limited(%(queue)s::text, %(types)s::text[], %(limit)s::int) AS ids
+    SELECT r.ids || {schema}.claim_limited(%(queue)s::text, %(types)s::text[], %(limit)s::int - cardinality(r.ids), r.ids)
+           AS ids
+    FROM (SELECT CASE WHEN EXISTS (SELECT 1 FROM {schema}.queue_control
+                                   WHERE rate_per_second IS NOT NULL OR ramp_until > now())
+                      THEN {schema}.claim_rated(%(queue)s::text, %(types)s::text[], %(limit)s::int)
+                      ELSE ARRAY[]::bigint[] END AS ids) AS r
 )
 UPDATE {schema}.job AS j
 SET status = 'running',
@@ -88,9 +96,11 @@ WHERE j.id = ANY((SELECT ids FROM limited) || ARRAY(
         WHERE status = 'ready' AND run_at <= now() AND type = ANY(%(types)s::text[])
           AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
           AND (queue || '') <> ALL(ARRAY(SELECT name FROM {schema}.queue_control
-                                         WHERE kind = 'queue' AND (paused_at IS NOT NULL OR max_running IS NOT NULL)))
+                                         WHERE kind = 'queue' AND (paused_at IS NOT NULL OR max_running IS NOT NULL
+                                               OR rate_per_second IS NOT NULL OR ramp_until > now())))
           AND (type || '') <> ALL(ARRAY(SELECT name FROM {schema}.queue_control
-                                        WHERE kind = 'type' AND paused_at IS NOT NULL))
+                                        WHERE kind = 'type' AND (paused_at IS NOT NULL
+                                              OR rate_per_second IS NOT NULL OR ramp_until > now())))
         ORDER BY run_at, id
         LIMIT greatest(0, %(limit)s::int - cardinality((SELECT ids FROM limited)))
         FOR UPDATE SKIP LOCKED))
@@ -343,6 +353,195 @@ SET status = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = %(status)s AND j.type = %(type)s
   AND j.error_fingerprint IS NOT DISTINCT FROM %(fingerprint)s
 RETURNING j.id;
+
+-- name: bulk_count
+-- A bulk action's dry run, one window of ids at a time (bulk.py): how many jobs of the filter
+-- the action would change now (%(scope)s: the statuses it applies to).
+SELECT count(*) AS jobs FROM {schema}.job AS j
+WHERE j.id < %(below)s AND j.id >= %(floor)s AND j.status = ANY(%(scope)s::text[])
+      AND (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))
+      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+      AND (%(matcher)s::text IS NULL OR split_part(j.last_error, E'\n', 1) ~* %(matcher)s::text
+           OR j.error_fingerprint ~* %(matcher)s::text)
+      AND (%(payload)s::jsonb IS NULL OR j.payload @> %(payload)s::jsonb)
+      AND (%(older_than)s::float8 IS NULL OR j.created_at < coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(older_than)s::float8))
+      AND (%(newer_than)s::float8 IS NULL OR j.created_at >= coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(newer_than)s::float8))
+      AND (%(since)s::timestamptz IS NULL OR j.created_at >= %(since)s::timestamptz);
+
+-- name: bulk_run_find
+-- The newest run of this action and filter that did not end: a second run resumes it.
+SELECT id, action, filter, cutoff, last_id, next_id, changed, busy_ids, state, started_by, started_at
+FROM {schema}.bulk_run
+WHERE action = %(action)s AND filter = %(filter)s::jsonb AND state <> 'done'
+ORDER BY id DESC LIMIT 1;
+
+-- name: bulk_run_start
+-- A new run: its cutoff is now, and it walks down from the newest job there is.
+INSERT INTO {schema}.bulk_run (action, filter, cutoff, last_id, next_id, started_by)
+SELECT %(action)s, %(filter)s::jsonb, now(), m.last_id, m.last_id + 1, %(actor)s
+FROM (SELECT coalesce(max(id), 0) AS last_id FROM {schema}.job) AS m
+RETURNING id, action, filter, cutoff, last_id, next_id, changed, busy_ids, state, started_by, started_at;
+
+-- name: bulk_run_state
+-- A run goes on (running), was stopped by its operator (stopped: a second run resumes it) or
+-- is done.
+UPDATE {schema}.bulk_run
+SET state = %(state)s, updated_at = now(), finished_at = CASE WHEN %(state)s = 'done' THEN now() END
+WHERE id = %(run)s
+RETURNING changed;
+
+-- name: bulk_requeue_batch
+-- A batch of a bulk requeue (bulk.py): at most %(batch)s dead or failed jobs of the filter
+-- among the ids from %(floor)s up to below %(below)s (or among %(ids)s, the jobs passed over
+-- as busy), newest first, back to ready with a fresh set of attempts, and the run's progress,
+-- in one statement: its own short transaction, holding at most a batch of row locks, taken
+-- SKIP LOCKED (a job another transaction holds is passed over and tried again at the end).
+-- Only jobs that finished before the run's cutoff: a job the run requeued that failed again
+-- since is not requeued twice, by this run or by its resumption. Wakes the workers.
+WITH run AS (
+    SELECT id, cutoff FROM {schema}.bulk_run WHERE id = %(run)s AND state = 'running' FOR UPDATE
+), candidates AS (
+    SELECT j.id FROM {schema}.job AS j
+    WHERE j.id < %(below)s AND j.id >= %(floor)s AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
+      AND j.status IN ('dead', 'failed') AND j.finished_at < (SELECT cutoff FROM run)
+      AND (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))
+      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+      AND (%(matcher)s::text IS NULL OR split_part(j.last_error, E'\n', 1) ~* %(matcher)s::text
+           OR j.error_fingerprint ~* %(matcher)s::text)
+      AND (%(payload)s::jsonb IS NULL OR j.payload @> %(payload)s::jsonb)
+      AND (%(older_than)s::float8 IS NULL OR j.created_at < coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(older_than)s::float8))
+      AND (%(newer_than)s::float8 IS NULL OR j.created_at >= coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(newer_than)s::float8))
+      AND (%(since)s::timestamptz IS NULL OR j.created_at >= %(since)s::timestamptz)
+    ORDER BY j.id DESC
+    LIMIT %(batch)s
+), picked AS (
+    SELECT j.id FROM {schema}.job AS j
+    WHERE j.id IN (SELECT id FROM candidates) AND j.status IN ('dead', 'failed')
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE {schema}.job AS j
+    SET status = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
+        errors = (j.errors || jsonb_build_array(jsonb_build_object(
+                     'at', now(), 'started', j.started_at, 'attempt', j.attempts, 'worker', %(actor)s::text,
+                     'kind', 'requeued',
+                     'error', format('requeued from %%s by %%s (bulk run %%s)', j.status, %(actor)s::text, %(run)s))))
+                 - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
+    WHERE j.id IN (SELECT id FROM picked) AND j.status IN ('dead', 'failed')
+    RETURNING j.id
+), progress AS (
+    UPDATE {schema}.bulk_run AS r
+    SET changed = r.changed + (SELECT count(*) FROM moved),
+        next_id = CASE WHEN %(ids)s::bigint[] IS NOT NULL THEN r.next_id
+                       WHEN (SELECT count(*) FROM candidates) >= %(batch)s THEN (SELECT min(id) FROM candidates)
+                       ELSE %(floor)s END,
+        busy_ids = CASE WHEN %(ids)s::bigint[] IS NOT NULL THEN ARRAY[]::bigint[] ELSE r.busy_ids END
+                   || ARRAY(SELECT id FROM candidates EXCEPT SELECT id FROM moved),
+        updated_at = now()
+    WHERE r.id = (SELECT id FROM run)
+    RETURNING r.next_id
+)
+SELECT (SELECT count(*) FROM moved) AS changed, (SELECT count(*) FROM candidates) AS candidates,
+       (SELECT next_id FROM progress) AS next_id, EXISTS (SELECT 1 FROM run) AS running,
+       ARRAY(SELECT id FROM candidates EXCEPT SELECT id FROM moved ORDER BY 1) AS busy,
+       CASE WHEN EXISTS (SELECT 1 FROM moved) THEN pg_notify(%(channel)s::text, '') END AS woken;
+
+-- name: bulk_discard_batch
+-- A batch of a bulk discard: as bulk_requeue_batch, the dead or failed jobs deleted. Their
+-- recorded effects go with the archiver's pruning.
+WITH run AS (
+    SELECT id, cutoff FROM {schema}.bulk_run WHERE id = %(run)s AND state = 'running' FOR UPDATE
+), candidates AS (
+    SELECT j.id FROM {schema}.job AS j
+    WHERE j.id < %(below)s AND j.id >= %(floor)s AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
+      AND j.status IN ('dead', 'failed') AND j.finished_at < (SELECT cutoff FROM run)
+      AND (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))
+      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+      AND (%(matcher)s::text IS NULL OR split_part(j.last_error, E'\n', 1) ~* %(matcher)s::text
+           OR j.error_fingerprint ~* %(matcher)s::text)
+      AND (%(payload)s::jsonb IS NULL OR j.payload @> %(payload)s::jsonb)
+      AND (%(older_than)s::float8 IS NULL OR j.created_at < coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(older_than)s::float8))
+      AND (%(newer_than)s::float8 IS NULL OR j.created_at >= coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(newer_than)s::float8))
+      AND (%(since)s::timestamptz IS NULL OR j.created_at >= %(since)s::timestamptz)
+    ORDER BY j.id DESC
+    LIMIT %(batch)s
+), picked AS (
+    SELECT j.id FROM {schema}.job AS j
+    WHERE j.id IN (SELECT id FROM candidates) AND j.status IN ('dead', 'failed')
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    DELETE FROM {schema}.job AS j
+    WHERE j.id IN (SELECT id FROM picked) AND j.status IN ('dead', 'failed')
+    RETURNING j.id
+), progress AS (
+    UPDATE {schema}.bulk_run AS r
+    SET changed = r.changed + (SELECT count(*) FROM moved),
+        next_id = CASE WHEN %(ids)s::bigint[] IS NOT NULL THEN r.next_id
+                       WHEN (SELECT count(*) FROM candidates) >= %(batch)s THEN (SELECT min(id) FROM candidates)
+                       ELSE %(floor)s END,
+        busy_ids = CASE WHEN %(ids)s::bigint[] IS NOT NULL THEN ARRAY[]::bigint[] ELSE r.busy_ids END
+                   || ARRAY(SELECT id FROM candidates EXCEPT SELECT id FROM moved),
+        updated_at = now()
+    WHERE r.id = (SELECT id FROM run)
+    RETURNING r.next_id
+)
+SELECT (SELECT count(*) FROM moved) AS changed, (SELECT count(*) FROM candidates) AS candidates,
+       (SELECT next_id FROM progress) AS next_id, EXISTS (SELECT 1 FROM run) AS running,
+       ARRAY(SELECT id FROM candidates EXCEPT SELECT id FROM moved ORDER BY 1) AS busy;
+
+-- name: bulk_cancel_batch
+-- A batch of a bulk cancel: as bulk_requeue_batch, ready and running jobs enqueued before
+-- the run's cutoff become failed, as `cancel` makes them; a running job's worker hears of it
+-- on the schema's channel ('cancel <id>'), and its heartbeat's answer says so too. A job
+-- whose handler is inside job.once()'s transaction holds its row: it is passed over as busy.
+WITH run AS (
+    SELECT id, cutoff FROM {schema}.bulk_run WHERE id = %(run)s AND state = 'running' FOR UPDATE
+), candidates AS (
+    SELECT j.id FROM {schema}.job AS j
+    WHERE j.id < %(below)s AND j.id >= %(floor)s AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
+      AND j.status IN ('ready', 'running') AND j.created_at < (SELECT cutoff FROM run)
+      AND (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))
+      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+      AND (%(matcher)s::text IS NULL OR split_part(j.last_error, E'\n', 1) ~* %(matcher)s::text
+           OR j.error_fingerprint ~* %(matcher)s::text)
+      AND (%(payload)s::jsonb IS NULL OR j.payload @> %(payload)s::jsonb)
+      AND (%(older_than)s::float8 IS NULL OR j.created_at < coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(older_than)s::float8))
+      AND (%(newer_than)s::float8 IS NULL OR j.created_at >= coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(newer_than)s::float8))
+      AND (%(since)s::timestamptz IS NULL OR j.created_at >= %(since)s::timestamptz)
+    ORDER BY j.id DESC
+    LIMIT %(batch)s
+), picked AS (
+    SELECT j.id FROM {schema}.job AS j
+    WHERE j.id IN (SELECT id FROM candidates) AND j.status IN ('ready', 'running')
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE {schema}.job AS j
+    SET status = 'failed', locked_until = NULL, finished_at = now(),
+        last_error = format('cancelled by %%s (bulk run %%s)', %(actor)s::text, %(run)s),
+        errors = (j.errors || jsonb_build_array(jsonb_build_object(
+                     'at', now(), 'started', j.started_at, 'attempt', j.attempts, 'worker', j.locked_by,
+                     'kind', 'cancelled', 'error', format('cancelled by %%s (bulk run %%s)', %(actor)s::text, %(run)s))))
+                 - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
+    WHERE j.id IN (SELECT id FROM picked) AND j.status IN ('ready', 'running')
+    RETURNING j.id, CASE WHEN j.locked_by IS NOT NULL THEN pg_notify(%(channel)s::text, 'cancel ' || j.id) END AS told
+), progress AS (
+    UPDATE {schema}.bulk_run AS r
+    SET changed = r.changed + (SELECT count(*) FROM moved),
+        next_id = CASE WHEN %(ids)s::bigint[] IS NOT NULL THEN r.next_id
+                       WHEN (SELECT count(*) FROM candidates) >= %(batch)s THEN (SELECT min(id) FROM candidates)
+                       ELSE %(floor)s END,
+        busy_ids = CASE WHEN %(ids)s::bigint[] IS NOT NULL THEN ARRAY[]::bigint[] ELSE r.busy_ids END
+                   || ARRAY(SELECT id FROM candidates EXCEPT SELECT id FROM moved),
+        updated_at = now()
+    WHERE r.id = (SELECT id FROM run)
+    RETURNING r.next_id
+)
+SELECT (SELECT count(*) FROM moved) AS changed, (SELECT count(*) FROM candidates) AS candidates,
+       (SELECT next_id FROM progress) AS next_id, EXISTS (SELECT 1 FROM run) AS running,
+       ARRAY(SELECT id FROM candidates EXCEPT SELECT id FROM moved ORDER BY 1) AS busy;
 
 -- name: kill_lease
 -- Operator: a running job returns to ready now, or goes dead when the killed attempt was its
@@ -759,12 +958,18 @@ GROUP BY 1;
 -- table lock its statement took before reaching the row). A claim waiting its turn under a
 -- queue's global limit (claim_limited's lock, keyed by the schema and the queue, as in
 -- migration 0008) is its own kind, queue_limit: that wait is the limit working, not a lock
--- held too long. An advisory key of 64 bits is shown in pg_locks as classid (its high half)
--- and objid (its low half). Sessions are matched by pid, both views being per server;
--- pg_locks shows every role's locks and when each wait began.
+-- held too long. So is a claim of a rated queue or type waiting for the claim before it to
+-- commit its token bucket (claim_rated locks the bucket's row, migration 0013): rate_limit.
+-- That wait is for the bucket's row: for its tuple lock (queued behind the first waiter), or
+-- for the holder's transaction id while holding that tuple lock (the first waiter). An
+-- advisory key of 64 bits is shown in pg_locks as classid (its high half) and objid (its low
+-- half). Sessions are matched by pid, both views being per server; pg_locks shows every
+-- role's locks and when each wait began.
 WITH tables AS (
     SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
     WHERE n.nspname = %(schema_name)s
+), buckets AS (
+    SELECT to_regclass(format('%%I.rate_bucket', %(schema_name)s::text)) AS oid
 ), limit_keys AS (
     SELECT hashtextextended('{schema}.queue_limit.' || name, 0) AS key FROM {schema}.queue_control
     WHERE kind = 'queue'
@@ -772,6 +977,12 @@ WITH tables AS (
     SELECT CASE WHEN l.locktype = 'advisory' AND l.objsubid = 1
                      AND ((l.classid::bigint << 32) | l.objid::bigint) IN (SELECT key FROM limit_keys)
                 THEN 'queue_limit'
+                WHEN l.locktype = 'tuple' AND l.relation = (SELECT oid FROM buckets)
+                     OR l.locktype = 'transactionid'
+                        AND EXISTS (SELECT 1 FROM pg_locks t
+                                    WHERE t.pid = l.pid AND t.granted AND t.locktype = 'tuple'
+                                      AND t.relation = (SELECT oid FROM buckets))
+                THEN 'rate_limit'
                 WHEN l.locktype IN ('relation', 'transactionid', 'tuple', 'advisory') THEN l.locktype
                 ELSE 'other' END AS kind,
            coalesce(l.waitstart, a.query_start, clock_timestamp()) AS since
@@ -888,6 +1099,79 @@ RETURNING minute;
 
 -- name: queue_minute_prune
 DELETE FROM {schema}.queue_minute WHERE minute < now() - interval '1 day';
+
+-- name: queue_flow_record
+-- The drain forecast's span (migration 0013): what was enqueued and what finished, by queue
+-- and type, from the end of the last span (at most 10 minutes back; else one minute) to now
+-- (or %(until)s). Enqueues are the ids above the last span's last_id: they are read by the
+-- primary key, as many as were enqueued, whatever the backlog. Finishes are done, dead and
+-- failed rows of the span (their indexes, by finished_at), plus the jobs deleted at completion
+-- (done_tally, by type only: queue NULL; its whole minutes, each in the span its end falls
+-- in). Without an `until`, nothing is recorded when the
+-- last span ended under 30 s ago (a second archiver in the same minute).
+WITH RECURSIVE bounds AS (
+    SELECT coalesce(%(until)s::timestamptz, now()) AS span_end,
+           coalesce(prev.span_end, coalesce(%(until)s::timestamptz, now()) - interval '1 minute') AS span_start,
+           prev.last_id AS after_id,
+           (SELECT coalesce(max(id), 0) FROM {schema}.job) AS last_id
+    FROM (SELECT 1) AS one
+    LEFT JOIN LATERAL (SELECT f.span_end, f.last_id FROM {schema}.queue_flow AS f
+                       WHERE f.span_end < coalesce(%(until)s::timestamptz, now())
+                         AND f.span_end >= coalesce(%(until)s::timestamptz, now()) - interval '10 minutes'
+                       ORDER BY f.span_end DESC LIMIT 1) AS prev ON true
+), dead_types AS (
+    -- The types of the dead and failed jobs, one index probe each (job_dead_idx leads with the
+    -- type): the span's dead jobs are then one range per type, however many dead jobs wait.
+    (SELECT type FROM {schema}.job WHERE status IN ('dead', 'failed') ORDER BY type LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.type FROM {schema}.job AS j
+            WHERE j.status IN ('dead', 'failed') AND j.type > d.type ORDER BY j.type LIMIT 1)
+    FROM dead_types AS d WHERE d.type IS NOT NULL
+), flows AS (
+    SELECT j.queue, j.type, count(*) AS enqueued, 0 AS finished
+    FROM {schema}.job AS j, bounds AS b
+    WHERE b.after_id IS NOT NULL AND j.id > b.after_id AND j.id <= b.last_id
+    GROUP BY j.queue, j.type
+    UNION ALL
+    SELECT j.queue, j.type, 0, count(*) FROM {schema}.job AS j, bounds AS b
+    WHERE j.status = 'done' AND j.finished_at >= b.span_start AND j.finished_at < b.span_end
+    GROUP BY j.queue, j.type
+    UNION ALL
+    SELECT j.queue, j.type, 0, count(*) FROM dead_types AS d, bounds AS b
+    -- OFFSET 0 keeps it a lookup per type, not a join over the whole index.
+    CROSS JOIN LATERAL (SELECT x.queue, x.type FROM {schema}.job AS x
+                        WHERE x.type = d.type AND x.status IN ('dead', 'failed')
+                          AND x.finished_at >= b.span_start AND x.finished_at < b.span_end
+                        OFFSET 0) AS j
+    WHERE d.type IS NOT NULL
+    GROUP BY j.queue, j.type
+    UNION ALL
+    SELECT NULL, t.type, 0, sum(t.jobs) FROM {schema}.done_tally AS t, bounds AS b
+    WHERE t.minute >= date_bin('1 minute', b.span_start, timestamptz '2000-01-01 00:00:00+00')
+      AND t.minute < date_bin('1 minute', b.span_end, timestamptz '2000-01-01 00:00:00+00')
+    GROUP BY t.type
+)
+INSERT INTO {schema}.queue_flow (span_end, span_start, last_id, enqueues_known, pairs)
+SELECT b.span_end, b.span_start, b.last_id, b.after_id IS NOT NULL,
+       coalesce((SELECT jsonb_agg(jsonb_build_array(queue, type, enqueued, finished) ORDER BY queue, type)
+                 FROM (SELECT queue, type, sum(enqueued)::bigint AS enqueued, sum(finished)::bigint AS finished
+                       FROM flows GROUP BY queue, type) AS p), '[]'::jsonb)
+FROM bounds AS b
+WHERE %(until)s::timestamptz IS NOT NULL
+   OR NOT EXISTS (SELECT 1 FROM {schema}.queue_flow WHERE span_end > now() - interval '30 seconds')
+ON CONFLICT (span_end) DO NOTHING
+RETURNING span_end;
+
+-- name: queue_flow_prune
+DELETE FROM {schema}.queue_flow WHERE span_end < now() - interval '1 day';
+
+-- name: queue_flow_recent
+-- The spans of the last 11 minutes (at most one a minute, so a handful of rows), oldest
+-- first: the forecast reads the last five minutes of them, and each span's enqueues are
+-- told apart from the ids drawn since the span before.
+SELECT span_start, span_end, last_id, enqueues_known, pairs FROM {schema}.queue_flow
+WHERE span_end > now() - interval '11 minutes'
+ORDER BY span_end;
 
 -- name: prune_done_tally
 -- Minutes older than the day the hourly summaries cover, once their hours are summarised.
@@ -1142,6 +1426,82 @@ WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
 ORDER BY id DESC
 LIMIT %(limit)s;
 
+-- name: jobs_scan
+-- A page of the jobs search (jobquery.search): the jobs of the filter (jobfilter.py) among
+-- the ids from %(floor)s up to below %(below)s, newest first. The search walks the table
+-- down in such windows of the primary key, each one short, so that it shows its progress,
+-- can be cancelled between two of them, and no statement outlives its timeout; with the
+-- payload's GIN index (`jobtui index payload`) one window covers every id. `error` is the
+-- pattern of `jobtui jobs --error` (on the whole last error), `matcher` the error matcher of
+-- `jobtui dead --error`.
+SELECT id, type, queue, status, attempts, max_attempts, idempotency_key AS key, run_at, created_at,
+       started_at, finished_at, locked_by AS worker,
+       coalesce(split_part(last_error, E'\n', 1), '') AS last_error
+FROM {schema}.job
+WHERE id < %(below)s AND id >= %(floor)s
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(matcher)s::text IS NULL OR split_part(last_error, E'\n', 1) ~* %(matcher)s::text
+       OR error_fingerprint ~* %(matcher)s::text)
+  AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+  AND (%(older_than)s::float8 IS NULL OR created_at < now() - make_interval(secs => %(older_than)s::float8))
+  AND (%(newer_than)s::float8 IS NULL OR created_at >= now() - make_interval(secs => %(newer_than)s::float8))
+  AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+  AND (%(error)s::text IS NULL OR last_error ~ %(error)s::text)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: jobs_scan_count
+-- How many jobs of the filter there are among the ids of a window, by status and type (the
+-- search's count, window by window, as jobs_scan).
+SELECT status, type, count(*) AS jobs
+FROM {schema}.job
+WHERE id < %(below)s AND id >= %(floor)s
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(matcher)s::text IS NULL OR split_part(last_error, E'\n', 1) ~* %(matcher)s::text
+       OR error_fingerprint ~* %(matcher)s::text)
+  AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+  AND (%(older_than)s::float8 IS NULL OR created_at < now() - make_interval(secs => %(older_than)s::float8))
+  AND (%(newer_than)s::float8 IS NULL OR created_at >= now() - make_interval(secs => %(newer_than)s::float8))
+  AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+  AND (%(error)s::text IS NULL OR last_error ~ %(error)s::text)
+GROUP BY status, type;
+
+-- name: jobs_bounds
+-- The lowest and highest job id (two ends of the primary key), and whether the payload's GIN
+-- index exists and is valid (an interrupted CREATE INDEX CONCURRENTLY leaves it invalid).
+SELECT (SELECT min(id) FROM {schema}.job) AS lowest, (SELECT max(id) FROM {schema}.job) AS highest,
+       EXISTS (SELECT 1 FROM pg_index i
+               WHERE i.indexrelid = to_regclass(format('%%I.job_payload_idx', %(schema_name)s::text))
+                 AND i.indisvalid) AS payload_index;
+
+-- name: search_timeout
+-- For one statement of a search or a bulk action, in its own transaction: the server cancels
+-- it after this long (a transaction's setting: nothing outlives it behind a pooler).
+SELECT set_config('statement_timeout', %(timeout)s, true), set_config('jit', 'off', true);
+
+-- name: payload_index_state
+-- The payload's GIN index: absent (no row), valid, or left invalid by an interrupted build.
+SELECT i.indisvalid AS valid, pg_relation_size(i.indexrelid) AS bytes
+FROM pg_index i
+WHERE i.indexrelid = to_regclass(format('%%I.job_payload_idx', %(schema_name)s::text));
+
+-- name: payload_index_create
+-- `jobtui index payload`: outside a transaction, without blocking enqueues or claims.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS job_payload_idx ON {schema}.job USING gin (payload jsonb_path_ops);
+
+-- name: payload_index_drop
+DROP INDEX CONCURRENTLY IF EXISTS {schema}.job_payload_idx;
+
+-- name: payload_index_progress
+-- How far a CREATE INDEX CONCURRENTLY of the job table is (from another session).
+SELECT phase, blocks_done, blocks_total, tuples_done, tuples_total
+FROM pg_stat_progress_create_index
+WHERE relid = to_regclass(format('%%I.job', %(schema_name)s::text));
+
 -- name: jobs_count
 -- How many jobs there are, by status and type, among those matching the filters. One branch
 -- per status, each with its status written out, so that each reads its own partial index
@@ -1243,12 +1603,15 @@ SELECT coalesce(g.kind, c.kind) AS kind, coalesce(g.name, c.name) AS name,
        coalesce(g.running, 0)::bigint AS running, coalesce(g.done, 0)::bigint AS done_last_minute,
        extract(epoch FROM now() - g.oldest)::float8 AS oldest_age,
        c.max_running, c.paused_at, c.paused_by,
+       c.rate_per_second AS rate, CASE WHEN c.ramp_until > now() THEN c.ramp_until END AS ramp_until,
+       {schema}.control_rate(c.rate_per_second, c.ramp_from, c.ramp_until, now()) AS rate_now,
        (SELECT n FROM probe) AS head_rows,
        extract(epoch FROM now() - g.newest)::float8 AS newest_age,
        extract(epoch FROM now() - g.done_since)::float8 AS done_span
 FROM grouped AS g
 FULL JOIN {schema}.queue_control AS c ON c.kind = g.kind AND c.name = g.name
 WHERE g.name IS NOT NULL OR c.paused_at IS NOT NULL OR c.max_running IS NOT NULL
+   OR c.rate_per_second IS NOT NULL OR c.ramp_until > now()
 ORDER BY 1, 2;
 
 -- name: queue_overview_estimate
@@ -1281,12 +1644,20 @@ RETURNING c.name;
 
 -- name: queue_resume
 -- Operator: resume a paused queue or type; returns a row only when it was paused. Wakes the
--- workers, so that they claim at once rather than at their next poll.
+-- workers, so that they claim at once rather than at their next poll. With a ramp of
+-- %(ramp)s seconds the rate then rises over that time (control_rate, migration 0013), from an
+-- empty bucket; without one any earlier ramp ends.
 WITH resumed AS (
     UPDATE {schema}.queue_control AS c
-    SET paused_at = NULL, paused_by = NULL, changed_at = now(), changed_by = %(actor)s
+    SET paused_at = NULL, paused_by = NULL, changed_at = now(), changed_by = %(actor)s,
+        ramp_from = CASE WHEN %(ramp)s::float8 > 0 THEN now() END,
+        ramp_until = CASE WHEN %(ramp)s::float8 > 0 THEN now() + make_interval(secs => %(ramp)s::float8) END
     WHERE c.kind = %(kind)s AND c.name = %(name)s AND c.paused_at IS NOT NULL
-    RETURNING c.name
+    RETURNING c.kind, c.name
+), bucket AS (
+    INSERT INTO {schema}.rate_bucket AS b (kind, name, tokens, refilled_at)
+    SELECT kind, name, 0, now() FROM resumed WHERE %(ramp)s::float8 > 0
+    ON CONFLICT (kind, name) DO UPDATE SET tokens = 0, refilled_at = now()
 )
 SELECT name, pg_notify(%(channel)s::text, '') AS woken FROM resumed;
 
@@ -1312,6 +1683,40 @@ WITH before AS MATERIALIZED (
     ON CONFLICT (kind, name) DO UPDATE
     SET max_running = excluded.max_running, changed_at = now(), changed_by = excluded.changed_by
     RETURNING c.name
+)
+SELECT a.was, c.name IS NOT NULL AS changed,
+       CASE WHEN c.name IS NOT NULL THEN pg_notify(%(channel)s::text, '') END AS woken
+FROM allowed AS a LEFT JOIN changed AS c ON true;
+
+-- name: queue_rate
+-- Operator: set (or with NULL clear) how many jobs of a queue or job type are claimed per
+-- second across every worker, from each one's next claim. Fenced by the rate the operator
+-- saw, as queue_limit is; returns the rate before, and whether it changed (not when the rate
+-- had changed meanwhile: `was` then says what it is).
+-- The bucket keeps what it held at the old rate (up to two seconds' worth of the new one), so
+-- that a change takes effect at the next claim, without a burst. Wakes the workers.
+-- The rate before is read once, in `allowed`, as in queue_limit.
+WITH before AS MATERIALIZED (
+    SELECT rate_per_second FROM {schema}.queue_control
+    WHERE kind = %(kind)s AND name = %(name)s
+    FOR UPDATE
+), allowed AS MATERIALIZED (
+    SELECT b.was, NOT %(fenced)s OR b.was IS NOT DISTINCT FROM %(expected)s::float8 AS ok
+    FROM (SELECT (SELECT rate_per_second FROM before) AS was) AS b
+), changed AS (
+    INSERT INTO {schema}.queue_control AS c (kind, name, rate_per_second, changed_by)
+    SELECT %(kind)s, %(name)s, %(rate)s::float8, %(actor)s FROM allowed WHERE ok
+    ON CONFLICT (kind, name) DO UPDATE
+    SET rate_per_second = excluded.rate_per_second, changed_at = now(), changed_by = excluded.changed_by
+    RETURNING c.kind, c.name
+), bucket AS (
+    INSERT INTO {schema}.rate_bucket AS b (kind, name, tokens, refilled_at)
+    SELECT kind, name, 1, now() FROM changed WHERE %(rate)s::float8 IS NOT NULL
+    ON CONFLICT (kind, name) DO UPDATE
+    SET tokens = least({schema}.rate_burst(%(rate)s::float8),
+                       b.tokens + coalesce((SELECT was FROM allowed), 0)
+                                  * greatest(0.0, extract(epoch FROM now() - b.refilled_at)::float8)),
+        refilled_at = greatest(b.refilled_at, now())
 )
 SELECT a.was, c.name IS NOT NULL AS changed,
        CASE WHEN c.name IS NOT NULL THEN pg_notify(%(channel)s::text, '') END AS woken

@@ -27,6 +27,8 @@ from textual.css.query import NoMatches
 from textual.notifications import SeverityLevel
 from textual.widgets import Footer, Input, Static, TabbedContent
 
+from ..errors import InvalidInput
+from ..jobfilter import is_search, parse_filter
 from ..metrics import Snapshot
 from ..safetext import line, shorten
 from . import changes, header, panes, render
@@ -34,6 +36,7 @@ from .console import Console, View
 from .data import Actions, DataSource, Fetched
 from .panes import LogToWidget, Pane, WorkerPane
 from .screens import ConfirmScreen, HelpScreen
+from .search import JobSearchScreen
 
 HISTORY = 120  # samples of the oldest ready age kept for the sparkline
 PANE_ACTIONS: frozenset[str] = frozenset().union(*(pane.actions() for pane in panes.ALL))
@@ -108,7 +111,10 @@ class JobtuiApp(App[None]):
                     yield pane()
                 elif self._log_handler is not None:
                     yield WorkerPane(self.embedded_worker, self._log_handler)
-        yield Input(placeholder="filter by type or text; enter to apply, escape to clear", id="filter")
+        yield Input(
+            placeholder="filter by type or text, or search jobs: payload:account=acme status:dead; enter, escape",
+            id="filter",
+        )
         yield Static("", id="status")
         yield Footer()
 
@@ -314,6 +320,18 @@ class JobtuiApp(App[None]):
             box.value = line(box.value)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        if is_search(event.value):
+            # `payload:account=acme status:dead ...`: the jobs search, on a screen of its own.
+            try:
+                filt = parse_filter(event.value)
+            except InvalidInput as exc:
+                self.notify(str(exc), severity="error")
+                return
+            event.input.remove_class("visible")
+            event.input.value = self.needle  # the box keeps the panes' filter, not the search
+            self.active_pane.focus_default()  # back from the search, the pane's keys are live
+            self.push_screen(JobSearchScreen(event.value.strip(), filt))
+            return
         self.needle = event.value.strip()
         event.input.remove_class("visible")
         self.active_pane.focus_default()

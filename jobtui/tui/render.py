@@ -149,6 +149,10 @@ def vitals(
         ),
         ("missed slots", f"{snap.missed_slots:,}", t.level(snap.missed_slots, t.missed_warn, t.missed_crit)),
     ]
+    ahead = snap.forecast
+    if ahead.short:
+        # When the due backlog drains, at the pace of the last minutes' flows.
+        parts.insert(2, ("backlog", ahead.short, ahead.level))
     if snap.lock_waits:
         # Only while sessions wait: a queue blocked on a lock (a row held by a long
         # transaction, an ALTER TABLE) explains a backlog the other figures only show.

@@ -61,23 +61,25 @@ class ConfirmScreen(ModalScreen[bool]):
 
 
 HELP = """\
-[b]Panes[/]   1 ready · 2 running · 3 dead · 4 lease expiries · 5 schedules
-        6 worker (with --work) · 7 queues · 8 charts of the last hour; or click a tab
-[b]Move[/]    arrows, page up/down, home/end
-[b]enter[/]   drill down: a type's ready jobs, a dead group's jobs, a job
+[b]Panes[/]   1 ready · 2 running · 3 dead · 4 lease expiries · 5 schedules · 7 queues
+        6 worker (with --work) · 8 charts of the last hour; or click a tab
+[b]Move[/]    arrows, page up/down, home/end; [b]enter[/] drill down: a type, a group, a job
 [b]Ready[/]   by type; "attempts (done 1h)": jobs done in the last hour by attempts used
-[b]/[/]       filter by type or text (escape clears)
-[b]s[/]       sort by the next column (again: reversed)
-[b]] \\[[/]     running jobs: next page of 100, back to the first
+[b]/[/]       filter by type or text (escape clears); words such as payload:account=acme
+        status:dead (type:, queue:, error:, older:, since:) search the jobs instead
+[b]s[/]       sort by the next column (again: reversed); [b]] \\[[/] next page, first page
 
 [b]Actions[/] each change asks first and writes the audit log; hidden with --read-only
-[b]r[/]       requeue the selected dead group (in a group's list: the job)
+[b]r[/]       requeue the selected dead group (in its list: the job; in a jobs search: all)
 [b]R[/]       requeue the whole group, from a group's list
 [b]k[/]       kill the lease of the selected running job (ready again now)
-[b]c[/]       cancel the selected job (it becomes failed; its worker stops it)
-[b]p[/]       pause or resume the selected schedule; in queues, the queue or type fleet-wide
+[b]c[/]       cancel the selected job (failed; its worker stops it); in a jobs search: all
+[b]d[/]       in a jobs search: delete its dead and failed jobs (esc stops, again resumes)
+[b]p[/]       pause/resume the selected schedule; in queues, a queue or type fleet-wide
 [b]n[/]       run the selected schedule now
-[b]l[/]       in queues: set the queue's limit of jobs running at once, fleet-wide
+[b]l[/]       in queues: at most N of the queue's jobs running at once, fleet-wide
+[b]t[/]       in queues: the queue's or type's rate (20/s, 1200/min), fleet-wide
+[b]u[/]       in queues: resume a paused queue or type with a ramp (its rate rises from 1/s)
 [b]w[/]       pause or resume the embedded worker (--work; local, not asked)
 
 [b]?[/] this help · [b]esc[/] back · [b]q[/] quit (a worker finishes its jobs first)
@@ -89,7 +91,7 @@ class HelpScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
     #help {
-        width: 82; max-width: 100%; height: auto; max-height: 100%;
+        width: 92; max-width: 100%; height: auto; max-height: 100%;
         border: thick $primary; background: $surface; padding: 0 1;
     }
     """

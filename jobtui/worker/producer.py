@@ -19,6 +19,8 @@ from ..link import Connection
 log = logging.getLogger("jobtui.worker")
 
 Denied = Callable[[psycopg.errors.InsufficientPrivilege, str], None]
+# The shortest wait after an empty claim that followed claims that found jobs.
+QUIET_FIRST = 0.05
 
 
 class Producer:
@@ -53,6 +55,11 @@ class Producer:
         self._start = start
         self._lease = lease
         self._poll_interval = poll_interval
+        # How long to wait after a claim that found nothing: short right after claims that
+        # found jobs, doubling up to the poll interval. A rated queue or type (migration
+        # 0013) gains tokens with time and no event says so; a worker that waited the whole
+        # poll after each empty claim would take at most its free slots per poll interval.
+        self._quiet = poll_interval
         self._kick = kick
         self._stopping = stopping
         self._denied = denied
@@ -94,8 +101,12 @@ class Producer:
             if failed:
                 await self._wait_kick()
                 continue
+            if claimed:
+                self._quiet = max(QUIET_FIRST, self._poll_interval / 10)
             if len(claimed) < free:
-                await self._wait_kick()
+                await self._wait_kick(None if claimed else self._quiet)
+                if not claimed:
+                    self._quiet = min(self._poll_interval, self._quiet * 2)
 
     async def _give_back_unanswered(self) -> None:
         released = await self._conn.run(self._unanswered(), self._schema, self._stopping)
@@ -105,9 +116,9 @@ class Producer:
                 "%d job(s) taken by a claim whose answer was lost went back to ready, not counted", len(released)
             )
 
-    async def _wait_kick(self) -> None:
+    async def _wait_kick(self, timeout: float | None = None) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._kick.wait(), self._poll_interval)
+            await asyncio.wait_for(self._kick.wait(), min(self._poll_interval, timeout or self._poll_interval))
 
 
 async def claim_session(conn: psycopg.AsyncConnection[Any]) -> None:

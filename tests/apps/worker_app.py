@@ -146,6 +146,11 @@ def slow_sync(job: Job) -> None:
     _log(job, "end")
 
 
+@jobs.handler("quick")
+async def quick(job: Job) -> None:
+    """Nothing: a job whose start time is all a test reads (rates, ramps)."""
+
+
 @jobs.handler("nap")
 async def nap(job: Job) -> None:
     """Sleep `sleep` seconds; logs `cancelled` if the worker cancels it meanwhile."""

@@ -12,8 +12,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from jobtui.bulk import Bulk
 from jobtui.client import Queue
 from jobtui.domain import NewJob
+from jobtui.jobfilter import JobFilter
 from tests.roles import Roles, grant_roles
 from tests.workers import WorkerProcess, wait_for
 
@@ -86,3 +88,16 @@ def test_a_real_cancel_still_stops_its_job_at_once(db: Conn, app_dsn: str, roles
         assert q.cancel([job], actor="olga") == [job]
     wait_for(lambda: "cancelled" in events(db, job), 2, "the handler cancelled", worker.log)
     assert job_row(db, job)[0] == "failed"
+
+
+def test_a_bulk_cancel_leaves_the_fact_a_worker_stops_on(db: Conn, app_dsn: str, spawn: Any) -> None:
+    """A bulk cancel writes in each row what `cancel` writes: its running jobs' handlers, sync
+    and async, stop at the next heartbeat's answer, hinted at once by its notifications."""
+    worker: WorkerProcess = spawn("A", "--no-scheduler", "--concurrency", "4", lease="30s")  # no heartbeat for 10 s
+    with Queue(app_dsn) as q:
+        ids = q.enqueue_many([NewJob("nap", {"sleep": 60}), NewJob("nap_sync", {"sleep": 60, "key": "bulk"})])
+    wait_for(lambda: all(events(db, i) == ["start"] for i in ids), 15, "both jobs running", worker.log)
+    job = Bulk(db, "cancel", JobFilter(types=("nap", "nap_sync")), actor="olga")
+    assert job.run(job.start()).changed == 2
+    wait_for(lambda: all("cancelled" in events(db, i) for i in ids), 3, "both handlers cancelled", worker.log)
+    assert [job_row(db, i)[0] for i in ids] == ["failed", "failed"]

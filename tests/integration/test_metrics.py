@@ -650,7 +650,8 @@ def test_row_lock_waits_are_counted_by_kind(dsn: str, conn: Conn, holder: Conn) 
         snap = snapshot(conn)
         assert snap.lock_waits == 2, snap.lock_waits_by_kind  # the app table's wait is left out
         assert snap.lock_waits_by_kind == {
-            "relation": 0, "transactionid": 1, "tuple": 1, "advisory": 0, "queue_limit": 0, "other": 0,
+            "relation": 0, "transactionid": 1, "tuple": 1, "advisory": 0, "queue_limit": 0, "rate_limit": 0,
+            "other": 0,
         }  # fmt: skip
         longest = snap.longest_lock_wait_by_kind
         assert 0.3 <= longest["tuple"] <= longest["transactionid"] < 10, longest
@@ -719,6 +720,46 @@ def test_a_claim_waiting_its_turn_under_a_queue_limit_is_its_own_kind(dsn: str, 
         holder.rollback()
         thread.join(10)
     assert not errors and not thread.is_alive()
+
+
+def test_claims_taking_their_turn_at_a_rates_bucket_are_their_own_kind(dsn: str, conn: Conn, holder: Conn) -> None:
+    """claim_rated locks a rated type's token bucket until its claim commits: the next claims of
+    that type wait for it, the first for the holder's transaction, the others for the row's
+    tuple. Those waits are the rate at work, not an alarm."""
+    from jobtui.db import run
+    from jobtui.queue import claim_call
+
+    with Queue(dsn) as q:
+        q.enqueue_many([NewJob("t", {}) for _ in range(6)])
+    queues.set_rate(conn, "type", "t", 1000.0, actor="olga")
+    claim = claim_call(["t"], worker="w1", limit=1)
+    assert len(run(holder, claim)) == 1  # the holder's claim keeps the bucket's row until it commits
+    errors = list[BaseException]()
+    statement = statements("jobtui")["claim"].as_string(None)
+    threads = []
+    for worker in ("w2", "w3"):
+        thread = threading.Thread(
+            target=_blocked_claim, args=(dsn, statement, {**claim.params, "worker": worker}, errors)
+        )
+        thread.start()
+        threads.append(thread)
+        deadline = time.monotonic() + 10
+        while len(_waiting_kinds(conn)) < len(threads) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    try:
+        assert _waiting_kinds(conn) == ["transactionid", "tuple"]
+        snap = snapshot(conn)
+        kinds = snap.lock_waits_by_kind
+        assert (snap.lock_waits, kinds["rate_limit"], kinds["transactionid"], kinds["tuple"]) == (2, 2, 0, 0), kinds
+        assert snap.alarming_lock_waits == 0
+        families = {m.name: m for m in prometheus.families(snap)}
+        waits = {s.labels["kind"]: s.value for s in families["jobtui_lock_waits"].samples}
+        assert waits["rate_limit"] == 2 and waits["transactionid"] == 0
+    finally:
+        holder.rollback()
+        for thread in threads:
+            thread.join(10)
+    assert not errors and not any(t.is_alive() for t in threads)
 
 
 def _blocked_claim(dsn: str, statement: str, params: dict[str, Any], errors: list[BaseException]) -> None:

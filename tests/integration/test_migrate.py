@@ -249,9 +249,13 @@ def test_a_custom_schema(empty_dsn: str, empty_conn: Conn) -> None:
 
 _PLACEHOLDER = re.compile(r"%%|%\((\w+)\)[sbt]|%[sbt]")  # psycopg: s = any format, b = binary, t = text
 # Utility statements, which PREPARE does not take: each is run for real by the tests of what
-# uses it (bulk enqueue, LISTEN wake-ups, jobtui bench, demo --reset).
-_UTILITY = re.compile(r"^(\s*--[^\n]*\n)*\s*(COPY|LISTEN|DROP|COMMENT|VACUUM|DO)\b", re.IGNORECASE)
-UTILITY_STATEMENTS = {"copy_jobs", "listen", "schema_drop", "bench_schema_set_mark", "bench_vacuum", "role_drop"}
+# uses it (bulk enqueue, LISTEN wake-ups, jobtui bench, demo --reset, jobtui index payload,
+# jobtui uninstall).
+_UTILITY = re.compile(r"^(\s*--[^\n]*\n)*\s*(COPY|LISTEN|DROP|COMMENT|VACUUM|CREATE|DO)\b", re.IGNORECASE)
+UTILITY_STATEMENTS = {
+    "copy_jobs", "listen", "schema_drop", "bench_schema_set_mark", "bench_vacuum",
+    "payload_index_create", "payload_index_drop", "role_drop",
+}  # fmt: skip
 
 
 def as_server_statement(text: str) -> str:
@@ -443,3 +447,25 @@ def test_the_indexes_the_claim_and_reaper_rely_on(conn: Conn) -> None:
     assert "(run_at, id) INCLUDE (type) WHERE (status = 'ready'::text)" in indexes["job_ready_idx"]
     assert "(locked_until) WHERE (status = 'running'::text)" in indexes["job_running_idx"]
     assert "UNIQUE" in next(d for d in indexes.values() if "(idempotency_key)" in d)
+
+
+def test_migration_13_leaves_the_job_table_and_the_previous_claim_alone(empty_conn: Conn) -> None:
+    before_levers = [m for m in migrations.available() if m.version < 13]
+    empty_conn.execute("CREATE SCHEMA jobtui")
+    empty_conn.execute("CREATE TABLE jobtui.migration (version integer PRIMARY KEY, name text NOT NULL,"
+                       " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
+    for m in before_levers:
+        empty_conn.execute(m.text("jobtui").encode())
+        empty_conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (%s, %s)", (m.version, m.name))
+    empty_conn.execute("INSERT INTO jobtui.job (type, queue) SELECT 't', 'lim' FROM generate_series(1, 5000)")
+    empty_conn.execute(
+        "INSERT INTO jobtui.queue_control (kind, name, max_running, changed_by) VALUES ('queue', 'lim', 2, 'x')"
+    )
+    filenode = "SELECT pg_relation_filenode('jobtui.job')"
+    before = empty_conn.execute(filenode).fetchone()
+    after_levers = [m.version for m in migrations.available() if m.version >= 13]
+    assert [m.version for m in migrations.migrate(empty_conn)] == after_levers
+    assert empty_conn.execute(filenode).fetchone() == before  # the same file: not rewritten
+    # The previous release's claim calls claim_limited with three arguments: it is there, as it was.
+    got = empty_conn.execute("SELECT jobtui.claim_limited(NULL, ARRAY['t'], 10)").fetchone()
+    assert got is not None and len(got[0]) == 2

@@ -51,6 +51,9 @@ WORKER_TABLES = {
     "audit": {"SELECT", "INSERT"},
     "migration": {"SELECT"},
     "queue_control": {"SELECT", "INSERT", "UPDATE"},
+    "rate_bucket": {"SELECT", "INSERT", "UPDATE"},
+    "queue_flow": {"SELECT", "INSERT", "DELETE"},
+    "bulk_run": {"SELECT", "INSERT", "UPDATE"},
 }
 
 

@@ -86,6 +86,43 @@ async def test_a_viewer_cannot_force_a_change_down_the_socket(dsn: str, server: 
     assert audit_rows(dsn) == [("web:alice", "requeue", len(ids))]
 
 
+async def test_the_jobs_search_and_its_bulk_keys_in_the_browser_console(dsn: str, server: ServeProcess) -> None:
+    """The filter box's search words open the jobs search over the socket; its bulk keys (and
+    the Queues pane's rate key) change nothing for a viewer, and run for an operator, audited
+    as the signed-in user."""
+    ids = seed_dead(dsn, 4, "sms.send")
+    search = "type:sms.send status:dead\r"
+    async with await signed_in(server.url, "bob") as client:
+        console = await open_console(client, server.url)
+        await console.wait("the console", started)
+        await console.keys("/")
+        await console.wait("the filter box", lambda s: "search jobs: payload:" in s)
+        await console.keys(*search)
+        await console.wait("the jobs search", lambda s: "Jobs matching type:sms.send" in s and "Back / cancel" in s)
+        assert "Requeue all" not in console.screen.text()
+        await console.keys("r", "y", "y", "\x1b")
+        await console.keys("7", "t", "5", "/", "s", "\r", "y", "\x1b")
+        await console.keys("?")
+        screen = await console.wait("the help", lambda s: "this help" in s)
+        assert "row(s) will change" not in screen
+    assert statuses(dsn, ids) == ["dead"] * len(ids)
+    assert audit_rows(dsn) == []
+
+    async with await signed_in(server.url, "alice") as client:
+        console = await open_console(client, server.url)
+        await console.wait("the console", started)
+        await console.keys("/")
+        await console.wait("the filter box", lambda s: "search jobs: payload:" in s)
+        await console.keys(*search)
+        await console.wait("the jobs search", lambda s: "Requeue all" in s)
+        await console.keys("r")
+        await console.wait("the question", lambda s: "4 row(s) will change" in s)
+        await console.keys("y")
+        await console.wait("the toast", lambda s: "requeued 4 job(s)" in s)
+    assert statuses(dsn, ids) == ["ready"] * len(ids)
+    assert audit_rows(dsn) == [("web:alice", "bulk-requeue", len(ids))]
+
+
 async def test_each_console_process_ends_with_its_socket(dsn: str, server: ServeProcess) -> None:
     async with await signed_in(server.url, "alice") as client:
         first = await open_console(client, server.url)

@@ -21,6 +21,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -29,6 +30,7 @@ from psycopg import sql
 
 from jobtui import cli, cli_ops, cli_queues, db, migrate, prometheus
 from jobtui.backlog import record_minute
+from jobtui.flows import record_flow
 from jobtui.tui import data
 from tests.conftest import with_dbname
 
@@ -78,6 +80,11 @@ FILL = [
        VALUES ('queue', 'reports', 3, 'ops')""",
     """INSERT INTO {schema}.queue_control (kind, name, paused_at, paused_by, changed_by)
        VALUES ('queue', 'emails', now(), 'ops', 'ops'), ('type', 'type_5', now(), 'ops', 'ops')""",
+    # A rated type, and a queue resumed with a ramp that still runs (migration 0013).
+    """INSERT INTO {schema}.queue_control (kind, name, rate_per_second, changed_by)
+       VALUES ('type', 'type_2', 20, 'ops')""",
+    """INSERT INTO {schema}.queue_control (kind, name, ramp_from, ramp_until, changed_by)
+       VALUES ('queue', 'late', now(), now() + interval '1 hour', 'ops')""",
 ]
 
 
@@ -123,6 +130,11 @@ def guard_dsn(server_dsn: str) -> Iterator[str]:
                     conn.execute(sql.SQL(text).format(schema=sql.Identifier(schema), ready=sql.Literal(ready)))
                 conn.execute(sql.SQL("VACUUM ANALYZE {}.job").format(sql.Identifier(schema)))
                 record_minute(conn, schema)  # the archiver's row of the last minute, as a worker writes it
+                # Its flow spans, two minutes apart: the forecast then reads enqueues and finishes.
+                moment = conn.execute("SELECT now()").fetchone()
+                assert moment is not None
+                record_flow(conn, schema, until=moment[0] - timedelta(minutes=2))
+                record_flow(conn, schema, until=moment[0])
         yield dsn
     finally:
         with psycopg.connect(server_dsn, autocommit=True) as admin:

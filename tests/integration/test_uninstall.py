@@ -18,6 +18,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from jobtui import scheduler as sched
 from jobtui.client import Queue
+from jobtui.flows import record_flow
 from jobtui.registry import ScheduleSpec
 from tests.roles import drop_roles, role_names, run_grants
 from tests.workers import ROOT
@@ -85,6 +86,16 @@ def test_uninstall_leaves_nothing_of_jobtui(dsn: str, installed: tuple[str, str,
     worker, readonly, own = installed
     roles = (worker, readonly, own)
     with psycopg.connect(dsn, autocommit=True) as conn:
+        # What the levers leave (migration 0013): a rate's bucket, a flow span, a bulk run, and
+        # the payload's optional index (`jobtui index payload`).
+        conn.execute("INSERT INTO jobtui.rate_bucket (kind, name, tokens, refilled_at) VALUES ('type', 't', 1, now())")
+        record_flow(conn)
+        conn.execute("INSERT INTO jobtui.bulk_run (action, filter, cutoff, last_id, next_id, started_by)"
+                     " VALUES ('requeue', '{}', now(), 0, 1, 'olga')")  # fmt: skip
+        conn.execute("CREATE INDEX job_payload_idx ON jobtui.job USING gin (payload jsonb_path_ops)")
+        levers = "SELECT count(*) FROM pg_class WHERE oid = ANY(%s::regclass[])"
+        made = ["jobtui.rate_bucket", "jobtui.queue_flow", "jobtui.bulk_run", "jobtui.job_payload_idx"]
+        assert conn.execute(levers, (made,)).fetchone() == (4,)
         before = catalog(conn, roles)
         assert conn.execute("SELECT count(*) FROM jobtui.audit").fetchone() == (2,)
     assert before["schema"] == 1 and before["relations"] > 10 and before["functions"] >= 4

@@ -14,6 +14,7 @@ from typing import Any
 from jobtui.backlog import MinuteFigures
 from jobtui.domain import ErrorEntry, JobRow, JobStatus, Runner
 from jobtui.errors import DatabaseUnavailable
+from jobtui.forecast import Span
 from jobtui.joblists import DeadJob, ReadyJob, ReadyJobs, RunningJob
 from jobtui.metrics import DeadGroup, LeaseExpiry, RunningGroup, ScheduleHealth, Snapshot, TypeCounts
 from jobtui.overview import QueueLine
@@ -34,15 +35,32 @@ def ago(seconds: float) -> datetime:
 
 
 def queue_lines() -> list[QueueLine]:
-    """A paused queue whose oldest wait grows, a queue at its limit, and a paused type."""
+    """A paused queue whose oldest wait grows, a queue at its limit, a rated type, a queue whose
+    ramp rises, and a paused type."""
     return [
         QueueLine("queue", "default", 1260, 1236, 9, 540, 42.0, None, None, None),
         QueueLine("queue", "emails", 4210, 4210, 0, 0, 318.0, None, ago(320), "ops@bastion"),
+        QueueLine(
+            "queue", "imports", 9800, 9800, 20, 300, 12.0, None, None, None, None, NOW + timedelta(seconds=40), 46.4
+        ),
         QueueLine("queue", "reports", 35, 35, 3, 12, 75.0, 3, None, None),
-        QueueLine("type", "email.send", 1204, 1180, 6, 400, 42.0, None, None, None),
+        QueueLine("type", "email.send", 1204, 1180, 6, 400, 42.0, None, None, None, 20.0, None, 20.0),
         QueueLine("type", "report.build", 35, 35, 3, 12, 75.0, None, None, None),
         QueueLine("type", "sms.send", 56, 56, 0, 0, 318.0, None, ago(320), "ops@bastion"),
     ]
+
+
+def flows() -> list[Span]:
+    """The last five minutes' flows: default and emails drain, imports grows, emails (paused)
+    is stalled."""
+    start = NOW - timedelta(minutes=5)
+    pairs: list[tuple[str | None, str, int, int]] = [
+        ("default", "email.send", 1500, 2700),
+        ("reports", "report.build", 60, 60),
+        ("imports", "csv.import", 4000, 1500),
+        ("emails", "sms.send", 0, 0),
+    ]
+    return [Span(start, NOW, 90_000, True, pairs)]
 
 
 def by_type() -> list[TypeCounts]:
@@ -154,6 +172,7 @@ def snapshot() -> Snapshot:
         oldest_xact_age=None,
         oldest_xact_pid=None,
         minutes=minutes(),
+        flows=flows(),
     )
 
 

@@ -11,8 +11,9 @@ from jobtui.tui import panes
 from jobtui.tui.app import PANE_ACTIONS, JobtuiApp
 from jobtui.tui.console import Change
 from jobtui.tui.screens import HELP, JobListScreen
+from jobtui.tui.search import JobSearchScreen
 
-OWNERS: tuple[type[object], ...] = (*panes.ALL, JobtuiApp, JobListScreen)
+OWNERS: tuple[type[object], ...] = (*panes.ALL, JobtuiApp, JobListScreen, JobSearchScreen)
 SHOWN_AS = {"slash": "/", "question_mark": "?", "escape": "esc"}
 
 
@@ -61,7 +62,7 @@ def test_each_pane_offers_its_own_keys_and_implements_them() -> None:
         "schedules": {"pause_schedule", "run_now"},
         "worker": set(),
         "charts": set(),
-        "queues": {"pause_queue", "limit"},
+        "queues": {"pause_queue", "limit", "rate", "ramp"},
     }
     for pane in panes.ALL:
         for action in pane.actions():

@@ -482,3 +482,27 @@ async def test_a_figure_that_grows_widens_its_column_instead_of_being_cut() -> N
         table.sync([render.row("a", ["a", "712,143"])])  # the same row, a bigger figure
         await pilot.pause()
         assert table.columns["due"].content_width >= len("712,143")  # type: ignore[index]
+
+
+def test_the_queues_pane_marks_estimates_beside_its_rates_and_forecasts() -> None:
+    from jobtui.forecast import Forecast
+    from jobtui.overview import QueueLine
+    from jobtui.tui.panes import queues as pane
+
+    estimated = ("ready", "due", "oldest_age", "done_last_minute")
+    lines = [
+        QueueLine("queue", "big", 5_000_000, 4_900_000, 8, 1_800, 61.0, None, None, None, estimated=estimated),
+        QueueLine("type", "sms.send", 900, 900, 2, 40, None, None, None, None, 20.0, None, 20.0, ("oldest_age",)),
+    ]
+    ahead = {
+        ("queue", "big"): Forecast("drains", 4_900_000, 840.0, 1_200.0, 1_500.0, 300.0, 300.0),
+        ("type", "sms.send"): Forecast("growing", 900, float("nan"), -300.0, 100.0, 400.0, 300.0),
+    }
+    rows = {key: dict(zip(pane.COLUMNS, (plain(c) for c in cells), strict=True)) for key, cells in
+            pane.queue_rows(lines, "", T, ahead)}  # fmt: skip
+    big, sms = rows["queue:big"], rows["type:sms.send"]
+    assert (big["ready"], big["due"], big["oldest ready"], big["done/min"]) == ("~5,000,000", "~4,900,000", "~1m01s",
+                                                                                  "~1,800")  # fmt: skip
+    assert big["forecast"] == ahead[("queue", "big")].short and big["rate"] == "-"
+    assert (sms["ready"], sms["oldest ready"], sms["rate"]) == ("900", "?", "20/s")
+    assert sms["forecast"] == ahead[("type", "sms.send")].short

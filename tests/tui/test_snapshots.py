@@ -123,3 +123,11 @@ def test_database_not_answering(snap_compare: Compare) -> None:
 
 def test_last_hour_charts(snap_compare: Compare) -> None:
     assert snap_compare(fx.FixedApp(), terminal_size=SIZE, run_before=after("8"))
+
+
+def test_rate_box(snap_compare: Compare) -> None:
+    # t in the Queues pane on the type email.send, which has a rate of 20/s.
+    assert snap_compare(
+        fx.FixedApp(), terminal_size=SIZE,
+        run_before=after("7", "t", until=lambda app: app.screen.__class__.__name__ == "ValueScreen"),
+    )  # fmt: skip

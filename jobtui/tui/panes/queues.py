@@ -1,9 +1,10 @@
-"""7 Queues: each queue and job type with its ready, running, limit, pause and oldest wait;
-pause or resume one on every worker, or set a queue's global limit."""
+"""7 Queues: each queue and job type with its ready, running, limit, rate, pause, oldest wait
+and drain forecast; pause or resume one on every worker (or resume it with a ramp), set a
+queue's global limit, or a queue's or type's rate."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.text import Text
@@ -15,15 +16,28 @@ from textual.widgets import Input, Label
 
 from ... import queues
 from ...db import connect
+from ...durations import parse_duration
 from ...errors import InvalidInput
+from ...flows import line_forecasts
+from ...forecast import Forecast
 from ...overview import QueueLine
+from ...rates import RAMP_TOP, parse_rate, rate_text
 from ...safetext import line
 from .. import render
 from ..console import Change, View
 from ..data import Actions
 from .base import TablePane
 
-COLUMNS = ["kind", "name", "ready", "due", "running", "limit", "paused", "oldest ready", "done/min"]
+# The forecast next to the counts it is about; the levers after the figures.
+COLUMNS = ["kind", "name", "ready", "due", "running", "forecast", "oldest ready", "done/min", "limit", "rate", "paused"]
+
+
+def rate_cell(q: QueueLine) -> str:
+    """`20/s`, `3.2/s → 20/s` while a ramp rises, `-` without a rate."""
+    if q.ramping:
+        top = q.rate or RAMP_TOP
+        return f"{rate_text(q.rate_now)} → {rate_text(top) if top < 1000 else render.compact(round(top)) + '/s'}"
+    return "-" if q.rate is None else rate_text(q.rate)
 
 
 def key_of(kind: str, name: str) -> str:
@@ -35,11 +49,18 @@ def marked(q: QueueLine, field: str, text: str) -> str:
     return f"~{text}" if field in q.estimated else text
 
 
-def queue_rows(lines: Sequence[QueueLine], needle: str, thresholds: render.Thresholds) -> list[render.Row]:
-    """Queues first, then types; a paused one says so in amber, a limit that is reached in red;
+def queue_rows(
+    lines: Sequence[QueueLine],
+    needle: str,
+    thresholds: render.Thresholds,
+    forecasts: Mapping[tuple[str, str], Forecast] | None = None,
+) -> list[render.Row]:
+    """Queues first, then types; a paused one says so in amber, a limit that is reached in
+    red, a ramp in amber, a backlog that grows in amber and one that is stalled in red;
     estimates start with `~`."""
     rows: list[render.Row] = []
     for q in lines:
+        ahead = (forecasts or {}).get((q.kind, q.name))
         if needle and needle.lower() not in q.name.lower():
             continue
         level = thresholds.level(q.oldest_age, thresholds.oldest_ready_warn, thresholds.oldest_ready_crit)
@@ -54,12 +75,14 @@ def queue_rows(lines: Sequence[QueueLine], needle: str, thresholds: render.Thres
                     marked(q, "ready", f"{q.ready:,}"),
                     marked(q, "due", f"{q.due:,}"),
                     render.styled(f"{q.running:,}", "crit") if full else f"{q.running:,}",
-                    "-" if q.max_running is None else f"{q.max_running:,}",
-                    render.styled(f"paused by {q.paused_by}", "warn") if q.paused else "-",
+                    render.styled(ahead.short, ahead.level) if ahead is not None and ahead.short else "-",
                     render.styled(marked(q, "oldest_age", render.age(q.oldest_age)), level)
                     if q.oldest_age is not None
                     else oldest,
                     marked(q, "done_last_minute", f"{q.done_last_minute:,}"),
+                    "-" if q.max_running is None else f"{q.max_running:,}",
+                    render.styled(rate_cell(q), "warn") if q.ramping else rate_cell(q),
+                    render.styled(f"by {q.paused_by}", "warn") if q.paused else "-",
                 ],
             )
         )
@@ -133,6 +156,57 @@ class LimitScreen(ModalScreen[str | None]):
         self.dismiss(None)
 
 
+def set_rate(actions: Actions, kind: queues.Kind, name: str, rate: float | None, seen: float | None) -> str:
+    with connect(actions.dsn, autocommit=True) as conn:
+        change = queues.set_rate(
+            conn, kind, name, rate, actor=actions.actor, expected=seen, fenced=True, schema=actions.schema
+        )
+    if not change.changed:
+        return f"{kind} {name}: its rate changed to {rate_text(change.was)} meanwhile; nothing changed (look again)"
+    return f"{kind} {name}: rate {rate_text(rate)} (was {rate_text(seen)})"
+
+
+def resume_ramped(actions: Actions, kind: queues.Kind, name: str, ramp: float) -> str:
+    with connect(actions.dsn, autocommit=True) as conn:
+        changed = queues.resume(conn, kind, name, actor=actions.actor, ramp=ramp, schema=actions.schema)
+    return f"{kind} {name} " + (f"resumed, its rate rising over {ramp:g}s" if changed else "was not paused")
+
+
+def parse_rate_box(text: str) -> float | None:
+    """What the rate box holds: `20/s`, `1200/min`, or empty / none for no rate."""
+    return None if not text.strip() else parse_rate(text)
+
+
+class ValueScreen(ModalScreen[str | None]):
+    """Asks for one value (a rate, a ramp); returns the text typed, None when dismissed."""
+
+    BINDINGS = [Binding("escape", "dismiss_none", "Back", show=False)]
+    DEFAULT_CSS = """
+    ValueScreen { align: center middle; }
+    #value-dialog { width: 64; max-width: 95%; height: auto; border: thick $warning; background: $surface;
+                    padding: 1 2; }
+    #value-dialog Label { width: 100%; }
+    """
+
+    def __init__(self, lines: list[str], value: str) -> None:
+        super().__init__()
+        self.lines = lines
+        self.value = value
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="value-dialog"):
+            for text in self.lines:
+                yield Label(Text(line(text)))
+            yield Input(value=self.value, id="value-input")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.dismiss(event.value)
+
+    def action_dismiss_none(self) -> None:
+        self.dismiss(None)
+
+
 class QueuesPane(TablePane):
     """The fleet-wide levers: opened from the Ready pane, the cursor is on the type selected there."""
 
@@ -141,7 +215,9 @@ class QueuesPane(TablePane):
     TITLE = "Queues"
     BINDINGS = [
         Change("p", "pause_queue", "Pause/resume"),
+        Change("u", "ramp", "Resume with ramp"),
         Change("l", "limit", "Limit"),
+        Change("t", "rate", "Rate"),
     ]
 
     def compose(self) -> ComposeResult:
@@ -150,7 +226,8 @@ class QueuesPane(TablePane):
         yield KeyedTable(COLUMNS, id=f"table-{self.ID}")
 
     def rows(self, view: View) -> list[render.Row]:
-        return queue_rows(view.fetched.queues, view.needle, view.thresholds)
+        lines = view.fetched.queues
+        return queue_rows(lines, view.needle, view.thresholds, line_forecasts(lines, view.snapshot.flows))
 
     def focus_default(self) -> None:
         super().focus_default()
@@ -233,3 +310,63 @@ class QueuesPane(TablePane):
             "1 row will change.",
         ]
         self.console.confirm_then(question, set_limit, self.console.actions_, name, limit, seen)
+
+    def action_rate(self) -> None:
+        q = self._line()
+        if q is None:
+            return
+        kind, name, seen = q.kind, q.name, q.rate
+
+        def typed(text: str | None) -> None:
+            if text is None:
+                return
+            try:
+                rate = parse_rate_box(text)
+            except InvalidInput as exc:
+                self.app.notify(str(exc), severity="error")
+                return
+            says = "no rate" if rate is None else f"at most {rate_text(rate)} claimed, across every worker"
+            question: list[Any] = [
+                f"Set the rate of {kind} {name} to {says}?",
+                f"It was {rate_text(seen)}; every worker holds to it from its next claim.",
+                "1 row will change.",
+            ]
+            self.console.confirm_then(question, set_rate, self.console.actions_, kind, name, rate, seen)
+
+        lines = [f"Jobs of {kind} {name} claimed at most, across every worker (now {rate_text(seen)})",
+                 "Like 20/s, 1200/min or 30/h, or none; enter, then confirm."]  # fmt: skip
+        self.app.push_screen(ValueScreen(lines, "" if seen is None else rate_text(seen)), typed)
+
+    def action_ramp(self) -> None:
+        q = self._line()
+        if q is None:
+            return
+        if not q.paused:
+            self.app.notify(
+                f"{q.kind} {q.name} is not paused: a ramp lets a paused backlog back in", severity="warning"
+            )
+            return
+        kind, name, ready = q.kind, q.name, q.ready
+        top = rate_text(q.rate or RAMP_TOP)
+
+        def typed(text: str | None) -> None:
+            if text is None:
+                return
+            try:
+                ramp = queues.check_ramp(parse_duration(text))
+            except InvalidInput as exc:
+                self.app.notify(str(exc), severity="error")
+                return
+            assert ramp is not None
+            question: list[Any] = [
+                f"Resume {kind} {name} with a ramp of {ramp:g}s?",
+                f"Its {ready:,} ready job(s) come back at 1/s, rising tenfold in equal steps to {top}.",
+                "1 row will change.",
+            ]
+            self.console.confirm_then(question, resume_ramped, self.console.actions_, kind, name, ramp)
+
+        lines = [
+            f"Resume {kind} {name}: how long its rate rises, from 1/s to {top}",
+            "Like 60s or 5m; enter, then confirm.",
+        ]
+        self.app.push_screen(ValueScreen(lines, "60s"), typed)

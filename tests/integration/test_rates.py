@@ -1,0 +1,263 @@
+"""Fleet-wide rates of queues and job types, and resumes that ramp, against real PostgreSQL:
+the claim statement takes a token of a rated queue's or type's bucket per job, across every
+claim, and leaves the jobs of unrated queues to the claim as it was."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from jobtui import queues
+from jobtui.client import Queue
+from jobtui.db import run
+from jobtui.domain import NewJob
+from jobtui.errors import InvalidInput
+from jobtui.overview import overview
+from jobtui.queue import claim_call
+from jobtui.rates import parse_rate
+from tests.integration.test_levers import jobtui
+from tests.workers import WorkerProcess, wait_for
+
+Conn = psycopg.Connection[Any]
+Spawn = Callable[..., WorkerProcess]
+
+
+def claim(conn: Conn, queue: str | None = None, limit: int = 50, types: tuple[str, ...] = ("a", "b")) -> list[int]:
+    return [j.id for j in run(conn, claim_call(types, worker="w", limit=limit, queue=queue))]
+
+
+def fill(dsn: str, n: int, job_type: str = "a", queue: str = "default") -> list[int]:
+    with Queue(dsn) as q:
+        return [q.enqueue(job_type, queue=queue) for _ in range(n)]
+
+
+def test_a_rated_type_gets_a_token_per_job_and_the_rest_flows(conn: Conn, dsn: str) -> None:
+    rated = fill(dsn, 40, "a")
+    free = fill(dsn, 5, "b")
+    assert queues.set_rate(conn, "type", "a", 10.0, actor="olga").was is None
+    started = time.monotonic()
+    first = claim(conn)
+    # The bucket starts with one token; the unrated type's jobs all come at once.
+    assert sorted(j for j in first if j in free) == free
+    assert len([j for j in first if j in rated]) == 1
+    taken = 1
+    while time.monotonic() - started < 1.0:
+        taken += len(claim(conn, types=("a",)))
+        time.sleep(0.05)
+    elapsed = time.monotonic() - started
+    taken += len(claim(conn, types=("a",)))  # what is left of the time: the tokens since the last claim
+    assert 1 + 10 * (elapsed - 0.15) <= taken <= 1 + 10 * (elapsed + 0.15) + 1, (taken, elapsed)
+    line = next(q for q in overview(conn).lines if (q.kind, q.name) == ("type", "a"))
+    assert (line.rate, line.rate_now, line.ramp_until) == (10.0, 10.0, None)
+
+
+def test_a_rate_change_holds_from_the_next_claim(conn: Conn, dsn: str) -> None:
+    fill(dsn, 100, "a", queue="api")
+    queues.set_rate(conn, "queue", "api", 2.0, actor="olga")
+    claim(conn)  # the first token
+    time.sleep(0.5)
+    assert len(claim(conn)) == 1  # half a second at 2/s
+    change = queues.set_rate(conn, "queue", "api", 40.0, actor="olga", expected=2.0, fenced=True)
+    assert change.changed and change.was == 2.0
+    time.sleep(0.5)
+    assert 18 <= len(claim(conn)) <= 22  # half a second at 40/s, and no burst from the change
+    # Fenced by the rate the operator saw: it is 40 now.
+    assert not queues.set_rate(conn, "queue", "api", 1.0, actor="olga", expected=2.0, fenced=True).changed
+    queues.set_rate(conn, "queue", "api", None, actor="olga")
+    assert len(claim(conn, limit=100)) >= 50  # no rate: the rest at once
+    audit = conn.execute("SELECT action, target, rows, detail FROM jobtui.audit ORDER BY id").fetchall()
+    assert [(a, t, r) for a, t, r, _ in audit] == [
+        ("queue-rate", "queue api", 1),
+        ("queue-rate", "queue api", 1),
+        ("queue-rate", "queue api", 0),
+        ("queue-rate", "queue api", 1),
+    ]
+    assert audit[1][3] == {"rate_per_second": 40.0, "was": 2.0}
+
+
+def test_a_job_takes_a_token_of_its_queue_and_of_its_type(conn: Conn, dsn: str) -> None:
+    in_both = fill(dsn, 10, "a", queue="api")
+    other_type = fill(dsn, 10, "b", queue="api")
+    queues.set_rate(conn, "queue", "api", 1.0, actor="olga")
+    queues.set_rate(conn, "type", "a", 1.0, actor="olga")
+    # Each bucket holds one token: the queue's goes to the oldest job, which also takes its
+    # type's. Nothing else of the queue may go now.
+    assert claim(conn) == [in_both[0]]
+    assert claim(conn) == []
+    queues.set_rate(conn, "queue", "api", None, actor="olga")
+    time.sleep(1.05)
+    got = claim(conn)
+    assert sorted(got) == [in_both[1], *other_type]
+
+
+def test_a_rated_type_in_a_limited_queue_holds_to_both(conn: Conn, dsn: str) -> None:
+    ids = fill(dsn, 20, "a", queue="lim")
+    plain = fill(dsn, 5, "b", queue="lim")
+    queues.set_limit(conn, "lim", 3, actor="olga")
+    queues.set_rate(conn, "type", "a", 1000.0, actor="olga")
+    time.sleep(0.05)
+    # The bucket holds 50 tokens by now; the queue's limit lets three run, counted together.
+    assert sorted(claim(conn)) == ids[:3]
+    assert claim(conn) == []
+    conn.execute("UPDATE jobtui.job SET status = 'done', locked_until = NULL WHERE id = %s", (ids[0],))
+    queues.set_rate(conn, "type", "a", None, actor="olga")
+    assert claim(conn) == [ids[3]]  # one slot freed, for the oldest job of the queue
+    queues.set_rate(conn, "type", "a", 0.001, actor="olga")  # its bucket keeps one token
+    conn.execute("UPDATE jobtui.job SET status = 'done', locked_until = NULL WHERE id = ANY(%s)", (ids[1:3],))
+    assert sorted(claim(conn)) == [ids[4], plain[0]]  # the token, then the other type
+    n = conn.execute("SELECT count(*) FROM jobtui.job WHERE queue = 'lim' AND status = 'running'").fetchone()
+    assert n == (3,)
+
+
+def test_a_paused_rated_queue_stays_paused(conn: Conn, dsn: str) -> None:
+    fill(dsn, 5, "a", queue="api")
+    queues.set_rate(conn, "queue", "api", 100.0, actor="olga")
+    queues.pause(conn, "queue", "api", actor="olga")
+    time.sleep(0.1)
+    assert claim(conn) == []
+    queues.pause(conn, "type", "a", actor="olga")
+    queues.resume(conn, "queue", "api", actor="olga")
+    assert claim(conn) == []  # the type is paused
+
+
+def test_a_ramp_starts_slow_and_ends_at_the_rate(conn: Conn, dsn: str) -> None:
+    fill(dsn, 300, "a", queue="api")
+    queues.pause(conn, "queue", "api", actor="olga")
+    queues.set_rate(conn, "queue", "api", 100.0, actor="olga")
+    assert queues.resume(conn, "queue", "api", actor="olga", ramp=2.0)
+    line = next(q for q in overview(conn).lines if q.name == "api")
+    assert line.ramping and line.rate == 100.0 and line.rate_now is not None and line.rate_now < 2.0
+    early = 0
+    started = time.monotonic()
+    while time.monotonic() - started < 0.5:
+        early += len(claim(conn))
+        time.sleep(0.05)
+    time.sleep(1.6)
+    claim(conn)  # the bucket at its fullest is two seconds' worth
+    started = time.monotonic()
+    late = 0
+    while time.monotonic() - started < 0.5:
+        late += len(claim(conn))
+        time.sleep(0.05)
+    # From 1/s, ten times as fast per half of the ramp: the first half second lets in about
+    # one job, the last (past the ramp) about 50.
+    assert early <= 3 and late >= 30, (early, late)
+    assert next(q for q in overview(conn).lines if q.name == "api").ramp_until is None
+    detail = conn.execute("SELECT detail FROM jobtui.audit WHERE action = 'queue-resume'").fetchone()
+    assert detail == ({"ramp_seconds": 2.0},)
+
+
+def test_bad_rates_are_refused_in_one_line(conn: Conn) -> None:
+    for text in ("fast", "20", "20/week", "-1/s", "0/s", "2000000/s"):
+        with pytest.raises(InvalidInput) as err:
+            parse_rate(text)
+        assert "\n" not in str(err.value)
+    with pytest.raises(InvalidInput, match="ramp"):
+        queues.resume(conn, "queue", "q", actor="olga", ramp=0)
+    assert parse_rate("1200/min") == 20.0
+
+
+# -- real workers -------------------------------------------------------------------------
+
+
+def db_now(conn: Conn) -> datetime:
+    row = conn.execute("SELECT now()").fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+def started_between(conn: Conn, since: datetime, until: datetime, job_type: str = "quick") -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM jobtui.job WHERE type = %s AND started_at >= %s AND started_at < %s",
+        (job_type, since, until),
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def rate_over(conn: Conn, seconds: float) -> float:
+    """Jobs started per second over the next `seconds`, by the database's clock."""
+    since = db_now(conn)
+    time.sleep(seconds)
+    return started_between(conn, since, db_now(conn)) / seconds
+
+
+def two_rated_workers(conn: Conn, app_dsn: str, spawn: Spawn, jobs: int) -> None:
+    with Queue(app_dsn) as q:
+        q.enqueue_many([NewJob("quick", {}) for _ in range(jobs)])
+    queues.set_rate(conn, "type", "quick", 20.0, actor="olga")
+    for name in ("A", "B"):
+        spawn(name, "--no-scheduler", "--concurrency", "20")
+    wait_for(lambda: started_between(conn, db_now(conn) - timedelta(seconds=5), db_now(conn)) >= 20, 20, "jobs run")
+
+
+def test_two_workers_hold_to_20_per_second_and_to_50_from_the_next_claim(db: Conn, app_dsn: str, spawn: Spawn) -> None:
+    two_rated_workers(db, app_dsn, spawn, 800)
+    rate = rate_over(db, 4.0)
+    assert 20 * 0.8 <= rate <= 20 * 1.2, rate
+    # Each worker claims at least once a second (its poll): from then on the new rate holds.
+    changed = db_now(db)
+    assert queues.set_rate(db, "type", "quick", 50.0, actor="olga", expected=20.0, fenced=True).changed
+    time.sleep(4.2)
+    after = started_between(db, changed + timedelta(seconds=1.1), changed + timedelta(seconds=4.1)) / 3.0
+    assert 50 * 0.8 <= after <= 50 * 1.2, after
+    locked_by = db.execute("SELECT DISTINCT locked_by FROM jobtui.job WHERE started_at IS NOT NULL").fetchall()
+    assert {str(r[0]) for r in locked_by} == {"A", "B"}
+
+
+@pytest.mark.slow
+def test_two_workers_hold_to_20_per_second_over_30s_windows(db: Conn, app_dsn: str, spawn: Spawn) -> None:
+    two_rated_workers(db, app_dsn, spawn, 3000)
+    for _ in range(2):
+        rate = rate_over(db, 30.0)
+        assert 20 * 0.9 <= rate <= 20 * 1.1, rate
+    queues.set_rate(db, "type", "quick", 50.0, actor="olga")
+    time.sleep(1.5)
+    rate = rate_over(db, 30.0)
+    assert 50 * 0.9 <= rate <= 50 * 1.1, rate
+
+
+def ramp_run(db: Conn, app_dsn: str, spawn: Spawn, jobs: int, ramp: str, seconds: float) -> tuple[int, int]:
+    """Jobs started in the first and in the last 5 s of a ramp of a paused queue's backlog."""
+    with Queue(app_dsn) as q:
+        q.enqueue_many([NewJob("quick", {}, queue="bulk") for _ in range(jobs)])
+    assert "paused" in jobtui(app_dsn, "queue", "pause", "bulk").stdout
+    for name in ("A", "B"):
+        spawn(name, "--no-scheduler", "--concurrency", "50")
+    out = jobtui(app_dsn, "queue", "resume", "bulk", "--ramp", ramp)
+    assert out.returncode == 0 and "rising over" in out.stdout, out
+    resumed = db_now(db)
+    time.sleep(seconds + 0.5)
+    first = started_between(db, resumed, resumed + timedelta(seconds=5))
+    last = started_between(db, resumed + timedelta(seconds=seconds - 5), resumed + timedelta(seconds=seconds))
+    return first, last
+
+
+def test_a_resume_with_a_ramp_lets_the_backlog_in_slowly_at_first(db: Conn, app_dsn: str, spawn: Spawn) -> None:
+    first, last = ramp_run(db, app_dsn, spawn, 3000, "10s", 10.0)
+    assert last > 0 and first < last / 3, (first, last)
+
+
+@pytest.mark.slow
+def test_a_30s_ramp_over_20000_ready_jobs(db: Conn, app_dsn: str, spawn: Spawn) -> None:
+    first, last = ramp_run(db, app_dsn, spawn, 20_000, "30s", 30.0)
+    assert last > 0 and first < last / 3, (first, last)
+
+
+def test_a_rated_queue_without_due_jobs_costs_the_claim_a_few_rows(conn: Conn, dsn: str) -> None:
+    """A rate elsewhere must not make every claim read the whole backlog of the others."""
+    with Queue(dsn) as q:
+        q.enqueue_many([NewJob("a", {}) for _ in range(5000)])
+    conn.execute("VACUUM ANALYZE jobtui.job")
+    queues.set_rate(conn, "queue", "idle", 5.0, actor="olga")
+    with conn.transaction():
+        assert len(claim(conn, limit=10)) == 10
+        row = conn.execute(
+            "SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0) FROM pg_stat_xact_user_tables"
+            " WHERE schemaname = 'jobtui' AND relname = 'job'"
+        ).fetchone()
+    assert row is not None and row[0] < 200, row  # the claim's own rows and the rated part's first ones

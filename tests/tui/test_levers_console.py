@@ -1,0 +1,166 @@
+"""The second round of levers in the console, driven by Textual's pilot against a real
+database: a rate typed then confirmed (fenced by the rate shown), a resume with a ramp, the
+jobs search from the filter box (progress, pages, escape cancelling a search that waits),
+and the bulk actions over its filter; read-only offering none of them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from jobtui import queues
+from jobtui.tui.screens import ConfirmScreen
+from jobtui.tui.search import JobSearchScreen
+from jobtui.tui.widgets import KeyedTable
+
+from .helpers import audit, query, seed, statuses, stays, wait_for
+from .test_console import answer, confirm_question, console, keys, table, text
+
+
+async def queue_row(pilot: Any, app: Any, key: str) -> KeyedTable:
+    await pilot.press("7")
+    await wait_for(pilot, lambda: key in keys(table(app, "queues")), what=key)
+    t = table(app, "queues")
+    t.move_cursor(row=keys(t).index(key))
+    await pilot.pause(0.05)
+    return t
+
+
+def rates(dsn: str) -> list[tuple[Any, ...]]:
+    return query(dsn, "SELECT kind, name, rate_per_second FROM jobtui.queue_control WHERE rate_per_second IS NOT NULL")
+
+
+async def test_a_rate_is_typed_then_confirmed_and_fenced_by_the_rate_shown(dsn: str) -> None:
+    seed(dsn)
+    async with console(dsn, actor="olga") as (app, pilot):
+        t = await queue_row(pilot, app, "type:email.send")
+        await pilot.press("t")
+        await wait_for(pilot, lambda: app.screen.__class__.__name__ == "ValueScreen", what="the rate box")
+        await pilot.press("f", "a", "s", "t", "enter")  # not a rate: says so, changes nothing
+        await wait_for(pilot, lambda: app.on_main_screen(), what="the box closed")
+        assert any("bad rate" in str(n.message) for n in app._notifications)
+        await pilot.press("t")
+        await wait_for(pilot, lambda: app.screen.__class__.__name__ == "ValueScreen", what="the rate box")
+        await pilot.press(*"20/s", "enter")
+        question = await confirm_question(pilot, app)
+        assert "Set the rate of type email.send to at most 20/s" in question and "It was none" in question
+        await answer(pilot, app, "y")
+        await wait_for(pilot, lambda: rates(dsn) == [("type", "email.send", 20.0)], what="the rate")
+        await wait_for(pilot, lambda: "20/s" in str(t.get_row("type:email.send")), what="the rate shown")
+        # Someone else changes it while this operator answers: nothing changes, and the toast says so.
+        await pilot.press("t")
+        await wait_for(pilot, lambda: app.screen.__class__.__name__ == "ValueScreen", what="the rate box")
+        await pilot.press("backspace", "backspace", "backspace", "backspace", *"5/s", "enter")
+        await confirm_question(pilot, app)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            queues.set_rate(conn, "type", "email.send", 30.0, actor="bob")
+        await answer(pilot, app, "y")
+        await wait_for(
+            pilot, lambda: any("changed to 30/s meanwhile" in str(n.message) for n in app._notifications), what="toast"
+        )
+    assert rates(dsn) == [("type", "email.send", 30.0)]
+    assert [(a[1], a[4]) for a in audit(dsn)] == [("type-rate", 1), ("type-rate", 1), ("type-rate", 0)]
+
+
+async def test_a_paused_queue_is_resumed_with_a_ramp(dsn: str) -> None:
+    seed(dsn)
+    async with console(dsn, actor="olga") as (app, pilot):
+        await queue_row(pilot, app, "queue:default")
+        await pilot.press("u")  # not paused: no ramp to start
+        await wait_for(pilot, lambda: any("not paused" in str(n.message) for n in app._notifications), what="toast")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            queues.pause(conn, "queue", "default", actor="olga")
+        await wait_for(pilot, lambda: "by olga" in str(table(app, "queues").get_row("queue:default")), what="paused")
+        await pilot.press("u")
+        await wait_for(pilot, lambda: app.screen.__class__.__name__ == "ValueScreen", what="the ramp box")
+        await pilot.press("enter")  # the default, 60s
+        question = await confirm_question(pilot, app)
+        assert "Resume queue default with a ramp of 60s?" in question and "rising tenfold" in question
+        await answer(pilot, app, "y")
+        await wait_for(
+            pilot,
+            lambda: (
+                query(dsn, "SELECT paused_at IS NULL, ramp_until > now() FROM jobtui.queue_control") == [(True, True)]
+            ),
+            what="the ramp",
+        )
+        await wait_for(pilot, lambda: "→" in str(table(app, "queues").get_row("queue:default")), what="ramp shown")
+    assert [a[1] for a in audit(dsn)] == ["queue-pause", "queue-resume"]
+
+
+async def search(pilot: Any, app: Any, words: str) -> JobSearchScreen:
+    await pilot.press("slash")
+    await pilot.press(*words, "enter")
+    await wait_for(pilot, lambda: isinstance(app.screen, JobSearchScreen), what="the search")
+    screen = app.screen
+    assert isinstance(screen, JobSearchScreen)
+    return screen
+
+
+def status_line(screen: JobSearchScreen) -> str:
+    return text(screen.query_one("#search-status"))
+
+
+async def test_the_filter_box_searches_jobs_by_payload_and_pages(dsn: str) -> None:
+    s = seed(dsn)
+    async with console(dsn) as (app, pilot):
+        screen = await search(pilot, app, "payload:to=user1@example.com")
+        jobs = screen.query_one(KeyedTable)
+        await wait_for(pilot, lambda: keys(jobs) == [str(s.ready[1])], what="the job")
+        await wait_for(pilot, lambda: "1 job(s) match" in status_line(screen), what="the count")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.on_main_screen(), what="back")
+        # A bad word says why in one line and opens nothing.
+        await pilot.press("slash", *"status:sleeping", "enter")
+        await wait_for(pilot, lambda: any("unknown status" in str(n.message) for n in app._notifications), what="toast")
+        assert app.on_main_screen()
+
+
+async def test_escape_cancels_a_search_that_waits(dsn: str) -> None:
+    seed(dsn)
+    with psycopg.connect(dsn) as locker:
+        async with console(dsn) as (app, pilot):
+            locker.execute("LOCK TABLE jobtui.job IN ACCESS EXCLUSIVE MODE")  # every read of it waits
+            screen = await search(pilot, app, "payload:to=nobody")
+            await stays(pilot, lambda: "searching" in status_line(screen), 0.5)
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: "stopped" in status_line(screen), timeout=1.0, what="cancelled within 1s")
+            locker.rollback()
+
+
+async def test_a_bulk_requeue_over_the_search_asks_with_the_count_then_runs(dsn: str) -> None:
+    s = seed(dsn)
+    async with console(dsn, actor="olga") as (app, pilot):
+        screen = await search(pilot, app, "type:invoice.render status:dead")
+        await wait_for(pilot, lambda: len(keys(screen.query_one(KeyedTable))) == 3, what="the dead jobs")
+        await pilot.press("c")  # cancel applies to ready and running jobs, not dead ones
+        await wait_for(
+            pilot, lambda: any("applies to ready" in str(n.message) for n in app._notifications), what="toast"
+        )
+        await pilot.press("r")
+        question = await confirm_question(pilot, app)
+        assert "Requeue the 3 dead and failed jobs matching status=dead type=invoice.render?" in question
+        await answer(pilot, app, "y")
+        await wait_for(pilot, lambda: set(statuses(dsn, s.dead_billing).values()) == {"ready"}, what="requeued")
+        await wait_for(
+            pilot, lambda: any("requeued 3 job(s)" in str(n.message) for n in app._notifications), what="toast"
+        )
+    assert statuses(dsn, [s.failed]) == {s.failed: "failed"}  # not in the filter
+    [row] = audit(dsn)
+    assert (row[0], row[1], row[4]) == ("olga", "bulk-requeue", 3)
+
+
+async def test_read_only_searches_but_offers_no_bulk_action(dsn: str) -> None:
+    s = seed(dsn)
+    async with console(dsn, read_only=True) as (app, pilot):
+        await queue_row(pilot, app, "queue:default")
+        shown = {b.binding.action for b in app.screen.active_bindings.values()}
+        assert not shown & {"rate", "ramp"}
+        screen = await search(pilot, app, "type:invoice.render status:dead")
+        await wait_for(pilot, lambda: len(keys(screen.query_one(KeyedTable))) == 3, what="the dead jobs")
+        shown = {b.binding.action for b in app.screen.active_bindings.values()}
+        assert not any(a.startswith("bulk") for a in shown)
+        await pilot.press("r", "d")
+        await stays(pilot, lambda: not isinstance(app.screen, ConfirmScreen), 0.3)
+    assert set(statuses(dsn, s.dead_billing).values()) == {"dead"} and audit(dsn) == []
