@@ -16,7 +16,7 @@ from .. import joblists, metrics
 from .. import scheduler as schedules
 from ..actions import check_regex
 from ..client import Queue
-from ..db import Call, Rows, connect, run
+from ..db import Call, Rows, connect, pooler_mode, run
 from ..domain import JobRow
 from ..donehistory import DoneHistory
 from ..errors import DatabaseUnavailable, InvalidInput
@@ -99,7 +99,9 @@ class DataSource:
         if self._conn is None or self._conn.closed or self._conn.broken:
             conn = watched(connect(self.dsn, autocommit=True, connect_timeout=3, **KEEPALIVES), self.schema)
             timeout = f"{round(STATEMENT_TIMEOUT * 1000)}ms"
-            identity = run(conn, Call("console_session", {"statement_timeout": timeout}, Rows.dicts), self.schema)[0]
+            local = pooler_mode() == "transaction"
+            session = Call("console_session", {"statement_timeout": timeout, "local": local}, Rows.dicts)
+            identity = run(conn, session, self.schema)[0]
             self._where = Where(
                 identity["role"],
                 conn.info.host,

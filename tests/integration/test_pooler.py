@@ -141,3 +141,24 @@ def test_a_bad_pooler_setting_is_one_line_and_exit_code_2(dsn: str) -> None:
     )
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "JOBTUI_POOLER=transaction" in done.stderr, done.stderr
+
+
+def test_the_console_behind_a_transaction_pooler_leaves_no_setting_on_its_server_connection(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind PgBouncer in transaction mode a session setting stays on the server connection
+    for its next client, a worker say: the console's statement timeout must not."""
+    params = conninfo_to_dict(dsn)
+    host, port = str(params.get("host", "127.0.0.1")), int(str(params.get("port", 5432)))
+    monkeypatch.setenv("JOBTUI_POOLER", "transaction")
+    with PgBouncer.start(upstream_host=host, upstream_port=port, pool_size=1) as one:
+        pooled = _pooled(one, dsn)
+        source = DataSource(pooled, "jobtui")
+        try:
+            source.fetch()
+        finally:
+            source.close()
+        # The pool has one server connection: the console's, now this client's.
+        with psycopg.connect(pooled, autocommit=True, prepare_threshold=None) as other:
+            row = other.execute("SELECT current_setting('statement_timeout')").fetchone()
+    assert row == ("0",)
