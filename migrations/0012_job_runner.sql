@@ -8,5 +8,10 @@
 -- however many rows the table holds, and workers of the previous release ignore it. The
 -- archive keeps it as it keeps every other column (the archiver of the previous release
 -- names its columns, and leaves it NULL).
+-- Migration numbers are handed out ahead, so this one may land after 0014 on a schema that
+-- has it: job_archive is then partitioned (its partitions get the column with it), and the
+-- archive as it was, job_archive_legacy while it exists, gets it as 0014 asks. Applied in
+-- order, there is no legacy table yet, and 0014 copies the column.
 ALTER TABLE {schema}.job ADD COLUMN runner jsonb;
 ALTER TABLE {schema}.job_archive ADD COLUMN runner jsonb;
+ALTER TABLE IF EXISTS {schema}.job_archive_legacy ADD COLUMN IF NOT EXISTS runner jsonb;

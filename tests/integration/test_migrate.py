@@ -424,6 +424,46 @@ def test_migration_12_adds_the_runner_without_rewriting_the_table(empty_conn: Co
     assert empty_conn.execute("SELECT count(*), count(runner) FROM jobtui.job_archive_legacy").fetchone() == (1, 0)
 
 
+def test_migration_12_lands_after_13_and_14(empty_conn: Conn) -> None:
+    """A schema migrated by code that had 0013 and 0014 but not yet 0012 (numbers are handed out
+    ahead): it is not up to date, and `migrate` applies 0012 alone, archives included."""
+    empty_conn.execute("CREATE SCHEMA jobtui")
+    empty_conn.execute("CREATE TABLE jobtui.migration (version integer PRIMARY KEY, name text NOT NULL,"
+                       " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
+
+    def apply(wanted: list[migrations.Migration]) -> None:
+        for m in wanted:
+            empty_conn.execute(m.text("jobtui").encode())
+            empty_conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (%s, %s)", (m.version, m.name))
+
+    apply([m for m in migrations.available() if m.version < 12])
+    empty_conn.execute("INSERT INTO jobtui.job (type) SELECT 't' FROM generate_series(1, 5000)")
+    empty_conn.execute("INSERT INTO jobtui.job_archive (id, type, status) VALUES (1, 't', 'done')")
+    apply([m for m in migrations.available() if m.version > 12])
+    runner = "SELECT count(*) FROM pg_attribute WHERE attrelid = 'jobtui.job'::regclass AND attname = 'runner'"
+    assert empty_conn.execute(runner).fetchone() == (0,)
+    assert migrations.applied_version(empty_conn) == migrations.code_version()
+    with pytest.raises(SchemaNotMigrated):
+        migrations.check(empty_conn)
+    assert [m.version for m in migrations.pending(empty_conn)[1]] == [12]
+    filenode = "SELECT pg_relation_filenode('jobtui.job')"
+    before = empty_conn.execute(filenode).fetchone()
+    assert [m.version for m in migrations.migrate(empty_conn)] == [12]
+    assert empty_conn.execute(filenode).fetchone() == before  # the same file: not rewritten
+    migrations.check(empty_conn)
+    assert migrations.migrate(empty_conn) == []
+    archives = empty_conn.execute(
+        "SELECT c.relname, format_type(a.atttypid, a.atttypmod) FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'jobtui'"
+        " LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'runner' AND NOT a.attisdropped"
+        " WHERE c.relname LIKE 'job\\_archive%' AND c.relkind IN ('r', 'p') ORDER BY c.relname"
+    ).fetchall()
+    names = [name for name, _ in archives]
+    assert {"job_archive", "job_archive_default", "job_archive_legacy"} <= set(names), names
+    assert {kind for _, kind in archives} == {"jsonb"}, archives
+    assert empty_conn.execute("SELECT count(*), count(runner) FROM jobtui.job_archive_legacy").fetchone() == (1, 0)
+
+
 def test_the_job_table_has_exactly_the_expected_columns(dsn: str, conn: Conn) -> None:
     expected: dict[str, str] = {}
     for version, columns in JOB_COLUMNS_BY_VERSION.items():
