@@ -27,7 +27,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import NewJob, Queue
+from jobtui import JobFilter, NewJob, Queue
+from jobtui.bulk import Bulk
 from jobtui.queue import enqueue, enqueue_call
 from tests.cluster import _free_port
 from tests.proxy import Proxy
@@ -214,6 +215,36 @@ def test_cancel_stops_a_sleeping_handler_process_within_two_seconds(
     # The worker runs on, and its pool starts another process for the next job.
     again = enqueue(db, enqueue_call("sleeper", {"seconds": 0}))
     wait_for(lambda: job_row(db, again)["status"] == "done", 15, "the next job done", w.log)
+    assert w.proc.poll() is None
+
+
+def test_a_bulk_cancel_stops_the_handler_processes_of_its_running_jobs(
+    db: Conn, dsn: str, start: Start, events: Path
+) -> None:
+    """`jobtui bulk cancel` writes the row `cancel` writes: the worker hears it in its heartbeat's
+    answer and stops each handler process for real, while a job outside the filter runs on."""
+    w = start("W", dsn, "--executor", "process")
+    acme = [enqueue(db, enqueue_call("sleeper", {"seconds": 60, "account": "acme"})) for _ in range(2)]
+    other = enqueue(db, enqueue_call("sleeper", {"seconds": 60, "account": "other"}))
+    started = {j: wait_for(lambda j=j: runs(events, j), 15, f"job {j}'s handler to start", w.log)[0] for j in acme}
+    [kept] = wait_for(lambda: runs(events, other), 15, "the other job's handler to start", w.log)
+    assert all(run.pid != w.pid and alive(run.pid) for run in [*started.values(), kept])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        bulk = Bulk(conn, "cancel", JobFilter(types=("sleeper",), payload={"account": "acme"}), actor="test")
+        assert bulk.count() == 2
+        cancelled_at = time.monotonic()
+        outcome = bulk.run(bulk.start())
+    assert (outcome.changed, outcome.busy) == (2, [])
+    for job_id, run in started.items():
+        wait_for(lambda run=run: not alive(run.pid), 3, f"job {job_id}'s handler process gone", w.log)
+        row = job_row(db, job_id)
+        assert row["status"] == "failed" and row["errors"][-1]["kind"] == "cancelled", row
+        assert runs(events, job_id)[0].ended is None  # it never slept its 60 s out
+    print(f"bulk cancel to processes gone: {time.monotonic() - cancelled_at:.2f}s")
+    # Stopped as cancelled (job.cancelled set in the child), not merely as a lease gone.
+    for job_id in acme:
+        w.wait_log(f"job {job_id} (sleeper) attempt 1: the job was cancelled by an operator", 5)
+    assert alive(kept.pid) and job_row(db, other)["status"] == "running"
     assert w.proc.poll() is None
 
 
