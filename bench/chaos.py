@@ -1,7 +1,8 @@
 """Chaos run: a crash anywhere delays work, never loses or duplicates it.
 
     .venv/bin/python bench/chaos.py [--dsn DSN] [--jobs 5000] [--seconds 90] [--workers 4]
-                                    [--concurrency 6] [--restart-postgres] [--seed N]
+                                    [--concurrency 6] [--executor thread|process]
+                                    [--restart-postgres] [--seed N]
 
 The harness lives with the tests that run a short version of it (tests/chaos/harness.py,
 where its docstring says what it does and checks); this is its command line.

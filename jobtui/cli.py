@@ -259,6 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
     console.add_argument(
         "--concurrency", type=positive_int, default=4, help="embedded worker's concurrency (default 4)"
     )
+    console.add_argument(
+        "--executor",
+        choices=("thread", "process"),
+        default="thread",
+        help="embedded worker's sync handlers: a thread each, or child processes it can stop (default thread)",
+    )
     console.add_argument("--warn-age", default="1m", help="oldest ready age that turns amber (default 1m)")
     console.add_argument("--crit-age", default="5m", help="oldest ready age that turns red (default 5m)")
     console.add_argument("--warn-dead", type=int, default=1, help="dead count that turns amber (default 1)")
@@ -308,6 +314,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("JOBTUI_LISTEN_DSN") or None,
         help="a direct DSN (not through a transaction pooler) for LISTEN wake-ups (default: JOBTUI_LISTEN_DSN;"
         " with --pooler transaction and none, the worker polls)",
+    )
+    p.add_argument(
+        "--executor",
+        choices=("thread", "process"),
+        default=os.environ.get("JOBTUI_EXECUTOR") or "thread",
+        help="where sync handlers run: a thread each, or a pool of child processes the worker can stop"
+        " (default: JOBTUI_EXECUTOR, else thread; a handler's executor= wins)",
+    )
+    p.add_argument(
+        "--max-jobs-per-child", type=positive_int, help="process executor: replace a child after this many jobs"
+    )
+    p.add_argument(
+        "--max-memory-per-child",
+        help="process executor: resident memory (like 512M) a child may hold; over it while a job runs, the"
+        " child is stopped and the attempt fails; over it between jobs, the child is replaced",
     )
     p.add_argument("--no-scheduler", action="store_true", help="do not run the scheduler in this worker")
     p.add_argument("--retention", default="1d", help="how long done jobs stay before archiving (default 1d)")

@@ -24,6 +24,7 @@ from .maintenance import Retention
 from .privileges import SCHEDULER_NEEDS, missing_privileges_call, privilege_message
 from .registry import load_app
 from .safetext import quote
+from .sizes import parse_size
 
 # Allocations between young-generation collections in a `jobtui worker` process (see cmd_worker).
 WORKER_GC_THRESHOLD = 10_000
@@ -60,6 +61,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         scheduler=not args.no_scheduler,
         delete_on_complete=args.delete_on_complete,
         listen_dsn=args.listen_dsn,
+        executor=args.executor,
+        max_jobs_per_child=args.max_jobs_per_child,
+        max_memory_per_child=parse_size(args.max_memory_per_child) if args.max_memory_per_child else None,
+        app=args.app,
         retention=Retention(
             done=parse_duration(args.retention),
             dead=parse_duration(args.dead_retention),
@@ -69,7 +74,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     )
     setup_logging(args.verbose, args.log_format)
     # The probes answer from here on: alive, and not ready while the database is awaited.
-    _serve_endpoints(args, dsn, worker.health)
+    _serve_endpoints(args, dsn, worker.health, worker=worker)
     with wait_for_database(dsn, wait, what=f"worker {worker.worker_id}") as conn:
         migrations.check(conn, args.schema)
     # The process is the worker's own, so it may tune the collector: every job makes a
@@ -96,14 +101,16 @@ def _health(args: argparse.Namespace) -> Health | None:
     return Health(args.schema)
 
 
-def _serve_endpoints(args: argparse.Namespace, dsn: str, health: Health | None) -> None:
+def _serve_endpoints(args: argparse.Namespace, dsn: str, health: Health | None, worker: Any = None) -> None:
+    """/metrics and the probes on the metrics port; a worker's own figures too (its handler
+    processes)."""
     if health is None:
         return
     from .endpoints import describe, read_token
     from .prometheus import serve
 
     token = read_token(args.metrics_token_file) if args.metrics_token_file else None
-    server = serve(dsn, args.metrics_port, args.schema, args.metrics_addr, token=token, health=health)
+    server = serve(dsn, args.metrics_port, args.schema, args.metrics_addr, token=token, health=health, worker=worker)
     logging.getLogger("jobtui.endpoints").info("%s", describe(server))
 
 
@@ -219,7 +226,10 @@ def cmd_console(args: argparse.Namespace) -> int:
 
         if args.read_only:
             raise InvalidInput("--work runs jobs, which --read-only forbids; drop one of them")
-        worker = Worker(load_app(args.work), dsn, concurrency=args.concurrency, schema=args.schema)
+        worker = Worker(
+            load_app(args.work), dsn, concurrency=args.concurrency, schema=args.schema, executor=args.executor,
+            app=args.work,
+        )  # fmt: skip
     app = JobtuiApp(
         dsn, schema=args.schema, actor=args.actor, read_only=args.read_only, thresholds=thresholds, worker=worker
     )

@@ -112,6 +112,43 @@ class NewJob:
 
 
 @dataclass(frozen=True, slots=True)
+class Runner:
+    """What runs a running job, as its worker's last heartbeat said (job.runner): the
+    executor (async, thread or process) and, in a child process, its pid and resident bytes."""
+
+    executor: str
+    pid: int | None = None
+    rss: int | None = None
+
+    @classmethod
+    def decoded(cls, value: Any) -> Runner | None:
+        """The runner of a job row's `runner` (jsonb, written by workers but read as untrusted
+        data: anything unexpected in it is left out), or None."""
+        if not isinstance(value, dict):
+            return None
+        executor = value.get("executor")
+        if executor not in ("async", "thread", "process"):
+            return None
+
+        def count(name: str) -> int | None:
+            found = value.get(name)
+            return found if type(found) is int and 0 <= found < 1 << 62 else None
+
+        return cls(executor, count("pid"), count("rss"))
+
+    def __str__(self) -> str:
+        """`process 4242, 85 MiB`, `thread`.
+
+        >>> str(Runner("process", 4242, 89128960))
+        'process 4242, 85 MiB'
+        """
+        parts = [self.executor if self.pid is None else f"{self.executor} {self.pid}"]
+        if self.rss is not None:
+            parts.append(f"{self.rss / (1 << 20):,.0f} MiB")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorEntry:
     """One entry of a job's history: an error, an expired lease or an operator's action."""
 
@@ -147,3 +184,4 @@ class JobRow:
     finished_at: datetime | None = None
     db_now: datetime | None = None
     queue: str = DEFAULT_QUEUE
+    runner: Runner | None = None  # while running, what its worker's last heartbeat said runs it

@@ -63,6 +63,18 @@ def state_sentence(job: JobRow, now: datetime) -> str:
     raise AssertionError(job.status)
 
 
+def runs_in(job: JobRow) -> str:
+    """What runs a running job, as its worker's last heartbeat said."""
+    runner = job.runner
+    if runner is None:
+        return "- (not reported yet: the worker's first heartbeat says)"
+    if runner.executor == "process":
+        pid = f" (pid {runner.pid})" if runner.pid is not None else ""
+        rss = f", {runner.rss / (1 << 20):,.0f} MiB resident at the last heartbeat" if runner.rss is not None else ""
+        return f"a handler process{pid}{rss}"
+    return "a thread of the worker's process" if runner.executor == "thread" else "the worker's event loop (async)"
+
+
 def first_line(text: str | None) -> str:
     if not text:
         return "-"
@@ -111,6 +123,7 @@ def explain(job: JobRow, now: datetime | None = None, *, full: bool = False) -> 
         f"  started       {_when(job.started_at, now)}",
         f"  finished      {_when(job.finished_at, now)}",
         f"  worker        {job.locked_by or '-'}",
+        *([f"  runs in       {runs_in(job)}"] if job.status is JobStatus.RUNNING else []),
         f"  lease until   {_when(job.locked_until, now)}",
         f"  heartbeat     {_when(job.heartbeat_at, now)}",
         f"  lease token   {job.lease_token}",

@@ -12,7 +12,7 @@ import psycopg
 from .actions import dead_matching, matching_ids
 from .backlog import READY_EXACT_CAP
 from .db import Call, Rows, run
-from .domain import DEFAULT_SCHEMA
+from .domain import DEFAULT_SCHEMA, Runner
 from .metrics import DeadGroup, read_transaction
 
 Row = dict[str, Any]
@@ -34,6 +34,7 @@ class RunningJob:
     lease_left: float  # negative once the lease expired
     running_for: float | None
     locked_until: datetime | None = None  # with the id, where the next page starts
+    runner: Runner | None = None  # what runs it, as its worker's last heartbeat said
 
     @property
     def cursor(self) -> RunningCursor:
@@ -91,7 +92,12 @@ def running_jobs(
     from the job after `after` (a previous page's last `cursor`) on."""
     until, job_id = after if after is not None else (None, None)
     rows = _rows(conn, "list_running", schema, limit=limit, after_until=until, after_id=job_id)
-    return [RunningJob(**_floats(r, "heartbeat_age", "lease_left", "running_for")) for r in rows]
+    return [
+        RunningJob(
+            **{**_floats(r, "heartbeat_age", "lease_left", "running_for"), "runner": Runner.decoded(r["runner"])}
+        )
+        for r in rows
+    ]
 
 
 def ready_jobs(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -227,6 +228,44 @@ def families(snap: Snapshot) -> Iterator[Metric]:
         yield lag
 
 
+class WorkerCollector(Collector):
+    """The serving worker's own figures (no database): its handler processes, in process mode."""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker  # a jobtui Worker, read from the scrape's thread: plain counters
+
+    def collect(self) -> Iterator[Metric]:
+        yield from pool_families(getattr(self.worker, "children", None))
+
+
+def pool_families(pool: Any) -> Iterator[Metric]:
+    """The handler-process pool's counters: children started, recycled and killed by reason,
+    and died by how; none without a pool."""
+    if pool is None:
+        return
+    counts = pool.counts
+    started = CounterMetricFamily("jobtui_worker_children_started", "Handler processes this worker started")
+    started.add_metric([], counts.started)
+    yield started
+    for name, help_text, counter in (
+        ("recycled", "Handler processes replaced after --max-jobs-per-child jobs or over --max-memory-per-child"
+         " between jobs, by reason (jobs, memory)", counts.recycled),
+        ("killed", "Handler processes the worker stopped while they ran a job, by reason (timeout, cancelled,"
+         " lease, memory, shutdown, reclaimed)", counts.killed),
+        ("died", "Handler processes that died by themselves, by how (a signal's name, or exit)", counts.died),
+    ):  # fmt: skip
+        family = CounterMetricFamily(f"jobtui_worker_children_{name}", help_text, labels=["reason"])
+        for reason, value in sorted(dict(counter).items()):
+            family.add_metric([reason], value)
+        yield family
+    alive = GaugeMetricFamily("jobtui_worker_children", "Handler processes alive, by state", labels=["state"])
+    children = list(pool.children)
+    busy = sum(1 for c in children if c.busy)
+    alive.add_metric(["busy"], busy)
+    alive.add_metric(["idle"], len(children) - busy)
+    yield alive
+
+
 def serve(
     dsn: str,
     port: int,
@@ -236,9 +275,13 @@ def serve(
     token: str | None = None,
     health: Health | None = None,
     fix: str = "choose another --metrics-port or --metrics-addr",
+    worker: Any = None,
 ) -> Listener:
     """Serve /metrics on `addr`:`port` (every address when None) in a background thread, with
-    the probes of `health` when given (endpoints.py); returns the server."""
+    the probes of `health` when given (endpoints.py); returns the server. With `worker`
+    (`jobtui worker --metrics-port`), its own figures too."""
     registry = CollectorRegistry()
     registry.register(QueueCollector(dsn, schema))
+    if worker is not None:
+        registry.register(WorkerCollector(worker))
     return start(registry, port, addr, token=token, health=health, fix=fix)

@@ -48,6 +48,7 @@ from .domain import (
     Lease,
     NewJob,
     Reaped,
+    Runner,
 )
 from .errors import InvalidInput
 
@@ -198,9 +199,25 @@ def _beat(rows: Rows) -> Beat:
     return Beat({r[i] for r in rows if r[k] == "held"}, {r[i] for r in rows if r[k] == "cancelled"})
 
 
-def heartbeat_beat_call(leases: Sequence[Lease], lease: float = DEFAULT_LEASE_SECONDS) -> Call[Beat]:
-    """Extend `leases`; the answer also names the lost leases whose jobs were cancelled."""
-    return Call("heartbeat", {**_leases(_newest_leases(leases)), "lease": check_lease(lease)}, _beat)
+def heartbeat_beat_call(
+    leases: Sequence[Lease],
+    lease: float = DEFAULT_LEASE_SECONDS,
+    *,
+    keep: Sequence[int] = (),
+    runners: Mapping[int, Mapping[str, Any]] | None = None,
+) -> Call[Beat]:
+    """Extend `leases` (those of the jobs in `keep` even once expired, while the token is
+    theirs), recording `runners`, what runs each job (job.runner); the answer also names the
+    lost leases whose jobs were cancelled."""
+    newest = _newest_leases(leases)
+    found = runners or {}
+    params = {
+        **_leases(newest),
+        "lease": check_lease(lease),
+        "keep": _bigints(keep),
+        "runners": json.dumps({str(lc.job_id): found[lc.job_id] for lc in newest if lc.job_id in found}),
+    }
+    return Call("heartbeat", params, _beat)
 
 
 def heartbeat_call(leases: Sequence[Lease], lease: float = DEFAULT_LEASE_SECONDS) -> Call[set[int]]:
@@ -334,7 +351,9 @@ def _job_row(rows: Rows) -> JobRow | None:
         )
         for e in (row.pop("errors") or [])
     ]
-    return JobRow(**{**row, "status": JobStatus(row["status"])}, errors=errors)
+    return JobRow(
+        **{**row, "status": JobStatus(row["status"]), "runner": Runner.decoded(row.get("runner"))}, errors=errors
+    )
 
 
 def get_job_call(job_id: int) -> Call[JobRow | None]:

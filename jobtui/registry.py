@@ -30,6 +30,17 @@ from .queue import effect_exists_call, record_effect_call
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# Where a sync handler runs: a thread of the worker's process, or a child process of the
+# worker's pool that the worker can stop (docs/design.md, "Executors").
+EXECUTORS = ("thread", "process")
+
+
+def check_executor(executor: str, what: str = "executor") -> str:
+    """`executor` if it names one, else InvalidInput saying which there are."""
+    if executor not in EXECUTORS:
+        raise InvalidInput(f"{what} must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    return executor
+
 
 class Permanent(Exception):
     """Raise from a handler when retrying cannot help: the job becomes `failed` at once."""
@@ -65,6 +76,8 @@ class Handler:
     # The queue its jobs go to when enqueued through a client given this registry
     # (Queue(dsn, jobs=jobs)) without a queue of their own; None: the default queue.
     queue: str | None = None
+    # Where a sync handler runs (EXECUTORS); None: the worker's --executor.
+    executor: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,13 +122,18 @@ class Jobs:
         backoff: BackoffPolicy = DEFAULT_POLICY,
         payload: Any = None,
         queue: str | None = None,
+        executor: str | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function (plain or `async def`) for jobs of `job_type`;
         with `payload=` a pydantic model, the handler's `job.payload` is an instance of it;
-        `queue` is where a client given this registry puts them by default."""
+        `queue` is where a client given this registry puts them by default; `executor`
+        ("thread" or "process") is where a sync handler runs, whatever the worker's
+        --executor says."""
         check_type(job_type)
         if queue is not None:
             check_queue(queue)
+        if executor is not None:
+            check_executor(executor, f"handler {job_type!r}: executor")
         check_max_attempts(max_attempts)
         if timeout is not None and not timeout > 0:
             raise InvalidInput(f"handler {job_type!r}: timeout must be a positive number of seconds")
@@ -123,15 +141,21 @@ class Jobs:
             raise InvalidInput(f"handler {job_type!r} is registered twice")
 
         def register(fn: F) -> F:
+            is_async = inspect.iscoroutinefunction(fn)
+            if is_async and executor is not None:
+                raise InvalidInput(
+                    f"handler {job_type!r}: executor= is for sync handlers; an async one runs on the worker's loop"
+                )
             self.handlers[job_type] = Handler(
                 type=job_type,
                 fn=fn,
-                is_async=inspect.iscoroutinefunction(fn),
+                is_async=is_async,
                 max_attempts=max_attempts,
                 timeout=timeout,
                 backoff=backoff,
                 payload=payload,
                 queue=queue,
+                executor=executor,
             )
             return fn
 
@@ -215,12 +239,19 @@ class Job:
         # a bool are atomic in CPython, and an Event per job cost a lock and a condition.
         self._lost = False
         self._cancelled = False
+        # Whether the handler may have cut its work short for the loss: it read `lost`,
+        # `cancelled` or `heartbeat()` once they said so, or `once()` refused an effect. A
+        # sync handler that returns after its attempt was given up has then not surely done
+        # its work, and the attempt is released rather than completed (worker.py).
+        self.loss_seen = False
 
     @property
     def cancelled(self) -> bool:
         """True once an operator cancelled this job while it ran (`jobtui cancel`, the
         console's `c`): the job is `failed` already, so the handler should return; its outcome
         is discarded and `once()` refuses. An async handler is cancelled outright."""
+        if self._cancelled:
+            self.loss_seen = True
         return self._cancelled
 
     def mark_cancelled(self) -> None:
@@ -232,15 +263,23 @@ class Job:
         """True once the worker gave this attempt up (its lease was lost, or could not be
         extended before it expired): a long handler checks it between steps and returns,
         since its outcome is discarded and `once()` refuses. Also True once cancelled."""
+        if self._lost:
+            self.loss_seen = True
         return self._lost
 
     def mark_lost(self) -> None:
         self._lost = True
 
+    @property
+    def marked_lost(self) -> bool:
+        """`lost`, as the worker reads it: reading this one does not count as the handler
+        having seen the loss (`loss_seen`)."""
+        return self._lost
+
     def heartbeat(self) -> bool:
         """Whether the lease is still held; long handlers call it between steps and stop
         when it returns False. The worker itself extends every in-flight lease on an
-        interval, as long as the process is alive and the handler within its timeout."""
+        interval, as long as the process is alive."""
         return not self.lost
 
     def once(self, conn: psycopg.Connection[Any], key: str) -> bool:
@@ -255,14 +294,18 @@ class Job:
         claimed again before the effect commits: keep that transaction short.
         """
         if self.lost:
-            raise LeaseLost(f"job {self.id} lost its lease; not recording effect {key!r}")
+            raise self._refused(key)
         return self._recorded(run(conn, self._record(key), self._schema), key)
 
     async def once_async(self, conn: psycopg.AsyncConnection[Any], key: str) -> bool:
         """Async counterpart of `once`."""
         if self.lost:
-            raise LeaseLost(f"job {self.id} lost its lease; not recording effect {key!r}")
+            raise self._refused(key)
         return self._recorded(await arun(conn, self._record(key), self._schema), key)
+
+    def _refused(self, key: str) -> LeaseLost:
+        self.loss_seen = True  # a job never ends done after once() refused one of its effects
+        return LeaseLost(f"job {self.id} lost its lease; not recording effect {key!r}")
 
     def _record(self, key: str) -> Call[tuple[bool, bool]]:
         # Fenced by the lease in the database: this worker may not know yet that it lost it
@@ -273,7 +316,7 @@ class Job:
         held, recorded = outcome
         if not held:
             self.mark_lost()
-            raise LeaseLost(f"job {self.id} lost its lease; not recording effect {key!r}")
+            raise self._refused(key)
         return recorded
 
     def effect_done(self, conn: psycopg.Connection[Any], key: str) -> bool:

@@ -113,13 +113,20 @@ RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_tok
 -- lost it. Each id's token is found by its position in the arrays (see complete). A lease
 -- that has already expired is not extended, even when no reaper took it yet: by the
 -- database's clock it was lost, and its worker gives the attempt up (another worker may have
--- started it). A lost lease whose job an operator cancelled under that very lease comes back
--- as 'cancelled' (the backstop of a lost cancel notification); that lookup runs only when
--- some lease was not extended.
+-- started it). The exception is `keep`: jobs whose sync handler's thread runs on after its
+-- attempt was given up, whose row stays running under the same token until the thread
+-- returns (no one else took the job while the token is the same). A lost lease whose job an
+-- operator cancelled under that very lease comes back as 'cancelled' (the backstop of a lost
+-- cancel notification); that lookup runs only when some lease was not extended.
+-- `runners` (a jsonb object by job id; a job missing from it keeps the row's) says what runs
+-- each job, for the console: the executor and a child's pid and resident memory, tagged with
+-- the lease token.
 WITH held AS (
     UPDATE {schema}.job AS j
-    SET locked_until = now() + make_interval(secs => %(lease)s), heartbeat_at = now()
-    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'running' AND j.locked_until > now()
+    SET locked_until = now() + make_interval(secs => %(lease)s), heartbeat_at = now(),
+        runner = coalesce(%(runners)s::jsonb -> j.id::text, j.runner)
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'running'
+      AND (j.locked_until > now() OR j.id = ANY(%(keep)s::bigint[]))
       AND j.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], j.id)]
     RETURNING j.id
 )
@@ -587,7 +594,8 @@ SELECT id, status FROM {schema}.job WHERE id = ANY(%(ids)s::bigint[]);
 -- name: get_job
 SELECT id, type, queue, payload, idempotency_key, status, run_at, attempts, max_attempts,
        locked_by, locked_until, lease_token, heartbeat_at, last_error, errors,
-       lease_expirations, created_at, started_at, finished_at, now() AS db_now
+       lease_expirations, created_at, started_at, finished_at, now() AS db_now,
+       CASE WHEN status = 'running' AND runner -> 'token' = to_jsonb(lease_token) THEN runner END AS runner
 FROM {schema}.job WHERE id = %(id)s;
 
 -- name: notify_ready
@@ -743,10 +751,10 @@ WITH moved AS (
     INSERT INTO {schema}.job_archive
         (id, type, payload, idempotency_key, status, run_at, attempts, max_attempts, locked_by,
          locked_until, lease_token, heartbeat_at, last_error, errors, lease_expirations,
-         created_at, started_at, finished_at, error_fingerprint, uncounted, meta, queue)
+         created_at, started_at, finished_at, error_fingerprint, uncounted, meta, queue, runner)
     SELECT id, type, payload, idempotency_key, status, run_at, attempts, max_attempts, locked_by,
            locked_until, lease_token, heartbeat_at, last_error, errors, lease_expirations,
-           created_at, started_at, finished_at, error_fingerprint, uncounted, meta, queue
+           created_at, started_at, finished_at, error_fingerprint, uncounted, meta, queue, runner
     FROM moved
     RETURNING 1
 )
@@ -1220,9 +1228,12 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, %(local)s) AS stat
 -- name: list_running
 -- Running jobs for the console: oldest lease first, expired leases included; a page at a
 -- time, each after the (locked_until, id) of the previous page's last job (NULL: the first).
+-- `runner` is what the worker's heartbeat said runs the job, only when it describes this attempt
+-- (its token is the row's): compared as jsonb, so that no text in it can fail a cast.
 SELECT id, type, locked_by AS worker, attempts AS attempt, max_attempts,
        extract(epoch FROM now() - heartbeat_at) AS heartbeat_age, extract(epoch FROM locked_until - now()) AS lease_left,
-       extract(epoch FROM now() - started_at) AS running_for, locked_until
+       extract(epoch FROM now() - started_at) AS running_for, locked_until,
+       CASE WHEN runner -> 'token' = to_jsonb(lease_token) THEN runner END AS runner
 FROM {schema}.job
 WHERE status = 'running'
   AND (%(after_until)s::timestamptz IS NULL

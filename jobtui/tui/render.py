@@ -269,6 +269,7 @@ def running_rows(jobs: Sequence[RunningJob], needle: str, elapsed: float = 0.0) 
                     age(hb),
                     lease,
                     age(None if j.running_for is None else j.running_for + elapsed),
+                    str(j.runner) if j.runner is not None else "-",
                 ],
             )
         )
@@ -431,7 +432,7 @@ def dead_job_rows(jobs: Sequence[DeadJob]) -> list[Row]:
 
 COLUMNS = {
     "ready": ["type", "due", "delayed", "oldest wait", "running", "attempts (done 1h)"],
-    "running": ["id", "type", "worker", "attempt", "heartbeat", "lease left", "running for"],
+    "running": ["id", "type", "worker", "attempt", "heartbeat", "lease left", "running for", "runs in"],
     # What an operator needs first comes first, so an 80-column terminal shows it without
     # scrolling: which error, how many, still happening; then the schedules' health.
     "dead": ["status", "type", "jobs", "last seen", "error fingerprint", "first seen", "latest"],

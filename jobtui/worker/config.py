@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Mapping, Sequence
 
 from ..errors import InvalidInput
-from ..maintenance import ARCHIVE_TYPE, Retention, with_builtins
+from ..maintenance import ARCHIVE_TYPE, BUILTIN_TYPES, Retention, with_builtins
 from ..middleware import prepared
-from ..registry import Jobs
+from ..registry import Jobs, check_executor
+from .executor import ASYNC, PROCESS, THREAD
 
 DEFAULT_RETENTION = Retention()
 
@@ -29,6 +31,43 @@ def check_settings(*, concurrency: int, queues: Mapping[str, int] | None, lease:
         raise InvalidInput(f"lease must be at least 1 second, got {lease}")
     if not poll_interval >= 0.01:  # 0 would spin on the database
         raise InvalidInput(f"poll interval must be at least 10ms, got {poll_interval}")
+
+
+def check_children(executor: str, max_jobs: int | None, max_memory: int | None) -> None:
+    """InvalidInput, in one line, for process-pool settings no worker can run with."""
+    check_executor(executor, "--executor")
+    if max_jobs is not None and max_jobs < 1:
+        raise InvalidInput(f"--max-jobs-per-child must be at least 1, got {max_jobs}")
+    if max_memory is not None and max_memory < 1 << 20:
+        raise InvalidInput(f"--max-memory-per-child must be at least 1MiB, got {max_memory} bytes")
+
+
+def executors(jobs: Jobs, default: str) -> dict[str, str]:
+    """Where each type's handler runs: async ones on the loop, sync ones in the executor they
+    name or `default`; the built-in jobs (the archiver) in a thread of the worker's own."""
+    return {
+        t: ASYNC if h.is_async else THREAD if t in BUILTIN_TYPES else (h.executor or default)
+        for t, h in jobs.handlers.items()
+    }
+
+
+def uses_processes(found: Mapping[str, str], types: Sequence[str]) -> bool:
+    return any(found[t] == PROCESS for t in types)
+
+
+def registry_spec(jobs: Jobs) -> str | None:
+    """`module:attr` naming `jobs` in an imported module, which a handler process can import
+    by name; None when there is none (a registry made in a function, or in `__main__`)."""
+    for name, module in list(sys.modules.items()):
+        if module is None or name in ("__main__", "__mp_main__"):
+            continue
+        try:
+            found = [attr for attr, value in vars(module).items() if value is jobs]
+        except TypeError:  # a module object without a __dict__
+            continue
+        if found:
+            return f"{name}:{found[0]}"
+    return None
 
 
 def handled_types(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, assert_never
 
 from ..db import is_connection_error
 from ..logformat import job_fields
+from ..registry import Permanent, Retry
 
 if TYPE_CHECKING:
     from ..registry import Job
@@ -60,6 +61,19 @@ def error_text(exc: BaseException) -> str:
     head = f"{type(exc).__name__}: {exc}"
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return f"{head}\n{tb}"
+
+
+def judged(exc: BaseException) -> tuple[Outcome, str, float | None]:
+    """What a handler's exception makes of its attempt: the outcome, the error text, and the
+    delay (None: the handler's backoff). Permanent fails for good, Retry and the handler's
+    own database connection failing are released uncounted, anything else is a failure."""
+    if isinstance(exc, Permanent):
+        return Outcome.PERMANENT, error_text(exc), 0.0
+    if isinstance(exc, Retry):
+        return Outcome.RETRY, str(exc), exc.delay
+    if is_handler_connection_error(exc):
+        return Outcome.DB_ERROR, error_text(exc), None
+    return Outcome.FAIL, error_text(exc), None
 
 
 def first_of(text: str) -> str:

@@ -1,5 +1,6 @@
 """Shutdown: the jobs in flight get the shutdown timeout to finish, then go back to ready
-without counting the attempt."""
+without counting the attempt: a handler process once it is gone (children.py stops it), a
+thread that runs on due a little later, when the worker's process has surely exited."""
 
 from __future__ import annotations
 
@@ -7,10 +8,14 @@ import asyncio
 import logging
 
 from .completer import OutcomeWriter
-from .executor import InFlight
+from .executor import PROCESS, InFlight
 from .outcome import Outcome
 
 log = logging.getLogger("jobtui.worker")
+
+# A job released at shutdown while its handler's thread still runs is due this much later,
+# when the worker's process (and so the thread) surely ended.
+THREAD_RELEASE_DELAY = 5.0
 
 
 async def drain(in_flight: dict[int, InFlight], writer: OutcomeWriter, timeout: float) -> int:
@@ -20,16 +25,23 @@ async def drain(in_flight: dict[int, InFlight], writer: OutcomeWriter, timeout: 
     if tasks:
         log.info("waiting up to %.0fs for %d in-flight job(s)", timeout, len(tasks))
         await asyncio.wait(tasks, timeout=timeout)
-    # Outcomes handed to the writer are written before it stops; the rest go back.
-    left = [f for f in in_flight.values() if not f.writing]
+    # Outcomes handed to the writer are written before it stops; the rest go back. A flight
+    # `gone` was claimed again here: its newer attempt is the one released.
+    left = [f for f in in_flight.values() if not f.writing and not f.gone]
     if not left:
         return 0
     for flight in left:
         flight.job.mark_lost()
+        flight.stop_reason = "shutdown"
         if flight.task is not None:
             flight.task.cancel()
+    stopping = [f.task for f in left if f.executor == PROCESS and f.task is not None]
+    if stopping:
+        await asyncio.wait(stopping)  # children.py kills what is still there after its grace
     reason = "the worker stopped before the handler finished"
-    releases = asyncio.gather(*(writer.write(Outcome.SHUTDOWN, f.claimed.lease, reason) for f in left))
+    # A thread still running is released for later: by then the process has exited.
+    delay = {id(f): 0.0 if f.handler_done else THREAD_RELEASE_DELAY for f in left}
+    releases = asyncio.gather(*(writer.write(Outcome.SHUTDOWN, f.claimed.lease, reason, delay[id(f)]) for f in left))
     try:
         released = sum(await asyncio.wait_for(releases, timeout))
     except TimeoutError:

@@ -7,7 +7,7 @@ One asyncio loop per process, and parts that each do one thing, wired here: the 
 (one per pool of slots, slots.py) claim, the executor runs handlers, the completer writes
 outcomes in batches, the heartbeater keeps leases (and gives up those it could not keep), the
 reaper takes back other workers' expired leases, and the listener wakes the producers and
-passes cancels on. This class owns the jobs in flight and what becomes of them. With
+passes cancels on. The jobs in flight and what becomes of them are in flights.py. With
 delete_on_complete, a finished job without a key is deleted and counted per minute in
 done_tally instead of kept as a done row: no second row version or done-index entry per job.
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from collections.abc import Coroutine, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -28,7 +27,7 @@ from ..backoff import delay as backoff_delay
 from ..checks import check_queue
 from ..db import Call, aconnect, arun, check_dsn, first_line, pooler_mode, statements, transaction_pooled
 from ..domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJob, FailOutcome
-from ..errors import JobtuiError, PrivilegeMissing
+from ..errors import InvalidInput, JobtuiError, PrivilegeMissing
 from ..health import Health
 from ..link import Connection, Link
 from ..logformat import job_fields
@@ -37,12 +36,23 @@ from ..privileges import GRANTS_HINT, WORKER_NEEDS, missing_privileges_call, pri
 from ..queue import claim_call, release_unanswered_call
 from ..registry import Handler, Job, Jobs
 from ..scheduler import Scheduler
+from .child import Settings
+from .children import STOP_GRACE, ChildPool, memory_available
 from .completer import OutcomeWriter
-from .config import DEFAULT_RETENTION, check_settings, default_worker_id, handled_types
-from .executor import InFlight, run_handler
+from .config import (
+    DEFAULT_RETENTION,
+    check_children,
+    check_settings,
+    default_worker_id,
+    executors,
+    handled_types,
+    registry_spec,
+    uses_processes,
+)
+from .executor import THREAD, InFlight
+from .flights import Flights
 from .heartbeater import Heartbeater
 from .listener import listen, listener_connection
-from .outcome import MAX_UNCOUNTED_IN_A_ROW, Outcome, count_outcome, fields
 from .producer import Producer, claim_session, claim_transaction
 from .reaper import Reaper
 from .shutdown import drain
@@ -52,12 +62,11 @@ COUNTERS = ("done", "failed", "retried", "dead", "lost", "released", "abandoned"
 
 log = logging.getLogger("jobtui.worker")
 
-# A sync handler whose lease was given up gets this long to notice `job.lost` and return
-# before its job is handed back (and may be claimed again).
-ABANDON_GRACE = 5.0
+# The default executor of sync handlers (README, "Executors", says why).
+DEFAULT_EXECUTOR = THREAD
 
 
-class Worker:
+class Worker(Flights):
     """Runs handlers of `jobs` for jobs in the queue until stopped.
 
     Embeddable: `run()` installs no signal handlers; call `stop()` to shut down gracefully.
@@ -86,11 +95,34 @@ class Worker:
         delete_on_complete: bool = False,
         pooler: str | None = None,
         listen_dsn: str | None = None,
+        executor: str = DEFAULT_EXECUTOR,
+        max_jobs_per_child: int | None = None,
+        max_memory_per_child: int | None = None,
+        app: str | None = None,
         health: Health | None = None,
     ) -> None:
         check_settings(concurrency=concurrency, queues=queues, lease=lease, poll_interval=poll_interval)
+        check_children(executor, max_jobs_per_child, max_memory_per_child)
+        registry = jobs
         jobs, selected = handled_types(jobs, types, retention, dsn, schema, pooler_mode(pooler))
         self.jobs = jobs
+        # Where each type's handler runs; sync ones in `executor` unless the handler names one.
+        self.executor = executor
+        self._executors = executors(jobs, executor)
+        self.app = app
+        if uses_processes(self._executors, selected):
+            self.app = app or registry_spec(registry)
+            if self.app is None:
+                raise InvalidInput(
+                    "the process executor runs handlers in processes that import the registry by name: "
+                    "define it at module level of an importable module, or pass app='pkg.module:jobs'"
+                )
+            if max_memory_per_child is not None and not memory_available():
+                raise InvalidInput("--max-memory-per-child reads /proc (Linux); leave it out on this system")
+        self.max_jobs_per_child = max_jobs_per_child
+        self.max_memory_per_child = max_memory_per_child
+        # The handler processes, while the worker runs with any type in process mode.
+        self.children: ChildPool | None = None
         self.dsn = dsn
         # One pool of slots per queue named, or one for every queue (None). Each pool claims
         # its queue's jobs of the worker's types.
@@ -116,6 +148,9 @@ class Worker:
         # A lease is given up this long before it could expire, so that the handler has
         # stopped before any reaper can take the job back.
         self.lease_margin = min(1.0, lease / 10)
+        # A handler process gets this long between SIGTERM and SIGKILL, and its attempt is
+        # given up this much earlier than a thread's (a short lease leaves it less).
+        self.stop_grace = min(STOP_GRACE, lease / 4)
         self.shutdown_timeout = shutdown_timeout
         self.delete_on_complete = delete_on_complete
         # Behind a transaction pooler (see db.pooler_mode); LISTEN then needs a direct DSN.
@@ -222,6 +257,7 @@ class Worker:
             lease=self.lease,
             interval=self.heartbeat_interval,
             margin=self.lease_margin,
+            stop_grace=self.stop_grace,
             flights=self.in_flight.values,
             give_up=self._give_up,
             cancelled=self.cancel_requested,
@@ -241,12 +277,23 @@ class Worker:
             missing = await write_conn.run(missing_privileges_call(self.schema, WORKER_NEEDS), self.schema)
             if missing:
                 raise PrivilegeMissing(privilege_message("jobtui worker", missing))
+            if uses_processes(self._executors, self.types):
+                assert self.app is not None
+                self.children = ChildPool(
+                    Settings(self.app, self.schema, self.worker_id, *_log_settings()),
+                    max_jobs=self.max_jobs_per_child,
+                    max_memory=self.max_memory_per_child,
+                    margin=self.lease_margin,
+                    grace=self.stop_grace,
+                )
+                await self.children.open()
             log.info(
-                "worker %s started: types %s, slots %s, lease %.0fs",
+                "worker %s started: types %s, slots %s, lease %.0fs, sync handlers in %s",
                 self.worker_id,
                 ", ".join(self.types),
                 describe(self.slots.sizes),
                 self.lease,
+                self._describe_executors(),
             )
             self._running = True
             background = [
@@ -286,6 +333,8 @@ class Worker:
                 self._running = False
                 log.info("worker %s stopped: %s", self.worker_id, ", ".join(f"{k} {v}" for k, v in self.counts.items()))
         finally:
+            if self.children is not None:
+                await self.children.close()
             for conn in (claim_conn, write_conn, heartbeat_conn):
                 await conn.close()
             await link.close()
@@ -340,85 +389,8 @@ class Worker:
         else:
             self._stop_for(PrivilegeMissing(f"{refused}; {GRANTS_HINT}"))
 
-    def _start(self, pool: str | None, claimed: ClaimedJob, lease_until: float) -> None:
-        handler = self.jobs.handlers[claimed.type]
-        job = Job(claimed, self.worker_id, self.schema)
-        now = time.monotonic()
-        flight = InFlight(job, claimed, now, now + handler.timeout if handler.timeout else None, lease_until)
-        flight.pool = pool
-        older = self.in_flight.get(claimed.id)
-        if older is not None:  # an older attempt of the job, still being written or given up
-            self.slots.held[older.pool] -= 1
-        self.in_flight[claimed.id] = flight
-        self.slots.held[pool] += 1
-        self.slots.busy[pool] += 1
-        flight.task = asyncio.create_task(self._execute(handler, flight))
-
-    async def _execute(self, handler: Handler, flight: InFlight) -> None:
-        job = flight.job
-        try:
-            try:
-                outcome, error, delay = await run_handler(handler, flight, self._backoff)
-            finally:
-                # The handler is finished: its slot is free while the outcome is written, so
-                # the next claim overlaps this write instead of waiting for it.
-                self.slots.busy[flight.pool] -= 1
-                self.slots.wake()
-            if job.lost:
-                self._lost(job, "its lease was lost while it ran")
-                return
-            if outcome is Outcome.TIMEOUT:
-                # A sync handler keeps running in its thread: refuse its later effects.
-                job.mark_lost()
-            if flight.claimed.uncounted >= MAX_UNCOUNTED_IN_A_ROW and outcome in (Outcome.RETRY, Outcome.DB_ERROR):
-                outcome = Outcome.FAIL
-                error = (
-                    f"{error}\n{MAX_UNCOUNTED_IN_A_ROW} releases in a row without an attempt counted "
-                    "(Retry or database errors): this one counts as a failed attempt"
-                )
-                delay = max(delay, self._backoff(handler, job))
-            # From here the writer owns the job: _written finishes it.
-            written = partial(self._written, flight, outcome, error, delay)
-            self._writer.submit(outcome, flight.claimed.lease, written, error, delay)
-            flight.writing = True
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # a bug in the worker itself must not kill the loop
-            log.exception("job %d (%s): internal error while finishing", job.id, job.type)
-        finally:
-            if not flight.writing:
-                self._finished(flight)
-
-    def _written(self, flight: InFlight, outcome: Outcome, error: str, delay: float, written: bool) -> None:
-        """The writer wrote the job's outcome (or found its lease lost)."""
-        self._finished(flight)
-        job = flight.job
-        if not written:
-            if outcome is not Outcome.ABANDONED:  # _give_up said it already
-                self._lost(job, "its lease was lost before the outcome was written")
-            return
-        counts = self.builtin_counts if job.type == ARCHIVE_TYPE else self.counts
-        count_outcome(counts, outcome, job, error, flight.claimed.uncounted)
-        if delay:
-            # Wake up to claim it again when it is due, instead of at the next poll.
-            asyncio.get_running_loop().call_later(delay, self.slots.wake)
-
-    def _finished(self, flight: InFlight) -> None:
-        # The job may already run again here under a newer claim (a Retry without delay,
-        # a lease lost and the job claimed back): that flight is not this one's to remove.
-        if self.in_flight.get(flight.job.id) is flight:
-            del self.in_flight[flight.job.id]
-            self.slots.held[flight.pool] -= 1
-        self.slots.wake()
-
     def _backoff(self, handler: Handler, job: Job) -> float:
         return backoff_delay(job.attempt, handler.backoff, self._rng)
-
-    def _lost(self, job: Job, why: str) -> None:
-        (self.builtin_counts if job.type == ARCHIVE_TYPE else self.counts)["lost"] += 1
-        log.warning(
-            "job %d (%s) attempt %d: outcome not written, %s", job.id, job.type, job.attempt, why, extra=fields(job)
-        )
 
     def _job_died(self, outcome: FailOutcome) -> None:
         (self.builtin_counts if outcome.type == ARCHIVE_TYPE else self.counts)["dead"] += 1
@@ -436,7 +408,9 @@ class Worker:
             except Exception:  # a user's callback must not stop the worker
                 log.exception("on_dead callback failed for job %d", outcome.job_id)
 
-    # -- leases --------------------------------------------------------------------------
+    def _describe_executors(self) -> str:
+        used = {self._executors[t] for t in self.types if t != ARCHIVE_TYPE} - {"async"}
+        return ", ".join(sorted(used)) or "none"
 
     def _cancel_hinted(self, heartbeater: Heartbeater, job_id: int) -> None:
         """A notification says job `job_id` was cancelled. Any role that can connect may send
@@ -444,54 +418,9 @@ class Worker:
         if job_id in self.in_flight:
             heartbeater.look()
 
-    def cancel_requested(self, job_id: int) -> None:
-        """The job's row says an operator cancelled job `job_id` under the lease held here (the
-        heartbeat's answer): its handler is stopped as for a lost lease, with `job.cancelled`."""
-        flight = self.in_flight.get(job_id)
-        if flight is None or flight.writing or flight.job.lost:
-            return
-        flight.job.mark_cancelled()
-        self.counts["cancelled"] += 1
-        self._give_up(flight, "the job was cancelled by an operator")
 
-    def _give_up(self, flight: InFlight, why: str) -> None:
-        """The lease is lost or may be: stop the handler and hand the job back, uncounted.
-
-        An async handler is cancelled; a sync one cannot be stopped, but its `job.lost` is
-        set and `job.once()` refuses from now on. Its outcome is discarded. The job is handed
-        back once the handler has stopped (a sync one gets ABANDON_GRACE to notice), so that
-        this worker never claims it again while it still runs here. The release is fenced by
-        the lease token: it matches nothing when another worker took the job, and returns it
-        without counting the attempt when nobody did (the database was away).
-        """
-        job = flight.job
-        job.mark_lost()
-        flight.writing = True  # the release finishes the flight
-        log.warning(
-            "job %d (%s) attempt %d: %s; %s, its outcome will be discarded",
-            job.id,
-            job.type,
-            job.attempt,
-            why,
-            "handler cancelled" if self.jobs.handlers[job.type].is_async else "job.lost set for its sync handler",
-            extra=fields(job),
-        )
-        if flight.task is not None and not flight.task.done():
-            flight.task.cancel()
-        self._spawn(self._hand_back(flight, why))
-
-    async def _hand_back(self, flight: InFlight, why: str) -> None:
-        running: list[asyncio.Future[Any]] = [f for f in (flight.task,) if f is not None and not f.done()]
-        if flight.thread_ended is not None and not flight.thread_ended.is_set():
-            running.append(asyncio.ensure_future(flight.thread_ended.wait()))
-        if running:
-            _, late = await asyncio.wait(running, timeout=ABANDON_GRACE)
-            if late:
-                log.warning(
-                    "job %d (%s): its handler still runs %.0fs after its lease was given up; handing the job back",
-                    flight.job.id,
-                    flight.job.type,
-                    ABANDON_GRACE,
-                )
-        written = partial(self._written, flight, Outcome.ABANDONED, why, 0.0)
-        self._writer.submit(Outcome.ABANDONED, flight.claimed.lease, written, f"attempt given up: {why}")
+def _log_settings() -> tuple[int, Any]:
+    """The level and formatter of this process's log lines, for its handler processes."""
+    root = logging.getLogger()
+    formatter = next((h.formatter for h in root.handlers if h.formatter is not None), None)
+    return root.getEffectiveLevel(), formatter

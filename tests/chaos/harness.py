@@ -1,7 +1,8 @@
 """Chaos run: a crash anywhere delays work, never loses or duplicates it.
 
     .venv/bin/python bench/chaos.py [--dsn DSN] [--jobs 5000] [--seconds 90] [--workers 4]
-                                    [--concurrency 6] [--restart-postgres] [--seed N]
+                                    [--concurrency 6] [--executor thread|process]
+                                    [--restart-postgres] [--seed N]
 
 Creates a database of its own on the server of --dsn (default: the CI server), migrates it
 and starts --workers `python -m jobtui.cli worker --app tests.apps.chaos_app:jobs` processes. For
@@ -279,6 +280,7 @@ class Config:
     log_dir: Path | None = None
     keep_db: bool = False
     progress: Callable[[str], None] | None = None
+    executor: str = "thread"  # where the workers run the sync handlers (--executor)
 
 
 @dataclass
@@ -445,7 +447,10 @@ class Run:
                 name,
                 lease=self.config.lease,
                 concurrency=self.config.concurrency,
-                extra=["--no-scheduler", "--poll", "0.5s", "--shutdown-timeout", "5s"],
+                extra=[
+                    *("--no-scheduler", "--poll", "0.5s", "--shutdown-timeout", "5s"),
+                    *("--executor", self.config.executor),
+                ],
             ),
         )
         if slot < len(self.slots):
@@ -771,6 +776,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int)
     parser.add_argument("--log-dir", type=Path)
     parser.add_argument("--keep", action="store_true", help="keep the run's database")
+    parser.add_argument("--executor", choices=("thread", "process"), default="thread", help="the workers' --executor")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(10**6)
     config = Config(
@@ -785,9 +791,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_dir=args.log_dir,
         keep_db=args.keep,
         progress=lambda text: print(text, flush=True),
+        executor=args.executor,
     )
     print(
-        f"jobtui chaos: {args.jobs} jobs, {args.workers} workers x {args.concurrency},"
+        f"jobtui chaos: {args.jobs} jobs, {args.workers} workers x {args.concurrency} ({args.executor}),"
         f" {args.seconds:.0f} s of faults, seed {seed}"
     )
     result = run(args.dsn, config)

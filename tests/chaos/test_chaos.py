@@ -83,3 +83,21 @@ def test_chaos_long(server_dsn: str, tmp_path: Path) -> None:
     check(result, config)
     if restart:
         assert len(result.restart_seconds) >= 1, verdict(result)
+
+
+@pytest.mark.slow
+def test_chaos_with_handler_processes(server_dsn: str, tmp_path: Path) -> None:
+    """The same faults on workers whose sync handlers run in child processes: a SIGKILLed or
+    SIGSTOPped worker's children end with it (or are stopped before its lease expires)."""
+    config = Config(
+        jobs=2000,
+        seconds=40,
+        workers=3,
+        concurrency=6,
+        fault_every=1.0,
+        drain_timeout=90,
+        log_dir=tmp_path,
+        executor="process",
+    )
+    result = run(server_dsn, config)
+    check(result, config)

@@ -341,6 +341,7 @@ JOB_COLUMNS_BY_VERSION: dict[int, dict[str, str]] = {
     6: {"uncounted": "integer"},
     8: {"queue": "text"},
     10: {"meta": "jsonb"},
+    12: {"runner": "jsonb"},
 }
 
 
@@ -392,6 +393,75 @@ def test_migration_11_gives_schedules_and_minute_rows_a_queue_while_the_previous
     queues = empty_conn.execute("SELECT name, queue FROM jobtui.schedule ORDER BY name").fetchall()
     assert queues == [("after", "default"), ("before", "default")]
     assert empty_conn.execute("SELECT DISTINCT by_queue::text FROM jobtui.queue_minute").fetchall() == [("{}",)]
+
+
+def test_migration_12_adds_the_runner_without_rewriting_the_table(empty_conn: Conn) -> None:
+    empty_conn.execute("CREATE SCHEMA jobtui")
+    empty_conn.execute("CREATE TABLE jobtui.migration (version integer PRIMARY KEY, name text NOT NULL,"
+                       " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
+    for m in [m for m in migrations.available() if m.version < 12]:
+        empty_conn.execute(m.text("jobtui").encode())
+        empty_conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (%s, %s)", (m.version, m.name))
+    empty_conn.execute("INSERT INTO jobtui.job (type) SELECT 't' FROM generate_series(1, 5000)")
+    # An archived job keeps the archive as it was (job_archive_legacy, migration 14).
+    empty_conn.execute("INSERT INTO jobtui.job_archive (id, type, status) VALUES (1, 't', 'done')")
+    filenode = "SELECT pg_relation_filenode('jobtui.job')"
+    before = empty_conn.execute(filenode).fetchone()
+    assert [m.version for m in migrations.migrate(empty_conn)][:1] == [12]
+    assert empty_conn.execute(filenode).fetchone() == before  # the same file: not rewritten
+    assert empty_conn.execute("SELECT count(*), count(runner) FROM jobtui.job").fetchone() == (5000, 0)
+    # The archive, its day partitions and the legacy table all have it, as jsonb.
+    archives = empty_conn.execute(
+        "SELECT c.relname, format_type(a.atttypid, a.atttypmod) FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'jobtui'"
+        " LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'runner' AND NOT a.attisdropped"
+        " WHERE c.relname LIKE 'job\\_archive%' AND c.relkind IN ('r', 'p') ORDER BY c.relname"
+    ).fetchall()
+    names = [name for name, _ in archives]
+    assert {"job_archive", "job_archive_default", "job_archive_legacy"} <= set(names), names
+    assert len(names) >= 5, names  # and the days ahead
+    assert {kind for _, kind in archives} == {"jsonb"}, archives
+    assert empty_conn.execute("SELECT count(*), count(runner) FROM jobtui.job_archive_legacy").fetchone() == (1, 0)
+
+
+def test_migration_12_lands_after_13_and_14(empty_conn: Conn) -> None:
+    """A schema migrated by code that had 0013 and 0014 but not yet 0012 (numbers are handed out
+    ahead): it is not up to date, and `migrate` applies 0012 alone, archives included."""
+    empty_conn.execute("CREATE SCHEMA jobtui")
+    empty_conn.execute("CREATE TABLE jobtui.migration (version integer PRIMARY KEY, name text NOT NULL,"
+                       " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
+
+    def apply(wanted: list[migrations.Migration]) -> None:
+        for m in wanted:
+            empty_conn.execute(m.text("jobtui").encode())
+            empty_conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (%s, %s)", (m.version, m.name))
+
+    apply([m for m in migrations.available() if m.version < 12])
+    empty_conn.execute("INSERT INTO jobtui.job (type) SELECT 't' FROM generate_series(1, 5000)")
+    empty_conn.execute("INSERT INTO jobtui.job_archive (id, type, status) VALUES (1, 't', 'done')")
+    apply([m for m in migrations.available() if m.version > 12])
+    runner = "SELECT count(*) FROM pg_attribute WHERE attrelid = 'jobtui.job'::regclass AND attname = 'runner'"
+    assert empty_conn.execute(runner).fetchone() == (0,)
+    assert migrations.applied_version(empty_conn) == migrations.code_version()
+    with pytest.raises(SchemaNotMigrated):
+        migrations.check(empty_conn)
+    assert [m.version for m in migrations.pending(empty_conn)[1]] == [12]
+    filenode = "SELECT pg_relation_filenode('jobtui.job')"
+    before = empty_conn.execute(filenode).fetchone()
+    assert [m.version for m in migrations.migrate(empty_conn)] == [12]
+    assert empty_conn.execute(filenode).fetchone() == before  # the same file: not rewritten
+    migrations.check(empty_conn)
+    assert migrations.migrate(empty_conn) == []
+    archives = empty_conn.execute(
+        "SELECT c.relname, format_type(a.atttypid, a.atttypmod) FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'jobtui'"
+        " LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'runner' AND NOT a.attisdropped"
+        " WHERE c.relname LIKE 'job\\_archive%' AND c.relkind IN ('r', 'p') ORDER BY c.relname"
+    ).fetchall()
+    names = [name for name, _ in archives]
+    assert {"job_archive", "job_archive_default", "job_archive_legacy"} <= set(names), names
+    assert {kind for _, kind in archives} == {"jsonb"}, archives
+    assert empty_conn.execute("SELECT count(*), count(runner) FROM jobtui.job_archive_legacy").fetchone() == (1, 0)
 
 
 def test_the_job_table_has_exactly_the_expected_columns(dsn: str, conn: Conn) -> None:

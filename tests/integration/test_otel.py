@@ -4,8 +4,12 @@ attempt's span linked to it, and a span per operator action."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import time
+from pathlib import Path
 
+import psycopg
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -97,3 +101,32 @@ def test_jobs_without_trace_context_run_unlinked(dsn: str) -> None:
     assert ran.outcome == "complete"
     [span] = _named("run ok")
     assert list(span.links) == []
+
+
+def test_an_attempt_in_a_handler_process_has_its_span_middleware_and_effect(dsn: str, tmp_path: Path) -> None:
+    from tests.workers import APP_TABLES, WorkerProcess, wait_for
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(APP_TABLES)
+    spans = tmp_path / "spans.jsonl"
+    env = {**os.environ, "JOBTUI_DSN": dsn, "JOBTUI_TEST_SPANS": str(spans), "PYTHONUNBUFFERED": "1"}
+    worker = WorkerProcess("W", ["--executor", "process", "--no-scheduler"], env, tmp_path / "W.log",
+                           app="tests.apps.otel_app:jobs")  # fmt: skip
+    try:
+        worker.wait_started()
+        EXPORTER.clear()
+        with Queue(dsn, middleware=[otel.trace_enqueue]) as queue:
+            job_id = queue.enqueue("traced", {}, queue="mail")
+            wait_for(lambda: queue.get(job_id).status is JobStatus.DONE, 20, "the job done", worker.log)  # type: ignore[union-attr]
+    finally:
+        worker.kill()
+    [enqueued] = _named("enqueue traced")
+    [run] = [json.loads(line) for line in spans.read_text().splitlines() if json.loads(line)["name"] == "run traced"]
+    # Made in the handler's process, by the middleware too, linked to the enqueue's span.
+    assert run["pid"] not in (os.getpid(), worker.pid) and run["attributes"]["app.pid"] == run["pid"]
+    assert run["links"] == [format(enqueued.context.span_id, "016x")]
+    assert run["attributes"]["jobtui.outcome"] == "complete" and run["attributes"]["jobtui.job.id"] == job_id
+    # The claim's queue came over the pipe: the job's named queue, and its schema apart.
+    assert (run["attributes"]["jobtui.queue"], run["attributes"]["jobtui.schema"]) == ("mail", "jobtui")
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM effect_log WHERE key = %s", (f"traced:{job_id}",)).fetchone() == (1,)

@@ -17,8 +17,9 @@ from psycopg import sql
 
 from jobtui import AsyncQueue, Failure, InvalidInput, JobStatus, Lease, NewJob, Queue
 from jobtui.db import run, statements
-from jobtui.domain import DEFAULT_MAX_ATTEMPTS
-from jobtui.queue import COPY_THRESHOLD, claim_call, complete_call
+from jobtui.domain import DEFAULT_MAX_ATTEMPTS, Runner
+from jobtui.joblists import running_jobs
+from jobtui.queue import COPY_THRESHOLD, claim_call, complete_call, heartbeat_beat_call
 
 Conn = psycopg.Connection[Any]
 
@@ -474,6 +475,44 @@ def test_heartbeat_extends_only_held_leases(q: Queue, conn: Conn) -> None:
     untouched = q.get(other)
     assert untouched is not None and untouched.locked_until == o.locked_until
     assert q.heartbeat([]) == set()
+
+
+def test_an_expired_lease_is_kept_only_for_a_thread_that_runs_on(q: Queue, conn: Conn) -> None:
+    kept = q.enqueue("t")
+    expired = q.enqueue("t")
+    [k, e] = q.claim(["t"], worker="w1", limit=2, lease=60)
+    conn.execute("UPDATE jobtui.job SET locked_until = now() - interval '1 second'")
+    # Expired by the database's clock: lost, unless the worker asks to keep it (its thread runs
+    # on, and the row still has its token, so no one else took the job).
+    beat = q.run(heartbeat_beat_call([k.lease, e.lease], 30, keep=[kept]))
+    assert beat.held == {kept}
+    assert q.run(heartbeat_beat_call([Lease(expired, e.lease_token + 1)], 30, keep=[expired])).held == set()
+    row = q.get(kept)
+    assert row is not None and row.status is JobStatus.RUNNING and row.locked_until is not None
+
+
+def test_the_heartbeat_says_what_runs_each_job_and_readers_see_only_the_current_attempts(q: Queue, conn: Conn) -> None:
+    job_id = q.enqueue("t")
+    [c] = q.claim(["t"], worker="w1")
+    runner = {"token": c.lease_token, "executor": "process", "pid": 4242, "rss": 90 << 20}
+    assert q.run(heartbeat_beat_call([c.lease], 30, runners={job_id: runner})).held == {job_id}
+    assert [j.runner for j in running_jobs(conn)] == [Runner("process", 4242, 90 << 20)]
+    row = q.get(job_id)
+    assert row is not None and row.runner == Runner("process", 4242, 90 << 20)
+    # A heartbeat without a runner keeps the one written; a later attempt does not show it.
+    assert q.run(heartbeat_beat_call([c.lease], 30)).held == {job_id}
+    assert [j.runner for j in running_jobs(conn)] == [Runner("process", 4242, 90 << 20)]
+    q.release([c.lease])
+    [again] = q.claim(["t"], worker="w2")
+    assert [j.runner for j in running_jobs(conn)] == [None]
+    row = q.get(job_id)
+    assert row is not None and row.runner is None
+    # Anything a worker (or anyone) wrote there is data: a token that is no number fails nothing.
+    conn.execute('UPDATE jobtui.job SET runner = \'{"token": "x", "executor": 7}\'')
+    assert [j.runner for j in running_jobs(conn)] == [None]
+    conn.execute("UPDATE jobtui.job SET runner = jsonb_build_object('token', %s::bigint, 'executor', 'bad')",
+                 (again.lease_token,))  # fmt: skip
+    assert [j.runner for j in running_jobs(conn)] == [None]
 
 
 # -- complete ------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from jobtui import scheduler
 from jobtui.maintenance import ARCHIVE_TYPE, BUILTIN_QUEUE
@@ -33,12 +34,15 @@ def jobtui(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("executor", ["thread", "process"])
 def test_a_fleet_serving_only_a_named_queue_runs_its_schedules_jobs_and_the_archivers(
-    dsn: str, conn: Conn, tmp_path: Path
+    executor: str, dsn: str, conn: Conn, tmp_path: Path
 ) -> None:
     env = {**os.environ, "JOBTUI_DSN": dsn, "PYTHONUNBUFFERED": "1"}
     env.pop("DATABASE_URL", None)
-    worker = WorkerProcess("R", ["--queues", "reports=2", "--poll", "0.2s"], env, tmp_path / "R.log", app=APP)
+    # In process mode the reports run in handler processes, the archiver in a thread beside.
+    args = ["--queues", "reports=2", "--poll", "0.2s", "--executor", executor]
+    worker = WorkerProcess("R", args, env, tmp_path / "R.log", app=APP)
     try:
         worker.wait_started()
         done = "SELECT count(*) FROM jobtui.job WHERE type = 'rep.build' AND status = 'done' AND queue = 'reports'"
@@ -49,6 +53,7 @@ def test_a_fleet_serving_only_a_named_queue_runs_its_schedules_jobs_and_the_arch
         wait_for(lambda: count(conn, archived) >= 1, 20, "the archiver's job done", worker.log)
         assert count(conn, "SELECT count(*) FROM jobtui.job WHERE queue = 'default'") == 0
         assert "jobtui.builtin x 1" in worker.log()
+        assert f"sync handlers in {executor}" in worker.log()
     finally:
         worker.kill()
 

@@ -176,11 +176,12 @@ def test_the_previous_release_drains_jobs_on_this_schema(
     assert migrations.applied_version(conn) == migrations.code_version()
 
 
-def apply_only(conn: Conn, versions: int, schema: str = "jobtui") -> None:
-    """The schema as `jobtui migrate` of an older code leaves it: the first `versions` only."""
+def apply_only(conn: Conn, count: int, schema: str = "jobtui") -> None:
+    """The schema as `jobtui migrate` of an older code leaves it: the first `count` migrations
+    only (numbers may skip one, so that is not version `count`)."""
     for statement in migrations._bootstrap(schema):
         conn.execute(statement)
-    for m in migrations.available()[:versions]:
+    for m in migrations.available()[:count]:
         conn.execute(m.text(schema).encode())
         conn.execute(migrations._recorded(schema, m))
 

@@ -505,10 +505,49 @@ def test_an_app_that_fails_to_import_is_one_line_error(source: str, says: str, a
     assert "Traceback" not in proc.stderr
 
 
-def test_sync_handler_over_its_timeout_does_not_hold_up_the_next_job(db: Conn, spawn: Spawn) -> None:
-    w = spawn("W", "--concurrency", "1")
-    # The first keeps sleeping in its thread long after its 0.5s timeout; the second is quick.
+def test_an_app_its_handler_processes_cannot_load_is_one_line_error(app_dsn: str, tmp_path: Path) -> None:
+    # It imports in the worker, not in the process pool's template (a fresh interpreter).
+    (tmp_path / "halfapp.py").write_text(
+        "import sys\nimport jobtui\nif 'jobtui.worker.zygote' in sys.modules:\n"
+        "    raise RuntimeError('no config in this process')\n"
+        "jobs = jobtui.Jobs()\njobs.handler('t')(lambda job: None)\n"
+    )
+    env = {**os.environ, "JOBTUI_DSN": app_dsn, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobtui.cli", "worker", "--app", "halfapp:jobs", "--executor", "process"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("jobtui: error: the handler processes cannot load the app halfapp:jobs"), lines
+    assert "raised RuntimeError: no config in this process" in lines[0] and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_sync_handler_over_its_timeout_keeps_its_job_until_it_is_stopped(executor: str, db: Conn, spawn: Spawn) -> None:
+    w = spawn("W", "--concurrency", "1", "--executor", executor)
+    # The first sleeps 4 s, far past its 0.5 s timeout; the second is quick.
     runaway = enqueue(db, "slow_sync", {"sleep": 4, "key": "k-runaway"}, max_attempts=1)
+    wait_for(lambda: runs(db, runaway), 10, "the runaway to start", w.log)
+    began = time.monotonic()
     quick = enqueue(db, "slow_sync", {"sleep": 0.05, "key": "k-quick"}, max_attempts=1)
-    wait_for(lambda: statuses(db, [runaway, quick]) == {runaway: "dead", quick: "done"}, 10, "outcomes", w.log)
-    assert effects(db, "k-quick") == [(quick, 1, "W")]
+    wait_for(lambda: statuses(db, [runaway, quick]) == {runaway: "dead", quick: "done"}, 15, "outcomes", w.log)
+    took = time.monotonic() - began
+    row = get(db, runaway)
+    assert row.last_error is not None and "ran over its timeout of 0.5s" in row.last_error, row.last_error
+    assert effects(db, "k-quick") == [(quick, 1, "W")] and effects(db, "k-runaway") == []
+    quick_started = db.execute("SELECT at FROM run_log WHERE job_id = %s AND event = 'start'", (quick,)).fetchone()
+    runaway_dead = db.execute("SELECT finished_at FROM jobtui.job WHERE id = %s", (runaway,)).fetchone()
+    assert quick_started is not None and runaway_dead is not None
+    if executor == "thread":
+        # A thread cannot be stopped: its job stays running, its slot taken, until it
+        # returns; only then is the timeout written, and the next job claimed.
+        assert took > 3, took
+        wait_for(lambda: runs(db, runaway, "effect refused: LeaseLost"), 5, "its late effect refused", w.log)
+        assert "the job stays running here until it returns" in w.log()
+    else:
+        # Its process is stopped within the grace; the next job runs at once.
+        assert took < 3, took
+        assert runs(db, runaway, "end") == [] and runs(db, runaway, "effect refused: LeaseLost") == []
+    assert quick_started[0] >= runaway_dead[0]

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from jobtui.backlog import MinuteFigures
-from jobtui.domain import ErrorEntry, JobRow, JobStatus
+from jobtui.domain import ErrorEntry, JobRow, JobStatus, Runner
 from jobtui.errors import DatabaseUnavailable
 from jobtui.forecast import Span
 from jobtui.joblists import DeadJob, ReadyJob, ReadyJobs, RunningJob
@@ -90,10 +90,14 @@ def running_jobs() -> list[RunningJob]:
     return [
         RunningJob(EXPIRED_JOB, "image.resize", "render-2", 1, 2, heartbeat_age=27.0, lease_left=-12.0,
                    running_for=27.5),
-        RunningJob(4101, "report.build", "worker-a", 1, 3, heartbeat_age=1.5, lease_left=8.0, running_for=74.0),
-        RunningJob(4133, "webhook.deliver", "worker-b", 3, 6, heartbeat_age=0.2, lease_left=29.0, running_for=0.4),
-        RunningJob(4102, "report.build", "worker-a", 2, 3, heartbeat_age=2.4, lease_left=27.1, running_for=12.9),
-        RunningJob(4134, "email.send", "worker-b", 1, 25, heartbeat_age=0.1, lease_left=29.9, running_for=0.1),
+        RunningJob(4101, "report.build", "worker-a", 1, 3, heartbeat_age=1.5, lease_left=8.0, running_for=74.0,
+                   runner=Runner("process", 31337, 89128960)),
+        RunningJob(4133, "webhook.deliver", "worker-b", 3, 6, heartbeat_age=0.2, lease_left=29.0, running_for=0.4,
+                   runner=Runner("async")),
+        RunningJob(4102, "report.build", "worker-a", 2, 3, heartbeat_age=2.4, lease_left=27.1, running_for=12.9,
+                   runner=Runner("process", 31340, 412090368)),
+        RunningJob(4134, "email.send", "worker-b", 1, 25, heartbeat_age=0.1, lease_left=29.9, running_for=0.1,
+                   runner=Runner("thread")),
     ]  # fmt: skip
 
 
@@ -206,6 +210,7 @@ def job(job_id: int) -> JobRow:
         started_at=ago(27.5),
         finished_at=None,
         db_now=NOW,
+        runner=Runner("process", 31330, 153092096),
     )
 
 

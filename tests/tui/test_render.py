@@ -261,7 +261,9 @@ def test_running_rows_mark_expired_leases() -> None:
     assert plain(expired[5]) == "EXPIRED 12s ago"
     assert style_of(expired[5]) == CRIT
     assert [plain(c) for c in expired] == [str(fx.EXPIRED_JOB), "image.resize", "render-2", "1/2", "27s",
-                                           "EXPIRED 12s ago", "27s"]  # fmt: skip
+                                           "EXPIRED 12s ago", "27s", "-"]  # fmt: skip
+    # What runs each job, as its worker's heartbeat said: a child process with its memory, or not.
+    assert plain(rows["4101"][7]) == "process 31337, 85 MiB" and plain(rows["4134"][7]) == "thread"
     healthy = rows["4133"]
     assert plain(healthy[5]) == "29s" and style_of(healthy[5]) == ""
     assert style_of(rows["4101"][5]) == ""  # 8 s left

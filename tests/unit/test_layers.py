@@ -18,6 +18,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "backoff",
         "cronslots",
         "durations",
+        "sizes",
         "donehistory",
         "safetext",
         "explain",

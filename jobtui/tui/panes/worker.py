@@ -67,6 +67,8 @@ class WorkerPane(Pane):
         state = "paused" if w.paused else ("running" if w.running else "stopped")
         flights = ", ".join(f"{f.job.id} {f.job.type}" for f in list(w.in_flight.values())[:8])
         counts = " · ".join(f"{k} {v}" for k, v in w.counts.items())
+        pool = getattr(w, "children", None)
+        executor = pool.describe() if pool is not None else f"sync handlers in {getattr(w, 'executor', 'thread')}s"
         self.query_one("#worker-state", Label).update(
             Text.assemble(
                 f"local worker {line(str(w.worker_id))}: ",
@@ -74,6 +76,8 @@ class WorkerPane(Pane):
                 line(f" · {len(w.in_flight)}/{w.concurrency} in flight{': ' + flights if flights else ''}"),
                 "\n",
                 line(counts),
+                "\n",
+                line(executor),
             )
         )
         lines, self._lines_shown = self.logs.since(self._lines_shown)

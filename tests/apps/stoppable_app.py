@@ -1,0 +1,97 @@
+"""Handlers for the tests of handlers that are stopped, die or outlive their lease
+(tests/chaos/test_stoppable.py), run by workers in either executor.
+
+Each handler appends its start and end to the file named by JOBTUI_TEST_EVENTS, one line per
+event, with its process id and the system-wide monotonic clock, since the database may be
+away while it runs:
+
+    <event> <job id> <lease token> <worker> <pid> <time.monotonic()>
+
+None of them looks at `job.lost`: most real handlers never do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from typing import Any
+
+import psycopg
+
+from jobtui.backoff import BackoffPolicy
+from jobtui.registry import Job, Jobs
+
+jobs = Jobs()
+FAST = BackoffPolicy(base=0.1, cap=0.2)
+
+
+def event(job: Job, what: str) -> None:
+    line = f"{what} {job.id} {job.lease_token} {job.worker_id} {os.getpid()} {time.monotonic():.6f}\n"
+    # One write of a short line with O_APPEND: lines of several processes do not interleave.
+    fd = os.open(os.environ["JOBTUI_TEST_EVENTS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def _sleep(job: Job) -> None:
+    event(job, "start")
+    first = job.lease_token == 1
+    time.sleep(float(job.payload["seconds"] if first else job.payload.get("then", job.payload["seconds"])))
+    event(job, "end")
+
+
+@jobs.handler("sleeper", backoff=FAST)
+def sleeper(job: Job) -> None:
+    """Sleeps `seconds` (on later claims `then`, if given), and that is all."""
+    _sleep(job)
+
+
+@jobs.handler("sleeper.timeout", backoff=FAST, timeout=2, max_attempts=2)
+def sleeper_timeout(job: Job) -> None:
+    _sleep(job)
+
+
+@jobs.handler("sleeper.effect", backoff=FAST)
+def sleeper_effect(job: Job) -> None:
+    """Sleeps, then does its effect once (effect_log, through job.once)."""
+    event(job, "start")
+    time.sleep(float(job.payload["seconds"]))
+    with psycopg.connect(os.environ["JOBTUI_DSN"]) as conn:
+        if job.once(conn, f"sleeper:{job.id}"):
+            conn.execute(
+                "INSERT INTO effect_log (key, job_id, attempt, worker) VALUES (%s, %s, %s, %s)",
+                (f"sleeper:{job.id}", job.id, job.lease_token, job.worker_id),
+            )
+    event(job, "end")
+
+
+@jobs.handler("quick")
+def quick(job: Job) -> None:
+    pass
+
+
+@jobs.handler("segfault", max_attempts=2, backoff=FAST)
+def segfault(job: Job) -> None:
+    event(job, "start")
+    ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+
+@jobs.handler("exit3", max_attempts=2, backoff=FAST)
+def exit3(job: Job) -> None:
+    event(job, "start")
+    os._exit(3)
+
+
+@jobs.handler("hog", max_attempts=2, backoff=FAST)
+def hog(job: Job) -> None:
+    """Allocates `mib` MiB, 8 MiB at a time (each page touched), then sleeps."""
+    event(job, "start")
+    held: list[Any] = []
+    for _ in range(int(job.payload["mib"]) // 8):
+        held.append(b"\x01" * (8 << 20))  # every page written, so resident
+        time.sleep(0.02)
+    time.sleep(30)
+    event(job, "end")
