@@ -184,12 +184,13 @@ def job_row(db: Conn, job_id: int) -> dict[str, Any]:
 
 
 def alive(pid: int) -> bool:
+    """Whether process `pid` still exists and is not a zombie (it may end between the looks)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
         return False
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 # -- stopped for real -----------------------------------------------------------------------
