@@ -76,6 +76,19 @@ class WorkerProcess:
     def wait_log(self, text: str, timeout: float) -> None:
         wait_for(lambda: text in self.log(), timeout, f"{text!r} in the log of worker {self.name}", self.log)
 
+    def wait_gave_up(self, job_id: int, job_type: str, timeout: float) -> None:
+        """Until the worker says it gave up attempt 1 of a job whose lease it lost while it
+        was frozen. Whichever noticed first says it: the lease watch, the heartbeat's answer,
+        or the handler's own once(), refused by the database before either looked."""
+        head = f"job {job_id} ({job_type}) attempt 1: "
+        lines = [f"{head}its lease was not extended in time", f"{head}its lease was lost", f"{head}outcome not written"]
+        wait_for(
+            lambda: any(line in self.log() for line in lines),
+            timeout,
+            f"worker {self.name} to give up job {job_id}",
+            self.log,
+        )
+
     def signal(self, signum: int) -> None:
         os.kill(self.pid, signum)
 

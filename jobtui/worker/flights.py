@@ -129,8 +129,12 @@ class Flights:
         self._finished(flight)
         job = flight.job
         if not written:
-            if outcome is not Outcome.ABANDONED:  # _give_up said it already
+            if outcome is not Outcome.ABANDONED:
                 self._lost(job, "its lease was lost before the outcome was written")
+            elif flight.given_up is None and flight.stop_reason is None and not flight.gone:
+                # Released because its handler saw the loss first (once() refused an effect)
+                # before any watch or heartbeat gave the attempt up: nothing was said yet.
+                self._lost(job, "its lease was lost (an effect of its handler was refused)")
             return
         counts = self.builtin_counts if job.type == ARCHIVE_TYPE else self.counts
         count_outcome(counts, outcome, job, error, flight.claimed.uncounted)

@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 
 from jobtui.backoff import BackoffPolicy
-from jobtui.registry import Job, Jobs
+from jobtui.registry import Job, Jobs, LeaseLost
 
 jobs = Jobs()
 FAST = BackoffPolicy(base=0.1, cap=0.2)
@@ -103,7 +103,12 @@ def hold_effect(job: Job) -> None:
         conn.execute("SELECT 1")  # the transaction has begun
         if first and job.payload["mode"] == "before":
             _hold(marker, 60)
-        if job.once(conn, f"hold:{job.id}"):
+        try:
+            fresh = job.once(conn, f"hold:{job.id}")
+        except LeaseLost:
+            event(job, "refused")
+            raise
+        if fresh:
             _record(conn, job, f"hold:{job.id}")
             if first and job.payload["mode"] == "after":
                 _hold(marker, 60)

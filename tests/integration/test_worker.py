@@ -133,7 +133,7 @@ def test_stopped_worker_loses_its_lease_and_its_late_outcome_is_rejected(db: Con
     finally:
         a.signal(signal.SIGCONT)
     # A wakes up past its lease: it gives the attempt up without trying to write an outcome.
-    a.wait_log(f"job {job_id} (effect) attempt 1: its lease was not extended in time", 15)
+    a.wait_gave_up(job_id, "effect", 15)
     row = get(db, job_id)
     assert (row.status, row.locked_by, row.attempts) == (JobStatus.DONE, "B", 2)
     assert row.finished_at == done.finished_at and row.lease_token == done.lease_token
