@@ -46,14 +46,27 @@ CREATE TABLE {schema}.rate_bucket (
     PRIMARY KEY (kind, name)
 );
 
+-- The tokens a bucket holds at now(): refilled at the rate of the middle of the time since
+-- its last refill (a ramp's rate moves meanwhile), up to two seconds' worth (rate_burst).
+CREATE FUNCTION {schema}.bucket_tokens(p_tokens float8, p_since timestamptz, p_rate float8,
+                                       p_from timestamptz, p_until timestamptz)
+RETURNS float8 LANGUAGE sql STABLE AS $$
+    SELECT least({schema}.rate_burst({schema}.control_rate(p_rate, p_from, p_until, now())),
+                 p_tokens + coalesce({schema}.control_rate(p_rate, p_from, p_until, p_since + (now() - p_since) / 2), 0)
+                            * greatest(0.0, extract(epoch FROM now() - p_since)::float8))
+$$;
+
 -- The jobs of rated queues and types a claim may take: ready, due jobs of p_types in p_queue
 -- (every queue when NULL) whose queue or type has a rate, in claim order, each taking a token
 -- of its queue's bucket and of its type's, up to p_want. A limited queue's jobs also take
 -- its room, counted as claim_limited counts it. It looks among the first p_want + 20 due jobs
 -- in claim order (the horizon), whatever the backlog: a rated queue or type with no job due
 -- must not make every claim read the backlog of the others, and a rated job further back
--- waits its turn, as it would without a rate. When the horizon holds no rated job, it takes
--- no lock. Else locks are taken in one order by every claim: the limits of the queues in
+-- waits its turn, as it would without a rate. Jobs that cannot be taken now are not in the
+-- horizon: those of paused queues and types, and those of rated ones whose bucket (read
+-- without a lock) holds no token, so that neither a paused backlog nor a throttled one holds
+-- back the rated jobs behind it; when no rated queue or type in reach has a token, it reads
+-- no job at all. When the horizon holds no rated job, it takes no lock. Else locks are taken in one order by every claim: the limits of the queues in
 -- scope (in name order, as claim_limited takes them), then the buckets the horizon needs (in
 -- kind and name order), so claims wait on each other but never deadlock. A round reads the
 -- horizon's jobs still wanted; a job whose bucket or limit is spent is passed over, and the
@@ -101,13 +114,27 @@ BEGIN
     IF cardinality(rated_queues) = 0 AND cardinality(rated_types) = 0 THEN
         RETURN got;
     END IF;
+    -- Buckets without a token now, by an unlocked read (the locked one below decides).
+    spent_queues := ARRAY(SELECT b.name FROM {schema}.rate_bucket AS b JOIN {schema}.queue_control AS qc USING (kind, name)
+                          WHERE b.kind = 'queue' AND b.name = ANY(rated_queues) AND {schema}.bucket_tokens(
+                              b.tokens, b.refilled_at, qc.rate_per_second, qc.ramp_from, qc.ramp_until) < 1);
+    spent_types := ARRAY(SELECT b.name FROM {schema}.rate_bucket AS b JOIN {schema}.queue_control AS qc USING (kind, name)
+                         WHERE b.kind = 'type' AND b.name = ANY(rated_types) AND {schema}.bucket_tokens(
+                             b.tokens, b.refilled_at, qc.rate_per_second, qc.ramp_from, qc.ramp_until) < 1);
+    IF rated_queues <@ spent_queues AND rated_types <@ spent_types THEN
+        RETURN ARRAY[]::bigint[];
+    END IF;
     paused_queues := ARRAY(SELECT name FROM {schema}.queue_control WHERE kind = 'queue' AND paused_at IS NOT NULL);
     paused_types := ARRAY(SELECT name FROM {schema}.queue_control WHERE kind = 'type' AND paused_at IS NOT NULL);
     horizon := ARRAY(SELECT id FROM {schema}.job
                      WHERE status = 'ready' AND run_at <= now() AND type = ANY(p_types)
                        AND (p_queue IS NULL OR queue = p_queue)
+                       AND queue <> ALL(paused_queues) AND type <> ALL(paused_types)
+                       AND queue <> ALL(spent_queues) AND type <> ALL(spent_types)
                      ORDER BY run_at, id
                      LIMIT p_want + 20);
+    spent_queues := ARRAY[]::text[];
+    spent_types := ARRAY[]::text[];
     -- The buckets of the rated jobs in the horizon, read without a lock.
     needed := ARRAY(SELECT DISTINCT k FROM {schema}.job AS h,
                     LATERAL (VALUES ('queue:' || h.queue), ('type:' || h.type)) AS keys(k)
@@ -141,13 +168,9 @@ BEGIN
             SELECT tokens, refilled_at INTO have, since FROM {schema}.rate_bucket
             WHERE kind = c.kind AND name = c.name FOR UPDATE;
         END IF;
-        -- Refilled at the rate of the middle of the time since (a ramp's rate moves meanwhile),
-        -- up to two seconds' worth (rate_burst). A claim that waited for this lock may have
-        -- started before the last refill: it adds nothing for that time.
-        have := least({schema}.rate_burst({schema}.control_rate(c.rate_per_second, c.ramp_from, c.ramp_until, now())),
-                      have + coalesce({schema}.control_rate(c.rate_per_second, c.ramp_from, c.ramp_until,
-                                                            since + (now() - since) / 2), 0)
-                             * greatest(0.0, extract(epoch FROM now() - since)::float8));
+        -- A claim that waited for this lock may have started before the last refill: it adds
+        -- nothing for that time.
+        have := {schema}.bucket_tokens(have, since, c.rate_per_second, c.ramp_from, c.ramp_until);
         b_kind := b_kind || c.kind;
         b_name := b_name || c.name;
         b_key := b_key || (c.kind || ':' || c.name);

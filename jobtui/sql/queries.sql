@@ -70,6 +70,10 @@ COPY {schema}.job (id, type, payload, max_attempts, meta, queue) FROM STDIN;
 -- than from the columns' statistics: with a single queue or type in the table, those say
 -- that almost no row differs from a value not known yet, and a generic plan would sort every
 -- ready row instead of walking the ready index.
+-- The walk for the jobs no lever holds back does not start at all when the claim's queue, or
+-- each of its types, is paused, limited or rated (`aside`, a one-time filter): a worker that
+-- serves only a rated queue whose bucket is spent would otherwise read that queue's whole
+-- backlog at every claim, looking for jobs that cannot be there.
 WITH limited AS MATERIALIZED (
     SELECT r.ids || {schema}.claim_limited(%(queue)s::text, %(types)s::text[], %(limit)s::int - cardinality(r.ids), r.ids)
            AS ids
@@ -77,6 +81,13 @@ WITH limited AS MATERIALIZED (
                                    WHERE rate_per_second IS NOT NULL OR ramp_until > now())
                       THEN {schema}.claim_rated(%(queue)s::text, %(types)s::text[], %(limit)s::int)
                       ELSE ARRAY[]::bigint[] END AS ids) AS r
+), aside AS MATERIALIZED (
+    SELECT ARRAY(SELECT name FROM {schema}.queue_control
+                 WHERE kind = 'queue' AND (paused_at IS NOT NULL OR max_running IS NOT NULL
+                       OR rate_per_second IS NOT NULL OR ramp_until > now())) AS queues,
+           ARRAY(SELECT name FROM {schema}.queue_control
+                 WHERE kind = 'type' AND (paused_at IS NOT NULL
+                       OR rate_per_second IS NOT NULL OR ramp_until > now())) AS types
 )
 UPDATE {schema}.job AS j
 SET status = 'running',
@@ -95,12 +106,11 @@ WHERE j.id = ANY((SELECT ids FROM limited) || ARRAY(
         SELECT id FROM {schema}.job
         WHERE status = 'ready' AND run_at <= now() AND type = ANY(%(types)s::text[])
           AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-          AND (queue || '') <> ALL(ARRAY(SELECT name FROM {schema}.queue_control
-                                         WHERE kind = 'queue' AND (paused_at IS NOT NULL OR max_running IS NOT NULL
-                                               OR rate_per_second IS NOT NULL OR ramp_until > now())))
-          AND (type || '') <> ALL(ARRAY(SELECT name FROM {schema}.queue_control
-                                        WHERE kind = 'type' AND (paused_at IS NOT NULL
-                                              OR rate_per_second IS NOT NULL OR ramp_until > now())))
+          AND (queue || '') <> ALL((SELECT queues FROM aside)::text[])
+          AND (type || '') <> ALL((SELECT types FROM aside)::text[])
+          AND (SELECT (%(queue)s::text IS NULL OR %(queue)s::text <> ALL(a.queues))
+                      AND EXISTS (SELECT 1 FROM unnest(%(types)s::text[]) AS t(name) WHERE t.name <> ALL(a.types))
+               FROM aside AS a)
         ORDER BY run_at, id
         LIMIT greatest(0, %(limit)s::int - cardinality((SELECT ids FROM limited)))
         FOR UPDATE SKIP LOCKED))

@@ -261,3 +261,49 @@ def test_a_rated_queue_without_due_jobs_costs_the_claim_a_few_rows(conn: Conn, d
             " WHERE schemaname = 'jobtui' AND relname = 'job'"
         ).fetchone()
     assert row is not None and row[0] < 200, row  # the claim's own rows and the rated part's first ones
+
+
+def _rows_read(conn: Conn) -> int:
+    row = conn.execute(
+        "SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0) FROM pg_stat_xact_user_tables"
+        " WHERE schemaname = 'jobtui' AND relname = 'job'"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("kind", ["type", "queue"])
+def test_a_spent_bucket_costs_its_own_workers_claims_a_few_rows_however_long_its_backlog(
+    conn: Conn, dsn: str, kind: str
+) -> None:
+    """A worker serving only a rated type (or queue) whose bucket is spent must not read that
+    type's whole backlog at every claim, looking for jobs that no rate holds back."""
+    conn.execute(
+        "INSERT INTO jobtui.job (type, queue, payload) SELECT 'a', 'api', '{}' FROM generate_series(1, 20000)"
+    )
+    conn.execute("VACUUM ANALYZE jobtui.job")
+    queues.set_rate(conn, kind, "a" if kind == "type" else "api", 0.001, actor="olga")
+    scope = {"types": ("a",), "queue": "api" if kind == "queue" else None}
+    assert len(claim(conn, **scope)) == 1  # the bucket's one token
+    with conn.transaction():
+        assert claim(conn, **scope) == []
+        assert _rows_read(conn) < 1000  # a few rounds over the rated part's first jobs, not 20,000
+
+
+def test_a_rated_job_is_not_held_back_by_the_backlog_of_a_paused_type_ahead_of_it(conn: Conn, dsn: str) -> None:
+    fill(dsn, 100, "a")
+    queues.pause(conn, "type", "a", actor="olga")
+    rated = fill(dsn, 5, "b")
+    queues.set_rate(conn, "type", "b", 1000.0, actor="olga")
+    time.sleep(0.05)
+    assert sorted(claim(conn, limit=10)) == rated
+
+
+def test_a_rated_job_is_not_held_back_by_another_rated_types_spent_backlog(conn: Conn, dsn: str) -> None:
+    fill(dsn, 100, "a")
+    queues.set_rate(conn, "type", "a", 0.001, actor="olga")
+    assert len(claim(conn, types=("a",))) == 1  # a's one token
+    rated = fill(dsn, 5, "b")
+    queues.set_rate(conn, "type", "b", 1000.0, actor="olga")
+    time.sleep(0.05)
+    assert sorted(claim(conn, limit=10)) == rated
