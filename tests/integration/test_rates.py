@@ -278,9 +278,7 @@ def test_a_spent_bucket_costs_its_own_workers_claims_a_few_rows_however_long_its
 ) -> None:
     """A worker serving only a rated type (or queue) whose bucket is spent must not read that
     type's whole backlog at every claim, looking for jobs that no rate holds back."""
-    conn.execute(
-        "INSERT INTO jobtui.job (type, queue, payload) SELECT 'a', 'api', '{}' FROM generate_series(1, 20000)"
-    )
+    conn.execute("INSERT INTO jobtui.job (type, queue, payload) SELECT 'a', 'api', '{}' FROM generate_series(1, 20000)")
     conn.execute("VACUUM ANALYZE jobtui.job")
     queues.set_rate(conn, kind, "a" if kind == "type" else "api", 0.001, actor="olga")
     scope = {"types": ("a",), "queue": "api" if kind == "queue" else None}
