@@ -42,6 +42,7 @@ from jobtui.jobfilter import JobFilter
 from jobtui.migrate import migrate
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 def with_dbname(dsn: str, name: str) -> str:
@@ -119,7 +120,7 @@ def bulk_command(dsn: str, batch: int, rest: float) -> subprocess.Popen[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    p.add_argument("--dsn", default=os.environ.get("JOBTUI_BENCH_DSN", DEFAULT_DSN))
     p.add_argument("--dead", type=int, default=1_000_000)
     p.add_argument("--live", type=int, default=3_000_000)
     p.add_argument("--batch", type=int, default=1000)

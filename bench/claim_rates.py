@@ -25,6 +25,7 @@ rate: baseline and new in turns, each run rolled back, which resolves smaller di
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from jobtui.migrate import migrate
 from jobtui.queue import claim_call, complete_call
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 JOB_TYPE = "bench.rates"
 LOOPS = ("baseline", "new", "new+other", "rated")
 
@@ -143,7 +145,7 @@ def statement_ab(dsn: str, old: str, batch: int, jobs: int, runs: int) -> tuple[
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    p.add_argument("--dsn", default=os.environ.get("JOBTUI_BENCH_DSN", DEFAULT_DSN))
     p.add_argument("--baseline", default="c7e9f9b", help="the commit whose claim statement is the baseline")
     p.add_argument("--jobs", type=int, default=60_000, help="jobs per round, shared by the loops")
     p.add_argument("--slice", type=int, default=2_000, help="jobs per turn")

@@ -20,6 +20,7 @@ jobs), measures, prints and drops the database. Measured:
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from jobtui.jobquery import search
 from jobtui.migrate import migrate
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 SEARCHES = (("common (acme, 1 in 1,000)", {"account": "acme"}), ("rare (1 in 500,000)", {"rare": "needle"}))
 
 
@@ -120,7 +122,7 @@ def enqueue_time(dsn: str, n: int) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    p.add_argument("--dsn", default=os.environ.get("JOBTUI_BENCH_DSN", DEFAULT_DSN))
     p.add_argument("--jobs", type=int, default=5_000_000)
     p.add_argument("--dbname", default="bench_i28")
     p.add_argument("--keep", action="store_true", help="keep the database (to run it again with --reuse)")
