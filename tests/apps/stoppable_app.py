@@ -117,3 +117,22 @@ def hog_brief(job: Job) -> None:
 
     threading.Thread(target=release, daemon=True).start()
     event(job, "end")
+
+
+KEPT: list[bytes] = []  # what `hog.keeps` holds, until its process ends
+
+
+@jobs.handler("hog.keeps", max_attempts=1)
+def hog_keeps(job: Job) -> None:
+    """Grows its process's resident memory to 8 MiB over `limit` bytes and returns, holding it.
+
+    All but the last 24 MiB are allocated first, staying 16 MiB under the limit; the last
+    24 MiB at once, so the limit is crossed only in the last few milliseconds of the job.
+    """
+    event(job, "start")
+    missing = int(job.payload["limit"]) + (8 << 20) - resident()
+    last = 24 << 20
+    if missing > last:
+        KEPT.append(b"\x01" * (missing - last))
+    KEPT.append(b"\x01" * min(missing, last))
+    event(job, "end")
