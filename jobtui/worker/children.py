@@ -115,6 +115,11 @@ _DEATHS = {
 }
 
 
+# A child that killed itself at its lease's deadline (child.py), as it said before it did.
+ENDED_ITSELF = "ProcessDied: handler process ended itself at its lease's deadline: its worker did not answer"
+ENDED_KIND = "deadline"
+
+
 def death_kind(exitcode: int | None) -> str:
     """The counters' label of a death: the signal's name, or `exit`."""
     if exitcode is None or exitcode >= 0:
@@ -144,11 +149,20 @@ class Child:
         # Why it was stopped for its memory, for the history of that attempt (and no other).
         self.memory_note: tuple[InFlight, str] | None = None
         self.rss: int | None = None  # resident bytes, as last read
+        self.ended_itself = False  # it said it ends itself at its lease's deadline (child.ENDED)
 
     def extend(self, deadline: float) -> None:
         """Tell the child its job's lease holds until `deadline` (monotonic) at least."""
         with contextlib.suppress(OSError):
             self.control.send(child_side.DEADLINE + child_side.DEADLINE_VALUE.pack(deadline))
+
+    def says_it_ended(self) -> bool:
+        """Whether the child said it ends itself at its lease's deadline: the byte it writes
+        on the control socket just before its SIGKILL, there by the time it is reaped."""
+        if not self.ended_itself:
+            with contextlib.suppress(OSError):  # nothing said (BlockingIOError), or closed
+                self.ended_itself = child_side.ENDED in self.control.recv(64, socket.MSG_DONTWAIT)
+        return self.ended_itself
 
     def read_rss(self) -> int | None:
         self.rss = resident_bytes(self.pid) if not self.gone.is_set() else None
@@ -292,6 +306,8 @@ class ChildPool:
             await self._wait_gone(child, EXIT_PATIENCE)
             if child.memory_note is not None and child.memory_note[0] is flight:
                 raise ChildDied(child.memory_note[1]) from None
+            if child.ended_itself:  # counted when it was reaped
+                raise ChildDied(ENDED_ITSELF) from None
             if child.stopping is None:
                 self.counts.died[death_kind(child.exitcode)] += 1
             raise ChildDied(death_reason(child.exitcode)) from None
@@ -382,7 +398,10 @@ class ChildPool:
         self.children.discard(child)
         if child in self._idle:
             self._idle.remove(child)
-        if not child.busy and child.stopping is None:  # died between jobs (the OOM killer chooses idle ones too)
+        if child.says_it_ended():  # its worker (this one) was frozen past the job's lease
+            self.counts.died[ENDED_KIND] += 1
+            log.warning("handler process %d ended itself at its lease's deadline: its worker did not answer", pid)
+        elif not child.busy and child.stopping is None:  # died between jobs (the OOM killer chooses idle ones too)
             self.counts.died[death_kind(code)] += 1
             log.warning("idle handler process %d: %s", pid, death_reason(code))
         child.writer.close()
@@ -420,6 +439,8 @@ class ChildPool:
         if child.stopping is not None or child.gone.is_set():
             return
         child.stopping = reason
+        if child.says_it_ended():  # already ending itself, at its lease's deadline: counted as such
+            return
         self.counts.killed[reason] += 1
         with contextlib.suppress(OSError):
             child.control.send(_TOLD.get(reason, child_side.LOST))

@@ -17,7 +17,7 @@ import pytest
 from jobtui.domain import ClaimedJob
 from jobtui.registry import Job
 from jobtui.worker.child import Settings
-from jobtui.worker.children import ChildPool, resident_bytes
+from jobtui.worker.children import ENDED_ITSELF, ChildDied, ChildPool, resident_bytes
 from jobtui.worker.executor import PROCESS, InFlight
 from tests.chaos.test_stoppable import alive, runs
 
@@ -25,12 +25,12 @@ APP = "tests.apps.stoppable_app:jobs"
 _ids = iter(range(1, 1 << 30))
 
 
-def attempt(type_: str, payload: dict[str, Any]) -> InFlight:
-    """A claimed job as a worker hands it to its pool, its lease good for a minute."""
+def attempt(type_: str, payload: dict[str, Any], lease: float = 60.0) -> InFlight:
+    """A claimed job as a worker hands it to its pool, its lease good for `lease` seconds."""
     now = datetime.now(UTC)
     claimed = ClaimedJob(next(_ids), type_, payload, 1, 1, 1, now, now, now)
     started = time.monotonic()
-    return InFlight(Job(claimed, "P", "jobtui"), claimed, started, None, started + 60.0, executor=PROCESS)
+    return InFlight(Job(claimed, "P", "jobtui"), claimed, started, None, started + lease, executor=PROCESS)
 
 
 @pytest.fixture
@@ -92,3 +92,22 @@ async def test_a_child_stopped_for_its_memory_as_its_job_returned_takes_no_other
     await asyncio.wait_for(child.gone.wait(), 5)
     assert not alive(child.pid)
     assert (pool.counts.started, dict(pool.counts.died), dict(pool.counts.recycled)) == (2, {}, {})
+
+
+async def test_a_child_that_ends_itself_at_its_leases_deadline_says_so(pool: ChildPool, events: Path) -> None:
+    """Nothing extends the lease here, as when the worker is frozen: the child kills itself
+    at the deadline, and the pool tells that death from the OOM killer's SIGKILL."""
+    flight = attempt("sleeper", {"seconds": 30}, lease=1.0)
+    with pytest.raises(ChildDied) as died:
+        await asyncio.wait_for(pool.run(flight, None), 10)
+    assert str(died.value) == ENDED_ITSELF
+    assert str(died.value) == (
+        "ProcessDied: handler process ended itself at its lease's deadline: its worker did not answer"
+    )
+    [run] = runs(events, flight.job.id)
+    assert run.ended is None and not alive(run.pid)
+    assert (dict(pool.counts.died), dict(pool.counts.killed)) == ({"deadline": 1}, {})
+    # The pool runs on with a new child.
+    again = attempt("sleeper", {"seconds": 0})
+    result = await asyncio.wait_for(pool.run(again, None), 10)
+    assert result.outcome == "complete" and runs(events, again.job.id)[0].pid != run.pid

@@ -412,7 +412,8 @@ def test_a_job_claimed_again_waits_for_its_earlier_handler_on_the_same_worker(
 def test_a_frozen_workers_handler_process_ends_before_its_lease_could_expire(
     db: Conn, dsn: str, start: Start, events: Path, deaths: Deaths
 ) -> None:
-    x = start("X", dsn, "--executor", "process")
+    port = _free_port()
+    x = start("X", dsn, "--executor", "process", "--metrics-port", str(port))
     job_id = enqueue(db, enqueue_call("sleeper", {"seconds": 15, "then": 0.1}))
     [first] = wait_for(lambda: runs(events, job_id), 15, "X to start the job", x.log)
     x.signal(signal.SIGSTOP)  # X cannot stop its child now; the child must stop itself
@@ -430,6 +431,13 @@ def test_a_frozen_workers_handler_process_ends_before_its_lease_could_expire(
     x.wait_log(f"job {job_id} (sleeper) attempt 1: its lease was not extended in time", 10)
     row = job_row(db, job_id)
     assert (row["lease_token"], row["lease_expirations"]) == (2, 1), row  # a frozen worker's lease expires
+    # X tells this death from the OOM killer's SIGKILL: the child said why before it died.
+    x.wait_log(f"handler process {first.pid} ended itself at its lease's deadline: its worker did not answer", 10)
+    counters = _metrics(port)
+    deaths_counted = {k: v for k, v in counters.items() if k.startswith("jobtui_worker_children_died_total")}
+    assert deaths_counted == {'jobtui_worker_children_died_total{reason="deadline"}': 1}, counters
+    assert not any(k.startswith("jobtui_worker_children_killed_total") and v for k, v in counters.items()), counters
+    assert "killed by signal 9" not in x.log()
     assert x.proc.poll() is None
 
 
