@@ -328,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-memory-per-child",
         help="process executor: resident memory (like 512M) a child may hold; over it while a job runs, the"
-        " child is stopped and the attempt fails; over it between jobs, the child is replaced",
+        " child is stopped and the attempt fails; over it when its job returns, the child is replaced",
     )
     p.add_argument("--no-scheduler", action="store_true", help="do not run the scheduler in this worker")
     p.add_argument("--retention", default="1d", help="how long done jobs stay before archiving (default 1d)")

@@ -252,7 +252,8 @@ def pool_families(pool: Any) -> Iterator[Metric]:
          " between jobs, by reason (jobs, memory)", counts.recycled),
         ("killed", "Handler processes the worker stopped while they ran a job, by reason (timeout, cancelled,"
          " lease, memory, shutdown, reclaimed)", counts.killed),
-        ("died", "Handler processes that died by themselves, by how (a signal's name, or exit)", counts.died),
+        ("died", "Handler processes that died by themselves, by how (a signal's name, exit, or deadline: it"
+         " ended itself at its lease's deadline, its worker frozen)", counts.died),
     ):  # fmt: skip
         family = CounterMetricFamily(f"jobtui_worker_children_{name}", help_text, labels=["reason"])
         for reason, value in sorted(dict(counter).items()):

@@ -7,7 +7,8 @@ its outcome goes back on the same socket. Its control socket carries a byte
 that says why the worker is about to stop it (the job's `lost` and `cancelled` then say so
 during the grace before SIGKILL), and, after each heartbeat, the moment until which the
 job's lease surely holds. A child whose job is still running at that moment kills itself:
-its worker may be frozen (SIGSTOP, a pause) and unable to stop it. When the control socket
+its worker may be frozen (SIGSTOP, a pause) and unable to stop it; it writes ENDED on the
+control socket first, so that the worker can tell this death from others. When the control socket
 closes with a job running, the worker is gone, and so is the child at once: no handler may
 outlive its worker's lease.
 
@@ -41,6 +42,9 @@ LOST = b"l"
 # the running job's lease surely holds, less the worker's margin.
 DEADLINE = b"d"
 DEADLINE_VALUE = struct.Struct("!d")
+# The one byte a child writes on the control socket: it is ending itself, its job still
+# running at the deadline (its worker did not answer); its SIGKILL follows at once.
+ENDED = b"e"
 # How often an idle child's watchdog looks whether a job started.
 WATCH_INTERVAL = 0.2
 
@@ -152,6 +156,8 @@ class _Child:
             job = self.job
             now = time.monotonic()
             if job is not None and now >= self.deadline:
+                with contextlib.suppress(OSError):
+                    self.control.send(ENDED)
                 _exit_now("its worker did not extend the lease in time (frozen or gone)")
             wait = WATCH_INTERVAL if job is None else min(WATCH_INTERVAL, self.deadline - now)
             self.control.settimeout(max(wait, 0.001))

@@ -115,6 +115,11 @@ _DEATHS = {
 }
 
 
+# A child that killed itself at its lease's deadline (child.py), as it said before it did.
+ENDED_ITSELF = "ProcessDied: handler process ended itself at its lease's deadline: its worker did not answer"
+ENDED_KIND = "deadline"
+
+
 def death_kind(exitcode: int | None) -> str:
     """The counters' label of a death: the signal's name, or `exit`."""
     if exitcode is None or exitcode >= 0:
@@ -140,13 +145,24 @@ class Child:
         self.exitcode: int | None = None
         self.stopping: str | None = None  # why the worker stops it (STOP_REASONS), once it does
         self.killed_hard = False
-        self.memory_note: str | None = None  # why it was stopped for its memory, for the job's history
+        self.flight: InFlight | None = None  # the attempt it runs, or ran last
+        # Why it was stopped for its memory, for the history of that attempt (and no other).
+        self.memory_note: tuple[InFlight, str] | None = None
         self.rss: int | None = None  # resident bytes, as last read
+        self.ended_itself = False  # it said it ends itself at its lease's deadline (child.ENDED)
 
     def extend(self, deadline: float) -> None:
         """Tell the child its job's lease holds until `deadline` (monotonic) at least."""
         with contextlib.suppress(OSError):
             self.control.send(child_side.DEADLINE + child_side.DEADLINE_VALUE.pack(deadline))
+
+    def says_it_ended(self) -> bool:
+        """Whether the child said it ends itself at its lease's deadline: the byte it writes
+        on the control socket just before its SIGKILL, there by the time it is reaped."""
+        if not self.ended_itself:
+            with contextlib.suppress(OSError):  # nothing said (BlockingIOError), or closed
+                self.ended_itself = child_side.ENDED in self.control.recv(64, socket.MSG_DONTWAIT)
+        return self.ended_itself
 
     def read_rss(self) -> int | None:
         self.rss = resident_bytes(self.pid) if not self.gone.is_set() else None
@@ -216,7 +232,7 @@ class ChildPool:
         for child in children:
             if child.busy:
                 self._in_background(self._stop(child, "shutdown"))
-            else:
+            elif child.stopping is None:
                 child.stopping = "closing"
                 child.writer.close()
         await asyncio.gather(*(self._wait_gone(c, EXIT_PATIENCE) for c in children), return_exceptions=True)
@@ -251,15 +267,16 @@ class ChildPool:
         """
         child = await self._acquire()
         child.busy = True
+        child.flight = flight
         flight.child = child
         try:
             child.writer.write(child_side.frame(Attempt(flight.claimed, flight.lease_until - self.margin)))
             try:
                 if timeout is None:
-                    result = await self._result(child)
+                    result = await self._result(child, flight)
                 else:
                     left = max(0.0, flight.started + timeout - time.monotonic())
-                    result = await asyncio.wait_for(self._result(child), left)
+                    result = await asyncio.wait_for(self._result(child, flight), left)
             except TimeoutError:
                 await self._stop(child, "timeout")
                 raise HandlerTimedOut() from None
@@ -269,18 +286,28 @@ class ChildPool:
         finally:
             child.busy = False
         child.jobs += 1
+        if child.memory_note is not None and child.memory_note[0] is flight:
+            log.info(
+                "job %d (%s): its handler returned as its process %d was being stopped for its memory; "
+                "the outcome stands, the process is replaced",
+                flight.job.id,
+                flight.job.type,
+                child.pid,
+            )
         self._after_job(child)
         return result
 
-    async def _result(self, child: Child) -> Result:
+    async def _result(self, child: Child, flight: InFlight) -> Result:
         try:
             header = await child.reader.readexactly(child_side.HEADER.size)
             body = await child.reader.readexactly(child_side.HEADER.unpack(header)[0])
         except (asyncio.IncompleteReadError, ConnectionError):
             # The child is gone or going: its exit status comes right after.
             await self._wait_gone(child, EXIT_PATIENCE)
-            if child.memory_note is not None:
-                raise ChildDied(child.memory_note) from None
+            if child.memory_note is not None and child.memory_note[0] is flight:
+                raise ChildDied(child.memory_note[1]) from None
+            if child.ended_itself:  # counted when it was reaped
+                raise ChildDied(ENDED_ITSELF) from None
             if child.stopping is None:
                 self.counts.died[death_kind(child.exitcode)] += 1
             raise ChildDied(death_reason(child.exitcode)) from None
@@ -289,7 +316,12 @@ class ChildPool:
         return result
 
     def _after_job(self, child: Child) -> None:
-        """Back to the idle children, or recycled when it ran its jobs or holds too much."""
+        """Back to the idle children, or recycled when it ran its jobs or holds too much.
+
+        A child being stopped is not: its job returned as the worker began to stop it (found
+        over the memory limit an instant before, say), and it is going."""
+        if child.stopping is not None or child.gone.is_set():
+            return
         if self.max_jobs is not None and child.jobs >= self.max_jobs:
             self._recycle(child, "jobs")
         elif self.max_memory is not None and (child.read_rss() or 0) > self.max_memory:
@@ -300,7 +332,7 @@ class ChildPool:
                 mib(self.max_memory),
             )
             self._recycle(child, "memory")
-        elif not child.gone.is_set():
+        else:
             self._idle.append(child)
 
     def _recycle(self, child: Child, reason: str) -> None:
@@ -314,7 +346,7 @@ class ChildPool:
     async def _acquire(self) -> Child:
         while self._idle:
             child = self._idle.pop()
-            if not child.gone.is_set():
+            if not child.gone.is_set() and child.stopping is None:
                 return child
         return await self._spawn()
 
@@ -366,7 +398,10 @@ class ChildPool:
         self.children.discard(child)
         if child in self._idle:
             self._idle.remove(child)
-        if not child.busy and child.stopping is None:  # died between jobs (the OOM killer chooses idle ones too)
+        if child.says_it_ended():  # its worker (this one) was frozen past the job's lease
+            self.counts.died[ENDED_KIND] += 1
+            log.warning("handler process %d ended itself at its lease's deadline: its worker did not answer", pid)
+        elif not child.busy and child.stopping is None:  # died between jobs (the OOM killer chooses idle ones too)
             self.counts.died[death_kind(code)] += 1
             log.warning("idle handler process %d: %s", pid, death_reason(code))
         child.writer.close()
@@ -395,13 +430,21 @@ class ChildPool:
         meanwhile: then it kills at once, waits, and re-raises)."""
         if child.gone.is_set():
             return
-        if child.stopping is None:
-            child.stopping = reason
-            self.counts.killed[reason] += 1
-            with contextlib.suppress(OSError):
-                child.control.send(_TOLD.get(reason, child_side.LOST))
-            self._signal(child, signal.SIGTERM)
+        self._begin_stop(child, reason)
         await self._wait_gone(child, self.grace)
+
+    def _begin_stop(self, child: Child, reason: str) -> None:
+        """Mark the child as being stopped, tell it why, and SIGTERM it, all at once: from
+        here no job is handed to it, and it is not put back with the idle ones."""
+        if child.stopping is not None or child.gone.is_set():
+            return
+        child.stopping = reason
+        if child.says_it_ended():  # already ending itself, at its lease's deadline: counted as such
+            return
+        self.counts.killed[reason] += 1
+        with contextlib.suppress(OSError):
+            child.control.send(_TOLD.get(reason, child_side.LOST))
+        self._signal(child, signal.SIGTERM)
 
     async def _wait_gone(self, child: Child, within: float) -> None:
         """Until the child is gone, SIGKILL after `within` seconds; cancelled meanwhile, it
@@ -433,21 +476,30 @@ class ChildPool:
             os.kill(child.pid, signum)
 
     async def _watch_memory(self) -> None:
-        """Stop a busy child whose resident memory went over the limit: its job fails."""
-        limit = self.max_memory
-        assert limit is not None
         while True:
             await asyncio.sleep(MEMORY_CHECK_INTERVAL)
-            for child in list(self.children):
-                if not child.busy or child.stopping is not None:
-                    continue
-                rss = child.read_rss()
-                if rss is not None and rss > limit:
-                    child.memory_note = (
-                        f"MemoryLimit: handler process went over --max-memory-per-child ({mib(rss)} resident, "
-                        f"limit {mib(limit)}); stopped"
-                    )
-                    self._in_background(self._stop(child, "memory"))
+            self._check_memory()
+
+    def _check_memory(self) -> None:
+        """Stop each busy child whose resident memory went over the limit: its job fails.
+
+        The stop begins here, before anything else runs on the loop: a job that returns in
+        the meantime keeps its outcome, but its child is not used again, and the note goes
+        to that job's attempt only."""
+        limit = self.max_memory
+        assert limit is not None
+        for child in list(self.children):
+            if not child.busy or child.stopping is not None or child.flight is None:
+                continue
+            rss = child.read_rss()
+            if rss is not None and rss > limit:
+                child.memory_note = (
+                    child.flight,
+                    f"MemoryLimit: handler process went over --max-memory-per-child ({mib(rss)} resident, "
+                    f"limit {mib(limit)}); stopped",
+                )
+                self._begin_stop(child, "memory")
+                self._in_background(self._wait_gone(child, self.grace))
 
     def _in_background(self, work: Any) -> None:
         task = asyncio.ensure_future(work)

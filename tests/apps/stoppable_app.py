@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import time
 from typing import Any
 
@@ -94,4 +95,44 @@ def hog(job: Job) -> None:
         held.append(b"\x01" * (8 << 20))  # every page written, so resident
         time.sleep(0.02)
     time.sleep(30)
+    event(job, "end")
+
+
+def resident() -> int:
+    """This process's resident memory, in bytes."""
+    with open("/proc/self/statm", "rb") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@jobs.handler("hog.brief", max_attempts=1)
+def hog_brief(job: Job) -> None:
+    """Allocates `mib` MiB at once (each page touched) and returns; the memory is freed
+    `linger` seconds later, by a thread that holds it until then."""
+    event(job, "start")
+    held = [b"\x01" * (int(job.payload["mib"]) << 20)]
+
+    def release() -> None:
+        time.sleep(float(job.payload["linger"]))
+        held.clear()
+
+    threading.Thread(target=release, daemon=True).start()
+    event(job, "end")
+
+
+KEPT: list[bytes] = []  # what `hog.keeps` holds, until its process ends
+
+
+@jobs.handler("hog.keeps", max_attempts=1)
+def hog_keeps(job: Job) -> None:
+    """Grows its process's resident memory to 8 MiB over `limit` bytes and returns, holding it.
+
+    All but the last 24 MiB are allocated first, staying 16 MiB under the limit; the last
+    24 MiB at once, so the limit is crossed only in the last few milliseconds of the job.
+    """
+    event(job, "start")
+    missing = int(job.payload["limit"]) + (8 << 20) - resident()
+    last = 24 << 20
+    if missing > last:
+        KEPT.append(b"\x01" * (missing - last))
+    KEPT.append(b"\x01" * min(missing, last))
     event(job, "end")

@@ -341,6 +341,49 @@ def test_a_child_over_its_jobs_is_replaced_and_its_worker_says_how_many(
     assert counters['jobtui_worker_children{state="busy"}'] == 0
 
 
+def test_a_child_over_its_memory_when_its_job_returns_is_replaced_and_the_job_done(
+    db: Conn, dsn: str, start: Start, events: Path
+) -> None:
+    port = _free_port()
+    limit = 96 << 20
+    w = start(
+        "W", dsn, "--executor", "process", "--concurrency", "1", "--max-memory-per-child", "96M",
+        "--metrics-port", str(port),
+    )  # fmt: skip
+    # `hog.keeps` crosses the limit only in the last milliseconds of its job, and keeps the
+    # memory after it returns. The watch of busy children (every 0.5 s) catches it in those
+    # milliseconds about once in a hundred: that attempt fails with its MemoryLimit, as it
+    # should, and the test tries again with another job (one attempt each).
+    caught = 0
+    for _ in range(3):
+        hog = enqueue(db, enqueue_call("hog.keeps", {"limit": limit}))
+        status = wait_for(
+            lambda hog=hog: (s := job_row(db, hog)["status"]) in ("done", "dead") and s, 30, "the job to end", w.log
+        )
+        if status == "done":
+            break
+        assert job_row(db, hog)["errors"][0]["error"].startswith("MemoryLimit: "), job_row(db, hog)
+        caught += 1
+    else:
+        raise AssertionError("the busy children's watch caught the job three times in a row")
+    row = job_row(db, hog)
+    assert (row["attempts"], row["errors"]) == (1, []), row
+    [grew] = runs(events, hog)
+    assert grew.ended is not None
+    w.wait_log(f"handler process {grew.pid} holds ", 5)
+    w.wait_log("between jobs, over --max-memory-per-child 96 MiB: replaced", 5)
+    wait_for(lambda: not alive(grew.pid), 10, "the child over the limit gone", w.log)
+    # The next job gets a new child.
+    after = enqueue(db, enqueue_call("sleeper", {"seconds": 0}))
+    wait_for(lambda: job_row(db, after)["status"] == "done", 15, "the next job done", w.log)
+    [ran] = runs(events, after)
+    assert ran.pid != grew.pid
+    counters = _metrics(port)
+    assert counters['jobtui_worker_children_recycled_total{reason="memory"}'] == 1, counters
+    assert counters.get('jobtui_worker_children_killed_total{reason="memory"}', 0) == caught, counters
+    assert not any(k.startswith("jobtui_worker_children_died_total") and v for k, v in counters.items()), counters
+
+
 @pytest.mark.parametrize("executor", ["thread", "process"])
 def test_a_job_claimed_again_waits_for_its_earlier_handler_on_the_same_worker(
     executor: str, db: Conn, dsn: str, start: Start, events: Path, deaths: Deaths
@@ -369,7 +412,8 @@ def test_a_job_claimed_again_waits_for_its_earlier_handler_on_the_same_worker(
 def test_a_frozen_workers_handler_process_ends_before_its_lease_could_expire(
     db: Conn, dsn: str, start: Start, events: Path, deaths: Deaths
 ) -> None:
-    x = start("X", dsn, "--executor", "process")
+    port = _free_port()
+    x = start("X", dsn, "--executor", "process", "--metrics-port", str(port))
     job_id = enqueue(db, enqueue_call("sleeper", {"seconds": 15, "then": 0.1}))
     [first] = wait_for(lambda: runs(events, job_id), 15, "X to start the job", x.log)
     x.signal(signal.SIGSTOP)  # X cannot stop its child now; the child must stop itself
@@ -387,6 +431,13 @@ def test_a_frozen_workers_handler_process_ends_before_its_lease_could_expire(
     x.wait_log(f"job {job_id} (sleeper) attempt 1: its lease was not extended in time", 10)
     row = job_row(db, job_id)
     assert (row["lease_token"], row["lease_expirations"]) == (2, 1), row  # a frozen worker's lease expires
+    # X tells this death from the OOM killer's SIGKILL: the child said why before it died.
+    x.wait_log(f"handler process {first.pid} ended itself at its lease's deadline: its worker did not answer", 10)
+    counters = _metrics(port)
+    deaths_counted = {k: v for k, v in counters.items() if k.startswith("jobtui_worker_children_died_total")}
+    assert deaths_counted == {'jobtui_worker_children_died_total{reason="deadline"}': 1}, counters
+    assert not any(k.startswith("jobtui_worker_children_killed_total") and v for k, v in counters.items()), counters
+    assert "killed by signal 9" not in x.log()
     assert x.proc.poll() is None
 
 

@@ -641,3 +641,40 @@ async def test_embedded_worker_runs_jobs_pauses_and_stops_on_quit(dsn: str) -> N
     assert worker.in_flight == {}
     # The console gave the loggers back.
     assert (worker_logger.level, worker_logger.propagate, list(worker_logger.handlers)) == before
+
+
+async def test_the_worker_pane_shows_the_embedded_workers_process_pool(dsn: str) -> None:
+    from tests.apps import stoppable_app
+
+    with Queue(dsn, max_connections=1) as queue:
+        worker = Worker(stoppable_app.jobs, dsn, concurrency=1, poll_interval=0.2, scheduler=False, retention=None,
+                        worker_id="console-pool", shutdown_timeout=5, executor="process",
+                        max_jobs_per_child=2)  # fmt: skip
+        async with console(dsn, worker=worker) as (app, pilot):
+            await wait_for(pilot, lambda: worker.running, timeout=30, what="the worker and its pool to start")
+            await pilot.press("6")
+            await wait_for(pilot, lambda: app.pane == "worker", what="the worker pane")
+            state = app.query_one("#worker-state")
+            await wait_for(
+                pilot,
+                lambda: (
+                    "process pool: 1 children (0 busy, 1 idle); started 1, recycled 0, killed 0, died 0" in text(state)
+                ),
+                what="the pool's first child",
+            )
+            ids = queue.enqueue_many([NewJob("quick") for _ in range(3)])
+            await wait_for(pilot, lambda: set(statuses(dsn, ids).values()) == {"done"}, timeout=30, what="jobs done")
+            # Two jobs in the first child, which is then replaced; the third in the second.
+            await wait_for(
+                pilot,
+                lambda: (
+                    "process pool: 1 children (0 busy, 1 idle); started 2, recycled 1 (jobs 1), killed 0, died 0"
+                    in text(state)
+                ),
+                timeout=10,
+                what="the pool's counts after a child was recycled",
+            )
+            assert "sync handlers in threads" not in text(state)
+            await pilot.press("q")
+            await wait_for(pilot, lambda: not worker.running, timeout=15, what="a graceful stop")
+    assert worker.children is not None and worker.children.children == set()

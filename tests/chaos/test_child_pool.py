@@ -1,0 +1,113 @@
+"""The pool of handler processes (jobtui/worker/children.py) on its own: real template and
+child processes running the stoppable app's handlers, driven by a test that chooses the
+moment the pool looks at their memory. No database: the pool never touches one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobtui.domain import ClaimedJob
+from jobtui.registry import Job
+from jobtui.worker.child import Settings
+from jobtui.worker.children import ENDED_ITSELF, ChildDied, ChildPool, resident_bytes
+from jobtui.worker.executor import PROCESS, InFlight
+from tests.chaos.test_stoppable import alive, runs
+
+APP = "tests.apps.stoppable_app:jobs"
+_ids = iter(range(1, 1 << 30))
+
+
+def attempt(type_: str, payload: dict[str, Any], lease: float = 60.0) -> InFlight:
+    """A claimed job as a worker hands it to its pool, its lease good for `lease` seconds."""
+    now = datetime.now(UTC)
+    claimed = ClaimedJob(next(_ids), type_, payload, 1, 1, 1, now, now, now)
+    started = time.monotonic()
+    return InFlight(Job(claimed, "P", "jobtui"), claimed, started, None, started + lease, executor=PROCESS)
+
+
+@pytest.fixture
+def events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "events.log"
+    monkeypatch.setenv("JOBTUI_TEST_EVENTS", str(path))  # read by the handlers, in the children
+    return path
+
+
+@pytest.fixture
+async def pool(events: Path) -> AsyncIterator[ChildPool]:
+    children = ChildPool(Settings(APP, "jobtui", "P"), grace=1.0)
+    await children.open()
+    try:
+        yield children
+    finally:
+        await children.close()
+
+
+def wait_blocking(condition: Any, timeout: float, what: str) -> None:
+    """Poll `condition` while the event loop is held: the pool sees nothing meanwhile."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.01)
+
+
+async def test_a_child_stopped_for_its_memory_as_its_job_returned_takes_no_other_job(
+    pool: ChildPool, events: Path
+) -> None:
+    """The job returned just as the pool found its process over the limit: its outcome
+    stands, and that process, being stopped, is never handed the next job."""
+    [child] = pool.children
+    baseline = resident_bytes(child.pid)
+    assert baseline is not None
+    # Set after open(): the pool's own periodic look is not running, the test looks instead.
+    pool.max_memory = limit = baseline + (64 << 20)
+
+    first = attempt("hog.brief", {"mib": 128, "linger": 0.5})
+    running = asyncio.create_task(pool.run(first, None))
+    while not child.busy:
+        await asyncio.sleep(0)
+    # From here the loop is held: the job's outcome reaches the pool only once it runs again.
+    wait_blocking(lambda: any(r.ended for r in runs(events, first.job.id)), 10, "the handler to return")
+    time.sleep(0.05)  # its outcome is on the socket
+    over = resident_bytes(child.pid)
+    assert over is not None and over > limit, (over, limit)
+    pool._check_memory()  # over the limit, its job seemingly still running
+    time.sleep(0.6)  # its memory is freed: between jobs it would be under the limit
+    result = await asyncio.wait_for(running, 10)
+    assert (result.outcome, result.error) == ("complete", "")
+    assert pool.counts.killed == {"memory": 1}
+
+    second = attempt("sleeper", {"seconds": 0})
+    result = await asyncio.wait_for(pool.run(second, None), 10)
+    assert (result.outcome, result.error) == ("complete", ""), result
+    [run] = runs(events, second.job.id)
+    assert run.pid != child.pid
+    await asyncio.wait_for(child.gone.wait(), 5)
+    assert not alive(child.pid)
+    assert (pool.counts.started, dict(pool.counts.died), dict(pool.counts.recycled)) == (2, {}, {})
+
+
+async def test_a_child_that_ends_itself_at_its_leases_deadline_says_so(pool: ChildPool, events: Path) -> None:
+    """Nothing extends the lease here, as when the worker is frozen: the child kills itself
+    at the deadline, and the pool tells that death from the OOM killer's SIGKILL."""
+    flight = attempt("sleeper", {"seconds": 30}, lease=1.0)
+    with pytest.raises(ChildDied) as died:
+        await asyncio.wait_for(pool.run(flight, None), 10)
+    assert str(died.value) == ENDED_ITSELF
+    assert str(died.value) == (
+        "ProcessDied: handler process ended itself at its lease's deadline: its worker did not answer"
+    )
+    [run] = runs(events, flight.job.id)
+    assert run.ended is None and not alive(run.pid)
+    assert (dict(pool.counts.died), dict(pool.counts.killed)) == ({"deadline": 1}, {})
+    # The pool runs on with a new child.
+    again = attempt("sleeper", {"seconds": 0})
+    result = await asyncio.wait_for(pool.run(again, None), 10)
+    assert result.outcome == "complete" and runs(events, again.job.id)[0].pid != run.pid
