@@ -57,11 +57,16 @@ class ChildDied(Exception):
     """The handler's process died while it ran the job; the message says how, in words."""
 
 
+class ChildEndedItself(ChildDied):
+    """The child ended itself at its job's lease deadline: its worker did not extend the lease
+    in time (frozen, or cut off from the database). The lease is what failed, not the job."""
+
+
 class HandlerTimedOut(Exception):
     """The handler ran over its timeout; its process was stopped."""
 
 
-__all__ = ["ChildDied", "ChildPool", "HandlerTimedOut", "NoChild"]
+__all__ = ["ChildDied", "ChildEndedItself", "ChildPool", "HandlerTimedOut", "NoChild"]
 
 
 def resident_bytes(pid: int) -> int | None:
@@ -307,7 +312,7 @@ class ChildPool:
             if child.memory_note is not None and child.memory_note[0] is flight:
                 raise ChildDied(child.memory_note[1]) from None
             if child.ended_itself:  # counted when it was reaped
-                raise ChildDied(ENDED_ITSELF) from None
+                raise ChildEndedItself(ENDED_ITSELF) from None
             if child.stopping is None:
                 self.counts.died[death_kind(child.exitcode)] += 1
             raise ChildDied(death_reason(child.exitcode)) from None

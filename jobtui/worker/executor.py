@@ -182,13 +182,18 @@ async def _in_child(
     handler: Handler, flight: InFlight, backoff: Backoff, children: ChildPool
 ) -> tuple[Outcome, str, float]:
     """Run a sync handler in a child process; when it dies, the attempt fails saying how."""
-    from .children import ChildDied, HandlerTimedOut, NoChild
+    from .children import ChildDied, ChildEndedItself, HandlerTimedOut, NoChild
 
     job = flight.job
     try:
         result = await children.run(flight, handler.timeout)
     except HandlerTimedOut:
         return Outcome.TIMEOUT, _over(handler, "; its process was stopped"), backoff(handler, job)
+    except ChildEndedItself as exc:
+        # Its lease was not extended in time (this worker froze): as for a lease given up,
+        # the attempt is released uncounted, fenced by its token.
+        job.mark_lost()
+        return Outcome.ABANDONED, f"attempt given up: {exc}", 0.0
     except ChildDied as exc:
         return Outcome.FAIL, str(exc), backoff(handler, job)
     except NoChild as exc:

@@ -17,8 +17,9 @@ import pytest
 from jobtui.domain import ClaimedJob
 from jobtui.registry import Job
 from jobtui.worker.child import Settings
-from jobtui.worker.children import ENDED_ITSELF, ChildDied, ChildPool, resident_bytes
-from jobtui.worker.executor import PROCESS, InFlight
+from jobtui.worker.children import ENDED_ITSELF, ChildDied, ChildEndedItself, ChildPool, resident_bytes
+from jobtui.worker.executor import PROCESS, InFlight, run_handler
+from jobtui.worker.outcome import Outcome
 from tests.chaos.test_stoppable import alive, runs
 
 APP = "tests.apps.stoppable_app:jobs"
@@ -100,7 +101,7 @@ async def test_a_child_that_ends_itself_at_its_leases_deadline_says_so(pool: Chi
     flight = attempt("sleeper", {"seconds": 30}, lease=1.0)
     with pytest.raises(ChildDied) as died:
         await asyncio.wait_for(pool.run(flight, None), 10)
-    assert str(died.value) == ENDED_ITSELF
+    assert isinstance(died.value, ChildEndedItself) and str(died.value) == ENDED_ITSELF
     assert str(died.value) == (
         "ProcessDied: handler process ended itself at its lease's deadline: its worker did not answer"
     )
@@ -111,3 +112,16 @@ async def test_a_child_that_ends_itself_at_its_leases_deadline_says_so(pool: Chi
     again = attempt("sleeper", {"seconds": 0})
     result = await asyncio.wait_for(pool.run(again, None), 10)
     assert result.outcome == "complete" and runs(events, again.job.id)[0].pid != run.pid
+
+
+async def test_an_attempt_whose_child_ended_itself_is_released_uncounted(pool: ChildPool, events: Path) -> None:
+    """The child ended at its lease's deadline because the worker did not extend the lease:
+    the lease failed, not the job, so the executor hands the attempt back uncounted."""
+    from tests.apps.stoppable_app import jobs
+
+    flight = attempt("sleeper", {"seconds": 30}, lease=1.0)
+    handler = jobs.handlers["sleeper"]
+    outcome, error, delay = await asyncio.wait_for(run_handler(handler, flight, lambda h, j: 5.0, pool), 10)
+    assert (outcome, delay) == (Outcome.ABANDONED, 0.0)
+    assert error == f"attempt given up: {ENDED_ITSELF}"
+    assert flight.job.lost

@@ -441,6 +441,27 @@ def test_a_frozen_workers_handler_process_ends_before_its_lease_could_expire(
     assert x.proc.poll() is None
 
 
+def test_a_frozen_workers_own_job_is_released_uncounted_when_its_child_ended_itself(
+    db: Conn, dsn: str, start: Start, events: Path, deaths: Deaths
+) -> None:
+    """Alone, nobody reaps the frozen worker's job: once it wakes it finds its child ended
+    at the lease's deadline. The lease failed, not the job: the attempt is not counted."""
+    x = start("X", dsn, "--executor", "process")
+    job_id = enqueue(db, enqueue_call("sleeper", {"seconds": 3 * LEASE, "then": 0.1}))
+    [first] = wait_for(lambda: runs(events, job_id), 15, "X to start the job", x.log)
+    x.signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: not alive(first.pid), LEASE + 5, "the child to end itself", x.log)
+    finally:
+        x.signal(signal.SIGCONT)
+    wait_for(lambda: job_row(db, job_id)["status"] == "done", 30, "X to run the job again and finish it", x.log)
+    found = runs(events, job_id, deaths)
+    assert len(found) == 2 and not overlapping(found), found
+    row = job_row(db, job_id)
+    assert (row["attempts"], row["lease_token"], row["lease_expirations"]) == (1, 2, 0), row
+    assert [e["kind"] for e in row["errors"]] == ["abandoned"], row["errors"]
+
+
 # -- outages longer than the lease, a sync handler that only sleeps --------------------------
 
 
