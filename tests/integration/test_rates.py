@@ -274,17 +274,17 @@ def _rows_read(conn: Conn) -> int:
 
 @pytest.mark.parametrize("kind", ["type", "queue"])
 def test_a_spent_bucket_costs_its_own_workers_claims_a_few_rows_however_long_its_backlog(
-    conn: Conn, dsn: str, kind: str
+    conn: Conn, dsn: str, kind: queues.Kind
 ) -> None:
     """A worker serving only a rated type (or queue) whose bucket is spent must not read that
     type's whole backlog at every claim, looking for jobs that no rate holds back."""
     conn.execute("INSERT INTO jobtui.job (type, queue, payload) SELECT 'a', 'api', '{}' FROM generate_series(1, 20000)")
     conn.execute("VACUUM ANALYZE jobtui.job")
     queues.set_rate(conn, kind, "a" if kind == "type" else "api", 0.001, actor="olga")
-    scope = {"types": ("a",), "queue": "api" if kind == "queue" else None}
-    assert len(claim(conn, **scope)) == 1  # the bucket's one token
+    queue = "api" if kind == "queue" else None
+    assert len(claim(conn, queue, types=("a",))) == 1  # the bucket's one token
     with conn.transaction():
-        assert claim(conn, **scope) == []
+        assert claim(conn, queue, types=("a",)) == []
         assert _rows_read(conn) < 1000  # a few rounds over the rated part's first jobs, not 20,000
 
 
