@@ -162,6 +162,57 @@ def test_bad_rates_are_refused_in_one_line(conn: Conn) -> None:
     assert parse_rate("1200/min") == 20.0
 
 
+# -- the commands -------------------------------------------------------------------------
+
+
+def rates_set(conn: Conn) -> list[tuple[str, str, float]]:
+    rows = conn.execute(
+        "SELECT kind, name, rate_per_second FROM jobtui.queue_control WHERE rate_per_second IS NOT NULL"
+        " ORDER BY kind, name"
+    ).fetchall()
+    return [(str(k), str(n), float(r)) for k, n, r in rows]
+
+
+def audit_rows(conn: Conn) -> list[tuple[Any, ...]]:
+    return list(conn.execute("SELECT actor, action, target, rows, detail FROM jobtui.audit ORDER BY id").fetchall())
+
+
+def said(dsn: str, *args: str) -> str:
+    """What a command that succeeds prints (nothing on stderr)."""
+    out = jobtui(dsn, *args)
+    assert (out.returncode, out.stderr) == (0, ""), out
+    return out.stdout
+
+
+def test_read_only_refuses_every_lever_and_changes_nothing(conn: Conn, dsn: str) -> None:
+    said(dsn, "queue", "rate", "api", "20/s")
+    said(dsn, "queue", "pause", "reports")
+    before = audit_rows(conn)
+    for args in (
+        ("queue", "rate", "api", "5/s"),
+        ("queue", "rate", "api", "none"),
+        ("type", "rate", "sms.send", "1/s"),
+        ("queue", "limit", "api", "3"),
+        ("queue", "pause", "api"),
+        ("queue", "resume", "reports", "--ramp", "10s"),
+        ("type", "resume", "sms.send"),
+    ):
+        out = jobtui(dsn, "--read-only", *args)
+        assert out.returncode == 2 and out.stdout == "", (args, out)
+        what = f"{args[0]} {args[1]}"
+        assert out.stderr == (
+            f"jobtui: error: {what} changes every worker's claims, which --read-only forbids; nothing was changed\n"
+        ), out.stderr
+    assert rates_set(conn) == [("queue", "api", 20.0)]
+    control = conn.execute(
+        "SELECT kind, name, paused_at IS NOT NULL, max_running FROM jobtui.queue_control ORDER BY kind, name"
+    ).fetchall()
+    assert control == [("queue", "api", False, None), ("queue", "reports", True, None)]
+    assert audit_rows(conn) == before
+    # Without it, the same command changes the rate.
+    assert said(dsn, "queue", "rate", "api", "5/s") == "queue 'api' rate: 5/s across every worker (was 20/s)\n"
+
+
 # -- real workers -------------------------------------------------------------------------
 
 
