@@ -184,6 +184,50 @@ def said(dsn: str, *args: str) -> str:
     return out.stdout
 
 
+def test_queue_rate_and_type_rate_say_the_rate_they_replaced(conn: Conn, dsn: str) -> None:
+    assert said(dsn, "queue", "rate", "api", "20/s") == "queue 'api' rate: 20/s across every worker (was none)\n"
+    assert rates_set(conn) == [("queue", "api", 20.0)]
+    assert said(dsn, "queue", "rate", "api", "90/min") == "queue 'api' rate: 1.5/s across every worker (was 20/s)\n"
+    assert rates_set(conn) == [("queue", "api", 1.5)]
+    typed = said(dsn, "type", "rate", "sms.send", "30/h")
+    assert typed == "type 'sms.send' rate: 30/h across every worker (was none)\n"
+    assert said(dsn, "queue", "rate", "api", "none") == "queue 'api' rate: none (was 1.5/s)\n"
+    assert rates_set(conn) == [("type", "sms.send", 30 / 3600)]
+    assert said(dsn, "queue", "rate", "api", "none") == "queue 'api' rate: none (was none)\n"
+    assert [row[:4] for row in audit_rows(conn)] == [
+        ("olga", "queue-rate", "queue api", 1),
+        ("olga", "queue-rate", "queue api", 1),
+        ("olga", "type-rate", "type sms.send", 1),
+        ("olga", "queue-rate", "queue api", 1),
+        ("olga", "queue-rate", "queue api", 1),
+    ]
+    assert audit_rows(conn)[1][4] == {"rate_per_second": 1.5, "was": 20.0}
+    assert audit_rows(conn)[3][4] == {"rate_per_second": None, "was": 1.5}
+
+
+@pytest.mark.parametrize(
+    ("given", "why"),
+    [
+        ("fast", "write it like 20/s, 1200/min or 30/h (or none)"),
+        ("20", "write it like 20/s"),
+        ("20/week", "write it like 20/s"),
+        ("1,5/s", "write it like 20/s"),
+        ("0/s", "below 1 job every 10 hours: pause the queue instead"),
+        ("2000000/s", "over 1,000,000/s: give none for no rate"),
+    ],
+)
+def test_a_bad_rate_is_one_line_and_changes_nothing(conn: Conn, dsn: str, given: str, why: str) -> None:
+    said(dsn, "queue", "rate", "api", "20/s")
+    before = audit_rows(conn)
+    for kind, name in (("queue", "api"), ("type", "sms.send")):
+        out = jobtui(dsn, kind, "rate", name, given)
+        assert out.returncode == 2 and out.stdout == "", out
+        assert out.stderr.count("\n") == 1 and out.stderr.startswith("jobtui: error: argument rate: "), out.stderr
+        assert f"'{given}'" in out.stderr and why in out.stderr, out.stderr
+    assert rates_set(conn) == [("queue", "api", 20.0)]
+    assert audit_rows(conn) == before
+
+
 def test_read_only_refuses_every_lever_and_changes_nothing(conn: Conn, dsn: str) -> None:
     said(dsn, "queue", "rate", "api", "20/s")
     said(dsn, "queue", "pause", "reports")
