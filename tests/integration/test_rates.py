@@ -4,6 +4,7 @@ claim, and leaves the jobs of unrated queues to the claim as it was."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -18,9 +19,11 @@ from jobtui.db import run
 from jobtui.domain import NewJob
 from jobtui.errors import InvalidInput
 from jobtui.overview import overview
+from jobtui.prometheus import serve
 from jobtui.queue import claim_call
 from jobtui.rates import parse_rate
 from tests.integration.test_levers import jobtui
+from tests.integration.test_metrics import free_port, scrape
 from tests.workers import WorkerProcess, wait_for
 
 Conn = psycopg.Connection[Any]
@@ -255,6 +258,47 @@ def test_read_only_refuses_every_lever_and_changes_nothing(conn: Conn, dsn: str)
     assert audit_rows(conn) == before
     # Without it, the same command changes the rate.
     assert said(dsn, "queue", "rate", "api", "5/s") == "queue 'api' rate: 5/s across every worker (was 20/s)\n"
+
+
+def table_row(text: str, kind: str, name: str) -> dict[str, str]:
+    """A row of a printed `Queues and job types` table, by column."""
+    lines = text.splitlines()
+    header = next([c.strip() for c in row.split("┃")[1:-1]] for row in lines if "┃ kind " in row)
+    cells = next(r for r in ([c.strip() for c in row.split("│")[1:-1]] for row in lines) if r[:2] == [kind, name])
+    return dict(zip(header, cells, strict=True))
+
+
+def test_a_rate_shows_in_queue_list_stats_and_prometheus(conn: Conn, dsn: str) -> None:
+    with Queue(dsn) as q:
+        q.enqueue("sms.send", queue="api")
+        q.enqueue("b")
+    said(dsn, "queue", "rate", "api", "20/s")
+    said(dsn, "type", "rate", "sms.send", "90/min")
+    for args in (("queue", "list"), ("stats",)):
+        text = said(dsn, *args)
+        assert table_row(text, "queue", "api")["rate"] == "20/s", text
+        assert table_row(text, "type", "sms.send")["rate"] == "1.5/s", text
+        assert table_row(text, "queue", "default")["rate"] == "-", text
+    listed = json.loads(said(dsn, "queue", "list", "--json"))
+    in_stats = json.loads(said(dsn, "stats", "--json"))["queues"]
+    for lines in (listed, in_stats):
+        by_name = {(q["kind"], q["name"]): q for q in lines}
+        assert (by_name["queue", "api"]["rate"], by_name["queue", "api"]["rate_now"]) == (20.0, 20.0)
+        assert (by_name["type", "sms.send"]["rate"], by_name["type", "sms.send"]["rate_now"]) == (1.5, 1.5)
+        assert by_name["queue", "default"]["rate"] is None and not by_name["queue", "api"]["ramping"]
+    port = free_port()
+    server = serve(dsn, port, addr="127.0.0.1")
+    try:
+        samples = scrape(port)
+        rated = {labels: v for (name, labels), v in samples.items() if name == "jobtui_rate_limit_per_second"}
+        assert rated == {(("kind", "queue"), ("name", "api")): 20.0, (("kind", "type"), ("name", "sms.send")): 1.5}
+        said(dsn, "queue", "rate", "api", "none")
+        time.sleep(1.1)  # scrapes within a second share one snapshot
+        rated = {labels: v for (name, labels), v in scrape(port).items() if name == "jobtui_rate_limit_per_second"}
+        assert rated == {(("kind", "type"), ("name", "sms.send")): 1.5}  # set ones only
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 # -- real workers -------------------------------------------------------------------------
