@@ -254,7 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
         " session state (default: JOBTUI_POOLER, else none)",
     )
     console = parser.add_argument_group("console (jobtui with no command)")
-    console.add_argument("--read-only", action="store_true", help="hide and refuse every action")
+    console.add_argument(
+        "--read-only",
+        action="store_true",
+        help="hide and refuse every action (queue and type pause, resume, limit and rate refuse to run too)",
+    )
     console.add_argument("--work", metavar="M:ATTR", help="run a worker (and scheduler) inside the console")
     console.add_argument(
         "--concurrency", type=positive_int, default=4, help="embedded worker's concurrency (default 4)"

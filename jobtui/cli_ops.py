@@ -27,7 +27,7 @@ from .explain import human_delta
 from .flows import line_forecasts
 from .forecast import Forecast
 from .joblists import dead_groups
-from .metrics import Snapshot, snapshot
+from .metrics import Snapshot, TypeCounts, snapshot
 from .overview import QueueLine, overview
 from .queue import job_statuses_call
 from .rates import RAMP_TOP, rate_text
@@ -73,7 +73,7 @@ def render_stats(snap: Snapshot, console: Console) -> None:
         console.print(Text(f"{snap.standby_note}: the figures are the primary's as replayed here", style="bold"))
     header = _figures(
         ("oldest ready", _age(snap.oldest_ready_age)),
-        ("ready", f"{snap.ready} ({snap.ready_due} due)"),
+        ("ready", f"{estimated(snap, str(snap.ready))} ({estimated(snap, str(snap.ready_due))} due)"),
         ("running", snap.running_count),
         ("dead", snap.dead_count),
         ("failed", snap.failed_count),
@@ -87,14 +87,16 @@ def render_stats(snap: Snapshot, console: Console) -> None:
     for t in snap.by_type:
         types.add_row(
             t.type,
-            str(t.ready),
-            str(t.ready_due),
-            _age(t.oldest_ready_age),
+            estimated(snap, str(t.ready)),
+            estimated(snap, str(t.ready_due)),
+            type_age(snap, t),
             str(t.running),
             str(t.dead),
             str(t.failed),
         )
     console.print(types)
+    if snap.ready_estimate is not None:
+        console.print(f"~ estimated: too many ready jobs to count on every read; from {snap.ready_estimate.source}")
     if snap.running:
         running = Table("type", "worker", "jobs", "expired leases", "oldest heartbeat", title="Running")
         for g in snap.running:
@@ -134,6 +136,21 @@ def render_stats(snap: Snapshot, console: Console) -> None:
             style="dim",
         )
     )
+
+
+def estimated(snap: Snapshot, text: str) -> str:
+    """A ready figure of `stats`, marked `~` when the ready jobs were too many to count."""
+    return text if snap.ready_estimate is None else f"~{text}"
+
+
+def type_age(snap: Snapshot, t: TypeCounts) -> str:
+    """A type's oldest ready age for `stats`: counted, or above the cap the archiver's (`~`,
+    as old as its minute row), `?` when not known for a type with ready jobs."""
+    if snap.ready_estimate is None:
+        return _age(t.oldest_ready_age)
+    if t.oldest_ready_age is None:
+        return "?" if t.ready else "-"
+    return f"~{_age(t.oldest_ready_age)}"
 
 
 # The tables whose health `jobtui stats` shows: the queue, and the two the archiver prunes

@@ -194,7 +194,8 @@ def families(snap: Snapshot) -> Iterator[Metric]:
     waits = GaugeMetricFamily(
         "jobtui_lock_waits",
         "Sessions waiting for a lock while they work on jobtui's tables, by the kind of lock"
-        " (relation, transactionid and tuple for rows held by another transaction, advisory, other)",
+        " (relation, transactionid and tuple for rows held by another transaction, advisory, queue_limit and"
+        " rate_limit for claims taking their turn at a queue's limit or a rate's bucket, which is no alarm, other)",
         labels=["kind"],
     )
     longest = GaugeMetricFamily(

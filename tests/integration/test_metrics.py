@@ -33,7 +33,7 @@ from jobtui import scheduler as sched
 from jobtui.db import Call, statements
 from jobtui.donehistory import DoneHistory
 from jobtui.maintenance import Retention, summarise_hours, sweep
-from jobtui.metrics import QueueLocked, Snapshot, snapshot
+from jobtui.metrics import LOCK_KINDS, QueueLocked, Snapshot, snapshot
 from jobtui.prometheus import serve
 from jobtui.registry import Job, Jobs, ScheduleSpec
 from jobtui.worker import Worker
@@ -934,7 +934,7 @@ def test_prometheus_endpoint(dsn: str, conn: Conn, world: World, metrics_server:
         ("dead_or_failed", "report", "1"): 2,
         ("dead_or_failed", "report", "6"): 1,
     }
-    for kind in ("relation", "transactionid", "tuple", "advisory", "other"):
+    for kind in LOCK_KINDS:
         assert samples["jobtui_lock_waits", (("kind", kind),)] == 0
         assert samples["jobtui_lock_wait_longest_seconds", (("kind", kind),)] == 0
     assert ("jobtui_table_dead_tuples", (("table", "job"),)) in samples
@@ -948,6 +948,9 @@ def test_prometheus_endpoint(dsn: str, conn: Conn, world: World, metrics_server:
         "jobtui_up 1.0",
     ):
         assert line in text.splitlines()
+    # The help of the lock waits names every kind they are counted by.
+    [help_line] = [h for h in text.splitlines() if h.startswith("# HELP jobtui_lock_waits ")]
+    assert all(kind in help_line for kind in LOCK_KINDS), help_line
 
 
 def test_prometheus_labels_jobs_by_queue_and_says_what_is_paused(dsn: str, conn: Conn, metrics_server: int) -> None:

@@ -93,3 +93,49 @@ def test_estimates_are_marked_in_queue_list_and_its_json(app_dsn: str, conn: Con
     assert any(c.startswith("~") for c in cells)
     data = cli_ops.queue_json(overview(conn, cap=CAP).lines)
     assert all("estimated" in d for d in data)
+
+
+def stats_text(dsn: str) -> str:
+    import contextlib
+    import io
+
+    from jobtui.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["--dsn", dsn, "stats"]) == 0
+    return out.getvalue()
+
+
+def type_cells(text: str, job_type: str) -> list[str]:
+    """The cells of a type's row in the `Jobs by type` table of `stats`."""
+    rows = [[c.strip() for c in row.split("│")[1:-1]] for row in text.splitlines() if "│" in row]
+    return next(cells for cells in rows if cells and cells[0] == job_type)
+
+
+def test_estimates_are_marked_in_stats_above_the_cap(
+    dsn: str, conn: Conn, flood: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jobtui import metrics
+
+    counted = stats_text(dsn)  # below the snapshot's cap: every figure counted, none marked
+    assert "ready 36 (34 due)" in counted and "~" not in counted, counted
+    assert type_cells(counted, "a")[1:3] == ["32", "30"]
+    monkeypatch.setattr(metrics, "READY_EXACT_CAP", CAP)
+    away_from_minute_boundary(conn)
+    assert backlog.record_minute(conn)  # the archiver's count, once a minute
+    text = stats_text(dsn)
+    assert "ready ~36 (~34 due)" in text, text
+    # The oldest ready age of every queue stays exact: the first entry of the ready index.
+    assert "oldest ready 1h" in text and "oldest ready ~" not in text, text
+    a, r = type_cells(text, "a"), type_cells(text, "r")
+    assert a[1:3] == ["~32", "~30"] and a[3].startswith("~1h"), a
+    assert r[1:3] == ["~4", "~4"] and r[3].startswith("~1m"), r
+    assert a[4:] == ["0", "0", "0"]  # running, dead and failed are counted whatever the backlog
+    assert "~ estimated: too many ready jobs to count on every read; from counted at" in text, text
+    # The planner's split gives no type's age: not known, and said so.
+    conn.execute("DELETE FROM jobtui.queue_minute")
+    conn.execute("VACUUM ANALYZE jobtui.job")
+    text = stats_text(dsn)
+    assert type_cells(text, "a")[3] == "?" and type_cells(text, "a")[1].startswith("~"), text
+    assert "from the planner's estimate of the ready index" in text, text

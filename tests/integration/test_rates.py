@@ -4,10 +4,11 @@ claim, and leaves the jobs of unrated queues to the claim as it was."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 import psycopg
 import pytest
@@ -18,9 +19,11 @@ from jobtui.db import run
 from jobtui.domain import NewJob
 from jobtui.errors import InvalidInput
 from jobtui.overview import overview
+from jobtui.prometheus import serve
 from jobtui.queue import claim_call
 from jobtui.rates import parse_rate
 from tests.integration.test_levers import jobtui
+from tests.integration.test_metrics import free_port, scrape
 from tests.workers import WorkerProcess, wait_for
 
 Conn = psycopg.Connection[Any]
@@ -162,6 +165,142 @@ def test_bad_rates_are_refused_in_one_line(conn: Conn) -> None:
     assert parse_rate("1200/min") == 20.0
 
 
+# -- the commands -------------------------------------------------------------------------
+
+
+def rates_set(conn: Conn) -> list[tuple[str, str, float]]:
+    rows = conn.execute(
+        "SELECT kind, name, rate_per_second FROM jobtui.queue_control WHERE rate_per_second IS NOT NULL"
+        " ORDER BY kind, name"
+    ).fetchall()
+    return [(str(k), str(n), float(r)) for k, n, r in rows]
+
+
+def audit_rows(conn: Conn) -> list[tuple[Any, ...]]:
+    return list(conn.execute("SELECT actor, action, target, rows, detail FROM jobtui.audit ORDER BY id").fetchall())
+
+
+def said(dsn: str, *args: str) -> str:
+    """What a command that succeeds prints (nothing on stderr)."""
+    out = jobtui(dsn, *args)
+    assert (out.returncode, out.stderr) == (0, ""), out
+    return out.stdout
+
+
+def test_queue_rate_and_type_rate_say_the_rate_they_replaced(conn: Conn, dsn: str) -> None:
+    assert said(dsn, "queue", "rate", "api", "20/s") == "queue 'api' rate: 20/s across every worker (was none)\n"
+    assert rates_set(conn) == [("queue", "api", 20.0)]
+    assert said(dsn, "queue", "rate", "api", "90/min") == "queue 'api' rate: 1.5/s across every worker (was 20/s)\n"
+    assert rates_set(conn) == [("queue", "api", 1.5)]
+    typed = said(dsn, "type", "rate", "sms.send", "30/h")
+    assert typed == "type 'sms.send' rate: 30/h across every worker (was none)\n"
+    assert said(dsn, "queue", "rate", "api", "none") == "queue 'api' rate: none (was 1.5/s)\n"
+    assert rates_set(conn) == [("type", "sms.send", 30 / 3600)]
+    assert said(dsn, "queue", "rate", "api", "none") == "queue 'api' rate: none (was none)\n"
+    assert [row[:4] for row in audit_rows(conn)] == [
+        ("olga", "queue-rate", "queue api", 1),
+        ("olga", "queue-rate", "queue api", 1),
+        ("olga", "type-rate", "type sms.send", 1),
+        ("olga", "queue-rate", "queue api", 1),
+        ("olga", "queue-rate", "queue api", 1),
+    ]
+    assert audit_rows(conn)[1][4] == {"rate_per_second": 1.5, "was": 20.0}
+    assert audit_rows(conn)[3][4] == {"rate_per_second": None, "was": 1.5}
+
+
+@pytest.mark.parametrize(
+    ("given", "why"),
+    [
+        ("fast", "write it like 20/s, 1200/min or 30/h (or none)"),
+        ("20", "write it like 20/s"),
+        ("20/week", "write it like 20/s"),
+        ("1,5/s", "write it like 20/s"),
+        ("0/s", "below 1 job every 10 hours: pause the queue instead"),
+        ("2000000/s", "over 1,000,000/s: give none for no rate"),
+    ],
+)
+def test_a_bad_rate_is_one_line_and_changes_nothing(conn: Conn, dsn: str, given: str, why: str) -> None:
+    said(dsn, "queue", "rate", "api", "20/s")
+    before = audit_rows(conn)
+    for kind, name in (("queue", "api"), ("type", "sms.send")):
+        out = jobtui(dsn, kind, "rate", name, given)
+        assert out.returncode == 2 and out.stdout == "", out
+        assert out.stderr.count("\n") == 1 and out.stderr.startswith("jobtui: error: argument rate: "), out.stderr
+        assert f"'{given}'" in out.stderr and why in out.stderr, out.stderr
+    assert rates_set(conn) == [("queue", "api", 20.0)]
+    assert audit_rows(conn) == before
+
+
+def test_read_only_refuses_every_lever_and_changes_nothing(conn: Conn, dsn: str) -> None:
+    said(dsn, "queue", "rate", "api", "20/s")
+    said(dsn, "queue", "pause", "reports")
+    before = audit_rows(conn)
+    for args in (
+        ("queue", "rate", "api", "5/s"),
+        ("queue", "rate", "api", "none"),
+        ("type", "rate", "sms.send", "1/s"),
+        ("queue", "limit", "api", "3"),
+        ("queue", "pause", "api"),
+        ("queue", "resume", "reports", "--ramp", "10s"),
+        ("type", "resume", "sms.send"),
+    ):
+        out = jobtui(dsn, "--read-only", *args)
+        assert out.returncode == 2 and out.stdout == "", (args, out)
+        what = f"{args[0]} {args[1]}"
+        assert out.stderr == (
+            f"jobtui: error: {what} changes every worker's claims, which --read-only forbids; nothing was changed\n"
+        ), out.stderr
+    assert rates_set(conn) == [("queue", "api", 20.0)]
+    control = conn.execute(
+        "SELECT kind, name, paused_at IS NOT NULL, max_running FROM jobtui.queue_control ORDER BY kind, name"
+    ).fetchall()
+    assert control == [("queue", "api", False, None), ("queue", "reports", True, None)]
+    assert audit_rows(conn) == before
+    # Without it, the same command changes the rate.
+    assert said(dsn, "queue", "rate", "api", "5/s") == "queue 'api' rate: 5/s across every worker (was 20/s)\n"
+
+
+def table_row(text: str, kind: str, name: str) -> dict[str, str]:
+    """A row of a printed `Queues and job types` table, by column."""
+    lines = text.splitlines()
+    header = next([c.strip() for c in row.split("┃")[1:-1]] for row in lines if "┃ kind " in row)
+    cells = next(r for r in ([c.strip() for c in row.split("│")[1:-1]] for row in lines) if r[:2] == [kind, name])
+    return dict(zip(header, cells, strict=True))
+
+
+def test_a_rate_shows_in_queue_list_stats_and_prometheus(conn: Conn, dsn: str) -> None:
+    with Queue(dsn) as q:
+        q.enqueue("sms.send", queue="api")
+        q.enqueue("b")
+    said(dsn, "queue", "rate", "api", "20/s")
+    said(dsn, "type", "rate", "sms.send", "90/min")
+    for args in (("queue", "list"), ("stats",)):
+        text = said(dsn, *args)
+        assert table_row(text, "queue", "api")["rate"] == "20/s", text
+        assert table_row(text, "type", "sms.send")["rate"] == "1.5/s", text
+        assert table_row(text, "queue", "default")["rate"] == "-", text
+    listed = json.loads(said(dsn, "queue", "list", "--json"))
+    in_stats = json.loads(said(dsn, "stats", "--json"))["queues"]
+    for lines in (listed, in_stats):
+        by_name = {(q["kind"], q["name"]): q for q in lines}
+        assert (by_name["queue", "api"]["rate"], by_name["queue", "api"]["rate_now"]) == (20.0, 20.0)
+        assert (by_name["type", "sms.send"]["rate"], by_name["type", "sms.send"]["rate_now"]) == (1.5, 1.5)
+        assert by_name["queue", "default"]["rate"] is None and not by_name["queue", "api"]["ramping"]
+    port = free_port()
+    server = serve(dsn, port, addr="127.0.0.1")
+    try:
+        samples = scrape(port)
+        rated = {labels: v for (name, labels), v in samples.items() if name == "jobtui_rate_limit_per_second"}
+        assert rated == {(("kind", "queue"), ("name", "api")): 20.0, (("kind", "type"), ("name", "sms.send")): 1.5}
+        said(dsn, "queue", "rate", "api", "none")
+        time.sleep(1.1)  # scrapes within a second share one snapshot
+        rated = {labels: v for (name, labels), v in scrape(port).items() if name == "jobtui_rate_limit_per_second"}
+        assert rated == {(("kind", "type"), ("name", "sms.send")): 1.5}  # set ones only
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 # -- real workers -------------------------------------------------------------------------
 
 
@@ -274,7 +413,7 @@ def _rows_read(conn: Conn) -> int:
 
 @pytest.mark.parametrize("kind", ["type", "queue"])
 def test_a_spent_bucket_costs_its_own_workers_claims_a_few_rows_however_long_its_backlog(
-    conn: Conn, dsn: str, kind: Literal["queue", "type"]
+    conn: Conn, dsn: str, kind: queues.Kind
 ) -> None:
     """A worker serving only a rated type (or queue) whose bucket is spent must not read that
     type's whole backlog at every claim, looking for jobs that no rate holds back."""

@@ -4,6 +4,8 @@
 stands still, so every countdown and age on screen is the same on every run. This is not a
 stand-in for the database in the SQL-backed tests (test_console.py uses a real one); it is
 fixed data for snapshot pictures, which render.py is designed to draw from plain values.
+The jobs search is the exception: it reads the database itself, so its pictures give
+FixedApp a real one holding fixed rows (test_snapshots.py).
 """
 
 from __future__ import annotations
@@ -214,11 +216,15 @@ def job(job_id: int) -> JobRow:
     )
 
 
-class FixedSource(DataSource):
-    """The console's reads, answered from the values above."""
+FIXED_DSN = "postgresql://fixed.invalid/jobtui"
 
-    def __init__(self) -> None:
-        super().__init__("postgresql://fixed.invalid/jobtui", "jobtui")
+
+class FixedSource(DataSource):
+    """The console's reads, answered from the values above. The jobs search (and its bulk
+    actions) reads `dsn` itself: a real database of fixed rows in its pictures."""
+
+    def __init__(self, dsn: str = FIXED_DSN) -> None:
+        super().__init__(dsn, "jobtui")
         self.unreachable = False  # set to make every read fail as a lost server does
         self.hung_for = 0.0  # set to show a read that has waited this long for the server
 
@@ -250,10 +256,11 @@ class FixedSource(DataSource):
 
 
 class FixedApp(JobtuiApp):
-    """The console on fixed data and a stopped clock; reads once (at mount)."""
+    """The console on fixed data and a stopped clock; reads once (at mount). `dsn` is where
+    its jobs search reads (see FixedSource)."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__("postgresql://fixed.invalid/jobtui", refresh_interval=3600, **kwargs)
-        self.source = FixedSource()
+    def __init__(self, dsn: str = FIXED_DSN, **kwargs: Any) -> None:
+        super().__init__(dsn, refresh_interval=3600, **kwargs)
+        self.source = FixedSource(dsn)
         self.clock = lambda: READ_AT + ELAPSED
         self.history.extend(HISTORY)

@@ -1,16 +1,20 @@
 """The second round of levers in the console, driven by Textual's pilot against a real
 database: a rate typed then confirmed (fenced by the rate shown), a resume with a ramp, the
-jobs search from the filter box (progress, pages, escape cancelling a search that waits),
-and the bulk actions over its filter; read-only offering none of them."""
+jobs search from the filter box (progress, older pages and back, a job's detail, escape
+cancelling a search that waits), and the bulk requeue, discard and cancel over its filter;
+read-only offering none of them."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from jobtui import queues
-from jobtui.tui.screens import ConfirmScreen
+from jobtui.client import Queue
+from jobtui.domain import NewJob
+from jobtui.tui.screens import ConfirmScreen, JobDetailScreen
 from jobtui.tui.search import JobSearchScreen
 from jobtui.tui.widgets import KeyedTable
 
@@ -164,3 +168,101 @@ async def test_read_only_searches_but_offers_no_bulk_action(dsn: str) -> None:
         await pilot.press("r", "d")
         await stays(pilot, lambda: not isinstance(app.screen, ConfirmScreen), 0.3)
     assert set(statuses(dsn, s.dead_billing).values()) == {"dead"} and audit(dsn) == []
+
+
+def enqueue_accounts(dsn: str, n: int, account: str = "acme") -> list[int]:
+    with Queue(dsn, max_connections=1) as q:
+        return q.enqueue_many([NewJob("email.send", {"account": account, "n": i}) for i in range(n)])
+
+
+async def test_a_search_pages_older_and_back_and_opens_a_jobs_detail(dsn: str) -> None:
+    seed(dsn)
+    enqueue_accounts(dsn, 150)
+    enqueue_accounts(dsn, 5, account="other")
+    newest = [
+        str(r[0])
+        for r in query(
+            dsn, "SELECT id FROM jobtui.job WHERE payload @> %s ORDER BY id DESC", Jsonb({"account": "acme"})
+        )
+    ]
+    assert len(newest) == 150
+    async with console(dsn) as (app, pilot):
+        screen = await search(pilot, app, "payload:account=acme")
+        jobs = screen.query_one(KeyedTable)
+        await wait_for(pilot, lambda: keys(jobs) == newest[:100], what="the newest page")
+        await wait_for(pilot, lambda: "100 of 150 · ] older" in status_line(screen), what="the count")
+        await pilot.press("right_square_bracket")
+        await wait_for(pilot, lambda: keys(jobs) == newest[100:], what="the older page")
+        await wait_for(pilot, lambda: f"50 of 50 below id {newest[99]}" in status_line(screen), what="its line")
+        assert "older" not in status_line(screen)  # nothing older: ] does nothing now
+        await pilot.press("right_square_bracket")
+        await stays(pilot, lambda: keys(jobs) == newest[100:], 0.3)
+        await pilot.press("left_square_bracket")
+        await wait_for(pilot, lambda: keys(jobs) == newest[:100], what="back to the newest page")
+        await wait_for(pilot, lambda: "100 of 150" in status_line(screen), what="the count again")
+        jobs.move_cursor(row=3)
+        await pilot.pause(0.05)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, JobDetailScreen), what="the detail screen")
+        detail = app.screen.query_one("#detail")
+        await wait_for(pilot, lambda: "Loading" not in text(detail), what="the job's row")
+        [(payload, status)] = query(dsn, "SELECT payload, status FROM jobtui.job WHERE id = %s", int(newest[3]))
+        shown = text(detail)
+        assert shown.startswith(f"Job {newest[3]} (email.send): {status}"), shown
+        assert f'"n": {payload["n"]}' in shown and '"account": "acme"' in shown, shown
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.screen is screen, what="back to the search")
+        assert keys(jobs) == newest[:100]
+
+
+async def test_a_bulk_discard_over_the_search_deletes_the_jobs_after_yes(dsn: str) -> None:
+    s = seed(dsn)
+    doomed = [*s.dead_billing, s.failed]
+    async with console(dsn, actor="olga") as (app, pilot):
+        screen = await search(pilot, app, "type:invoice.render status:dead,failed")
+        await wait_for(
+            pilot, lambda: sorted(keys(screen.query_one(KeyedTable))) == sorted(map(str, doomed)), what="jobs"
+        )
+        await pilot.press("d")
+        question = await confirm_question(pilot, app)
+        assert "Delete the 4 dead and failed jobs matching status=dead,failed type=invoice.render?" in question
+        await answer(pilot, app, "n")  # no: nothing changes
+        await stays(pilot, lambda: len(statuses(dsn, doomed)) == 4, 0.3)
+        await pilot.press("d")
+        await confirm_question(pilot, app)
+        await answer(pilot, app, "y")
+        await wait_for(pilot, lambda: statuses(dsn, doomed) == {}, what="the rows deleted")
+        await wait_for(
+            pilot, lambda: any("discarded 4 job(s)" in str(n.message) for n in app._notifications), what="toast"
+        )
+        await wait_for(pilot, lambda: keys(screen.query_one(KeyedTable)) == [], what="the search read again")
+    assert set(statuses(dsn, s.dead_reset).values()) == {"dead"}  # another type: untouched
+    [row] = audit(dsn)
+    [(run,)] = query(dsn, "SELECT id FROM jobtui.bulk_run")
+    assert row == ("olga", "bulk-discard", f"bulk run {run}: status=dead,failed type=invoice.render", [], 4)
+    [(detail,)] = query(dsn, "SELECT detail FROM jobtui.audit")
+    assert (detail["discarded"], detail["filter"]) == (4, {"statuses": ["dead", "failed"], "types": ["invoice.render"]})
+
+
+async def test_a_bulk_cancel_over_the_search_fails_the_ready_jobs_after_yes(dsn: str) -> None:
+    s = seed(dsn)
+    ready = [*s.ready, *s.delayed]
+    async with console(dsn, actor="olga") as (app, pilot):
+        screen = await search(pilot, app, "type:email.send status:ready")
+        await wait_for(pilot, lambda: len(keys(screen.query_one(KeyedTable))) == 6, what="the ready jobs")
+        await pilot.press("c")
+        question = await confirm_question(pilot, app)
+        assert "Cancel the 6 ready and running jobs matching status=ready type=email.send?" in question
+        await answer(pilot, app, "y")
+        await wait_for(pilot, lambda: set(statuses(dsn, ready).values()) == {"failed"}, what="cancelled")
+        await wait_for(
+            pilot, lambda: any("cancelled 6 job(s)" in str(n.message) for n in app._notifications), what="toast"
+        )
+    [(run,)] = query(dsn, "SELECT id FROM jobtui.bulk_run")
+    errors = query(dsn, "SELECT DISTINCT last_error FROM jobtui.job WHERE id = ANY(%s)", ready)
+    assert errors == [(f"cancelled by olga (bulk run {run})",)]
+    assert statuses(dsn, [s.sms, *s.running]) == {s.sms: "ready", **dict.fromkeys(s.running, "running")}
+    [row] = audit(dsn)
+    assert row == ("olga", "bulk-cancel", f"bulk run {run}: status=ready type=email.send", [], 6)
+    [(detail,)] = query(dsn, "SELECT detail FROM jobtui.audit")
+    assert (detail["cancelled"], detail["busy"], detail["stopped"]) == (6, 0, False)
