@@ -262,7 +262,11 @@ class JobSearchScreen(Screen[None]):
         def answered(yes: bool | None) -> None:
             if yes:
                 self._run_bulk(action)
+            elif self.result is not None:
+                self._shown(self.result)  # the status line says what is shown again
 
+        asking = f"{action} {'the rest' if count is None else f'{count:,} job(s)'}? asking first"
+        self.app.call_from_thread(self._status, asking)
         self.app.call_from_thread(self.app.push_screen, ConfirmScreen(question), answered)
 
     @work(thread=True, exclusive=True, group="search")
