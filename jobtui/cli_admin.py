@@ -18,6 +18,7 @@ import psycopg
 from . import migrate as migrations
 from .cli_args import database_dsn, port_number, positive_seconds
 from .db import Call, connect, describe_dsn, run
+from .durations import parse_duration
 from .endpoints import LIVE_PATH, READY_PATH
 from .errors import DatabaseUnavailable, InvalidInput
 from .safetext import line
@@ -28,6 +29,13 @@ def add_migrate_command(sub: Any) -> None:
     what = p.add_mutually_exclusive_group()
     what.add_argument("--check", action="store_true", help="exit 1 when migrations are pending, 0 when none are")
     what.add_argument("--dry-run", action="store_true", help="print the SQL `jobtui migrate` would run, run nothing")
+    p.add_argument(
+        "--lock-timeout",
+        default="5s",
+        metavar="DURATION",
+        help="wait at most this long for a table's lock, then let the claims queued behind it go on and try"
+        f" again, {migrations.LOCK_TRIES} times in all (default 5s; 0: wait as long as it takes)",
+    )
     p.set_defaults(func=cmd_migrate)
 
 
@@ -47,11 +55,16 @@ def add_admin_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_uninstall)
 
 
+def _say_waited(why: str) -> None:
+    print(f"jobtui migrate: {why}", file=sys.stderr, flush=True)
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
+    lock_timeout = parse_duration(args.lock_timeout)
     dsn = database_dsn(args)
     with connect(dsn, autocommit=True) as conn:
         if not (args.check or args.dry_run):
-            applied = migrations.migrate(conn, args.schema)
+            applied = migrations.migrate(conn, args.schema, lock_timeout=lock_timeout, waited=_say_waited)
             for m in applied:
                 print(f"applied {m.version:04d}_{m.name}")
             print(f"schema {args.schema!r} is at version {migrations.code_version()}")

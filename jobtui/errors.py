@@ -29,3 +29,7 @@ class UnknownJob(JobtuiError):
 
 class PrivilegeMissing(JobtuiError):
     """The database role lacks a privilege a command needs; granting it is the fix."""
+
+
+class MigrationLockTimeout(JobtuiError):
+    """A migration did not get a table's lock in the tries it was given; nothing was applied."""

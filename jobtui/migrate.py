@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import itertools
 import re
+import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,9 +15,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from .db import check_schema_name, migrations_dir
+from .db import check_schema_name, first_line, migrations_dir
 from .domain import DEFAULT_SCHEMA
-from .errors import SchemaNotMigrated, SchemaTooNew
+from .errors import MigrationLockTimeout, SchemaNotMigrated, SchemaTooNew
 
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 
@@ -145,21 +147,63 @@ def dry_run_sql(schema: str, version: int | None, todo: list[Migration]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def migrate(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> list[Migration]:
+# A migration's DDL that waits for a table's lock (behind a long query on the archive, say)
+# makes every claim queue behind it: each try waits at most this long, then lets go.
+LOCK_TIMEOUT = 5.0
+LOCK_TRIES = 60
+
+
+def migrate(
+    conn: psycopg.Connection[Any],
+    schema: str = DEFAULT_SCHEMA,
+    *,
+    lock_timeout: float = LOCK_TIMEOUT,
+    tries: int = LOCK_TRIES,
+    waited: Callable[[str], None] | None = None,
+) -> list[Migration]:
     """Apply every missing migration to `schema`, in one transaction; return the ones applied.
 
     Safe to run from several processes at once: the transaction first takes the schema's
     advisory lock, so the others wait and then find nothing left to do. The lock is the
     transaction's, never the session's, so this works through a transaction pooler too.
     Refuses a schema newer than this code.
+
+    A table lock it cannot get within `lock_timeout` seconds (0: wait as long as it takes)
+    rolls the transaction back, so that the claims queued behind its request go on; it tries
+    again after a pause, `tries` times in all, saying so to `waited`, then raises
+    MigrationLockTimeout.
     """
     check_schema_name(schema)
+    for attempt in range(1, max(1, tries) + 1):
+        try:
+            return _migrate_once(conn, schema, lock_timeout)
+        except psycopg.errors.LockNotAvailable as exc:
+            blocked = first_line(exc)
+            if attempt >= tries:
+                raise MigrationLockTimeout(
+                    f"no migration applied: a table lock was not granted in {tries} tries of {lock_timeout:g}s"
+                    f" ({blocked}); find what holds it in pg_stat_activity, or run again with a longer"
+                    " --lock-timeout"
+                ) from None
+            pause = min(10.0, float(attempt))
+            if waited is not None:
+                waited(
+                    f"a table lock was not granted within {lock_timeout:g}s ({blocked}); nothing applied,"
+                    f" the claims go on; trying again in {pause:g}s ({attempt} of {tries})"
+                )
+            time.sleep(pause)
+    raise AssertionError("unreachable")
+
+
+def _migrate_once(conn: psycopg.Connection[Any], schema: str, lock_timeout: float) -> list[Migration]:
     ident = sql.Identifier(schema)
     conn.autocommit = True
     known = available()
     with conn.transaction():
         for statement in _bootstrap(schema):
             _execute(conn, statement)
+        # After the advisory lock, which may wait for another migration as long as it takes.
+        conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(lock_timeout * 1000)}ms",))
         current = applied_version(conn, schema) or 0
         if current > known[-1].version:
             raise SchemaTooNew(

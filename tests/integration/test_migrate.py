@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -16,6 +17,7 @@ from psycopg import sql
 from jobtui import Failure, InvalidInput, JobStatus, NewJob, Queue, SchemaNotMigrated, SchemaTooNew
 from jobtui import migrate as migrations
 from jobtui.db import query_names, statements
+from jobtui.errors import MigrationLockTimeout
 from jobtui.queue import COPY_THRESHOLD
 
 Conn = psycopg.Connection[Any]
@@ -509,3 +511,53 @@ def test_migration_13_leaves_the_job_table_and_the_previous_claim_alone(empty_co
     # The previous release's claim calls claim_limited with three arguments: it is there, as it was.
     got = empty_conn.execute("SELECT jobtui.claim_limited(NULL, ARRAY['t'], 10)").fetchone()
     assert got is not None and len(got[0]) == 2
+
+
+def _migrated_to(conn: Conn, last: int) -> None:
+    conn.execute("CREATE SCHEMA jobtui")
+    conn.execute("CREATE TABLE jobtui.migration (version integer PRIMARY KEY, name text NOT NULL,"
+                 " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
+    for m in migrations.available():
+        if m.version <= last:
+            conn.execute(m.text("jobtui").encode())
+            conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (%s, %s)", (m.version, m.name))
+
+
+def test_a_migration_waiting_for_a_lock_lets_the_claims_go_on_and_tries_again(empty_dsn: str, empty_conn: Conn) -> None:
+    """0012 locks the job table, then 0014 waits behind a long read of the archive: with no
+    lock timeout every claim would queue behind the migration for as long as that read runs."""
+    _migrated_to(empty_conn, 11)
+    said: list[str] = []
+    done: list[list[migrations.Migration]] = []
+    with psycopg.connect(empty_dsn) as reader:
+        reader.execute("SELECT count(*) FROM jobtui.job_archive")  # a long read, its transaction open
+
+        def run() -> None:
+            with psycopg.connect(empty_dsn, autocommit=True) as conn:
+                done.append(migrations.migrate(conn, lock_timeout=0.5, tries=100, waited=said.append))
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert said and "nothing applied, the claims go on" in said[0], said
+        # The job table is not held for the read's whole length: a claim's lock comes in time.
+        started = time.monotonic()
+        empty_conn.execute("SELECT count(*) FROM jobtui.job WHERE status = 'ready'")
+        assert time.monotonic() - started < 2.0
+        assert versions(empty_conn) == list(range(1, 12))
+        reader.rollback()
+    thread.join(30)
+    assert [m.version for m in done[0]] == [12, 13, 14]
+    assert versions(empty_conn) == [m.version for m in migrations.available()]
+
+
+def test_a_lock_never_granted_applies_nothing_and_says_what_to_do(empty_dsn: str, empty_conn: Conn) -> None:
+    _migrated_to(empty_conn, 11)
+    with psycopg.connect(empty_dsn) as reader:
+        reader.execute("SELECT count(*) FROM jobtui.job_archive")
+        with pytest.raises(MigrationLockTimeout, match="no migration applied: a table lock was not granted in 2 tries"):
+            migrations.migrate(empty_conn, lock_timeout=0.2, tries=2)
+        reader.rollback()
+    assert versions(empty_conn) == list(range(1, 12))
