@@ -119,8 +119,6 @@ def _database_health(args: argparse.Namespace) -> int:
 def cmd_uninstall(args: argparse.Namespace) -> int:
     from . import uninstall
 
-    if args.read_only:
-        raise InvalidInput("uninstall drops the schema, which --read-only forbids; run it without --read-only")
     dsn = database_dsn(args)
     with connect(dsn, autocommit=True) as conn:
         contents = uninstall.inspect(conn, args.schema)
