@@ -1,7 +1,8 @@
 """The probes on the metrics port of real worker and scheduler processes: /readyz follows the
 database (false within 3 s of it going away through a cut or frozen TCP proxy, true within
-3 s of its return), /healthz stays true throughout, `jobtui health` says the same in exit
-codes; --metrics-addr places the listener and --metrics-token-file closes /metrics alone."""
+3 s of its return) and the schema (false while it lacks a migration of this code, a number
+below its newest included); /healthz stays true throughout, `jobtui health` says the same in
+exit codes; --metrics-addr places the listener and --metrics-token-file closes /metrics alone."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from jobtui import migrate as migrations
 from jobtui.endpoints import LIVE_PATH, METRICS_PATH, READY_PATH
 from jobtui.prometheus import serve
 from tests.probes import connects, free_port, get
@@ -144,6 +146,45 @@ def test_readiness_follows_the_database_and_liveness_stays(dsn: str, proxy: Prox
     assert gone.returncode == 1 and "nothing answers" in gone.stdout, gone
 
 
+# A migration numbered below the newest: numbers are handed out ahead, so one may land after
+# a higher one was applied (test_migrate.py::test_migration_12_lands_after_13_and_14).
+GAP = migrations.available()[-3]
+LACKS = (
+    f"schema 'jobtui' is at version {migrations.code_version()} but lacks {GAP.version:04d}_{GAP.name},"
+    " which this jobtui needs"
+)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_readiness_follows_the_schema_and_liveness_stays(dsn: str, start: Start, command: str) -> None:
+    port = free_port()
+    process = start(command, dsn, *COMMANDS[command], "--metrics-port", str(port))
+    wait_for(lambda: probes(port) == (200, 200), 20, "ready and alive", process.log)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for away, back, says in (
+            ("ALTER SCHEMA jobtui RENAME TO jobtui_away", "ALTER SCHEMA jobtui_away RENAME TO jobtui",
+             f"schema 'jobtui' is missing, this jobtui needs version {migrations.code_version()}"),
+            (f"DELETE FROM jobtui.migration WHERE version = {GAP.version}",
+             f"INSERT INTO jobtui.migration (version, name) VALUES ({GAP.version}, '{GAP.name}')", LACKS),
+        ):  # fmt: skip
+            conn.execute(away)
+            lived: list[int] = []
+
+            def not_ready(lived: list[int] = lived) -> bool:
+                lived.append(get(port, LIVE_PATH)[0])
+                return get(port, READY_PATH)[0] == 503
+
+            assert seconds_until(not_ready, 3, f"not ready after {away}", process.log) <= 3.0
+            status, text = get(port, READY_PATH)
+            assert (status, text.strip()) == (503, f"not ready: {says}: run `jobtui migrate`"), text
+            assert set(lived) == {200}, lived
+            asked = health(dsn, "--port", str(port))
+            assert (asked.returncode, asked.stdout.strip()) == (1, text.strip()), asked
+            conn.execute(back)
+            assert seconds_until(lambda: probes(port) == (200, 200), 3, f"ready after {back}", process.log) <= 3.0
+    assert process.stop() == 0, process.log()
+
+
 def test_metrics_addr_and_token(dsn: str, start: Start, tmp_path: Path) -> None:
     token = "s3cr3t-token-0123456789abcdef"
     token_file = tmp_path / "token"
@@ -220,6 +261,25 @@ def test_health_of_the_database(dsn: str, empty_dsn: str) -> None:
         conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on").format(database))
     read_only = health(dsn)
     assert read_only.returncode == 1 and "the server is read-only" in read_only.stdout, read_only
+
+
+def test_a_schema_lacking_a_migration_below_its_newest_is_not_ready(dsn: str) -> None:
+    """`jobtui health` and the worker agree: every migration of this code, not the newest alone."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM jobtui.migration WHERE version = %s", (GAP.version,))
+    asked = health(dsn)
+    assert (asked.returncode, asked.stdout.strip()) == (1, f"not ready: {LACKS}: run `jobtui migrate`"), asked
+    env = {k: v for k, v in os.environ.items() if k not in ("JOBTUI_DSN", "DATABASE_URL")}
+    for command in (COMMANDS["worker"], COMMANDS["scheduler"]):
+        refused = subprocess.run(
+            [sys.executable, "-m", "jobtui.cli", "--dsn", dsn, *command, "--wait-for-db", "0"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert refused.returncode == 2, refused
+        assert refused.stderr.strip().splitlines() == [
+            f"jobtui: error: {LACKS}: run `jobtui migrate` of this release first, as the schema's owner"
+            " (`jobtui migrate --dry-run` prints its SQL)"
+        ], refused.stderr
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
