@@ -1,8 +1,9 @@
 """The probes on the metrics port of real worker and scheduler processes: /readyz follows the
 database (false within 3 s of it going away through a cut or frozen TCP proxy, true within
 3 s of its return) and the schema (false while it lacks a migration of this code, a number
-below its newest included); /healthz stays true throughout, `jobtui health` says the same in
-exit codes; --metrics-addr places the listener and --metrics-token-file closes /metrics alone."""
+below its newest included), and is false while a worker drains; /healthz stays true
+throughout, `jobtui health` says the same in exit codes; --metrics-addr places the listener
+and --metrics-token-file closes /metrics alone."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from jobtui import Queue
 from jobtui import migrate as migrations
 from jobtui.endpoints import LIVE_PATH, METRICS_PATH, READY_PATH
 from jobtui.prometheus import serve
@@ -183,6 +185,35 @@ def test_readiness_follows_the_schema_and_liveness_stays(dsn: str, start: Start,
             conn.execute(back)
             assert seconds_until(lambda: probes(port) == (200, 200), 3, f"ready after {back}", process.log) <= 3.0
     assert process.stop() == 0, process.log()
+
+
+def test_readiness_is_false_while_a_worker_drains(dsn: str, start: Start) -> None:
+    """After SIGTERM, while a long job finishes: /readyz 503 `draining`, /healthz 200."""
+    port = free_port()
+    worker = start("worker", dsn, *COMMANDS["worker"], "--shutdown-timeout", "30s", "--metrics-port", str(port))
+    wait_for(lambda: probes(port) == (200, 200), 20, "ready and alive", worker.log)
+    with Queue(dsn) as q:
+        job = q.enqueue("metrics.sleep", {"seconds": 10})
+
+        def status() -> str:
+            found = q.get(job)
+            assert found is not None
+            return found.status.value
+
+        wait_for(lambda: status() == "running", 10, "the job running", worker.log)
+        worker.proc.send_signal(signal.SIGTERM)
+        assert seconds_until(lambda: get(port, READY_PATH)[0] == 503, 3, "not ready after SIGTERM", worker.log) <= 3.0
+        draining = "not ready: draining (stopping after the jobs in flight)"
+        assert get(port, READY_PATH) == (503, draining + "\n")
+        assert get(port, LIVE_PATH) == (200, "alive\n")
+        asked = health(dsn, "--port", str(port))
+        assert (asked.returncode, asked.stdout.strip()) == (1, draining), asked
+        assert health(dsn, "--port", str(port), "--live").returncode == 0
+        # All of that while the job was still in flight, in a worker still running.
+        assert status() == "running" and worker.proc.poll() is None, worker.log()
+        assert get(port, READY_PATH)[0] == 503 and get(port, LIVE_PATH)[0] == 200
+        assert worker.stop(signalled=True) == 0, worker.log()
+        assert status() == "done"
 
 
 def test_metrics_addr_and_token(dsn: str, start: Start, tmp_path: Path) -> None:
