@@ -1,9 +1,9 @@
-"""The probes on the metrics port of real worker and scheduler processes: /readyz follows the
-database (false within 3 s of it going away through a cut or frozen TCP proxy, true within
-3 s of its return) and the schema (false while it lacks a migration of this code, a number
-below its newest included), and is false while a worker drains; /healthz stays true
-throughout, `jobtui health` says the same in exit codes; --metrics-addr places the listener
-and --metrics-token-file closes /metrics alone."""
+"""The probes on the metrics port of real worker and scheduler processes, and of a worker whose
+sync handlers run in child processes: /readyz follows the database (false within 3 s of it
+going away through a cut or frozen TCP proxy, true within 3 s of its return) and the schema
+(false while it lacks a migration of this code, a number below its newest included), and is
+false while a worker drains; /healthz stays true throughout, `jobtui health` says the same in
+exit codes; --metrics-addr places the listener and --metrics-token-file closes /metrics alone."""
 
 from __future__ import annotations
 
@@ -113,15 +113,23 @@ def probes(port: int) -> tuple[int, int]:
 
 COMMANDS = {
     "worker": ["worker", "--app", APP, "--no-scheduler", "--lease", "6s"],
+    # The sync handler `noop` starts the pool of handler processes.
+    "worker-process": ["worker", "--app", APP, "--no-scheduler", "--lease", "6s", "--executor", "process"],
     "scheduler": ["scheduler"],
 }
+
+
+def ready_and_alive(port: int, process: Process, command: str) -> None:
+    wait_for(lambda: probes(port) == (200, 200), 20, "ready and alive", process.log)
+    if "process" in COMMANDS[command]:
+        assert "sync handlers in process" in process.log(), process.log()
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_readiness_follows_the_database_and_liveness_stays(dsn: str, proxy: Proxy, start: Start, command: str) -> None:
     port = free_port()
     process = start(command, proxy.dsn(dsn), *COMMANDS[command], "--metrics-port", str(port))
-    wait_for(lambda: probes(port) == (200, 200), 20, "ready and alive", process.log)
+    ready_and_alive(port, process, command)
     for down, up in ((proxy.cut, proxy.restore), (proxy.freeze, proxy.thaw)):
         down()
         # /readyz answers 503 within 3 s; /healthz answers 200 all along.
@@ -161,7 +169,7 @@ LACKS = (
 def test_readiness_follows_the_schema_and_liveness_stays(dsn: str, start: Start, command: str) -> None:
     port = free_port()
     process = start(command, dsn, *COMMANDS[command], "--metrics-port", str(port))
-    wait_for(lambda: probes(port) == (200, 200), 20, "ready and alive", process.log)
+    ready_and_alive(port, process, command)
     with psycopg.connect(dsn, autocommit=True) as conn:
         for away, back, says in (
             ("ALTER SCHEMA jobtui RENAME TO jobtui_away", "ALTER SCHEMA jobtui_away RENAME TO jobtui",
