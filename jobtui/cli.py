@@ -31,6 +31,7 @@ from .cli_args import (
     database_dsn,
     default_actor,
     job_id,
+    name_commands,
     one_line,
     open_queue,
     parse_payload,
@@ -38,6 +39,7 @@ from .cli_args import (
     positive_int,
     positive_seconds,
     queue_slots,
+    refuse_changes_when_read_only,
     with_dsn,
     with_queue,
 )
@@ -253,12 +255,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="transaction: the DSN goes through PgBouncer with pool_mode = transaction, so jobtui keeps no"
         " session state (default: JOBTUI_POOLER, else none)",
     )
-    console = parser.add_argument_group("console (jobtui with no command)")
-    console.add_argument(
+    parser.add_argument(
         "--read-only",
         action="store_true",
-        help="hide and refuse every action (queue and type pause, resume, limit and rate refuse to run too)",
+        help="the console (and `serve`'s consoles) hide and refuse every action; a command that changes the"
+        " database refuses to run",
     )
+    console = parser.add_argument_group("console (jobtui with no command)")
     console.add_argument("--work", metavar="M:ATTR", help="run a worker (and scheduler) inside the console")
     console.add_argument(
         "--concurrency", type=positive_int, default=4, help="embedded worker's concurrency (default 4)"
@@ -427,6 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_job)
     accept_global_options_anywhere(parser)
+    name_commands(parser)
     return parser
 
 
@@ -442,6 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     func: Command = getattr(args, "func", None) or cmd_console
     try:
+        refuse_changes_when_read_only(args)
         if args.pooler is not None:
             # One setting for the whole process and the workers it starts: every connection
             # reads it (db.pooler_mode).

@@ -107,20 +107,19 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def _database_health(args: argparse.Namespace) -> int:
-    """Without --port: whether the database answers within --timeout, writable, with the
-    schema at this code's version (what a worker needs to start)."""
+    """Without --port: whether the database answers within --timeout, writable, with every
+    migration of this code applied (what a worker needs to start)."""
     dsn = database_dsn(args)
     try:
         with connect(dsn, autocommit=True, connect_timeout=max(1, round(args.timeout))) as conn:
-            version, _ = migrations.pending(conn, args.schema)
+            version, todo = migrations.pending(conn, args.schema)
             read_only = run(conn, Call("server_read_only", {}, lambda rows: bool(rows[0][0])), args.schema)
     except DatabaseUnavailable as exc:
         print(f"not ready: {line(str(exc))}")
         return 1
-    needs = migrations.code_version()
-    if version is None or version < needs:
-        found = "missing" if version is None else f"at version {version}"
-        print(f"not ready: schema {args.schema!r} is {found}, this jobtui needs {needs}: run `jobtui migrate`")
+    if version is None or todo:
+        # The worker's own test (migrate.check): every migration of this code applied.
+        print(f"not ready: {migrations.lacking(args.schema, version, todo)}: run `jobtui migrate`")
         return 1
     if read_only:
         print("not ready: the server is read-only (a standby?): workers need the primary")
@@ -132,8 +131,6 @@ def _database_health(args: argparse.Namespace) -> int:
 def cmd_uninstall(args: argparse.Namespace) -> int:
     from . import uninstall
 
-    if args.read_only:
-        raise InvalidInput("uninstall drops the schema, which --read-only forbids; run it without --read-only")
     dsn = database_dsn(args)
     with connect(dsn, autocommit=True) as conn:
         contents = uninstall.inspect(conn, args.schema)

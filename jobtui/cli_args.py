@@ -189,6 +189,81 @@ def add_metrics_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# The commands that change the database, by the words that name them, each with the options
+# under which it only looks (counts, prints SQL). `main` refuses them under --read-only, before
+# anything connects: this table is the one place that decides it. Every other command reads
+# the database, or (`jobtui user`) edits the users file of `jobtui serve`, not the database;
+# the console and `serve` make their consoles read-only. tests/integration/test_read_only.py
+# holds every command of the parser to these two tables.
+CHANGES: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("migrate",): ("check", "dry_run"),
+    ("enqueue",): (),
+    ("worker",): (),
+    ("scheduler",): (),
+    ("schedule", "add"): (),
+    ("schedule", "pause"): (),
+    ("schedule", "resume"): (),
+    ("schedule", "remove"): (),
+    ("schedule", "run-now"): (),
+    ("requeue",): ("dry_run",),
+    ("kill-lease",): (),
+    ("cancel",): (),
+    ("queue", "pause"): (),
+    ("queue", "resume"): (),
+    ("queue", "rate"): (),
+    ("queue", "limit"): (),
+    ("type", "pause"): (),
+    ("type", "resume"): (),
+    ("type", "rate"): (),
+    ("index",): (),
+    ("bulk", "requeue"): ("dry_run",),
+    ("bulk", "discard"): ("dry_run",),
+    ("bulk", "cancel"): ("dry_run",),
+    ("uninstall",): (),
+    ("bench",): (),
+    ("demo",): (),
+}
+READS = {
+    (),  # the console
+    ("serve",),
+    ("stats",),
+    ("dead",),
+    ("jobs",),
+    ("job",),
+    ("audit",),
+    ("metrics",),
+    ("health",),
+    ("queue", "list"),
+    ("schedule", "list"),
+    ("user", "add"),
+    ("user", "remove"),
+    ("user", "list"),
+}
+
+
+def name_commands(parser: argparse.ArgumentParser, words: tuple[str, ...] = ()) -> None:
+    """Give every parser's namespace `command_words`, the words of the command it parses
+    (`("queue", "rate")`): a subcommand's defaults replace its parent's."""
+    parser.set_defaults(command_words=words)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                name_commands(sub, (*words, name))
+
+
+def refuse_changes_when_read_only(args: argparse.Namespace) -> None:
+    """Under --read-only, a command that changes the database stops here, in one line."""
+    words: tuple[str, ...] = getattr(args, "command_words", ())
+    looks = CHANGES.get(words)
+    if not getattr(args, "read_only", False) or looks is None or any(getattr(args, o, False) for o in looks):
+        return
+    instead = " or ".join(f"--{o.replace('_', '-')}" for o in looks)
+    raise InvalidInput(
+        f"`jobtui {' '.join(words)}` changes the database, which --read-only forbids: run it without --read-only"
+        + (f", or with {instead} to change nothing" if instead else "")
+    )
+
+
 def with_dsn(fn: Callable[[argparse.Namespace, str], int]) -> Command:
     def command(args: argparse.Namespace) -> int:
         dsn = database_dsn(args)

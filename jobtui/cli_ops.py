@@ -353,7 +353,10 @@ def cmd_requeue(args: argparse.Namespace, queue: Queue) -> int:
     if not by_match:
         raise InvalidInput("say which jobs: ids, --type T, --error PATTERN, or --all for every dead/failed job")
     if args.dry_run:
-        ids = queue.requeueable(job_type=args.type, error=args.error, actor=args.actor)
+        # A dry run is audited, except under --read-only, which writes nothing (and works with
+        # the read-only role).
+        actor = None if args.read_only else args.actor
+        ids = queue.requeueable(job_type=args.type, error=args.error, actor=actor)
         print(f"would requeue {len(ids)} job(s){id_list(ids)} (dry run, nothing changed)")
         return 0
     moved = queue.requeue_matching(job_type=args.type, error=args.error, actor=args.actor)

@@ -8,7 +8,8 @@ answer on its metrics port (endpoints.py), and `jobtui health` reads.
 Liveness is the process's event loop answering: it stays true through a database outage,
 since restarting a process does not bring a database back. Readiness is the database
 answering through the process's own link (the connections its work uses, after the heartbeat
-went), with the schema at this code's version or newer, and the process not draining. A probe
+went), with every migration of this code applied (as the worker checks before it starts;
+a newer schema fits too), and the process not draining. A probe
 statement runs every PROBE_EVERY; readiness goes false once the last answer is older than
 ANSWER_WITHIN, however the database went away (a refused connection fails at once, a silent
 network only by that age), and true at the first answer after it is back.
@@ -25,11 +26,11 @@ from dataclasses import dataclass
 
 import psycopg
 
-from .db import Call, first_int, first_line
+from .db import Call, first_line, int_set
 from .domain import DEFAULT_SCHEMA
 from .errors import DatabaseUnavailable
 from .link import Connection, Link
-from .migrate import code_version
+from .migrate import Migration, available, lacking
 
 log = logging.getLogger("jobtui.health")
 
@@ -49,22 +50,22 @@ class Verdict:
     text: str
 
 
-def schema_version_call() -> Call[int | None]:
-    return Call("schema_version", {}, first_int)
+def schema_versions_call() -> Call[set[int]]:
+    return Call("schema_versions", {}, int_set)
 
 
 class Health:
     """The state behind the probes of one process, written on its event loop and read from
     the HTTP listener's threads (plain values: each read sees a whole one)."""
 
-    def __init__(self, schema: str = DEFAULT_SCHEMA, *, needs_version: int | None = None) -> None:
+    def __init__(self, schema: str = DEFAULT_SCHEMA, *, needs: list[Migration] | None = None) -> None:
         self.schema = schema
-        self.needs_version = code_version() if needs_version is None else needs_version
+        self.needs = available() if needs is None else needs  # the migrations this code needs applied
         self._loop: asyncio.AbstractEventLoop | None = None
         self._link: Link | None = None
         self._stopping: asyncio.Event | None = None
         self._answered_at: float | None = None  # monotonic time of the last probe's answer
-        self._version: int | None = None
+        self._applied: set[int] | None = None  # the applied migrations; None: no migration table
         self._started = time.monotonic()
         self._failed: str | None = None  # the probe's last error, logged once
 
@@ -101,13 +102,11 @@ class Health:
         age = now - answered
         if age > ANSWER_WITHIN:
             return Verdict(False, f"not ready: the database is not answering (last answer {age:.1f}s ago)")
-        version = self._version
-        if version is None or version < self.needs_version:
-            found = "missing" if version is None else f"at version {version}"
-            return Verdict(
-                False, f"not ready: schema {self.schema!r} is {found}, this jobtui needs {self.needs_version}:"
-                " run `jobtui migrate`"
-            )  # fmt: skip
+        applied = self._applied
+        version = None if applied is None else max(applied, default=0)
+        todo = [m for m in self.needs if applied is None or m.version not in applied]
+        if version is None or todo:
+            return Verdict(False, f"not ready: {lacking(self.schema, version, todo)}: run `jobtui migrate`")
         return Verdict(True, f"ready: the database answered {age:.1f}s ago; schema {self.schema!r} is at {version}")
 
     # -- on the process's event loop -----------------------------------------------------
@@ -137,16 +136,16 @@ class Health:
 
     async def _probe(self, conn: Connection, stopping: asyncio.Event) -> None:
         try:
-            version = await conn.run(schema_version_call(), self.schema, stopping, retry=False)
+            applied = await conn.run(schema_versions_call(), self.schema, stopping, retry=False)
         except (psycopg.OperationalError, DatabaseUnavailable):
             return  # the connection told the link; readiness says so
         except psycopg.Error as exc:  # the schema or its migration table is gone, a privilege revoked
             if first_line(exc) != self._failed:
                 log.warning("readiness probe failed: %s", first_line(exc))
                 self._failed = first_line(exc)
-            self._version = None
+            self._applied = None
             self._answered_at = time.monotonic()
             return
         self._failed = None
-        self._version = version
+        self._applied = applied
         self._answered_at = time.monotonic()

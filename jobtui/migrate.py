@@ -81,19 +81,27 @@ def applied_versions(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA
 
 def check(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> int:
     """Raise SchemaNotMigrated unless the schema has every migration of this code."""
-    version = applied_version(conn, schema)
-    missing = {m.version for m in available()} - applied_versions(conn, schema) if version is not None else set()
-    if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
-        conn.rollback()
-    expected = code_version()
-    if version is None or version < expected or missing:
-        found = "missing" if version is None else f"at version {version}"
+    version, todo = pending(conn, schema)
+    if version is None or todo:
         command = "jobtui migrate" if schema == DEFAULT_SCHEMA else f"jobtui --schema {schema} migrate"
         raise SchemaNotMigrated(
-            f"schema {schema!r} is {found}, this jobtui needs version {expected}: run `{command}` of this"
-            f" release first, as the schema's owner (`{command} --dry-run` prints its SQL)"
+            f"{lacking(schema, version, todo)}: run `{command}` of this release first, as the schema's owner"
+            f" (`{command} --dry-run` prints its SQL)"
         )
     return version
+
+
+def lacking(schema: str, version: int | None, todo: list[Migration]) -> str:
+    """What `schema` lacks of this code's migrations (`todo`, as `pending` lists them), in the
+    words of every refusal: its version and this code's, or the migrations it lacks when one is
+    numbered below its newest (numbers are handed out ahead, so they may land out of order)."""
+    expected = code_version()
+    if version is None:
+        return f"schema {schema!r} is missing, this jobtui needs version {expected}"
+    if all(m.version > version for m in todo):
+        return f"schema {schema!r} is at version {version}, this jobtui needs version {expected}"
+    names = ", ".join(f"{m.version:04d}_{m.name}" for m in todo)
+    return f"schema {schema!r} is at version {version} but lacks {names}, which this jobtui needs"
 
 
 def _bootstrap(schema: str) -> list[sql.Composed]:

@@ -5,9 +5,9 @@
 -- it expects: zero rows updated means the lease was lost and the write must not be retried.
 -- Time is always the database's now().
 
--- name: schema_version
--- The newest applied migration, or NULL when the schema has none.
-SELECT max(version) FROM {schema}.migration;
+-- name: schema_versions
+-- Every applied migration (numbers may land out of order: the newest alone does not say).
+SELECT version FROM {schema}.migration;
 
 -- name: server_read_only
 -- Whether this session may write: false on a hot standby or a read-only default.

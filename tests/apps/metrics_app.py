@@ -1,6 +1,9 @@
-"""A minimal app for `jobtui worker --metrics-port` in tests/integration/test_operator_cli.py."""
+"""A minimal app for `jobtui worker --metrics-port` (tests/integration/test_operator_cli.py,
+test_probes.py)."""
 
 from __future__ import annotations
+
+import asyncio
 
 from jobtui.registry import Job, Jobs
 
@@ -10,3 +13,9 @@ jobs = Jobs()
 @jobs.handler("metrics.noop")
 def noop(job: Job) -> None:
     return None
+
+
+@jobs.handler("metrics.sleep")
+async def sleep(job: Job) -> None:
+    """Sleep `seconds`: a job still in flight while its worker drains."""
+    await asyncio.sleep(float(job.payload.get("seconds", 5)))

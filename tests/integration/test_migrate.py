@@ -445,7 +445,8 @@ def test_migration_12_lands_after_13_and_14(empty_conn: Conn) -> None:
     runner = "SELECT count(*) FROM pg_attribute WHERE attrelid = 'jobtui.job'::regclass AND attname = 'runner'"
     assert empty_conn.execute(runner).fetchone() == (0,)
     assert migrations.applied_version(empty_conn) == migrations.code_version()
-    with pytest.raises(SchemaNotMigrated):
+    newest = migrations.code_version()
+    with pytest.raises(SchemaNotMigrated, match=f"at version {newest} but lacks 0012_job_runner, which this jobtui"):
         migrations.check(empty_conn)
     assert [m.version for m in migrations.pending(empty_conn)[1]] == [12]
     filenode = "SELECT pg_relation_filenode('jobtui.job')"

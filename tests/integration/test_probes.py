@@ -1,7 +1,9 @@
-"""The probes on the metrics port of real worker and scheduler processes: /readyz follows the
-database (false within 3 s of it going away through a cut or frozen TCP proxy, true within
-3 s of its return), /healthz stays true throughout, `jobtui health` says the same in exit
-codes; --metrics-addr places the listener and --metrics-token-file closes /metrics alone."""
+"""The probes on the metrics port of real worker and scheduler processes, and of a worker whose
+sync handlers run in child processes: /readyz follows the database (false within 3 s of it
+going away through a cut or frozen TCP proxy, true within 3 s of its return) and the schema
+(false while it lacks a migration of this code, a number below its newest included), and is
+false while a worker drains; /healthz stays true throughout, `jobtui health` says the same in
+exit codes; --metrics-addr places the listener and --metrics-token-file closes /metrics alone."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from jobtui import Queue
+from jobtui import migrate as migrations
 from jobtui.endpoints import LIVE_PATH, METRICS_PATH, READY_PATH
 from jobtui.prometheus import serve
 from tests.probes import connects, free_port, get
@@ -109,15 +113,23 @@ def probes(port: int) -> tuple[int, int]:
 
 COMMANDS = {
     "worker": ["worker", "--app", APP, "--no-scheduler", "--lease", "6s"],
+    # The sync handler `noop` starts the pool of handler processes.
+    "worker-process": ["worker", "--app", APP, "--no-scheduler", "--lease", "6s", "--executor", "process"],
     "scheduler": ["scheduler"],
 }
+
+
+def ready_and_alive(port: int, process: Process, command: str) -> None:
+    wait_for(lambda: probes(port) == (200, 200), 20, "ready and alive", process.log)
+    if "process" in COMMANDS[command]:
+        assert "sync handlers in process" in process.log(), process.log()
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_readiness_follows_the_database_and_liveness_stays(dsn: str, proxy: Proxy, start: Start, command: str) -> None:
     port = free_port()
     process = start(command, proxy.dsn(dsn), *COMMANDS[command], "--metrics-port", str(port))
-    wait_for(lambda: probes(port) == (200, 200), 20, "ready and alive", process.log)
+    ready_and_alive(port, process, command)
     for down, up in ((proxy.cut, proxy.restore), (proxy.freeze, proxy.thaw)):
         down()
         # /readyz answers 503 within 3 s; /healthz answers 200 all along.
@@ -142,6 +154,74 @@ def test_readiness_follows_the_database_and_liveness_stays(dsn: str, proxy: Prox
     assert process.stop() == 0, process.log()
     gone = health(dsn, "--port", str(port))
     assert gone.returncode == 1 and "nothing answers" in gone.stdout, gone
+
+
+# A migration numbered below the newest: numbers are handed out ahead, so one may land after
+# a higher one was applied (test_migrate.py::test_migration_12_lands_after_13_and_14).
+GAP = migrations.available()[-3]
+LACKS = (
+    f"schema 'jobtui' is at version {migrations.code_version()} but lacks {GAP.version:04d}_{GAP.name},"
+    " which this jobtui needs"
+)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_readiness_follows_the_schema_and_liveness_stays(dsn: str, start: Start, command: str) -> None:
+    port = free_port()
+    process = start(command, dsn, *COMMANDS[command], "--metrics-port", str(port))
+    ready_and_alive(port, process, command)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for away, back, says in (
+            ("ALTER SCHEMA jobtui RENAME TO jobtui_away", "ALTER SCHEMA jobtui_away RENAME TO jobtui",
+             f"schema 'jobtui' is missing, this jobtui needs version {migrations.code_version()}"),
+            (f"DELETE FROM jobtui.migration WHERE version = {GAP.version}",
+             f"INSERT INTO jobtui.migration (version, name) VALUES ({GAP.version}, '{GAP.name}')", LACKS),
+        ):  # fmt: skip
+            conn.execute(away)
+            lived: list[int] = []
+
+            def not_ready(lived: list[int] = lived) -> bool:
+                lived.append(get(port, LIVE_PATH)[0])
+                return get(port, READY_PATH)[0] == 503
+
+            assert seconds_until(not_ready, 3, f"not ready after {away}", process.log) <= 3.0
+            status, text = get(port, READY_PATH)
+            assert (status, text.strip()) == (503, f"not ready: {says}: run `jobtui migrate`"), text
+            assert set(lived) == {200}, lived
+            asked = health(dsn, "--port", str(port))
+            assert (asked.returncode, asked.stdout.strip()) == (1, text.strip()), asked
+            conn.execute(back)
+            assert seconds_until(lambda: probes(port) == (200, 200), 3, f"ready after {back}", process.log) <= 3.0
+    assert process.stop() == 0, process.log()
+
+
+def test_readiness_is_false_while_a_worker_drains(dsn: str, start: Start) -> None:
+    """After SIGTERM, while a long job finishes: /readyz 503 `draining`, /healthz 200."""
+    port = free_port()
+    worker = start("worker", dsn, *COMMANDS["worker"], "--shutdown-timeout", "30s", "--metrics-port", str(port))
+    wait_for(lambda: probes(port) == (200, 200), 20, "ready and alive", worker.log)
+    with Queue(dsn) as q:
+        job = q.enqueue("metrics.sleep", {"seconds": 10})
+
+        def status() -> str:
+            found = q.get(job)
+            assert found is not None
+            return found.status.value
+
+        wait_for(lambda: status() == "running", 10, "the job running", worker.log)
+        worker.proc.send_signal(signal.SIGTERM)
+        assert seconds_until(lambda: get(port, READY_PATH)[0] == 503, 3, "not ready after SIGTERM", worker.log) <= 3.0
+        draining = "not ready: draining (stopping after the jobs in flight)"
+        assert get(port, READY_PATH) == (503, draining + "\n")
+        assert get(port, LIVE_PATH) == (200, "alive\n")
+        asked = health(dsn, "--port", str(port))
+        assert (asked.returncode, asked.stdout.strip()) == (1, draining), asked
+        assert health(dsn, "--port", str(port), "--live").returncode == 0
+        # All of that while the job was still in flight, in a worker still running.
+        assert status() == "running" and worker.proc.poll() is None, worker.log()
+        assert get(port, READY_PATH)[0] == 503 and get(port, LIVE_PATH)[0] == 200
+        assert worker.stop(signalled=True) == 0, worker.log()
+        assert status() == "done"
 
 
 def test_metrics_addr_and_token(dsn: str, start: Start, tmp_path: Path) -> None:
@@ -220,6 +300,25 @@ def test_health_of_the_database(dsn: str, empty_dsn: str) -> None:
         conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on").format(database))
     read_only = health(dsn)
     assert read_only.returncode == 1 and "the server is read-only" in read_only.stdout, read_only
+
+
+def test_a_schema_lacking_a_migration_below_its_newest_is_not_ready(dsn: str) -> None:
+    """`jobtui health` and the worker agree: every migration of this code, not the newest alone."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM jobtui.migration WHERE version = %s", (GAP.version,))
+    asked = health(dsn)
+    assert (asked.returncode, asked.stdout.strip()) == (1, f"not ready: {LACKS}: run `jobtui migrate`"), asked
+    env = {k: v for k, v in os.environ.items() if k not in ("JOBTUI_DSN", "DATABASE_URL")}
+    for command in (COMMANDS["worker"], COMMANDS["scheduler"]):
+        refused = subprocess.run(
+            [sys.executable, "-m", "jobtui.cli", "--dsn", dsn, *command, "--wait-for-db", "0"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert refused.returncode == 2, refused
+        assert refused.stderr.strip().splitlines() == [
+            f"jobtui: error: {LACKS}: run `jobtui migrate` of this release first, as the schema's owner"
+            " (`jobtui migrate --dry-run` prints its SQL)"
+        ], refused.stderr
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

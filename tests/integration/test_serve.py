@@ -20,6 +20,7 @@ import aiohttp
 import psycopg
 import pytest
 
+from jobtui import queues
 from jobtui.cli import main
 from tests.web import (
     PASSWORDS,
@@ -121,6 +122,66 @@ async def test_the_jobs_search_and_its_bulk_keys_in_the_browser_console(dsn: str
         await console.wait("the toast", lambda s: "requeued 4 job(s)" in s)
     assert statuses(dsn, ids) == ["ready"] * len(ids)
     assert audit_rows(dsn) == [("web:alice", "bulk-requeue", len(ids))]
+
+
+UP = "\x1b[A"
+
+
+def queue_control(dsn: str) -> list[str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return sorted(str(r[0]) for r in conn.execute("SELECT t::text FROM jobtui.queue_control t"))
+
+
+async def test_a_viewer_sends_every_lever_and_bulk_key_and_changes_nothing(dsn: str, server: ServeProcess) -> None:
+    """The Queues pane's ramp, pause and limit keys on a paused queue, and the jobs search's
+    discard and cancel keys, each with the answers an operator would type, sent down a viewer's
+    socket: no audit row, no job and no queue lever changes. The same ramp keys from an
+    operator resume the queue, so the row under the cursor is the paused queue."""
+    dead = seed_dead(dsn, 4, "sms.send")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("INSERT INTO jobtui.job (type) SELECT 'sms.send' FROM generate_series(1, 2) RETURNING id")
+        ready = [int(r[0]) for r in rows]
+        queues.pause(conn, "queue", "default", actor="setup")
+        queues.pause(conn, "type", "sms.send", actor="setup")
+        queues.set_limit(conn, "default", 3, actor="setup")
+    audited, levers = audit_rows(dsn), queue_control(dsn)
+    assert len(audited) == 3 and len(levers) == 2, (audited, levers)
+    async with await signed_in(server.url, "bob") as client:
+        console = await open_console(client, server.url)
+        await console.wait("the console", started)
+        await console.keys("7")
+        await console.wait("the paused queue", lambda s: "by setup" in s)
+        # The pane opens on the Ready pane's type; up is the queue's row.
+        await console.keys(UP, "u", "\r", "y", "\x1b")  # ramp: 60s, enter, yes
+        await console.keys("7", UP, "p", "y", "\x1b")  # resume: yes
+        await console.keys("7", UP, "l", "\r", "y", "\x1b")  # limit: none, enter, yes
+        await console.keys("/")
+        await console.wait("the filter box", lambda s: "search jobs: payload:" in s)
+        await console.keys(*"type:sms.send\r")
+        screen = await console.wait("the jobs search", lambda s: "Jobs matching type:sms.send" in s)
+        assert "Discard all" not in screen and "Cancel all" not in screen
+        await console.keys("d", "y", "y", "c", "y", "y", "\x1b")
+        await console.keys("?")
+        screen = await console.wait("the help", lambda s: "this help" in s)
+        assert "row(s) will change" not in screen
+    assert statuses(dsn, dead) == ["dead"] * len(dead)
+    assert statuses(dsn, ready) == ["ready"] * len(ready)
+    assert audit_rows(dsn) == audited
+    assert queue_control(dsn) == levers
+
+    async with await signed_in(server.url, "alice") as client:
+        console = await open_console(client, server.url)
+        await console.wait("the console", started)
+        await console.keys("7")
+        await console.wait("the paused queue", lambda s: "by setup" in s)
+        await console.keys(UP, "u")
+        await console.wait("the ramp box", lambda s: "Resume queue default: how long its rate rises" in s)
+        await console.keys("\r")
+        await console.wait("the question", lambda s: "Resume queue default with a ramp of 60s?" in s)
+        await console.keys("y")
+        await console.wait("the toast", lambda s: "queue default resumed, its rate rising over 60s" in s)
+    assert audit_rows(dsn) == [*audited, ("web:alice", "queue-resume", 1)]
+    assert queue_control(dsn) != levers
 
 
 async def test_each_console_process_ends_with_its_socket(dsn: str, server: ServeProcess) -> None:
