@@ -190,8 +190,10 @@ class JobtuiApp(App[None]):
             view = self.view()
             if view is None:
                 return
-            for pane in self.query(Pane):
-                pane.show(view)
+            # Only the pane on screen: drawing the charts and a page of running jobs behind
+            # another pane every second cost the console most of its CPU. A pane is drawn
+            # with the last read when it comes on screen.
+            self.active_pane.show(view)
             self._render_vitals(view.snapshot, view.elapsed)
 
     def tick(self) -> None:
@@ -201,8 +203,7 @@ class JobtuiApp(App[None]):
         with contextlib.suppress(NoMatches):
             view = self.view()
             self._render_vitals(None if view is None else view.snapshot, None if view is None else view.elapsed)
-            for pane in self.query(Pane):
-                pane.tick(view)
+            self.active_pane.tick(view)
 
     def _render_vitals(self, snap: Snapshot | None, elapsed: float | None) -> None:
         box = self.query_one("#vitals", Static)
@@ -280,7 +281,12 @@ class JobtuiApp(App[None]):
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         self.refresh_bindings()
-        self.active_pane.focus_default()
+        pane = self.active_pane
+        view = self.view()
+        if view is not None:
+            with contextlib.suppress(NoMatches):
+                pane.show(view)  # hidden, it was not drawn: the last read, now
+        pane.focus_default()
 
     def action_pane(self, pane: str) -> None:
         if pane == "worker" and self.embedded_worker is None:
