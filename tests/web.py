@@ -135,6 +135,12 @@ class ServeProcess:
     def log(self) -> str:
         return "".join(self.lines)
 
+    def said(self, text: str, timeout: float = 10.0) -> bool:
+        """Wait until the server's log holds `text`: stderr is read by a thread, so a line
+        the server wrote just now may not have been gathered yet."""
+        wait_for(lambda: text in self.log(), timeout, f"{text!r} in the server's log", self.log)
+        return True
+
     def consoles(self) -> list[int]:
         """The pids of the console processes the server runs now (its children)."""
         pids = []

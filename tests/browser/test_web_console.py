@@ -252,7 +252,7 @@ def test_wrong_password_no_cookie_other_origin_and_idle_session_are_refused(
         assert page.url == f"{server.url}/login"
         assert "Wrong name or password." in page.inner_text("main")
         assert context.cookies() == []
-        assert "failed sign-in as 'alice' from 127.0.0.1 (1 in a row)" in server.log()
+        assert server.said("failed sign-in as 'alice' from 127.0.0.1 (1 in a row)")
     finally:
         context.close()
         server.stop()

@@ -221,7 +221,7 @@ async def test_no_session_no_console(server: ServeProcess) -> None:
             client.cookie_jar.update_cookies({"jobtui": "made-up"})
             await open_console(client, server.url)
     assert server.consoles() == []
-    assert "console refused to 127.0.0.1: no live session" in server.log()
+    assert server.said("console refused to 127.0.0.1: no live session")
 
 
 async def test_a_page_of_another_origin_opens_no_console(server: ServeProcess) -> None:
@@ -238,7 +238,7 @@ async def test_a_page_of_another_origin_opens_no_console(server: ServeProcess) -
                 assert r.status == 403
         console = await open_console(client, server.url)  # the session was not signed out
         await console.wait("the console", started)
-    assert "Origin 'http://127.0.0.1:1' is not" in server.log()
+    assert server.said("Origin 'http://127.0.0.1:1' is not")
 
 
 async def test_wrong_passwords_are_refused_slowly_and_logged(server: ServeProcess) -> None:
@@ -257,10 +257,9 @@ async def test_wrong_passwords_are_refused_slowly_and_logged(server: ServeProces
         async with client.post(f"{server.url}/login", data=form, headers={"Origin": server.url}) as answer:
             assert answer.status == 429
             assert int(answer.headers["Retry-After"]) >= 1
-    log = server.log()
-    assert "failed sign-in as 'alice' from 127.0.0.1 (1 in a row)" in log
-    assert "failed sign-in as 'nobody' from 127.0.0.1 (2 in a row)" in log
-    assert "refused unchecked" in log
+    assert server.said("failed sign-in as 'alice' from 127.0.0.1 (1 in a row)")
+    assert server.said("failed sign-in as 'nobody' from 127.0.0.1 (2 in a row)")
+    assert server.said("refused unchecked")
 
 
 async def test_an_idle_session_is_signed_out_and_its_console_closed(dsn: str, users: Path) -> None:
@@ -277,7 +276,7 @@ async def test_an_idle_session_is_signed_out_and_its_console_closed(dsn: str, us
                 await open_console(client, server.url)
             assert refused.value.status == 403
         wait_for(lambda: server.consoles() == [], 15, "the console process to end", server.log)
-        assert "'alice' signed out: idle" in server.log()
+        assert server.said("'alice' signed out: idle")
     finally:
         server.stop()
 
@@ -352,7 +351,7 @@ async def test_plain_http_cookie_and_a_trusted_proxy(dsn: str, users: Path) -> N
                 bad = {**form, "password": "wrong-password-here"}
                 async with client.post(f"{server.url}/login", data=bad, headers=headers) as refused:
                     assert refused.status == 401
-            assert f"failed sign-in as 'alice' from {client_address}" in server.log()
+            assert server.said(f"failed sign-in as 'alice' from {client_address}")
         finally:
             server.stop()
 
