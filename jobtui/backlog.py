@@ -23,6 +23,7 @@ from .domain import DEFAULT_SCHEMA
 READY_EXACT_CAP = 20_000
 # A minute row older than this no longer describes the backlog; the planner's estimate does.
 MINUTE_ROW_FRESH = 300.0
+PLANNER = "the planner's estimate of the ready index"
 
 Row = dict[str, Any]
 
@@ -70,8 +71,10 @@ def minutes(rows: list[Row]) -> list[MinuteFigures]:
 
 def estimate(size: Row, minute_rows: list[Row], taken_at: datetime, cap: int = READY_EXACT_CAP) -> ReadyEstimate | None:
     """None when the ready jobs were few enough to count (`size["counted"] <= cap`), else the
-    best estimate: the newest minute row's count while it is fresh, else the planner's; never
-    below what the probe counted."""
+    best estimate: the newest minute row's count while it is fresh; else the planner's, split
+    by type and due as the newest minute row was (the archiver's count, however old, describes
+    the backlog better than the planner's statistics of every status); never below what the
+    probe counted."""
     counted = int(size["counted"])
     if counted <= cap:
         return None
@@ -89,14 +92,24 @@ def estimate(size: Row, minute_rows: list[Row], taken_at: datetime, cap: int = R
             ready, round(ready * due_share), oldest, f"counted at {at:%H:%M:%S} UTC by the archiver", by_type
         )
     ready = max(counted, int(size["index_estimate"] or 0))
-    # Each type's share of the table in the planner's statistics: rough (every status counts),
-    # and better than no split at all.
+    if newest is not None and int(newest["ready"]) > 0 and newest["by_type"]:
+        # Workers (and their archivers) have been away: the planner's size, in the shares of
+        # the last count. A type's oldest age is not known.
+        share = ready / int(newest["ready"])
+        last_split: dict[str, tuple[int, int, float | None]] = {
+            str(t): (round(int(v[0]) * share), round(int(v[1]) * share), None) for t, v in newest["by_type"].items()
+        }
+        at = newest["recorded_at"]
+        source = f"{PLANNER}, split as the archiver counted at {at:%H:%M:%S} UTC"
+        return ReadyEstimate(ready, round(int(newest["ready_due"]) * share), oldest, source, last_split)
+    # No count at all: each type's share of the table in the planner's statistics, rough
+    # (every status counts), and better than no split at all.
     shares = size.get("type_shares") or {}
     split: dict[str, tuple[int, int, float | None]] = {
         str(t): (round(ready * float(share)), round(ready * float(share)), None)
         for t, share in zip(shares.get("values") or [], shares.get("shares") or [], strict=False)
     }
-    return ReadyEstimate(ready, ready, oldest, "the planner's estimate of the ready index", split)
+    return ReadyEstimate(ready, ready, oldest, PLANNER, split)
 
 
 def _count(rows: Rows) -> int:

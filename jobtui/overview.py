@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from .backlog import MINUTE_ROW_FRESH, READY_EXACT_CAP
+from .backlog import MINUTE_ROW_FRESH, PLANNER, READY_EXACT_CAP
 from .db import Call, Rows, run
 from .domain import DEFAULT_SCHEMA
 from .metrics import read_transaction
@@ -107,7 +107,12 @@ def _estimated(lines: list[QueueLine], est: Row, head_last_age: float | None, mi
     all_due_seen = head_last_age is not None and head_last_age < 0
     fresh = minute_age is not None and minute_age <= MINUTE_ROW_FRESH
     minute: dict[str, dict[str, list[Any]]] = {"queue": est["by_queue"] or {}, "type": est["by_type"] or {}}
+    # Without a fresh row (workers and their archivers away), the planner's size is split in
+    # the shares of the newest row, however old: it describes the backlog better than the
+    # planner's statistics of every status.
+    totals = {kind: sum(int(v[0]) for v in minute[kind].values()) for kind in ("queue", "type")}
     use_minute = fresh and bool(minute["queue"] or minute["type"])
+    rescale = not fresh and bool(totals["queue"] or totals["type"]) and int(est["index_estimate"] or 0) > 0
     planner = est["planner"] or {}
     shares: dict[str, dict[str, float]] = {}
     for kind in ("queue", "type"):
@@ -115,7 +120,7 @@ def _estimated(lines: list[QueueLine], est: Row, head_last_age: float | None, mi
         shares[kind] = dict(zip(stats.get("values") or [], stats.get("shares") or [], strict=False))
     index_estimate = int(est["index_estimate"] or 0)
     seen = {(q.kind, q.name) for q in lines}
-    if use_minute:
+    if use_minute or rescale:
         for kind in ("queue", "type"):
             lines += [
                 QueueLine(kind, name, 0, 0, 0, 0, None, None, None, None)
@@ -124,13 +129,18 @@ def _estimated(lines: list[QueueLine], est: Row, head_last_age: float | None, mi
             ]
     out = []
     for q in lines:
-        counted = minute[q.kind].get(q.name) if use_minute else None
+        counted = minute[q.kind].get(q.name) if use_minute or rescale else None
+        if counted is not None and rescale:
+            scale = index_estimate / totals[q.kind] if totals[q.kind] else 0.0
+            counted = [round(int(counted[0]) * scale), round(int(counted[1]) * scale), counted[2]]
         estimated = list(q.estimated)
         if counted is not None:
             ready = max(q.ready, int(counted[0]))
             due = q.due if all_due_seen else max(q.due, int(counted[1]))
         else:
-            share = shares[q.kind].get(q.name)
+            # Not in the archiver's row (new since): what the probe saw, never the planner's
+            # share of every status, which would give a type of done jobs a backlog.
+            share = None if use_minute or rescale else shares[q.kind].get(q.name)
             ready = max(q.ready, round(index_estimate * float(share))) if share is not None else q.ready
             due = q.due if all_due_seen else max(q.due, ready)
         estimated.append("ready")
@@ -147,6 +157,8 @@ def _estimated(lines: list[QueueLine], est: Row, head_last_age: float | None, mi
     out.sort(key=lambda q: (q.kind, q.name))
     if use_minute:
         source = f"counted at {est['recorded_at']:%H:%M:%S} UTC by the archiver"
+    elif rescale:
+        source = f"{PLANNER}, split as the archiver counted at {est['recorded_at']:%H:%M:%S} UTC"
     else:
         source = "the planner's statistics of the job table"
     return Overview(out, counted=False, source=source)

@@ -83,6 +83,26 @@ def test_the_archivers_minute_row_gives_the_split_by_type(conn: Conn, backlog_of
     assert len(snap.minutes) == 1 and snap.minutes[0].ready == 30
 
 
+def test_with_the_archivers_away_the_planners_size_keeps_the_last_counts_split(conn: Conn, backlog_of_30: None) -> None:
+    away_from_minute_boundary(conn)
+    assert backlog.record_minute(conn)
+    # No worker (so no archiver) for ten minutes; the planner's statistics count every
+    # status, so a type with only done jobs must not appear among the ready ones.
+    conn.execute("UPDATE jobtui.queue_minute SET recorded_at = recorded_at - interval '10 minutes'")
+    conn.execute(
+        "INSERT INTO jobtui.job (type, status, finished_at)"
+        " SELECT 'only_done', 'done', now() FROM generate_series(1, 40)"
+    )
+    conn.execute("VACUUM ANALYZE jobtui.job")
+    snap = snapshot(conn)
+    est = snap.ready_estimate
+    assert est is not None and "split as the archiver counted at" in est.source, est
+    assert (snap.ready, snap.ready_due) == (30, 25)
+    counts = {t.type: (t.ready, t.ready_due) for t in snap.by_type if t.ready}
+    assert counts == {"a": (20, 15), "b": (10, 10)}
+    assert all(t.oldest_ready_age is None for t in snap.by_type if t.ready)  # not known, not invented
+
+
 def test_a_minute_row_counts_what_finished_within_its_minute(dsn: str, conn: Conn) -> None:
     away_from_minute_boundary(conn)
     with Queue(dsn) as q:

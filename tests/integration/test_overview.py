@@ -139,3 +139,20 @@ def test_estimates_are_marked_in_stats_above_the_cap(
     text = stats_text(dsn)
     assert type_cells(text, "a")[3] == "?" and type_cells(text, "a")[1].startswith("~"), text
     assert "from the planner's estimate of the ready index" in text, text
+
+
+def test_with_the_archivers_away_the_planners_size_keeps_the_last_counts_split(conn: Conn, flood: None) -> None:
+    away_from_minute_boundary(conn)
+    assert backlog.record_minute(conn)
+    conn.execute("UPDATE jobtui.queue_minute SET recorded_at = recorded_at - interval '10 minutes'")
+    conn.execute(
+        "INSERT INTO jobtui.job (type, status, finished_at)"
+        " SELECT 'only_done', 'done', now() FROM generate_series(1, 40)"
+    )
+    conn.execute("VACUUM ANALYZE jobtui.job")
+    seen = overview(conn, cap=CAP)
+    assert not seen.counted and "split as the archiver counted at" in seen.source, seen.source
+    got = {(q.kind, q.name): (q.ready, q.due) for q in seen.lines}
+    assert got[("queue", "default")] == (32, 30) and got[("queue", "reports")] == (4, 4)
+    assert got[("type", "a")] == (32, 30) and got[("type", "r")] == (4, 4)
+    assert got.get(("type", "only_done"), (0, 0)) == (0, 0)  # done jobs only, none ready
