@@ -171,6 +171,21 @@ def claim_call(
     return Call("claim", params, _claimed, binary=True)
 
 
+def claim_builtin_call(
+    types: Sequence[str],
+    *,
+    worker: str,
+    limit: int,
+    lease: float = DEFAULT_LEASE_SECONDS,
+    max_attempts: Mapping[str, int] | None = None,
+) -> Call[list[ClaimedJob]]:
+    """Claim up to `limit` of jobtui's own jobs of `types` from their queue, through its own
+    index: a worker's slot for them claims once a poll whatever the backlog of other queues."""
+    params = claim_call(types, worker=worker, limit=limit, lease=lease, max_attempts=max_attempts).params
+    del params["queue"]
+    return Call("claim_builtin", params, _claimed, binary=True)
+
+
 def _newest_leases(leases: Sequence[Lease]) -> list[Lease]:
     """One lease per job, the one with the highest token: complete and heartbeat look a job's
     token up by its first position, and a job's current token is never lower than any token

@@ -1,6 +1,7 @@
 """What runs on a timer, by name: every statement the console sends while it refreshes (its
 panes every second, its drill-downs and job detail every second while open), and those of
-`jobtui stats` (each `--watch` round), `jobtui queue list` and each Prometheus scrape.
+`jobtui stats` (each `--watch` round), `jobtui queue list`, each Prometheus scrape, and the
+claim of the slot every worker keeps for jobtui's own jobs.
 
 None of them may read a number of rows that grows with the ready backlog: an operator opens
 the console during an incident, when the backlog is at its biggest and the database has the
@@ -60,6 +61,8 @@ TIMED: dict[str, str] = {
     "list_ready": "console: a type's ready jobs (drill-down)",
     "list_dead_group": "console: a dead group's jobs (drill-down)",
     "get_job": "console: one job explained (detail)",
+    # Every worker, every poll, whatever queues it serves.
+    "claim_builtin": "worker: the slot for jobtui's own jobs (the archiver's), through their own index",
 }
 
 

@@ -118,6 +118,39 @@ WHERE j.id = ANY((SELECT ids FROM limited) || ARRAY(
 RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_token,
           j.locked_until, j.created_at, j.run_at, j.uncounted, j.meta::text, j.queue;
 
+-- name: claim_builtin
+-- jobtui's own jobs (the archiver's), claimed by the slot every worker keeps for them
+-- whatever queues it serves. They are in the queue 'jobtui.builtin', found through its own
+-- small partial index (migration 0015): that queue named here as a constant, so the planner
+-- can use it. The claim of the ready index would step over every other ready job to find them,
+-- once a poll on every worker: a read that grows with the backlog. A pause of the queue or of
+-- a type holds them back as it holds any job.
+UPDATE {schema}.job AS j
+SET status = 'running',
+    attempts = j.attempts + 1,
+    lease_token = j.lease_token + 1,
+    max_attempts = coalesce(
+        j.max_attempts,
+        (%(max_attempts)s::int[])[array_position(%(types)s::text[], j.type)],
+        %(default_max_attempts)s),
+    locked_by = %(worker)s,
+    locked_until = now() + make_interval(secs => %(lease)s),
+    heartbeat_at = now(),
+    started_at = now()
+WHERE j.id = ANY(ARRAY(
+        SELECT id FROM {schema}.job
+        WHERE status = 'ready' AND queue = 'jobtui.builtin' AND run_at <= now()
+          AND type = ANY(%(types)s::text[])
+          AND type <> ALL(ARRAY(SELECT name FROM {schema}.queue_control WHERE kind = 'type' AND paused_at IS NOT NULL))
+          AND NOT EXISTS (SELECT 1 FROM {schema}.queue_control
+                          WHERE kind = 'queue' AND name = 'jobtui.builtin' AND paused_at IS NOT NULL)
+        ORDER BY run_at, id
+        LIMIT %(limit)s::int
+        FOR UPDATE SKIP LOCKED))
+  AND j.status = 'ready'
+RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_token,
+          j.locked_until, j.created_at, j.run_at, j.uncounted, j.meta::text, j.queue;
+
 -- name: heartbeat
 -- Extends many leases at once; the ids returned as 'held' still hold their lease, the others
 -- lost it. Each id's token is found by its position in the arrays (see complete). A lease

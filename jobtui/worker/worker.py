@@ -33,7 +33,7 @@ from ..link import Connection, Link
 from ..logformat import job_fields
 from ..maintenance import ARCHIVE_TYPE, BUILTIN_QUEUE, BUILTIN_TYPES, Retention
 from ..privileges import GRANTS_HINT, WORKER_NEEDS, missing_privileges_call, privilege_message
-from ..queue import claim_call, release_unanswered_call
+from ..queue import claim_builtin_call, claim_call, release_unanswered_call
 from ..registry import Handler, Job, Jobs
 from ..scheduler import Scheduler
 from .child import Settings
@@ -131,8 +131,9 @@ class Worker(Flights):
         builtins = [t for t in BUILTIN_TYPES if t in selected]
         if queues and builtins and BUILTIN_QUEUE not in sizes:
             # jobtui's own jobs (the archiver) run on every worker, whatever queues it serves:
-            # a slot of their own, claiming them from any queue (a scheduler of the previous
-            # release put them in the default one).
+            # a slot of their own, claiming them from their queue through its own index
+            # (claim_builtin). A scheduler of the previous release put them in 'default',
+            # where the workers serving it run them.
             sizes[BUILTIN_QUEUE] = 1
             self._pool_claims[BUILTIN_QUEUE] = (builtins, None)
         self.slots = Slots(sizes)
@@ -343,6 +344,10 @@ class Worker(Flights):
 
     def _claim_call(self, pool: str | None, limit: int) -> Call[list[ClaimedJob]]:
         types, queue = self._pool_claims[pool]
+        if pool == BUILTIN_QUEUE and queue is None:  # the slot every worker keeps for jobtui's own jobs
+            return claim_builtin_call(
+                types, worker=self.worker_id, limit=limit, lease=self.lease, max_attempts=self._limits
+            )
         return claim_call(
             types, worker=self.worker_id, limit=limit, lease=self.lease, max_attempts=self._limits, queue=queue
         )

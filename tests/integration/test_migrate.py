@@ -550,7 +550,7 @@ def test_a_migration_waiting_for_a_lock_lets_the_claims_go_on_and_tries_again(em
         assert versions(empty_conn) == list(range(1, 12))
         reader.rollback()
     thread.join(30)
-    assert [m.version for m in done[0]] == [12, 13, 14]
+    assert [m.version for m in done[0]] == [m.version for m in migrations.available() if m.version >= 12]
     assert versions(empty_conn) == [m.version for m in migrations.available()]
 
 

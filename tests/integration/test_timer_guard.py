@@ -1,6 +1,7 @@
-"""The guard of what runs on a timer: every statement of the console's refresh (and of its
-drill-downs, which refresh every second too), of `jobtui stats --json`, of `jobtui queue list`
-and of a Prometheus scrape reads a bounded number of pages however big the ready backlog is.
+"""The guard of what runs on a timer: every statement sent by the console's refresh (and by
+its drill-downs, which refresh every second too), `jobtui stats --json`, `jobtui queue list`, a
+Prometheus scrape and the claim of a worker's slot for jobtui's own jobs reads a bounded number
+of pages however big the ready backlog is.
 
 A database with a big ready backlog (BIG_READY jobs) and one with a small one are built once
 for the module. Each path runs for real on both, with every statement it sends recorded; then
@@ -28,9 +29,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from jobtui import cli, cli_ops, cli_queues, db, migrate, prometheus
+from jobtui import Jobs, Worker, cli, cli_ops, cli_queues, db, migrate, prometheus
 from jobtui.backlog import record_minute
 from jobtui.flows import record_flow
+from jobtui.maintenance import BUILTIN_QUEUE
 from jobtui.tui import data
 from tests.conftest import with_dbname
 
@@ -174,6 +176,13 @@ def run_paths(dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch) -> dict[st
         source.dead_jobs(group.status, group.type, group.fingerprint)
         source.job(fetched.running[0].id)
 
+    def builtin_slot() -> None:
+        # A worker serving only a named queue keeps a slot for the archiver's jobs, and claims
+        # for it every poll: through the ready index it would step over the whole backlog.
+        worker = Worker(Jobs(), dsn, queues={"reports": 2}, schema=schema, scheduler=False)
+        with recording_connect(db.connect)(dsn) as conn, conn.transaction(force_rollback=True):
+            db.run(conn, worker._claim_call(BUILTIN_QUEUE, 1), schema)
+
     def command(*args: str) -> None:
         assert cli.main(["--dsn", dsn, "--schema", schema, *args]) == 0
 
@@ -182,6 +191,7 @@ def run_paths(dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch) -> dict[st
     paths["stats --json"] = lambda: command("stats", "--json")
     paths["queue list --json"] = lambda: command("queue", "list", "--json")
     paths["Prometheus scrape"] = lambda: list(prometheus.QueueCollector(dsn, schema).collect())
+    paths["a worker's slot for jobtui's own jobs"] = builtin_slot
     sent: dict[str, list[Sent]] = {}
     try:
         for path, run in paths.items():
