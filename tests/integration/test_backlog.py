@@ -83,17 +83,21 @@ def test_the_archivers_minute_row_gives_the_split_by_type(conn: Conn, backlog_of
     assert len(snap.minutes) == 1 and snap.minutes[0].ready == 30
 
 
-def test_with_the_archivers_away_the_planners_size_keeps_the_last_counts_split(conn: Conn, backlog_of_30: None) -> None:
+def archivers_away(conn: Conn) -> None:
+    """The archiver's count of the minute, then no worker (so no archiver) for ten minutes,
+    and a type with only done jobs, which the planner's statistics (every status) count."""
     away_from_minute_boundary(conn)
     assert backlog.record_minute(conn)
-    # No worker (so no archiver) for ten minutes; the planner's statistics count every
-    # status, so a type with only done jobs must not appear among the ready ones.
     conn.execute("UPDATE jobtui.queue_minute SET recorded_at = recorded_at - interval '10 minutes'")
     conn.execute(
         "INSERT INTO jobtui.job (type, status, finished_at)"
         " SELECT 'only_done', 'done', now() FROM generate_series(1, 40)"
     )
     conn.execute("VACUUM ANALYZE jobtui.job")
+
+
+def test_with_the_archivers_away_the_planners_size_keeps_the_last_counts_split(conn: Conn, backlog_of_30: None) -> None:
+    archivers_away(conn)
     snap = snapshot(conn)
     est = snap.ready_estimate
     assert est is not None and "split as the archiver counted at" in est.source, est

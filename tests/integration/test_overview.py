@@ -17,7 +17,7 @@ import pytest
 from jobtui import Queue, backlog
 from jobtui.domain import NewJob
 from jobtui.overview import QueueLine, overview
-from tests.integration.test_backlog import away_from_minute_boundary
+from tests.integration.test_backlog import archivers_away, away_from_minute_boundary
 
 Conn = psycopg.Connection[Any]
 CAP = 20
@@ -142,14 +142,7 @@ def test_estimates_are_marked_in_stats_above_the_cap(
 
 
 def test_with_the_archivers_away_the_planners_size_keeps_the_last_counts_split(conn: Conn, flood: None) -> None:
-    away_from_minute_boundary(conn)
-    assert backlog.record_minute(conn)
-    conn.execute("UPDATE jobtui.queue_minute SET recorded_at = recorded_at - interval '10 minutes'")
-    conn.execute(
-        "INSERT INTO jobtui.job (type, status, finished_at)"
-        " SELECT 'only_done', 'done', now() FROM generate_series(1, 40)"
-    )
-    conn.execute("VACUUM ANALYZE jobtui.job")
+    archivers_away(conn)
     seen = overview(conn, cap=CAP)
     assert not seen.counted and "split as the archiver counted at" in seen.source, seen.source
     got = {(q.kind, q.name): (q.ready, q.due) for q in seen.lines}
