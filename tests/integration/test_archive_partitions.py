@@ -176,7 +176,8 @@ def test_an_existing_archive_is_kept_without_a_rewrite_and_pruned_until_empty(em
     try:
         conn.execute(sql.SQL("GRANT SELECT, INSERT, DELETE ON jobtui.job_archive TO {}").format(sql.Identifier(role)))
         filenode = conn.execute("SELECT pg_relation_filenode('jobtui.job_archive')").fetchone()
-        assert [m.version for m in migrations.migrate(conn)] == [PARTITIONS.version]
+        from_14 = [m.version for m in migrations.available() if m.version >= PARTITIONS.version]
+        assert [m.version for m in migrations.migrate(conn)] == from_14
         # The same file, renamed: not rewritten.
         assert conn.execute("SELECT pg_relation_filenode('jobtui.job_archive_legacy')").fetchone() == filenode
         assert conn.execute("SELECT count(*) FROM jobtui.job_archive_legacy").fetchone() == (20000,)
