@@ -138,9 +138,12 @@ def _estimated(lines: list[QueueLine], est: Row, head_last_age: float | None, mi
             ready = max(q.ready, int(counted[0]))
             due = q.due if all_due_seen else max(q.due, int(counted[1]))
         else:
-            # Not in the archiver's row (new since): what the probe saw, never the planner's
-            # share of every status, which would give a type of done jobs a backlog.
-            share = None if use_minute or rescale else shares[q.kind].get(q.name)
+            # Not in the archiver's split of its kind (new since): what the probe saw, never the
+            # planner's share of every status, which would give a type of done jobs a backlog.
+            # A kind the row does not split (an archiver of the previous release wrote no
+            # queues) is left to the planner.
+            split = (use_minute or rescale) and bool(minute[q.kind])
+            share = None if split else shares[q.kind].get(q.name)
             ready = max(q.ready, round(index_estimate * float(share))) if share is not None else q.ready
             due = q.due if all_due_seen else max(q.due, ready)
         estimated.append("ready")

@@ -149,3 +149,15 @@ def test_with_the_archivers_away_the_planners_size_keeps_the_last_counts_split(c
     assert got[("queue", "default")] == (32, 30) and got[("queue", "reports")] == (4, 4)
     assert got[("type", "a")] == (32, 30) and got[("type", "r")] == (4, 4)
     assert got.get(("type", "only_done"), (0, 0)) == (0, 0)  # done jobs only, none ready
+
+
+def test_a_previous_archivers_row_without_queues_leaves_the_queues_to_the_planner(conn: Conn, flood: None) -> None:
+    """An archiver of the previous release writes no split by queue (by_queue stays '{}'): the
+    queues' sizes then come from the planner's statistics, not from the entries read alone."""
+    away_from_minute_boundary(conn)
+    assert backlog.record_minute(conn)
+    conn.execute("UPDATE jobtui.queue_minute SET by_queue = '{}'")
+    conn.execute("VACUUM ANALYZE jobtui.job")
+    default = lines(conn)[("queue", "default")]
+    assert default.ready > CAP + 1, default  # more than the probe could have seen
+    assert default.ready == 32 and "ready" in default.estimated
