@@ -129,13 +129,15 @@ class Worker(Flights):
         sizes: dict[str | None, int] = {check_queue(q): n for q, n in queues.items()} if queues else {None: concurrency}
         self._pool_claims: dict[str | None, tuple[list[str], str | None]] = {q: (selected, q) for q in sizes}
         builtins = [t for t in BUILTIN_TYPES if t in selected]
-        if queues and builtins and BUILTIN_QUEUE not in sizes:
+        # The slot of jobtui's own jobs claims with claim_builtin, not the claim of the ready index.
+        self._builtin_slot = bool(queues and builtins and BUILTIN_QUEUE not in sizes)
+        if self._builtin_slot:
             # jobtui's own jobs (the archiver) run on every worker, whatever queues it serves:
             # a slot of their own, claiming them from their queue through its own index
             # (claim_builtin). A scheduler of the previous release put them in 'default',
             # where the workers serving it run them.
             sizes[BUILTIN_QUEUE] = 1
-            self._pool_claims[BUILTIN_QUEUE] = (builtins, None)
+            self._pool_claims[BUILTIN_QUEUE] = (builtins, BUILTIN_QUEUE)
         self.slots = Slots(sizes)
         self.concurrency = self.slots.total
         self.types = selected
@@ -344,7 +346,7 @@ class Worker(Flights):
 
     def _claim_call(self, pool: str | None, limit: int) -> Call[list[ClaimedJob]]:
         types, queue = self._pool_claims[pool]
-        if pool == BUILTIN_QUEUE and queue is None:  # the slot every worker keeps for jobtui's own jobs
+        if pool == BUILTIN_QUEUE and self._builtin_slot:
             return claim_builtin_call(
                 types, worker=self.worker_id, limit=limit, lease=self.lease, max_attempts=self._limits
             )
