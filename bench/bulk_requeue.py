@@ -37,9 +37,9 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from jobtui.bulk import Bulk
-from jobtui.jobfilter import JobFilter
-from jobtui.migrate import migrate
+from jobtui.core.bulk import Bulk
+from jobtui.kernel.jobfilter import JobFilter
+from jobtui.kernel.migrate import migrate
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         env = {**os.environ, "JOBTUI_DSN": dsn}
         for name in ("A", "B"):
             workers.append(subprocess.Popen(
-                [sys.executable, "-m", "jobtui.cli", "worker", "--app", "jobtui.sizing:jobs", "--queues", "live=50",
+                [sys.executable, "-m", "jobtui.cli", "worker", "--app", "jobtui.cli.bench:jobs", "--queues", "live=50",
                  "--no-scheduler", "--id", name],
                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             ))  # fmt: skip

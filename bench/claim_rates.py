@@ -37,11 +37,12 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from jobtui import NewJob, Queue, queues
-from jobtui.db import Call, run, statements
-from jobtui.domain import Lease
-from jobtui.migrate import migrate
-from jobtui.queue import claim_call, complete_call
+from jobtui import NewJob, Queue
+from jobtui.core import queues
+from jobtui.core.queue import claim_call, complete_call
+from jobtui.kernel.db import Call, run, statements
+from jobtui.kernel.domain import Lease
+from jobtui.kernel.migrate import migrate
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -52,7 +53,7 @@ LOOPS = ("baseline", "new", "new+other", "rated")
 def baseline_claim(ref: str) -> str:
     """The `claim` block of queries.sql at `ref`, with the schema filled in."""
     text = subprocess.run(
-        ["git", "show", f"{ref}:jobtui/sql/queries.sql"], cwd=ROOT, capture_output=True, text=True, check=True
+        ["git", "show", f"{ref}:jobtui/kernel/sql/queries.sql"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
     body = text.split("-- name: claim\n", 1)[1].split("\n-- name: ", 1)[0]
     return body.replace("{schema}", '"jobtui"')

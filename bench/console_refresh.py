@@ -49,8 +49,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from jobtui.backlog import record_minute
-from jobtui.migrate import migrate
+from jobtui.kernel.migrate import migrate
+from jobtui.reads.backlog import record_minute
 from jobtui.tui.app import JobtuiApp
 from jobtui.tui.data import DataSource
 from jobtui.tui.widgets import KeyedTable

@@ -3,7 +3,7 @@
     .venv/bin/python bench/core.py [--dsn DSN] [--jobs N] [--rounds 3]
 
 A benchmark, not a test: it creates its own database (jobtui_bench_core) on the server of
---dsn, migrates it with jobtui.migrate.migrate, measures, prints a table of medians over
+--dsn, migrates it with jobtui.kernel.migrate.migrate, measures, prints a table of medians over
 the rounds and drops the database again. Nothing else on the server is touched.
 
 Measured in one run, side by side:
@@ -52,11 +52,11 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.numeric import Int8
 
 from jobtui import NewJob, Queue
-from jobtui.cli_run import WORKER_GC_THRESHOLD
-from jobtui.db import run
-from jobtui.domain import DEFAULT_MAX_ATTEMPTS
-from jobtui.migrate import migrate
-from jobtui.queue import claim_call, complete_call
+from jobtui.cli.run import WORKER_GC_THRESHOLD
+from jobtui.core.queue import claim_call, complete_call
+from jobtui.kernel.db import run
+from jobtui.kernel.domain import DEFAULT_MAX_ATTEMPTS
+from jobtui.kernel.migrate import migrate
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 BENCH_DB = "jobtui_bench_core"

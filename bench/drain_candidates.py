@@ -50,9 +50,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobtui import NewJob, Queue
-from jobtui.db import statements
-from jobtui.domain import DEFAULT_MAX_ATTEMPTS
-from jobtui.migrate import migrate
+from jobtui.kernel.db import statements
+from jobtui.kernel.domain import DEFAULT_MAX_ATTEMPTS
+from jobtui.kernel.migrate import migrate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from core import RAW_CLAIM  # bench/ is not a package

@@ -49,9 +49,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobtui import NewJob, Queue
-from jobtui.migrate import migrate
-from jobtui.sizing import NOOP as JOB_TYPE
-from jobtui.sizing import drain_window, queue_busy, spawn_workers, stop_workers
+from jobtui.cli.bench import NOOP as JOB_TYPE
+from jobtui.cli.bench import drain_window, queue_busy, spawn_workers, stop_workers
+from jobtui.kernel.migrate import migrate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from core import RawLoop  # bench/ is not a package

@@ -38,7 +38,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobtui import NewJob, Queue
-from jobtui.migrate import migrate
+from jobtui.kernel.migrate import migrate
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_DB = "jobtui_bench_executors"

@@ -1,9 +1,9 @@
-"""Benchmark of `jobtui.metrics.snapshot()` on a queue table of a million rows.
+"""Benchmark of `jobtui.reads.metrics.snapshot()` on a queue table of a million rows.
 
     .venv/bin/python bench/metrics_snapshot.py [--dsn DSN] [--runs 30] [--warmup 5] [--keep]
 
 A benchmark, not a test: it creates its own database (jobtui_bench_metrics) on the server
-of --dsn, migrates it with jobtui.migrate.migrate, fills it with INSERT ... SELECT
+of --dsn, migrates it with jobtui.kernel.migrate.migrate, fills it with INSERT ... SELECT
 generate_series, measures, and drops the database again (unless --keep). Nothing else on
 the server is touched.
 
@@ -20,7 +20,7 @@ then VACUUM ANALYZE. Measured:
 
 1. The whole snapshot, on one autocommit connection, as `jobtui stats` and the Prometheus
    collector take it: median, p95 and min over --runs runs after --warmup runs.
-2. Each named statement of the snapshot on its own, run through jobtui.db.run with a
+2. Each named statement of the snapshot on its own, run through jobtui.kernel.db.run with a
    Call (median over --runs), so the slow one shows.
 3. EXPLAIN (ANALYZE, BUFFERS) of each statement that reads the job table: no Seq Scan on
    job (every one reads a partial index), and the done-last-hour statement reads only the
@@ -50,11 +50,11 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from jobtui.db import Call, run, statements
-from jobtui.donehistory import DoneHistory
-from jobtui.maintenance import summarise_hours
-from jobtui.metrics import snapshot
-from jobtui.migrate import migrate
+from jobtui.core.maintenance import summarise_hours
+from jobtui.kernel.db import Call, run, statements
+from jobtui.kernel.donehistory import DoneHistory
+from jobtui.kernel.migrate import migrate
+from jobtui.reads.metrics import snapshot
 from jobtui.tui.data import DataSource
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"

@@ -35,8 +35,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobtui import JobFilter, NewJob, Queue, SearchCancelled
-from jobtui.jobquery import search
-from jobtui.migrate import migrate
+from jobtui.kernel.migrate import migrate
+from jobtui.reads.jobquery import search
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -261,7 +261,7 @@ def drained_jobs(system: str, dsn: str) -> tuple[int, float]:
         # jobtui bench's own reading: done rows and the tallies of jobs deleted at completion.
         import psycopg
 
-        from jobtui.sizing import drain_window
+        from jobtui.cli.bench import drain_window
 
         with psycopg.connect(dsn) as conn:
             return drain_window(conn, "jobtui")
@@ -374,7 +374,7 @@ def worker_cmd(cfg: Config, dsn: str, index: int) -> list[str]:
     if cfg.system == "jobtui":
         # jobtui's own CLI, as `jobtui bench` starts it.
         return [
-            sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "worker", "--app", "jobtui.sizing:jobs",
+            sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "worker", "--app", "jobtui.cli.bench:jobs",
             "--types", JOB_TYPE, "--concurrency", str(cfg.options["concurrency"]), "--no-scheduler",
             "--id", f"peers-{index}", *(["--delete-on-complete"] if cfg.options.get("delete_on_complete") else []),
         ]  # fmt: skip
@@ -495,8 +495,8 @@ def run_config(cfg: Config, admin_dsn: str, args: argparse.Namespace, logdir: Pa
 
 def set_queue_limit(dsn: str, limit: int) -> None:
     """A global limit on the default queue, so that every claim counts its running jobs."""
-    from jobtui import queues
-    from jobtui.db import connect
+    from jobtui.core import queues
+    from jobtui.kernel.db import connect
 
     with connect(dsn, autocommit=True) as conn:
         queues.set_limit(conn, "default", limit, actor="bench")
@@ -912,7 +912,7 @@ def jobtui_helper(action: str, dsn: str, opts: dict[str, Any]) -> Any:
     import psycopg
 
     from jobtui import NewJob, Queue
-    from jobtui.migrate import migrate
+    from jobtui.kernel.migrate import migrate
 
     if action == "setup":
         with psycopg.connect(dsn, autocommit=True) as conn:

@@ -40,7 +40,7 @@ CALLS: dict[str, tuple[str, dict[str, Any]]] = {
 
 def _fill(dsn: str, done: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        jobtui.migrate.migrate(conn)
+        jobtui.kernel.migrate.migrate(conn)
         conn.execute(
             "INSERT INTO jobtui.job (type, status, attempts, max_attempts, created_at, run_at, started_at, finished_at)"
             " SELECT 'email.send', 'done', 1, 25, t, t, t, t"

@@ -51,12 +51,12 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobtui import NewJob, Queue
-from jobtui import migrate as migrations
-from jobtui.db import run, statements
-from jobtui.maintenance import Retention, prune_archive, sweep
-from jobtui.queue import claim_call, complete_call
-from jobtui.sizing import NOOP as JOB_TYPE
-from jobtui.sizing import queue_busy, spawn_workers, stop_workers
+from jobtui.cli.bench import NOOP as JOB_TYPE
+from jobtui.cli.bench import queue_busy, spawn_workers, stop_workers
+from jobtui.core.maintenance import Retention, prune_archive, sweep
+from jobtui.core.queue import claim_call, complete_call
+from jobtui.kernel import migrate as migrations
+from jobtui.kernel.db import run, statements
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_DB = "jobtui_bench_scale"

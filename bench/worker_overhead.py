@@ -29,9 +29,9 @@ from typing import Any
 
 import jobtui.worker
 import jobtui.worker.worker
-from jobtui.cli_run import WORKER_GC_THRESHOLD
-from jobtui.db import Call, Rows
-from jobtui.sizing import NOOP, jobs
+from jobtui.cli.bench import NOOP, jobs
+from jobtui.cli.run import WORKER_GC_THRESHOLD
+from jobtui.kernel.db import Call, Rows
 
 NOW = datetime.now(UTC)
 # The columns the claim and reap statements return, as PostgreSQL names them.
@@ -43,7 +43,7 @@ REAP_COLUMNS = ("job_id", "type", "worker", "attempt", "status", "at", "queue")
 
 
 class InstantDatabase:
-    """Stands in for jobtui.link.Connection: claims hand out the next ids, writes succeed."""
+    """Stands in for jobtui.kernel.link.Connection: claims hand out the next ids, writes succeed."""
 
     def __init__(self, worker: list[jobtui.worker.Worker], total: int) -> None:
         self._worker = worker

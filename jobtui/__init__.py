@@ -5,11 +5,14 @@ queue = jobtui.Queue("postgresql://localhost/app")
 queue.enqueue("email.send", {"user_id": 42}, key="welcome:42")
 """
 
-from .aclient import AsyncQueue
-from .backoff import BackoffPolicy
-from .client import Queue, check_schema, migrate_schema
-from .domain import ClaimedJob, FailOutcome, Failure, JobRow, JobStatus, Lease, NewJob, Reaped
-from .errors import (
+from jobtui.clients.aclient import AsyncQueue
+from jobtui.clients.client import Queue, check_schema, migrate_schema
+from jobtui.core import otel
+from jobtui.core.registry import Job, Jobs, LeaseLost, Permanent, Retry, ScheduleSpec
+from jobtui.core.typed import checked_payloads
+from jobtui.kernel.backoff import BackoffPolicy
+from jobtui.kernel.domain import ClaimedJob, FailOutcome, Failure, JobRow, JobStatus, Lease, NewJob, Reaped
+from jobtui.kernel.errors import (
     DatabaseUnavailable,
     InvalidInput,
     JobtuiError,
@@ -18,11 +21,9 @@ from .errors import (
     SchemaTooNew,
     UnknownJob,
 )
-from .jobfilter import JobFilter
-from .jobquery import JobCount, JobSummary, SearchCancelled, SearchResult
-from .registry import Job, Jobs, LeaseLost, Permanent, Retry, ScheduleSpec
-from .typed import checked_payloads
-from .worker import Worker
+from jobtui.kernel.jobfilter import JobFilter
+from jobtui.reads.jobquery import JobCount, JobSummary, SearchCancelled, SearchResult
+from jobtui.worker import Worker
 
 __all__ = [
     "AsyncQueue",
@@ -57,5 +58,6 @@ __all__ = [
     "check_schema",
     "checked_payloads",
     "migrate_schema",
+    "otel",
     "Worker",
 ]

@@ -44,10 +44,14 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from jobtui import demo, migrate, queues
-from jobtui.client import Queue
-from jobtui.domain import NewJob
-from jobtui.flows import record_flow
+from jobtui.cli import demo
+
+from jobtui.kernel import migrate
+
+from jobtui.core import queues
+from jobtui.clients.client import Queue
+from jobtui.kernel.domain import NewJob
+from jobtui.reads.flows import record_flow
 from jobtui.tui.app import JobtuiApp
 from jobtui.tui.screens import ConfirmScreen, JobDetailScreen, JobListScreen
 from jobtui.tui.search import JobSearchScreen

@@ -18,7 +18,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from jobtui import migrate
+from jobtui.kernel import migrate
 
 _counter = itertools.count()
 

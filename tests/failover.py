@@ -20,8 +20,9 @@ from typing import Any
 
 import psycopg
 
-from jobtui import NewJob, Queue, migrate
-from jobtui.metrics import Snapshot
+from jobtui import NewJob, Queue
+from jobtui.kernel import migrate
+from jobtui.reads.metrics import Snapshot
 from jobtui.tui.data import DataSource
 from tests.apps.topology_app import APP_TABLES
 from tests.cluster import LocalCluster

@@ -27,16 +27,16 @@ from textual.css.query import NoMatches
 from textual.notifications import SeverityLevel
 from textual.widgets import Footer, Input, Static, TabbedContent
 
-from ..errors import InvalidInput
-from ..jobfilter import is_search, parse_filter
-from ..metrics import Snapshot
-from ..safetext import line, shorten
-from . import changes, header, panes, render
-from .console import Console, View
-from .data import Actions, DataSource, Fetched
-from .panes import LogToWidget, Pane, WorkerPane
-from .screens import ConfirmScreen, HelpScreen
-from .search import JobSearchScreen
+from jobtui.kernel.errors import InvalidInput
+from jobtui.kernel.jobfilter import is_search, parse_filter
+from jobtui.kernel.safetext import line, shorten
+from jobtui.reads.metrics import Snapshot
+from jobtui.tui import changes, header, panes, render
+from jobtui.tui.console import Console, View
+from jobtui.tui.data import Actions, DataSource, Fetched
+from jobtui.tui.panes import LogToWidget, Pane, WorkerPane
+from jobtui.tui.screens import ConfirmScreen, HelpScreen
+from jobtui.tui.search import JobSearchScreen
 
 HISTORY = 120  # samples of the oldest ready age kept for the sparkline
 PANE_ACTIONS: frozenset[str] = frozenset().union(*(pane.actions() for pane in panes.ALL))

@@ -6,7 +6,7 @@ Panes and drill-downs ask the question; `JobtuiApp.confirm_then` asks it and run
 
 from __future__ import annotations
 
-from .data import Actions, DataSource
+from jobtui.tui.data import Actions, DataSource
 
 
 def requeue_jobs(actions: Actions, ids: list[int]) -> str:

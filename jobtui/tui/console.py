@@ -13,9 +13,9 @@ from typing import Any, Protocol
 
 from textual.binding import Binding
 
-from ..metrics import DeadGroup, Snapshot
-from .data import Actions, DataSource, Fetched
-from .render import Thresholds
+from jobtui.reads.metrics import DeadGroup, Snapshot
+from jobtui.tui.data import Actions, DataSource, Fetched
+from jobtui.tui.render import Thresholds
 
 
 @dataclass(frozen=True, slots=True)

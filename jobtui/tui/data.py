@@ -12,19 +12,19 @@ from typing import Any
 
 import psycopg
 
-from .. import joblists, metrics
-from .. import scheduler as schedules
-from ..actions import check_regex
-from ..client import Queue
-from ..db import Call, Rows, connect, pooler_mode, run
-from ..domain import JobRow
-from ..donehistory import DoneHistory
-from ..errors import DatabaseUnavailable, InvalidInput
-from ..joblists import DeadJob, ReadyJobs, RunningCursor, RunningJob
-from ..metrics import DeadGroup, Snapshot
-from ..overview import Overview, QueueLine, overview
-from ..queue import get_job_call
-from ..timers import watched
+from jobtui.clients.client import Queue
+from jobtui.core import scheduler as schedules
+from jobtui.core.queue import get_job_call
+from jobtui.kernel.db import Call, Rows, connect, pooler_mode, run
+from jobtui.kernel.domain import JobRow
+from jobtui.kernel.donehistory import DoneHistory
+from jobtui.kernel.errors import DatabaseUnavailable, InvalidInput
+from jobtui.reads import joblists, metrics
+from jobtui.reads.deadletters import check_regex
+from jobtui.reads.joblists import DeadJob, ReadyJobs, RunningCursor, RunningJob
+from jobtui.reads.metrics import DeadGroup, Snapshot
+from jobtui.reads.overview import Overview, QueueLine, overview
+from jobtui.reads.timers import watched
 
 # Every statement the console runs is cancelled by the server after this long: a slow
 # database shows as an error in the header, not as a console waiting forever.

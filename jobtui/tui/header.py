@@ -9,10 +9,10 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from ..metrics import Snapshot
-from ..safetext import line
-from . import render
-from .data import Where
+from jobtui.kernel.safetext import line
+from jobtui.reads.metrics import Snapshot
+from jobtui.tui import render
+from jobtui.tui.data import Where
 
 # A read waiting this long means the database does not answer: the header turns red, with how
 # old the figures on screen are, while the read still waits.

@@ -15,10 +15,10 @@ from datetime import timedelta
 
 from rich.text import Text
 
-from ..explain import human_delta
-from ..joblists import DeadJob, ReadyJob, RunningJob
-from ..metrics import DeadGroup, LeaseExpiry, ScheduleHealth, Snapshot, TypeCounts
-from ..safetext import block, line
+from jobtui.kernel.explain import human_delta
+from jobtui.kernel.safetext import block, line
+from jobtui.reads.joblists import DeadJob, ReadyJob, RunningJob
+from jobtui.reads.metrics import DeadGroup, LeaseExpiry, ScheduleHealth, Snapshot, TypeCounts
 
 # Colours readable on both light and dark backgrounds.
 STYLE = {"ok": "", "warn": "bold dark_orange", "crit": "bold red3", "dim": "grey50"}

@@ -12,12 +12,12 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Footer, Label, Static
 
-from ..backlog import READY_EXACT_CAP
-from ..explain import explain
-from ..safetext import block, line
-from . import changes, render
-from .console import Change, Console, change_actions
-from .widgets import KeyedTable
+from jobtui.kernel.explain import explain
+from jobtui.kernel.safetext import block, line
+from jobtui.reads.backlog import READY_EXACT_CAP
+from jobtui.tui import changes, render
+from jobtui.tui.console import Change, Console, change_actions
+from jobtui.tui.widgets import KeyedTable
 
 
 class ConfirmScreen(ModalScreen[bool]):

@@ -21,15 +21,15 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Label, ProgressBar
 
-from .. import bulk
-from ..db import connect
-from ..jobfilter import JobFilter
-from ..jobquery import JobSummary, SearchCancelled, SearchResult, search, search_count
-from ..safetext import line
-from . import render
-from .console import Change, Console, change_actions
-from .screens import ConfirmScreen, JobDetailScreen
-from .widgets import KeyedTable
+from jobtui.core import bulk
+from jobtui.kernel.db import connect
+from jobtui.kernel.jobfilter import JobFilter
+from jobtui.kernel.safetext import line
+from jobtui.reads.jobquery import JobSummary, SearchCancelled, SearchResult, search, search_count
+from jobtui.tui import render
+from jobtui.tui.console import Change, Console, change_actions
+from jobtui.tui.screens import ConfirmScreen, JobDetailScreen
+from jobtui.tui.widgets import KeyedTable
 
 COLUMNS = ["id", "type", "queue", "status", "attempts", "created", "last error"]
 PAGE = 100

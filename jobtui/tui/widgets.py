@@ -8,8 +8,8 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
-from ..safetext import line
-from .render import Row
+from jobtui.kernel.safetext import line
+from jobtui.tui.render import Row
 
 _NUMBER = re.compile(r"^~?(-?[\d,]+(\.\d+)?)$")  # `~`: an estimate, sorted as its number
 

@@ -24,7 +24,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..safetext import line, shorten
+from jobtui.kernel.safetext import line, shorten
 
 log = logging.getLogger("jobtui.serve")
 

@@ -28,7 +28,7 @@ def watch_parent(parent: int) -> None:
 
 def main() -> int:
     threading.Thread(target=watch_parent, args=(os.getppid(),), name="parent-watch", daemon=True).start()
-    from ..cli import main as jobtui_main
+    from jobtui.cli.main import main as jobtui_main
 
     return jobtui_main(sys.argv[1:])
 

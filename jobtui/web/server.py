@@ -25,11 +25,11 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from ..safetext import line, quote, shorten
-from . import pages
-from .bridge import MAX_CELLS, MAX_INPUT, ConsoleProcess
-from .sessions import Session, Sessions, SignInThrottle
-from .users import MAX_PASSWORD, NAME, UsersFile, unknown_user_hash
+from jobtui.kernel.safetext import line, quote, shorten
+from jobtui.web import pages
+from jobtui.web.bridge import MAX_CELLS, MAX_INPUT, ConsoleProcess
+from jobtui.web.sessions import Session, Sessions, SignInThrottle
+from jobtui.web.users import MAX_PASSWORD, NAME, UsersFile, unknown_user_hash
 
 log = logging.getLogger("jobtui.serve")
 

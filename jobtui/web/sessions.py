@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .users import User
+from jobtui.web.users import User
 
 # Signed-in sessions kept at most; past that the one idle longest is signed out. Each costs a
 # few hundred bytes, and each took a right password, so this only bounds a runaway client.

@@ -24,8 +24,8 @@ from pathlib import Path
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
-from ..errors import InvalidInput
-from ..safetext import quote
+from jobtui.kernel.errors import InvalidInput
+from jobtui.kernel.safetext import quote
 
 OPERATOR, VIEWER = "operator", "viewer"
 ROLES = (OPERATOR, VIEWER)

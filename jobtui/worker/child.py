@@ -30,9 +30,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..domain import ClaimedJob
-from ..registry import Handler, Job, Jobs
-from .outcome import judged
+from jobtui.core.registry import Handler, Job, Jobs
+from jobtui.kernel.domain import ClaimedJob
+from jobtui.worker.outcome import judged
 
 HEADER = struct.Struct("!I")
 # The byte the worker sends on the control socket before it stops a child, per reason.

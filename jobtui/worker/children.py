@@ -24,13 +24,13 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..errors import JobtuiError
-from . import child as child_side
-from .child import Attempt, Result, Settings
-from .template import NoChild, Template, gone
+from jobtui.kernel.errors import JobtuiError
+from jobtui.worker import child as child_side
+from jobtui.worker.child import Attempt, Result, Settings
+from jobtui.worker.template import NoChild, Template, gone
 
 if TYPE_CHECKING:
-    from .executor import InFlight
+    from jobtui.worker.executor import InFlight
 
 log = logging.getLogger("jobtui.worker")
 

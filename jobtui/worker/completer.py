@@ -14,11 +14,11 @@ from collections.abc import Callable
 
 import psycopg
 
-from ..db import first_line
-from ..domain import FailOutcome, Failure, JobStatus, Lease
-from ..link import Connection
-from ..queue import complete_call, complete_deleting_call, fail_call, fail_permanently_call, release_call
-from .outcome import Outcome, Written
+from jobtui.core.queue import complete_call, complete_deleting_call, fail_call, fail_permanently_call, release_call
+from jobtui.kernel.db import first_line
+from jobtui.kernel.domain import FailOutcome, Failure, JobStatus, Lease
+from jobtui.kernel.link import Connection
+from jobtui.worker.outcome import Outcome, Written
 
 log = logging.getLogger("jobtui.worker")
 

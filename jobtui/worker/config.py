@@ -8,11 +8,11 @@ import socket
 import sys
 from collections.abc import Mapping, Sequence
 
-from ..errors import InvalidInput
-from ..maintenance import ARCHIVE_TYPE, BUILTIN_TYPES, Retention, with_builtins
-from ..middleware import prepared
-from ..registry import Jobs, check_executor
-from .executor import ASYNC, PROCESS, THREAD
+from jobtui.core.maintenance import ARCHIVE_TYPE, BUILTIN_TYPES, Retention, with_builtins
+from jobtui.core.middleware import prepared
+from jobtui.core.registry import Jobs, check_executor
+from jobtui.kernel.errors import InvalidInput
+from jobtui.worker.executor import ASYNC, PROCESS, THREAD
 
 DEFAULT_RETENTION = Retention()
 

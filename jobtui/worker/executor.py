@@ -19,12 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..domain import ClaimedJob
-from ..registry import Handler, Job
-from .outcome import Outcome, fields, judged
+from jobtui.core.registry import Handler, Job
+from jobtui.kernel.domain import ClaimedJob
+from jobtui.worker.outcome import Outcome, fields, judged
 
 if TYPE_CHECKING:
-    from .children import Child, ChildPool
+    from jobtui.worker.children import Child, ChildPool
 
 log = logging.getLogger("jobtui.worker")
 
@@ -182,7 +182,7 @@ async def _in_child(
     handler: Handler, flight: InFlight, backoff: Backoff, children: ChildPool
 ) -> tuple[Outcome, str, float]:
     """Run a sync handler in a child process; when it dies, the attempt fails saying how."""
-    from .children import ChildDied, ChildEndedItself, HandlerTimedOut, NoChild
+    from jobtui.worker.children import ChildDied, ChildEndedItself, HandlerTimedOut, NoChild
 
     job = flight.job
     try:

@@ -15,14 +15,14 @@ from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any
 
-from ..domain import ClaimedJob
-from ..maintenance import ARCHIVE_TYPE
-from ..registry import Handler, Job, Jobs
-from .children import ChildPool
-from .completer import OutcomeWriter
-from .executor import PROCESS, THREAD, InFlight, run_handler, settled
-from .outcome import MAX_UNCOUNTED_IN_A_ROW, Outcome, count_outcome, fields
-from .slots import Slots
+from jobtui.core.maintenance import ARCHIVE_TYPE
+from jobtui.core.registry import Handler, Job, Jobs
+from jobtui.kernel.domain import ClaimedJob
+from jobtui.worker.children import ChildPool
+from jobtui.worker.completer import OutcomeWriter
+from jobtui.worker.executor import PROCESS, THREAD, InFlight, run_handler, settled
+from jobtui.worker.outcome import MAX_UNCOUNTED_IN_A_ROW, Outcome, count_outcome, fields
+from jobtui.worker.slots import Slots
 
 log = logging.getLogger("jobtui.worker")
 

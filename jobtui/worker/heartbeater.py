@@ -26,12 +26,12 @@ from collections.abc import Callable, Iterable
 
 import psycopg
 
-from ..db import first_line
-from ..errors import DatabaseUnavailable
-from ..link import Connection, Link
-from ..queue import heartbeat_beat_call
-from .executor import ASYNC, PROCESS, THREAD, InFlight
-from .producer import Denied
+from jobtui.core.queue import heartbeat_beat_call
+from jobtui.kernel.db import first_line
+from jobtui.kernel.errors import DatabaseUnavailable
+from jobtui.kernel.link import Connection, Link
+from jobtui.worker.executor import ASYNC, PROCESS, THREAD, InFlight
+from jobtui.worker.producer import Denied
 
 log = logging.getLogger("jobtui.worker")
 

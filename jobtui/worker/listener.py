@@ -14,8 +14,8 @@ from typing import Any
 
 import psycopg
 
-from ..db import statements
-from ..link import Connection, Link
+from jobtui.kernel.db import statements
+from jobtui.kernel.link import Connection, Link
 
 log = logging.getLogger("jobtui.worker")
 

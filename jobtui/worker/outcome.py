@@ -8,12 +8,12 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, assert_never
 
-from ..db import is_connection_error
-from ..logformat import job_fields
-from ..registry import Permanent, Retry
+from jobtui.core.registry import Permanent, Retry
+from jobtui.kernel.db import is_connection_error
+from jobtui.kernel.logformat import job_fields
 
 if TYPE_CHECKING:
-    from ..registry import Job
+    from jobtui.core.registry import Job
 
 
 class Outcome(enum.Enum):

@@ -11,10 +11,10 @@ from typing import Any
 
 import psycopg
 
-from ..db import Call, first_line, statements
-from ..domain import ClaimedJob
-from ..errors import DatabaseUnavailable
-from ..link import Connection
+from jobtui.kernel.db import Call, first_line, statements
+from jobtui.kernel.domain import ClaimedJob
+from jobtui.kernel.errors import DatabaseUnavailable
+from jobtui.kernel.link import Connection
 
 log = logging.getLogger("jobtui.worker")
 

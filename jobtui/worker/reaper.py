@@ -18,11 +18,11 @@ from datetime import datetime, timedelta
 
 import psycopg
 
-from ..db import first_line
-from ..domain import FailOutcome, JobStatus
-from ..link import Connection
-from ..queue import reap_round_call
-from .producer import Denied
+from jobtui.core.queue import reap_round_call
+from jobtui.kernel.db import first_line
+from jobtui.kernel.domain import FailOutcome, JobStatus
+from jobtui.kernel.link import Connection
+from jobtui.worker.producer import Denied
 
 log = logging.getLogger("jobtui.worker")
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .completer import OutcomeWriter
-from .executor import PROCESS, InFlight
-from .outcome import Outcome
+from jobtui.worker.completer import OutcomeWriter
+from jobtui.worker.executor import PROCESS, InFlight
+from jobtui.worker.outcome import Outcome
 
 log = logging.getLogger("jobtui.worker")
 

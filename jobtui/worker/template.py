@@ -19,7 +19,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from .child import Settings
+from jobtui.worker.child import Settings
 
 log = logging.getLogger("jobtui.worker")
 

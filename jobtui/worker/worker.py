@@ -23,23 +23,23 @@ from typing import Any
 
 import psycopg
 
-from ..backoff import delay as backoff_delay
-from ..checks import check_queue
-from ..db import Call, aconnect, arun, check_dsn, first_line, pooler_mode, statements, transaction_pooled
-from ..domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJob, FailOutcome
-from ..errors import InvalidInput, JobtuiError, PrivilegeMissing
-from ..health import Health
-from ..link import Connection, Link
-from ..logformat import job_fields
-from ..maintenance import ARCHIVE_TYPE, BUILTIN_QUEUE, BUILTIN_TYPES, Retention
-from ..privileges import GRANTS_HINT, WORKER_NEEDS, missing_privileges_call, privilege_message
-from ..queue import claim_builtin_call, claim_call, release_unanswered_call
-from ..registry import Handler, Job, Jobs
-from ..scheduler import Scheduler
-from .child import Settings
-from .children import STOP_GRACE, ChildPool, memory_available
-from .completer import OutcomeWriter
-from .config import (
+from jobtui.core.maintenance import ARCHIVE_TYPE, BUILTIN_QUEUE, BUILTIN_TYPES, Retention
+from jobtui.core.privileges import GRANTS_HINT, WORKER_NEEDS, missing_privileges_call, privilege_message
+from jobtui.core.queue import claim_builtin_call, claim_call, release_unanswered_call
+from jobtui.core.registry import Handler, Job, Jobs
+from jobtui.core.scheduler import Scheduler
+from jobtui.kernel.backoff import delay as backoff_delay
+from jobtui.kernel.checks import check_queue
+from jobtui.kernel.db import Call, aconnect, arun, check_dsn, first_line, pooler_mode, statements, transaction_pooled
+from jobtui.kernel.domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJob, FailOutcome
+from jobtui.kernel.errors import InvalidInput, JobtuiError, PrivilegeMissing
+from jobtui.kernel.link import Connection, Link
+from jobtui.kernel.logformat import job_fields
+from jobtui.reads.health import Health
+from jobtui.worker.child import Settings
+from jobtui.worker.children import STOP_GRACE, ChildPool, memory_available
+from jobtui.worker.completer import OutcomeWriter
+from jobtui.worker.config import (
     DEFAULT_RETENTION,
     check_children,
     check_settings,
@@ -49,14 +49,14 @@ from .config import (
     registry_spec,
     uses_processes,
 )
-from .executor import THREAD, InFlight
-from .flights import Flights
-from .heartbeater import Heartbeater
-from .listener import listen, listener_connection
-from .producer import Producer, claim_session, claim_transaction
-from .reaper import Reaper
-from .shutdown import drain
-from .slots import Slots, describe
+from jobtui.worker.executor import THREAD, InFlight
+from jobtui.worker.flights import Flights
+from jobtui.worker.heartbeater import Heartbeater
+from jobtui.worker.listener import listen, listener_connection
+from jobtui.worker.producer import Producer, claim_session, claim_transaction
+from jobtui.worker.reaper import Reaper
+from jobtui.worker.shutdown import drain
+from jobtui.worker.slots import Slots, describe
 
 COUNTERS = ("done", "failed", "retried", "dead", "lost", "released", "abandoned", "cancelled")
 

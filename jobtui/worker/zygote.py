@@ -37,9 +37,9 @@ def _send(reports: socket.socket, message: object) -> None:
 def serve(requests: socket.socket, reports: socket.socket) -> None:
     setup = pickle.loads(requests.recv(MESSAGE))
     sys.path[:] = setup["sys_path"]
-    from ..middleware import prepared
-    from ..registry import load_app
-    from . import child
+    from jobtui.core.middleware import prepared
+    from jobtui.core.registry import load_app
+    from jobtui.worker import child
 
     try:
         jobs = prepared(load_app(setup["settings"].app))

@@ -27,8 +27,8 @@ from typing import Any
 
 import psycopg
 
-from jobtui.backoff import BackoffPolicy
-from jobtui.registry import Job, Jobs
+from jobtui.core.registry import Job, Jobs
+from jobtui.kernel.backoff import BackoffPolicy
 
 jobs = Jobs()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobtui.registry import Job, Jobs, Permanent
+from jobtui.core.registry import Job, Jobs, Permanent
 
 FORGED = "\n2025-01-01 00:00:00,000 ERROR jobtui.worker: forged line"
 REFUSED = "refuse\x1b]0;pwned-title\x07[/]" + FORGED  # fails for good

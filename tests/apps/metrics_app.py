@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from jobtui.registry import Job, Jobs
+from jobtui.core.registry import Job, Jobs
 
 jobs = Jobs()
 

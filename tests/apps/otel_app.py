@@ -13,7 +13,8 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
-from jobtui import Job, Jobs, otel
+from jobtui import Job, Jobs
+from jobtui.core import otel
 
 
 class LinesExporter(SpanExporter):

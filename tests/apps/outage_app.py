@@ -19,8 +19,8 @@ from typing import Any
 
 import psycopg
 
-from jobtui.backoff import BackoffPolicy
-from jobtui.registry import Job, Jobs, LeaseLost
+from jobtui.core.registry import Job, Jobs, LeaseLost
+from jobtui.kernel.backoff import BackoffPolicy
 
 jobs = Jobs()
 FAST = BackoffPolicy(base=0.1, cap=0.2)

@@ -4,7 +4,7 @@ the schedule's jobs go to the handler's queue, and a worker serving only that qu
 
 from __future__ import annotations
 
-from jobtui.registry import Job, Jobs
+from jobtui.core.registry import Job, Jobs
 
 jobs = Jobs()
 

@@ -11,8 +11,8 @@ import os
 
 import psycopg
 
-from jobtui.backoff import BackoffPolicy
-from jobtui.registry import Job, Jobs
+from jobtui.core.registry import Job, Jobs
+from jobtui.kernel.backoff import BackoffPolicy
 
 APP_TABLES = "CREATE TABLE effect_log (id bigserial PRIMARY KEY, key text NOT NULL, job_id bigint, attempt int);"
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import psycopg
 
-from jobtui.backoff import BackoffPolicy
-from jobtui.registry import Job, Jobs, Permanent, Retry
+from jobtui.core.registry import Job, Jobs, Permanent, Retry
+from jobtui.kernel.backoff import BackoffPolicy
 
 jobs = Jobs()
 # For the bad --app tests: an attribute that is not a Jobs registry.

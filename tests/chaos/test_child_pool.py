@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from jobtui.domain import ClaimedJob
-from jobtui.registry import Job
+from jobtui.core.registry import Job
+from jobtui.kernel.domain import ClaimedJob
 from jobtui.worker.child import Settings
 from jobtui.worker.children import ENDED_ITSELF, ChildDied, ChildEndedItself, ChildPool, resident_bytes
 from jobtui.worker.executor import PROCESS, InFlight, run_handler

@@ -36,9 +36,9 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from jobtui import scheduler as sched
-from jobtui.queue import enqueue, enqueue_call
-from jobtui.registry import ScheduleSpec
+from jobtui.core import scheduler as sched
+from jobtui.core.queue import enqueue, enqueue_call
+from jobtui.core.registry import ScheduleSpec
 from tests.apps.chaos_app import effect_key
 from tests.chaos.harness import Proc, Procs, worker_args
 from tests.workers import wait_for

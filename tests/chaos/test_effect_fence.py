@@ -15,10 +15,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui.db import run
-from jobtui.domain import ClaimedJob, Lease
-from jobtui.queue import claim_call, complete_call, enqueue, enqueue_call, reap_call, record_effect_call
-from jobtui.registry import Job, LeaseLost
+from jobtui.core.queue import claim_call, complete_call, enqueue, enqueue_call, reap_call, record_effect_call
+from jobtui.core.registry import Job, LeaseLost
+from jobtui.kernel.db import run
+from jobtui.kernel.domain import ClaimedJob, Lease
 
 Conn = psycopg.Connection[Any]
 

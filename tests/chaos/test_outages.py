@@ -26,8 +26,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import AsyncQueue, DatabaseUnavailable, NewJob, Queue, migrate
-from jobtui.queue import enqueue, enqueue_call
+from jobtui import AsyncQueue, DatabaseUnavailable, NewJob, Queue
+from jobtui.core.queue import enqueue, enqueue_call
+from jobtui.kernel import migrate
 from tests.cluster import LocalCluster
 from tests.proxy import Proxy
 from tests.workers import APP_TABLES, WorkerProcess, wait_for

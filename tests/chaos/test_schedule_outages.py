@@ -16,9 +16,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import scheduler as sched
-from jobtui.cronslots import MAX_BACKFILL
-from jobtui.registry import ScheduleSpec
+from jobtui.core import scheduler as sched
+from jobtui.core.registry import ScheduleSpec
+from jobtui.kernel.cronslots import MAX_BACKFILL
 from tests.chaos.harness import Proc, Procs
 from tests.workers import wait_for
 

@@ -28,8 +28,8 @@ import psycopg
 import pytest
 
 from jobtui import JobFilter, NewJob, Queue
-from jobtui.bulk import Bulk
-from jobtui.queue import enqueue, enqueue_call
+from jobtui.core.bulk import Bulk
+from jobtui.core.queue import enqueue, enqueue_call
 from tests.cluster import _free_port
 from tests.proxy import Proxy
 from tests.workers import APP_TABLES, WorkerProcess, wait_for

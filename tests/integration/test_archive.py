@@ -10,10 +10,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import Failure, NewJob, Queue, maintenance
-from jobtui.maintenance import ARCHIVE_TYPE, BATCH, Retention, Swept, sweep
-from jobtui.registry import Job, Jobs
-from jobtui.scheduler import run_now
+from jobtui import Failure, NewJob, Queue
+from jobtui.core import maintenance
+from jobtui.core.maintenance import ARCHIVE_TYPE, BATCH, Retention, Swept, sweep
+from jobtui.core.registry import Job, Jobs
+from jobtui.core.scheduler import run_now
 from jobtui.worker import Worker
 
 Conn = psycopg.Connection[Any]
@@ -217,7 +218,7 @@ async def test_built_in_archive_job_runs_in_a_worker(dsn: str, conn: Conn) -> No
 
 
 def test_effects_are_pruned_once_no_retry_of_their_job_can_need_them(conn: Conn, queue: Queue) -> None:
-    from jobtui.registry import Job as HandlerJob
+    from jobtui.core.registry import Job as HandlerJob
 
     done = queue.enqueue("t")
     dead = queue.enqueue("t", max_attempts=1)
@@ -247,7 +248,7 @@ def test_stats_show_the_effect_and_audit_tables(conn: Conn, queue: Queue) -> Non
     import contextlib
     import io
 
-    from jobtui.cli import main
+    from jobtui.cli.main import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

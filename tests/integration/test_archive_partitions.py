@@ -21,10 +21,10 @@ import pytest
 from psycopg import sql
 
 from jobtui import NewJob, Queue
-from jobtui import migrate as migrations
-from jobtui.maintenance import ARCHIVE_TYPE, Retention, sweep
-from jobtui.scheduler import run_now
-from jobtui.sizing import NOOP
+from jobtui.cli.bench import NOOP
+from jobtui.core.maintenance import ARCHIVE_TYPE, Retention, sweep
+from jobtui.core.scheduler import run_now
+from jobtui.kernel import migrate as migrations
 from tests.workers import wait_for
 
 Conn = psycopg.Connection[Any]
@@ -256,7 +256,7 @@ def test_a_worker_of_the_previous_release_archives_and_prunes(
     env = {**os.environ, "PYTHONPATH": str(previous_release)}
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "worker", "--app", "jobtui.sizing:jobs",
+            [sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "worker", "--app", "jobtui.cli.bench:jobs",
              "--id", "previous-release", "--concurrency", "5", "--retention", "0s", "--poll", "0.2s"],
             cwd=previous_release, env=env, stdout=log_file, stderr=subprocess.STDOUT,
         )  # fmt: skip

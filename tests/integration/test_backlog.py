@@ -13,9 +13,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import Queue, backlog, donehistory, metrics
-from jobtui.domain import NewJob
-from jobtui.metrics import snapshot
+from jobtui import Queue
+from jobtui.kernel import donehistory
+from jobtui.kernel.domain import NewJob
+from jobtui.reads import backlog, metrics
+from jobtui.reads.metrics import snapshot
 
 Conn = psycopg.Connection[Any]
 CAP = 20

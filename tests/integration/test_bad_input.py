@@ -27,11 +27,11 @@ import pytest
 from psycopg import sql
 
 from jobtui import Failure, InvalidInput, JobStatus, NewJob, Queue
-from jobtui import migrate as migrations
-from jobtui import scheduler as schedules
-from jobtui.cli import main
-from jobtui.cronslots import check_cron
-from jobtui.registry import Job, Jobs, ScheduleSpec
+from jobtui.cli.main import main
+from jobtui.core import scheduler as schedules
+from jobtui.core.registry import Job, Jobs, ScheduleSpec
+from jobtui.kernel import migrate as migrations
+from jobtui.kernel.cronslots import check_cron
 from jobtui.worker import Worker
 from tests.conftest import with_dbname
 

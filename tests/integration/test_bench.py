@@ -11,7 +11,7 @@ import time
 
 import psycopg
 
-from jobtui import sizing as bench
+from jobtui.cli import bench
 
 
 def test_bench_drains_its_jobs_with_worker_processes_and_cleans_up(dsn: str) -> None:

@@ -20,8 +20,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from jobtui import JobFilter, NewJob, Queue
-from jobtui.bulk import Bulk
-from jobtui.errors import InvalidInput
+from jobtui.core.bulk import Bulk
+from jobtui.kernel.errors import InvalidInput
 from tests.integration.test_levers import jobtui
 from tests.topology import PgBouncer
 from tests.workers import ROOT, wait_for

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import migrate as migrations
+from jobtui.kernel import migrate as migrations
 
 DOWN_DSN = "postgresql://postgres@127.0.0.1:1/test?connect_timeout=5"
 
@@ -139,7 +139,7 @@ def test_password_is_not_printed() -> None:
 
 
 @pytest.mark.parametrize(
-    "command", [[], ["stats"], ["migrate"], ["dead"], ["enqueue", "t"], ["worker", "--app", "jobtui.demo:jobs"]]
+    "command", [[], ["stats"], ["migrate"], ["dead"], ["enqueue", "t"], ["worker", "--app", "jobtui.cli.demo:jobs"]]
 )
 def test_no_database_given_stops_with_one_line(command: list[str]) -> None:
     result = jobtui(None, *command)

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobtui import Queue
-from jobtui.cli import main
+from jobtui.cli.main import main
 
 Conn = psycopg.Connection[Any]
 

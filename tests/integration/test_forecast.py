@@ -14,14 +14,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import queues
-from jobtui.client import Queue
-from jobtui.db import run
-from jobtui.domain import NewJob
-from jobtui.flows import line_forecasts, recent_call, record_flow
-from jobtui.metrics import snapshot
-from jobtui.overview import overview
-from jobtui.prometheus import forecast_families
+from jobtui.clients.client import Queue
+from jobtui.core import queues
+from jobtui.kernel.db import run
+from jobtui.kernel.domain import NewJob
+from jobtui.reads.flows import line_forecasts, recent_call, record_flow
+from jobtui.reads.metrics import snapshot
+from jobtui.reads.overview import overview
+from jobtui.service.prometheus import forecast_families
 from tests.integration.test_levers import jobtui
 from tests.workers import WorkerProcess, wait_for
 

@@ -12,10 +12,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui.bulk import Bulk
-from jobtui.client import Queue
-from jobtui.domain import NewJob
-from jobtui.jobfilter import JobFilter
+from jobtui.clients.client import Queue
+from jobtui.core.bulk import Bulk
+from jobtui.kernel.domain import NewJob
+from jobtui.kernel.jobfilter import JobFilter
 from tests.roles import Roles, grant_roles
 from tests.workers import WorkerProcess, wait_for
 

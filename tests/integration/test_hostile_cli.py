@@ -25,9 +25,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from jobtui import Queue
-from jobtui.cli import main
-from jobtui.explain import first_line
-from jobtui.metrics import snapshot
+from jobtui.cli.main import main
+from jobtui.kernel.explain import first_line
+from jobtui.reads.metrics import snapshot
 from tests.apps.hostile_app import CRASHES, REFUSED
 from tests.hostile import Texts, assert_safe, seed, texts, visible
 

@@ -88,7 +88,7 @@ async def test_the_async_client_answers_the_same(dsn: str) -> None:
     async with AsyncQueue(dsn) as aqueue:
         assert await aqueue.jobs(status="failed") == expected
         assert await aqueue.count(status="failed") == len(made["failed"])
-        assert await aqueue.check_schema() == jobtui.migrate.code_version()
+        assert await aqueue.check_schema() == jobtui.kernel.migrate.code_version()
 
 
 def test_claimed_job_and_handler_job_carry_their_times_and_queue(dsn: str) -> None:
@@ -110,7 +110,7 @@ def test_migrate_and_check_for_code_that_deploys_itself(empty_dsn: str) -> None:
     applied = jobtui.migrate_schema(empty_dsn)
     assert applied and applied[0] == "0001_job_queue"
     assert jobtui.migrate_schema(empty_dsn) == []  # nothing left to do
-    assert jobtui.check_schema(empty_dsn) == jobtui.migrate.code_version()
+    assert jobtui.check_schema(empty_dsn) == jobtui.kernel.migrate.code_version()
     with psycopg.connect(empty_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM jobtui.migration").fetchone() == (len(applied),)
 

@@ -21,13 +21,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import queues
-from jobtui.client import Queue
-from jobtui.db import Call, int_list, run
-from jobtui.domain import NewJob
-from jobtui.overview import overview
-from jobtui.queue import claim_call
-from jobtui.registry import Jobs
+from jobtui.clients.client import Queue
+from jobtui.core import queues
+from jobtui.core.queue import claim_call
+from jobtui.core.registry import Jobs
+from jobtui.kernel.db import Call, int_list, run
+from jobtui.kernel.domain import NewJob
+from jobtui.reads.overview import overview
 from tests.workers import WorkerProcess, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -28,14 +28,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
-from jobtui import FailOutcome, JobStatus, NewJob, Queue, prometheus, queues
-from jobtui import scheduler as sched
-from jobtui.db import Call, statements
-from jobtui.donehistory import DoneHistory
-from jobtui.maintenance import Retention, summarise_hours, sweep
-from jobtui.metrics import LOCK_KINDS, QueueLocked, Snapshot, snapshot
-from jobtui.prometheus import serve
-from jobtui.registry import Job, Jobs, ScheduleSpec
+from jobtui import FailOutcome, JobStatus, NewJob, Queue
+from jobtui.core import queues
+from jobtui.core import scheduler as sched
+from jobtui.core.maintenance import Retention, summarise_hours, sweep
+from jobtui.core.registry import Job, Jobs, ScheduleSpec
+from jobtui.kernel.db import Call, statements
+from jobtui.kernel.donehistory import DoneHistory
+from jobtui.reads.metrics import LOCK_KINDS, QueueLocked, Snapshot, snapshot
+from jobtui.service import prometheus
+from jobtui.service.prometheus import serve
 from jobtui.worker import Worker
 
 Conn = psycopg.Connection[Any]
@@ -669,7 +671,7 @@ def test_row_lock_waits_are_counted_by_kind(dsn: str, conn: Conn, holder: Conn) 
 
 
 def test_a_migration_waiting_for_another_is_an_advisory_lock_wait(dsn: str, conn: Conn, holder: Conn) -> None:
-    from jobtui.migrate import _lock_key, migrate
+    from jobtui.kernel.migrate import _lock_key, migrate
 
     holder.execute("SELECT pg_advisory_lock(%s)", (_lock_key("jobtui"),))
     started, errors = threading.Event(), list[BaseException]()
@@ -694,8 +696,8 @@ def test_a_migration_waiting_for_another_is_an_advisory_lock_wait(dsn: str, conn
 def test_a_claim_waiting_its_turn_under_a_queue_limit_is_its_own_kind(dsn: str, conn: Conn, holder: Conn) -> None:
     """claim_limited counts a limited queue's running jobs under a lock the claims of that queue
     take in turn: the next claim waits for it. That wait is the limit at work, not an alarm."""
-    from jobtui.db import run
-    from jobtui.queue import claim_call
+    from jobtui.core.queue import claim_call
+    from jobtui.kernel.db import run
 
     with Queue(dsn) as q:
         q.enqueue_many([NewJob("t", {}, queue="lim") for _ in range(4)])
@@ -726,8 +728,8 @@ def test_claims_taking_their_turn_at_a_rates_bucket_are_their_own_kind(dsn: str,
     """claim_rated locks a rated type's token bucket until its claim commits: the next claims of
     that type wait for it, the first for the holder's transaction, the others for the row's
     tuple. Those waits are the rate at work, not an alarm."""
-    from jobtui.db import run
-    from jobtui.queue import claim_call
+    from jobtui.core.queue import claim_call
+    from jobtui.kernel.db import run
 
     with Queue(dsn) as q:
         q.enqueue_many([NewJob("t", {}) for _ in range(6)])

@@ -136,8 +136,8 @@ def test_enqueue_hooks_see_the_insert_and_its_failure(dsn: str) -> None:
 async def test_the_archiver_counts_apart_from_the_apps_jobs(dsn: str) -> None:
     events: list[tuple[str, ...]] = []
     with Queue(dsn) as queue:
-        ids = [queue.enqueue(jobtui.maintenance.ARCHIVE_TYPE, {}), queue.enqueue("sync", {"tenant": "t"})]
+        ids = [queue.enqueue(jobtui.core.maintenance.ARCHIVE_TYPE, {}), queue.enqueue("sync", {"tenant": "t"})]
         worker = Worker(_app(events), dsn, scheduler=False, poll_interval=0.05)
         await _run_until(worker, queue, ids)
     assert worker.counts["done"] == 1 and worker.builtin_counts["done"] == 1
-    assert ("handler", "sync", "t") in events and not any(e[1] == jobtui.maintenance.ARCHIVE_TYPE for e in events)
+    assert ("handler", "sync", "t") in events and not any(e[1] == jobtui.core.maintenance.ARCHIVE_TYPE for e in events)

@@ -15,10 +15,10 @@ import pytest
 from psycopg import sql
 
 from jobtui import Failure, InvalidInput, JobStatus, NewJob, Queue, SchemaNotMigrated, SchemaTooNew
-from jobtui import migrate as migrations
-from jobtui.db import query_names, statements
-from jobtui.errors import MigrationLockTimeout
-from jobtui.queue import COPY_THRESHOLD
+from jobtui.core.queue import COPY_THRESHOLD
+from jobtui.kernel import migrate as migrations
+from jobtui.kernel.db import query_names, statements
+from jobtui.kernel.errors import MigrationLockTimeout
 
 Conn = psycopg.Connection[Any]
 

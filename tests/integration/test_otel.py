@@ -15,7 +15,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from jobtui import Job, Jobs, JobStatus, Permanent, Queue, Worker, otel
+from jobtui import Job, Jobs, JobStatus, Permanent, Queue, Worker
+from jobtui.core import otel
 
 EXPORTER = InMemorySpanExporter()
 _provider = TracerProvider()

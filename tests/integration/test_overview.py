@@ -14,9 +14,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import Queue, backlog
-from jobtui.domain import NewJob
-from jobtui.overview import QueueLine, overview
+from jobtui import Queue
+from jobtui.kernel.domain import NewJob
+from jobtui.reads import backlog
+from jobtui.reads.overview import QueueLine, overview
 from tests.integration.test_backlog import archivers_away, away_from_minute_boundary
 
 Conn = psycopg.Connection[Any]
@@ -86,7 +87,7 @@ def test_with_every_due_job_among_the_entries_read_the_due_figures_stay_counted(
 
 
 def test_estimates_are_marked_in_queue_list_and_its_json(app_dsn: str, conn: Conn, flood: None) -> None:
-    from jobtui import cli_ops
+    from jobtui.cli import ops as cli_ops
 
     shown = cli_ops.queue_table(list(overview(conn, cap=CAP).lines))
     cells = [str(c) for col in shown.columns for c in col._cells]
@@ -99,7 +100,7 @@ def stats_text(dsn: str) -> str:
     import contextlib
     import io
 
-    from jobtui.cli import main
+    from jobtui.cli.main import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -116,7 +117,7 @@ def type_cells(text: str, job_type: str) -> list[str]:
 def test_estimates_are_marked_in_stats_above_the_cap(
     dsn: str, conn: Conn, flood: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from jobtui import metrics
+    from jobtui.reads import metrics
 
     counted = stats_text(dsn)  # below the snapshot's cap: every figure counted, none marked
     assert "ready 36 (34 due)" in counted and "~" not in counted, counted

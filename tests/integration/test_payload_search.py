@@ -12,11 +12,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import AsyncQueue, JobFilter, Queue, SearchCancelled, jobquery
-from jobtui.domain import NewJob
-from jobtui.errors import InvalidInput
-from jobtui.jobfilter import parse_filter, payload_of
-from jobtui.jobquery import search, search_count
+from jobtui import AsyncQueue, JobFilter, Queue, SearchCancelled
+from jobtui.kernel.domain import NewJob
+from jobtui.kernel.errors import InvalidInput
+from jobtui.kernel.jobfilter import parse_filter, payload_of
+from jobtui.reads import jobquery
+from jobtui.reads.jobquery import search, search_count
 from tests.integration.test_levers import jobtui
 
 Conn = psycopg.Connection[Any]

@@ -27,10 +27,10 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from jobtui import Failure, JobStatus, NewJob, Queue
-from jobtui.cli import main
-from jobtui.maintenance import Retention, summarise_hours, sweep
-from jobtui.metrics import snapshot
-from jobtui.registry import Job, Jobs
+from jobtui.cli.main import main
+from jobtui.core.maintenance import Retention, summarise_hours, sweep
+from jobtui.core.registry import Job, Jobs
+from jobtui.reads.metrics import snapshot
 from jobtui.worker import Worker
 from tests.conftest import with_dbname
 

@@ -24,9 +24,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from jobtui import Queue
-from jobtui import migrate as migrations
-from jobtui.endpoints import LIVE_PATH, METRICS_PATH, READY_PATH
-from jobtui.prometheus import serve
+from jobtui.kernel import migrate as migrations
+from jobtui.service.endpoints import LIVE_PATH, METRICS_PATH, READY_PATH
+from jobtui.service.prometheus import serve
 from tests.probes import connects, free_port, get
 from tests.proxy import Proxy
 from tests.workers import ROOT, wait_for

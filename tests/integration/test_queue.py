@@ -16,10 +16,10 @@ import pytest
 from psycopg import sql
 
 from jobtui import AsyncQueue, Failure, InvalidInput, JobStatus, Lease, NewJob, Queue
-from jobtui.db import run, statements
-from jobtui.domain import DEFAULT_MAX_ATTEMPTS, Runner
-from jobtui.joblists import running_jobs
-from jobtui.queue import COPY_THRESHOLD, claim_call, complete_call, heartbeat_beat_call
+from jobtui.core.queue import COPY_THRESHOLD, claim_call, complete_call, heartbeat_beat_call
+from jobtui.kernel.db import run, statements
+from jobtui.kernel.domain import DEFAULT_MAX_ATTEMPTS, Runner
+from jobtui.reads.joblists import running_jobs
 
 Conn = psycopg.Connection[Any]
 
@@ -877,7 +877,7 @@ def test_a_killed_lease_counts_as_an_attempt_and_the_last_one_goes_dead(q: Queue
 def test_kill_lease_waits_for_an_effect_being_committed(q: Queue, dsn: str) -> None:
     """While a handler's `once()` transaction holds the job's row, the kill is refused: the
     effect commits under the lease it was checked against."""
-    from jobtui.registry import Job
+    from jobtui.core.registry import Job
 
     job_id = q.enqueue("t")
     [claimed] = q.claim(["t"], worker="w1")
@@ -1166,7 +1166,7 @@ def test_complete_and_heartbeat_of_large_batches_write_every_row(q: Queue) -> No
 
 
 def test_a_reaper_reaps_only_while_in_touch_and_never_its_own_jobs(q: Queue, conn: Conn) -> None:
-    from jobtui.queue import reap_call, reap_round_call
+    from jobtui.core.queue import reap_call, reap_round_call
 
     mine = q.enqueue("t")
     theirs = q.enqueue("t")

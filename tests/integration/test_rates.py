@@ -13,15 +13,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import queues
-from jobtui.client import Queue
-from jobtui.db import run
-from jobtui.domain import NewJob
-from jobtui.errors import InvalidInput
-from jobtui.overview import overview
-from jobtui.prometheus import serve
-from jobtui.queue import claim_call
-from jobtui.rates import parse_rate
+from jobtui.clients.client import Queue
+from jobtui.core import queues
+from jobtui.core.queue import claim_call
+from jobtui.kernel.db import run
+from jobtui.kernel.domain import NewJob
+from jobtui.kernel.errors import InvalidInput
+from jobtui.kernel.rates import parse_rate
+from jobtui.reads.overview import overview
+from jobtui.service.prometheus import serve
 from tests.integration.test_levers import jobtui
 from tests.integration.test_metrics import free_port, scrape
 from tests.workers import WorkerProcess, wait_for

@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from jobtui.cli import build_parser
-from jobtui.cli_args import CHANGES, READS
+from jobtui.cli.args import CHANGES, READS
+from jobtui.cli.main import build_parser
 from tests.integration.test_operator_cli import ROOT, env_for, ok, seed, user_error
 
 Conn = psycopg.Connection[Any]
@@ -61,7 +61,7 @@ def commands(parser: argparse.ArgumentParser, words: tuple[str, ...] = ()) -> se
 
 
 def test_every_command_is_a_change_or_a_read() -> None:
-    """A new command must be put in one table or the other (jobtui/cli_args.py)."""
+    """A new command must be put in one table or the other (jobtui/cli/args.py)."""
     assert not set(CHANGES) & READS
     assert commands(build_parser()) == set(CHANGES) | READS
 

@@ -12,9 +12,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import scheduler
-from jobtui.maintenance import ARCHIVE_TYPE, BUILTIN_QUEUE
-from jobtui.registry import Jobs
+from jobtui.core import scheduler
+from jobtui.core.maintenance import ARCHIVE_TYPE, BUILTIN_QUEUE
+from jobtui.core.registry import Jobs
 from tests.workers import ROOT, WorkerProcess, wait_for
 
 Conn = psycopg.Connection[Any]
@@ -89,7 +89,7 @@ def test_schedule_add_takes_a_queue_and_list_shows_it(dsn: str, conn: Conn) -> N
 
 
 def test_the_archivers_jobs_have_a_queue_of_their_own(conn: Conn) -> None:
-    from jobtui.maintenance import Retention, with_builtins
+    from jobtui.core.maintenance import Retention, with_builtins
 
     jobs = with_builtins(Jobs(), "postgresql://unused.invalid/x", "jobtui", Retention())
     scheduler.sync(conn, jobs.schedule_specs())

@@ -20,8 +20,8 @@ import aiohttp
 import psycopg
 import pytest
 
-from jobtui import queues
-from jobtui.cli import main
+from jobtui.cli.main import main
+from jobtui.core import queues
 from tests.web import (
     PASSWORDS,
     ServeProcess,

@@ -15,9 +15,10 @@ import pytest
 from prometheus_client.core import Metric
 from textual.widgets import Static
 
-from jobtui import NewJob, Queue, migrate
-from jobtui.metrics import snapshot
-from jobtui.prometheus import QueueCollector
+from jobtui import NewJob, Queue
+from jobtui.kernel import migrate
+from jobtui.reads.metrics import snapshot
+from jobtui.service.prometheus import QueueCollector
 from jobtui.tui.app import JobtuiApp
 from tests.cluster import LocalCluster
 from tests.topology import PRIMARY_SETTINGS, Standby

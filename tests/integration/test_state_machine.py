@@ -31,8 +31,8 @@ from hypothesis.stateful import (
 )
 
 from jobtui import Failure, JobStatus, Lease, NewJob, Queue
-from jobtui.domain import DEFAULT_MAX_ATTEMPTS
-from jobtui.queue import claim_call
+from jobtui.core.queue import claim_call
+from jobtui.kernel.domain import DEFAULT_MAX_ATTEMPTS
 
 TYPES = ("a", "b")
 # The limits worker w1's handlers declare; w2 claims without any (the default applies).

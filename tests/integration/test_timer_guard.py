@@ -11,7 +11,7 @@ PAGE_BOUND, a figure that does not depend on the backlog. A statement that count
 every ready job reads thousands of pages more on the big table and fails, named. Pages, not
 milliseconds: the figure holds on a loaded machine.
 
-A statement joins by its name in `jobtui.timers.TIMED`, which the paths themselves check; the
+A statement joins by its name in `jobtui.reads.timers.TIMED`, which the paths themselves check; the
 guard then finds it in what they run (docs/design.md, "What runs on a timer").
 """
 
@@ -29,10 +29,15 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from jobtui import Jobs, Worker, cli, cli_ops, cli_queues, db, migrate, prometheus
-from jobtui.backlog import record_minute
-from jobtui.flows import record_flow
-from jobtui.maintenance import BUILTIN_QUEUE
+from jobtui import Jobs, Worker
+from jobtui.cli import main as cli
+from jobtui.cli import ops as cli_ops
+from jobtui.cli import queues as cli_queues
+from jobtui.core.maintenance import BUILTIN_QUEUE
+from jobtui.kernel import db, migrate
+from jobtui.reads.backlog import record_minute
+from jobtui.reads.flows import record_flow
+from jobtui.service import prometheus
 from jobtui.tui import data
 from tests.conftest import with_dbname
 
@@ -258,10 +263,10 @@ def test_no_statement_on_a_timer_reads_more_pages_as_the_ready_backlog_grows(
 def test_every_statement_on_a_timer_is_registered_and_every_registered_one_runs(
     measured: dict[str, dict[tuple[str, str], int]],
 ) -> None:
-    from jobtui.timers import TIMED
+    from jobtui.reads.timers import TIMED
 
     ran = {name for _, name in measured["guard_big"]}
     unregistered = sorted(ran - set(TIMED))
-    assert not unregistered, f"statements run on a timer but not in jobtui.timers.TIMED: {unregistered}"
+    assert not unregistered, f"statements run on a timer but not in jobtui.reads.timers.TIMED: {unregistered}"
     unseen = sorted(set(TIMED) - ran)
-    assert not unseen, f"registered in jobtui.timers.TIMED, but no path of the guard ran them: {unseen}"
+    assert not unseen, f"registered in jobtui.reads.timers.TIMED, but no path of the guard ran them: {unseen}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 
 from jobtui import NewJob, Queue
-from jobtui.queue import release_unanswered_call
+from jobtui.core.queue import release_unanswered_call
 
 Conn = psycopg.Connection[tuple[object, ...]]
 

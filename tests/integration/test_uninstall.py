@@ -16,10 +16,10 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from jobtui import scheduler as sched
-from jobtui.client import Queue
-from jobtui.flows import record_flow
-from jobtui.registry import ScheduleSpec
+from jobtui.clients.client import Queue
+from jobtui.core import scheduler as sched
+from jobtui.core.registry import ScheduleSpec
+from jobtui.reads.flows import record_flow
 from tests.roles import drop_roles, role_names, run_grants
 from tests.workers import ROOT
 

@@ -21,9 +21,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import migrate as migrations
-from jobtui.client import Queue
-from jobtui.domain import NewJob
+from jobtui.clients.client import Queue
+from jobtui.kernel import migrate as migrations
+from jobtui.kernel.domain import NewJob
 from tests.workers import ROOT, wait_for
 
 Conn = psycopg.Connection[Any]

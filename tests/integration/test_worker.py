@@ -24,12 +24,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui.cli_run import WORKER_GC_THRESHOLD
-from jobtui.db import run
-from jobtui.domain import JobRow, JobStatus
-from jobtui.queue import enqueue as enqueue_job
-from jobtui.queue import enqueue_call, get_job_call
-from jobtui.registry import Job, Jobs, Retry
+from jobtui.cli.run import WORKER_GC_THRESHOLD
+from jobtui.core.queue import enqueue as enqueue_job
+from jobtui.core.queue import enqueue_call, get_job_call
+from jobtui.core.registry import Job, Jobs, Retry
+from jobtui.kernel.db import run
+from jobtui.kernel.domain import JobRow, JobStatus
 from jobtui.worker import Worker
 from tests.integration.conftest import Spawn
 from tests.workers import wait_for

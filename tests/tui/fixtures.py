@@ -13,13 +13,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from jobtui.backlog import MinuteFigures
-from jobtui.domain import ErrorEntry, JobRow, JobStatus, Runner
-from jobtui.errors import DatabaseUnavailable
-from jobtui.forecast import Span
-from jobtui.joblists import DeadJob, ReadyJob, ReadyJobs, RunningJob
-from jobtui.metrics import DeadGroup, LeaseExpiry, RunningGroup, ScheduleHealth, Snapshot, TypeCounts
-from jobtui.overview import QueueLine
+from jobtui.kernel.domain import ErrorEntry, JobRow, JobStatus, Runner
+from jobtui.kernel.errors import DatabaseUnavailable
+from jobtui.kernel.forecast import Span
+from jobtui.reads.backlog import MinuteFigures
+from jobtui.reads.joblists import DeadJob, ReadyJob, ReadyJobs, RunningJob
+from jobtui.reads.metrics import DeadGroup, LeaseExpiry, RunningGroup, ScheduleHealth, Snapshot, TypeCounts
+from jobtui.reads.overview import QueueLine
 from jobtui.tui.app import JobtuiApp
 from jobtui.tui.data import DataSource, Fetched, Where
 

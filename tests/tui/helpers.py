@@ -20,10 +20,10 @@ from typing import Any
 
 import psycopg
 
-from jobtui import scheduler
-from jobtui.client import Queue
-from jobtui.domain import NewJob
-from jobtui.registry import ScheduleSpec
+from jobtui.clients.client import Queue
+from jobtui.core import scheduler
+from jobtui.core.registry import ScheduleSpec
+from jobtui.kernel.domain import NewJob
 
 BILLING = "KeyError: customer <n> has no billing address"
 RESET = "ConnectionError: POST https://hooks.example.com/<n>: connection reset by peer"

@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from jobtui.client import Queue
-from jobtui.domain import NewJob
-from jobtui.metrics import DeadGroup
-from jobtui.registry import Job, Jobs
+from jobtui.clients.client import Queue
+from jobtui.core.registry import Job, Jobs
+from jobtui.kernel.domain import NewJob
+from jobtui.reads.metrics import DeadGroup
 from jobtui.tui import render
 from jobtui.tui.app import JobtuiApp
 from jobtui.tui.panes import DeadPane, LogToWidget

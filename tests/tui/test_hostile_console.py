@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from textual.widgets import Input
 
-from jobtui.metrics import DeadGroup
+from jobtui.reads.metrics import DeadGroup
 from jobtui.tui import render
 from jobtui.tui.screens import ConfirmScreen, JobDetailScreen, JobListScreen
 from tests.hostile import Texts, assert_safe, hostile, seed, visible

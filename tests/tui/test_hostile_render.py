@@ -16,11 +16,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.text import Text
 
-from jobtui.domain import ErrorEntry, JobRow, JobStatus
-from jobtui.explain import explain, first_line
-from jobtui.joblists import DeadJob, ReadyJob, RunningJob
-from jobtui.metrics import DeadGroup, LeaseExpiry, ScheduleHealth, TypeCounts
-from jobtui.safetext import SafeFormatter
+from jobtui.kernel.domain import ErrorEntry, JobRow, JobStatus
+from jobtui.kernel.explain import explain, first_line
+from jobtui.kernel.safetext import SafeFormatter
+from jobtui.reads.joblists import DeadJob, ReadyJob, RunningJob
+from jobtui.reads.metrics import DeadGroup, LeaseExpiry, ScheduleHealth, TypeCounts
 from jobtui.tui import render
 from jobtui.tui.render import STYLE, Thresholds
 from jobtui.tui.screens import ConfirmScreen, JobListScreen

@@ -11,9 +11,9 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from jobtui import queues
-from jobtui.client import Queue
-from jobtui.domain import NewJob
+from jobtui.clients.client import Queue
+from jobtui.core import queues
+from jobtui.kernel.domain import NewJob
 from jobtui.tui.screens import ConfirmScreen, JobDetailScreen
 from jobtui.tui.search import JobSearchScreen
 from jobtui.tui.widgets import KeyedTable

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from rich.text import Text
 
-from jobtui.backlog import ReadyEstimate
-from jobtui.joblists import DeadJob, ReadyJob, RunningJob
-from jobtui.metrics import DeadGroup, ScheduleHealth, Snapshot, TypeCounts
+from jobtui.reads.backlog import ReadyEstimate
+from jobtui.reads.joblists import DeadJob, ReadyJob, RunningJob
+from jobtui.reads.metrics import DeadGroup, ScheduleHealth, Snapshot, TypeCounts
 from jobtui.tui import header, render
 from jobtui.tui.render import STYLE, Thresholds
 from jobtui.tui.widgets import literal, sort_value
@@ -485,8 +485,8 @@ async def test_a_figure_that_grows_widens_its_column_instead_of_being_cut() -> N
 
 
 def test_the_queues_pane_marks_estimates_beside_its_rates_and_forecasts() -> None:
-    from jobtui.forecast import Forecast
-    from jobtui.overview import QueueLine
+    from jobtui.kernel.forecast import Forecast
+    from jobtui.reads.overview import QueueLine
     from jobtui.tui.panes import queues as pane
 
     estimated = ("ready", "due", "oldest_age", "done_last_minute")

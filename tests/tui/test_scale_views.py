@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from jobtui.joblists import RUNNING_PAGE
+from jobtui.reads.joblists import RUNNING_PAGE
 from jobtui.tui.app import JobtuiApp
 from jobtui.tui.panes.charts import NO_MINUTES, Chart
 from jobtui.tui.screens import JobDetailScreen

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from jobtui.backoff import DEFAULT_POLICY, BackoffPolicy, delay
+from jobtui.kernel.backoff import DEFAULT_POLICY, BackoffPolicy, delay
 
 DOUBLING = BackoffPolicy(base=1, factor=2, cap=60, jitter=0)
 

@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from jobtui.cronslots import (
+from jobtui.kernel.cronslots import (
     MAX_BACKFILL,
     MAX_OFFSET_SECONDS,
     MissedPolicy,
@@ -23,7 +23,7 @@ from jobtui.cronslots import (
     stable_offset,
     validate_schedule,
 )
-from jobtui.errors import InvalidInput
+from jobtui.kernel.errors import InvalidInput
 
 PARIS = ZoneInfo("Europe/Paris")
 GRACE = timedelta(seconds=30)
@@ -377,7 +377,7 @@ def test_stable_offset_is_stable_across_calls_and_processes() -> None:
     names = ["nightly-report", "jobtui.archive", "a", "ünïcödé"]
     here = [stable_offset(n, 60.0) for n in names]
     assert here == [stable_offset(n, 60.0) for n in names]
-    code = f"from jobtui.cronslots import stable_offset; print([stable_offset(n, 60.0) for n in {names!r}])"
+    code = f"from jobtui.kernel.cronslots import stable_offset; print([stable_offset(n, 60.0) for n in {names!r}])"
     env = {**os.environ, "PYTHONHASHSEED": "12345"}  # hash() would differ; the offset must not
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == repr(here)

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
-from jobtui.cli import build_parser
-from jobtui.cli_run import STOP_SIGNALS
-from jobtui.durations import parse_duration
-from jobtui.endpoints import LIVE_PATH, READY_PATH
-from jobtui.registry import load_app
+from jobtui.cli.main import build_parser
+from jobtui.cli.run import STOP_SIGNALS
+from jobtui.core.registry import load_app
+from jobtui.kernel.durations import parse_duration
+from jobtui.service.endpoints import LIVE_PATH, READY_PATH
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 UNITS = sorted((DEPLOY / "systemd").glob("*.service"))
@@ -141,7 +141,7 @@ def test_every_command_line_parses_with_the_real_cli() -> None:
                 parse_duration(value)
         assert "--dsn" not in argv, f"{where}: a DSN on a command line shows to every user of the host"
     assert {"worker", "scheduler", "migrate", "health"} <= commands
-    load_app("jobtui.demo:jobs")  # what the compose file runs
+    load_app("jobtui.cli.demo:jobs")  # what the compose file runs
 
 
 def test_systemd_units_agree_with_the_code() -> None:
@@ -260,7 +260,7 @@ def test_systemd_analyze_verifies_the_units(tmp_path: Path) -> None:
 
 
 def test_grants_sql_marks_the_roles_it_creates_as_uninstall_looks_for_them() -> None:
-    from jobtui.uninstall import ROLE_MARK
+    from jobtui.core.uninstall import ROLE_MARK
 
     grants = (DEPLOY.parent / "docs" / "grants.sql").read_text()
     [mark] = re.findall(r"format\('((?:[^']|'')*)',", grants)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from jobtui.donehistory import UNSETTLED_MINUTES, DoneHistory
+from jobtui.kernel.donehistory import UNSETTLED_MINUTES, DoneHistory
 
 T = datetime(2024, 5, 1, 12, 30, 20, tzinfo=UTC)
 M = timedelta(minutes=1)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jobtui.durations import parse_duration
-from jobtui.errors import InvalidInput
+from jobtui.kernel.durations import parse_duration
+from jobtui.kernel.errors import InvalidInput
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 import pytest
 
 from jobtui import InvalidInput, Job, Jobs, Worker
-from jobtui.domain import ClaimedJob, Runner
-from jobtui.maintenance import ARCHIVE_TYPE
-from jobtui.sizes import parse_size
+from jobtui.core.maintenance import ARCHIVE_TYPE
+from jobtui.kernel.domain import ClaimedJob, Runner
+from jobtui.kernel.sizes import parse_size
 from jobtui.worker.children import death_kind, death_reason
 from jobtui.worker.config import check_children, executors, registry_spec
 from jobtui.worker.executor import PROCESS, THREAD, InFlight, settled

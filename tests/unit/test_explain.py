@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from jobtui.domain import ErrorEntry, JobRow, JobStatus
-from jobtui.explain import explain, first_line, human_delta, state_sentence
+from jobtui.kernel.domain import ErrorEntry, JobRow, JobStatus
+from jobtui.kernel.explain import explain, first_line, human_delta, state_sentence
 
 NOW = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 

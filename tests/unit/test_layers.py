@@ -1,83 +1,31 @@
-"""The import graph of `jobtui/` follows docs/design.md, "Layers": every import points to the
-same layer or one below it, and no modules import each other in a cycle."""
+"""The layers of `jobtui/` are its folders, ranked from the bottom up by the table under
+"Layers" in docs/design.md: every module lies in one of those folders, every import points
+to its own layer or one below it, and no modules import each other in a cycle. The map is
+the folders themselves, so it cannot drift from the code."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "jobtui"
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "jobtui"
+DESIGN = ROOT / "docs" / "design.md"
 
-# From the bottom up, as docs/design.md lists them; a module not named here is a defect.
-LAYERS: dict[str, tuple[str, ...]] = {
-    "pure": (
-        "domain",
-        "errors",
-        "backoff",
-        "cronslots",
-        "durations",
-        "sizes",
-        "donehistory",
-        "safetext",
-        "explain",
-        "logformat",
-        "rates",
-        "forecast",
-    ),
-    "kernel": ("db", "link", "embedded"),
-    "core": (
-        "checks",
-        "adapters",
-        "queue",
-        "audit",
-        "actions",
-        "bulk",
-        "queues",
-        "overview",
-        "flows",
-        "timers",
-        "client",
-        "aclient",
-        "registry",
-        "typed",
-        "middleware",
-        "otel",
-        "scheduler",
-        "maintenance",
-        "backlog",
-        "metrics",
-        "joblists",
-        "jobfilter",
-        "jobquery",
-        "migrate",
-        "privileges",
-        "health",
-        "uninstall",
-    ),
-    "runtime": ("worker",),
-    "edges": (
-        "cli",
-        "cli_args",
-        "cli_run",
-        "cli_ops",
-        "cli_queues",
-        "cli_search",
-        "cli_bulk",
-        "cli_serve",
-        "cli_admin",
-        "prometheus",
-        "endpoints",
-        "sdnotify",
-        "demo",
-        "sizing",
-        "testing",
-        "tui",
-        "web",
-    ),
-}
-RANK = {name: rank for rank, names in enumerate(LAYERS.values()) for name in names}
+
+def ranked_folders(design: str) -> dict[str, int]:
+    """{folder: rank} from the first cell of each row of design.md's layer table, bottom first;
+    folders named in one row share a rank."""
+    section = design.split("### Layers", 1)[1].split("\n### ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return {folder: rank for rank, row in enumerate(rows) for folder in re.findall(r"`(\w+)/`", row.split("|")[1])}
+
+
+RANK = ranked_folders(DESIGN.read_text())
+SOURCES = sorted(PACKAGE.rglob("*.py"))
 
 
 def module_name(path: Path) -> str:
@@ -85,8 +33,8 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def unit(module: str) -> str:
-    """The layer entry a module belongs to: `jobtui.worker.reaper` -> `worker`."""
+def layer(module: str) -> str:
+    """The folder, and so the layer, a module lies in: `jobtui.worker.reaper` -> `worker`."""
     return module.split(".")[1] if "." in module else ""
 
 
@@ -109,7 +57,7 @@ def imports(path: Path, *, top_level_only: bool) -> set[str]:
             else:
                 target = node.module or ""
             if target.startswith("jobtui"):
-                # `from . import metrics` imports a module; `from .db import run` a name of one
+                # `from jobtui.core import otel` imports a module; `from jobtui.kernel.db import run` a name of one
                 submodules = {f"{target}.{a.name}" for a in node.names if is_module(f"{target}.{a.name}")}
                 found.update(submodules if len(submodules) == len(node.names) else {target})
         elif isinstance(node, ast.Import):
@@ -117,21 +65,26 @@ def imports(path: Path, *, top_level_only: bool) -> set[str]:
     return found
 
 
-SOURCES = sorted(PACKAGE.rglob("*.py"))
+def test_the_design_ranks_every_folder_of_the_package() -> None:
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(RANK), (
+        f"folders of jobtui/ not in docs/design.md's layer table: {sorted(folders - set(RANK))};"
+        f" named there but not in jobtui/: {sorted(set(RANK) - folders)}"
+    )
 
 
-def test_every_module_has_a_layer() -> None:
-    missing = {unit(module_name(p)) for p in SOURCES if module_name(p) != "jobtui"} - set(RANK)
-    assert not missing, f"add these to LAYERS and to docs/design.md: {sorted(missing)}"
+def test_every_module_lies_in_a_layer_folder() -> None:
+    loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"move these into the folder of their layer (docs/design.md, 'Layers'): {loose}"
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: module_name(p))
 def test_imports_point_down(path: Path) -> None:
-    me = unit(module_name(path))
+    me = layer(module_name(path))
     if me == "":
         return  # the package's __init__ re-exports the public API from every layer below the edges
-    upward = sorted(t for t in imports(path, top_level_only=False) if unit(t) and RANK[unit(t)] > RANK[me])
-    assert not upward, f"{module_name(path)} ({me}) imports from a higher layer: {upward}"
+    upward = sorted(t for t in imports(path, top_level_only=False) if layer(t) and RANK[layer(t)] > RANK[me])
+    assert not upward, f"{module_name(path)} ({me}/) imports from a higher layer: {upward}"
 
 
 def test_no_import_cycles() -> None:

@@ -21,7 +21,7 @@ def test_every_name_the_readme_uses_is_exported() -> None:
 
 def test_the_core_does_not_import_the_console() -> None:
     code = (
-        "import sys, jobtui, jobtui.worker, jobtui.scheduler, jobtui.metrics, jobtui.cli; "
+        "import sys, jobtui, jobtui.worker, jobtui.core.scheduler, jobtui.reads.metrics, jobtui.cli; "
         "print(sorted(m for m in sys.modules if m == 'textual' or m.startswith('textual.')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -31,7 +31,7 @@ def test_the_core_does_not_import_the_console() -> None:
 def test_the_web_server_runs_consoles_and_does_not_import_one() -> None:
     # `jobtui serve` serves the console as processes of their own; the server never loads Textual.
     code = (
-        "import sys, jobtui.cli_serve, jobtui.web.server; "
+        "import sys, jobtui.cli.serve, jobtui.web.server; "
         "print(sorted(m for m in sys.modules if m.startswith(('textual', 'jobtui.tui')) and m != 'textual_serve'))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -10,8 +10,8 @@ import unicodedata
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobtui import safetext
-from jobtui.safetext import SafeFormatter, block, line, quote, shorten
+from jobtui.kernel import safetext
+from jobtui.kernel.safetext import SafeFormatter, block, line, quote, shorten
 from tests.hostile import assert_safe, hostile, unsafe, visible
 
 

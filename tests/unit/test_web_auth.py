@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jobtui.errors import InvalidInput
+from jobtui.kernel.errors import InvalidInput
 from jobtui.web.sessions import MAX_DELAY, Sessions, SignInThrottle
 from jobtui.web.users import OPERATOR, VIEWER, User, UsersFile
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from jobtui.domain import ClaimedJob
-from jobtui.registry import Job, Jobs
+from jobtui.core.registry import Job, Jobs
+from jobtui.kernel.domain import ClaimedJob
 from jobtui.worker import InFlight, Worker
 
 NOW = datetime.now(UTC)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from .base import Pane, TablePane
-from .charts import ChartsPane
-from .dead import DeadPane
-from .expiries import ExpiriesPane
-from .queues import QueuesPane
-from .ready import ReadyPane
-from .running import RunningPane
-from .schedules import SchedulesPane
-from .worker import LogToWidget, WorkerPane
+from jobtui.tui.panes.base import Pane, TablePane
+from jobtui.tui.panes.charts import ChartsPane
+from jobtui.tui.panes.dead import DeadPane
+from jobtui.tui.panes.expiries import ExpiriesPane
+from jobtui.tui.panes.queues import QueuesPane
+from jobtui.tui.panes.ready import ReadyPane
+from jobtui.tui.panes.running import RunningPane
+from jobtui.tui.panes.schedules import SchedulesPane
+from jobtui.tui.panes.worker import LogToWidget, WorkerPane
 
 TABLES: tuple[type[TablePane], ...] = (ReadyPane, RunningPane, DeadPane, ExpiriesPane, SchedulesPane, QueuesPane)
 # In the order of their number keys; the worker's tab only with --work.

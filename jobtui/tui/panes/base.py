@@ -8,9 +8,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import TabPane
 
-from .. import render
-from ..console import Console, View, bound_actions, change_actions
-from ..widgets import KeyedTable
+from jobtui.tui import render
+from jobtui.tui.console import Console, View, bound_actions, change_actions
+from jobtui.tui.widgets import KeyedTable
 
 
 class Pane(TabPane):

@@ -16,10 +16,10 @@ from textual.app import ComposeResult
 from textual.containers import Grid
 from textual_plotext import PlotextPlot
 
-from ...donehistory import MINUTE, calendar_minute
-from ...metrics import Snapshot
-from ..console import View
-from .base import Pane
+from jobtui.kernel.donehistory import MINUTE, calendar_minute
+from jobtui.reads.metrics import Snapshot
+from jobtui.tui.console import View
+from jobtui.tui.panes.base import Pane
 
 # Short enough to stay in a chart's title at 80 columns; docs/operations.md says where the rows come from.
 NO_MINUTES = "no minute rows yet"

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ...metrics import DeadGroup
-from .. import render
-from ..console import Change, View
-from ..screens import JobListScreen
-from .base import TablePane
+from jobtui.reads.metrics import DeadGroup
+from jobtui.tui import render
+from jobtui.tui.console import Change, View
+from jobtui.tui.panes.base import TablePane
+from jobtui.tui.screens import JobListScreen
 
 
 class DeadPane(TablePane):

@@ -14,19 +14,19 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label
 
-from ... import queues
-from ...db import connect
-from ...durations import parse_duration
-from ...errors import InvalidInput
-from ...flows import line_forecasts
-from ...forecast import Forecast
-from ...overview import QueueLine
-from ...rates import RAMP_TOP, parse_rate, rate_text
-from ...safetext import line
-from .. import render
-from ..console import Change, View
-from ..data import Actions
-from .base import TablePane
+from jobtui.core import queues
+from jobtui.kernel.db import connect
+from jobtui.kernel.durations import parse_duration
+from jobtui.kernel.errors import InvalidInput
+from jobtui.kernel.forecast import Forecast
+from jobtui.kernel.rates import RAMP_TOP, parse_rate, rate_text
+from jobtui.kernel.safetext import line
+from jobtui.reads.flows import line_forecasts
+from jobtui.reads.overview import QueueLine
+from jobtui.tui import render
+from jobtui.tui.console import Change, View
+from jobtui.tui.data import Actions
+from jobtui.tui.panes.base import TablePane
 
 # The forecast next to the counts it is about; the levers after the figures.
 COLUMNS = ["kind", "name", "ready", "due", "running", "forecast", "oldest ready", "done/min", "limit", "rate", "paused"]
@@ -221,7 +221,7 @@ class QueuesPane(TablePane):
     ]
 
     def compose(self) -> ComposeResult:
-        from ..widgets import KeyedTable
+        from jobtui.tui.widgets import KeyedTable
 
         yield KeyedTable(COLUMNS, id=f"table-{self.ID}")
 
@@ -232,7 +232,7 @@ class QueuesPane(TablePane):
     def focus_default(self) -> None:
         super().focus_default()
         # From the Ready pane, its selected type is one key away: p pauses it, y confirms.
-        from .ready import ReadyPane
+        from jobtui.tui.panes.ready import ReadyPane
 
         chosen = self.app.query_one(ReadyPane).selected_key
         if chosen is not None:

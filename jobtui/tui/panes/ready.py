@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .. import render
-from ..console import View
-from ..screens import JobListScreen
-from .base import TablePane
+from jobtui.tui import render
+from jobtui.tui.console import View
+from jobtui.tui.panes.base import TablePane
+from jobtui.tui.screens import JobListScreen
 
 
 class ReadyPane(TablePane):

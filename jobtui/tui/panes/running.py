@@ -8,12 +8,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Label
 
-from ...joblists import RUNNING_PAGE, RunningCursor
-from .. import changes, render
-from ..console import Change, View
-from ..screens import JobDetailScreen
-from ..widgets import KeyedTable
-from .base import TablePane
+from jobtui.reads.joblists import RUNNING_PAGE, RunningCursor
+from jobtui.tui import changes, render
+from jobtui.tui.console import Change, View
+from jobtui.tui.panes.base import TablePane
+from jobtui.tui.screens import JobDetailScreen
+from jobtui.tui.widgets import KeyedTable
 
 
 def page_caption(first: int, shown: int, total: int, more: bool) -> str:

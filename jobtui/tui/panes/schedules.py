@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ...metrics import ScheduleHealth
-from .. import changes, render
-from ..console import Change, View
-from .base import TablePane
+from jobtui.reads.metrics import ScheduleHealth
+from jobtui.tui import changes, render
+from jobtui.tui.console import Change, View
+from jobtui.tui.panes.base import TablePane
 
 
 class SchedulesPane(TablePane):

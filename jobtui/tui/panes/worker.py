@@ -10,10 +10,10 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import Label, RichLog
 
-from ...safetext import SafeFormatter, line
-from .. import render
-from ..console import View
-from .base import Pane
+from jobtui.kernel.safetext import SafeFormatter, line
+from jobtui.tui import render
+from jobtui.tui.console import View
+from jobtui.tui.panes.base import Pane
 
 
 class LogToWidget(logging.Handler):

@@ -1,0 +1,194 @@
+"""`jobtui bench`: how fast this database runs jobtui, for sizing.
+
+In its own schema (dropped afterwards): inserts N no-op jobs, drains them with P worker
+processes, then measures enqueue-to-start latency at low load (one job every 10 ms). Every
+time is read from the database (created_at, started_at, finished_at), never a local clock.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import IO, Any
+
+from jobtui.clients.client import Queue
+from jobtui.core.registry import Job, Jobs
+from jobtui.kernel import db, migrate
+from jobtui.kernel.db import Call, check_schema_name, connect
+from jobtui.kernel.domain import NewJob
+from jobtui.kernel.errors import InvalidInput
+
+BENCH_SCHEMA = "jobtui_bench"
+NOOP = "bench.noop"
+# Marks a schema this benchmark made (and drops when it ends): the only kind it drops.
+MARK = "jobtui bench: dropped when the benchmark ends"
+
+jobs = Jobs()
+
+
+@jobs.handler(NOOP)
+async def noop(job: Job) -> None:
+    """Does nothing: the benchmark measures the queue, not the work."""
+
+
+@dataclass(frozen=True, slots=True)
+class BenchResult:
+    jobs: int
+    workers: int
+    concurrency: int
+    enqueue_per_s: float
+    drain_per_s: float
+    latency_p50_ms: float
+    latency_p90_ms: float
+    latency_p99_ms: float
+    latency_samples: int
+
+
+def spawn_workers(
+    dsn: str,
+    schema: str,
+    workers: int,
+    concurrency: int,
+    log: IO[bytes] | int,
+    *,
+    delete_on_complete: bool = False,
+    env: dict[str, str] | None = None,
+) -> list[subprocess.Popen[bytes]]:
+    """Start `jobtui worker` processes running the no-op app; their logs go to `log`, a file
+    (a pipe nobody reads would fill up and stall a worker mid-benchmark). `env` replaces the
+    environment (a benchmark runs another source tree's jobtui with its PYTHONPATH)."""
+    cmd = [
+        sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "--schema", schema,
+        "worker", "--app", "jobtui.cli.bench:jobs", "--types", NOOP,
+        "--concurrency", str(concurrency), "--no-scheduler", "--poll", "1s",
+        *(["--delete-on-complete"] if delete_on_complete else []),
+    ]  # fmt: skip
+    return [
+        subprocess.Popen(
+            [*cmd, "--id", f"bench-{i}"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env
+        )
+        for i in range(workers)
+    ]
+
+
+def stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def _scalar(conn: Any, name: str, schema: str, **params: Any) -> Any:
+    return db.run(conn, Call(name, params, lambda rows: rows[0][0] if rows else None), schema)
+
+
+def drain_window(conn: Any, schema: str) -> tuple[int, float]:
+    """(jobs finished, seconds from the first start to the last finish), from the done rows
+    and from the tallies of jobs deleted at completion."""
+    jobs, span = db.run(conn, Call("bench_drain_window", {}, lambda rows: rows[0]), schema)
+    return int(jobs), float(span or 0.0)
+
+
+def queue_busy(conn: Any, schema: str) -> bool:
+    """Whether any job is ready or running. Asked of the ready and running indexes: a count
+    over the table would take a CPU away from the drain it is watching."""
+    return bool(_scalar(conn, "bench_queue_busy", schema))
+
+
+def run(
+    dsn: str,
+    *,
+    n: int = 100_000,
+    workers: int = 2,
+    concurrency: int = 100,
+    latency_jobs: int = 300,
+    delete_on_complete: bool = False,
+    schema: str = BENCH_SCHEMA,
+) -> BenchResult:
+    """Run the benchmark against `dsn` in `schema`, made for it and dropped at the end; returns
+    the figures. A schema that exists and that no benchmark made is refused (InvalidInput)."""
+    check_schema_name(schema)
+    with connect(dsn, autocommit=True) as conn:
+        claim_schema(conn, schema)
+        db.run(conn, Call("schema_drop", {}, _nothing), schema)
+        migrate.migrate(conn, schema)
+        db.run(conn, Call("bench_schema_set_mark", {}, _nothing), schema)
+    try:
+        with Queue(dsn, schema=schema) as queue:
+            t0 = time.perf_counter()
+            for start in range(0, n, 10_000):
+                queue.enqueue_many([NewJob(NOOP) for _ in range(min(10_000, n - start))])
+            enqueue_rate = n / (time.perf_counter() - t0)
+        with connect(dsn, autocommit=True) as conn, tempfile.TemporaryFile() as log:
+            db.run(conn, Call("bench_vacuum", {}, _nothing), schema)
+            procs = spawn_workers(dsn, schema, workers, concurrency, log, delete_on_complete=delete_on_complete)
+            try:
+                deadline = time.monotonic() + 600
+                while time.monotonic() < deadline:
+                    if not queue_busy(conn, schema):
+                        break
+                    if any(p.poll() is not None for p in procs):
+                        raise RuntimeError("a bench worker exited: " + _last_line(log))
+                    time.sleep(0.2)
+                else:
+                    raise RuntimeError("the jobs were not drained within 10 minutes")
+                # Drain rate from the database's own timestamps: first start to last finish.
+                finished, span = drain_window(conn, schema)
+                if finished != n:
+                    raise RuntimeError(f"{finished} of {n} jobs finished: " + _last_line(log))
+                drain_rate = n / span
+                latencies = _latency(conn, dsn, schema, latency_jobs)
+            finally:
+                stop_workers(procs)
+    finally:
+        with connect(dsn, autocommit=True) as conn:
+            db.run(conn, Call("schema_drop", {}, _nothing), schema)
+    q = statistics.quantiles(latencies, n=100, method="inclusive")
+    return BenchResult(n, workers, concurrency, enqueue_rate, drain_rate, q[49], q[89], q[98], len(latencies))
+
+
+def claim_schema(conn: Any, schema: str) -> None:
+    """InvalidInput unless `schema` is free for the benchmark: missing, or left by an earlier
+    run (marked, or the default bench schema), since the benchmark drops it when it ends."""
+    found = db.run(conn, Call("bench_schema_mark", {"schema_name": schema}, list), schema)
+    if not found or found[0][0] == MARK or schema == BENCH_SCHEMA:
+        return
+    raise InvalidInput(
+        f"schema {schema!r} already exists and jobtui bench did not make it; the benchmark drops its schema"
+        " when it ends, so give one that does not exist (default jobtui_bench)"
+    )
+
+
+def _latency(conn: Any, dsn: str, schema: str, count: int) -> list[float]:
+    """Enqueue `count` jobs one by one every 10 ms to idle workers; started_at - created_at.
+    The jobs carry keys, so workers that delete finished jobs keep these rows."""
+    with Queue(dsn, schema=schema, max_connections=1) as queue:
+        queue.enqueue(NOOP, key="latency-warm-up")  # warm the connection and the workers
+        time.sleep(0.5)
+        first = queue.enqueue(NOOP, key="latency-0")
+        for i in range(1, count):
+            time.sleep(0.01)
+            queue.enqueue(NOOP, key=f"latency-{i}")
+    deadline = time.monotonic() + 30
+    while _scalar(conn, "bench_latency_left", schema, first=first) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    rows = db.run(conn, Call("bench_latencies", {"first": first}, list), schema)
+    return [float(r[0]) for r in rows if r[0] is not None]
+
+
+def _nothing(rows: Any) -> None:
+    return None
+
+
+def _last_line(log: IO[bytes]) -> str:
+    log.seek(0)
+    lines = log.read().decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else "(no output)"

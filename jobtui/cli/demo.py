@@ -1,0 +1,177 @@
+"""`jobtui demo`: a live queue that shows every failure mode of the design.
+
+Quick jobs, slow jobs that outlive their lease thanks to heartbeats, flaky jobs that succeed
+after retries, a poison type that always raises (ends dead), a type that kills its worker
+process (lease expiries, then dead), and schedules, one of them paused and one that missed
+slots while "every scheduler was down".
+
+The crash type runs in a separate worker process, supervised by the demo and restarted when
+it dies (as systemd or Kubernetes would), so it never takes the console down with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from jobtui.clients.client import Queue
+from jobtui.core import scheduler as schedules
+from jobtui.core.registry import Job, Jobs, Permanent
+from jobtui.kernel.backoff import BackoffPolicy
+from jobtui.kernel.db import connect
+from jobtui.kernel.domain import NewJob
+
+DEMO_SCHEMA = "jobtui_demo"
+LEASE = 10.0
+
+jobs = Jobs()
+
+
+@jobs.handler("email.send", max_attempts=5)
+async def send_email(job: Job) -> None:
+    """Quick: a few milliseconds of work."""
+    await asyncio.sleep(random.uniform(0.005, 0.05))
+
+
+@jobs.handler("report.build", max_attempts=3, timeout=120)
+def build_report(job: Job) -> None:
+    """Slow: runs longer than its lease; the worker's heartbeats keep the lease alive."""
+    deadline = time.monotonic() + float(job.payload.get("seconds", 25))
+    while time.monotonic() < deadline:
+        if not job.heartbeat():
+            return  # the lease was lost (killed from the console): stop early
+        time.sleep(0.5)
+
+
+@jobs.handler("webhook.deliver", max_attempts=6, backoff=BackoffPolicy(base=1, factor=2, cap=8))
+def deliver_webhook(job: Job) -> None:
+    """Flaky: fails most attempts with a connection error, then succeeds."""
+    if random.random() < 0.6:
+        raise ConnectionError(f"POST https://hooks.example.com/{job.payload.get('hook', 0)}: connection reset by peer")
+
+
+@jobs.handler("invoice.render", max_attempts=3, backoff=BackoffPolicy(base=1, cap=2))
+def render_invoice(job: Job) -> None:
+    """Poison: always raises; ends dead after its attempts, grouped by error fingerprint."""
+    customer = job.payload.get("customer", 0)
+    if job.payload.get("bad_currency"):
+        raise Permanent(f"currency XYZ of invoice {customer} is not supported")
+    raise KeyError(f"customer {customer} has no billing address")
+
+
+@jobs.handler("image.resize", max_attempts=2)
+def resize_image(job: Job) -> None:
+    """Crash: kills the worker process running it (a segfault, an OOM kill)."""
+    time.sleep(0.5)
+    os._exit(137)
+
+
+jobs.schedule("demo.heartbeat", cron="*/5 * * * * *", type="email.send", payload={"to": "ops@example.com"}, offset=0)
+jobs.schedule("demo.report", cron="*/20 * * * * *", type="report.build", payload={"seconds": 15}, offset=0)
+jobs.schedule("demo.paused", cron="*/10 * * * * *", type="email.send", offset=0)
+jobs.schedule("demo.catch-up", cron="* * * * *", type="email.send", missed="skip", offset=0)
+
+CRASH_TYPES = ["image.resize"]
+MAIN_TYPES = [t for t in jobs.handlers if t not in CRASH_TYPES]
+
+
+def prepare(dsn: str, schema: str) -> None:
+    """Sync the schedules, pause one, and make one look as if every scheduler had been down."""
+    with connect(dsn, autocommit=True) as conn:
+        schedules.sync(conn, jobs.schedule_specs(), schema)
+        schedules.pause(conn, "demo.paused", schema, actor="demo")
+        schedules.rewind(conn, "demo.catch-up", 15 * 60, schema)
+
+
+def enqueue_burst(queue: Queue, rng: random.Random, n: int) -> None:
+    """A mix of every job type, weighted like a real application's traffic."""
+    batch: list[NewJob] = []
+    for i in range(n):
+        roll = rng.random()
+        if roll < 0.70:
+            batch.append(NewJob("email.send", {"to": f"user{rng.randint(1, 9999)}@example.com"}))
+        elif roll < 0.82:
+            batch.append(NewJob("webhook.deliver", {"hook": rng.randint(1, 50)}, max_attempts=6))
+        elif roll < 0.84:
+            batch.append(NewJob("report.build", {"seconds": rng.randint(12, 30)}, max_attempts=3))
+        elif roll < 0.985:
+            payload: dict[str, Any] = {"customer": rng.randint(100, 999), "bad_currency": rng.random() < 0.3}
+            batch.append(NewJob("invoice.render", payload, max_attempts=3))
+        else:
+            batch.append(NewJob("image.resize", {"image": i}, max_attempts=2))
+    queue.enqueue_many(batch)
+
+
+class Traffic:
+    """Enqueues bursts every second in a background thread until stopped."""
+
+    def __init__(self, dsn: str, schema: str, per_second: int = 6) -> None:
+        self.queue = Queue(dsn, schema=schema, max_connections=1)
+        self.per_second = per_second
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="jobtui-demo-traffic", daemon=True)
+
+    def start(self) -> None:
+        enqueue_burst(self.queue, random.Random(1), 60)
+        self.queue.enqueue_many([NewJob("image.resize", {"image": 0}, max_attempts=2)])
+        self._thread.start()
+
+    def _run(self) -> None:
+        rng = random.Random(2)
+        while not self._stop.wait(1.0):
+            try:
+                enqueue_burst(self.queue, rng, rng.randint(1, self.per_second))
+            except Exception:  # the database may be restarting; the next burst tries again
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.queue.close()
+
+
+class CrashWorker:
+    """A worker process for the crash type, restarted each time it dies."""
+
+    def __init__(self, dsn: str, schema: str) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self.restarts = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._supervise, name="jobtui-demo-crash", daemon=True)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        cmd = [
+            sys.executable, "-m", "jobtui.cli", "--dsn", self.dsn, "--schema", self.schema, "worker",
+            "--app", "jobtui.cli.demo:jobs", "--types", ",".join(CRASH_TYPES), "--lease", f"{LEASE:.0f}s",
+            "--concurrency", "1", "--no-scheduler", "--id", "demo-crasher",
+        ]  # fmt: skip
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def start(self) -> None:
+        self._proc = self._spawn()
+        self._thread.start()
+
+    def _supervise(self) -> None:
+        # Restart after a pause, like a service manager's restart delay.
+        while not self._stop.wait(3.0):
+            if self._proc is not None and self._proc.poll() is not None:
+                self.restarts += 1
+                self._proc = self._spawn()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()

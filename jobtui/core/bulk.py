@@ -1,0 +1,267 @@
+"""Bulk actions over any filter, at any scale: requeue or discard dead and failed jobs, cancel
+ready and running ones, a batch at a time.
+
+Each batch is one statement in a short transaction of its own (queries.sql, bulk_*_batch):
+it changes at most `batch` jobs, locks them SKIP LOCKED (a job a worker or another operator
+holds is passed over, and tried again at the end), and writes the run's progress with them.
+Workers claim meanwhile. A run walks the ids down from the newest job there was when it
+began, and changes only jobs that finished (requeue, discard) or were enqueued (cancel)
+before that moment: a second run with the same action and filter resumes a run that was
+stopped or killed, from where it got to, and changes nothing twice. Each invocation writes
+one audit row with the filter and the counts. Nothing outlives a transaction, so it works
+through a transaction pooler.
+
+    with connect(dsn, autocommit=True) as conn:
+        bulk = Bulk(conn, "requeue", JobFilter(types=("invoice.render",)), actor="olga")
+        print(bulk.count(), "would be requeued")
+        outcome = bulk.run(bulk.start())
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import psycopg
+
+from jobtui.core.audit import record_audit
+from jobtui.kernel.checks import check_text
+from jobtui.kernel.db import Call, Rows, run, statements
+from jobtui.kernel.domain import DEFAULT_SCHEMA
+from jobtui.kernel.errors import InvalidInput
+from jobtui.kernel.jobfilter import JobFilter
+from jobtui.reads.deadletters import check_regex
+
+Action = Literal["requeue", "discard", "cancel"]
+ACTIONS: tuple[Action, ...] = ("requeue", "discard", "cancel")
+# The statuses each action applies to.
+SCOPE: dict[Action, tuple[str, ...]] = {
+    "requeue": ("dead", "failed"),
+    "discard": ("dead", "failed"),
+    "cancel": ("ready", "running"),
+}
+PAST: dict[Action, str] = {"requeue": "requeued", "discard": "discarded", "cancel": "cancelled"}
+BATCH = 1000  # jobs a statement changes at most: the row locks it holds at once
+WINDOW = 50_000  # ids a statement reads at most
+TIMEOUT = 30.0  # seconds a statement may take before the server ends it
+BUSY_ROUNDS = 3  # times the jobs passed over as busy are tried again at the end
+# After each batch the run rests this many times as long as the batch took: a bulk action
+# takes at most half of the database's time, and the workers keep the rest.
+REST = 1.0
+
+Progress = Callable[[float, int], None]  # (share of the ids done, jobs changed by the run)
+
+
+@dataclass(frozen=True, slots=True)
+class BulkRun:
+    """A run of `bulk_run`: what it does, over which jobs, and how far it got."""
+
+    id: int
+    action: Action
+    filter: dict[str, Any]
+    cutoff: datetime
+    last_id: int
+    next_id: int
+    changed: int
+    busy_ids: list[int]
+    state: str
+    started_by: str
+    started_at: datetime
+    resumed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BulkOutcome:
+    run: int
+    changed: int  # by this invocation
+    changed_in_all: int  # by the run, earlier invocations included
+    busy: list[int]  # jobs still held by another transaction at the end: run again for them
+    stopped: bool  # stopped before the end (a second run resumes it)
+    resumed: bool
+
+
+def _runs(rows: Rows) -> list[BulkRun]:
+    return [BulkRun(**{**d, "busy_ids": list(d["busy_ids"] or [])}) for d in rows.dicts()]
+
+
+class Bulk:
+    """One bulk action over one filter, on one connection (autocommit: each batch is a
+    transaction of its own)."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        action: str,
+        filt: JobFilter,
+        *,
+        actor: str,
+        schema: str = DEFAULT_SCHEMA,
+        batch: int = BATCH,
+        window: int = WINDOW,
+        timeout: float = TIMEOUT,
+        rest: float = REST,
+    ) -> None:
+        if action not in ACTIONS:
+            raise InvalidInput(f"unknown bulk action {action!r}: use {', '.join(ACTIONS)}")
+        if not 1 <= batch <= 100_000:
+            raise InvalidInput(f"a batch must be 1 to 100,000 jobs, got {batch}")
+        chosen: Action = action
+        bad = [s for s in filt.statuses if s not in SCOPE[chosen]]
+        if bad:
+            raise InvalidInput(f"{action} applies to {' and '.join(SCOPE[chosen])} jobs, not {', '.join(bad)}")
+        self.conn = conn
+        self.action = chosen
+        self.filter = filt
+        self.actor = check_text(actor, "actor")
+        self.schema = schema
+        self.batch = batch
+        self.window = window
+        self.timeout = timeout
+        if not 0 <= rest <= 100:
+            raise InvalidInput(f"a rest must be 0 to 100 times a batch's time, got {rest}")
+        self.rest = rest
+        check_regex(conn, filt.error, schema)
+
+    @property
+    def filter_json(self) -> str:
+        return json.dumps(self.filter.to_json(), sort_keys=True)
+
+    def _timed(self, call: Call[Any]) -> Any:
+        with self.conn.transaction():
+            params = {"timeout": f"{max(1, round(self.timeout * 1000))}ms"}
+            run(self.conn, Call("search_timeout", params, lambda rows: None), self.schema)
+            return run(self.conn, call, self.schema)
+
+    def _lowest(self) -> int:
+        bounds = self._timed(Call("jobs_bounds", {"schema_name": self.schema}, Rows.dicts))[0]
+        return int(bounds["lowest"] or 0)
+
+    def count(self, progress: Progress | None = None, stop: threading.Event | None = None) -> int:
+        """How many jobs the action would change now: the dry run, window by window."""
+        bounds = self._timed(Call("jobs_bounds", {"schema_name": self.schema}, Rows.dicts))[0]
+        lowest, top = int(bounds["lowest"] or 0), int(bounds["highest"] or 0) + 1
+        below, total = top, 0
+        params = {**self.filter.params(), "at": None, "scope": list(SCOPE[self.action])}
+        while below > lowest:
+            if stop is not None and stop.is_set():
+                raise InvalidInput("the count was stopped; nothing was changed")
+            floor = max(lowest, below - self.window)
+            total += self._timed(Call("bulk_count", {**params, "floor": floor, "below": below}, lambda r: int(r[0][0])))
+            below = floor
+            if progress is not None:
+                progress((top - below) / max(1, top - lowest), total)
+        return total
+
+    def pending(self) -> BulkRun | None:
+        """The run of this action and filter that a second run would resume, if any."""
+        params = {"action": self.action, "filter": self.filter_json}
+        found = run(self.conn, Call("bulk_run_find", params, _runs), self.schema)
+        return found[0] if found else None
+
+    def start(self) -> BulkRun:
+        """Resume the pending run, or begin one (its cutoff: now)."""
+        pending = self.pending()
+        if pending is not None:
+            with self.conn.transaction():
+                run(self.conn, Call("bulk_run_state", {"run": pending.id, "state": "running"}, len), self.schema)
+            return BulkRun(**{**_fields(pending), "state": "running", "resumed": True})
+        params = {"action": self.action, "filter": self.filter_json, "actor": self.actor}
+        with self.conn.transaction():
+            return run(self.conn, Call("bulk_run_start", params, _runs), self.schema)[0]
+
+    def _batch(self, job_run: BulkRun, floor: int, below: int, ids: list[int] | None) -> dict[str, Any]:
+        params = {
+            **self.filter.params(),
+            "at": job_run.started_at,
+            "run": job_run.id,
+            "floor": floor,
+            "below": below,
+            "ids": ids,
+            "batch": self.batch,
+            "actor": self.actor,
+            "channel": statements(self.schema).channel,
+        }
+        result: dict[str, Any] = self._timed(Call(f"bulk_{self.action}_batch", params, Rows.dicts))[0]
+        return result
+
+    def run(
+        self, job_run: BulkRun, progress: Progress | None = None, stop: threading.Event | None = None
+    ) -> BulkOutcome:
+        """Work the run off, batch by batch, then try the busy jobs again; end it (done, or
+        stopped when `stop` was set) with one audit row."""
+        lowest = self._lowest()
+        below = job_run.next_id
+        changed = 0
+        busy = list(job_run.busy_ids)
+        stopped = False
+        span = max(1, job_run.last_id + 1 - lowest)
+        before = job_run.changed
+        try:
+            while below > lowest:
+                if stop is not None and stop.is_set():
+                    stopped = True
+                    break
+                floor = max(lowest, below - self.window)
+                took = time.monotonic()
+                got = self._batch(job_run, floor, below, None)
+                if not got["running"]:  # ended elsewhere (another invocation finished it)
+                    break
+                if self.rest and int(got["changed"]):
+                    pause = (time.monotonic() - took) * self.rest
+                    if stop is not None:
+                        stop.wait(pause)
+                    else:
+                        time.sleep(pause)
+                changed += int(got["changed"])
+                busy += [int(i) for i in got["busy"]]
+                below = int(got["next_id"])
+                if progress is not None:
+                    progress(min(1.0, (job_run.last_id + 1 - below) / span), before + changed)
+            for attempt in range(BUSY_ROUNDS):
+                if stopped or not busy:
+                    break
+                time.sleep(0.2 * attempt)
+                got = self._batch(job_run, 0, job_run.last_id + 1, sorted(set(busy)))
+                changed += int(got["changed"])
+                busy = [int(i) for i in got["busy"]]
+        except BaseException:
+            # KeyboardInterrupt, a lost connection: every batch committed is recorded in the
+            # run; it is left running, and the next run with the same filter resumes it.
+            self._audit(job_run, changed, before, busy, stopped=True, end=False)
+            raise
+        self._audit(job_run, changed, before, busy, stopped=stopped, end=True)
+        return BulkOutcome(job_run.id, changed, before + changed, busy, stopped, job_run.resumed)
+
+    def _audit(self, job_run: BulkRun, changed: int, before: int, busy: list[int], *, stopped: bool, end: bool) -> None:
+        detail = {
+            "run": job_run.id,
+            "filter": self.filter.to_json(),
+            PAST[self.action]: changed,
+            f"{PAST[self.action]}_in_all": before + changed,
+            "busy": len(busy),
+            "stopped": stopped,
+            "resumed": job_run.resumed,
+        }
+        target = f"bulk run {job_run.id}: {self.filter.describe()}"
+        try:
+            with self.conn.transaction():
+                if end:
+                    state = {"run": job_run.id, "state": "stopped" if stopped else "done"}
+                    run(self.conn, Call("bulk_run_state", state, len), self.schema)
+                record_audit(
+                    self.conn, self.actor, f"bulk-{self.action}", target, changed, detail=detail, schema=self.schema
+                )
+        except psycopg.Error:
+            if end:
+                raise
+            # On the way out after a failure the connection may be gone: the run's row has
+            # the count of every batch it committed.
+
+
+def _fields(r: BulkRun) -> dict[str, Any]:
+    return {f: getattr(r, f) for f in BulkRun.__dataclass_fields__}

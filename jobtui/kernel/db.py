@@ -1,0 +1,368 @@
+"""The statement kernel: named statements of queries.sql, how a `Call` runs and how its rows
+are read (by column name), connecting, and what a connection failure looks like.
+
+Nothing here imports another jobtui module but `domain` and `errors`: everything that runs
+SQL builds on it.
+
+    call = Call("db_now", {}, lambda rows: rows[0][0])
+    with connect(dsn) as conn:
+        now = run(conn, call)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Generic, TypeVar, overload
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import ExecStatus
+from psycopg.rows import TupleRow
+
+from jobtui.kernel.domain import DEFAULT_SCHEMA
+from jobtui.kernel.errors import DatabaseUnavailable, InvalidInput
+
+T = TypeVar("T")
+
+
+class Rows(Sequence[TupleRow]):
+    """The rows a statement returned, and its column names: decoders read a column by its
+    name, so that a column added to a statement cannot shift the others. Row by row it reads
+    as a list of tuples.
+
+    >>> rows = Rows([(7, "email.send")], ("id", "type"))
+    >>> i, t = rows.columns("id", "type")
+    >>> [(r[i], r[t]) for r in rows], rows.dicts()
+    ([(7, 'email.send')], [{'id': 7, 'type': 'email.send'}])
+    """
+
+    __slots__ = ("_rows", "names")
+
+    def __init__(self, rows: list[TupleRow], names: Sequence[str]) -> None:
+        self._rows = rows
+        self.names = tuple(names)
+
+    @overload
+    def __getitem__(self, index: int) -> TupleRow: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[TupleRow]: ...
+    def __getitem__(self, index: int | slice) -> TupleRow | list[TupleRow]:
+        return self._rows[index]
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __iter__(self) -> Iterator[TupleRow]:
+        return iter(self._rows)
+
+    def columns(self, *names: str) -> tuple[int, ...]:
+        """The positions of the columns `names`; KeyError naming one the statement lacks."""
+        try:
+            return tuple(self.names.index(name) for name in names)
+        except ValueError:
+            missing = [n for n in names if n not in self.names]
+            raise KeyError(
+                f"the statement returns no column {', '.join(missing)} (it has {', '.join(self.names)})"
+            ) from None
+
+    def dicts(self) -> list[dict[str, Any]]:
+        """Each row as a dict by column name."""
+        return [dict(zip(self.names, row, strict=True)) for row in self._rows]
+
+
+def _names(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> tuple[str, ...] | None:
+    """The names of the result's columns, or None when the statement returned no rows.
+
+    Read from the result itself: `cur.description` builds a Column object per column, with
+    its type looked up, each time it is read (a claim's eleven columns, several times a
+    statement, were most of what a small claim cost the worker).
+    """
+    res = cur.pgresult
+    if res is None or not (res.nfields or res.status == ExecStatus.TUPLES_OK):
+        return None
+    # The statements of queries.sql name their columns in ASCII.
+    return tuple((res.fname(i) or b"").decode() for i in range(res.nfields))
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One named statement to run and how to read its rows."""
+
+    name: str
+    params: dict[str, Any]
+    decode: Callable[[Rows], T]
+    # Rows in binary: cheaper to load for many rows of numbers and timestamps (claims).
+    binary: bool = False
+
+
+_NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def check_schema_name(schema: str) -> str:
+    """Return `schema` if it is a plain lower-case identifier; raise InvalidInput otherwise."""
+    if not _SCHEMA_NAME.match(schema):
+        raise InvalidInput(f"bad schema name {schema!r}: use lower-case letters, digits and _ (at most 63)")
+    return schema
+
+
+@cache
+def _query_texts() -> dict[str, str]:
+    text = resources.files("jobtui.kernel").joinpath("sql/queries.sql").read_text(encoding="utf-8")
+    parts = _NAME_LINE.split(text)
+    # parts = [preamble, name1, body1, name2, body2, ...]
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in queries:
+            raise RuntimeError(f"queries.sql defines {name!r} twice")
+        queries[name] = body.strip()
+    return queries
+
+
+def query_names() -> list[str]:
+    """The names of every statement in queries.sql."""
+    return list(_query_texts())
+
+
+class Statements:
+    """The named statements of queries.sql, bound to one schema.
+
+    >>> Statements("jobtui")["claim"]  # doctest: +SKIP
+    """
+
+    def __init__(self, schema: str = DEFAULT_SCHEMA) -> None:
+        self.schema = check_schema_name(schema)
+        self._identifier = sql.Identifier(schema)
+        self._compiled: dict[str, sql.SQL] = {}
+
+    @property
+    def channel(self) -> str:
+        """The LISTEN/NOTIFY channel announcing new ready jobs in this schema."""
+        return f"{self.schema}.job"
+
+    def __getitem__(self, name: str) -> sql.SQL:
+        compiled = self._compiled.get(name)
+        if compiled is None:
+            text = _query_texts()[name]
+            # {schema} is the schema, {channel} its LISTEN/NOTIFY channel (an identifier too).
+            channel = sql.Identifier(self.channel)
+            composed = sql.SQL(text).format(schema=self._identifier, channel=channel)  # type: ignore[arg-type,unused-ignore]
+            # Rendered once (the identifier quoted now): executing a plain SQL object costs
+            # one encode, where a Composed would be composed again on every execution.
+            compiled = sql.SQL(composed.as_string(None))  # type: ignore[arg-type,unused-ignore]
+            self._compiled[name] = compiled
+        return compiled
+
+
+@cache
+def statements(schema: str = DEFAULT_SCHEMA) -> Statements:
+    """The shared Statements of `schema`."""
+    return Statements(schema)
+
+
+def run(conn: psycopg.Connection[Any], call: Call[T], schema: str = DEFAULT_SCHEMA) -> T:
+    """Run `call` on `conn` inside whatever transaction the connection is in."""
+    with conn.cursor(binary=call.binary) as cur:
+        cur.execute(statements(schema)[call.name], call.params)
+        names = _names(cur)
+        return call.decode(Rows(cur.fetchall(), names) if names is not None else Rows([], ()))
+
+
+async def arun(conn: psycopg.AsyncConnection[Any], call: Call[T], schema: str = DEFAULT_SCHEMA) -> T:
+    """Async counterpart of `run`."""
+    async with conn.cursor(binary=call.binary) as cur:
+        await cur.execute(statements(schema)[call.name], call.params)
+        names = _names(cur)
+        return call.decode(Rows(await cur.fetchall(), names) if names is not None else Rows([], ()))
+
+
+def resolve_dsn(dsn: str | None = None) -> str | None:
+    """The DSN to use: the given one, else JOBTUI_DSN, else DATABASE_URL, else None."""
+    return dsn or os.environ.get("JOBTUI_DSN") or os.environ.get("DATABASE_URL") or None
+
+
+def describe_dsn(dsn: str) -> str:
+    """The DSN without its password, for messages."""
+    dsn = re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", dsn)
+    # key=value form, and the password parameter of a URI's query.
+    return re.sub(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", r"\1***", dsn)
+
+
+DEFAULT_CONNECT_TIMEOUT = 10
+
+
+def check_dsn(dsn: str) -> str:
+    """`dsn` if it parses as a libpq connection string; InvalidInput saying why otherwise."""
+    try:
+        conninfo_to_dict(dsn)
+    except (psycopg.ProgrammingError, UnicodeEncodeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InvalidInput(
+            f"bad DSN {describe_dsn(dsn)!r} ({first}); write it like postgresql://user@host:5432/dbname"
+        ) from None
+    return dsn
+
+
+def connect_timeout(dsn: str) -> dict[str, Any]:
+    """The default connect timeout, unless the DSN (or PGCONNECT_TIMEOUT) sets its own."""
+    if "connect_timeout" in conninfo_to_dict(check_dsn(dsn)) or os.environ.get("PGCONNECT_TIMEOUT"):
+        return {}
+    return {"connect_timeout": DEFAULT_CONNECT_TIMEOUT}
+
+
+def unavailable(dsn: str, exc: BaseException, *, waited: float | None = None) -> DatabaseUnavailable:
+    """A one-line DatabaseUnavailable for `dsn`, naming the driver's first line of error (or,
+    when a pool had no connection to give, how long the caller waited)."""
+    why = f"no connection within {waited:g}s" if waited is not None else first_line(exc)
+    return DatabaseUnavailable(
+        f"cannot reach PostgreSQL at {describe_dsn(dsn)} ({why}); "
+        "check that the server runs and --dsn / JOBTUI_DSN is right"
+    )
+
+
+# The poolers jobtui knows how to work behind. `transaction` is PgBouncer's pool_mode =
+# transaction: a client holds a server connection only for one transaction, so nothing may
+# outlive a transaction (no session SET, no prepared statement, no LISTEN, no session lock).
+# Session pooling keeps one server connection per client, as a direct connection does.
+POOLERS = ("none", "session", "transaction")
+
+
+def pooler_mode(pooler: str | None = None) -> str:
+    """`pooler`, else JOBTUI_POOLER, else "none": "transaction" or "none" (session pooling is
+    the same as none); InvalidInput saying what to write otherwise."""
+    value = (pooler if pooler is not None else os.environ.get("JOBTUI_POOLER") or "none").strip().lower()
+    if value not in POOLERS:
+        raise InvalidInput(
+            f"bad pooler {value!r}: use --pooler transaction (JOBTUI_POOLER=transaction) behind PgBouncer's "
+            "pool_mode = transaction, or none"
+        )
+    return "transaction" if value == "transaction" else "none"
+
+
+def transaction_pooled(pooler: str | None = None) -> bool:
+    """Whether connections go through a transaction pooler (see pooler_mode)."""
+    return pooler_mode(pooler) == "transaction"
+
+
+def pooler_options(pooler: str | None = None) -> dict[str, Any]:
+    """Connection options for `pooler`: behind a transaction pooler, no statement is
+    prepared (psycopg prepares one after five runs, on a server connection the next
+    transaction may not get)."""
+    return {"prepare_threshold": None} if transaction_pooled(pooler) else {}
+
+
+def connect(dsn: str, *, autocommit: bool = False, pooler: str | None = None, **kwargs: Any) -> psycopg.Connection[Any]:
+    """A new connection, or DatabaseUnavailable with a message that says what to check.
+    `pooler` defaults to JOBTUI_POOLER (see pooler_mode)."""
+    options = {**connect_timeout(dsn), **pooler_options(pooler), **kwargs}
+    try:
+        return psycopg.connect(dsn, autocommit=autocommit, **options)
+    except psycopg.OperationalError as exc:
+        raise unavailable(dsn, exc) from None
+
+
+async def aconnect(
+    dsn: str, *, autocommit: bool = False, pooler: str | None = None, **kwargs: Any
+) -> psycopg.AsyncConnection[Any]:
+    """Async counterpart of `connect`."""
+    options = {**connect_timeout(dsn), **pooler_options(pooler), **kwargs}
+    try:
+        return await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit, **options)
+    except psycopg.OperationalError as exc:
+        raise unavailable(dsn, exc) from None
+
+
+def migrations_dir() -> Path:
+    """The migrations shipped in the wheel, or the repository's own when run from source."""
+    packaged = Path(str(resources.files("jobtui"))) / "migrations"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "migrations"
+
+
+log = logging.getLogger("jobtui.db")
+# Reconnecting waits this long after the first failure, doubling up to the cap: a server
+# that is back is found within about a second, and a fleet of workers probing a server that
+# is down costs it one connection attempt per worker per second.
+FIRST_RECONNECT_DELAY = 0.1
+MAX_RECONNECT_DELAY = 1.0
+
+
+def reconnect_delays() -> Iterator[float]:
+    """The waits between connection attempts: doubling from 0.1 s to 1 s, with jitter."""
+    delay = FIRST_RECONNECT_DELAY
+    while True:
+        # Jitter downwards only, so the cap is a promise: back within a second.
+        yield delay * (0.5 + random.random() / 2)
+        delay = min(delay * 2, MAX_RECONNECT_DELAY)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message, or its class name when it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """Whether `exc` is about reaching the database rather than about a statement: the
+    psycopg OperationalError family (connection loss, admin shutdown, the server starting
+    up, serialization failures and deadlocks among them), a closed connection, an idle
+    session timeout, and DatabaseUnavailable."""
+    return isinstance(
+        exc,
+        (
+            psycopg.OperationalError,
+            psycopg.InterfaceError,
+            psycopg.errors.IdleInTransactionSessionTimeout,
+            DatabaseUnavailable,
+        ),
+    )
+
+
+def wait_for_database(dsn: str, timeout: float, *, what: str = "jobtui") -> psycopg.Connection[Any]:
+    """A connection to `dsn`, trying for up to `timeout` seconds with the reconnect back-off;
+    logs once while it waits. Raises DatabaseUnavailable when the time is up."""
+    deadline = time.monotonic() + timeout
+    delays = reconnect_delays()
+    waited = False
+    while True:
+        try:
+            conn = connect(dsn)
+        except DatabaseUnavailable as exc:
+            delay = next(delays)
+            if time.monotonic() + delay > deadline:
+                raise DatabaseUnavailable(f"{exc} (waited {timeout:.0f}s; --wait-for-db sets how long)") from None
+            if not waited:
+                log.warning("%s: waiting up to %.0fs for PostgreSQL: %s", what, timeout, exc)
+                waited = True
+            time.sleep(delay)
+            continue
+        if waited:
+            log.warning("%s: PostgreSQL answers", what)
+        return conn
+
+
+# Decoders of one-column results: a single column cannot shift.
+
+
+def first_int(rows: Rows) -> int | None:
+    """The first row's only column as an int, or None without rows."""
+    return int(rows[0][0]) if rows else None
+
+
+def int_set(rows: Rows) -> set[int]:
+    return {int(r[0]) for r in rows}
+
+
+def int_list(rows: Rows) -> list[int]:
+    return [int(r[0]) for r in rows]

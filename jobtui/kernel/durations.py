@@ -1,0 +1,42 @@
+"""Durations as people write them: `30`, `30s`, `5m`, `1h30m`, `2d`, `250ms`.
+
+>>> parse_duration("1m30s")
+90.0
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from jobtui.kernel.errors import InvalidInput
+from jobtui.kernel.safetext import quote
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_MAX_SECONDS = 10 * 365 * 86400.0
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in `text`; a bare number is seconds. Raises InvalidInput with an example."""
+    value = text.strip().lower()
+    seconds: float | None = None
+    try:
+        seconds = float(value)
+    except ValueError:
+        pos = 0
+        total = 0.0
+        for match in _PART.finditer(value):
+            if match.start() != pos:
+                break
+            total += float(match.group(1)) * _UNITS[match.group(2)]
+            pos = match.end()
+        if value and pos == len(value):
+            seconds = total
+    if seconds is None or not math.isfinite(seconds):
+        raise InvalidInput(f"bad duration {quote(text)}: write it like 30s, 5m, 1h30m or 250ms")
+    if seconds < 0:
+        raise InvalidInput(f"bad duration {quote(text)}: it must not be negative")
+    if seconds > _MAX_SECONDS:
+        raise InvalidInput(f"bad duration {quote(text)}: at most 10 years")
+    return seconds

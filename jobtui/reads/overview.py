@@ -1,0 +1,167 @@
+"""Each queue and each job type at a glance, for `jobtui queue list`, `jobtui stats`,
+Prometheus and the console's Queues pane, read the way the header reads the backlog.
+
+Up to backlog.READY_EXACT_CAP ready jobs, every figure is counted. Above, counting them on
+every read would cost more the bigger the backlog, so the overview reads the first entries of
+the ready index (and their rows) and nothing more of the ready jobs:
+
+- the oldest due age of a queue or type stays exact when one of its due jobs is among those
+  entries (its first one is its oldest); so does every figure of the due jobs while the last
+  of those entries is delayed (then every due job is among them);
+- the other ready and due figures come from the archiver's newest minute row (counted by queue
+  and by type, once a minute) while it is at most backlog.MINUTE_ROW_FRESH seconds old, else
+  from the planner's statistics, and are marked as estimates (`QueueLine.estimated`), never
+  below what was seen;
+- done in the last minute reads at most the newest READY_EXACT_CAP + 1 done rows; past that,
+  their rate over the seconds they span, an estimate too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from jobtui.kernel.db import Call, Rows, run
+from jobtui.kernel.domain import DEFAULT_SCHEMA
+from jobtui.reads.backlog import MINUTE_ROW_FRESH, PLANNER, READY_EXACT_CAP
+from jobtui.reads.metrics import read_transaction
+
+Row = dict[str, Any]
+LINE_FIELDS = ("kind", "name", "ready", "due", "running", "done_last_minute", "oldest_age", "max_running",
+               "paused_at", "paused_by", "rate", "ramp_until", "rate_now")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLine:
+    """One queue or job type as `jobtui queue list` and the Queues pane show it."""
+
+    kind: str  # "queue" or "type"
+    name: str
+    ready: int
+    due: int
+    running: int
+    done_last_minute: int
+    oldest_age: float | None  # seconds the oldest due job has waited; None with none due
+    max_running: int | None  # the queue's global limit; None: none (types have none)
+    paused_at: datetime | None
+    paused_by: str | None
+    rate: float | None = None  # jobs per second across every worker; None: no rate
+    ramp_until: datetime | None = None  # while a resume's ramp runs, when it ends
+    rate_now: float | None = None  # the rate the claims hold to now (lower during a ramp)
+    # The fields above that are estimates, not counts (shown with `~`): some of ready, due,
+    # oldest_age and done_last_minute.
+    estimated: tuple[str, ...] = ()
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
+
+    @property
+    def ramping(self) -> bool:
+        return self.ramp_until is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    lines: list[QueueLine]
+    counted: bool = True  # every ready job was counted
+    source: str = ""  # where the estimates come from, in words ('' when counted)
+
+
+def _read(rows: Rows) -> list[Row]:
+    return rows.dicts()
+
+
+def overview(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, cap: int = READY_EXACT_CAP) -> Overview:
+    """The queues and types, with their figures counted or estimated (see the module)."""
+    with read_transaction(conn, schema):
+        rows = run(conn, Call("queue_overview", {"cap": cap}, _read), schema)
+        est = (
+            run(conn, Call("queue_overview_estimate", {"schema_name": schema}, _read), schema)[0]
+            if (rows and int(rows[0]["head_rows"]) > cap)
+            else None
+        )
+    lines = [QueueLine(**{f: r[f] for f in LINE_FIELDS}) for r in rows]
+    types = [r for r in rows if r["kind"] == "type"]  # every job read is in exactly one type's line
+    if sum(int(r["done_last_minute"]) for r in types) > cap:
+        # The newest cap + 1 done jobs span fewer than 60 seconds: their rate, per minute.
+        span = max((float(r["done_span"]) for r in types if r["done_span"] is not None), default=60.0)
+        per_minute = 60.0 / max(1.0, span)
+        lines = [
+            replace(q, done_last_minute=round(q.done_last_minute * per_minute), estimated=("done_last_minute",))
+            for q in lines
+        ]
+    if est is None:
+        return Overview(lines)
+    # The age of the newest ready job read (negative: delayed, so every due job was read).
+    newest = min((float(r["newest_age"]) for r in types if r["newest_age"] is not None), default=None)
+    minute_age = None if est["minute_age"] is None else float(est["minute_age"])
+    return _estimated(lines, est, newest, minute_age)
+
+
+def _estimated(lines: list[QueueLine], est: Row, head_last_age: float | None, minute_age: float | None) -> Overview:
+    # Every due job was among the entries read when the last of them is delayed.
+    all_due_seen = head_last_age is not None and head_last_age < 0
+    fresh = minute_age is not None and minute_age <= MINUTE_ROW_FRESH
+    minute: dict[str, dict[str, list[Any]]] = {"queue": est["by_queue"] or {}, "type": est["by_type"] or {}}
+    # Without a fresh row (workers and their archivers away), the planner's size is split in
+    # the shares of the newest row, however old: it describes the backlog better than the
+    # planner's statistics of every status.
+    totals = {kind: sum(int(v[0]) for v in minute[kind].values()) for kind in ("queue", "type")}
+    use_minute = fresh and bool(minute["queue"] or minute["type"])
+    rescale = not fresh and bool(totals["queue"] or totals["type"]) and int(est["index_estimate"] or 0) > 0
+    planner = est["planner"] or {}
+    shares: dict[str, dict[str, float]] = {}
+    for kind in ("queue", "type"):
+        stats = planner.get(kind) or {}
+        shares[kind] = dict(zip(stats.get("values") or [], stats.get("shares") or [], strict=False))
+    index_estimate = int(est["index_estimate"] or 0)
+    seen = {(q.kind, q.name) for q in lines}
+    if use_minute or rescale:
+        for kind in ("queue", "type"):
+            lines += [
+                QueueLine(kind, name, 0, 0, 0, 0, None, None, None, None)
+                for name in minute[kind]
+                if (kind, name) not in seen
+            ]
+    out = []
+    for q in lines:
+        counted = minute[q.kind].get(q.name) if use_minute or rescale else None
+        if counted is not None and rescale:
+            scale = index_estimate / totals[q.kind] if totals[q.kind] else 0.0
+            counted = [round(int(counted[0]) * scale), round(int(counted[1]) * scale), counted[2]]
+        estimated = list(q.estimated)
+        if counted is not None:
+            ready = max(q.ready, int(counted[0]))
+            due = q.due if all_due_seen else max(q.due, int(counted[1]))
+        else:
+            # Not in the archiver's split of its kind (new since): what the probe saw, never the
+            # planner's share of every status, which would give a type of done jobs a backlog.
+            # A kind the row does not split (an archiver of the previous release wrote no
+            # queues) is left to the planner.
+            split = (use_minute or rescale) and bool(minute[q.kind])
+            share = None if split else shares[q.kind].get(q.name)
+            ready = max(q.ready, round(index_estimate * float(share))) if share is not None else q.ready
+            due = q.due if all_due_seen else max(q.due, ready)
+        estimated.append("ready")
+        if not all_due_seen:
+            estimated.append("due")
+        oldest = q.oldest_age
+        if oldest is None and not all_due_seen:
+            # Not among the entries read: its oldest due job is younger than the last of them.
+            estimated.append("oldest_age")
+            if counted is not None and counted[2] is not None and minute_age is not None:
+                oldest = float(counted[2]) + minute_age
+                oldest = oldest if head_last_age is None else min(oldest, head_last_age)
+        out.append(replace(q, ready=ready, due=due, oldest_age=oldest, estimated=tuple(estimated)))
+    out.sort(key=lambda q: (q.kind, q.name))
+    if use_minute:
+        source = f"counted at {est['recorded_at']:%H:%M:%S} UTC by the archiver"
+    elif rescale:
+        source = f"{PLANNER}, split as the archiver counted at {est['recorded_at']:%H:%M:%S} UTC"
+    else:
+        source = "the planner's statistics of the job table"
+    return Overview(out, counted=False, source=source)

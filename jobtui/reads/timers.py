@@ -1,0 +1,114 @@
+"""What runs on a timer, by name: every statement the console sends while it refreshes (its
+panes every second, its drill-downs and job detail every second while open), and those of
+`jobtui stats` (each `--watch` round), `jobtui queue list`, each Prometheus scrape, and the
+claim of the slot every worker keeps for jobtui's own jobs.
+
+None of them may read a number of rows that grows with the ready backlog: an operator opens
+the console during an incident, when the backlog is at its biggest and the database has the
+least to spare. `tests/integration/test_timer_guard.py` runs every one of these paths on a big
+backlog and on a small one, and fails when a statement reads more pages than a fixed bound,
+or when a path sends a statement that is not named here.
+
+The paths read through `watched(conn, schema)`: a connection whose every statement must be
+named in TIMED, so a statement cannot run on a timer without the guard measuring it. To add
+one, add its name to TIMED, with who runs it; that is all the guard needs.
+
+    with watched(connect(dsn, autocommit=True), schema) as conn:
+        snap = metrics.snapshot(conn, schema)
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from jobtui.kernel.db import query_names, statements
+
+# Name in queries.sql -> who runs it on a timer.
+TIMED: dict[str, str] = {
+    # The console's connection, once per connection (and after each reconnect).
+    "console_session": "the console: its statement timeout, and who and where it reads",
+    # The snapshot: stats, the console's header and panes, the Prometheus scrape.
+    "metrics_lock_timeout": "snapshot",
+    "db_now": "snapshot",
+    "metrics_ready": "snapshot: ready jobs by type, counted up to backlog.READY_EXACT_CAP",
+    "metrics_ready_size": "snapshot: the capped count, the oldest age and the planner's estimate",
+    "metrics_minutes": "snapshot: the archiver's minute rows of the last hour",
+    "metrics_running": "snapshot",
+    "metrics_dead": "snapshot",
+    "metrics_done_minutes": "snapshot",
+    "metrics_dead_attempts": "snapshot",
+    "metrics_day": "snapshot",
+    "metrics_lease_expiries": "snapshot",
+    "metrics_lease_expiry_total": "snapshot",
+    "metrics_recent_expiries": "snapshot",
+    "metrics_schedules": "snapshot",
+    "metrics_tables": "snapshot",
+    "metrics_lock_waits": "snapshot",
+    "metrics_oldest_xact": "snapshot",
+    "metrics_recovery": "snapshot",
+    # The queues and types: the Queues pane, `queue list`, `stats`, the scrape (overview.py).
+    "queue_overview": "queue overview: counted up to backlog.READY_EXACT_CAP",
+    "queue_overview_estimate": "queue overview above the cap: the archiver's minute row, the planner",
+    "queue_flow_recent": "the drain forecast: the archiver's flow spans of the last minutes (snapshot, queue list)",
+    # The console's lists.
+    "list_running": "console: the Running pane's page",
+    "check_regex": "console: the filter, checked",
+    "dead_matching": "console: the dead groups the filter matches; a group's ids before a requeue",
+    "list_ready": "console: a type's ready jobs (drill-down)",
+    "list_dead_group": "console: a dead group's jobs (drill-down)",
+    "get_job": "console: one job explained (detail)",
+    # Every worker, every poll, whatever queues it serves.
+    "claim_builtin": "worker: the slot for jobtui's own jobs (the archiver's), through their own index",
+}
+
+
+class UnlistedStatement(RuntimeError):
+    """A statement sent on a timer that TIMED does not name: a defect of jobtui, not of the data."""
+
+
+@cache
+def _names(schema: str) -> dict[str, str]:
+    """Each statement's text as sent on `schema`, to its name."""
+    stmts = statements(schema)
+    return {stmts[name].as_string(None): name for name in query_names()}
+
+
+def statement_name(query: Any, schema: str) -> str | None:
+    """The queries.sql name of `query` as sent on `schema`, or None for text of elsewhere."""
+    text = query.as_string(None) if isinstance(query, sql.SQL) else query if isinstance(query, str) else None
+    return None if text is None else _names(schema).get(text)
+
+
+_cursors: dict[tuple[str, type[psycopg.Cursor[Any]]], type[psycopg.Cursor[Any]]] = {}
+
+
+def _cursor(schema: str, base: type[psycopg.Cursor[Any]]) -> type[psycopg.Cursor[Any]]:
+    """A cursor class like `base` that refuses what TIMED does not name (one per schema and base)."""
+    made = _cursors.get((schema, base))
+    if made is not None:
+        return made
+
+    class TimedCursor(base):  # type: ignore[valid-type,misc]
+        """Refuses a statement that TIMED does not name."""
+
+        def execute(self, query: sql.Composable | bytes | str, params: Any = None, **kwargs: Any) -> Any:
+            name = statement_name(query, schema)
+            if name not in TIMED:
+                raise UnlistedStatement(
+                    f"statement {name or str(query)[:40]!r} runs on a timer but jobtui.reads.timers.TIMED"
+                    " does not name it; add it there, and the timer guard measures it"
+                )
+            return super().execute(query, params, **kwargs)
+
+    _cursors[(schema, base)] = TimedCursor
+    return TimedCursor
+
+
+def watched(conn: psycopg.Connection[Any], schema: str) -> psycopg.Connection[Any]:
+    """`conn`, from now on refusing any statement TIMED does not name."""
+    conn.cursor_factory = _cursor(statements(schema).schema, conn.cursor_factory)
+    return conn

@@ -1,0 +1,2 @@
+"""What a running worker serves besides jobs: the metrics port and its probes, Prometheus
+text, and systemd's notifications."""
