@@ -244,7 +244,7 @@ class WebConsole:
     def console_command(self, session: Session) -> list[str]:
         """The console of `jobtui`, as this user gets it: acting as them, read-only unless an
         operator."""
-        argv = [self.config.python, "-m", "jobtui.web.child", *self.config.console_options]
+        argv = [self.config.python, "-m", "jobtui.cli.webconsole", *self.config.console_options]
         argv += ["--actor", f"web:{session.user}"]
         if self.role(session) != "operator":
             argv.append("--read-only")

@@ -1,4 +1,4 @@
-"""A web console's process: `python -m jobtui.web.child [jobtui options]`.
+"""A web console's process: `python -m jobtui.cli.webconsole [jobtui options]`.
 
 It runs the console of `jobtui` as the command line would (the same app, its panes, keys and
 read-only mode), on the web driver that `jobtui serve` sets in TEXTUAL_DRIVER, and ends when
