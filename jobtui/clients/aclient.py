@@ -11,26 +11,24 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from jobtui.clients.client import (
+from jobtui.clients.base import (
     DEFAULT_CLIENT_TIMEOUT,
-    _client_settings,
-    _queue_for,
-    _reachable,
-    _with_queues,
+    ClientBase,
     check_schema,
+    job_filter,
     migrate_schema,
-    search_filter,
+    reachable,
 )
 from jobtui.core.adapters import async_connection
-from jobtui.core.middleware import EnqueueHook, as_hook, entered
-from jobtui.core.queue import aenqueue, aenqueue_many, enqueue_call
+from jobtui.core.middleware import EnqueueHook, entered
+from jobtui.core.queue import EnqueueOptions, aenqueue, aenqueue_many
 from jobtui.core.registry import Jobs
-from jobtui.kernel.db import Call, arun, connect_timeout, pooler_mode, pooler_options, unavailable
+from jobtui.kernel.db import Call, arun, unavailable
 from jobtui.kernel.domain import DEFAULT_SCHEMA, NewJob
 from jobtui.kernel.jobfilter import JobFilter
 from jobtui.reads.jobquery import JobCount, JobSummary, SearchResult, aquery, asearch, counts_call, jobs_call
@@ -38,7 +36,7 @@ from jobtui.reads.jobquery import JobCount, JobSummary, SearchResult, aquery, as
 T = TypeVar("T")
 
 
-class AsyncQueue:
+class AsyncQueue(ClientBase):
     """The asyncio client for enqueueing from async applications.
 
     queue = jobtui.AsyncQueue(dsn)
@@ -56,23 +54,22 @@ class AsyncQueue:
         pooler: str | None = None,
         jobs: Jobs | None = None,
     ) -> None:
-        self.dsn, self.schema, self.timeout = _client_settings(dsn, schema, timeout)
-        self.pooler = pooler_mode(pooler)  # see db.pooler_mode
-        # With a registry, a job enqueued without a queue goes to its handler's declared one.
-        self.registry = jobs
-        self._max_connections = max_connections
-        # As Queue's: sync hooks, run on the loop around each insert.
-        self.middleware: list[EnqueueHook] = [as_hook(m) for m in middleware]
+        super().__init__(
+            dsn,
+            schema=schema,
+            max_connections=max_connections,
+            timeout=timeout,
+            middleware=middleware,
+            pooler=pooler,
+            jobs=jobs,
+        )
         self._pool: AsyncConnectionPool[Any] | None = None
 
     async def _get_pool(self) -> AsyncConnectionPool[Any]:
         if self._pool is None:
             self._pool = AsyncConnectionPool(
                 self.dsn,
-                min_size=1,
-                max_size=self._max_connections,
-                open=False,
-                kwargs={**connect_timeout(self.dsn), **pooler_options(self.pooler)},
+                **self._pool_options(),
                 check=AsyncConnectionPool.check_connection,  # see Queue
             )
             await self._pool.open(wait=False)
@@ -111,7 +108,7 @@ class AsyncQueue:
                         with contextlib.suppress(psycopg.Error):  # a broken connection is discarded anyway
                             await pooled.set_autocommit(False)
                 except psycopg.OperationalError as exc:
-                    if _reachable(pooled):
+                    if reachable(pooled):
                         raise
                     raise unavailable(self.dsn, exc) from None
         except PoolTimeout as exc:
@@ -138,12 +135,11 @@ class AsyncQueue:
         payload: dict[str, Any] | None = None,
     ) -> list[JobSummary]:
         """See `Queue.jobs`."""
+        filt = job_filter(status, type, queue, since, payload)
         if payload is not None:
-            found = await self.search(
-                search_filter(status, type, queue, since, payload), error=error, limit=limit, before=before
-            )
+            found = await self.search(filt, error=error, limit=limit, before=before)
             return found.jobs
-        call = jobs_call(status=status, type=type, queue=queue, since=since, error=error, limit=limit, before=before)
+        call = jobs_call(filt, error=error, limit=limit, before=before)
         result: list[JobSummary] = await self._with_conn(None, lambda c: aquery(c, call, self.schema))
         return result
 
@@ -164,7 +160,7 @@ class AsyncQueue:
         queue: str | None = None,
     ) -> list[JobCount]:
         """See `Queue.counts`."""
-        return await self.run(counts_call(status=status, type=type, queue=queue))
+        return await self.run(counts_call(job_filter(status, type, queue)))
 
     async def count(
         self,
@@ -180,26 +176,13 @@ class AsyncQueue:
         return await self._with_conn(conn, lambda c: arun(c, call, self.schema))
 
     async def enqueue(
-        self,
-        job_type: str,
-        payload: Any = None,
-        *,
-        key: str | None = None,
-        delay: float = 0.0,
-        run_at: Any = None,
-        max_attempts: int | None = None,
-        queue: str | None = None,
-        conn: object | None = None,
+        self, job_type: str, payload: Any = None, *, conn: object | None = None, **options: Unpack[EnqueueOptions]
     ) -> int:
-        """Insert one job into `queue` (None: its handler's declared queue, see `jobs`, else
-        the default one) and return its id; a key that exists returns the existing job's id."""
-        new = NewJob(job_type, payload, key, delay, max_attempts, queue=_queue_for(self.registry, job_type, queue))
-        with entered(self.middleware, [new]) as (job,):
-            call = enqueue_call(job.type, job.payload, key=job.key, delay=job.delay, run_at=run_at,
-                                max_attempts=job.max_attempts, meta=job.meta, queue=job.queue)  # fmt: skip
+        """See `Queue.enqueue`."""
+        with self._enqueue_entered(job_type, payload, options) as call:
             return await self._with_conn(conn, lambda c: aenqueue(c, call, self.schema), autocommit=conn is None)
 
     async def enqueue_many(self, jobs: Iterable[NewJob], *, conn: object | None = None) -> list[int]:
         """Insert many jobs in one statement (COPY for large batches); ids in input order."""
-        with entered(self.middleware, _with_queues(self.registry, jobs)) as batch:
+        with entered(self.middleware, self._with_queues(jobs)) as batch:
             return await self._with_conn(conn, lambda c: aenqueue_many(c, batch, self.schema))

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from operator import itemgetter
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar, Unpack
 
 import psycopg
 from psycopg.rows import TupleRow
@@ -73,25 +73,36 @@ def _leases(leases: Sequence[Lease]) -> dict[str, Any]:
     return {"ids": _bigints([lease.job_id for lease in leases]), "tokens": _bigints([lease.token for lease in leases])}
 
 
+class EnqueueOptions(TypedDict, total=False):
+    """The options of one enqueue: the keyword arguments of `enqueue_call`, `Queue.enqueue` and
+    `AsyncQueue.enqueue`. Left out: no idempotency key, no delay, run at once, the handler's
+    max_attempts, and the handler's declared queue (`Queue(jobs=...)`), else DEFAULT_QUEUE."""
+
+    key: str | None
+    delay: float  # seconds from now
+    run_at: Any  # a datetime, instead of a delay
+    max_attempts: int | None
+    queue: str | None
+
+
+ENQUEUE_OPTIONS = frozenset(EnqueueOptions.__annotations__)
+
+
 def enqueue_call(
-    job_type: str,
-    payload: Any = None,
-    *,
-    key: str | None = None,
-    delay: float = 0.0,
-    run_at: Any = None,
-    max_attempts: int | None = None,
-    meta: Mapping[str, Any] | None = None,
-    queue: str | None = None,
+    job_type: str, payload: Any = None, *, meta: Mapping[str, Any] | None = None, **options: Unpack[EnqueueOptions]
 ) -> Call[int | None]:
+    unknown = options.keys() - ENQUEUE_OPTIONS
+    if unknown:
+        raise TypeError(f"enqueue got an unexpected keyword argument {min(unknown)!r}")
+    queue = options.get("queue")
     params = {
         "queue": check_queue(DEFAULT_QUEUE if queue is None else queue),
         "type": check_type(job_type),
         "payload": encode_payload(payload),
-        "key": check_key(key),
-        "delay": check_delay(delay),
-        "run_at": check_run_at(run_at),
-        "max_attempts": check_max_attempts(max_attempts),
+        "key": check_key(options.get("key")),
+        "delay": check_delay(options.get("delay", 0.0)),
+        "run_at": check_run_at(options.get("run_at")),
+        "max_attempts": check_max_attempts(options.get("max_attempts")),
         "meta": _meta(meta),
     }
     return Call("enqueue", params, first_int)

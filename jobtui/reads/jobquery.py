@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from jobtui.kernel.checks import check_queue, check_run_at, check_text
+from jobtui.kernel.checks import check_text
 from jobtui.kernel.db import Call, Rows, arun, run
 from jobtui.kernel.domain import DEFAULT_SCHEMA, JobStatus
 from jobtui.kernel.errors import InvalidInput, JobtuiError
@@ -55,29 +55,12 @@ class JobCount:
     jobs: int
 
 
-def _statuses(status: str | Sequence[str] | None) -> list[str] | None:
-    if status is None:
-        return None
-    chosen = [status] if isinstance(status, str) else list(status)
-    try:
-        return [JobStatus(s).value for s in chosen]
-    except ValueError:
-        known = ", ".join(s.value for s in JobStatus)
-        raise InvalidInput(f"unknown status in {quote(status)}: use {known}") from None
-
-
-def _texts(value: str | Sequence[str] | None, what: str) -> list[str] | None:
-    if value is None:
-        return None
-    return [check_text(v, what) for v in ([value] if isinstance(value, str) else value)]
-
-
-def _filters(status: Any, type: Any, queue: str | None) -> dict[str, Any]:
-    return {
-        "statuses": _statuses(status),
-        "types": _texts(type, "job type"),
-        "queue": None if queue is None else check_queue(queue),
-    }
+def _filters(filt: JobFilter) -> dict[str, Any]:
+    """The parameters of jobs_page and jobs_count: a JobFilter of statuses, types, queue and since."""
+    unread = [f for f in ("error", "payload", "older_than", "newer_than") if getattr(filt, f) is not None]
+    if unread:
+        raise ValueError(f"the job query does not filter by {', '.join(unread)}: use search()")
+    return {"statuses": list(filt.statuses) or None, "types": list(filt.types) or None, "queue": filt.queue}
 
 
 def _summaries(rows: Rows) -> list[JobSummary]:
@@ -85,22 +68,15 @@ def _summaries(rows: Rows) -> list[JobSummary]:
 
 
 def jobs_call(
-    *,
-    status: str | Sequence[str] | None = None,
-    type: str | Sequence[str] | None = None,
-    queue: str | None = None,
-    since: datetime | None = None,
-    error: str | None = None,
-    limit: int = 100,
-    before: int | None = None,
+    filt: JobFilter, *, error: str | None = None, limit: int = 100, before: int | None = None
 ) -> Call[list[JobSummary]]:
-    """Jobs matching every filter given, newest (highest id) first, at most `limit`, with
-    ids below `before` (the last id of the page before). `since`: created at or after it;
-    `error`: a regular expression their last error matches."""
+    """Jobs of `filt` (its statuses, types, queue and `since`: created at or after it),
+    newest (highest id) first, at most `limit`, with ids below `before` (the last id of the
+    page before). `error`: a regular expression their last error matches."""
     _check_page(limit, before)
     params = {
-        **_filters(status, type, queue),
-        "since": check_run_at(since),
+        **_filters(filt),
+        "since": filt.since,
         "error": None if error is None else check_text(error, "error pattern"),
         "before": before,
         "limit": limit,
@@ -115,12 +91,13 @@ def _check_page(limit: int, before: int | None) -> None:
         raise InvalidInput(f"bad before {quote(before)}: give the id of the last job of the page before")
 
 
-def counts_call(
-    *, status: str | Sequence[str] | None = None, type: str | Sequence[str] | None = None, queue: str | None = None
-) -> Call[list[JobCount]]:
-    """How many jobs there are now, by status and type, among those matching the filters."""
+def counts_call(filt: JobFilter) -> Call[list[JobCount]]:
+    """How many jobs there are now, by status and type, among those of `filt` (its statuses,
+    types and queue)."""
+    if filt.since is not None:
+        raise ValueError("the job counts do not filter by since")
     decode = lambda rows: [JobCount(JobStatus(d["status"]), d["type"], d["jobs"]) for d in rows.dicts()]  # noqa: E731
-    return Call("jobs_count", _filters(status, type, queue), decode)
+    return Call("jobs_count", _filters(filt), decode)
 
 
 def _bad_pattern(call: Call[Any], exc: psycopg.errors.InvalidRegularExpression) -> InvalidInput:

@@ -7,13 +7,15 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
 from jobtui.clients.client import Queue
 from jobtui.core import scheduler as schedules
+from jobtui.core.audit import Audit, Change, Recorded, operate
 from jobtui.core.queue import get_job_call
 from jobtui.kernel.db import Call, Rows, connect, pooler_mode, run
 from jobtui.kernel.domain import JobRow
@@ -37,6 +39,8 @@ WAIT_FOR_CONNECTION = 2.0
 GIVE_UP_AFTER = STATEMENT_TIMEOUT + 3.0
 # TCP keepalives, so that a server that vanished (a host gone, a cable cut) ends the read.
 KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3}
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +225,8 @@ class DataSource:
 
 
 class Actions:
-    """Operator actions; each writes its audit row in the same transaction."""
+    """Operator actions; each runs with its audit row in one transaction (core/audit.operate):
+    the job actions through the client's, the schedule actions here."""
 
     def __init__(self, dsn: str, schema: str, actor: str) -> None:
         self.dsn = dsn
@@ -243,16 +248,28 @@ class Actions:
         return len(self._queue.cancel([job_id], actor=self.actor))
 
     def pause_schedule(self, name: str) -> bool:
-        with connect(self.dsn, autocommit=True) as conn:
-            return schedules.pause(conn, name, self.schema, actor=self.actor)
+        return self._operate(lambda c: schedules.pause(c, name, self.schema), "schedule-pause", name, _flipped)
 
     def resume_schedule(self, name: str) -> bool:
-        with connect(self.dsn, autocommit=True) as conn:
-            return schedules.resume(conn, name, self.schema, actor=self.actor)
+        return self._operate(lambda c: schedules.resume(c, name, self.schema), "schedule-resume", name, _flipped)
 
     def run_schedule_now(self, name: str) -> int:
+        return self._operate(lambda c: schedules.run_now(c, name, self.schema), "schedule-run-now", name, _enqueued)
+
+    def _operate(self, change: Change[T], action: str, name: str, recorded: Callable[[T], Recorded]) -> T:
+        """A schedule's change (run without an actor, so unaudited by the scheduler) and its
+        audit row, on a connection of its own."""
         with connect(self.dsn, autocommit=True) as conn:
-            return schedules.run_now(conn, name, self.schema, actor=self.actor)
+            return operate(conn, change, Audit(self.actor, action, f"schedule {name}"), recorded, self.schema)
 
     def close(self) -> None:
         self._queue.close()
+
+
+def _flipped(changed: bool) -> Recorded:
+    """A pause or a resume: one row when it changed the schedule, none when it was so already."""
+    return Recorded(int(changed))
+
+
+def _enqueued(job_id: int) -> Recorded:
+    return Recorded(1, [job_id])

@@ -1,0 +1,137 @@
+"""What `Queue` (client.py) and `AsyncQueue` (aclient.py) share: their settings and checks,
+the options of their pools, and how their arguments become a `JobFilter` or an enqueue `Call`.
+Only the running differs: on a sync pool or an async one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from jobtui.core.middleware import EnqueueHook, as_hook, entered
+from jobtui.core.queue import EnqueueOptions, enqueue_call
+from jobtui.core.registry import Jobs
+from jobtui.kernel import migrate
+from jobtui.kernel.db import (
+    Call,
+    check_dsn,
+    connect,
+    connect_timeout,
+    pooler_mode,
+    pooler_options,
+    resolve_dsn,
+    statements,
+)
+from jobtui.kernel.domain import DEFAULT_SCHEMA, NewJob
+from jobtui.kernel.errors import InvalidInput
+from jobtui.kernel.jobfilter import JobFilter
+
+# How long a client call waits for a connection while the database is away, by default.
+DEFAULT_CLIENT_TIMEOUT = 10.0
+
+
+def client_settings(dsn: str | None, schema: str, timeout: float) -> tuple[str, str, float]:
+    """The checked DSN, schema and timeout of a Queue or AsyncQueue."""
+    resolved = resolve_dsn(dsn)
+    if resolved is None:
+        raise InvalidInput("no database given: pass a DSN or set JOBTUI_DSN")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
+        raise InvalidInput(f"bad timeout {timeout!r}: give seconds, more than 0 and at most 3600")
+    return check_dsn(resolved), statements(schema).schema, float(timeout)
+
+
+def migrate_schema(dsn: str | None = None, schema: str = DEFAULT_SCHEMA, pooler: str | None = None) -> list[str]:
+    """Create or upgrade jobtui's schema at `dsn` (JOBTUI_DSN when None), for code that
+    deploys itself; safe to race. The names of the migrations applied."""
+    dsn, schema, _ = client_settings(dsn, schema, DEFAULT_CLIENT_TIMEOUT)
+    with connect(dsn, autocommit=True, pooler=pooler_mode(pooler)) as conn:
+        return [f"{m.version:04d}_{m.name}" for m in migrate.migrate(conn, schema)]
+
+
+def check_schema(dsn: str | None = None, schema: str = DEFAULT_SCHEMA, pooler: str | None = None) -> int:
+    """The schema's version; SchemaNotMigrated when it is missing or older than this code."""
+    dsn, schema, _ = client_settings(dsn, schema, DEFAULT_CLIENT_TIMEOUT)
+    with connect(dsn, pooler=pooler_mode(pooler)) as conn:
+        return migrate.check(conn, schema)
+
+
+def reachable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the connection still works after an error (the error was the statement's)."""
+    return not (conn.closed or conn.broken)
+
+
+def job_filter(
+    status: str | Sequence[str] | None,
+    type: str | Sequence[str] | None,
+    queue: str | None,
+    since: datetime | None = None,
+    payload: dict[str, Any] | None = None,
+) -> JobFilter:
+    """The filter keywords of `jobs()`, `counts()` and `count()` as one checked JobFilter."""
+
+    def many(value: str | Sequence[str] | None) -> tuple[str, ...]:
+        # str() turns a JobStatus into its value, as the statements compare it.
+        return () if value is None else (str(value),) if isinstance(value, str) else tuple(str(v) for v in value)
+
+    return JobFilter(statuses=many(status), types=many(type), queue=queue, since=since, payload=payload)
+
+
+class ClientBase:
+    """The settings of a client; the pool and the running are its subclass's."""
+
+    def __init__(
+        self,
+        dsn: str | None,
+        *,
+        schema: str,
+        max_connections: int,
+        timeout: float,
+        middleware: Sequence[EnqueueHook],
+        pooler: str | None,
+        jobs: Jobs | None,
+    ) -> None:
+        self.dsn, self.schema, self.timeout = client_settings(dsn, schema, timeout)
+        self.pooler = pooler_mode(pooler)  # see db.pooler_mode
+        # With a registry, a job enqueued without a queue goes to its handler's declared one.
+        self.registry = jobs
+        self._max_connections = max_connections
+        # Around every enqueue, in order (middleware.py); generator functions are made hooks.
+        # AsyncQueue runs these sync hooks on its loop.
+        self.middleware: list[EnqueueHook] = [as_hook(m) for m in middleware]
+
+    def _pool_options(self) -> dict[str, Any]:
+        """The options of the client's pool, sync or async alike."""
+        return {
+            "min_size": 1,
+            "max_size": self._max_connections,
+            "open": False,
+            "kwargs": {**connect_timeout(self.dsn), **pooler_options(self.pooler)},
+        }
+
+    def _queue_for(self, job_type: str, queue: str | None) -> str | None:
+        return self.registry.queue_of(job_type) if queue is None and self.registry is not None else queue
+
+    def _with_queues(self, jobs: Iterable[NewJob]) -> list[NewJob]:
+        """The jobs, each without a queue given its handler's declared one."""
+        if self.registry is None:
+            return list(jobs)
+        return [j if j.queue is not None else replace(j, queue=self.registry.queue_of(j.type)) for j in jobs]
+
+    @contextmanager
+    def _enqueue_entered(self, job_type: str, payload: Any, options: EnqueueOptions) -> Iterator[Call[int | None]]:
+        """The insert of one job, inside the enqueue hooks (which see its exception, if any)."""
+        queue = self._queue_for(job_type, options.get("queue"))
+        if not self.middleware:
+            resolved: EnqueueOptions = {**options, "queue": queue}
+            yield enqueue_call(job_type, payload, **resolved)
+            return
+        new = NewJob(job_type, payload, options.get("key"), options.get("delay", 0.0), options.get("max_attempts"),
+                     queue=queue)  # fmt: skip
+        with entered(self.middleware, [new]) as (job,):
+            yield enqueue_call(job.type, job.payload, key=job.key, delay=job.delay, run_at=options.get("run_at"),
+                               max_attempts=job.max_attempts, meta=job.meta, queue=job.queue)  # fmt: skip
