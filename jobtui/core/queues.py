@@ -3,7 +3,7 @@ levers during an incident (their figures are in overview.py).
 
 A pause, a limit or a rate is a row of `queue_control` that every worker's claim statement reads
 itself (queries.sql, claim), so it holds on every worker from its next claim and across
-restarts. Each change writes its audit row in the same transaction.
+restarts. Each change runs with its audit row in one transaction (`audit.operate`).
 
     with connect(dsn) as conn:
         pause(conn, "queue", "emails", actor="alice@host")
@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 import psycopg
 
-from jobtui.core.audit import record_audit
+from jobtui.core.audit import Audit, Recorded, operate
 from jobtui.kernel.checks import check_queue, check_text, check_type
-from jobtui.kernel.db import Call, run, statements
+from jobtui.kernel.db import Call, statements
 from jobtui.kernel.domain import DEFAULT_SCHEMA
 from jobtui.kernel.errors import InvalidInput
 from jobtui.kernel.rates import check_rate
@@ -45,10 +45,10 @@ def check_limit(limit: int | None) -> int | None:
 def pause(conn: psycopg.Connection[Any], kind: Kind, name: str, *, actor: str, schema: str = DEFAULT_SCHEMA) -> bool:
     """Pause queue or type `name` on every worker; False when it was paused already. Audited."""
     params = {"kind": kind, "name": check_name(kind, name), "actor": check_text(actor, "actor")}
-    with conn.transaction():
-        changed = bool(run(conn, Call("queue_pause", params, len), schema))
-        record_audit(conn, actor, f"{kind}-pause", f"{kind} {name}", int(changed), schema=schema)
-    return changed
+    call = Call("queue_pause", params, lambda rows: bool(len(rows)))
+    return operate(
+        conn, call, Audit(actor, f"{kind}-pause", f"{kind} {name}"), lambda changed: Recorded(int(changed)), schema
+    )
 
 
 MAX_RAMP = 86_400.0
@@ -78,17 +78,20 @@ def resume(
         "channel": statements(schema).channel,
         "ramp": check_ramp(ramp),
     }
-    with conn.transaction():
-        changed = bool(run(conn, Call("queue_resume", params, len), schema))
-        detail = {"ramp_seconds": ramp} if ramp is not None else None
-        record_audit(conn, actor, f"{kind}-resume", f"{kind} {name}", int(changed), detail=detail, schema=schema)
-    return changed
+    detail = {"ramp_seconds": ramp} if ramp is not None else None
+    call = Call("queue_resume", params, lambda rows: bool(len(rows)))
+    audit = Audit(actor, f"{kind}-resume", f"{kind} {name}")
+    return operate(conn, call, audit, lambda changed: Recorded(int(changed), detail=detail), schema)
 
 
 @dataclass(frozen=True, slots=True)
 class LimitChange:
     changed: bool
     was: int | None  # the limit found: the one replaced, or (not changed) the one set meanwhile
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> LimitChange:
+        return cls(bool(row["changed"]), row["was"])
 
 
 def set_limit(
@@ -114,18 +117,24 @@ def set_limit(
         "actor": check_text(actor, "actor"),
         "channel": statements(schema).channel,
     }
-    with conn.transaction():
-        found = run(conn, Call("queue_limit", params, lambda r: r.dicts()), schema)[0]
-        change = LimitChange(bool(found["changed"]), found["was"])
-        detail = {"limit": limit, "was": change.was}
-        record_audit(conn, actor, "queue-limit", f"queue {name}", int(change.changed), detail=detail, schema=schema)
-    return change
+    call = Call("queue_limit", params, lambda rows: LimitChange.of(rows.dicts()[0]))
+    return operate(
+        conn,
+        call,
+        Audit(actor, "queue-limit", f"queue {name}"),
+        lambda change: Recorded(int(change.changed), detail={"limit": limit, "was": change.was}),
+        schema,
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class RateChange:
     changed: bool
     was: float | None
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> RateChange:
+        return cls(bool(row["changed"]), row["was"])
 
 
 def set_rate(
@@ -151,9 +160,11 @@ def set_rate(
         "actor": check_text(actor, "actor"),
         "channel": statements(schema).channel,
     }
-    with conn.transaction():
-        [row] = run(conn, Call("queue_rate", params, lambda r: r.dicts()), schema)
-        change = RateChange(bool(row["changed"]), row["was"])
-        detail = {"rate_per_second": rate, "was": change.was}
-        record_audit(conn, actor, f"{kind}-rate", f"{kind} {name}", int(change.changed), detail=detail, schema=schema)
-    return change
+    call = Call("queue_rate", params, lambda rows: RateChange.of(rows.dicts()[0]))
+    return operate(
+        conn,
+        call,
+        Audit(actor, f"{kind}-rate", f"{kind} {name}"),
+        lambda change: Recorded(int(change.changed), detail={"rate_per_second": rate, "was": change.was}),
+        schema,
+    )
