@@ -24,13 +24,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui.cli.run import WORKER_GC_THRESHOLD
 from jobtui.core.queue import enqueue as enqueue_job
 from jobtui.core.queue import enqueue_call, get_job_call
 from jobtui.core.registry import Job, Jobs, Retry
 from jobtui.kernel.db import run
 from jobtui.kernel.domain import JobRow, JobStatus
 from jobtui.worker import Worker
+from jobtui.worker.config import GC_THRESHOLD as WORKER_GC_THRESHOLD
 from tests.integration.conftest import Spawn
 from tests.workers import wait_for
 
