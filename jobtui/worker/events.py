@@ -5,9 +5,10 @@ sleeping and hoping.
     queue.enqueue(...)
     await seen.wait(10)                                        # TimeoutError naming what is missing
 
-The parts tell every event (`claimed`, `heartbeat`, `completed`, `failed`, `released`, `lost`,
-`reaped`, each with job ids), but only after checking `watched`: with nobody waiting, telling
-costs one attribute read in the claim and outcome paths. Not public API.
+The parts tell every event (`claimed`, `idle`, `heartbeat`, `completed`, `failed`, `dead`,
+`released`, `lost`, `reap round`, `reaped`, each with job ids), but only after checking
+`watched`: with nobody waiting, telling costs one attribute read in the claim and outcome
+paths. Not public API.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Expectation:
         self.left = count
         self.seen: list[int] = []  # the ids the awaited events carried
         self._done = threading.Event()  # the worker may run on a loop in another thread
+        self._futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     def _saw(self, kind: str, ids: Iterable[int]) -> None:
         if kind != self.kind:
@@ -55,6 +57,8 @@ class Expectation:
         if done:
             self._events.forget(self)
             self._done.set()
+            for loop, future in self._futures:
+                loop.call_soon_threadsafe(_settle, future)
 
     @property
     def done(self) -> bool:
@@ -69,14 +73,27 @@ class Expectation:
 
     async def wait(self, timeout: float) -> list[int]:
         """`wait_blocking` for a coroutine: the worker's loop goes on meanwhile."""
-        if not self._done.is_set():
-            await asyncio.to_thread(self._done.wait, timeout)
-        return self.wait_blocking(0)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._futures.append((loop, future))
+        if self._done.is_set():  # done before the future was there to be told
+            _settle(future)
+        try:
+            await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            self._events.forget(self)
+            raise TimeoutError(self._why(timeout)) from None
+        return self.seen
 
     def _why(self, timeout: float) -> str:
         if self.missing is not None:
             return f"no {self.kind!r} event for job(s) {sorted(self.missing)} within {timeout}s"
         return f"{self.left} {self.kind!r} event(s) still missing after {timeout}s"
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class Events:

@@ -429,6 +429,8 @@ class Worker(Flights):
         return backoff_delay(job.attempt, handler.backoff, self._rng)
 
     def _job_died(self, outcome: FailOutcome) -> None:
+        if self.events.watched:
+            self.events.tell("dead", (outcome.job_id,))
         (self.builtin_counts if outcome.type == ARCHIVE_TYPE else self.counts)["dead"] += 1
         log.error(
             "job %d (%s) is dead after %d of %d attempts",

@@ -16,8 +16,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from jobtui.kernel.db import run
 from jobtui.kernel.domain import JobRow, JobStatus
 from jobtui.worker import Worker
 from jobtui.worker.config import GC_THRESHOLD as WORKER_GC_THRESHOLD
+from jobtui.worker.events import Expectation
 from tests.integration.conftest import Spawn
 from tests.workers import wait_for
 
@@ -248,8 +251,10 @@ def test_notify_wakes_an_idle_worker(db: Conn, spawn: Spawn) -> None:
         "the worker to LISTEN",
         w.log,
     )
+    after = None  # the last claim that found a job began then
     for n in range(2):
-        time.sleep(1.0)  # idle: the claim loop now waits for a notification or the 30s poll
+        # Idle: the claim loop found nothing and now waits for a notification or the poll.
+        wait_for(lambda: _claim_idle(db, after), 10, "the worker idle", w.log)  # noqa: B023
         enqueued = time.monotonic()
         job_id = enqueue(db, "effect_async", {"key": f"k-wake-{n}"})
         wait_for(lambda: get(db, job_id).status == JobStatus.DONE, 10, "the job done", w.log)  # noqa: B023
@@ -258,6 +263,24 @@ def test_notify_wakes_an_idle_worker(db: Conn, spawn: Spawn) -> None:
         assert row.started_at is not None and row.created_at is not None
         started_after = (row.started_at - row.created_at).total_seconds()
         assert started_after < 1.0 and latency < 2.0, (started_after, latency)
+        after = row.started_at
+
+
+# The starts of the texts of the statements of the claim connection: the claim and reaping
+# (their comments from queries.sql).
+CLAIM_TEXTS = ("-- Up to `limit` ready jobs of the given types", "-- Running jobs whose lease expired")
+
+
+def _claim_idle(db: Conn, after: datetime | None) -> bool:
+    """Whether the worker's claim connection waits, its last statement begun later than
+    `after`. The claim that took a job began at the job's started_at (its now()); a claim
+    after it is the one that found nothing (the loop claims again once the handler ended)."""
+    row = db.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state = 'idle'"
+        " AND (starts_with(query, %s) OR starts_with(query, %s)) AND (%s::timestamptz IS NULL OR query_start > %s)",
+        (*CLAIM_TEXTS, after, after),
+    ).fetchone()
+    return row is not None and row[0] == 1
 
 
 def test_a_worker_deleting_on_complete_keeps_keyed_jobs_and_failures(db: Conn, spawn: Spawn) -> None:
@@ -353,16 +376,18 @@ def test_handler_exceptions_and_timeouts(db: Conn, spawn: Spawn) -> None:
 # -- in process -----------------------------------------------------------------------------
 
 
-async def run_until(worker: Worker, finished: Callable[[], bool], state: Callable[[], object]) -> None:
-    """Run `worker` in this loop until `finished()` (at most 15 s; `state()` says where the
-    jobs were), then stop it and wait for it."""
-    task = asyncio.create_task(worker.run())
+async def run_until(worker: Worker, awaited: list[Expectation], state: Callable[[], object]) -> None:
+    """Run `worker` in this loop until every event `awaited` came (at most 15 s; `state()`
+    says where the jobs were), then stop it and wait for it."""
+    task: asyncio.Future[Any] = asyncio.create_task(worker.run())
     try:
-        deadline = time.monotonic() + 15
-        while not finished():
-            assert not task.done(), f"worker stopped: {task}"
-            assert time.monotonic() < deadline, f"jobs not finished: {state()}"
-            await asyncio.sleep(0.05)
+        waiting: asyncio.Future[Any] = asyncio.gather(*(expected.wait(15) for expected in awaited))
+        await asyncio.wait({waiting, task}, return_when=asyncio.FIRST_COMPLETED)
+        assert not task.done(), f"worker stopped: {task}"
+        try:
+            await waiting
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}: {state()}") from None
     finally:
         worker.stop()
         await asyncio.wait_for(task, 10)
@@ -370,21 +395,26 @@ async def run_until(worker: Worker, finished: Callable[[], bool], state: Callabl
 
 async def test_sync_handlers_do_not_block_async_ones(db: Conn, app_dsn: str) -> None:
     jobs = Jobs()
-    times: dict[str, float] = {}
-    async_done: list[float] = []
+    loop = asyncio.get_running_loop()
+    sync_started = asyncio.Event()
+    all_async_done = threading.Event()
+    async_done: list[int] = []
+    sync_saw: list[int] = []
 
     @jobs.handler("slow_sync")
     def slow_sync(job: Job) -> None:
-        times["sync_start"] = time.monotonic()
-        time.sleep(2)
-        times["sync_end"] = time.monotonic()
+        loop.call_soon_threadsafe(sync_started.set)
+        # Blocks its thread until every async job finished: were the loop blocked by this
+        # thread, they never would, and the wait would time out.
+        all_async_done.wait(15)
+        sync_saw.append(len(async_done))
 
     @jobs.handler("quick_async")
     async def quick_async(job: Job) -> None:
-        # Long enough for the sync handler's thread to have started on a loaded machine,
-        # short against its two seconds.
-        await asyncio.sleep(0.2)
-        async_done.append(time.monotonic())
+        await sync_started.wait()  # they run while the sync handler holds its thread
+        async_done.append(job.id)
+        if len(async_done) == 50:
+            all_async_done.set()
 
     ids = [enqueue(db, "slow_sync")] + [enqueue(db, "quick_async", {"n": n}) for n in range(50)]
     # No scheduler and no archiver: the built-in archive job, due every minute, would be
@@ -392,10 +422,11 @@ async def test_sync_handlers_do_not_block_async_ones(db: Conn, app_dsn: str) -> 
     worker = Worker(
         jobs, app_dsn, concurrency=60, lease=5, poll_interval=0.2, worker_id="inproc", scheduler=False, retention=None
     )
-    await run_until(worker, lambda: all_status(db, ids, "done"), lambda: statuses(db, ids))
+    await run_until(worker, [worker.events.expect("completed", ids=ids)], lambda: statuses(db, ids))
+    assert all_status(db, ids, "done")
     assert len(async_done) == 50
-    # They ran while the sync handler slept, not after it.
-    assert times["sync_start"] < max(async_done) < times["sync_end"] - 1.0, (times, max(async_done))
+    # They ran while the sync handler was blocked in its thread, not after it.
+    assert sync_saw == [50]
     assert worker.counts["done"] == 51
 
 
@@ -416,10 +447,9 @@ async def test_a_bad_retry_delay_fails_its_attempt_and_the_rest_go_on(db: Conn, 
         jobs, app_dsn, concurrency=30, lease=5, poll_interval=0.2, worker_id="inproc", scheduler=False, retention=None
     )
 
-    def finished() -> bool:
-        return all_status(db, ids, "done") and all_status(db, [bad], "dead")
-
+    finished = [worker.events.expect("completed", ids=ids), worker.events.expect("dead", ids=[bad])]
     await run_until(worker, finished, lambda: statuses(db, [bad, *ids]))
+    assert all_status(db, ids, "done") and all_status(db, [bad], "dead")
     last_error = get(db, bad).last_error
     assert last_error is not None and last_error.startswith("InvalidInput: bad delay inf"), last_error
     assert (worker.counts["done"], worker.counts["dead"], worker.in_flight) == (20, 1, {})
@@ -439,7 +469,7 @@ async def test_retry_is_bounded_and_each_one_is_in_the_history(db: Conn, app_dsn
     worker = Worker(
         jobs, app_dsn, concurrency=2, lease=5, poll_interval=0.05, worker_id="inproc", scheduler=False, retention=None
     )
-    await run_until(worker, lambda: all_status(db, [job_id], "dead"), lambda: statuses(db, [job_id]))
+    await run_until(worker, [worker.events.expect("dead", ids=[job_id])], lambda: statuses(db, [job_id]))
     row = get(db, job_id)
     # 25 releases in a row are not attempts; the 26th counts, and the second counted one is the last.
     assert (row.attempts, row.lease_token, runs_seen) == (2, 52, 52)
