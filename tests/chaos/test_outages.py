@@ -196,7 +196,8 @@ def _outage_trial(trial: Trial, db: Conn, dsn: str, proxy: Proxy, start: Start, 
         return "\n".join(f"--- {w.name} ---\n{w.log()}" for w in workers)
 
     wait_for(lambda: job_row(db, job_id)["status"] == "done", 60, "the job done after the outage", logs)
-    time.sleep(LEASE)  # anything still in flight lands by now
+    # Every attempt's handler ended (done, cancelled or stopped): none still runs to overlap.
+    wait_for(lambda: all(r.how is not None for r in runs(events, job_id)), 2 * LEASE, "every handler ended", logs)
     found = runs(events, job_id)
     row = job_row(db, job_id)
     assert not overlapping(found), f"two attempts ran at once: {overlapping(found)}\n{logs()}"
@@ -228,14 +229,13 @@ def test_outage_trials(trial: Trial, db: Conn, dsn: str, proxy: Proxy, start: St
 
 def _freeze_in_effect(mode: str, db: Conn, dsn: str, start: Start, tmp_path: Path) -> tuple[int, WorkerProcess]:
     """Worker X starts the job, opens the effect's transaction and is frozen there (before or
-    after `once()`, by `mode`); worker Y runs meanwhile. X stays frozen for three leases."""
+    after `once()`, by `mode`); worker Y runs meanwhile."""
     marker = tmp_path / f"holding-{mode}"
     x = start("X", dsn)
     job_id = enqueue(db, enqueue_call("hold_effect", {"mode": mode, "marker": str(marker)}))
     wait_for(marker.exists, 10, "X inside the effect's transaction", x.log)
     x.signal(signal.SIGSTOP)
     start("Y", dsn)
-    time.sleep(3 * LEASE)
     return job_id, x
 
 
@@ -272,6 +272,8 @@ def test_a_zombie_inside_its_effect_transaction_keeps_the_job_until_it_commits(
 ) -> None:
     job_id, x = _freeze_in_effect("after", db, dsn, start, tmp_path)
     try:
+        # X stays frozen for three leases: time for Y to reap and claim the job, were it able to.
+        time.sleep(3 * LEASE)
         # once() locked the job's row: however long X is frozen, its expired lease is not
         # reaped and nobody claims the job, so the effect cannot commit under a later claim.
         row = job_row(db, job_id)
