@@ -35,7 +35,7 @@ from jobtui.worker import Worker
 from jobtui.worker.config import GC_THRESHOLD as WORKER_GC_THRESHOLD
 from jobtui.worker.events import Expectation
 from tests.integration.conftest import Spawn
-from tests.workers import wait_for
+from tests.workers import close_gate, open_gate, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.apps.worker_app:jobs"
@@ -85,8 +85,8 @@ def effects(conn: Conn, key: str) -> list[tuple[int, int, str]]:
 
 def test_killed_worker_job_is_reaped_and_rerun_with_its_effect_once(db: Conn, spawn: Spawn) -> None:
     a = spawn("A")
-    # The first attempt does its effect, then hangs until the worker is killed.
-    job_id = enqueue(db, "effect", {"key": "k-kill", "after": [60]})
+    # The first attempt does its effect, then waits at a gate that stays closed: A is killed there.
+    job_id = enqueue(db, "effect", {"key": "k-kill", "hold_after": [close_gate(db)]})
     wait_for(lambda: effects(db, "k-kill"), 10, "the first attempt's effect", a.log)
     b = spawn("B")  # started after A claimed the job: only A's lease can bring it to B
     a.signal(signal.SIGKILL)
@@ -108,11 +108,24 @@ def test_killed_worker_job_is_reaped_and_rerun_with_its_effect_once(db: Conn, sp
 
 def test_heartbeats_keep_a_lease_longer_than_the_lease_time(db: Conn, spawn: Spawn) -> None:
     w = spawn("W", "--concurrency", "4")
-    # Lease 2s; each job runs 5s. The worker's own reaper would take them back without heartbeats.
+    # Lease 2s; each job runs until its lease was extended past twice that. The worker's own
+    # reaper would take them back without heartbeats.
+    gate = close_gate(db)
     ids = [
-        enqueue(db, "effect", {"key": "k-hb-sync", "after": 5}),
-        enqueue(db, "effect_async", {"key": "k-hb-async", "after": 5}),
+        enqueue(db, "effect", {"key": "k-hb-sync", "hold_after": gate}),
+        enqueue(db, "effect_async", {"key": "k-hb-async", "hold_after": gate}),
     ]
+
+    def held_past_two_leases() -> bool:
+        rows = db.execute(
+            "SELECT count(*) FROM jobtui.job WHERE id = ANY(%s) AND status = 'running'"
+            " AND heartbeat_at > started_at + interval '4 seconds'",
+            (ids,),
+        ).fetchone()
+        return rows is not None and rows[0] == len(ids)
+
+    wait_for(held_past_two_leases, 15, "both leases extended past two leases", w.log)
+    open_gate(db, gate)
     wait_for(lambda: all_status(db, ids, "done"), 15, "both long jobs done", w.log)
     for job_id in ids:
         row = get(db, job_id)
@@ -124,8 +137,9 @@ def test_heartbeats_keep_a_lease_longer_than_the_lease_time(db: Conn, spawn: Spa
 
 def test_stopped_worker_loses_its_lease_and_its_late_outcome_is_rejected(db: Conn, spawn: Spawn) -> None:
     a = spawn("A")
-    # The first attempt sleeps before its effect; the second does it at once.
-    job_id = enqueue(db, "effect", {"key": "k-stop", "before": [4]})
+    # The first attempt waits at a gate before its effect; the second does it at once.
+    gate = close_gate(db)
+    job_id = enqueue(db, "effect", {"key": "k-stop", "hold_before": [gate]})
     wait_for(lambda: runs(db, job_id), 10, "A to start the job", a.log)
     b = spawn("B")
     a.signal(signal.SIGSTOP)  # no heartbeats: the lease expires and B's reaper returns the job
@@ -134,6 +148,7 @@ def test_stopped_worker_loses_its_lease_and_its_late_outcome_is_rejected(db: Con
         done = get(db, job_id)
         assert (done.locked_by, done.attempts, done.lease_expirations) == ("B", 2, 1)
     finally:
+        open_gate(db, gate)
         a.signal(signal.SIGCONT)
     # A wakes up past its lease: it gives the attempt up without trying to write an outcome.
     a.wait_gave_up(job_id, "effect", 15)
@@ -150,9 +165,10 @@ def test_sigterm_finishes_short_jobs_and_releases_long_ones(db: Conn, spawn: Spa
         enqueue(db, "effect", {"key": "k-short-sync", "after": 0.7}),
         enqueue(db, "effect_async", {"key": "k-short-async", "after": 0.7}),
     ]
+    gate = close_gate(db)  # never opened: the long jobs are still at it when the worker stops
     long = [
-        enqueue(db, "effect", {"key": "k-long-sync", "before": 60}),
-        enqueue(db, "effect_async", {"key": "k-long-async", "before": 60}),
+        enqueue(db, "effect", {"key": "k-long-sync", "hold_before": gate}),
+        enqueue(db, "effect_async", {"key": "k-long-async", "hold_before": gate}),
     ]
     ids = short + long
     wait_for(lambda: all(runs(db, i) for i in ids), 10, "every job to start", w.log)
@@ -178,7 +194,7 @@ def test_sigterm_finishes_short_jobs_and_releases_long_ones(db: Conn, spawn: Spa
         0,
     ]
     assert "released 2 unfinished job(s)" in w.log()
-    # The shutdown timeout bounds the exit, even with a sync handler still sleeping in its thread.
+    # The shutdown timeout bounds the exit, even with a sync handler still waiting in its thread.
     assert took < 6, f"exit took {took:.1f}s with --shutdown-timeout 2s"
 
 
