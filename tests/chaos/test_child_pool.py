@@ -6,6 +6,7 @@ moment the pool looks at their memory. No database: the pool never touches one.
 from __future__ import annotations
 
 import asyncio
+import select
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -70,7 +71,9 @@ async def test_a_child_stopped_for_its_memory_as_its_job_returned_takes_no_other
     # From here the loop is held: the job's outcome reaches the pool only once it runs again.
     # (wait_for blocks this thread, so the loop stays held: the pool sees nothing meanwhile.)
     wait_for(lambda: any(r.ended for r in runs(events, first.job.id)), 10, "the handler to return")
-    time.sleep(0.05)  # its outcome is on the socket
+    # Its outcome is on the socket, unread while the loop is held.
+    readable, _, _ = select.select([child.writer.get_extra_info("socket").fileno()], [], [], 10)
+    assert readable, "the child's outcome never came"
     over = resident_bytes(child.pid)
     assert over is not None and over > limit, (over, limit)
     pool._check_memory()  # over the limit, its job seemingly still running
