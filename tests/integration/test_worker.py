@@ -446,6 +446,39 @@ async def test_sync_handlers_do_not_block_async_ones(db: Conn, app_dsn: str) -> 
     assert worker.counts["done"] == 51
 
 
+async def test_the_worker_tells_what_its_parts_did(db: Conn, app_dsn: str) -> None:
+    jobs = Jobs()
+    go_on = asyncio.Event()
+
+    @jobs.handler("waits")
+    async def waits(job: Job) -> None:
+        await go_on.wait()
+
+    ids = [enqueue(db, "waits", {"n": n}) for n in range(3)]
+    worker = Worker(jobs, app_dsn, concurrency=5, lease=3, worker_id="inproc", scheduler=False, retention=None)
+    claimed = worker.events.expect("claimed", ids=ids)
+    beat = worker.events.expect("heartbeat", ids=ids)
+    idle = worker.events.expect("idle")
+    reaped = worker.events.expect("reap round")
+    task = asyncio.create_task(worker.run())
+    try:
+        assert sorted(await claimed.wait(10)) == sorted(ids)
+        await idle.wait(10)  # the claim after them found nothing
+        await beat.wait(10)  # their leases, extended while the handlers wait
+        assert statuses(db, ids) == dict.fromkeys(ids, "running")
+        assert await reaped.wait(10) == []  # a round ran, and took back none of its own jobs
+        completed = worker.events.expect("completed", ids=ids)
+        go_on.set()
+        await completed.wait(10)
+        assert all_status(db, ids, "done")
+        with pytest.raises(TimeoutError, match=r"no 'released' event for job\(s\) \[1\] within 0.01s"):
+            await worker.events.expect("released", ids=[1]).wait(0.01)
+        assert not worker.events.watched  # nobody waits: the parts tell nothing
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+
+
 async def test_a_bad_retry_delay_fails_its_attempt_and_the_rest_go_on(db: Conn, app_dsn: str) -> None:
     jobs = Jobs()
 
