@@ -161,9 +161,11 @@ def test_stopped_worker_loses_its_lease_and_its_late_outcome_is_rejected(db: Con
 
 def test_sigterm_finishes_short_jobs_and_releases_long_ones(db: Conn, spawn: Spawn) -> None:
     w = spawn("W", "--concurrency", "10", "--shutdown-timeout", "2s", lease="5s")
+    # The short jobs wait at a gate opened once the worker waits for them to stop.
+    short_gate = close_gate(db)
     short = [
-        enqueue(db, "effect", {"key": "k-short-sync", "after": 0.7}),
-        enqueue(db, "effect_async", {"key": "k-short-async", "after": 0.7}),
+        enqueue(db, "effect", {"key": "k-short-sync", "hold_after": short_gate}),
+        enqueue(db, "effect_async", {"key": "k-short-async", "hold_after": short_gate}),
     ]
     gate = close_gate(db)  # never opened: the long jobs are still at it when the worker stops
     long = [
@@ -174,6 +176,8 @@ def test_sigterm_finishes_short_jobs_and_releases_long_ones(db: Conn, spawn: Spa
     wait_for(lambda: all(runs(db, i) for i in ids), 10, "every job to start", w.log)
     sent = time.monotonic()
     w.signal(signal.SIGTERM)
+    w.wait_log("waiting up to 2s for 4 in-flight job(s)", 5)
+    open_gate(db, short_gate)
     assert w.wait_exit(15) == 0, w.log()
     took = time.monotonic() - sent
     for job_id in short:
