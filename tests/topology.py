@@ -22,7 +22,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import pytest
 
 from .cluster import LocalCluster, _bin_dir, _free_port
 from .proxy import Proxy
+from .workers import wait_for
 
 PGBOUNCER = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None)
 
@@ -62,17 +62,19 @@ def _as_server_user(command: list[str]) -> list[str]:
     return ["runuser", "-u", user, "--", *command] if user else command
 
 
+def _accepts(dsn: str) -> bool:
+    try:
+        with psycopg.connect(dsn, connect_timeout=2, prepare_threshold=None):
+            return True
+    except psycopg.OperationalError:
+        return False
+
+
 def _wait_accepting(dsn: str, timeout: float, what: str, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with psycopg.connect(dsn, connect_timeout=2, prepare_threshold=None):
-                return
-        except psycopg.OperationalError as exc:
-            if time.monotonic() > deadline:
-                text = log.read_text(errors="replace") if log.exists() else ""
-                raise AssertionError(f"{what} did not accept connections in {timeout}s ({exc})\n{text}") from None
-            time.sleep(0.05)
+    def logged() -> str:
+        return log.read_text(errors="replace") if log.exists() else ""
+
+    wait_for(lambda: _accepts(dsn), timeout, f"{what} to accept connections", logged)
 
 
 class PgBouncer:
@@ -236,15 +238,13 @@ class Standby(LocalCluster):
             row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
         assert row is not None
         target = row[0]
-        deadline = time.monotonic() + timeout
         with psycopg.connect(self.dsn(), autocommit=True) as conn:
-            while True:
+
+            def replayed() -> bool:
                 done = conn.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,)).fetchone()
-                if done and done[0]:
-                    return
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"the standby did not replay up to {target} in {timeout}s")
-                time.sleep(0.05)
+                return bool(done and done[0])
+
+            wait_for(replayed, timeout, f"the standby to replay up to {target}")
 
 
 def make_sync(primary: LocalCluster, standby_name: str = "standby1") -> None:
@@ -253,16 +253,14 @@ def make_sync(primary: LocalCluster, standby_name: str = "standby1") -> None:
     with psycopg.connect(primary.dsn(), autocommit=True) as conn:
         conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{standby_name}'")
         conn.execute("SELECT pg_reload_conf()")
-        deadline = time.monotonic() + 30
-        while True:
+
+        def synchronous() -> bool:
             row = conn.execute(
                 "SELECT sync_state FROM pg_stat_replication WHERE application_name = %s", (standby_name,)
             ).fetchone()
-            if row and row[0] == "sync":
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{standby_name} did not become the synchronous standby")
-            time.sleep(0.05)
+            return bool(row and row[0] == "sync")
+
+        wait_for(synchronous, 30, f"{standby_name} to become the synchronous standby")
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ wait_for(lambda: done(job_id), 10, "the job done", worker.log)
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import subprocess
 import sys
@@ -40,6 +41,22 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str, logs: Call
             extra = f"\n--- logs ---\n{logs()[-6000:]}" if logs else ""
             raise AssertionError(f"timed out after {timeout}s waiting for {what}{extra}")
         time.sleep(0.05)
+
+
+# Gates of the test apps: advisory lock keys, apart from any lock jobtui takes.
+_GATES = itertools.count(0x6A7B0000)
+
+
+def close_gate(conn: Any) -> int:
+    """A gate, closed: its key, an advisory lock held on `conn` (an autocommit connection to
+    the app's database), which a handler given the key waits for until `open_gate`."""
+    key = next(_GATES)
+    conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+    return key
+
+
+def open_gate(conn: Any, key: int) -> None:
+    conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
 
 class WorkerProcess:

@@ -25,9 +25,8 @@ from jobtui.kernel.safetext import quote
 from jobtui.kernel.sizes import parse_size
 from jobtui.reads.health import Health
 from jobtui.service import sdnotify
-
-# Allocations between young-generation collections in a `jobtui worker` process (see cmd_worker).
-WORKER_GC_THRESHOLD = 10_000
+from jobtui.worker.config import GC_THRESHOLD as WORKER_GC_THRESHOLD
+from jobtui.worker.config import WorkerSettings
 
 
 def setup_logging(verbose: bool = False, log_format: str | None = None) -> None:
@@ -47,11 +46,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise InvalidInput(f"--types {quote(args.types)} names no job type; give them comma-separated, or leave it out")
     dsn = database_dsn(args)
     wait = parse_duration(args.wait_for_db)
-    worker = Worker(
-        jobs,
+    health = _health(args)  # bad metrics options are told before bad worker settings
+    settings = WorkerSettings(
         dsn,
         concurrency=args.concurrency,
-        types=types,
+        types=tuple(types) if types is not None else None,
         queues=args.queues,
         lease=parse_duration(args.lease),
         worker_id=args.id,
@@ -70,8 +69,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
             dead=parse_duration(args.dead_retention),
             delete_done=args.delete_done,
         ),
-        health=_health(args),
     )
+    worker = Worker.with_settings(jobs, settings, health=health)
     setup_logging(args.verbose, args.log_format)
     # The probes answer from here on: alive, and not ready while the database is awaited.
     _serve_endpoints(args, dsn, worker.health, worker=worker)

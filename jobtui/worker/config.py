@@ -7,14 +7,88 @@ import os
 import socket
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from jobtui.core.maintenance import ARCHIVE_TYPE, BUILTIN_TYPES, Retention, with_builtins
 from jobtui.core.middleware import prepared
 from jobtui.core.registry import Jobs, check_executor
+from jobtui.kernel.db import check_dsn
+from jobtui.kernel.domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA
 from jobtui.kernel.errors import InvalidInput
+from jobtui.worker.children import STOP_GRACE
 from jobtui.worker.executor import ASYNC, PROCESS, THREAD
 
 DEFAULT_RETENTION = Retention()
+# The default executor of sync handlers (README, "Executors", says why).
+DEFAULT_EXECUTOR = THREAD
+# The collector's first threshold in a process that is a worker's own (`jobtui worker`): every
+# job makes a few dozen short-lived objects, and the default (700) collects every few jobs.
+GC_THRESHOLD = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """The worker's clock: how long a lease is, and how often each part acts on it."""
+
+    lease: float
+    heartbeat_interval: float
+    reap_interval: float
+    # A lease is given up this long before it could expire, so that the handler has
+    # stopped before any reaper can take the job back.
+    margin: float
+    # A handler process gets this long between SIGTERM and SIGKILL, and its attempt is
+    # given up this much earlier than a thread's (a short lease leaves it less).
+    stop_grace: float
+
+    @classmethod
+    def of(cls, lease: float, heartbeat_interval: float | None = None, reap_interval: float | None = None) -> Timing:
+        return cls(
+            lease,
+            heartbeat_interval or lease / 3,
+            # Rounds well within half a lease of each other (see reaper.py).
+            reap_interval or min(lease / 4, 15.0),
+            min(1.0, lease / 10),
+            min(STOP_GRACE, lease / 4),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """Everything a worker is asked to do but the jobs it runs: the keyword arguments of
+    `jobtui.Worker(...)`, or the options of `jobtui worker`. Checked when made."""
+
+    dsn: str
+    concurrency: int = 10
+    types: tuple[str, ...] | None = None
+    queues: Mapping[str, int] | None = None
+    lease: float = DEFAULT_LEASE_SECONDS
+    worker_id: str | None = None
+    schema: str = DEFAULT_SCHEMA
+    poll_interval: float = 1.0
+    heartbeat_interval: float | None = None
+    reap_interval: float | None = None
+    shutdown_timeout: float = 30.0
+    scheduler: bool = True
+    retention: Retention | None = DEFAULT_RETENTION
+    delete_on_complete: bool = False
+    pooler: str | None = None
+    listen_dsn: str | None = None
+    executor: str = DEFAULT_EXECUTOR
+    max_jobs_per_child: int | None = None
+    max_memory_per_child: int | None = None
+    app: str | None = None
+
+    def __post_init__(self) -> None:
+        check_settings(
+            concurrency=self.concurrency, queues=self.queues, lease=self.lease, poll_interval=self.poll_interval
+        )
+        check_children(self.executor, self.max_jobs_per_child, self.max_memory_per_child)
+        if self.listen_dsn:
+            check_dsn(self.listen_dsn)
+
+    @property
+    def timing(self) -> Timing:
+        return Timing.of(self.lease, self.heartbeat_interval, self.reap_interval)
 
 
 def default_worker_id() -> str:

@@ -20,6 +20,7 @@ from jobtui.core.registry import Handler, Job, Jobs
 from jobtui.kernel.domain import ClaimedJob
 from jobtui.worker.children import ChildPool
 from jobtui.worker.completer import OutcomeWriter
+from jobtui.worker.events import OUTCOME_EVENTS, Events
 from jobtui.worker.executor import PROCESS, THREAD, InFlight, run_handler, settled
 from jobtui.worker.outcome import MAX_UNCOUNTED_IN_A_ROW, Outcome, count_outcome, fields
 from jobtui.worker.slots import Slots
@@ -46,6 +47,7 @@ class Flights:
     _writer: OutcomeWriter
     _backoff: Callable[[Handler, Job], float]
     _spawn: Callable[[Coroutine[Any, Any, None]], None]
+    events: Events
 
     def _start(self, pool: str | None, claimed: ClaimedJob, lease_until: float) -> None:
         handler = self.jobs.handlers[claimed.type]
@@ -128,6 +130,8 @@ class Flights:
         """The writer wrote the job's outcome (or found its lease lost)."""
         self._finished(flight)
         job = flight.job
+        if self.events.watched:
+            self.events.tell(OUTCOME_EVENTS[outcome.value] if written else "lost", (job.id,))
         if not written:
             if outcome is not Outcome.ABANDONED:
                 self._lost(job, "its lease was lost before the outcome was written")

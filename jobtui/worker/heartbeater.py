@@ -30,6 +30,8 @@ from jobtui.core.queue import heartbeat_beat_call
 from jobtui.kernel.db import first_line
 from jobtui.kernel.errors import DatabaseUnavailable
 from jobtui.kernel.link import Connection, Link
+from jobtui.worker.config import Timing
+from jobtui.worker.events import Events
 from jobtui.worker.executor import ASYNC, PROCESS, THREAD, InFlight
 from jobtui.worker.producer import Denied
 
@@ -49,23 +51,22 @@ class Heartbeater:
         conn: Connection,
         link: Link,
         schema: str,
+        timing: Timing,
         *,
-        lease: float,
-        interval: float,
-        margin: float,
-        stop_grace: float = 0.0,
         flights: Callable[[], Iterable[InFlight]],
         give_up: Callable[[InFlight, str, bool], None],
         cancelled: Callable[[int], None],
         denied: Denied,
+        events: Events,
     ) -> None:
         self._conn = conn
         self._link = link
         self._schema = schema
-        self._lease = lease
-        self._interval = interval
-        self._margin = margin
-        self._stop_grace = stop_grace
+        self._lease = timing.lease
+        self._interval = timing.heartbeat_interval
+        self._margin = timing.margin
+        self._stop_grace = timing.stop_grace
+        self._events = events
         self._last_beat = 0.0
         self._flights = flights
         self._give_up = give_up
@@ -156,6 +157,8 @@ class Heartbeater:
                 self._cancelled(flight.claimed.id)
             else:
                 self._give_up(flight, "its lease was lost (expired, reaped, killed or cancelled)", True)
+        if self._events.watched:
+            self._events.tell("heartbeat", beat.held)
 
     def _next_wait(self, due: float) -> float:
         """Until the next look: the regular beat, or a job to report; at most REPORT_AFTER."""

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -15,6 +16,7 @@ from jobtui.kernel.db import Call, first_line, statements
 from jobtui.kernel.domain import ClaimedJob
 from jobtui.kernel.errors import DatabaseUnavailable
 from jobtui.kernel.link import Connection
+from jobtui.worker.events import Events
 
 log = logging.getLogger("jobtui.worker")
 
@@ -23,46 +25,58 @@ Denied = Callable[[psycopg.errors.InsufficientPrivilege, str], None]
 QUIET_FIRST = 0.05
 
 
+@dataclass(frozen=True, slots=True)
+class Claiming:
+    """What a producer claims with: its connection, its pool's claim statement, and the
+    give-back of claims whose answer was lost."""
+
+    conn: Connection
+    schema: str
+    claim: Callable[[int], Call[list[ClaimedJob]]]
+    unanswered: Callable[[], Call[set[int]]]
+    lease: float
+    poll_interval: float
+    # Shared by the producers of one worker: a give-back of unanswered claims releases
+    # this worker's jobs that are not in flight, so it must not run between another
+    # producer's claim coming back and its jobs being started.
+    turn: asyncio.Lock
+
+
+@dataclass(frozen=True, slots=True)
+class Starting:
+    """What a producer starts its jobs with: its pool's free slots, the start of one job
+    (with when its lease surely holds until), and its pool's wake-up."""
+
+    room: Callable[[], int]
+    start: Callable[[ClaimedJob, float], None]
+    kick: asyncio.Event
+
+
 class Producer:
-    """The claim loop of one worker."""
+    """The claim loop of one pool of slots."""
 
     def __init__(
-        self,
-        conn: Connection,
-        schema: str,
-        *,
-        claim: Callable[[int], Call[list[ClaimedJob]]],
-        unanswered: Callable[[], Call[set[int]]],
-        room: Callable[[], int],
-        start: Callable[[ClaimedJob, float], None],
-        lease: float,
-        poll_interval: float,
-        kick: asyncio.Event,
-        stopping: asyncio.Event,
-        denied: Denied,
-        turn: asyncio.Lock,
+        self, claiming: Claiming, starting: Starting, *, stopping: asyncio.Event, denied: Denied, events: Events
     ) -> None:
-        self._conn = conn
-        # Shared by the producers of one worker: a give-back of unanswered claims releases
-        # this worker's jobs that are not in flight, so it must not run between another
-        # producer's claim coming back and its jobs being started.
-        self._turn = turn
-        self._schema = schema
-        self._claim = claim
-        self._unanswered = unanswered
+        self._conn = claiming.conn
+        self._turn = claiming.turn
+        self._schema = claiming.schema
+        self._claim = claiming.claim
+        self._unanswered = claiming.unanswered
         self._answer_lost = False  # a claim was sent and its connection broke before the answer
-        self._room = room
-        self._start = start
-        self._lease = lease
-        self._poll_interval = poll_interval
+        self._room = starting.room
+        self._start = starting.start
+        self._lease = claiming.lease
+        self._poll_interval = claiming.poll_interval
         # How long to wait after a claim that found nothing: short right after claims that
         # found jobs, doubling up to the poll interval. A rated queue or type (migration
         # 0013) gains tokens with time and no event says so; a worker that waited the whole
         # poll after each empty claim would take at most its free slots per poll interval.
-        self._quiet = poll_interval
-        self._kick = kick
+        self._quiet = claiming.poll_interval
+        self._kick = starting.kick
         self._stopping = stopping
         self._denied = denied
+        self._events = events
 
     async def run(self) -> None:
         while not self._stopping.is_set():
@@ -98,6 +112,9 @@ class Producer:
                     lease_until = sent + self._lease
                     for job in claimed:
                         self._start(job, lease_until)
+                    if self._events.watched:
+                        # "idle": the claim found nothing, the loop waits for a wake-up next.
+                        self._events.tell("claimed" if claimed else "idle", [job.id for job in claimed])
             if failed:
                 await self._wait_kick()
                 continue

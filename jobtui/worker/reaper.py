@@ -22,6 +22,8 @@ from jobtui.core.queue import reap_round_call
 from jobtui.kernel.db import first_line
 from jobtui.kernel.domain import FailOutcome, JobStatus
 from jobtui.kernel.link import Connection
+from jobtui.worker.config import Timing
+from jobtui.worker.events import Events
 from jobtui.worker.producer import Denied
 
 log = logging.getLogger("jobtui.worker")
@@ -38,18 +40,19 @@ class Reaper:
         self,
         conn: Connection,
         schema: str,
+        timing: Timing,
         *,
-        lease: float,
-        interval: float,
         own: Callable[[], list[int]],
         on_dead: Callable[[FailOutcome], None],
         denied: Denied,
         rng: random.Random,
+        events: Events,
     ) -> None:
         self._conn = conn
         self._schema = schema
-        self._lease = lease
-        self._interval = interval
+        self._lease = timing.lease
+        self._interval = timing.reap_interval
+        self._events = events
         self._own = own
         self._on_dead = on_dead
         self._denied = denied
@@ -76,6 +79,11 @@ class Reaper:
             if previous is None or (reaped.at - previous).total_seconds() >= continuity:
                 in_touch_since = reaped.at
             previous = reaped.at
+            if self._events.watched:
+                ids = [job.job_id for job in reaped.reaped]
+                self._events.tell("reap round", ids)
+                if ids:
+                    self._events.tell("reaped", ids)
             for job in reaped.reaped:
                 if job.status is JobStatus.DEAD:
                     self._on_dead(

@@ -8,6 +8,7 @@ import asyncio
 import logging
 
 from jobtui.worker.completer import OutcomeWriter
+from jobtui.worker.events import Events
 from jobtui.worker.executor import PROCESS, InFlight
 from jobtui.worker.outcome import Outcome
 
@@ -18,7 +19,7 @@ log = logging.getLogger("jobtui.worker")
 THREAD_RELEASE_DELAY = 5.0
 
 
-async def drain(in_flight: dict[int, InFlight], writer: OutcomeWriter, timeout: float) -> int:
+async def drain(in_flight: dict[int, InFlight], writer: OutcomeWriter, timeout: float, events: Events) -> int:
     """Wait for the handlers in flight up to `timeout`, then release the rest; how many were
     released."""
     tasks = [f.task for f in in_flight.values() if f.task is not None and not f.task.done()]
@@ -43,10 +44,13 @@ async def drain(in_flight: dict[int, InFlight], writer: OutcomeWriter, timeout: 
     delay = {id(f): 0.0 if f.handler_done else THREAD_RELEASE_DELAY for f in left}
     releases = asyncio.gather(*(writer.write(Outcome.SHUTDOWN, f.claimed.lease, reason, delay[id(f)]) for f in left))
     try:
-        released = sum(await asyncio.wait_for(releases, timeout))
+        written = await asyncio.wait_for(releases, timeout)
     except TimeoutError:
         log.error("could not release %d unfinished job(s): the database did not answer; their leases will expire",
                   len(left))  # fmt: skip
         return 0
+    released = sum(written)
     log.warning("released %d unfinished job(s) back to ready, attempts not counted", released)
+    if events.watched:
+        events.tell("released", [f.job.id for f, ok in zip(left, written, strict=True) if ok])
     return released

@@ -30,30 +30,31 @@ from jobtui.core.registry import Handler, Job, Jobs
 from jobtui.core.scheduler import Scheduler
 from jobtui.kernel.backoff import delay as backoff_delay
 from jobtui.kernel.checks import check_queue
-from jobtui.kernel.db import Call, aconnect, arun, check_dsn, first_line, pooler_mode, statements, transaction_pooled
+from jobtui.kernel.db import Call, aconnect, arun, first_line, pooler_mode, statements, transaction_pooled
 from jobtui.kernel.domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJob, FailOutcome
 from jobtui.kernel.errors import InvalidInput, JobtuiError, PrivilegeMissing
 from jobtui.kernel.link import Connection, Link
 from jobtui.kernel.logformat import job_fields
 from jobtui.reads.health import Health
 from jobtui.worker.child import Settings
-from jobtui.worker.children import STOP_GRACE, ChildPool, memory_available
+from jobtui.worker.children import ChildPool, memory_available
 from jobtui.worker.completer import OutcomeWriter
 from jobtui.worker.config import (
+    DEFAULT_EXECUTOR,
     DEFAULT_RETENTION,
-    check_children,
-    check_settings,
+    WorkerSettings,
     default_worker_id,
     executors,
     handled_types,
     registry_spec,
     uses_processes,
 )
-from jobtui.worker.executor import THREAD, InFlight
+from jobtui.worker.events import Events
+from jobtui.worker.executor import InFlight
 from jobtui.worker.flights import Flights
 from jobtui.worker.heartbeater import Heartbeater
 from jobtui.worker.listener import listen, listener_connection
-from jobtui.worker.producer import Producer, claim_session, claim_transaction
+from jobtui.worker.producer import Claiming, Producer, Starting, claim_session, claim_transaction
 from jobtui.worker.reaper import Reaper
 from jobtui.worker.shutdown import drain
 from jobtui.worker.slots import Slots, describe
@@ -62,17 +63,14 @@ COUNTERS = ("done", "failed", "retried", "dead", "lost", "released", "abandoned"
 
 log = logging.getLogger("jobtui.worker")
 
-# The default executor of sync handlers (README, "Executors", says why).
-DEFAULT_EXECUTOR = THREAD
-
 
 class Worker(Flights):
     """Runs handlers of `jobs` for jobs in the queue until stopped.
 
     Embeddable: `run()` installs no signal handlers; call `stop()` to shut down gracefully.
     Nor does it touch the garbage collector, which `jobtui worker` tunes for its own
-    process (cli.WORKER_GC_THRESHOLD); a process of yours that mostly runs jobs gains the
-    same with `gc.set_threshold(10_000)`.
+    process (config.GC_THRESHOLD); a process of yours that mostly runs jobs gains the
+    same with `gc.set_threshold(config.GC_THRESHOLD)`.
     """
 
     def __init__(
@@ -101,10 +99,43 @@ class Worker(Flights):
         app: str | None = None,
         health: Health | None = None,
     ) -> None:
-        check_settings(concurrency=concurrency, queues=queues, lease=lease, poll_interval=poll_interval)
-        check_children(executor, max_jobs_per_child, max_memory_per_child)
+        settings = WorkerSettings(
+            dsn,
+            concurrency=concurrency,
+            types=tuple(types) if types is not None else None,
+            queues=queues,
+            lease=lease,
+            worker_id=worker_id,
+            schema=schema,
+            poll_interval=poll_interval,
+            heartbeat_interval=heartbeat_interval,
+            reap_interval=reap_interval,
+            shutdown_timeout=shutdown_timeout,
+            scheduler=scheduler,
+            retention=retention,
+            delete_on_complete=delete_on_complete,
+            pooler=pooler,
+            listen_dsn=listen_dsn,
+            executor=executor,
+            max_jobs_per_child=max_jobs_per_child,
+            max_memory_per_child=max_memory_per_child,
+            app=app,
+        )
+        self._set_up(jobs, settings, health)
+
+    @classmethod
+    def with_settings(cls, jobs: Jobs, settings: WorkerSettings, *, health: Health | None = None) -> Worker:
+        """A worker of `settings` made once (as `jobtui worker` does), rather than of keywords."""
+        worker = cls.__new__(cls)
+        worker._set_up(jobs, settings, health)
+        return worker
+
+    def _set_up(self, jobs: Jobs, settings: WorkerSettings, health: Health | None) -> None:
+        self.settings = settings
+        dsn, app, executor, queues = settings.dsn, settings.app, settings.executor, settings.queues
         registry = jobs
-        jobs, selected = handled_types(jobs, types, retention, dsn, schema, pooler_mode(pooler))
+        pooler = pooler_mode(settings.pooler)
+        jobs, selected = handled_types(jobs, settings.types, settings.retention, dsn, settings.schema, pooler)
         self.jobs = jobs
         # Where each type's handler runs; sync ones in `executor` unless the handler names one.
         self.executor = executor
@@ -117,16 +148,18 @@ class Worker(Flights):
                     "the process executor runs handlers in processes that import the registry by name: "
                     "define it at module level of an importable module, or pass app='pkg.module:jobs'"
                 )
-            if max_memory_per_child is not None and not memory_available():
+            if settings.max_memory_per_child is not None and not memory_available():
                 raise InvalidInput("--max-memory-per-child reads /proc (Linux); leave it out on this system")
-        self.max_jobs_per_child = max_jobs_per_child
-        self.max_memory_per_child = max_memory_per_child
+        self.max_jobs_per_child = settings.max_jobs_per_child
+        self.max_memory_per_child = settings.max_memory_per_child
         # The handler processes, while the worker runs with any type in process mode.
         self.children: ChildPool | None = None
         self.dsn = dsn
         # One pool of slots per queue named, or one for every queue (None). Each pool claims
         # its queue's jobs of the worker's types.
-        sizes: dict[str | None, int] = {check_queue(q): n for q, n in queues.items()} if queues else {None: concurrency}
+        sizes: dict[str | None, int] = {None: settings.concurrency}
+        if queues:
+            sizes = {check_queue(q): n for q, n in queues.items()}
         self._pool_claims: dict[str | None, tuple[list[str], str | None]] = {q: (selected, q) for q in sizes}
         builtins = [t for t in BUILTIN_TYPES if t in selected]
         # The slot of jobtui's own jobs claims with claim_builtin, not the claim of the ready index.
@@ -141,27 +174,23 @@ class Worker(Flights):
         self.slots = Slots(sizes)
         self.concurrency = self.slots.total
         self.types = selected
-        self.lease = lease
-        self.worker_id = worker_id or default_worker_id()
-        self.schema = statements(schema).schema
-        self.poll_interval = poll_interval
-        self.heartbeat_interval = heartbeat_interval or lease / 3
-        # Rounds well within half a lease of each other (see _reap_loop).
-        self.reap_interval = reap_interval or min(lease / 4, 15.0)
-        # A lease is given up this long before it could expire, so that the handler has
-        # stopped before any reaper can take the job back.
-        self.lease_margin = min(1.0, lease / 10)
-        # A handler process gets this long between SIGTERM and SIGKILL, and its attempt is
-        # given up this much earlier than a thread's (a short lease leaves it less).
-        self.stop_grace = min(STOP_GRACE, lease / 4)
-        self.shutdown_timeout = shutdown_timeout
-        self.delete_on_complete = delete_on_complete
+        self.timing = settings.timing
+        self.lease = settings.lease
+        self.worker_id = settings.worker_id or default_worker_id()
+        self.schema = statements(settings.schema).schema
+        self.poll_interval = settings.poll_interval
+        self.heartbeat_interval = self.timing.heartbeat_interval
+        self.reap_interval = self.timing.reap_interval
+        self.lease_margin = self.timing.margin
+        self.stop_grace = self.timing.stop_grace
+        self.shutdown_timeout = settings.shutdown_timeout
+        self.delete_on_complete = settings.delete_on_complete
         # Behind a transaction pooler (see db.pooler_mode); LISTEN then needs a direct DSN.
-        self.pooler = pooler_mode(pooler)
-        self.listen_dsn = check_dsn(listen_dsn) if listen_dsn else None
-        self.scheduler = (
-            Scheduler(dsn, schema=schema, specs=jobs.schedule_specs(), pooler=self.pooler) if scheduler else None
-        )
+        self.pooler = pooler
+        self.listen_dsn = settings.listen_dsn or None
+        self.scheduler = None
+        if settings.scheduler:
+            self.scheduler = Scheduler(dsn, schema=settings.schema, specs=jobs.schedule_specs(), pooler=self.pooler)
         self.in_flight: dict[int, InFlight] = {}
         self._limits = {t: h.max_attempts for t, h in jobs.handlers.items()}
         # What became of this worker's attempts, public (docs/operations.md, "Worker counters");
@@ -178,6 +207,7 @@ class Worker(Flights):
         self._running = False
         self.health = health  # answers /healthz and /readyz (health.py), probing through the worker's link
         self.started = asyncio.Event()  # set once the worker claims (systemd's READY=1)
+        self.events = Events()  # what the parts did, for tests to wait on (events.py)
 
     # -- control -------------------------------------------------------------------------
 
@@ -235,21 +265,22 @@ class Worker(Flights):
         self._writer = OutcomeWriter(
             write_conn, self.schema, self._job_died, self._denied, delete_on_complete=self.delete_on_complete
         )
-        claim_turn = asyncio.Lock()  # see Producer: claims share one connection anyway
+        claiming = partial(
+            Claiming,
+            claim_conn,
+            self.schema,
+            unanswered=lambda: release_unanswered_call(self.worker_id, list(self.in_flight)),
+            lease=self.lease,
+            poll_interval=self.poll_interval,
+            turn=asyncio.Lock(),  # see Claiming: claims share one connection anyway
+        )
         producers = [
             Producer(
-                claim_conn,
-                self.schema,
-                claim=partial(self._claim_call, pool),
-                unanswered=lambda: release_unanswered_call(self.worker_id, list(self.in_flight)),
-                room=partial(self.slots.room, pool),
-                start=partial(self._start, pool),
-                lease=self.lease,
-                poll_interval=self.poll_interval,
-                kick=self.slots.kicks[pool],
+                claiming(claim=partial(self._claim_call, pool)),
+                Starting(partial(self.slots.room, pool), partial(self._start, pool), self.slots.kicks[pool]),
                 stopping=stopping,
                 denied=self._denied,
-                turn=claim_turn,
+                events=self.events,
             )
             for pool in self.slots.sizes
         ]
@@ -257,24 +288,22 @@ class Worker(Flights):
             heartbeat_conn,
             link,
             self.schema,
-            lease=self.lease,
-            interval=self.heartbeat_interval,
-            margin=self.lease_margin,
-            stop_grace=self.stop_grace,
+            self.timing,
             flights=self.in_flight.values,
             give_up=self._give_up,
             cancelled=self.cancel_requested,
             denied=self._denied,
+            events=self.events,
         )
         reaper = Reaper(
             claim_conn,
             self.schema,
-            lease=self.lease,
-            interval=self.reap_interval,
+            self.timing,
             own=lambda: list(self.in_flight),
             on_dead=self._job_died,
             denied=self._denied,
             rng=self._rng,
+            events=self.events,
         )
         try:
             missing = await write_conn.run(missing_privileges_call(self.schema, WORKER_NEEDS), self.schema)
@@ -318,7 +347,7 @@ class Worker(Flights):
                 task.add_done_callback(self._background_ended)
             try:
                 await asyncio.gather(*(producer.run() for producer in producers))
-                self.counts["released"] += await drain(self.in_flight, self._writer, self.shutdown_timeout)
+                self.counts["released"] += await drain(self.in_flight, self._writer, self.shutdown_timeout, self.events)
             finally:
                 stopped_writing.set()
                 try:
@@ -400,6 +429,8 @@ class Worker(Flights):
         return backoff_delay(job.attempt, handler.backoff, self._rng)
 
     def _job_died(self, outcome: FailOutcome) -> None:
+        if self.events.watched:
+            self.events.tell("dead", (outcome.job_id,))
         (self.builtin_counts if outcome.type == ARCHIVE_TYPE else self.counts)["dead"] += 1
         log.error(
             "job %d (%s) is dead after %d of %d attempts",

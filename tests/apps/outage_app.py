@@ -83,26 +83,26 @@ def outage_sync(job: Job) -> None:
     event(job, "end")
 
 
-def _hold(marker: Path, seconds: float) -> None:
-    """Create `marker`, then wait until the test deletes it (or `seconds` pass)."""
+def _hold(marker: Path, gate: int) -> None:
+    """Create `marker`, then wait until the test opens `gate` (tests.workers.close_gate: an
+    advisory lock the test holds, shared here once the test let it go)."""
     marker.touch()
-    deadline = time.monotonic() + seconds
-    while marker.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    with psycopg.connect(_dsn(), autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock_shared(%s)", (gate,))
 
 
 @jobs.handler("hold_effect", backoff=FAST)
 def hold_effect(job: Job) -> None:
     """On its first attempt, hold the effect's transaction open after `once()` (mode
-    "after") or before it (mode "before"), until the test deletes the file `marker` that it
-    creates there: the test freezes the worker meanwhile."""
+    "after") or before it (mode "before"), until the test opens the gate `gate`; it creates the
+    file `marker` there, and the test freezes the worker meanwhile."""
     event(job, "start")
     first = job.lease_token == 1
     marker = Path(job.payload["marker"])
     with psycopg.connect(_dsn()) as conn:
         conn.execute("SELECT 1")  # the transaction has begun
         if first and job.payload["mode"] == "before":
-            _hold(marker, 60)
+            _hold(marker, int(job.payload["gate"]))
         try:
             fresh = job.once(conn, f"hold:{job.id}")
         except LeaseLost:
@@ -111,7 +111,7 @@ def hold_effect(job: Job) -> None:
         if fresh:
             _record(conn, job, f"hold:{job.id}")
             if first and job.payload["mode"] == "after":
-                _hold(marker, 60)
+                _hold(marker, int(job.payload["gate"]))
     event(job, "end")
 
 

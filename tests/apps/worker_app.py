@@ -9,8 +9,11 @@ Every handler records what it did in tables of the test database (created by the
 Effects go through the idempotency helper: `job.once(conn, key)` and the insert share one
 transaction on the handler's own connection.
 
-Sleeps (`before`, `after`, `sleep`) are seconds, or a list of seconds indexed by attempt - 1
-(missing entries mean 0), so a job can be slow on its first attempt only.
+Sleeps (`after`, `sleep`) are seconds, or a list of seconds indexed by attempt - 1 (missing
+entries mean 0), so a job can be slow on its first attempt only. Gates (`hold_before`,
+`hold_after`: the key of an advisory lock the test holds, tests.workers.close_gate) make the
+handler wait until the test opens them, instead of for a time; a list of keys is indexed by
+attempt - 1 as well (missing entries mean no gate).
 """
 
 from __future__ import annotations
@@ -43,6 +46,27 @@ def _seconds(value: Any, job: Job) -> float:
     return float(value or 0)
 
 
+def _gate(value: Any, job: Job) -> int | None:
+    if isinstance(value, list):
+        return int(value[job.attempt - 1]) if job.attempt <= len(value) else None
+    return None if value is None else int(value)
+
+
+def _wait_gate(job: Job, value: Any) -> None:
+    """Until the test opens the gate: its advisory lock, shared once the test let it go."""
+    key = _gate(value, job)
+    if key is not None:
+        with psycopg.connect(_dsn(), autocommit=True) as conn:
+            conn.execute("SELECT pg_advisory_lock_shared(%s)", (key,))
+
+
+async def _await_gate(job: Job, value: Any) -> None:
+    key = _gate(value, job)
+    if key is not None:
+        async with await psycopg.AsyncConnection.connect(_dsn(), autocommit=True) as conn:
+            await conn.execute("SELECT pg_advisory_lock_shared(%s)", (key,))
+
+
 def _log(job: Job, event: str) -> None:
     with psycopg.connect(_dsn(), autocommit=True) as conn:
         conn.execute(
@@ -71,12 +95,13 @@ def _effect(job: Job, key: str) -> None:
 
 @jobs.handler("effect", backoff=FAST)
 def effect(job: Job) -> None:
-    """Sleep `before`, do effect `key` once, sleep `after`."""
+    """Wait at gate `hold_before`, do effect `key` once, sleep `after`, wait at `hold_after`."""
     _log(job, "start")
-    time.sleep(_seconds(job.payload.get("before"), job))
+    _wait_gate(job, job.payload.get("hold_before"))
     _effect(job, job.payload["key"])
     _log(job, "effect")
     time.sleep(_seconds(job.payload.get("after"), job))
+    _wait_gate(job, job.payload.get("hold_after"))
     _log(job, "end")
 
 
@@ -84,7 +109,7 @@ def effect(job: Job) -> None:
 async def effect_async(job: Job) -> None:
     """Async counterpart of `effect`."""
     await _alog(job, "start")
-    await asyncio.sleep(_seconds(job.payload.get("before"), job))
+    await _await_gate(job, job.payload.get("hold_before"))
     async with await psycopg.AsyncConnection.connect(_dsn()) as conn:
         if await job.once_async(conn, job.payload["key"]):
             await conn.execute(
@@ -93,6 +118,7 @@ async def effect_async(job: Job) -> None:
             )
     await _alog(job, "effect")
     await asyncio.sleep(_seconds(job.payload.get("after"), job))
+    await _await_gate(job, job.payload.get("hold_after"))
     await _alog(job, "end")
 
 

@@ -6,6 +6,7 @@ moment the pool looks at their memory. No database: the pool never touches one.
 from __future__ import annotations
 
 import asyncio
+import select
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from jobtui.worker.children import ENDED_ITSELF, ChildDied, ChildEndedItself, Ch
 from jobtui.worker.executor import PROCESS, InFlight, run_handler
 from jobtui.worker.outcome import Outcome
 from tests.chaos.test_stoppable import alive, runs
+from tests.workers import wait_for
 
 APP = "tests.apps.stoppable_app:jobs"
 _ids = iter(range(1, 1 << 30))
@@ -51,14 +53,6 @@ async def pool(events: Path) -> AsyncIterator[ChildPool]:
         await children.close()
 
 
-def wait_blocking(condition: Any, timeout: float, what: str) -> None:
-    """Poll `condition` while the event loop is held: the pool sees nothing meanwhile."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(0.01)
-
-
 async def test_a_child_stopped_for_its_memory_as_its_job_returned_takes_no_other_job(
     pool: ChildPool, events: Path
 ) -> None:
@@ -75,12 +69,16 @@ async def test_a_child_stopped_for_its_memory_as_its_job_returned_takes_no_other
     while not child.busy:
         await asyncio.sleep(0)
     # From here the loop is held: the job's outcome reaches the pool only once it runs again.
-    wait_blocking(lambda: any(r.ended for r in runs(events, first.job.id)), 10, "the handler to return")
-    time.sleep(0.05)  # its outcome is on the socket
+    # (wait_for blocks this thread, so the loop stays held: the pool sees nothing meanwhile.)
+    wait_for(lambda: any(r.ended for r in runs(events, first.job.id)), 10, "the handler to return")
+    # Its outcome is on the socket, unread while the loop is held.
+    readable, _, _ = select.select([child.writer.get_extra_info("socket").fileno()], [], [], 10)
+    assert readable, "the child's outcome never came"
     over = resident_bytes(child.pid)
     assert over is not None and over > limit, (over, limit)
     pool._check_memory()  # over the limit, its job seemingly still running
-    time.sleep(0.6)  # its memory is freed: between jobs it would be under the limit
+    # Its memory is freed: between jobs it would be under the limit.
+    wait_for(lambda: (resident_bytes(child.pid) or 0) < limit, 10, "the child's memory freed")
     result = await asyncio.wait_for(running, 10)
     assert (result.outcome, result.error) == ("complete", "")
     assert pool.counts.killed == {"memory": 1}

@@ -31,7 +31,7 @@ from jobtui.core.queue import enqueue, enqueue_call
 from jobtui.kernel import migrate
 from tests.cluster import LocalCluster
 from tests.proxy import Proxy
-from tests.workers import APP_TABLES, WorkerProcess, wait_for
+from tests.workers import APP_TABLES, WorkerProcess, close_gate, open_gate, wait_for
 
 APP = "tests.apps.outage_app:jobs"
 LEASE = 2.0
@@ -196,7 +196,8 @@ def _outage_trial(trial: Trial, db: Conn, dsn: str, proxy: Proxy, start: Start, 
         return "\n".join(f"--- {w.name} ---\n{w.log()}" for w in workers)
 
     wait_for(lambda: job_row(db, job_id)["status"] == "done", 60, "the job done after the outage", logs)
-    time.sleep(LEASE)  # anything still in flight lands by now
+    # Every attempt's handler ended (done, cancelled or stopped): none still runs to overlap.
+    wait_for(lambda: all(r.how is not None for r in runs(events, job_id)), 2 * LEASE, "every handler ended", logs)
     found = runs(events, job_id)
     row = job_row(db, job_id)
     assert not overlapping(found), f"two attempts ran at once: {overlapping(found)}\n{logs()}"
@@ -226,17 +227,17 @@ def test_outage_trials(trial: Trial, db: Conn, dsn: str, proxy: Proxy, start: St
 # -- zombies inside the effect's transaction ----------------------------------------------
 
 
-def _freeze_in_effect(mode: str, db: Conn, dsn: str, start: Start, tmp_path: Path) -> tuple[int, WorkerProcess]:
+def _freeze_in_effect(mode: str, db: Conn, dsn: str, start: Start, tmp_path: Path) -> tuple[int, WorkerProcess, int]:
     """Worker X starts the job, opens the effect's transaction and is frozen there (before or
-    after `once()`, by `mode`); worker Y runs meanwhile. X stays frozen for three leases."""
+    after `once()`, by `mode`), held at a gate the test opens; worker Y runs meanwhile."""
     marker = tmp_path / f"holding-{mode}"
     x = start("X", dsn)
-    job_id = enqueue(db, enqueue_call("hold_effect", {"mode": mode, "marker": str(marker)}))
+    gate = close_gate(db)
+    job_id = enqueue(db, enqueue_call("hold_effect", {"mode": mode, "marker": str(marker), "gate": gate}))
     wait_for(marker.exists, 10, "X inside the effect's transaction", x.log)
     x.signal(signal.SIGSTOP)
     start("Y", dsn)
-    time.sleep(3 * LEASE)
-    return job_id, x
+    return job_id, x, gate
 
 
 def _refused(tmp_path: Path, job_id: int) -> bool:
@@ -250,13 +251,13 @@ def _refused(tmp_path: Path, job_id: int) -> bool:
 def test_a_zombie_checking_its_lease_after_a_reclaim_is_refused(
     db: Conn, dsn: str, start: Start, tmp_path: Path
 ) -> None:
-    job_id, x = _freeze_in_effect("before", db, dsn, start, tmp_path)
+    job_id, x, gate = _freeze_in_effect("before", db, dsn, start, tmp_path)
     try:
         # X held no lock yet: its lease expired and Y took the job, did the effect and finished.
         wait_for(lambda: job_row(db, job_id)["status"] == "done", 20, "Y to do the job")
         assert effects(db, f"hold:{job_id}") == [(2, "Y")]
     finally:
-        (tmp_path / "holding-before").unlink(missing_ok=True)
+        open_gate(db, gate)
         x.signal(signal.SIGCONT)
     # X wakes inside its transaction and calls once(): refused, nothing recorded.
     wait_for(lambda: _refused(tmp_path, job_id), 15, "X's once() to be refused", x.log)
@@ -270,14 +271,16 @@ def test_a_zombie_checking_its_lease_after_a_reclaim_is_refused(
 def test_a_zombie_inside_its_effect_transaction_keeps_the_job_until_it_commits(
     db: Conn, dsn: str, start: Start, tmp_path: Path
 ) -> None:
-    job_id, x = _freeze_in_effect("after", db, dsn, start, tmp_path)
+    job_id, x, gate = _freeze_in_effect("after", db, dsn, start, tmp_path)
     try:
+        # X stays frozen for three leases: time for Y to reap and claim the job, were it able to.
+        time.sleep(3 * LEASE)
         # once() locked the job's row: however long X is frozen, its expired lease is not
         # reaped and nobody claims the job, so the effect cannot commit under a later claim.
         row = job_row(db, job_id)
         assert (row["status"], row["lease_token"], row["lease_expirations"]) == ("running", 1, 0), row
     finally:
-        (tmp_path / "holding-after").unlink(missing_ok=True)
+        open_gate(db, gate)
         x.signal(signal.SIGCONT)
     # X commits its effect and its handler returns. X may give the attempt up when it wakes
     # (its lease was not extended in time), but its thread runs on to the end without seeing

@@ -11,6 +11,7 @@ pidfd, so it knows the moment a stopped one was gone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -158,6 +159,14 @@ def runs(events: Path, job_id: int, deaths: Deaths | None = None) -> list[Run]:
         if deaths is not None:
             run.gone = deaths.gone.get(run.pid)
     return [found[t] for t in sorted(found)]
+
+
+def all_stopped(events: Path, job_id: int, deaths: Deaths, timeout: float = 5.0) -> list[Run]:
+    """The attempts of `job_id` once each has ended or its process is gone (the death of a
+    process lands in the watcher a moment later); as they are after `timeout` otherwise."""
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: all(r.stopped is not None for r in runs(events, job_id, deaths)), timeout, "")
+    return runs(events, job_id, deaths)
 
 
 def overlapping(found: list[Run]) -> list[tuple[Run, Run]]:
@@ -395,8 +404,7 @@ def test_a_job_claimed_again_waits_for_its_earlier_handler_on_the_same_worker(
         # The job is ready again at once, and W (the only worker) claims it back at its next poll.
         assert queue.kill_lease([job_id], actor="test") == [job_id]
     wait_for(lambda: job_row(db, job_id)["status"] == "done", 30, "the job done", w.log)
-    time.sleep(0.5)
-    found = runs(events, job_id, deaths)
+    found = all_stopped(events, job_id, deaths)
     assert len(found) == 2 and not overlapping(found), found
     row = job_row(db, job_id)
     assert (row["attempts"], row["lease_token"]) == (2, 2), row  # the kill counts, as an operator's kill does
@@ -488,8 +496,7 @@ def _trial(trial: Trial, db: Conn, dsn: str, proxy: Proxy, start: Start, events:
     finally:
         proxy.restore()
     wait_for(lambda: job_row(db, job_id)["status"] == "done", 60, "the job done after the outage", w.log)
-    time.sleep(0.5)  # the death of a process lands in the watcher by now
-    found = runs(events, job_id, deaths)
+    found = all_stopped(events, job_id, deaths)
     row = job_row(db, job_id)
     detail = f"{found}\n{row}\n{w.log()}"
     assert not overlapping(found), f"two attempts ran at once: {detail}"

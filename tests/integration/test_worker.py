@@ -16,23 +16,26 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from jobtui.cli.run import WORKER_GC_THRESHOLD
 from jobtui.core.queue import enqueue as enqueue_job
 from jobtui.core.queue import enqueue_call, get_job_call
 from jobtui.core.registry import Job, Jobs, Retry
 from jobtui.kernel.db import run
 from jobtui.kernel.domain import JobRow, JobStatus
 from jobtui.worker import Worker
+from jobtui.worker.config import GC_THRESHOLD as WORKER_GC_THRESHOLD
+from jobtui.worker.events import Expectation
 from tests.integration.conftest import Spawn
-from tests.workers import wait_for
+from tests.workers import close_gate, open_gate, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.apps.worker_app:jobs"
@@ -82,8 +85,8 @@ def effects(conn: Conn, key: str) -> list[tuple[int, int, str]]:
 
 def test_killed_worker_job_is_reaped_and_rerun_with_its_effect_once(db: Conn, spawn: Spawn) -> None:
     a = spawn("A")
-    # The first attempt does its effect, then hangs until the worker is killed.
-    job_id = enqueue(db, "effect", {"key": "k-kill", "after": [60]})
+    # The first attempt does its effect, then waits at a gate that stays closed: A is killed there.
+    job_id = enqueue(db, "effect", {"key": "k-kill", "hold_after": [close_gate(db)]})
     wait_for(lambda: effects(db, "k-kill"), 10, "the first attempt's effect", a.log)
     b = spawn("B")  # started after A claimed the job: only A's lease can bring it to B
     a.signal(signal.SIGKILL)
@@ -105,11 +108,24 @@ def test_killed_worker_job_is_reaped_and_rerun_with_its_effect_once(db: Conn, sp
 
 def test_heartbeats_keep_a_lease_longer_than_the_lease_time(db: Conn, spawn: Spawn) -> None:
     w = spawn("W", "--concurrency", "4")
-    # Lease 2s; each job runs 5s. The worker's own reaper would take them back without heartbeats.
+    # Lease 2s; each job runs until its lease was extended past twice that. The worker's own
+    # reaper would take them back without heartbeats.
+    gate = close_gate(db)
     ids = [
-        enqueue(db, "effect", {"key": "k-hb-sync", "after": 5}),
-        enqueue(db, "effect_async", {"key": "k-hb-async", "after": 5}),
+        enqueue(db, "effect", {"key": "k-hb-sync", "hold_after": gate}),
+        enqueue(db, "effect_async", {"key": "k-hb-async", "hold_after": gate}),
     ]
+
+    def held_past_two_leases() -> bool:
+        rows = db.execute(
+            "SELECT count(*) FROM jobtui.job WHERE id = ANY(%s) AND status = 'running'"
+            " AND heartbeat_at > started_at + interval '4 seconds'",
+            (ids,),
+        ).fetchone()
+        return rows is not None and rows[0] == len(ids)
+
+    wait_for(held_past_two_leases, 15, "both leases extended past two leases", w.log)
+    open_gate(db, gate)
     wait_for(lambda: all_status(db, ids, "done"), 15, "both long jobs done", w.log)
     for job_id in ids:
         row = get(db, job_id)
@@ -121,8 +137,9 @@ def test_heartbeats_keep_a_lease_longer_than_the_lease_time(db: Conn, spawn: Spa
 
 def test_stopped_worker_loses_its_lease_and_its_late_outcome_is_rejected(db: Conn, spawn: Spawn) -> None:
     a = spawn("A")
-    # The first attempt sleeps before its effect; the second does it at once.
-    job_id = enqueue(db, "effect", {"key": "k-stop", "before": [4]})
+    # The first attempt waits at a gate before its effect; the second does it at once.
+    gate = close_gate(db)
+    job_id = enqueue(db, "effect", {"key": "k-stop", "hold_before": [gate]})
     wait_for(lambda: runs(db, job_id), 10, "A to start the job", a.log)
     b = spawn("B")
     a.signal(signal.SIGSTOP)  # no heartbeats: the lease expires and B's reaper returns the job
@@ -131,6 +148,7 @@ def test_stopped_worker_loses_its_lease_and_its_late_outcome_is_rejected(db: Con
         done = get(db, job_id)
         assert (done.locked_by, done.attempts, done.lease_expirations) == ("B", 2, 1)
     finally:
+        open_gate(db, gate)
         a.signal(signal.SIGCONT)
     # A wakes up past its lease: it gives the attempt up without trying to write an outcome.
     a.wait_gave_up(job_id, "effect", 15)
@@ -143,18 +161,23 @@ def test_stopped_worker_loses_its_lease_and_its_late_outcome_is_rejected(db: Con
 
 def test_sigterm_finishes_short_jobs_and_releases_long_ones(db: Conn, spawn: Spawn) -> None:
     w = spawn("W", "--concurrency", "10", "--shutdown-timeout", "2s", lease="5s")
+    # The short jobs wait at a gate opened once the worker waits for them to stop.
+    short_gate = close_gate(db)
     short = [
-        enqueue(db, "effect", {"key": "k-short-sync", "after": 0.7}),
-        enqueue(db, "effect_async", {"key": "k-short-async", "after": 0.7}),
+        enqueue(db, "effect", {"key": "k-short-sync", "hold_after": short_gate}),
+        enqueue(db, "effect_async", {"key": "k-short-async", "hold_after": short_gate}),
     ]
+    gate = close_gate(db)  # never opened: the long jobs are still at it when the worker stops
     long = [
-        enqueue(db, "effect", {"key": "k-long-sync", "before": 60}),
-        enqueue(db, "effect_async", {"key": "k-long-async", "before": 60}),
+        enqueue(db, "effect", {"key": "k-long-sync", "hold_before": gate}),
+        enqueue(db, "effect_async", {"key": "k-long-async", "hold_before": gate}),
     ]
     ids = short + long
     wait_for(lambda: all(runs(db, i) for i in ids), 10, "every job to start", w.log)
     sent = time.monotonic()
     w.signal(signal.SIGTERM)
+    w.wait_log("waiting up to 2s for 4 in-flight job(s)", 5)
+    open_gate(db, short_gate)
     assert w.wait_exit(15) == 0, w.log()
     took = time.monotonic() - sent
     for job_id in short:
@@ -175,7 +198,7 @@ def test_sigterm_finishes_short_jobs_and_releases_long_ones(db: Conn, spawn: Spa
         0,
     ]
     assert "released 2 unfinished job(s)" in w.log()
-    # The shutdown timeout bounds the exit, even with a sync handler still sleeping in its thread.
+    # The shutdown timeout bounds the exit, even with a sync handler still waiting in its thread.
     assert took < 6, f"exit took {took:.1f}s with --shutdown-timeout 2s"
 
 
@@ -248,8 +271,10 @@ def test_notify_wakes_an_idle_worker(db: Conn, spawn: Spawn) -> None:
         "the worker to LISTEN",
         w.log,
     )
+    after = None  # the last claim that found a job began then
     for n in range(2):
-        time.sleep(1.0)  # idle: the claim loop now waits for a notification or the 30s poll
+        # Idle: the claim loop found nothing and now waits for a notification or the poll.
+        wait_for(lambda: _claim_idle(db, after), 10, "the worker idle", w.log)  # noqa: B023
         enqueued = time.monotonic()
         job_id = enqueue(db, "effect_async", {"key": f"k-wake-{n}"})
         wait_for(lambda: get(db, job_id).status == JobStatus.DONE, 10, "the job done", w.log)  # noqa: B023
@@ -258,6 +283,24 @@ def test_notify_wakes_an_idle_worker(db: Conn, spawn: Spawn) -> None:
         assert row.started_at is not None and row.created_at is not None
         started_after = (row.started_at - row.created_at).total_seconds()
         assert started_after < 1.0 and latency < 2.0, (started_after, latency)
+        after = row.started_at
+
+
+# The starts of the texts of the statements of the claim connection: the claim and reaping
+# (their comments from queries.sql).
+CLAIM_TEXTS = ("-- Up to `limit` ready jobs of the given types", "-- Running jobs whose lease expired")
+
+
+def _claim_idle(db: Conn, after: datetime | None) -> bool:
+    """Whether the worker's claim connection waits, its last statement begun later than
+    `after`. The claim that took a job began at the job's started_at (its now()); a claim
+    after it is the one that found nothing (the loop claims again once the handler ended)."""
+    row = db.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state = 'idle'"
+        " AND (starts_with(query, %s) OR starts_with(query, %s)) AND (%s::timestamptz IS NULL OR query_start > %s)",
+        (*CLAIM_TEXTS, after, after),
+    ).fetchone()
+    return row is not None and row[0] == 1
 
 
 def test_a_worker_deleting_on_complete_keeps_keyed_jobs_and_failures(db: Conn, spawn: Spawn) -> None:
@@ -353,16 +396,18 @@ def test_handler_exceptions_and_timeouts(db: Conn, spawn: Spawn) -> None:
 # -- in process -----------------------------------------------------------------------------
 
 
-async def run_until(worker: Worker, finished: Callable[[], bool], state: Callable[[], object]) -> None:
-    """Run `worker` in this loop until `finished()` (at most 15 s; `state()` says where the
-    jobs were), then stop it and wait for it."""
-    task = asyncio.create_task(worker.run())
+async def run_until(worker: Worker, awaited: list[Expectation], state: Callable[[], object]) -> None:
+    """Run `worker` in this loop until every event `awaited` came (at most 15 s; `state()`
+    says where the jobs were), then stop it and wait for it."""
+    task: asyncio.Future[Any] = asyncio.create_task(worker.run())
     try:
-        deadline = time.monotonic() + 15
-        while not finished():
-            assert not task.done(), f"worker stopped: {task}"
-            assert time.monotonic() < deadline, f"jobs not finished: {state()}"
-            await asyncio.sleep(0.05)
+        waiting: asyncio.Future[Any] = asyncio.gather(*(expected.wait(15) for expected in awaited))
+        await asyncio.wait({waiting, task}, return_when=asyncio.FIRST_COMPLETED)
+        assert not task.done(), f"worker stopped: {task}"
+        try:
+            await waiting
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}: {state()}") from None
     finally:
         worker.stop()
         await asyncio.wait_for(task, 10)
@@ -370,21 +415,26 @@ async def run_until(worker: Worker, finished: Callable[[], bool], state: Callabl
 
 async def test_sync_handlers_do_not_block_async_ones(db: Conn, app_dsn: str) -> None:
     jobs = Jobs()
-    times: dict[str, float] = {}
-    async_done: list[float] = []
+    loop = asyncio.get_running_loop()
+    sync_started = asyncio.Event()
+    all_async_done = threading.Event()
+    async_done: list[int] = []
+    sync_saw: list[int] = []
 
     @jobs.handler("slow_sync")
     def slow_sync(job: Job) -> None:
-        times["sync_start"] = time.monotonic()
-        time.sleep(2)
-        times["sync_end"] = time.monotonic()
+        loop.call_soon_threadsafe(sync_started.set)
+        # Blocks its thread until every async job finished: were the loop blocked by this
+        # thread, they never would, and the wait would time out.
+        all_async_done.wait(15)
+        sync_saw.append(len(async_done))
 
     @jobs.handler("quick_async")
     async def quick_async(job: Job) -> None:
-        # Long enough for the sync handler's thread to have started on a loaded machine,
-        # short against its two seconds.
-        await asyncio.sleep(0.2)
-        async_done.append(time.monotonic())
+        await sync_started.wait()  # they run while the sync handler holds its thread
+        async_done.append(job.id)
+        if len(async_done) == 50:
+            all_async_done.set()
 
     ids = [enqueue(db, "slow_sync")] + [enqueue(db, "quick_async", {"n": n}) for n in range(50)]
     # No scheduler and no archiver: the built-in archive job, due every minute, would be
@@ -392,11 +442,45 @@ async def test_sync_handlers_do_not_block_async_ones(db: Conn, app_dsn: str) -> 
     worker = Worker(
         jobs, app_dsn, concurrency=60, lease=5, poll_interval=0.2, worker_id="inproc", scheduler=False, retention=None
     )
-    await run_until(worker, lambda: all_status(db, ids, "done"), lambda: statuses(db, ids))
+    await run_until(worker, [worker.events.expect("completed", ids=ids)], lambda: statuses(db, ids))
+    assert all_status(db, ids, "done")
     assert len(async_done) == 50
-    # They ran while the sync handler slept, not after it.
-    assert times["sync_start"] < max(async_done) < times["sync_end"] - 1.0, (times, max(async_done))
+    # They ran while the sync handler was blocked in its thread, not after it.
+    assert sync_saw == [50]
     assert worker.counts["done"] == 51
+
+
+async def test_the_worker_tells_what_its_parts_did(db: Conn, app_dsn: str) -> None:
+    jobs = Jobs()
+    go_on = asyncio.Event()
+
+    @jobs.handler("waits")
+    async def waits(job: Job) -> None:
+        await go_on.wait()
+
+    ids = [enqueue(db, "waits", {"n": n}) for n in range(3)]
+    worker = Worker(jobs, app_dsn, concurrency=5, lease=3, worker_id="inproc", scheduler=False, retention=None)
+    claimed = worker.events.expect("claimed", ids=ids)
+    beat = worker.events.expect("heartbeat", ids=ids)
+    idle = worker.events.expect("idle")
+    reaped = worker.events.expect("reap round")
+    task = asyncio.create_task(worker.run())
+    try:
+        assert sorted(await claimed.wait(10)) == sorted(ids)
+        await idle.wait(10)  # the claim after them found nothing
+        await beat.wait(10)  # their leases, extended while the handlers wait
+        assert statuses(db, ids) == dict.fromkeys(ids, "running")
+        assert await reaped.wait(10) == []  # a round ran, and took back none of its own jobs
+        completed = worker.events.expect("completed", ids=ids)
+        go_on.set()
+        await completed.wait(10)
+        assert all_status(db, ids, "done")
+        with pytest.raises(TimeoutError, match=r"no 'released' event for job\(s\) \[1\] within 0.01s"):
+            await worker.events.expect("released", ids=[1]).wait(0.01)
+        assert not worker.events.watched  # nobody waits: the parts tell nothing
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
 
 
 async def test_a_bad_retry_delay_fails_its_attempt_and_the_rest_go_on(db: Conn, app_dsn: str) -> None:
@@ -416,10 +500,9 @@ async def test_a_bad_retry_delay_fails_its_attempt_and_the_rest_go_on(db: Conn, 
         jobs, app_dsn, concurrency=30, lease=5, poll_interval=0.2, worker_id="inproc", scheduler=False, retention=None
     )
 
-    def finished() -> bool:
-        return all_status(db, ids, "done") and all_status(db, [bad], "dead")
-
+    finished = [worker.events.expect("completed", ids=ids), worker.events.expect("dead", ids=[bad])]
     await run_until(worker, finished, lambda: statuses(db, [bad, *ids]))
+    assert all_status(db, ids, "done") and all_status(db, [bad], "dead")
     last_error = get(db, bad).last_error
     assert last_error is not None and last_error.startswith("InvalidInput: bad delay inf"), last_error
     assert (worker.counts["done"], worker.counts["dead"], worker.in_flight) == (20, 1, {})
@@ -439,7 +522,7 @@ async def test_retry_is_bounded_and_each_one_is_in_the_history(db: Conn, app_dsn
     worker = Worker(
         jobs, app_dsn, concurrency=2, lease=5, poll_interval=0.05, worker_id="inproc", scheduler=False, retention=None
     )
-    await run_until(worker, lambda: all_status(db, [job_id], "dead"), lambda: statuses(db, [job_id]))
+    await run_until(worker, [worker.events.expect("dead", ids=[job_id])], lambda: statuses(db, [job_id]))
     row = get(db, job_id)
     # 25 releases in a row are not attempts; the 26th counts, and the second counted one is the last.
     assert (row.attempts, row.lease_token, runs_seen) == (2, 52, 52)
