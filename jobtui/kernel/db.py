@@ -31,6 +31,7 @@ from psycopg.rows import TupleRow
 
 from jobtui.kernel.domain import DEFAULT_SCHEMA
 from jobtui.kernel.errors import DatabaseUnavailable, InvalidInput
+from jobtui.kernel.errors import first_line as first_line  # where its callers have always found it
 
 T = TypeVar("T")
 
@@ -206,9 +207,8 @@ def check_dsn(dsn: str) -> str:
     try:
         conninfo_to_dict(dsn)
     except (psycopg.ProgrammingError, UnicodeEncodeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InvalidInput(
-            f"bad DSN {describe_dsn(dsn)!r} ({first}); write it like postgresql://user@host:5432/dbname"
+            f"bad DSN {describe_dsn(dsn)!r} ({first_line(exc)}); write it like postgresql://user@host:5432/dbname"
         ) from None
     return dsn
 
@@ -305,12 +305,6 @@ def reconnect_delays() -> Iterator[float]:
         # Jitter downwards only, so the cap is a promise: back within a second.
         yield delay * (0.5 + random.random() / 2)
         delay = min(delay * 2, MAX_RECONNECT_DELAY)
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an error's message, or its class name when it has none."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def is_connection_error(exc: BaseException) -> bool:
