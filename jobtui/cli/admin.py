@@ -24,7 +24,7 @@ from jobtui.kernel.safetext import line
 from jobtui.service.endpoints import LIVE_PATH, READY_PATH
 
 
-def add_migrate_command(sub: Any) -> None:
+def add_migrate_parser(sub: Any) -> None:
     p = sub.add_parser("migrate", help="create or upgrade the schema (--check, --dry-run: change nothing)")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--check", action="store_true", help="exit 1 when migrations are pending, 0 when none are")
@@ -39,7 +39,7 @@ def add_migrate_command(sub: Any) -> None:
     p.set_defaults(func=cmd_migrate)
 
 
-def add_admin_commands(sub: Any) -> None:
+def add_parsers(sub: Any) -> None:
     p = sub.add_parser(
         "health",
         help="exit 0 when ready (a worker's or scheduler's /readyz with --port, else the database), 1 when not",

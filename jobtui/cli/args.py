@@ -150,6 +150,12 @@ ERROR_MATCH = (
 )
 
 
+def add_error_option(parser: argparse.ArgumentParser, rows: str) -> None:
+    """`--error PATTERN`, matched as `dead`, `requeue` and `bulk` match it; `rows` says which
+    jobs it picks."""
+    parser.add_argument("--error", metavar="PATTERN", help=f"{rows}: {ERROR_MATCH}")
+
+
 class Parser(argparse.ArgumentParser):
     """Reports a usage mistake in one line, like every other user error (exit code 2)."""
 

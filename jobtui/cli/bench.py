@@ -7,6 +7,7 @@ time is read from the database (created_at, started_at, finished_at), never a lo
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import subprocess
 import sys
@@ -15,15 +16,19 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any
 
+from jobtui.cli.args import database_dsn, positive_int
 from jobtui.clients.client import Queue
+from jobtui.core.queue import COPY_THRESHOLD
 from jobtui.core.registry import Job, Jobs
 from jobtui.kernel import db, migrate
 from jobtui.kernel.db import Call, check_schema_name, connect
-from jobtui.kernel.domain import NewJob
+from jobtui.kernel.domain import DEFAULT_SCHEMA, NewJob
 from jobtui.kernel.errors import InvalidInput
 
 BENCH_SCHEMA = "jobtui_bench"
 NOOP = "bench.noop"
+# Jobs per enqueue_many of the enqueue phase.
+BATCH = 10_000
 # Marks a schema this benchmark made (and drops when it ends): the only kind it drops.
 MARK = "jobtui bench: dropped when the benchmark ends"
 
@@ -124,8 +129,8 @@ def run(
     try:
         with Queue(dsn, schema=schema) as queue:
             t0 = time.perf_counter()
-            for start in range(0, n, 10_000):
-                queue.enqueue_many([NewJob(NOOP) for _ in range(min(10_000, n - start))])
+            for start in range(0, n, BATCH):
+                queue.enqueue_many([NewJob(NOOP) for _ in range(min(BATCH, n - start))])
             enqueue_rate = n / (time.perf_counter() - t0)
         with connect(dsn, autocommit=True) as conn, tempfile.TemporaryFile() as log:
             db.run(conn, Call("bench_vacuum", {}, _nothing), schema)
@@ -192,3 +197,54 @@ def _last_line(log: IO[bytes]) -> str:
     log.seek(0)
     lines = log.read().decode(errors="replace").strip().splitlines()
     return lines[-1] if lines else "(no output)"
+
+
+def enqueue_label(n: int) -> str:
+    """How `run` enqueues `n` jobs: in batches of BATCH, by COPY from COPY_THRESHOLD jobs on."""
+    if n >= COPY_THRESHOLD:
+        return f"enqueue (COPY, batches of {BATCH:,})"
+    return "enqueue (INSERT, one batch)"
+
+
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser("bench", help="measure enqueue, drain and latency on this database (own schema)")
+    p.add_argument("--jobs", type=positive_int, default=100_000)
+    p.add_argument("--workers", type=positive_int, default=2, help="worker processes (default 2)")
+    p.add_argument("--concurrency", type=positive_int, default=100, help="per worker (default 100)")
+    p.add_argument("--delete-on-complete", action="store_true", help="workers delete finished jobs (see `worker`)")
+    p.add_argument(
+        "--schema",
+        dest="bench_schema",
+        metavar="SCHEMA",
+        help="schema to make for the benchmark and drop afterwards; one that exists is refused (default jobtui_bench)",
+    )
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    # `bench --schema X` or `jobtui --schema X bench`; never the default jobtui schema by default.
+    schema = args.bench_schema or (args.schema if args.schema != DEFAULT_SCHEMA else BENCH_SCHEMA)
+    dsn = database_dsn(args)
+    with connect(dsn, autocommit=True) as conn:
+        claim_schema(conn, check_schema_name(schema))
+    deleting = ", deleting on complete" if args.delete_on_complete else ""
+    print(
+        f"jobtui bench: {args.jobs} no-op jobs, {args.workers} worker process(es) x concurrency {args.concurrency}"
+        + deleting
+        + f", in schema {schema} (dropped afterwards)"
+    )
+    result = run(
+        dsn,
+        n=args.jobs,
+        workers=args.workers,
+        concurrency=args.concurrency,
+        delete_on_complete=args.delete_on_complete,
+        schema=schema,
+    )
+    print(f"  {enqueue_label(args.jobs):<36}{result.enqueue_per_s:>10,.0f} jobs/s")
+    print(f"  {'drain':<36}{result.drain_per_s:>10,.0f} jobs/s")
+    print(
+        f"  enqueue-to-start latency, low load  p50 {result.latency_p50_ms:.1f} ms  p90 {result.latency_p90_ms:.1f} ms"
+        f"  p99 {result.latency_p99_ms:.1f} ms  ({result.latency_samples} jobs, one every 10 ms)"
+    )
+    return 0

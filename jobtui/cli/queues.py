@@ -94,7 +94,7 @@ def cmd_limit(args: argparse.Namespace, dsn: str) -> int:
     return 0
 
 
-def add_queue_commands(sub: Any) -> None:
+def add_parsers(sub: Any) -> None:
     p = sub.add_parser("queue", help="list queues; pause, resume or limit one across every worker")
     qsub = p.add_subparsers(dest="action", required=True)
     a = qsub.add_parser("list", help="each queue and job type: ready, running, limit, paused, oldest age")

@@ -26,7 +26,7 @@ EXTRA = "`jobtui serve` and `jobtui user` need the serve extra: pip install 'job
 ORIGIN = re.compile(r"https?://[A-Za-z0-9.\-]+(:\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](:\d{1,5})?")
 
 
-def add_serve_commands(sub: Any) -> None:
+def add_parsers(sub: Any) -> None:
     p = sub.add_parser(
         "serve",
         help="the console in a browser, behind a sign-in (users from `jobtui user add`)",
