@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import os
 import socket
 import sys
 from collections.abc import Callable
@@ -70,8 +71,15 @@ def accept_global_options_anywhere(parser: argparse.ArgumentParser) -> None:
             accept_global_options_anywhere(sub)
 
 
+def pooler_into_environment(pooler: str) -> None:
+    """Hand --pooler to the parts that take no `pooler=` yet and read JOBTUI_POOLER instead
+    (db.pooler_mode): the console (tui/) and the metrics exporter (service/prometheus.py).
+    Everything else is given the value."""
+    os.environ["JOBTUI_POOLER"] = pooler
+
+
 def open_queue(args: argparse.Namespace, *, check: bool = True) -> Queue:
-    queue = Queue(database_dsn(args), schema=args.schema)
+    queue = Queue(database_dsn(args), schema=args.schema, pooler=args.pooler)
     if check:
         queue.check_schema()
     return queue
@@ -273,7 +281,7 @@ def refuse_changes_when_read_only(args: argparse.Namespace) -> None:
 def with_dsn(fn: Callable[[argparse.Namespace, str], int]) -> Command:
     def command(args: argparse.Namespace) -> int:
         dsn = database_dsn(args)
-        with connect(dsn) as conn:
+        with connect(dsn, pooler=args.pooler) as conn:
             migrations.check(conn, args.schema)
         return fn(args, dsn)
 

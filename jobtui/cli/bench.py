@@ -62,12 +62,15 @@ def spawn_workers(
     *,
     delete_on_complete: bool = False,
     env: dict[str, str] | None = None,
+    pooler: str | None = None,
 ) -> list[subprocess.Popen[bytes]]:
     """Start `jobtui worker` processes running the no-op app; their logs go to `log`, a file
     (a pipe nobody reads would fill up and stall a worker mid-benchmark). `env` replaces the
-    environment (a benchmark runs another source tree's jobtui with its PYTHONPATH)."""
+    environment (a benchmark runs another source tree's jobtui with its PYTHONPATH); `pooler`
+    is given to them as --pooler."""
     cmd = [
         sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "--schema", schema,
+        *(["--pooler", pooler] if pooler is not None else []),
         "worker", "--app", "jobtui.cli.bench:jobs", "--types", NOOP,
         "--concurrency", str(concurrency), "--no-scheduler", "--poll", "1s",
         *(["--delete-on-complete"] if delete_on_complete else []),
@@ -117,24 +120,27 @@ def run(
     latency_jobs: int = 300,
     delete_on_complete: bool = False,
     schema: str = BENCH_SCHEMA,
+    pooler: str | None = None,
 ) -> BenchResult:
     """Run the benchmark against `dsn` in `schema`, made for it and dropped at the end; returns
     the figures. A schema that exists and that no benchmark made is refused (InvalidInput)."""
     check_schema_name(schema)
-    with connect(dsn, autocommit=True) as conn:
+    with connect(dsn, autocommit=True, pooler=pooler) as conn:
         claim_schema(conn, schema)
         db.run(conn, Call("schema_drop", {}, _nothing), schema)
         migrate.migrate(conn, schema)
         db.run(conn, Call("bench_schema_set_mark", {}, _nothing), schema)
     try:
-        with Queue(dsn, schema=schema) as queue:
+        with Queue(dsn, schema=schema, pooler=pooler) as queue:
             t0 = time.perf_counter()
             for start in range(0, n, BATCH):
                 queue.enqueue_many([NewJob(NOOP) for _ in range(min(BATCH, n - start))])
             enqueue_rate = n / (time.perf_counter() - t0)
-        with connect(dsn, autocommit=True) as conn, tempfile.TemporaryFile() as log:
+        with connect(dsn, autocommit=True, pooler=pooler) as conn, tempfile.TemporaryFile() as log:
             db.run(conn, Call("bench_vacuum", {}, _nothing), schema)
-            procs = spawn_workers(dsn, schema, workers, concurrency, log, delete_on_complete=delete_on_complete)
+            procs = spawn_workers(
+                dsn, schema, workers, concurrency, log, delete_on_complete=delete_on_complete, pooler=pooler
+            )
             try:
                 deadline = time.monotonic() + 600
                 while time.monotonic() < deadline:
@@ -150,11 +156,11 @@ def run(
                 if finished != n:
                     raise RuntimeError(f"{finished} of {n} jobs finished: " + _last_line(log))
                 drain_rate = n / span
-                latencies = _latency(conn, dsn, schema, latency_jobs)
+                latencies = _latency(conn, dsn, schema, latency_jobs, pooler)
             finally:
                 stop_workers(procs)
     finally:
-        with connect(dsn, autocommit=True) as conn:
+        with connect(dsn, autocommit=True, pooler=pooler) as conn:
             db.run(conn, Call("schema_drop", {}, _nothing), schema)
     q = statistics.quantiles(latencies, n=100, method="inclusive")
     return BenchResult(n, workers, concurrency, enqueue_rate, drain_rate, q[49], q[89], q[98], len(latencies))
@@ -172,10 +178,10 @@ def claim_schema(conn: Any, schema: str) -> None:
     )
 
 
-def _latency(conn: Any, dsn: str, schema: str, count: int) -> list[float]:
+def _latency(conn: Any, dsn: str, schema: str, count: int, pooler: str | None) -> list[float]:
     """Enqueue `count` jobs one by one every 10 ms to idle workers; started_at - created_at.
     The jobs carry keys, so workers that delete finished jobs keep these rows."""
-    with Queue(dsn, schema=schema, max_connections=1) as queue:
+    with Queue(dsn, schema=schema, max_connections=1, pooler=pooler) as queue:
         queue.enqueue(NOOP, key="latency-warm-up")  # warm the connection and the workers
         time.sleep(0.5)
         first = queue.enqueue(NOOP, key="latency-0")
@@ -225,7 +231,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     # `bench --schema X` or `jobtui --schema X bench`; never the default jobtui schema by default.
     schema = args.bench_schema or (args.schema if args.schema != DEFAULT_SCHEMA else BENCH_SCHEMA)
     dsn = database_dsn(args)
-    with connect(dsn, autocommit=True) as conn:
+    with connect(dsn, autocommit=True, pooler=args.pooler) as conn:
         claim_schema(conn, check_schema_name(schema))
     deleting = ", deleting on complete" if args.delete_on_complete else ""
     print(
@@ -240,6 +246,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         delete_on_complete=args.delete_on_complete,
         schema=schema,
+        pooler=args.pooler,
     )
     print(f"  {enqueue_label(args.jobs):<36}{result.enqueue_per_s:>10,.0f} jobs/s")
     print(f"  {'drain':<36}{result.drain_per_s:>10,.0f} jobs/s")

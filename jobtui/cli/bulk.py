@@ -44,7 +44,7 @@ def cmd_bulk(args: argparse.Namespace, dsn: str) -> int:
     if filt.empty and not args.all:
         raise InvalidInput("say which jobs: --type, --queue, --status, --error, --payload, --older-than ... or --all")
     action = args.bulk_action
-    with connect(dsn, autocommit=True) as conn:
+    with connect(dsn, autocommit=True, pooler=args.pooler) as conn:
         job = bulk.Bulk(conn, action, filt, actor=args.actor, schema=args.schema, batch=args.batch,
                         timeout=parse_duration(args.timeout), rest=args.rest)  # fmt: skip
         pending = job.pending()

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from jobtui.cli.args import database_dsn, positive_int
+from jobtui.cli.args import database_dsn, pooler_into_environment, positive_int
 from jobtui.clients.client import Queue
 from jobtui.core import scheduler as schedules
 from jobtui.core.registry import Job, Jobs, Permanent
@@ -85,9 +85,9 @@ CRASH_TYPES = ["image.resize"]
 MAIN_TYPES = [t for t in jobs.handlers if t not in CRASH_TYPES]
 
 
-def prepare(dsn: str, schema: str) -> None:
+def prepare(dsn: str, schema: str, pooler: str | None = None) -> None:
     """Sync the schedules, pause one, and make one look as if every scheduler had been down."""
-    with connect(dsn, autocommit=True) as conn:
+    with connect(dsn, autocommit=True, pooler=pooler) as conn:
         schedules.sync(conn, jobs.schedule_specs(), schema)
         schedules.pause(conn, "demo.paused", schema, actor="demo")
         schedules.rewind(conn, "demo.catch-up", 15 * 60, schema)
@@ -115,8 +115,8 @@ def enqueue_burst(queue: Queue, rng: random.Random, n: int) -> None:
 class Traffic:
     """Enqueues bursts every second in a background thread until stopped."""
 
-    def __init__(self, dsn: str, schema: str, per_second: int = 6) -> None:
-        self.queue = Queue(dsn, schema=schema, max_connections=1)
+    def __init__(self, dsn: str, schema: str, per_second: int = 6, pooler: str | None = None) -> None:
+        self.queue = Queue(dsn, schema=schema, max_connections=1, pooler=pooler)
         self.per_second = per_second
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jobtui-demo-traffic", daemon=True)
@@ -143,9 +143,10 @@ class Traffic:
 class CrashWorker:
     """A worker process for the crash type, restarted each time it dies."""
 
-    def __init__(self, dsn: str, schema: str) -> None:
+    def __init__(self, dsn: str, schema: str, pooler: str | None = None) -> None:
         self.dsn = dsn
         self.schema = schema
+        self.pooler = pooler
         self.restarts = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._stop = threading.Event()
@@ -153,7 +154,8 @@ class CrashWorker:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         cmd = [
-            sys.executable, "-m", "jobtui.cli", "--dsn", self.dsn, "--schema", self.schema, "worker",
+            sys.executable, "-m", "jobtui.cli", "--dsn", self.dsn, "--schema", self.schema,
+            *(["--pooler", self.pooler] if self.pooler is not None else []), "worker",
             "--app", "jobtui.cli.demo:jobs", "--types", ",".join(CRASH_TYPES), "--lease", f"{LEASE:.0f}s",
             "--concurrency", "1", "--no-scheduler", "--id", "demo-crasher",
         ]  # fmt: skip
@@ -206,15 +208,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f" jobtui --dsn '{describe_dsn(dsn)}' --schema {schema} stats",
         file=sys.stderr,
     )
-    with connect(dsn, autocommit=True) as conn:
+    with connect(dsn, autocommit=True, pooler=args.pooler) as conn:
         if args.reset:
             run(conn, Call("schema_drop", {}, lambda rows: None), check_schema_name(schema))
         migrations.migrate(conn, schema)
-    prepare(dsn, schema)
+    prepare(dsn, schema, args.pooler)
     worker = Worker(jobs, dsn, concurrency=args.demo_concurrency, types=MAIN_TYPES, lease=LEASE,
-                    schema=schema, shutdown_timeout=5, worker_id="demo-main")  # fmt: skip
-    traffic = Traffic(dsn, schema)
-    crasher = CrashWorker(dsn, schema)
+                    schema=schema, shutdown_timeout=5, worker_id="demo-main", pooler=args.pooler)  # fmt: skip
+    traffic = Traffic(dsn, schema, pooler=args.pooler)
+    crasher = CrashWorker(dsn, schema, args.pooler)
     traffic.start()
     crasher.start()
     try:
@@ -225,6 +227,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         else:
             from jobtui.tui.app import JobtuiApp
 
+            pooler_into_environment(args.pooler)
             JobtuiApp(dsn, schema=schema, actor=args.actor, worker=worker).run()
     finally:
         traffic.stop()
@@ -232,7 +235,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.no_tui:
         from jobtui.reads.metrics import snapshot
 
-        with connect(dsn, autocommit=True) as conn:
+        with connect(dsn, autocommit=True, pooler=args.pooler) as conn:
             snap = snapshot(conn, schema)
         from rich.text import Text
 

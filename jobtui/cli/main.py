@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--pooler",
         choices=POOLERS,
+        # JOBTUI_POOLER is read here only; main() checks it and every command is given the value.
+        default=os.environ.get("JOBTUI_POOLER") or "none",
         help="transaction: the DSN goes through PgBouncer with pool_mode = transaction, so jobtui keeps no"
         " session state (default: JOBTUI_POOLER, else none)",
     )
@@ -114,11 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Command = getattr(args, "func", None) or run.cmd_console
     try:
         refuse_changes_when_read_only(args)
-        if args.pooler is not None:
-            # One setting for the whole process and the workers it starts: every connection
-            # reads it (db.pooler_mode).
-            os.environ["JOBTUI_POOLER"] = args.pooler
-        pooler_mode()  # a bad JOBTUI_POOLER is one line, before anything connects
+        # A bad JOBTUI_POOLER is one line, before anything connects.
+        args.pooler = pooler_mode(args.pooler)
         return func(args)
     except JobtuiError as exc:
         print(f"jobtui: error: {one_line(str(exc))}", file=sys.stderr)

@@ -16,7 +16,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from jobtui.cli.args import add_error_option, job_id, port_number, positive_int, positive_seconds, with_dsn, with_queue
+from jobtui.cli.args import (
+    add_error_option,
+    job_id,
+    pooler_into_environment,
+    port_number,
+    positive_int,
+    positive_seconds,
+    with_dsn,
+    with_queue,
+)
 from jobtui.clients.client import Queue
 from jobtui.core.queue import job_statuses_call
 from jobtui.kernel.db import connect
@@ -302,7 +311,7 @@ def cmd_stats(args: argparse.Namespace, dsn: str) -> int:
     console = wide_console()
     history = DoneHistory()
     while True:
-        with watched(connect(dsn, autocommit=True), args.schema) as conn:
+        with watched(connect(dsn, autocommit=True, pooler=args.pooler), args.schema) as conn:
             snap = snapshot(conn, args.schema, history=history)
             lines = overview(conn, args.schema).lines
         forecasts = line_forecasts(lines, snap.flows)
@@ -328,7 +337,7 @@ def _lever_pulled(q: QueueLine) -> bool:
 
 
 def cmd_dead(args: argparse.Namespace, dsn: str) -> int:
-    with connect(dsn, autocommit=True) as conn:
+    with connect(dsn, autocommit=True, pooler=args.pooler) as conn:
         check_regex(conn, args.error, args.schema)
         # The rows `requeue --type --error` would move, grouped; with their ids for scripts.
         groups = dead_groups(conn, args.schema, job_type=args.type, error=args.error, with_ids=args.json)
@@ -461,6 +470,7 @@ def cmd_metrics(args: argparse.Namespace, dsn: str) -> int:
     from jobtui.service.prometheus import serve
 
     token = read_token(args.token_file) if args.token_file else None
+    pooler_into_environment(args.pooler)
     server = serve(dsn, args.port, args.schema, args.addr, token=token, fix="choose another --port or --addr")
     print(f"{describe(server)} (Ctrl-C to stop)")
     try:

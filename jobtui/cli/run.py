@@ -11,7 +11,14 @@ import signal
 import sys
 from typing import Any
 
-from jobtui.cli.args import add_metrics_options, add_wait_for_db, database_dsn, positive_int, queue_slots
+from jobtui.cli.args import (
+    add_metrics_options,
+    add_wait_for_db,
+    database_dsn,
+    pooler_into_environment,
+    positive_int,
+    queue_slots,
+)
 from jobtui.core.maintenance import Retention
 from jobtui.core.privileges import SCHEDULER_NEEDS, missing_privileges_call, privilege_message
 from jobtui.core.registry import load_app
@@ -70,11 +77,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
             delete_done=args.delete_done,
         ),
         health=_health(args),
+        pooler=args.pooler,
     )
     setup_logging(args.verbose, args.log_format)
     # The probes answer from here on: alive, and not ready while the database is awaited.
     _serve_endpoints(args, dsn, worker.health, worker=worker)
-    with wait_for_database(dsn, wait, what=f"worker {worker.worker_id}") as conn:
+    with wait_for_database(dsn, wait, what=f"worker {worker.worker_id}", pooler=args.pooler) as conn:
         migrations.check(conn, args.schema)
     # The process is the worker's own, so it may tune the collector: every job makes a
     # dozen short-lived objects (task, coroutine, records), and at Python's default
@@ -109,6 +117,7 @@ def _serve_endpoints(args: argparse.Namespace, dsn: str, health: Health | None, 
     from jobtui.service.prometheus import serve
 
     token = read_token(args.metrics_token_file) if args.metrics_token_file else None
+    pooler_into_environment(args.pooler)
     server = serve(dsn, args.metrics_port, args.schema, args.metrics_addr, token=token, health=health, worker=worker)
     logging.getLogger("jobtui.endpoints").info("%s", describe(server))
 
@@ -164,12 +173,12 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     health = _health(args)
     setup_logging(args.verbose, args.log_format)
     _serve_endpoints(args, dsn, health)
-    with wait_for_database(dsn, wait, what="scheduler") as conn:
+    with wait_for_database(dsn, wait, what="scheduler", pooler=args.pooler) as conn:
         migrations.check(conn, args.schema)
         missing = run(conn, missing_privileges_call(args.schema, SCHEDULER_NEEDS), args.schema)
     if missing:
         raise PrivilegeMissing(privilege_message("jobtui scheduler", missing))
-    scheduler = _StandaloneScheduler(Scheduler(dsn, schema=args.schema, specs=specs), health)
+    scheduler = _StandaloneScheduler(Scheduler(dsn, schema=args.schema, specs=specs, pooler=args.pooler), health)
     asyncio.run(_run_until_signalled(scheduler, "scheduler"))
     return 0
 
@@ -217,7 +226,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         dead_crit=args.crit_dead,
     )
     dsn = database_dsn(args)
-    with connect(dsn) as conn:
+    with connect(dsn, pooler=args.pooler) as conn:
         migrations.check(conn, args.schema)
     worker = None
     if args.work:
@@ -227,8 +236,9 @@ def cmd_console(args: argparse.Namespace) -> int:
             raise InvalidInput("--work runs jobs, which --read-only forbids; drop one of them")
         worker = Worker(
             load_app(args.work), dsn, concurrency=args.concurrency, schema=args.schema, executor=args.executor,
-            app=args.work,
+            app=args.work, pooler=args.pooler,
         )  # fmt: skip
+    pooler_into_environment(args.pooler)
     app = JobtuiApp(
         dsn, schema=args.schema, actor=args.actor, read_only=args.read_only, thresholds=thresholds, worker=worker
     )

@@ -65,7 +65,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     from jobtui.core import scheduler as sched
 
     dsn = database_dsn(args)
-    with connect(dsn, autocommit=True) as conn:
+    with connect(dsn, autocommit=True, pooler=args.pooler) as conn:
         migrations.check(conn, args.schema)
         action = args.schedule_action
         if action == "add":

@@ -69,7 +69,7 @@ def cmd_jobs(args: argparse.Namespace, queue: Queue) -> int:
         return _jobs_page(args, queue)
     filt = search_filter(args)
     timeout = parse_duration(args.timeout)
-    with connect(queue.dsn, autocommit=True) as conn:
+    with connect(queue.dsn, autocommit=True, pooler=queue.pooler) as conn:
         try:
             with progress_bar("counting" if args.count else "searching") as update:
                 if args.count:
@@ -119,7 +119,7 @@ def cmd_index(args: argparse.Namespace, dsn: str) -> int:
     """`jobtui index payload [--drop]`: build (or drop) the payload's GIN index without
     blocking enqueues or claims. It needs the role that owns the job table."""
     schema = args.schema
-    with connect(dsn, autocommit=True) as conn:
+    with connect(dsn, autocommit=True, pooler=args.pooler) as conn:
         state = run(conn, Call("payload_index_state", {"schema_name": schema}, lambda r: r.dicts()), schema)
         if args.drop:
             run(conn, Call("payload_index_drop", {}, lambda r: None), schema)
@@ -139,7 +139,7 @@ def cmd_index(args: argparse.Namespace, dsn: str) -> int:
             file=sys.stderr,
         )
         done = threading.Event()
-        watcher = threading.Thread(target=_watch_build, args=(dsn, schema, done), daemon=True)
+        watcher = threading.Thread(target=_watch_build, args=(dsn, args.pooler, schema, done), daemon=True)
         watcher.start()
         started = time.monotonic()
         try:
@@ -155,9 +155,9 @@ def cmd_index(args: argparse.Namespace, dsn: str) -> int:
     return 0
 
 
-def _watch_build(dsn: str, schema: str, done: threading.Event) -> None:
+def _watch_build(dsn: str, pooler: str, schema: str, done: threading.Event) -> None:
     """The build's progress, from pg_stat_progress_create_index on a connection of its own."""
-    with connect(dsn, autocommit=True) as conn, progress_bar("building the payload index") as update:
+    with connect(dsn, autocommit=True, pooler=pooler) as conn, progress_bar("building the payload index") as update:
         while not done.wait(0.5):
             rows = run(conn, Call("payload_index_progress", {"schema_name": schema}, lambda r: r.dicts()), schema)
             if rows:

@@ -336,15 +336,17 @@ def is_connection_error(exc: BaseException) -> bool:
     )
 
 
-def wait_for_database(dsn: str, timeout: float, *, what: str = "jobtui") -> psycopg.Connection[Any]:
-    """A connection to `dsn`, trying for up to `timeout` seconds with the reconnect back-off;
-    logs once while it waits. Raises DatabaseUnavailable when the time is up."""
+def wait_for_database(
+    dsn: str, timeout: float, *, what: str = "jobtui", pooler: str | None = None
+) -> psycopg.Connection[Any]:
+    """A connection to `dsn` (behind `pooler`), trying for up to `timeout` seconds with the
+    reconnect back-off; logs once while it waits. Raises DatabaseUnavailable when the time is up."""
     deadline = time.monotonic() + timeout
     delays = reconnect_delays()
     waited = False
     while True:
         try:
-            conn = connect(dsn)
+            conn = connect(dsn, pooler=pooler)
         except DatabaseUnavailable as exc:
             delay = next(delays)
             if time.monotonic() + delay > deadline:
