@@ -24,7 +24,7 @@ from jobtui.kernel.safetext import line
 from jobtui.service.endpoints import LIVE_PATH, READY_PATH
 
 
-def add_migrate_command(sub: Any) -> None:
+def add_migrate_parser(sub: Any) -> None:
     p = sub.add_parser("migrate", help="create or upgrade the schema (--check, --dry-run: change nothing)")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--check", action="store_true", help="exit 1 when migrations are pending, 0 when none are")
@@ -39,7 +39,7 @@ def add_migrate_command(sub: Any) -> None:
     p.set_defaults(func=cmd_migrate)
 
 
-def add_admin_commands(sub: Any) -> None:
+def add_parsers(sub: Any) -> None:
     p = sub.add_parser(
         "health",
         help="exit 0 when ready (a worker's or scheduler's /readyz with --port, else the database), 1 when not",
@@ -62,7 +62,7 @@ def _say_waited(why: str) -> None:
 def cmd_migrate(args: argparse.Namespace) -> int:
     lock_timeout = parse_duration(args.lock_timeout)
     dsn = database_dsn(args)
-    with connect(dsn, autocommit=True) as conn:
+    with connect(dsn, autocommit=True, pooler=args.pooler) as conn:
         if not (args.check or args.dry_run):
             applied = migrations.migrate(conn, args.schema, lock_timeout=lock_timeout, waited=_say_waited)
             for m in applied:
@@ -111,7 +111,7 @@ def _database_health(args: argparse.Namespace) -> int:
     migration of this code applied (what a worker needs to start)."""
     dsn = database_dsn(args)
     try:
-        with connect(dsn, autocommit=True, connect_timeout=max(1, round(args.timeout))) as conn:
+        with connect(dsn, autocommit=True, connect_timeout=max(1, round(args.timeout)), pooler=args.pooler) as conn:
             version, todo = migrations.pending(conn, args.schema)
             read_only = run(conn, Call("server_read_only", {}, lambda rows: bool(rows[0][0])), args.schema)
     except DatabaseUnavailable as exc:
@@ -132,7 +132,7 @@ def cmd_uninstall(args: argparse.Namespace) -> int:
     from jobtui.core import uninstall
 
     dsn = database_dsn(args)
-    with connect(dsn, autocommit=True) as conn:
+    with connect(dsn, autocommit=True, pooler=args.pooler) as conn:
         contents = uninstall.inspect(conn, args.schema)
         if contents.read_only:
             raise InvalidInput("the server is read-only (a standby?): run `jobtui uninstall` on the primary")

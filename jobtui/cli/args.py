@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import os
 import socket
 import sys
 from collections.abc import Callable
@@ -70,8 +71,15 @@ def accept_global_options_anywhere(parser: argparse.ArgumentParser) -> None:
             accept_global_options_anywhere(sub)
 
 
+def pooler_into_environment(pooler: str) -> None:
+    """Hand --pooler to the parts that take no `pooler=` yet and read JOBTUI_POOLER instead
+    (db.pooler_mode): the console (tui/) and the metrics exporter (service/prometheus.py).
+    Everything else is given the value."""
+    os.environ["JOBTUI_POOLER"] = pooler
+
+
 def open_queue(args: argparse.Namespace, *, check: bool = True) -> Queue:
-    queue = Queue(database_dsn(args), schema=args.schema)
+    queue = Queue(database_dsn(args), schema=args.schema, pooler=args.pooler)
     if check:
         queue.check_schema()
     return queue
@@ -142,12 +150,18 @@ def port_number(text: str) -> int:
     return value
 
 
-# What --error matches, for `dead` and `requeue` alike (queries.sql, dead_matching).
+# What --error matches, for `dead` and `requeue` alike (sql/actions.sql, dead_matching).
 ERROR_MATCH = (
     "a case-insensitive PostgreSQL regular expression, matched against the first line of each job's error"
     " (exception and message, as `jobtui job` shows it) or its fingerprint (numbers masked as <n>,"
     " as `jobtui dead` shows it); never the traceback"
 )
+
+
+def add_error_option(parser: argparse.ArgumentParser, rows: str) -> None:
+    """`--error PATTERN`, matched as `dead`, `requeue` and `bulk` match it; `rows` says which
+    jobs it picks."""
+    parser.add_argument("--error", metavar="PATTERN", help=f"{rows}: {ERROR_MATCH}")
 
 
 class Parser(argparse.ArgumentParser):
@@ -267,7 +281,7 @@ def refuse_changes_when_read_only(args: argparse.Namespace) -> None:
 def with_dsn(fn: Callable[[argparse.Namespace, str], int]) -> Command:
     def command(args: argparse.Namespace) -> int:
         dsn = database_dsn(args)
-        with connect(dsn) as conn:
+        with connect(dsn, pooler=args.pooler) as conn:
             migrations.check(conn, args.schema)
         return fn(args, dsn)
 

@@ -7,6 +7,7 @@ time is read from the database (created_at, started_at, finished_at), never a lo
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import subprocess
 import sys
@@ -15,15 +16,19 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any
 
+from jobtui.cli.args import database_dsn, positive_int
 from jobtui.clients.client import Queue
+from jobtui.core.queue import COPY_THRESHOLD
 from jobtui.core.registry import Job, Jobs
 from jobtui.kernel import db, migrate
 from jobtui.kernel.db import Call, check_schema_name, connect
-from jobtui.kernel.domain import NewJob
+from jobtui.kernel.domain import DEFAULT_SCHEMA, NewJob
 from jobtui.kernel.errors import InvalidInput
 
 BENCH_SCHEMA = "jobtui_bench"
 NOOP = "bench.noop"
+# Jobs per enqueue_many of the enqueue phase.
+BATCH = 10_000
 # Marks a schema this benchmark made (and drops when it ends): the only kind it drops.
 MARK = "jobtui bench: dropped when the benchmark ends"
 
@@ -57,12 +62,15 @@ def spawn_workers(
     *,
     delete_on_complete: bool = False,
     env: dict[str, str] | None = None,
+    pooler: str | None = None,
 ) -> list[subprocess.Popen[bytes]]:
     """Start `jobtui worker` processes running the no-op app; their logs go to `log`, a file
     (a pipe nobody reads would fill up and stall a worker mid-benchmark). `env` replaces the
-    environment (a benchmark runs another source tree's jobtui with its PYTHONPATH)."""
+    environment (a benchmark runs another source tree's jobtui with its PYTHONPATH); `pooler`
+    is given to them as --pooler."""
     cmd = [
         sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "--schema", schema,
+        *(["--pooler", pooler] if pooler is not None else []),
         "worker", "--app", "jobtui.cli.bench:jobs", "--types", NOOP,
         "--concurrency", str(concurrency), "--no-scheduler", "--poll", "1s",
         *(["--delete-on-complete"] if delete_on_complete else []),
@@ -112,24 +120,27 @@ def run(
     latency_jobs: int = 300,
     delete_on_complete: bool = False,
     schema: str = BENCH_SCHEMA,
+    pooler: str | None = None,
 ) -> BenchResult:
     """Run the benchmark against `dsn` in `schema`, made for it and dropped at the end; returns
     the figures. A schema that exists and that no benchmark made is refused (InvalidInput)."""
     check_schema_name(schema)
-    with connect(dsn, autocommit=True) as conn:
+    with connect(dsn, autocommit=True, pooler=pooler) as conn:
         claim_schema(conn, schema)
         db.run(conn, Call("schema_drop", {}, _nothing), schema)
         migrate.migrate(conn, schema)
         db.run(conn, Call("bench_schema_set_mark", {}, _nothing), schema)
     try:
-        with Queue(dsn, schema=schema) as queue:
+        with Queue(dsn, schema=schema, pooler=pooler) as queue:
             t0 = time.perf_counter()
-            for start in range(0, n, 10_000):
-                queue.enqueue_many([NewJob(NOOP) for _ in range(min(10_000, n - start))])
+            for start in range(0, n, BATCH):
+                queue.enqueue_many([NewJob(NOOP) for _ in range(min(BATCH, n - start))])
             enqueue_rate = n / (time.perf_counter() - t0)
-        with connect(dsn, autocommit=True) as conn, tempfile.TemporaryFile() as log:
+        with connect(dsn, autocommit=True, pooler=pooler) as conn, tempfile.TemporaryFile() as log:
             db.run(conn, Call("bench_vacuum", {}, _nothing), schema)
-            procs = spawn_workers(dsn, schema, workers, concurrency, log, delete_on_complete=delete_on_complete)
+            procs = spawn_workers(
+                dsn, schema, workers, concurrency, log, delete_on_complete=delete_on_complete, pooler=pooler
+            )
             try:
                 deadline = time.monotonic() + 600
                 while time.monotonic() < deadline:
@@ -145,11 +156,11 @@ def run(
                 if finished != n:
                     raise RuntimeError(f"{finished} of {n} jobs finished: " + _last_line(log))
                 drain_rate = n / span
-                latencies = _latency(conn, dsn, schema, latency_jobs)
+                latencies = _latency(conn, dsn, schema, latency_jobs, pooler)
             finally:
                 stop_workers(procs)
     finally:
-        with connect(dsn, autocommit=True) as conn:
+        with connect(dsn, autocommit=True, pooler=pooler) as conn:
             db.run(conn, Call("schema_drop", {}, _nothing), schema)
     q = statistics.quantiles(latencies, n=100, method="inclusive")
     return BenchResult(n, workers, concurrency, enqueue_rate, drain_rate, q[49], q[89], q[98], len(latencies))
@@ -167,10 +178,10 @@ def claim_schema(conn: Any, schema: str) -> None:
     )
 
 
-def _latency(conn: Any, dsn: str, schema: str, count: int) -> list[float]:
+def _latency(conn: Any, dsn: str, schema: str, count: int, pooler: str | None) -> list[float]:
     """Enqueue `count` jobs one by one every 10 ms to idle workers; started_at - created_at.
     The jobs carry keys, so workers that delete finished jobs keep these rows."""
-    with Queue(dsn, schema=schema, max_connections=1) as queue:
+    with Queue(dsn, schema=schema, max_connections=1, pooler=pooler) as queue:
         queue.enqueue(NOOP, key="latency-warm-up")  # warm the connection and the workers
         time.sleep(0.5)
         first = queue.enqueue(NOOP, key="latency-0")
@@ -192,3 +203,55 @@ def _last_line(log: IO[bytes]) -> str:
     log.seek(0)
     lines = log.read().decode(errors="replace").strip().splitlines()
     return lines[-1] if lines else "(no output)"
+
+
+def enqueue_label(n: int) -> str:
+    """How `run` enqueues `n` jobs: in batches of BATCH, by COPY from COPY_THRESHOLD jobs on."""
+    if n >= COPY_THRESHOLD:
+        return f"enqueue (COPY, batches of {BATCH:,})"
+    return "enqueue (INSERT, one batch)"
+
+
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser("bench", help="measure enqueue, drain and latency on this database (own schema)")
+    p.add_argument("--jobs", type=positive_int, default=100_000)
+    p.add_argument("--workers", type=positive_int, default=2, help="worker processes (default 2)")
+    p.add_argument("--concurrency", type=positive_int, default=100, help="per worker (default 100)")
+    p.add_argument("--delete-on-complete", action="store_true", help="workers delete finished jobs (see `worker`)")
+    p.add_argument(
+        "--schema",
+        dest="bench_schema",
+        metavar="SCHEMA",
+        help="schema to make for the benchmark and drop afterwards; one that exists is refused (default jobtui_bench)",
+    )
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    # `bench --schema X` or `jobtui --schema X bench`; never the default jobtui schema by default.
+    schema = args.bench_schema or (args.schema if args.schema != DEFAULT_SCHEMA else BENCH_SCHEMA)
+    dsn = database_dsn(args)
+    with connect(dsn, autocommit=True, pooler=args.pooler) as conn:
+        claim_schema(conn, check_schema_name(schema))
+    deleting = ", deleting on complete" if args.delete_on_complete else ""
+    print(
+        f"jobtui bench: {args.jobs} no-op jobs, {args.workers} worker process(es) x concurrency {args.concurrency}"
+        + deleting
+        + f", in schema {schema} (dropped afterwards)"
+    )
+    result = run(
+        dsn,
+        n=args.jobs,
+        workers=args.workers,
+        concurrency=args.concurrency,
+        delete_on_complete=args.delete_on_complete,
+        schema=schema,
+        pooler=args.pooler,
+    )
+    print(f"  {enqueue_label(args.jobs):<36}{result.enqueue_per_s:>10,.0f} jobs/s")
+    print(f"  {'drain':<36}{result.drain_per_s:>10,.0f} jobs/s")
+    print(
+        f"  enqueue-to-start latency, low load  p50 {result.latency_p50_ms:.1f} ms  p90 {result.latency_p90_ms:.1f} ms"
+        f"  p99 {result.latency_p99_ms:.1f} ms  ({result.latency_samples} jobs, one every 10 ms)"
+    )
+    return 0

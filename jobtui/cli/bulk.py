@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import Any
 
-from jobtui.cli.args import ERROR_MATCH, positive_int, with_dsn
+from jobtui.cli.args import add_error_option, positive_int, with_dsn
 from jobtui.cli.search import progress_bar
 from jobtui.core import bulk
 from jobtui.kernel.db import connect
@@ -44,7 +44,7 @@ def cmd_bulk(args: argparse.Namespace, dsn: str) -> int:
     if filt.empty and not args.all:
         raise InvalidInput("say which jobs: --type, --queue, --status, --error, --payload, --older-than ... or --all")
     action = args.bulk_action
-    with connect(dsn, autocommit=True) as conn:
+    with connect(dsn, autocommit=True, pooler=args.pooler) as conn:
         job = bulk.Bulk(conn, action, filt, actor=args.actor, schema=args.schema, batch=args.batch,
                         timeout=parse_duration(args.timeout), rest=args.rest)  # fmt: skip
         pending = job.pending()
@@ -89,7 +89,7 @@ def cmd_bulk(args: argparse.Namespace, dsn: str) -> int:
     return 0
 
 
-def add_bulk_commands(sub: Any) -> None:
+def add_parsers(sub: Any) -> None:
     p = sub.add_parser("bulk", help="requeue, discard or cancel every job of a filter, in batches, resumable")
     bsub = p.add_subparsers(dest="bulk_action", metavar="ACTION", required=True)
     for action, text in (
@@ -101,7 +101,7 @@ def add_bulk_commands(sub: Any) -> None:
         a.add_argument("--type", action="append", help="only this job type (repeatable)")
         a.add_argument("--queue", help="only this queue")
         a.add_argument("--status", help="only these statuses, comma-separated (of those the action applies to)")
-        a.add_argument("--error", metavar="PATTERN", help="only jobs whose error matches PATTERN: " + ERROR_MATCH)
+        add_error_option(a, "only jobs whose error matches PATTERN")
         a.add_argument("--payload", metavar="JSON", help="only jobs whose payload contains this JSON object")
         a.add_argument("--payload-path", action="append", metavar="KEY=VALUE", help="payload KEY (a.b nests) is VALUE")
         a.add_argument("--older-than", metavar="DURATION", help="only jobs enqueued longer ago than this, e.g. 1h")

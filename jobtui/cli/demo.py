@@ -11,7 +11,9 @@ it dies (as systemd or Kubernetes would), so it never takes the console down wit
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import logging
 import os
 import random
 import subprocess
@@ -20,12 +22,14 @@ import threading
 import time
 from typing import Any
 
+from jobtui.cli.args import database_dsn, pooler_into_environment, positive_int
 from jobtui.clients.client import Queue
 from jobtui.core import scheduler as schedules
 from jobtui.core.registry import Job, Jobs, Permanent
+from jobtui.kernel import migrate as migrations
 from jobtui.kernel.backoff import BackoffPolicy
-from jobtui.kernel.db import connect
-from jobtui.kernel.domain import NewJob
+from jobtui.kernel.db import Call, check_schema_name, connect, describe_dsn, run
+from jobtui.kernel.domain import DEFAULT_SCHEMA, NewJob
 
 DEMO_SCHEMA = "jobtui_demo"
 LEASE = 10.0
@@ -81,9 +85,9 @@ CRASH_TYPES = ["image.resize"]
 MAIN_TYPES = [t for t in jobs.handlers if t not in CRASH_TYPES]
 
 
-def prepare(dsn: str, schema: str) -> None:
+def prepare(dsn: str, schema: str, pooler: str | None = None) -> None:
     """Sync the schedules, pause one, and make one look as if every scheduler had been down."""
-    with connect(dsn, autocommit=True) as conn:
+    with connect(dsn, autocommit=True, pooler=pooler) as conn:
         schedules.sync(conn, jobs.schedule_specs(), schema)
         schedules.pause(conn, "demo.paused", schema, actor="demo")
         schedules.rewind(conn, "demo.catch-up", 15 * 60, schema)
@@ -111,8 +115,8 @@ def enqueue_burst(queue: Queue, rng: random.Random, n: int) -> None:
 class Traffic:
     """Enqueues bursts every second in a background thread until stopped."""
 
-    def __init__(self, dsn: str, schema: str, per_second: int = 6) -> None:
-        self.queue = Queue(dsn, schema=schema, max_connections=1)
+    def __init__(self, dsn: str, schema: str, per_second: int = 6, pooler: str | None = None) -> None:
+        self.queue = Queue(dsn, schema=schema, max_connections=1, pooler=pooler)
         self.per_second = per_second
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jobtui-demo-traffic", daemon=True)
@@ -139,9 +143,10 @@ class Traffic:
 class CrashWorker:
     """A worker process for the crash type, restarted each time it dies."""
 
-    def __init__(self, dsn: str, schema: str) -> None:
+    def __init__(self, dsn: str, schema: str, pooler: str | None = None) -> None:
         self.dsn = dsn
         self.schema = schema
+        self.pooler = pooler
         self.restarts = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._stop = threading.Event()
@@ -149,7 +154,8 @@ class CrashWorker:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         cmd = [
-            sys.executable, "-m", "jobtui.cli", "--dsn", self.dsn, "--schema", self.schema, "worker",
+            sys.executable, "-m", "jobtui.cli", "--dsn", self.dsn, "--schema", self.schema,
+            *(["--pooler", self.pooler] if self.pooler is not None else []), "worker",
             "--app", "jobtui.cli.demo:jobs", "--types", ",".join(CRASH_TYPES), "--lease", f"{LEASE:.0f}s",
             "--concurrency", "1", "--no-scheduler", "--id", "demo-crasher",
         ]  # fmt: skip
@@ -175,3 +181,78 @@ class CrashWorker:
                 self._proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self._proc.kill()
+
+
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser("demo", help="a live demo queue showing every failure mode, in the console")
+    p.add_argument("--no-tui", action="store_true", help="run headless and print the stats at the end")
+    p.add_argument("--seconds", type=float, default=30.0, help="how long a --no-tui run lasts (default 30)")
+    p.add_argument("--reset", action="store_true", help="start from an empty demo schema")
+    p.add_argument("--demo-concurrency", type=positive_int, default=16, help="embedded worker concurrency (default 16)")
+    p.set_defaults(func=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """A live demo queue: embedded PostgreSQL unless a DSN is given, then the console."""
+    # The crash worker imports this module for its handlers: what only the command needs is
+    # imported here.
+    from jobtui.cli import ops
+    from jobtui.cli.run import setup_logging
+    from jobtui.worker import Worker
+
+    schema = args.schema if args.schema != DEFAULT_SCHEMA else DEMO_SCHEMA
+    dsn = database_dsn(args, embedded_by_default=True)
+    # Another terminal can watch or query the same queue while the demo runs.
+    print(
+        f"jobtui demo: the queue is in schema {schema} of {describe_dsn(dsn)}; from another terminal:"
+        f" jobtui --dsn '{describe_dsn(dsn)}' --schema {schema} stats",
+        file=sys.stderr,
+    )
+    with connect(dsn, autocommit=True, pooler=args.pooler) as conn:
+        if args.reset:
+            run(conn, Call("schema_drop", {}, lambda rows: None), check_schema_name(schema))
+        migrations.migrate(conn, schema)
+    prepare(dsn, schema, args.pooler)
+    worker = Worker(jobs, dsn, concurrency=args.demo_concurrency, types=MAIN_TYPES, lease=LEASE,
+                    schema=schema, shutdown_timeout=5, worker_id="demo-main", pooler=args.pooler)  # fmt: skip
+    traffic = Traffic(dsn, schema, pooler=args.pooler)
+    crasher = CrashWorker(dsn, schema, args.pooler)
+    traffic.start()
+    crasher.start()
+    try:
+        if args.no_tui:
+            setup_logging(False)
+            logging.getLogger("jobtui").setLevel(logging.ERROR)  # the stats at the end tell the story
+            asyncio.run(_run_for(worker, args.seconds))
+        else:
+            from jobtui.tui.app import JobtuiApp
+
+            pooler_into_environment(args.pooler)
+            JobtuiApp(dsn, schema=schema, actor=args.actor, worker=worker).run()
+    finally:
+        traffic.stop()
+        crasher.stop()
+    if args.no_tui:
+        from jobtui.reads.metrics import snapshot
+
+        with connect(dsn, autocommit=True, pooler=args.pooler) as conn:
+            snap = snapshot(conn, schema)
+        from rich.text import Text
+
+        console = ops.wide_console()
+        console.print(
+            Text.assemble(
+                ("jobtui demo", "bold"),
+                f": ran {args.seconds:.0f}s; worker {worker.counts}; crash-worker restarts {crasher.restarts}",
+            )
+        )
+        ops.render_stats(snap, console)
+    print(f"demo schema: {schema} (inspect with: jobtui --schema {schema} stats)", file=sys.stderr)
+    return 0
+
+
+async def _run_for(worker: Any, seconds: float) -> None:
+    task = asyncio.create_task(worker.run())
+    await asyncio.sleep(seconds)
+    worker.stop()
+    await task

@@ -10,20 +10,28 @@ import argparse
 import json
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from jobtui.cli.args import (
+    add_error_option,
+    job_id,
+    pooler_into_environment,
+    port_number,
+    positive_int,
+    positive_seconds,
+    with_dsn,
+    with_queue,
+)
 from jobtui.clients.client import Queue
 from jobtui.core.queue import job_statuses_call
 from jobtui.kernel.db import connect
 from jobtui.kernel.domain import JobStatus
 from jobtui.kernel.donehistory import DoneHistory
 from jobtui.kernel.errors import InvalidInput, UnknownJob
-from jobtui.kernel.explain import human_delta
 from jobtui.kernel.forecast import Forecast
 from jobtui.kernel.rates import RAMP_TOP, rate_text
 from jobtui.kernel.safetext import line
@@ -33,14 +41,51 @@ from jobtui.reads.joblists import dead_groups
 from jobtui.reads.metrics import Snapshot, TypeCounts, snapshot
 from jobtui.reads.overview import QueueLine, overview
 from jobtui.reads.timers import watched
+from jobtui.tui.render import age
 
-Opener = Callable[[argparse.Namespace], Queue]
 
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser("stats", help="the queue's health: ages, counts, throughput, dead groups")
+    p.add_argument("--json", action="store_true", help="one JSON document for scripts")
+    p.add_argument("--watch", type=positive_seconds, nargs="?", const=2.0, help="refresh every N seconds (default 2)")
+    p.set_defaults(func=with_dsn(cmd_stats))
 
-def _age(seconds: float | None) -> str:
-    from datetime import timedelta
+    p = sub.add_parser("dead", help="dead and failed jobs grouped by error fingerprint")
+    p.add_argument("--type", help="only this job type")
+    add_error_option(p, "only jobs whose error matches PATTERN, the same rows as `requeue --error PATTERN`")
+    p.add_argument("--json", action="store_true", help="the groups as JSON, each with its job ids")
+    p.set_defaults(func=with_dsn(cmd_dead))
 
-    return "-" if seconds is None else human_delta(timedelta(seconds=seconds))
+    p = sub.add_parser("requeue", help="move dead/failed jobs back to ready")
+    p.add_argument("ids", nargs="*", type=job_id, help="job ids")
+    p.add_argument("--type", help="every dead/failed job of this type")
+    add_error_option(p, "every dead/failed job whose error matches PATTERN, the rows `dead --error PATTERN` lists")
+    p.add_argument("--all", action="store_true", help="every dead/failed job")
+    p.add_argument("--dry-run", action="store_true", help="count, change nothing")
+    p.set_defaults(func=with_queue(cmd_requeue))
+
+    p = sub.add_parser("kill-lease", help="return running jobs to ready now")
+    p.add_argument("ids", nargs="+", type=job_id)
+    p.set_defaults(func=with_queue(cmd_kill_lease))
+
+    p = sub.add_parser("cancel", help="mark ready or running jobs failed")
+    p.add_argument("ids", nargs="+", type=job_id)
+    p.set_defaults(func=with_queue(cmd_cancel))
+
+    p = sub.add_parser("audit", help="operator actions, newest first")
+    p.add_argument("--limit", type=positive_int, default=50)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=with_queue(cmd_audit))
+
+    p = sub.add_parser("metrics", help="serve Prometheus metrics")
+    p.add_argument("--port", type=port_number, required=True)
+    p.add_argument("--addr", help="the address to listen on, e.g. 127.0.0.1 (default: every address)")
+    p.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="answer only requests with `Authorization: Bearer TOKEN`, TOKEN read from PATH",
+    )
+    p.set_defaults(func=with_dsn(cmd_metrics))
 
 
 class DataConsole(Console):
@@ -72,7 +117,7 @@ def render_stats(snap: Snapshot, console: Console) -> None:
     if snap.standby:
         console.print(Text(f"{snap.standby_note}: the figures are the primary's as replayed here", style="bold"))
     header = _figures(
-        ("oldest ready", _age(snap.oldest_ready_age)),
+        ("oldest ready", age(snap.oldest_ready_age)),
         ("ready", f"{estimated(snap, str(snap.ready))} ({estimated(snap, str(snap.ready_due))} due)"),
         ("running", snap.running_count),
         ("dead", snap.dead_count),
@@ -100,7 +145,7 @@ def render_stats(snap: Snapshot, console: Console) -> None:
     if snap.running:
         running = Table("type", "worker", "jobs", "expired leases", "oldest heartbeat", title="Running")
         for g in snap.running:
-            running.add_row(g.type, g.worker or "-", str(g.jobs), str(g.expired), _age(g.oldest_heartbeat_age))
+            running.add_row(g.type, g.worker or "-", str(g.jobs), str(g.expired), age(g.oldest_heartbeat_age))
         console.print(running)
     if snap.dead:
         render_dead(snap, console)
@@ -114,8 +159,8 @@ def render_stats(snap: Snapshot, console: Console) -> None:
             "schedule", "type", "cron", "next in", "missed", "backfilled", "skipped", "state", title="Schedules"
         )
         for s in snap.schedules:
-            overdue = f"overdue {_age(-s.next_in)}"
-            nxt = "-" if s.paused else (_age(s.next_in) if s.next_in >= 0 else overdue)
+            overdue = f"overdue {age(-s.next_in)}"
+            nxt = "-" if s.paused else (age(s.next_in) if s.next_in >= 0 else overdue)
             sched.add_row(
                 s.name,
                 s.job_type,
@@ -132,7 +177,7 @@ def render_stats(snap: Snapshot, console: Console) -> None:
     )
     console.print(
         Text(
-            f"lock waits {lock_waits_text(snap)} · oldest transaction {_age(snap.oldest_xact_age)} · {tables}",
+            f"lock waits {lock_waits_text(snap)} · oldest transaction {age(snap.oldest_xact_age)} · {tables}",
             style="dim",
         )
     )
@@ -147,10 +192,10 @@ def type_age(snap: Snapshot, t: TypeCounts) -> str:
     """A type's oldest ready age for `stats`: counted, or above the cap the archiver's (`~`,
     as old as its minute row), `?` when not known for a type with ready jobs."""
     if snap.ready_estimate is None:
-        return _age(t.oldest_ready_age)
+        return age(t.oldest_ready_age)
     if t.oldest_ready_age is None:
         return "?" if t.ready else "-"
-    return f"~{_age(t.oldest_ready_age)}"
+    return f"~{age(t.oldest_ready_age)}"
 
 
 # The tables whose health `jobtui stats` shows: the queue, and the two the archiver prunes
@@ -236,7 +281,7 @@ def queue_table(lines: list[QueueLine], forecasts: dict[tuple[str, str], Forecas
             "-" if q.max_running is None else str(q.max_running),
             rate_cell(q),
             f"by {q.paused_by}" if q.paused else "-",
-            estimate_mark(q, "oldest_age", _age(q.oldest_age)),
+            estimate_mark(q, "oldest_age", age(q.oldest_age)),
             estimate_mark(q, "done_last_minute", str(q.done_last_minute)),
             *more,
         )
@@ -266,7 +311,7 @@ def cmd_stats(args: argparse.Namespace, dsn: str) -> int:
     console = wide_console()
     history = DoneHistory()
     while True:
-        with watched(connect(dsn, autocommit=True), args.schema) as conn:
+        with watched(connect(dsn, autocommit=True, pooler=args.pooler), args.schema) as conn:
             snap = snapshot(conn, args.schema, history=history)
             lines = overview(conn, args.schema).lines
         forecasts = line_forecasts(lines, snap.flows)
@@ -292,7 +337,7 @@ def _lever_pulled(q: QueueLine) -> bool:
 
 
 def cmd_dead(args: argparse.Namespace, dsn: str) -> int:
-    with connect(dsn, autocommit=True) as conn:
+    with connect(dsn, autocommit=True, pooler=args.pooler) as conn:
         check_regex(conn, args.error, args.schema)
         # The rows `requeue --type --error` would move, grouped; with their ids for scripts.
         groups = dead_groups(conn, args.schema, job_type=args.type, error=args.error, with_ids=args.json)
@@ -425,6 +470,7 @@ def cmd_metrics(args: argparse.Namespace, dsn: str) -> int:
     from jobtui.service.prometheus import serve
 
     token = read_token(args.token_file) if args.token_file else None
+    pooler_into_environment(args.pooler)
     server = serve(dsn, args.port, args.schema, args.addr, token=token, fix="choose another --port or --addr")
     print(f"{describe(server)} (Ctrl-C to stop)")
     try:
@@ -432,42 +478,3 @@ def cmd_metrics(args: argparse.Namespace, dsn: str) -> int:
             time.sleep(3600)
     except KeyboardInterrupt:
         return 0
-
-
-def cmd_jobs(args: argparse.Namespace, queue: Queue) -> int:
-    """`jobtui jobs`: a page of jobs through the query API, or with --count their numbers."""
-    statuses = args.status.split(",") if args.status else None
-    if args.count:
-        counts = queue.counts(status=statuses, type=args.type, queue=args.queue)
-        if args.json:
-            print(json.dumps([{"status": c.status.value, "type": c.type, "jobs": c.jobs} for c in counts], indent=2))
-            return 0
-        table = Table("status", "type", "jobs", title="Jobs by status and type")
-        for c in counts:
-            table.add_row(c.status.value, c.type, str(c.jobs))
-        wide_console().print(table)
-        print(f"{sum(c.jobs for c in counts)} job(s)")
-        return 0
-    since = None
-    if args.since is not None:
-        from datetime import UTC, datetime, timedelta
-
-        from jobtui.kernel.durations import parse_duration
-
-        since = datetime.now(UTC) - timedelta(seconds=parse_duration(args.since))
-    page = queue.jobs(status=statuses, type=args.type, queue=args.queue, since=since, error=args.error,
-                      limit=args.limit, before=args.before)  # fmt: skip
-    if args.json:
-        from dataclasses import asdict
-
-        print(json.dumps([{**asdict(j), "status": j.status.value} for j in page], default=str, indent=2))
-        return 0
-    table = Table("id", "type", "status", "attempts", "created", "worker", "last error", title="Jobs (newest first)")
-    for j in page:
-        attempts = f"{j.attempts}/{j.max_attempts if j.max_attempts is not None else '-'}"
-        created = j.created_at.isoformat(timespec="seconds")
-        table.add_row(str(j.id), j.type, j.status.value, attempts, created, j.worker or "-", j.last_error or "-")
-    wide_console().print(table)
-    if len(page) == args.limit:
-        print(f"older jobs: add --before {page[-1].id}")
-    return 0

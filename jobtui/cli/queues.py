@@ -35,7 +35,7 @@ def limit_value(text: str) -> int | None:
 
 
 def cmd_list(args: argparse.Namespace, dsn: str) -> int:
-    with watched(connect(dsn, autocommit=True), args.schema) as conn:
+    with watched(connect(dsn, autocommit=True, pooler=args.pooler), args.schema) as conn:
         view = overview(conn, args.schema)
         forecasts = line_forecasts(view.lines, run(conn, recent_call(), args.schema))
     if args.json:
@@ -49,7 +49,7 @@ def cmd_list(args: argparse.Namespace, dsn: str) -> int:
 
 
 def cmd_pause(args: argparse.Namespace, dsn: str) -> int:
-    with connect(dsn) as conn:
+    with connect(dsn, pooler=args.pooler) as conn:
         changed = queues.pause(conn, args.kind, args.name, actor=args.actor, schema=args.schema)
     said = "paused on every worker (running jobs finish)" if changed else "was already paused"
     print(f"{args.kind} {quote(args.name)} {said}")
@@ -68,7 +68,7 @@ def cmd_resume(args: argparse.Namespace, dsn: str) -> int:
     ramp = None if args.ramp is None else parse_duration(args.ramp)
     if ramp is not None and ramp <= 0:
         raise InvalidInput(f"--ramp {quote(args.ramp)}: give how long the rate rises, e.g. 60s")
-    with connect(dsn) as conn:
+    with connect(dsn, pooler=args.pooler) as conn:
         changed = queues.resume(conn, args.kind, args.name, actor=args.actor, ramp=ramp, schema=args.schema)
     said = "resumed" if changed else "was not paused"
     if changed and ramp is not None:
@@ -78,7 +78,7 @@ def cmd_resume(args: argparse.Namespace, dsn: str) -> int:
 
 
 def cmd_rate(args: argparse.Namespace, dsn: str) -> int:
-    with connect(dsn) as conn:
+    with connect(dsn, pooler=args.pooler) as conn:
         change = queues.set_rate(conn, args.kind, args.name, args.rate, actor=args.actor, schema=args.schema)
     now = "none" if args.rate is None else f"{rate_text(args.rate)} across every worker"
     print(line(f"{args.kind} {quote(args.name)} rate: {now} (was {rate_text(change.was)})"))
@@ -86,7 +86,7 @@ def cmd_rate(args: argparse.Namespace, dsn: str) -> int:
 
 
 def cmd_limit(args: argparse.Namespace, dsn: str) -> int:
-    with connect(dsn) as conn:
+    with connect(dsn, pooler=args.pooler) as conn:
         change = queues.set_limit(conn, args.name, args.limit, actor=args.actor, schema=args.schema)
     was = "none" if change.was is None else str(change.was)
     now = "none" if args.limit is None else f"{args.limit} running at once across every worker"
@@ -94,7 +94,7 @@ def cmd_limit(args: argparse.Namespace, dsn: str) -> int:
     return 0
 
 
-def add_queue_commands(sub: Any) -> None:
+def add_parsers(sub: Any) -> None:
     p = sub.add_parser("queue", help="list queues; pause, resume or limit one across every worker")
     qsub = p.add_subparsers(dest="action", required=True)
     a = qsub.add_parser("list", help="each queue and job type: ready, running, limit, paused, oldest age")

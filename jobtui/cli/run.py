@@ -1,4 +1,4 @@
-"""The long-running `jobtui` commands: worker, scheduler, console, demo and bench."""
+"""The long-running `jobtui` commands: worker, scheduler and the console."""
 
 from __future__ import annotations
 
@@ -11,13 +11,19 @@ import signal
 import sys
 from typing import Any
 
-from jobtui.cli import ops
-from jobtui.cli.args import database_dsn
+from jobtui.cli.args import (
+    add_metrics_options,
+    add_wait_for_db,
+    database_dsn,
+    pooler_into_environment,
+    positive_int,
+    queue_slots,
+)
 from jobtui.core.maintenance import Retention
 from jobtui.core.privileges import SCHEDULER_NEEDS, missing_privileges_call, privilege_message
 from jobtui.core.registry import load_app
 from jobtui.kernel import migrate as migrations
-from jobtui.kernel.db import Call, check_schema_name, connect, describe_dsn, run, wait_for_database
+from jobtui.kernel.db import connect, run, wait_for_database
 from jobtui.kernel.durations import parse_duration
 from jobtui.kernel.errors import InvalidInput, PrivilegeMissing
 from jobtui.kernel.logformat import chosen_format, formatter
@@ -69,12 +75,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
             dead=parse_duration(args.dead_retention),
             delete_done=args.delete_done,
         ),
+        pooler=args.pooler,
     )
     worker = Worker.with_settings(jobs, settings, health=health)
     setup_logging(args.verbose, args.log_format)
     # The probes answer from here on: alive, and not ready while the database is awaited.
     _serve_endpoints(args, dsn, worker.health, worker=worker)
-    with wait_for_database(dsn, wait, what=f"worker {worker.worker_id}") as conn:
+    with wait_for_database(dsn, wait, what=f"worker {worker.worker_id}", pooler=args.pooler) as conn:
         migrations.check(conn, args.schema)
     # The process is the worker's own, so it may tune the collector: every job makes a
     # dozen short-lived objects (task, coroutine, records), and at Python's default
@@ -109,6 +116,7 @@ def _serve_endpoints(args: argparse.Namespace, dsn: str, health: Health | None, 
     from jobtui.service.prometheus import serve
 
     token = read_token(args.metrics_token_file) if args.metrics_token_file else None
+    pooler_into_environment(args.pooler)
     server = serve(dsn, args.metrics_port, args.schema, args.metrics_addr, token=token, health=health, worker=worker)
     logging.getLogger("jobtui.endpoints").info("%s", describe(server))
 
@@ -164,12 +172,12 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     health = _health(args)
     setup_logging(args.verbose, args.log_format)
     _serve_endpoints(args, dsn, health)
-    with wait_for_database(dsn, wait, what="scheduler") as conn:
+    with wait_for_database(dsn, wait, what="scheduler", pooler=args.pooler) as conn:
         migrations.check(conn, args.schema)
         missing = run(conn, missing_privileges_call(args.schema, SCHEDULER_NEEDS), args.schema)
     if missing:
         raise PrivilegeMissing(privilege_message("jobtui scheduler", missing))
-    scheduler = _StandaloneScheduler(Scheduler(dsn, schema=args.schema, specs=specs), health)
+    scheduler = _StandaloneScheduler(Scheduler(dsn, schema=args.schema, specs=specs, pooler=args.pooler), health)
     asyncio.run(_run_until_signalled(scheduler, "scheduler"))
     return 0
 
@@ -217,7 +225,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         dead_crit=args.crit_dead,
     )
     dsn = database_dsn(args)
-    with connect(dsn) as conn:
+    with connect(dsn, pooler=args.pooler) as conn:
         migrations.check(conn, args.schema)
     worker = None
     if args.work:
@@ -227,8 +235,9 @@ def cmd_console(args: argparse.Namespace) -> int:
             raise InvalidInput("--work runs jobs, which --read-only forbids; drop one of them")
         worker = Worker(
             load_app(args.work), dsn, concurrency=args.concurrency, schema=args.schema, executor=args.executor,
-            app=args.work,
+            app=args.work, pooler=args.pooler,
         )  # fmt: skip
+    pooler_into_environment(args.pooler)
     app = JobtuiApp(
         dsn, schema=args.schema, actor=args.actor, read_only=args.read_only, thresholds=thresholds, worker=worker
     )
@@ -236,94 +245,68 @@ def cmd_console(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    """A live demo queue: embedded PostgreSQL unless a DSN is given, then the console."""
-    from jobtui.cli import demo
-    from jobtui.worker import Worker
-
-    schema = args.schema if args.schema != "jobtui" else demo.DEMO_SCHEMA
-    dsn = database_dsn(args, embedded_by_default=True)
-    # Another terminal can watch or query the same queue while the demo runs.
-    print(
-        f"jobtui demo: the queue is in schema {schema} of {describe_dsn(dsn)}; from another terminal:"
-        f" jobtui --dsn '{describe_dsn(dsn)}' --schema {schema} stats",
-        file=sys.stderr,
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser("worker", help="run jobs with the handlers of an app")
+    p.add_argument("--app", required=True, help="the Jobs registry, as pkg.module:jobs")
+    p.add_argument("--concurrency", type=positive_int, default=10, help="jobs run at once (default 10)")
+    p.add_argument("--types", help="comma-separated job types to run (default: every registered type)")
+    p.add_argument(
+        "--queues",
+        type=queue_slots,
+        help="queues to claim from, each with its own slots: NAME=CONCURRENCY,... (default: every queue, "
+        "sharing --concurrency)",
     )
-    with connect(dsn, autocommit=True) as conn:
-        if args.reset:
-            run(conn, Call("schema_drop", {}, lambda rows: None), check_schema_name(schema))
-        migrations.migrate(conn, schema)
-    demo.prepare(dsn, schema)
-    worker = Worker(demo.jobs, dsn, concurrency=args.demo_concurrency, types=demo.MAIN_TYPES, lease=demo.LEASE,
-                    schema=schema, shutdown_timeout=5, worker_id="demo-main")  # fmt: skip
-    traffic = demo.Traffic(dsn, schema)
-    crasher = demo.CrashWorker(dsn, schema)
-    traffic.start()
-    crasher.start()
-    try:
-        if args.no_tui:
-            setup_logging(False)
-            logging.getLogger("jobtui").setLevel(logging.ERROR)  # the stats at the end tell the story
-            asyncio.run(_run_for(worker, args.seconds))
-        else:
-            from jobtui.tui.app import JobtuiApp
-
-            JobtuiApp(dsn, schema=schema, actor=args.actor, worker=worker).run()
-    finally:
-        traffic.stop()
-        crasher.stop()
-    if args.no_tui:
-        from jobtui.reads.metrics import snapshot
-
-        with connect(dsn, autocommit=True) as conn:
-            snap = snapshot(conn, schema)
-        from rich.text import Text
-
-        console = ops.wide_console()
-        console.print(
-            Text.assemble(
-                ("jobtui demo", "bold"),
-                f": ran {args.seconds:.0f}s; worker {worker.counts}; crash-worker restarts {crasher.restarts}",
-            )
-        )
-        ops.render_stats(snap, console)
-    print(f"demo schema: {schema} (inspect with: jobtui --schema {schema} stats)", file=sys.stderr)
-    return 0
-
-
-async def _run_for(worker: Any, seconds: float) -> None:
-    task = asyncio.create_task(worker.run())
-    await asyncio.sleep(seconds)
-    worker.stop()
-    await task
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from jobtui.cli import bench
-
-    # `bench --schema X` or `jobtui --schema X bench`; never the default jobtui schema by default.
-    schema = args.bench_schema or (args.schema if args.schema != "jobtui" else bench.BENCH_SCHEMA)
-    dsn = database_dsn(args)
-    with connect(dsn, autocommit=True) as conn:
-        bench.claim_schema(conn, check_schema_name(schema))
-    deleting = ", deleting on complete" if args.delete_on_complete else ""
-    print(
-        f"jobtui bench: {args.jobs} no-op jobs, {args.workers} worker process(es) x concurrency {args.concurrency}"
-        + deleting
-        + f", in schema {schema} (dropped afterwards)"
+    p.add_argument("--lease", default="30s", help="lease length; heartbeats extend it (default 30s)")
+    p.add_argument("--id", help="worker name shown as locked_by (default host:pid)")
+    p.add_argument("--shutdown-timeout", default="30s", help="time in-flight jobs get on SIGTERM (default 30s)")
+    p.add_argument("--poll", default="1s", help="poll interval besides LISTEN wake-ups (default 1s)")
+    p.add_argument(
+        "--listen-dsn",
+        default=os.environ.get("JOBTUI_LISTEN_DSN") or None,
+        help="a direct DSN (not through a transaction pooler) for LISTEN wake-ups (default: JOBTUI_LISTEN_DSN;"
+        " with --pooler transaction and none, the worker polls)",
     )
-    result = bench.run(
-        dsn,
-        n=args.jobs,
-        workers=args.workers,
-        concurrency=args.concurrency,
-        delete_on_complete=args.delete_on_complete,
-        schema=schema,
+    p.add_argument(
+        "--executor",
+        choices=("thread", "process"),
+        default=os.environ.get("JOBTUI_EXECUTOR") or "thread",
+        help="where sync handlers run: a thread each, or a pool of child processes the worker can stop"
+        " (default: JOBTUI_EXECUTOR, else thread; a handler's executor= wins)",
     )
-    print(f"  enqueue (COPY, batches of 10,000)   {result.enqueue_per_s:>10,.0f} jobs/s")
-    print(f"  drain                               {result.drain_per_s:>10,.0f} jobs/s")
-    print(
-        f"  enqueue-to-start latency, low load  p50 {result.latency_p50_ms:.1f} ms  p90 {result.latency_p90_ms:.1f} ms"
-        f"  p99 {result.latency_p99_ms:.1f} ms  ({result.latency_samples} jobs, one every 10 ms)"
+    p.add_argument(
+        "--max-jobs-per-child", type=positive_int, help="process executor: replace a child after this many jobs"
     )
-    return 0
+    p.add_argument(
+        "--max-memory-per-child",
+        help="process executor: resident memory (like 512M) a child may hold; over it while a job runs, the"
+        " child is stopped and the attempt fails; over it when its job returns, the child is replaced",
+    )
+    p.add_argument("--no-scheduler", action="store_true", help="do not run the scheduler in this worker")
+    p.add_argument("--retention", default="1d", help="how long done jobs stay before archiving (default 1d)")
+    p.add_argument("--dead-retention", default="30d", help="how long dead/failed jobs stay (default 30d)")
+    p.add_argument("--delete-done", action="store_true", help="delete done jobs instead of archiving them")
+    p.add_argument(
+        "--delete-on-complete",
+        action="store_true",
+        help="delete jobs without a key when they finish, keeping only their count (faster; no done rows)",
+    )
+    add_metrics_options(p)
+    add_wait_for_db(p)
+    _add_log_options(p)
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("scheduler", help="run only the scheduler (workers run one too)")
+    p.add_argument("--app", help="also sync the schedules declared in this app (pkg.module:jobs)")
+    add_metrics_options(p)
+    add_wait_for_db(p)
+    _add_log_options(p)
+    p.set_defaults(func=cmd_scheduler)
+
+
+def _add_log_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        help="log lines as escaped text or one JSON object per line (default: JOBTUI_LOG_FORMAT, else text)",
+    )

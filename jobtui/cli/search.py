@@ -18,7 +18,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 
 from jobtui.cli import ops
-from jobtui.cli.args import with_dsn
+from jobtui.cli.args import job_id, positive_int, with_dsn, with_queue
 from jobtui.clients.client import Queue
 from jobtui.core.audit import record_audit
 from jobtui.kernel.db import Call, connect, run
@@ -66,10 +66,10 @@ def search_filter(args: argparse.Namespace) -> JobFilter:
 def cmd_jobs(args: argparse.Namespace, queue: Queue) -> int:
     """`jobtui jobs`: the query API's page, or with --payload/--payload-path the search."""
     if args.payload is None and not args.payload_path:
-        return ops.cmd_jobs(args, queue)
+        return _jobs_page(args, queue)
     filt = search_filter(args)
     timeout = parse_duration(args.timeout)
-    with connect(queue.dsn, autocommit=True) as conn:
+    with connect(queue.dsn, autocommit=True, pooler=queue.pooler) as conn:
         try:
             with progress_bar("counting" if args.count else "searching") as update:
                 if args.count:
@@ -119,7 +119,7 @@ def cmd_index(args: argparse.Namespace, dsn: str) -> int:
     """`jobtui index payload [--drop]`: build (or drop) the payload's GIN index without
     blocking enqueues or claims. It needs the role that owns the job table."""
     schema = args.schema
-    with connect(dsn, autocommit=True) as conn:
+    with connect(dsn, autocommit=True, pooler=args.pooler) as conn:
         state = run(conn, Call("payload_index_state", {"schema_name": schema}, lambda r: r.dicts()), schema)
         if args.drop:
             run(conn, Call("payload_index_drop", {}, lambda r: None), schema)
@@ -139,7 +139,7 @@ def cmd_index(args: argparse.Namespace, dsn: str) -> int:
             file=sys.stderr,
         )
         done = threading.Event()
-        watcher = threading.Thread(target=_watch_build, args=(dsn, schema, done), daemon=True)
+        watcher = threading.Thread(target=_watch_build, args=(dsn, args.pooler, schema, done), daemon=True)
         watcher.start()
         started = time.monotonic()
         try:
@@ -155,9 +155,9 @@ def cmd_index(args: argparse.Namespace, dsn: str) -> int:
     return 0
 
 
-def _watch_build(dsn: str, schema: str, done: threading.Event) -> None:
+def _watch_build(dsn: str, pooler: str, schema: str, done: threading.Event) -> None:
     """The build's progress, from pg_stat_progress_create_index on a connection of its own."""
-    with connect(dsn, autocommit=True) as conn, progress_bar("building the payload index") as update:
+    with connect(dsn, autocommit=True, pooler=pooler) as conn, progress_bar("building the payload index") as update:
         while not done.wait(0.5):
             rows = run(conn, Call("payload_index_progress", {"schema_name": schema}, lambda r: r.dicts()), schema)
             if rows:
@@ -167,7 +167,22 @@ def _watch_build(dsn: str, schema: str, done: threading.Event) -> None:
                 update(part, str(r["phase"]))
 
 
-def add_search_options(p: argparse.ArgumentParser) -> None:
+def add_jobs_parser(sub: Any) -> None:
+    p = sub.add_parser("jobs", help="list jobs, newest first, or count them (--count)")
+    p.add_argument("--status", help="comma-separated statuses: ready, running, done, failed, dead")
+    p.add_argument("--type", help="only this job type")
+    p.add_argument("--queue", help="only jobs of this queue")
+    p.add_argument("--since", help="created this long ago or less, e.g. 1h")
+    p.add_argument("--error", help="regular expression the last error matches")
+    p.add_argument("--limit", type=positive_int, default=50, help="jobs per page (default 50, at most 1000)")
+    p.add_argument("--before", type=job_id, help="the page older than this job id")
+    p.add_argument("--count", action="store_true", help="how many jobs match, by status and type")
+    p.add_argument("--json", action="store_true")
+    _add_search_options(p)
+    p.set_defaults(func=with_queue(cmd_jobs))
+
+
+def _add_search_options(p: argparse.ArgumentParser) -> None:
     """The `jobs` options of the search."""
     p.add_argument(
         "--payload",
@@ -187,8 +202,47 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_index_command(sub: Any) -> None:
+def add_index_parser(sub: Any) -> None:
     p = sub.add_parser("index", help="optional indexes: `index payload` makes payload searches fast")
     p.add_argument("which", choices=["payload"], help="payload: a GIN index on the payload (jsonb_path_ops)")
     p.add_argument("--drop", action="store_true", help="drop it instead")
     p.set_defaults(func=with_dsn(cmd_index))
+
+
+def _jobs_page(args: argparse.Namespace, queue: Queue) -> int:
+    """A page of jobs through the query API, or with --count their numbers."""
+    statuses = args.status.split(",") if args.status else None
+    if args.count:
+        counts = queue.counts(status=statuses, type=args.type, queue=args.queue)
+        if args.json:
+            print(json.dumps([{"status": c.status.value, "type": c.type, "jobs": c.jobs} for c in counts], indent=2))
+            return 0
+        table = Table("status", "type", "jobs", title="Jobs by status and type")
+        for c in counts:
+            table.add_row(c.status.value, c.type, str(c.jobs))
+        ops.wide_console().print(table)
+        print(f"{sum(c.jobs for c in counts)} job(s)")
+        return 0
+    since = None
+    if args.since is not None:
+        from datetime import UTC, datetime, timedelta
+
+        from jobtui.kernel.durations import parse_duration
+
+        since = datetime.now(UTC) - timedelta(seconds=parse_duration(args.since))
+    page = queue.jobs(status=statuses, type=args.type, queue=args.queue, since=since, error=args.error,
+                      limit=args.limit, before=args.before)  # fmt: skip
+    if args.json:
+        from dataclasses import asdict
+
+        print(json.dumps([{**asdict(j), "status": j.status.value} for j in page], default=str, indent=2))
+        return 0
+    table = Table("id", "type", "status", "attempts", "created", "worker", "last error", title="Jobs (newest first)")
+    for j in page:
+        attempts = f"{j.attempts}/{j.max_attempts if j.max_attempts is not None else '-'}"
+        created = j.created_at.isoformat(timespec="seconds")
+        table.add_row(str(j.id), j.type, j.status.value, attempts, created, j.worker or "-", j.last_error or "-")
+    ops.wide_console().print(table)
+    if len(page) == args.limit:
+        print(f"older jobs: add --before {page[-1].id}")
+    return 0

@@ -26,7 +26,7 @@ EXTRA = "`jobtui serve` and `jobtui user` need the serve extra: pip install 'job
 ORIGIN = re.compile(r"https?://[A-Za-z0-9.\-]+(:\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](:\d{1,5})?")
 
 
-def add_serve_commands(sub: Any) -> None:
+def add_parsers(sub: Any) -> None:
     p = sub.add_parser(
         "serve",
         help="the console in a browser, behind a sign-in (users from `jobtui user add`)",
@@ -176,9 +176,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for option in (args.warn_age, args.crit_age):
         parse_duration(option)
     dsn = database_dsn(args)
-    with connect(dsn) as conn:
+    with connect(dsn, pooler=args.pooler) as conn:
         migrations.check(conn, args.schema)
-    options = ["--schema", args.schema, "--warn-age", args.warn_age, "--crit-age", args.crit_age]
+    # Each console is a `jobtui` process of its own: it is told the pooler as the others are.
+    options = ["--schema", args.schema, "--pooler", args.pooler]
+    options += ["--warn-age", args.warn_age, "--crit-age", args.crit_age]
     options += ["--warn-dead", str(args.warn_dead), "--crit-dead", str(args.crit_dead)]
     config = ServeConfig(
         dsn=dsn,

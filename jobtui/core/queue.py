@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from operator import itemgetter
-from typing import Any, TypedDict, TypeVar, Unpack
+from typing import Any, TypedDict, Unpack
 
 import psycopg
 from psycopg.rows import TupleRow
@@ -51,8 +51,6 @@ from jobtui.kernel.domain import (
     Runner,
 )
 from jobtui.kernel.errors import InvalidInput
-
-T = TypeVar("T")
 
 COPY_THRESHOLD = 1000
 _JSON_DECODER = json.JSONDecoder()
@@ -395,7 +393,7 @@ def job_statuses_call(ids: Sequence[int]) -> Call[dict[int, JobStatus]]:
 # -- running calls ------------------------------------------------------------------------
 
 
-def _copy_rows(ids: Sequence[int], jobs: Sequence[NewJob], params: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
+def _copy_rows(ids: Sequence[int], params: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
     return zip(
         ids, params["types"], params["payloads"], params["max_attempts"], params["metas"], params["queues"], strict=True
     )
@@ -431,7 +429,7 @@ def enqueue_many(conn: psycopg.Connection[Any], jobs: Sequence[NewJob], schema: 
             cur.execute(stmts["reserve_ids"], {"table": f'"{schema}".job', "n": len(jobs)})
             ids = [int(r[0]) for r in cur.fetchall()]
             with cur.copy(stmts["copy_jobs"]) as copy:
-                for row in _copy_rows(ids, jobs, params):
+                for row in _copy_rows(ids, params):
                     copy.write_row(row)
             return ids
         cur.execute(stmts["enqueue_many"], params)
@@ -457,7 +455,7 @@ async def aenqueue_many(
             await cur.execute(stmts["reserve_ids"], {"table": f'"{schema}".job', "n": len(jobs)})
             ids = [int(r[0]) for r in await cur.fetchall()]
             async with cur.copy(stmts["copy_jobs"]) as copy:
-                for row in _copy_rows(ids, jobs, params):
+                for row in _copy_rows(ids, params):
                     await copy.write_row(row)
             return ids
         await cur.execute(stmts["enqueue_many"], params)

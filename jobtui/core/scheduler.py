@@ -19,7 +19,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 
 from jobtui.core.audit import record_audit
 from jobtui.core.privileges import GRANTS_HINT
@@ -27,7 +26,7 @@ from jobtui.core.registry import ScheduleSpec
 from jobtui.kernel import cronslots
 from jobtui.kernel.checks import check_max_attempts, check_queue, check_text, check_type, encode_payload
 from jobtui.kernel.cronslots import MissedPolicy
-from jobtui.kernel.db import Call, Rows, arun, first_line, pooler_mode, run, statements
+from jobtui.kernel.db import Call, Rows, arun, first_int, first_line, pooler_mode, run, statements
 from jobtui.kernel.domain import DEFAULT_QUEUE, DEFAULT_SCHEMA
 from jobtui.kernel.errors import DatabaseUnavailable, InvalidInput, JobtuiError, PrivilegeMissing
 from jobtui.kernel.link import Connection, Link
@@ -43,6 +42,11 @@ MAX_SKIPPED_COUNTED = 100_000
 
 class UnknownSchedule(JobtuiError):
     """No schedule has the given name."""
+
+
+def _first_value(rows: Rows) -> Any:
+    """The one column of the first row (a single column cannot shift), or None without rows."""
+    return rows[0][0] if rows else None
 
 
 def slot_key(schedule_id: int, slot: datetime) -> str:
@@ -62,9 +66,26 @@ def _rows(rows: Rows) -> list[Any]:
     return list(rows)
 
 
+def _one_id(rows: Rows) -> int:
+    """The id of the one row a statement returned."""
+    (column,) = rows.columns("id")
+    return int(rows[0][column])
+
+
 def _now(conn: psycopg.Connection[Any], schema: str) -> datetime:
-    now: datetime = run(conn, Call("db_now", {}, lambda r: r[0][0]), schema)
+    now: datetime = run(conn, Call("db_now", {}, lambda rows: rows.dicts()[0]["now"]), schema)
     return now
+
+
+def _unknown(name: str) -> UnknownSchedule:
+    return UnknownSchedule(f"no schedule named {name!r}; see `jobtui schedule list`")
+
+
+def _found(rows: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """The row of schedule `name`; UnknownSchedule when there is none."""
+    if not rows:
+        raise _unknown(name)
+    return rows[0]
 
 
 def upsert(conn: psycopg.Connection[Any], spec: ScheduleSpec, *, source: str, schema: str = DEFAULT_SCHEMA) -> int:
@@ -90,8 +111,7 @@ def upsert(conn: psycopg.Connection[Any], spec: ScheduleSpec, *, source: str, sc
         "source": source,
         "queue": check_queue(DEFAULT_QUEUE if spec.queue is None else spec.queue),
     }
-    schedule_id: int = run(conn, Call("schedule_upsert", params, lambda r: int(r[0][0])), schema)
-    return schedule_id
+    return run(conn, Call("schedule_upsert", params, _one_id), schema)
 
 
 def sync(conn: psycopg.Connection[Any], specs: list[ScheduleSpec], schema: str = DEFAULT_SCHEMA) -> None:
@@ -132,9 +152,7 @@ class ScheduleRow:
 
 
 def list_schedules(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> list[ScheduleRow]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(statements(schema)["schedule_list"])
-        return [ScheduleRow(**row) for row in cur.fetchall()]
+    return run(conn, Call("schedule_list", {}, lambda rows: [ScheduleRow(**row) for row in rows.dicts()]), schema)
 
 
 def pause(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA, *, actor: str | None = None) -> bool:
@@ -149,10 +167,11 @@ def pause(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA
 def resume(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA, *, actor: str | None = None) -> bool:
     """Resume `name`; slots passed while paused count as skipped. False when not paused."""
     with conn.transaction():
-        _, cron, timezone, paused, last_slot, _, now = _lock(conn, name, schema)
+        row = _lock(conn, name, schema)
+        cron, timezone, now = row["cron"], row["timezone"], row["now"]
         changed = False
-        if paused:
-            skipped = len(cronslots.slots_between(cron, timezone, last_slot, now, limit=MAX_SKIPPED_COUNTED))
+        if row["paused"]:
+            skipped = len(cronslots.slots_between(cron, timezone, row["last_slot"], now, limit=MAX_SKIPPED_COUNTED))
             params = {"name": name, "next_run_at": cronslots.next_slot(cron, timezone, now), "skipped": skipped}
             changed = bool(run(conn, Call("schedule_resume", params, _rows), schema))
         _audit(conn, actor, "schedule-resume", name, int(changed), schema)
@@ -163,14 +182,14 @@ def remove(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEM
     check_text(name, "schedule name")
     with conn.transaction():
         if not run(conn, Call("schedule_remove", {"name": name}, _rows), schema):
-            raise UnknownSchedule(f"no schedule named {name!r}; see `jobtui schedule list`")
+            raise _unknown(name)
         _audit(conn, actor, "schedule-remove", name, 1, schema)
 
 
 def rewind(conn: psycopg.Connection[Any], name: str, seconds: float, schema: str = DEFAULT_SCHEMA) -> None:
     """Pretend every scheduler was down for `seconds`: the next tick finds those slots missed."""
     if not run(conn, Call("schedule_rewind", {"name": name, "seconds": seconds}, _rows), schema):
-        raise UnknownSchedule(f"no schedule named {name!r}; see `jobtui schedule list`")
+        raise _unknown(name)
 
 
 def _audit(conn: psycopg.Connection[Any], actor: str | None, action: str, name: str, rows: int, schema: str) -> None:
@@ -189,10 +208,7 @@ def run_now(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHE
 
 def _run_now(conn: psycopg.Connection[Any], name: str, schema: str) -> int:
     check_text(name, "schedule name")
-    rows = run(conn, Call("schedule_get", {"name": name}, Rows.dicts), schema)
-    if not rows:
-        raise UnknownSchedule(f"no schedule named {name!r}; see `jobtui schedule list`")
-    found = rows[0]
+    found = _found(run(conn, Call("schedule_get", {"name": name}, Rows.dicts), schema), name)
     now = _now(conn, schema)
     params = {
         "type": found["job_type"],
@@ -202,16 +218,13 @@ def _run_now(conn: psycopg.Connection[Any], name: str, schema: str) -> int:
         "max_attempts": found["max_attempts"],
         "queue": found["queue"],
     }
-    job_id: int = run(conn, Call("schedule_enqueue", params, lambda r: int(r[0][0])), schema)
-    return job_id
+    return run(conn, Call("schedule_enqueue", params, _one_id), schema)
 
 
-def _lock(conn: psycopg.Connection[Any], name: str, schema: str) -> Any:
+def _lock(conn: psycopg.Connection[Any], name: str, schema: str) -> dict[str, Any]:
+    """The row of schedule `name`, locked until the transaction ends."""
     check_text(name, "schedule name")
-    rows = run(conn, Call("schedule_lock", {"name": name}, _rows), schema)
-    if not rows:
-        raise UnknownSchedule(f"no schedule named {name!r}; see `jobtui schedule list`")
-    return rows[0]
+    return _found(run(conn, Call("schedule_lock", {"name": name}, Rows.dicts), schema), name)
 
 
 async def fire_due(conn: psycopg.AsyncConnection[Any], schema: str = DEFAULT_SCHEMA, limit: int = 100) -> list[Fired]:
@@ -244,8 +257,9 @@ async def fire_due(conn: psycopg.AsyncConnection[Any], schema: str = DEFAULT_SCH
                     "max_attempts": row["max_attempts"],
                     "queue": row["queue"],
                 }
-                ids = await arun(conn, Call("schedule_enqueue", params, _rows), schema)
-                job_id = int(ids[0][0]) if ids else job_id
+                new_id = await arun(conn, Call("schedule_enqueue", params, first_int), schema)
+                # None: the slot's job exists already (its key), and the last id stays.
+                job_id = new_id if new_id is not None else job_id
                 fired.append(Fired(name, slot, job_id, slot_plan.missed_count))
             if slot_plan.missed_count:
                 # The missed slots of one tick are one outage: all between the last slot handled
@@ -318,9 +332,9 @@ class Scheduler:
                     self.fired_count += len(fired)
                     for f in fired:
                         log.info("schedule %s: slot %s -> job %s", f.schedule, f.slot.isoformat(), f.job_id)
-                    until = await arun(live, Call("schedule_next_due", {}, _rows), self.schema)
-                    if until and until[0][0] is not None:
-                        wait = max(0.01, min(MAX_TICK, float(until[0][0])))
+                    until = await arun(live, Call("schedule_next_due", {}, _first_value), self.schema)
+                    if until is not None:
+                        wait = max(0.01, min(MAX_TICK, float(until)))
                 except (psycopg.OperationalError, DatabaseUnavailable) as exc:
                     if stopping.is_set():
                         break

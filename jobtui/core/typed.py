@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from jobtui.kernel.domain import NewJob
-from jobtui.kernel.errors import InvalidInput
+from jobtui.kernel.errors import InvalidInput, first_line
 from jobtui.kernel.safetext import line, shorten
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def _first_problem(exc: Exception) -> str:
             where = ".".join(str(p) for p in first.get("loc", ())) or "payload"
             more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
             return f"{where}: {first.get('msg', 'invalid')}{more}"
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return first_line(exc)
 
 
 def check_payload(job_type: str, model: Any, payload: Any) -> Any:

@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadDateError, CroniterError, croniter
 
-from jobtui.kernel.errors import InvalidInput
+from jobtui.kernel.errors import InvalidInput, first_line
 from jobtui.kernel.safetext import quote
 
 # Spread offsets stay below this, so a slot's job never runs closer to the next slot.
@@ -65,7 +65,7 @@ def check_cron(expr: str) -> str:
             f"bad cron expression {quote(expr)}: it never fires (no date matches it, like 31 February)"
         ) from None
     except (CroniterError, ValueError, KeyError) as exc:
-        raise InvalidInput(f"bad cron expression {quote(expr)}: {str(exc).splitlines()[0]}") from None
+        raise InvalidInput(f"bad cron expression {quote(expr)}: {first_line(exc)}") from None
     return expr
 
 

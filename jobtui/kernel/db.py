@@ -1,5 +1,8 @@
-"""The statement kernel: named statements of queries.sql, how a `Call` runs and how its rows
+"""The statement kernel: the named statements of sql/, how a `Call` runs and how its rows
 are read (by column name), connecting, and what a connection failure looks like.
+
+Every runtime statement is a named block (`-- name: NAME`) of one of the files of sql/, one
+file per area (claims.sql, schedules.sql, ...); a name is unique across them all.
 
 Nothing here imports another jobtui module but `domain` and `errors`: everything that runs
 SQL builds on it.
@@ -31,6 +34,7 @@ from psycopg.rows import TupleRow
 
 from jobtui.kernel.domain import DEFAULT_SCHEMA
 from jobtui.kernel.errors import DatabaseUnavailable, InvalidInput
+from jobtui.kernel.errors import first_line as first_line  # where its callers have always found it
 
 T = TypeVar("T")
 
@@ -90,7 +94,7 @@ def _names(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> tuple[str, ..
     res = cur.pgresult
     if res is None or not (res.nfields or res.status == ExecStatus.TUPLES_OK):
         return None
-    # The statements of queries.sql name their columns in ASCII.
+    # The statements of sql/ name their columns in ASCII.
     return tuple((res.fname(i) or b"").decode() for i in range(res.nfields))
 
 
@@ -116,26 +120,36 @@ def check_schema_name(schema: str) -> str:
     return schema
 
 
-@cache
-def _query_texts() -> dict[str, str]:
-    text = resources.files("jobtui.kernel").joinpath("sql/queries.sql").read_text(encoding="utf-8")
-    parts = _NAME_LINE.split(text)
-    # parts = [preamble, name1, body1, name2, body2, ...]
+def parse_statements(files: dict[str, str]) -> dict[str, str]:
+    """The named blocks of each file's text, by name; RuntimeError naming both files when a
+    name is defined twice."""
     queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        if name in queries:
-            raise RuntimeError(f"queries.sql defines {name!r} twice")
-        queries[name] = body.strip()
+    defined_in: dict[str, str] = {}
+    for file, text in files.items():
+        parts = _NAME_LINE.split(text)
+        # parts = [preamble, name1, body1, name2, body2, ...]
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in queries:
+                raise RuntimeError(f"{file} defines statement {name!r}, which {defined_in[name]} defines already")
+            queries[name] = body.strip()
+            defined_in[name] = file
     return queries
 
 
+@cache
+def _query_texts() -> dict[str, str]:
+    folder = resources.files("jobtui.kernel").joinpath("sql")
+    files = sorted((f for f in folder.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name)
+    return parse_statements({f"sql/{f.name}": f.read_text(encoding="utf-8") for f in files})
+
+
 def query_names() -> list[str]:
-    """The names of every statement in queries.sql."""
+    """The names of every statement of sql/."""
     return list(_query_texts())
 
 
 class Statements:
-    """The named statements of queries.sql, bound to one schema.
+    """The named statements of sql/, bound to one schema.
 
     >>> Statements("jobtui")["claim"]  # doctest: +SKIP
     """
@@ -206,9 +220,8 @@ def check_dsn(dsn: str) -> str:
     try:
         conninfo_to_dict(dsn)
     except (psycopg.ProgrammingError, UnicodeEncodeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InvalidInput(
-            f"bad DSN {describe_dsn(dsn)!r} ({first}); write it like postgresql://user@host:5432/dbname"
+            f"bad DSN {describe_dsn(dsn)!r} ({first_line(exc)}); write it like postgresql://user@host:5432/dbname"
         ) from None
     return dsn
 
@@ -307,12 +320,6 @@ def reconnect_delays() -> Iterator[float]:
         delay = min(delay * 2, MAX_RECONNECT_DELAY)
 
 
-def first_line(exc: BaseException) -> str:
-    """The first line of an error's message, or its class name when it has none."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def is_connection_error(exc: BaseException) -> bool:
     """Whether `exc` is about reaching the database rather than about a statement: the
     psycopg OperationalError family (connection loss, admin shutdown, the server starting
@@ -329,15 +336,17 @@ def is_connection_error(exc: BaseException) -> bool:
     )
 
 
-def wait_for_database(dsn: str, timeout: float, *, what: str = "jobtui") -> psycopg.Connection[Any]:
-    """A connection to `dsn`, trying for up to `timeout` seconds with the reconnect back-off;
-    logs once while it waits. Raises DatabaseUnavailable when the time is up."""
+def wait_for_database(
+    dsn: str, timeout: float, *, what: str = "jobtui", pooler: str | None = None
+) -> psycopg.Connection[Any]:
+    """A connection to `dsn` (behind `pooler`), trying for up to `timeout` seconds with the
+    reconnect back-off; logs once while it waits. Raises DatabaseUnavailable when the time is up."""
     deadline = time.monotonic() + timeout
     delays = reconnect_delays()
     waited = False
     while True:
         try:
-            conn = connect(dsn)
+            conn = connect(dsn, pooler=pooler)
         except DatabaseUnavailable as exc:
             delay = next(delays)
             if time.monotonic() + delay > deadline:

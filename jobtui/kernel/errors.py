@@ -33,3 +33,9 @@ class PrivilegeMissing(JobtuiError):
 
 class MigrationLockTimeout(JobtuiError):
     """A migration did not get a table's lock in the tries it was given; nothing was applied."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message, or its class name when it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -71,7 +71,7 @@ class JobFilter:
         return self == JobFilter()
 
     def params(self) -> dict[str, Any]:
-        """The statements' parameters (queries.sql: jobs_scan, bulk_*): NULL for a field not given."""
+        """The statements' parameters (sql/search.sql: jobs_scan, sql/bulk.sql: bulk_*): NULL for a field not given."""
         return {
             "statuses": list(self.statuses) or None,
             "types": list(self.types) or None,

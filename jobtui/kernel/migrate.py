@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from jobtui.kernel.db import check_schema_name, first_line, migrations_dir
+from jobtui.kernel.db import Call, check_schema_name, first_line, int_set, migrations_dir, run
 from jobtui.kernel.domain import DEFAULT_SCHEMA
 from jobtui.kernel.errors import MigrationLockTimeout, SchemaNotMigrated, SchemaTooNew
 
@@ -58,25 +58,25 @@ def _lock_key(schema: str) -> int:
     return zlib.crc32(f"jobtui.kernel.migrate.{schema}".encode())
 
 
-def applied_version(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> int | None:
-    """The newest applied version, or None when the schema has no migration table."""
+def _migration_table_exists(conn: psycopg.Connection[Any], schema: str) -> bool:
     exists = conn.execute(
         "SELECT to_regclass(%s) IS NOT NULL", (f'"{check_schema_name(schema)}".migration',)
     ).fetchone()
-    if not exists or not exists[0]:
+    return bool(exists and exists[0])
+
+
+def applied_version(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> int | None:
+    """The newest applied version, or None when the schema has no migration table."""
+    if not _migration_table_exists(conn, schema):
         return None
-    row = conn.execute(
-        sql.SQL("SELECT coalesce(max(version), 0) FROM {}.migration").format(sql.Identifier(schema))
-    ).fetchone()
-    return int(row[0]) if row else 0
+    return max(run(conn, Call("schema_versions", {}, int_set), schema), default=0)
 
 
 def applied_versions(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> set[int]:
     """Every version applied to `schema` (empty without a migration table)."""
-    if applied_version(conn, schema) is None:
+    if not _migration_table_exists(conn, schema):
         return set()
-    rows = conn.execute(sql.SQL("SELECT version FROM {}.migration").format(sql.Identifier(schema))).fetchall()
-    return {int(r[0]) for r in rows}
+    return run(conn, Call("schema_versions", {}, int_set), schema)
 
 
 def check(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> int:

@@ -80,11 +80,6 @@ def _escape(match: re.Match[str]) -> str:
     return escape_char(match.group())
 
 
-def is_unsafe(char: str) -> bool:
-    """True for a character that `line` escapes."""
-    return _UNSAFE.match(char) is not None
-
-
 def line(text: str) -> str:
     """`text` as one line safe for a terminal: every control and format character escaped,
     newlines and tabs included.

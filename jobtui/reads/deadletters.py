@@ -9,7 +9,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from jobtui.kernel.checks import check_text
-from jobtui.kernel.db import Call, run, statements
+from jobtui.kernel.db import Call, first_line, run, statements
 from jobtui.kernel.domain import DEFAULT_SCHEMA
 from jobtui.kernel.errors import InvalidInput
 from jobtui.kernel.safetext import quote
@@ -66,5 +66,5 @@ def check_regex(conn: psycopg.Connection[Any], pattern: str | None, schema: str 
     try:
         run(conn, Call("check_regex", {"pattern": pattern}, lambda rows: None), schema)
     except psycopg.errors.InvalidRegularExpression as exc:
-        first = str(exc).strip().splitlines()[0]
+        first = first_line(exc)
         raise InvalidInput(f"bad --error pattern {quote(pattern)}: {first}; it is a regular expression") from None

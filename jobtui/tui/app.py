@@ -27,7 +27,7 @@ from textual.css.query import NoMatches
 from textual.notifications import SeverityLevel
 from textual.widgets import Footer, Input, Static, TabbedContent
 
-from jobtui.kernel.errors import InvalidInput
+from jobtui.kernel.errors import InvalidInput, first_line
 from jobtui.kernel.jobfilter import is_search, parse_filter
 from jobtui.kernel.safetext import line, shorten
 from jobtui.reads.metrics import Snapshot
@@ -144,7 +144,7 @@ class JobtuiApp(App[None]):
         try:
             fetched = self.source.fetch(self.needle)
         except Exception as exc:  # shown in the header; the data on screen stays
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            message = first_line(exc)
             self.call_from_thread(self._disconnected, message)
             return
         self.call_from_thread(self._apply, fetched)
@@ -378,7 +378,7 @@ class JobtuiApp(App[None]):
         try:
             message = action(*args)
         except Exception as exc:  # one line for the operator; nothing half-done (one transaction)
-            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            text = first_line(exc)
             self.call_from_thread(self.notify, f"failed: {text}", severity="error", timeout=8, markup=False)
             return
         self.call_from_thread(self.notify, message, timeout=5, markup=False)

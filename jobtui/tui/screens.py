@@ -12,6 +12,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Footer, Label, Static
 
+from jobtui.kernel.errors import first_line
 from jobtui.kernel.explain import explain
 from jobtui.kernel.safetext import block, line
 from jobtui.reads.backlog import READY_EXACT_CAP
@@ -124,7 +125,7 @@ class JobDetailScreen(Screen[None]):
         try:
             job = cast(Console, self.app).source.job(self.job_id)
         except Exception as exc:  # shown in place; the next tick tries again
-            text = f"Cannot read job {self.job_id}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+            text = f"Cannot read job {self.job_id}: {first_line(exc)}"
         else:
             text = f"No job {self.job_id} (archived or deleted)." if job is None else "\n".join(explain(job, full=True))
         self.app.call_from_thread(self._show, text)
@@ -193,7 +194,7 @@ class JobListScreen(Screen[None]):
             else:
                 rows = render.dead_job_rows(source.dead_jobs(self.status, self.job_type, self.fingerprint))
         except Exception as exc:  # said in the title; the next tick tries again
-            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            why = first_line(exc)
             self.app.call_from_thread(self._title, f"{self.title_text} · cannot read: {why}")
             return
         self.app.call_from_thread(self._loaded, rows, note)

@@ -22,7 +22,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Label, ProgressBar
 
 from jobtui.core import bulk
-from jobtui.kernel.db import connect
+from jobtui.kernel.db import connect, first_line
 from jobtui.kernel.jobfilter import JobFilter
 from jobtui.kernel.safetext import line
 from jobtui.reads.jobquery import JobSummary, SearchCancelled, SearchResult, search, search_count
@@ -151,10 +151,10 @@ class JobSearchScreen(Screen[None]):
                 self.total = sum(c.jobs for c in counts)
                 self.app.call_from_thread(self._shown, found)
         except (SearchCancelled, psycopg.errors.QueryCanceled) as exc:
-            why = str(exc).splitlines()[0] if isinstance(exc, SearchCancelled) else "cancelled"
+            why = first_line(exc) if isinstance(exc, SearchCancelled) else "cancelled"
             self.app.call_from_thread(self._status, f"stopped: {why}")
         except Exception as exc:  # said in place; nothing changed
-            self.app.call_from_thread(self._status, f"cannot search: {str(exc).strip().splitlines()[0]}")
+            self.app.call_from_thread(self._status, f"cannot search: {first_line(exc)}")
         finally:
             self._conn = None
             self.app.call_from_thread(self._ended)
@@ -237,7 +237,7 @@ class JobSearchScreen(Screen[None]):
                 said = self._reporter(lambda d, n: f"counting: {n:,} found")
                 count = None if pending is not None else job.count(stop=self._stop, progress=said)
         except Exception as exc:
-            self.app.call_from_thread(self._status, f"cannot count: {str(exc).strip().splitlines()[0]}")
+            self.app.call_from_thread(self._status, f"cannot count: {first_line(exc)}")
             return
         finally:
             self._conn = None
@@ -281,7 +281,7 @@ class JobSearchScreen(Screen[None]):
                 said = self._reporter(lambda d, n: f"{action}: {n:,} {past}, {d:.0%} of the table")
                 outcome = job.run(job.start(), stop=self._stop, progress=said)
         except Exception as exc:
-            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            why = first_line(exc)
             self.app.call_from_thread(self.app.notify, f"{action} failed: {why}", severity="error", timeout=8)
             return
         finally:

@@ -1,5 +1,5 @@
 """Migrations: applied once, safe to race, refused on a newer schema, in any schema name,
-and producing exactly the schema the named statements of queries.sql expect."""
+and producing exactly the schema the named statements of jobtui/kernel/sql/ expect."""
 
 from __future__ import annotations
 

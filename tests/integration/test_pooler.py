@@ -16,6 +16,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from jobtui import NewJob, Queue
+from jobtui.cli.main import main
 from jobtui.tui.data import DataSource
 from tests.apps.topology_app import APP_TABLES
 from tests.topology import PgBouncer
@@ -127,6 +128,19 @@ def test_a_drain_through_pgbouncer_in_transaction_mode_loses_nothing_and_logs_no
     # LISTEN cannot work through the pooler: the worker without a direct DSN says it polls.
     assert "polling every 0.2s" in workers[0].log()
     assert "polling" not in workers[1].log()
+    assert "prepared statement" not in bouncer.log()
+
+
+def test_the_pooler_flag_reaches_the_command_as_a_value_not_through_the_environment(
+    dsn: str, bouncer: PgBouncer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("JOBTUI_POOLER", raising=False)
+    pooled = _pooled(bouncer, dsn)
+    assert main(["--pooler", "transaction", "--dsn", pooled, "enqueue", "topo.effect", "--payload", "{}"]) == 0
+    assert main(["--pooler", "transaction", "--dsn", pooled, "stats", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out[out.index("{") :])["totals"]["ready"] == 1
+    assert "JOBTUI_POOLER" not in os.environ
     assert "prepared statement" not in bouncer.log()
 
 

@@ -536,7 +536,7 @@ def test_scheduler_with_a_clock_three_hours_behind_fires_at_database_time(dsn: s
     row = schedule_row(conn, "skewed")
     assert row["missed_count"] == 0 and row["skipped_count"] == 0
     # The process really ran 3 hours behind: its own log lines carry its clock.
-    stamps = re.findall(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ INFO jobtui.core.scheduler: schedule", proc.log(), re.M)
+    stamps = re.findall(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ INFO jobtui.scheduler: schedule", proc.log(), re.M)
     assert stamps
     local = datetime.fromisoformat(stamps[-1]).astimezone()
     assert abs((slots[-1] - local).total_seconds() - 3 * 3600) < 120

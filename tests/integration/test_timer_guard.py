@@ -97,7 +97,7 @@ FILL = [
 
 @dataclass(frozen=True)
 class Sent:
-    """One statement a path sent: its name in queries.sql (or its text), and its parameters."""
+    """One statement a path sent: its name in jobtui/kernel/sql/ (or its text), and its parameters."""
 
     name: str
     text: str

@@ -261,7 +261,7 @@ def test_notify_wakes_an_idle_worker(db: Conn, spawn: Spawn) -> None:
     wait_for(
         lambda: (
             db.execute(
-                # The statement text starts with its comment from queries.sql.
+                # The statement text starts with its comment from jobtui/kernel/sql/.
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                 " AND query ~ '^\\s*(--[^\n]*\n\\s*)*LISTEN '"
             ).fetchone()

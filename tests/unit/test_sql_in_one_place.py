@@ -1,4 +1,4 @@
-"""Every runtime statement lives in jobtui/kernel/sql/queries.sql, run through one layer (db.py).
+"""Every runtime statement lives in the files of jobtui/kernel/sql/, run through one layer (db.py).
 
 String literals anywhere else in jobtui/ that read as SQL are a defect, except the migration
 bootstrap (migrate.py creates the schema and the migration table before any named statement
@@ -42,9 +42,9 @@ def sql_literals(path: Path) -> list[str]:
     return found
 
 
-def test_no_sql_outside_queries_sql() -> None:
+def test_no_sql_outside_the_sql_folder() -> None:
     found = [hit for path in sorted(PACKAGE.rglob("*.py")) if path.name not in ALLOWED for hit in sql_literals(path)]
-    assert found == [], "SQL outside jobtui/kernel/sql/queries.sql:\n" + "\n".join(found)
+    assert found == [], "SQL outside jobtui/kernel/sql/:\n" + "\n".join(found)
 
 
 def test_the_check_finds_sql_where_it_is() -> None:

@@ -1,6 +1,6 @@
 """Nothing interpolates input into SQL: every query that jobtui's code executes is a literal,
 a psycopg.sql composition (identifiers quoted by psycopg), or a named statement of
-queries.sql (`statements(schema)[name]`); values always travel as bound parameters.
+jobtui/kernel/sql/ (`statements(schema)[name]`); values always travel as bound parameters.
 
 The check reads the source (AST) of every module of the package: the query argument of each
 execute / executemany / copy / stream call must be one of those forms. f-strings, %-formatting,
