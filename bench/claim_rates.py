@@ -51,10 +51,14 @@ LOOPS = ("baseline", "new", "new+other", "rated")
 
 
 def baseline_claim(ref: str) -> str:
-    """The `claim` block of queries.sql at `ref`, with the schema filled in."""
-    text = subprocess.run(
-        ["git", "show", f"{ref}:jobtui/kernel/sql/queries.sql"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout
+    """The `claim` block of the statements at `ref` (sql/claims.sql, or the one queries.sql of
+    releases before the layer folders), with the schema filled in."""
+    text = ""
+    for path in ("jobtui/kernel/sql/claims.sql", "jobtui/sql/queries.sql"):
+        shown = subprocess.run(["git", "show", f"{ref}:{path}"], cwd=ROOT, capture_output=True, text=True)
+        if shown.returncode == 0:
+            text = shown.stdout
+            break
     body = text.split("-- name: claim\n", 1)[1].split("\n-- name: ", 1)[0]
     return body.replace("{schema}", '"jobtui"')
 

@@ -67,7 +67,7 @@ TARGET_ENQUEUE = 100_000.0
 TARGET_RATIO = 0.70
 
 # The raw loop's statements: what a developer would write by hand for the same work (the
-# same claim and the same complete as jobtui's queries.sql, kept in step with them by hand),
+# same claim and the same complete as jobtui's sql/claims.sql, kept in step with them by hand),
 # with positional parameters.
 RAW_CLAIM = """
 UPDATE jobtui.job AS j

@@ -6,7 +6,7 @@
 
 A benchmark, not a test. In its own database (jobtui_bench_candidates, dropped at the end)
 it drains no-op jobs with one connection per loop, each loop running jobtui's own `claim`
-and `complete_deleting` (or `complete`, with --keep-done) of queries.sql, and differing from
+and `complete_deleting` (or `complete`, with --keep-done) of sql/claims.sql, and differing from
 `two` in one thing only:
 
     two        claim, then complete the batch: two statements, two round trips, two commits
@@ -129,7 +129,7 @@ def combined_statement(schema: str, keep_done: bool) -> str:
     else:
         ctes, sep, _ = complete.removeprefix("WITH ").rpartition("SELECT id FROM gone")
         assert sep, "complete_deleting changed shape: update this benchmark"
-        finished = ctes.rstrip() + ", finished AS (SELECT id FROM gone)"  # noqa: S608 (queries.sql's own text)
+        finished = ctes.rstrip() + ", finished AS (SELECT id FROM gone)"  # noqa: S608 (sql/claims.sql's own text)
     columns = ["id", "type", "payload", "attempts", "max_attempts", "lease_token", "locked_until", "created_at",
                "run_at", "uncounted", "meta"]  # fmt: skip
     return (

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
-import os
 import socket
 import sys
 from collections.abc import Callable
@@ -69,13 +68,6 @@ def accept_global_options_anywhere(parser: argparse.ArgumentParser) -> None:
                     kwargs["action"] = "store_true"
                 sub.add_argument(option, **kwargs)
             accept_global_options_anywhere(sub)
-
-
-def pooler_into_environment(pooler: str) -> None:
-    """Hand --pooler to the parts that take no `pooler=` yet and read JOBTUI_POOLER instead
-    (db.pooler_mode): the console (tui/) and the metrics exporter (service/prometheus.py).
-    Everything else is given the value."""
-    os.environ["JOBTUI_POOLER"] = pooler
 
 
 def open_queue(args: argparse.Namespace, *, check: bool = True) -> Queue:

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from jobtui.cli.args import database_dsn, pooler_into_environment, positive_int
+from jobtui.cli.args import database_dsn, positive_int
 from jobtui.clients.client import Queue
 from jobtui.core import scheduler as schedules
 from jobtui.core.registry import Job, Jobs, Permanent
@@ -227,8 +227,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         else:
             from jobtui.tui.app import JobtuiApp
 
-            pooler_into_environment(args.pooler)
-            JobtuiApp(dsn, schema=schema, actor=args.actor, worker=worker).run()
+            JobtuiApp(dsn, schema=schema, actor=args.actor, worker=worker, pooler=args.pooler).run()
     finally:
         traffic.stop()
         crasher.stop()

@@ -19,7 +19,6 @@ from rich.text import Text
 from jobtui.cli.args import (
     add_error_option,
     job_id,
-    pooler_into_environment,
     port_number,
     positive_int,
     positive_seconds,
@@ -470,8 +469,9 @@ def cmd_metrics(args: argparse.Namespace, dsn: str) -> int:
     from jobtui.service.prometheus import serve
 
     token = read_token(args.token_file) if args.token_file else None
-    pooler_into_environment(args.pooler)
-    server = serve(dsn, args.port, args.schema, args.addr, token=token, fix="choose another --port or --addr")
+    server = serve(
+        dsn, args.port, args.schema, args.addr, token=token, fix="choose another --port or --addr", pooler=args.pooler
+    )
     print(f"{describe(server)} (Ctrl-C to stop)")
     try:
         while True:

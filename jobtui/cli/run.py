@@ -15,7 +15,6 @@ from jobtui.cli.args import (
     add_metrics_options,
     add_wait_for_db,
     database_dsn,
-    pooler_into_environment,
     positive_int,
     queue_slots,
 )
@@ -116,8 +115,16 @@ def _serve_endpoints(args: argparse.Namespace, dsn: str, health: Health | None, 
     from jobtui.service.prometheus import serve
 
     token = read_token(args.metrics_token_file) if args.metrics_token_file else None
-    pooler_into_environment(args.pooler)
-    server = serve(dsn, args.metrics_port, args.schema, args.metrics_addr, token=token, health=health, worker=worker)
+    server = serve(
+        dsn,
+        args.metrics_port,
+        args.schema,
+        args.metrics_addr,
+        token=token,
+        health=health,
+        worker=worker,
+        pooler=args.pooler,
+    )
     logging.getLogger("jobtui.endpoints").info("%s", describe(server))
 
 
@@ -237,9 +244,14 @@ def cmd_console(args: argparse.Namespace) -> int:
             load_app(args.work), dsn, concurrency=args.concurrency, schema=args.schema, executor=args.executor,
             app=args.work, pooler=args.pooler,
         )  # fmt: skip
-    pooler_into_environment(args.pooler)
     app = JobtuiApp(
-        dsn, schema=args.schema, actor=args.actor, read_only=args.read_only, thresholds=thresholds, worker=worker
+        dsn,
+        schema=args.schema,
+        actor=args.actor,
+        read_only=args.read_only,
+        thresholds=thresholds,
+        worker=worker,
+        pooler=args.pooler,
     )
     app.run()
     return 0

@@ -10,7 +10,6 @@ from typing import Any
 
 from jobtui.cli import ops
 from jobtui.cli.args import database_dsn, parse_payload, positive_int
-from jobtui.core.audit import record_audit
 from jobtui.core.registry import ScheduleSpec, load_app
 from jobtui.kernel import migrate as migrations
 from jobtui.kernel.db import connect
@@ -86,9 +85,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
                 grace=parse_duration(args.grace),
                 queue=DEFAULT_QUEUE if queue is None else queue,
             )
-            with conn.transaction():
-                sched.upsert(conn, spec, source="cli", schema=args.schema)
-                record_audit(conn, args.actor, "schedule-add", f"schedule {args.name}", 1, schema=args.schema)
+            sched.add(conn, spec, actor=args.actor, schema=args.schema)
             print(f"schedule {quote(args.name)} saved")
         elif action == "list":
             _print_schedules(sched.list_schedules(conn, args.schema), as_json=args.json)

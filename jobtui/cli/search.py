@@ -123,6 +123,8 @@ def cmd_index(args: argparse.Namespace, dsn: str) -> int:
         state = run(conn, Call("payload_index_state", {"schema_name": schema}, lambda r: r.dicts()), schema)
         if args.drop:
             run(conn, Call("payload_index_drop", {}, lambda r: None), schema)
+            # Not audit.operate: DROP/CREATE INDEX CONCURRENTLY cannot run in a transaction, so
+            # the audit row follows the change once it is done.
             with conn.transaction():
                 record_audit(conn, args.actor, "index-drop", "index job_payload_idx", int(bool(state)), schema=schema)
             print("the payload index is dropped" if state else "there was no payload index")

@@ -1,7 +1,7 @@
 """Bulk actions over any filter, at any scale: requeue or discard dead and failed jobs, cancel
 ready and running ones, a batch at a time.
 
-Each batch is one statement in a short transaction of its own (queries.sql, bulk_*_batch):
+Each batch is one statement in a short transaction of its own (sql/bulk.sql, bulk_*_batch):
 it changes at most `batch` jobs, locks them SKIP LOCKED (a job a worker or another operator
 holds is passed over, and tried again at the end), and writes the run's progress with them.
 Workers claim meanwhile. A run walks the ids down from the newest job there was when it
@@ -248,6 +248,8 @@ class Bulk:
             "resumed": job_run.resumed,
         }
         target = f"bulk run {job_run.id}: {self.filter.describe()}"
+        # Not audit.operate: the change is many short transactions, one per batch; this one
+        # row, with the run's end, tells them all.
         try:
             with self.conn.transaction():
                 if end:

@@ -14,13 +14,14 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
-from jobtui.core.audit import record_audit
+from jobtui.core.audit import Audit, Change, Recorded, operate
 from jobtui.core.privileges import GRANTS_HINT
 from jobtui.core.registry import ScheduleSpec
 from jobtui.kernel import cronslots
@@ -32,6 +33,7 @@ from jobtui.kernel.errors import DatabaseUnavailable, InvalidInput, JobtuiError,
 from jobtui.kernel.link import Connection, Link
 
 log = logging.getLogger("jobtui.scheduler")
+T = TypeVar("T")
 
 MAX_TICK = 1.0
 # A schedule whose slots cannot be computed (its row no longer valid) is retried this late.
@@ -114,6 +116,16 @@ def upsert(conn: psycopg.Connection[Any], spec: ScheduleSpec, *, source: str, sc
     return run(conn, Call("schedule_upsert", params, _one_id), schema)
 
 
+def add(conn: psycopg.Connection[Any], spec: ScheduleSpec, *, actor: str, schema: str = DEFAULT_SCHEMA) -> int:
+    """An operator's schedule from `spec` (`jobtui schedule add`), created or updated with its
+    audit row; returns its id."""
+
+    def change(conn: psycopg.Connection[Any]) -> int:
+        return upsert(conn, spec, source="cli", schema=schema)
+
+    return _audited(conn, change, actor, "schedule-add", spec.name, lambda _: Recorded(1), schema)
+
+
 def sync(conn: psycopg.Connection[Any], specs: list[ScheduleSpec], schema: str = DEFAULT_SCHEMA) -> None:
     """Write the schedules declared in code (a worker does this when it starts)."""
     with conn.transaction():
@@ -157,33 +169,37 @@ def list_schedules(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) 
 
 def pause(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA, *, actor: str | None = None) -> bool:
     """Pause `name`; False when it was already paused. Takes effect at the next tick."""
-    with conn.transaction():
+
+    def change(conn: psycopg.Connection[Any]) -> bool:
         _lock(conn, name, schema)
-        changed = bool(run(conn, Call("schedule_pause", {"name": name}, _rows), schema))
-        _audit(conn, actor, "schedule-pause", name, int(changed), schema)
-        return changed
+        return bool(run(conn, Call("schedule_pause", {"name": name}, _rows), schema))
+
+    return _audited(conn, change, actor, "schedule-pause", name, _flipped, schema)
 
 
 def resume(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA, *, actor: str | None = None) -> bool:
     """Resume `name`; slots passed while paused count as skipped. False when not paused."""
-    with conn.transaction():
+
+    def change(conn: psycopg.Connection[Any]) -> bool:
         row = _lock(conn, name, schema)
         cron, timezone, now = row["cron"], row["timezone"], row["now"]
-        changed = False
-        if row["paused"]:
-            skipped = len(cronslots.slots_between(cron, timezone, row["last_slot"], now, limit=MAX_SKIPPED_COUNTED))
-            params = {"name": name, "next_run_at": cronslots.next_slot(cron, timezone, now), "skipped": skipped}
-            changed = bool(run(conn, Call("schedule_resume", params, _rows), schema))
-        _audit(conn, actor, "schedule-resume", name, int(changed), schema)
-        return changed
+        if not row["paused"]:
+            return False
+        skipped = len(cronslots.slots_between(cron, timezone, row["last_slot"], now, limit=MAX_SKIPPED_COUNTED))
+        params = {"name": name, "next_run_at": cronslots.next_slot(cron, timezone, now), "skipped": skipped}
+        return bool(run(conn, Call("schedule_resume", params, _rows), schema))
+
+    return _audited(conn, change, actor, "schedule-resume", name, _flipped, schema)
 
 
 def remove(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA, *, actor: str | None = None) -> None:
     check_text(name, "schedule name")
-    with conn.transaction():
+
+    def change(conn: psycopg.Connection[Any]) -> None:
         if not run(conn, Call("schedule_remove", {"name": name}, _rows), schema):
             raise _unknown(name)
-        _audit(conn, actor, "schedule-remove", name, 1, schema)
+
+    _audited(conn, change, actor, "schedule-remove", name, lambda _: Recorded(1), schema)
 
 
 def rewind(conn: psycopg.Connection[Any], name: str, seconds: float, schema: str = DEFAULT_SCHEMA) -> None:
@@ -192,18 +208,39 @@ def rewind(conn: psycopg.Connection[Any], name: str, seconds: float, schema: str
         raise _unknown(name)
 
 
-def _audit(conn: psycopg.Connection[Any], actor: str | None, action: str, name: str, rows: int, schema: str) -> None:
+def _audited(
+    conn: psycopg.Connection[Any],
+    change: Change[T],
+    actor: str | None,
+    action: str,
+    name: str,
+    recorded: Callable[[T], Recorded],
+    schema: str,
+) -> T:
+    """`change` in one transaction: with an `actor`, an operator's change, through the one
+    audited path (`audit.operate`) with its audit row; without, the scheduler's own."""
     if actor is not None:
-        record_audit(conn, actor, action, f"schedule {name}", rows, schema=schema)
+        return operate(conn, change, Audit(actor, action, f"schedule {name}"), recorded, schema)
+    with conn.transaction():
+        return change(conn) if callable(change) else run(conn, change, schema)
+
+
+def _flipped(changed: bool) -> Recorded:
+    """A pause or a resume: one row when it changed the schedule, none when it was so already."""
+    return Recorded(int(changed))
 
 
 def run_now(conn: psycopg.Connection[Any], name: str, schema: str = DEFAULT_SCHEMA, *, actor: str | None = None) -> int:
     """Enqueue the schedule's job now, outside its slots; returns the job id."""
-    with conn.transaction():
-        job_id = _run_now(conn, name, schema)
-        if actor is not None:
-            record_audit(conn, actor, "schedule-run-now", f"schedule {name}", 1, job_ids=[job_id], schema=schema)
-        return job_id
+    return _audited(
+        conn,
+        lambda conn: _run_now(conn, name, schema),
+        actor,
+        "schedule-run-now",
+        name,
+        lambda i: Recorded(1, [i]),
+        schema,
+    )
 
 
 def _run_now(conn: psycopg.Connection[Any], name: str, schema: str) -> int:

@@ -20,7 +20,7 @@ import psycopg
 from jobtui.kernel.checks import check_text
 from jobtui.kernel.db import Call, Rows, arun, run
 from jobtui.kernel.domain import DEFAULT_SCHEMA, JobStatus
-from jobtui.kernel.errors import InvalidInput, JobtuiError
+from jobtui.kernel.errors import InvalidInput, JobtuiError, first_line
 from jobtui.kernel.jobfilter import JobFilter
 from jobtui.kernel.safetext import quote
 
@@ -101,9 +101,8 @@ def counts_call(filt: JobFilter) -> Call[list[JobCount]]:
 
 
 def _bad_pattern(call: Call[Any], exc: psycopg.errors.InvalidRegularExpression) -> InvalidInput:
-    first = str(exc).strip().splitlines()[0]
     pattern = call.params.get("error") or call.params.get("matcher")
-    return InvalidInput(f"bad error pattern {quote(pattern)}: {first}; it is a regular expression")
+    return InvalidInput(f"bad error pattern {quote(pattern)}: {first_line(exc)}; it is a regular expression")
 
 
 def query(conn: psycopg.Connection[Any], call: Call[Any], schema: str = DEFAULT_SCHEMA) -> Any:

@@ -27,7 +27,7 @@ from psycopg import sql
 
 from jobtui.kernel.db import query_names, statements
 
-# Name in queries.sql -> who runs it on a timer.
+# Name of a statement of sql/ -> who runs it on a timer.
 TIMED: dict[str, str] = {
     # The console's connection, once per connection (and after each reconnect).
     "console_session": "the console: its statement timeout, and who and where it reads",
@@ -78,7 +78,7 @@ def _names(schema: str) -> dict[str, str]:
 
 
 def statement_name(query: Any, schema: str) -> str | None:
-    """The queries.sql name of `query` as sent on `schema`, or None for text of elsewhere."""
+    """The statement name of `query` as sent on `schema`, or None for text of elsewhere."""
     text = query.as_string(None) if isinstance(query, sql.SQL) else query if isinstance(query, str) else None
     return None if text is None else _names(schema).get(text)
 

@@ -31,9 +31,10 @@ CACHE_SECONDS = 1.0
 class QueueCollector(Collector):
     """Collects a snapshot per scrape and turns it into metric families."""
 
-    def __init__(self, dsn: str, schema: str = DEFAULT_SCHEMA) -> None:
+    def __init__(self, dsn: str, schema: str = DEFAULT_SCHEMA, pooler: str | None = None) -> None:
         self.dsn = dsn
         self.schema = schema
+        self.pooler = pooler
         self._lock = threading.Lock()
         self._cached: tuple[float, Snapshot, list[QueueLine]] | None = None
         self._history = DoneHistory()
@@ -42,7 +43,7 @@ class QueueCollector(Collector):
         with self._lock:
             if self._cached and time.monotonic() - self._cached[0] < CACHE_SECONDS:
                 return self._cached[1], self._cached[2]
-            with watched(connect(self.dsn, autocommit=True), self.schema) as conn:
+            with watched(connect(self.dsn, autocommit=True, pooler=self.pooler), self.schema) as conn:
                 snap = snapshot(conn, self.schema, history=self._history)
                 lines = overview(conn, self.schema).lines
             self._cached = (time.monotonic(), snap, lines)
@@ -278,12 +279,13 @@ def serve(
     health: Health | None = None,
     fix: str = "choose another --metrics-port or --metrics-addr",
     worker: Any = None,
+    pooler: str | None = None,
 ) -> Listener:
     """Serve /metrics on `addr`:`port` (every address when None) in a background thread, with
     the probes of `health` when given (endpoints.py); returns the server. With `worker`
     (`jobtui worker --metrics-port`), its own figures too."""
     registry = CollectorRegistry()
-    registry.register(QueueCollector(dsn, schema))
+    registry.register(QueueCollector(dsn, schema, pooler))
     if worker is not None:
         registry.register(WorkerCollector(worker))
     return start(registry, port, addr, token=token, health=health, fix=fix)

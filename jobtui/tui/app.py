@@ -27,6 +27,7 @@ from textual.css.query import NoMatches
 from textual.notifications import SeverityLevel
 from textual.widgets import Footer, Input, Static, TabbedContent
 
+from jobtui.kernel.domain import DEFAULT_SCHEMA
 from jobtui.kernel.errors import InvalidInput, first_line
 from jobtui.kernel.jobfilter import is_search, parse_filter
 from jobtui.kernel.safetext import line, shorten
@@ -70,12 +71,13 @@ class JobtuiApp(App[None]):
         self,
         dsn: str,
         *,
-        schema: str = "jobtui",
+        schema: str = DEFAULT_SCHEMA,
         actor: str = "console",
         read_only: bool = False,
         thresholds: render.Thresholds | None = None,
         worker: Any = None,
         refresh_interval: float = 1.0,
+        pooler: str | None = None,
     ) -> None:
         super().__init__()
         self.dsn = dsn
@@ -85,8 +87,8 @@ class JobtuiApp(App[None]):
         # '' while it takes them. The console is then read-only by itself.
         self.server_refuses = ""
         self.thresholds = thresholds or render.Thresholds()
-        self.source = DataSource(dsn, schema)
-        self.actions_ = None if read_only else Actions(dsn, schema, actor)
+        self.source = DataSource(dsn, schema, pooler)
+        self.actions_ = None if read_only else Actions(dsn, schema, actor, pooler)
         self.embedded_worker = worker
         self.refresh_interval = refresh_interval
         self.latest: Fetched | None = None

@@ -7,15 +7,13 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 
 from jobtui.clients.client import Queue
 from jobtui.core import scheduler as schedules
-from jobtui.core.audit import Audit, Change, Recorded, operate
 from jobtui.core.queue import get_job_call
 from jobtui.kernel.db import Call, Rows, connect, pooler_mode, run
 from jobtui.kernel.domain import JobRow
@@ -40,7 +38,6 @@ GIVE_UP_AFTER = STATEMENT_TIMEOUT + 3.0
 # TCP keepalives, so that a server that vanished (a host gone, a cable cut) ends the read.
 KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3}
 
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +78,10 @@ class Fetched:
 class DataSource:
     """Reads for the panes over one connection that is reopened after a failure."""
 
-    def __init__(self, dsn: str, schema: str) -> None:
+    def __init__(self, dsn: str, schema: str, pooler: str | None = None) -> None:
         self.dsn = dsn
         self.schema = schema
+        self.pooler = pooler  # --pooler (None: JOBTUI_POOLER, as db.pooler_mode reads it)
         self._conn: psycopg.Connection[Any] | None = None
         self._where: Where | None = None
         self._busy_since: float | None = None  # when the read in progress began
@@ -101,9 +99,11 @@ class DataSource:
         if self._closed:
             raise DatabaseUnavailable("the console is closing")
         if self._conn is None or self._conn.closed or self._conn.broken:
-            conn = watched(connect(self.dsn, autocommit=True, connect_timeout=3, **KEEPALIVES), self.schema)
+            conn = watched(
+                connect(self.dsn, autocommit=True, pooler=self.pooler, connect_timeout=3, **KEEPALIVES), self.schema
+            )
             timeout = f"{round(STATEMENT_TIMEOUT * 1000)}ms"
-            local = pooler_mode() == "transaction"
+            local = pooler_mode(self.pooler) == "transaction"
             session = Call("console_session", {"statement_timeout": timeout, "local": local}, Rows.dicts)
             identity = run(conn, session, self.schema)[0]
             self._where = Where(
@@ -226,13 +226,14 @@ class DataSource:
 
 class Actions:
     """Operator actions; each runs with its audit row in one transaction (core/audit.operate):
-    the job actions through the client's, the schedule actions here."""
+    the job actions through the client, the schedule actions through the scheduler."""
 
-    def __init__(self, dsn: str, schema: str, actor: str) -> None:
+    def __init__(self, dsn: str, schema: str, actor: str, pooler: str | None = None) -> None:
         self.dsn = dsn
         self.schema = schema
         self.actor = actor
-        self._queue = Queue(dsn, schema=schema, max_connections=2)
+        self.pooler = pooler
+        self._queue = Queue(dsn, schema=schema, max_connections=2, pooler=pooler)
 
     def requeue_jobs(self, ids: list[int]) -> int:
         return len(self._queue.requeue(ids, actor=self.actor))
@@ -248,28 +249,20 @@ class Actions:
         return len(self._queue.cancel([job_id], actor=self.actor))
 
     def pause_schedule(self, name: str) -> bool:
-        return self._operate(lambda c: schedules.pause(c, name, self.schema), "schedule-pause", name, _flipped)
+        with self._connect() as conn:
+            return schedules.pause(conn, name, self.schema, actor=self.actor)
 
     def resume_schedule(self, name: str) -> bool:
-        return self._operate(lambda c: schedules.resume(c, name, self.schema), "schedule-resume", name, _flipped)
+        with self._connect() as conn:
+            return schedules.resume(conn, name, self.schema, actor=self.actor)
 
     def run_schedule_now(self, name: str) -> int:
-        return self._operate(lambda c: schedules.run_now(c, name, self.schema), "schedule-run-now", name, _enqueued)
+        with self._connect() as conn:
+            return schedules.run_now(conn, name, self.schema, actor=self.actor)
 
-    def _operate(self, change: Change[T], action: str, name: str, recorded: Callable[[T], Recorded]) -> T:
-        """A schedule's change (run without an actor, so unaudited by the scheduler) and its
-        audit row, on a connection of its own."""
-        with connect(self.dsn, autocommit=True) as conn:
-            return operate(conn, change, Audit(self.actor, action, f"schedule {name}"), recorded, self.schema)
+    def _connect(self) -> psycopg.Connection[Any]:
+        """A connection of its own for a schedule's change (the scheduler audits it)."""
+        return connect(self.dsn, autocommit=True, pooler=self.pooler)
 
     def close(self) -> None:
         self._queue.close()
-
-
-def _flipped(changed: bool) -> Recorded:
-    """A pause or a resume: one row when it changed the schedule, none when it was so already."""
-    return Recorded(int(changed))
-
-
-def _enqueued(job_id: int) -> Recorded:
-    return Recorded(1, [job_id])

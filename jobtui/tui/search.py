@@ -107,7 +107,7 @@ class JobSearchScreen(Screen[None]):
 
     def _connect(self) -> psycopg.Connection[Any]:
         source = self.console.source
-        return connect(source.dsn, autocommit=True, connect_timeout=3)
+        return connect(source.dsn, autocommit=True, pooler=source.pooler, connect_timeout=3)
 
     def _began(self, what: str) -> None:
         self._busy = what

@@ -8,6 +8,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, assert_never
 
+from jobtui.core.queue import RELEASE_KINDS
 from jobtui.core.registry import Permanent, Retry
 from jobtui.kernel.db import is_connection_error
 from jobtui.kernel.logformat import job_fields
@@ -34,7 +35,7 @@ class Outcome(enum.Enum):
     statement: str  # the completer's statement: release, or the outcome's own
 
     def __init__(self, value: str) -> None:
-        self.released = value in ("retry", "db_error", "abandoned", "shutdown")
+        self.released = value in RELEASE_KINDS
         self.statement = "release" if self.released else value
 
 

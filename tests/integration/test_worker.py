@@ -287,7 +287,7 @@ def test_notify_wakes_an_idle_worker(db: Conn, spawn: Spawn) -> None:
 
 
 # The starts of the texts of the statements of the claim connection: the claim and reaping
-# (their comments from queries.sql).
+# (their comments from sql/claims.sql).
 CLAIM_TEXTS = ("-- Up to `limit` ready jobs of the given types", "-- Running jobs whose lease expired")
 
 

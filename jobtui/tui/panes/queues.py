@@ -93,19 +93,19 @@ def queue_rows(
 
 
 def pause(actions: Actions, kind: queues.Kind, name: str) -> str:
-    with connect(actions.dsn, autocommit=True) as conn:
+    with connect(actions.dsn, autocommit=True, pooler=actions.pooler) as conn:
         changed = queues.pause(conn, kind, name, actor=actions.actor, schema=actions.schema)
     return f"{kind} {name} " + ("paused on every worker" if changed else "was already paused")
 
 
 def resume(actions: Actions, kind: queues.Kind, name: str) -> str:
-    with connect(actions.dsn, autocommit=True) as conn:
+    with connect(actions.dsn, autocommit=True, pooler=actions.pooler) as conn:
         changed = queues.resume(conn, kind, name, actor=actions.actor, schema=actions.schema)
     return f"{kind} {name} " + ("resumed" if changed else "was not paused")
 
 
 def set_limit(actions: Actions, name: str, limit: int | None, seen: int | None) -> str:
-    with connect(actions.dsn, autocommit=True) as conn:
+    with connect(actions.dsn, autocommit=True, pooler=actions.pooler) as conn:
         change = queues.set_limit(
             conn, name, limit, actor=actions.actor, expected=seen, fenced=True, schema=actions.schema
         )
@@ -157,7 +157,7 @@ class LimitScreen(ModalScreen[str | None]):
 
 
 def set_rate(actions: Actions, kind: queues.Kind, name: str, rate: float | None, seen: float | None) -> str:
-    with connect(actions.dsn, autocommit=True) as conn:
+    with connect(actions.dsn, autocommit=True, pooler=actions.pooler) as conn:
         change = queues.set_rate(
             conn, kind, name, rate, actor=actions.actor, expected=seen, fenced=True, schema=actions.schema
         )
@@ -167,7 +167,7 @@ def set_rate(actions: Actions, kind: queues.Kind, name: str, rate: float | None,
 
 
 def resume_ramped(actions: Actions, kind: queues.Kind, name: str, ramp: float) -> str:
-    with connect(actions.dsn, autocommit=True) as conn:
+    with connect(actions.dsn, autocommit=True, pooler=actions.pooler) as conn:
         changed = queues.resume(conn, kind, name, actor=actions.actor, ramp=ramp, schema=actions.schema)
     return f"{kind} {name} " + (f"resumed, its rate rising over {ramp:g}s" if changed else "was not paused")
 
