@@ -227,12 +227,17 @@ class ProtocolConsole:
     def __init__(self, socket: aiohttp.ClientWebSocketResponse, width: int, height: int) -> None:
         self.socket = socket
         self.screen = Screen(width, height)
+        self._fed = asyncio.Event()  # set by each frame, and when the socket closes
         self._reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
-        async for message in self.socket:  # ends when the socket closes, from either side
-            if message.type == aiohttp.WSMsgType.BINARY:
-                self.screen.feed(message.data)
+        try:
+            async for message in self.socket:  # ends when the socket closes, from either side
+                if message.type == aiohttp.WSMsgType.BINARY:
+                    self.screen.feed(message.data)
+                    self._fed.set()
+        finally:
+            self._fed.set()
 
     async def keys(self, *keys: str) -> None:
         for key in keys:
@@ -249,14 +254,20 @@ class ProtocolConsole:
         return await self.wait(what, condition)
 
     async def wait(self, what: str, condition: Callable[[str], bool], timeout: float = 20.0) -> str:
-        """Until the screen satisfies `condition`."""
+        """Until the screen satisfies `condition`, looked at again after each frame."""
         deadline = time.monotonic() + timeout
-        while not condition(text := self.screen.text()):
-            if time.monotonic() > deadline or self._reader.done():
+        while True:
+            # Cleared before the look: a frame that comes after it sets the event again.
+            self._fed.clear()
+            text = self.screen.text()
+            if condition(text):
+                return text
+            left = deadline - time.monotonic()
+            if left <= 0 or self._reader.done():
                 state = "closed" if self._reader.done() else "open"
                 raise AssertionError(f"timed out waiting for {what} (the socket is {state}); the screen:\n{text}")
-            await asyncio.sleep(0.05)
-        return text
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._fed.wait(), left)
 
     async def until_closed(self, timeout: float = 20.0) -> int | None:
         """Until the server closes the socket; its close code."""

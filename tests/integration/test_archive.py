@@ -4,7 +4,6 @@ in bounded batches, so the queue table stays small under steady traffic."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import psycopg
@@ -16,6 +15,7 @@ from jobtui.core.maintenance import ARCHIVE_TYPE, BATCH, Retention, Swept, sweep
 from jobtui.core.registry import Job, Jobs
 from jobtui.core.scheduler import run_now
 from jobtui.worker import Worker
+from tests.waits import until
 
 Conn = psycopg.Connection[Any]
 
@@ -116,7 +116,7 @@ def test_short_retentions_and_old_archive_rows(conn: Conn, queue: Queue) -> None
     done = make_done(queue, 3, "t")
     dead = [queue.enqueue("d", {}, max_attempts=1)]
     queue.fail([Failure(c.lease, "x", 0.0) for c in queue.claim(["d"], worker="w")])
-    time.sleep(0.3)
+    age(conn, done + dead, "0.3 seconds")
     swept = sweep(conn, Retention(done=0.1, dead=0.1, archive=None))
     assert swept == Swept(archived=3, deleted_done=0, deleted_dead=1, deleted_archive=0)
     assert ids_in(conn, "job") == set()
@@ -174,7 +174,7 @@ def test_steady_enqueue_and_drain_keeps_the_job_table_bounded(conn: Conn, queue:
         claimed = queue.claim(["steady"], worker="w", limit=per_round)
         assert len(claimed) == per_round
         assert queue.complete([c.lease for c in claimed]) == set(ids)
-        time.sleep(0.55)
+        age(conn, ids, "0.55 seconds")
         sweep(conn, retention)
         sizes.append(conn.execute("SELECT count(*) FROM jobtui.job").fetchone()[0])  # type: ignore[index]
         archived.append(conn.execute("SELECT count(*) FROM jobtui.job_archive").fetchone()[0])  # type: ignore[index]
@@ -196,17 +196,15 @@ async def test_built_in_archive_job_runs_in_a_worker(dsn: str, conn: Conn) -> No
     worker = Worker(jobs, dsn, concurrency=1, poll_interval=0.2, shutdown_timeout=5, retention=Retention(done=5))
     task = asyncio.create_task(worker.run())
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not task.done():
-            if conn.execute("SELECT 1 FROM jobtui.schedule WHERE name = %s", (ARCHIVE_TYPE,)).fetchone():
-                break
-            await asyncio.sleep(0.05)
+        scheduled = "SELECT 1 FROM jobtui.schedule WHERE name = %s"
+        await until(lambda: task.done() or conn.execute(scheduled, (ARCHIVE_TYPE,)).fetchone(), 30, "the schedule")
         job_id = run_now(conn, ARCHIVE_TYPE)
-        while time.monotonic() < deadline and not task.done():
+
+        def finished() -> bool:
             status = conn.execute("SELECT status FROM jobtui.job WHERE id = %s", (job_id,)).fetchone()
-            if status is None or status[0] in ("done", "dead", "failed"):
-                break
-            await asyncio.sleep(0.05)
+            return status is None or status[0] in ("done", "dead", "failed")
+
+        await until(lambda: task.done() or finished(), 30, "the archive job finished")
     finally:
         worker.stop()
         await asyncio.wait_for(task, 20)

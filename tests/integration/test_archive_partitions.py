@@ -256,7 +256,8 @@ def test_a_worker_of_the_previous_release_archives_and_prunes(
     env = {**os.environ, "PYTHONPATH": str(previous_release)}
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "worker", "--app", "jobtui.cli.bench:jobs",
+            # The previous release's own module names: its bench app lived in jobtui.sizing.
+            [sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "worker", "--app", "jobtui.sizing:jobs",
              "--id", "previous-release", "--concurrency", "5", "--retention", "0s", "--poll", "0.2s"],
             cwd=previous_release, env=env, stdout=log_file, stderr=subprocess.STDOUT,
         )  # fmt: skip

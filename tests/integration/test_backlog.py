@@ -7,7 +7,6 @@ dozen real rows stand for millions.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import psycopg
@@ -18,17 +17,22 @@ from jobtui.kernel import donehistory
 from jobtui.kernel.domain import NewJob
 from jobtui.reads import backlog, metrics
 from jobtui.reads.metrics import snapshot
+from tests.waits import wait_until
 
 Conn = psycopg.Connection[Any]
 CAP = 20
 
 
 def away_from_minute_boundary(conn: Conn, margin: float = 3.0) -> None:
-    """Sleep into the next minute when it is less than `margin` seconds away."""
-    row = conn.execute("SELECT 60 - extract(second FROM now())").fetchone()
-    assert row is not None
-    if float(row[0]) < margin:
-        time.sleep(float(row[0]) + 0.2)
+    """Wait, by the database's clock, into the next minute when it is less than `margin`
+    seconds away."""
+
+    def far_enough() -> bool:
+        row = conn.execute("SELECT 60 - extract(second FROM now())").fetchone()
+        assert row is not None
+        return float(row[0]) >= margin
+
+    wait_until(far_enough, margin + 30, "the next minute on the database's clock")
 
 
 @pytest.fixture

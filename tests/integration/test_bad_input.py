@@ -34,6 +34,7 @@ from jobtui.kernel import migrate as migrations
 from jobtui.kernel.cronslots import check_cron
 from jobtui.worker import Worker
 from tests.conftest import with_dbname
+from tests.waits import until
 
 Conn = psycopg.Connection[Any]
 
@@ -280,10 +281,7 @@ def test_a_handler_error_that_is_not_utf8_does_not_stall_the_worker(dsn: str, q:
     async def run() -> None:
         worker = Worker(jobs, dsn, concurrency=2, poll_interval=0.1, scheduler=False, retention=None)
         task = asyncio.create_task(worker.run())
-        for _ in range(100):
-            if worker.counts["dead"] and worker.counts["done"]:
-                break
-            await asyncio.sleep(0.05)
+        await until(lambda: worker.counts["dead"] and worker.counts["done"], 30, "a dead job and a done one")
         worker.stop()
         await asyncio.wait_for(task, 15)
 

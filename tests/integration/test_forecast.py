@@ -9,6 +9,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -23,6 +24,7 @@ from jobtui.reads.metrics import snapshot
 from jobtui.reads.overview import overview
 from jobtui.service.prometheus import forecast_families
 from tests.integration.test_levers import jobtui
+from tests.waits import wait_until
 from tests.workers import WorkerProcess, wait_for
 
 Conn = psycopg.Connection[Any]
@@ -51,7 +53,7 @@ def enqueue_steadily(dsn: str, per_second: float, stop: threading.Event, queue: 
             if due > n:
                 q.enqueue_many([NewJob("quick", {}, queue=queue) for _ in range(due - n)])
                 n = due
-            time.sleep(0.02)
+            stop.wait(0.02)  # the pace of the inflow; a stop ends it at once
 
 
 def drain_with_inflow(db: Conn, app_dsn: str, spawn: Spawn, backlog: int, seconds: float) -> None:
@@ -67,7 +69,7 @@ def drain_with_inflow(db: Conn, app_dsn: str, spawn: Spawn, backlog: int, second
     inflow = threading.Thread(target=enqueue_steadily, args=(app_dsn, INFLOW, stop))
     inflow.start()
     try:
-        time.sleep(seconds)
+        time.sleep(seconds)  # the window the drain and the inflow are measured over
     finally:
         stop.set()
         inflow.join()
@@ -96,10 +98,12 @@ def test_the_forecast_reads_back_a_known_drain_and_inflow(db: Conn, app_dsn: str
 
 
 def test_a_growing_backlog_is_nan_seconds_for_prometheus(db: Conn, app_dsn: str) -> None:
-    record_flow(db, until=db_now(db))
+    first = db_now(db)
+    record_flow(db, until=first)
     with Queue(app_dsn) as q:
         q.enqueue_many([NewJob("quick", {}, queue="fq") for _ in range(500)])
-    time.sleep(0.2)
+    # The next span lasts at least 0.2s by the database's clock, which the spans are cut by.
+    wait_until(lambda: db_now(db) >= first + timedelta(seconds=0.2), 30, "0.2s on the database's clock")
     record_flow(db, until=db_now(db))
     snap = snapshot(db)
     lines = overview(db).lines

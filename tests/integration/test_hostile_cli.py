@@ -15,7 +15,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from jobtui.kernel.explain import first_line
 from jobtui.reads.metrics import snapshot
 from tests.apps.hostile_app import CRASHES, REFUSED
 from tests.hostile import Texts, assert_safe, seed, texts, visible
+from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 Conn = psycopg.Connection[Any]
@@ -166,28 +166,36 @@ def test_errors_that_echo_an_input_cut_it_to_a_readable_length(dsn: str, args: l
     assert len(line) < 600
 
 
-def test_worker_log_lines_are_escaped_and_cannot_be_forged(dsn: str) -> None:
+def test_worker_log_lines_are_escaped_and_cannot_be_forged(dsn: str, tmp_path: Path) -> None:
     with Queue(dsn) as queue:
         refused, crashed = queue.enqueue(REFUSED), queue.enqueue(CRASHES)
     env = {k: v for k, v in os.environ.items() if k not in ("JOBTUI_DSN", "DATABASE_URL")}
     env |= {"JOBTUI_DSN": dsn, "PYTHONUNBUFFERED": "1"}
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "jobtui.cli", "worker", "--app", "tests.apps.hostile_app:jobs", "--no-scheduler"],
-        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    log = tmp_path / "worker.log"
+    with log.open("w") as log_file:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "jobtui.cli", "worker", "--app", "tests.apps.hostile_app:jobs", "--no-scheduler"],
+            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log_file, text=True,
+        )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
         with psycopg.connect(dsn, autocommit=True) as conn:
-            while conn.execute(
-                "SELECT count(*) FROM jobtui.job WHERE id = ANY(%s) AND status IN ('failed', 'dead')",
-                [[refused, crashed]],
-            ).fetchone() != (2,):
-                assert time.monotonic() < deadline and worker.poll() is None, "the jobs did not finish"
-                time.sleep(0.1)
-        time.sleep(0.5)  # the dead job's callback runs after its outcome is written
+
+            def finished() -> bool:
+                assert worker.poll() is None, log.read_text()
+                row = conn.execute(
+                    "SELECT count(*) FROM jobtui.job WHERE id = ANY(%s) AND status IN ('failed', 'dead')",
+                    [[refused, crashed]],
+                ).fetchone()
+                return row == (2,)
+
+            wait_until(finished, 60, "both jobs failed", log.read_text)
+        # The dead job's callback runs after its outcome is written: its line comes later.
+        dead_line = f"job {crashed} ({visible(CRASHES)}) is dead"
+        wait_until(lambda: dead_line in log.read_text(), 30, "the dead job's line", log.read_text)
     finally:
         worker.send_signal(signal.SIGTERM)
-        _out, err = worker.communicate(timeout=30)
+        worker.wait(timeout=30)
+    err = log.read_text()
     assert worker.returncode == 0, err
     assert_safe(err, keep="\n")
     lines = err.splitlines()

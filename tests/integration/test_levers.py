@@ -185,7 +185,8 @@ def test_a_paused_queue_stops_on_every_worker_while_others_flow(db: Conn, app_ds
     wait_for(lambda: count(db, "queue = 'hot' AND status = 'done'") >= 10, 15, "hot jobs done")
     assert "paused" in jobtui(app_dsn, "queue", "pause", "hot").stdout
     paused = time.monotonic()
-    # Within one claim cycle (the poll, 1s) no worker claims from it; running jobs finish.
+    # Within one claim cycle (the poll, 1s) no worker claims from it; running jobs finish. The
+    # sleeps are what is tested: that cycle's bound, then a while in which nothing starts.
     time.sleep(1.0)
     started = count(db, "queue = 'hot' AND status <> 'ready'")
     calm_before = count(db, "queue = 'calm' AND status = 'done'")
@@ -196,7 +197,7 @@ def test_a_paused_queue_stops_on_every_worker_while_others_flow(db: Conn, app_ds
     assert time.monotonic() - paused < 10
     # The pause survives a restart (it is a row), and resuming drains the queue.
     spawn("C", "--queues", "hot=4")
-    time.sleep(1.2)
+    time.sleep(1.2)  # a claim cycle of the new worker, in which it must not start a hot job
     assert count(db, "queue = 'hot' AND status <> 'ready'") == started
     assert "resumed" in jobtui(app_dsn, "queue", "resume", "hot").stdout
     wait_for(lambda: count(db, "queue = 'hot' AND status <> 'done'") == 0, 60, "the hot queue drained")
@@ -216,7 +217,7 @@ def test_a_limit_of_3_is_never_exceeded_across_two_workers(db: Conn, app_dsn: st
         with psycopg.connect(app_dsn, autocommit=True) as conn:
             while not stop.is_set():
                 samples.append(count(conn, "queue = 'lim' AND status = 'running'"))
-                time.sleep(0.01)
+                stop.wait(0.01)  # the sampling's pace; the stop ends it at once
 
     sampler = threading.Thread(target=sample)
     sampler.start()
@@ -250,7 +251,7 @@ def test_a_cancelled_running_job_stops_within_2s_on_its_worker(db: Conn, app_dsn
     # No later outcome lands: the jobs stay failed with the reason, and the worker moves on.
     [again] = enqueue(app_dsn, "default", 1, "nap", sleep=0)
     wait_for(lambda: count(db, "id = %s AND status = 'done'", again), 10, "the next job done", worker.log)
-    time.sleep(0.5)
+    time.sleep(0.5)  # a while for a late outcome to land, which must not
     rows = db.execute(
         "SELECT status, last_error, errors -> -1 ->> 'kind' FROM jobtui.job WHERE id = ANY(%s)", (ids,)
     ).fetchall()

@@ -39,6 +39,7 @@ from jobtui.reads.metrics import LOCK_KINDS, QueueLocked, Snapshot, snapshot
 from jobtui.service import prometheus
 from jobtui.service.prometheus import serve
 from jobtui.worker import Worker
+from tests.waits import until, wait_until
 
 Conn = psycopg.Connection[Any]
 
@@ -82,12 +83,16 @@ def hour(t: datetime) -> datetime:
 
 
 def away_from_hour_boundary(conn: Conn, margin: float = 5.0) -> None:
-    """Sleep past the next full hour when it is less than `margin` seconds away, for tests
-    whose setup and measurement must fall in the same hour."""
-    row = conn.execute("SELECT extract(epoch FROM date_trunc('hour', now()) + interval '1 hour' - now())").fetchone()
-    assert row is not None
-    if float(row[0]) < margin:
-        time.sleep(float(row[0]) + 0.2)
+    """Wait, by the database's clock, past the next full hour when it is less than `margin`
+    seconds away, for tests whose setup and measurement must fall in the same hour."""
+
+    def far_enough() -> bool:
+        left = conn.execute("SELECT extract(epoch FROM date_trunc('hour', now()) + interval '1 hour' - now())")
+        row = left.fetchone()
+        assert row is not None
+        return float(row[0]) >= margin
+
+    wait_until(far_enough, margin + 30, "the next hour on the database's clock")
 
 
 def make_done(conn: Conn, q: Queue, job_type: str, attempts: int, ago: str) -> int:
@@ -572,16 +577,30 @@ def holder(dsn: str) -> Iterator[Conn]:
 
 
 def _wait_until_waiting(conn: Conn, count: int) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    """Wait until `count` locks are waited for by sessions of this database (a transaction
+    id's lock names no database, so the sessions say whose it is)."""
+
+    def waiting() -> bool:
+        return len(_waiting_kinds(conn)) >= count
+
+    wait_until(waiting, 30, f"{count} session(s) waiting for a lock")
+
+
+def _waited(conn: Conn, seconds: float) -> None:
+    """Wait until every session waiting for a lock in this database has waited `seconds`, by
+    the database's clock, reckoned as the snapshot reckons it."""
+
+    def long_enough() -> bool:
         row = conn.execute(
-            "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
-            "WHERE NOT l.granted AND d.datname = current_database()"
+            "SELECT coalesce(bool_and(clock_timestamp() - coalesce(l.waitstart, a.query_start)"
+            " >= make_interval(secs => %s)), false)"
+            " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+            " WHERE NOT l.granted AND a.datname = current_database()",
+            (seconds,),
         ).fetchone()
-        if row is not None and row[0] >= count:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"no session started waiting for a lock within 10s (wanted {count})")
+        return row is not None and bool(row[0])
+
+    wait_until(long_enough, seconds + 30, f"the lock waits to last {seconds}s")
 
 
 def test_lock_waits(dsn: str, conn: Conn, holder: Conn) -> None:
@@ -597,7 +616,7 @@ def test_lock_waits(dsn: str, conn: Conn, holder: Conn) -> None:
     thread.start()
     try:
         _wait_until_waiting(conn, 1)
-        time.sleep(0.2)
+        _waited(conn, 0.2)
         snap = snapshot(conn)
         assert snap.lock_waits == 1
         assert 0.2 <= snap.longest_lock_wait < 10
@@ -644,11 +663,9 @@ def test_row_lock_waits_are_counted_by_kind(dsn: str, conn: Conn, holder: Conn) 
             thread.start()
             threads.append(thread)
             # One at a time: the second job session queues behind the first.
-            deadline = time.monotonic() + 10
-            while len(_waiting_kinds(conn)) < n and time.monotonic() < deadline:
-                time.sleep(0.02)
+            _wait_until_waiting(conn, n)
         assert _waiting_kinds(conn) == ["transactionid", "transactionid", "tuple"]
-        time.sleep(0.3)
+        _waited(conn, 0.3)
         snap = snapshot(conn)
         assert snap.lock_waits == 2, snap.lock_waits_by_kind  # the app table's wait is left out
         assert snap.lock_waits_by_kind == {
@@ -745,9 +762,7 @@ def test_claims_taking_their_turn_at_a_rates_bucket_are_their_own_kind(dsn: str,
         )
         thread.start()
         threads.append(thread)
-        deadline = time.monotonic() + 10
-        while len(_waiting_kinds(conn)) < len(threads) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        _wait_until_waiting(conn, len(threads))
     try:
         assert _waiting_kinds(conn) == ["transactionid", "tuple"]
         snap = snapshot(conn)
@@ -804,7 +819,9 @@ def test_oldest_transaction_after_a_select(dsn: str, conn: Conn, isolation: psyc
     with psycopg.connect(dsn) as other:
         other.isolation_level = isolation
         other.execute("SELECT count(*) FROM jobtui.job").fetchall()
-        time.sleep(0.3)
+        pid = other.info.backend_pid
+        aged = "SELECT now() - xact_start >= interval '0.3 seconds' FROM pg_stat_activity WHERE pid = %s"
+        wait_until(lambda: conn.execute(aged, (pid,)).fetchone() == (True,), 30, "the transaction 0.3s old")
         snap = snapshot(conn)
         assert snap.oldest_xact_pid == other.info.backend_pid
         assert snap.oldest_xact_age is not None and 0.3 <= snap.oldest_xact_age < 10
@@ -972,14 +989,21 @@ def test_prometheus_labels_jobs_by_queue_and_says_what_is_paused(dsn: str, conn:
     assert samples["jobtui_paused", (("kind", "type"), ("name", "t"))] == 0
 
 
-def test_prometheus_scrapes_within_a_second_share_one_snapshot(dsn: str, metrics_server: int) -> None:
+def test_prometheus_scrapes_within_a_second_share_one_snapshot(
+    dsn: str, metrics_server: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Three seconds, not one: on a loaded machine two scrapes may come more than a second apart.
+    monkeypatch.setattr(prometheus, "CACHE_SECONDS", 3.0)
+    ready = ("jobtui_jobs", (("status", "ready"), ("type", "t")))
     with Queue(dsn) as q:
         q.enqueue("t")
-        first = scrape(metrics_server)[("jobtui_jobs", (("status", "ready"), ("type", "t")))]
+        shown = time.monotonic()
+        first = scrape(metrics_server)[ready]
         q.enqueue("t")
-        assert scrape(metrics_server)[("jobtui_jobs", (("status", "ready"), ("type", "t")))] == first == 1
-        time.sleep(1.1)
-        assert scrape(metrics_server)[("jobtui_jobs", (("status", "ready"), ("type", "t")))] == 2
+        assert scrape(metrics_server)[ready] == first == 1
+        assert time.monotonic() - shown < 3.0, "the second scrape came too late to share the snapshot"
+        # The snapshot ages out: a later scrape takes a new one.
+        wait_until(lambda: scrape(metrics_server)[ready] == 2, 30, "a scrape of a new snapshot")
 
 
 def test_prometheus_answers_when_the_database_does_not() -> None:
@@ -1008,14 +1032,6 @@ async def _notifications(listener: psycopg.AsyncConnection[Any], n: int) -> list
     async for notify in listener.notifies(timeout=15, stop_after=n):
         got.append(notify)
     return got
-
-
-async def _until(condition: Any, what: str, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def _alert_jobs(seen: list[FailOutcome]) -> Jobs:
@@ -1047,7 +1063,7 @@ async def test_dead_letter_alert_when_the_last_attempt_fails(dsn: str, caplog: p
     task = asyncio.create_task(worker.run())
     try:
         [notify] = await _notifications(listener, 1)
-        await _until(lambda: seen, "the on_dead callback")
+        await until(lambda: seen, 30, "the on_dead callback")
     finally:
         worker.stop()
         await asyncio.wait_for(task, 15)
@@ -1083,7 +1099,7 @@ async def test_dead_letter_alert_when_the_reaper_ends_a_crash_loop(dsn: str, cap
     task = asyncio.create_task(worker.run())
     try:
         [notify] = await _notifications(listener, 1)
-        await _until(lambda: seen, "the on_dead callback")
+        await until(lambda: seen, 30, "the on_dead callback")
     finally:
         worker.stop()
         await asyncio.wait_for(task, 15)

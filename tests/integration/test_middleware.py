@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 
 import jobtui
 from jobtui import Job, Jobs, JobStatus, NewJob, Queue, Worker
+from tests.waits import until
 
 TENANT: contextvars.ContextVar[str] = contextvars.ContextVar("tenant", default="-")
 
@@ -64,14 +64,13 @@ def tenant_hook(job: NewJob) -> Iterator[NewJob]:
 
 async def _run_until(worker: Worker, queue: Queue, ids: list[int], timeout: float = 20) -> None:
     task = asyncio.create_task(worker.run())
-    deadline = time.monotonic() + timeout
+
+    def finished() -> bool:
+        rows = [queue.get(i) for i in ids]
+        return all(r is not None and r.status in (JobStatus.DONE, JobStatus.DEAD) for r in rows)
+
     try:
-        while True:
-            rows = [queue.get(i) for i in ids]
-            if all(r is not None and r.status in (JobStatus.DONE, JobStatus.DEAD) for r in rows):
-                return
-            assert time.monotonic() < deadline, f"jobs not finished: {rows}"
-            await asyncio.sleep(0.05)
+        await until(finished, timeout, f"jobs {ids} done or dead")
     finally:
         worker.stop()
         await task

@@ -19,6 +19,7 @@ from jobtui.core.queue import COPY_THRESHOLD
 from jobtui.kernel import migrate as migrations
 from jobtui.kernel.db import query_names, statements
 from jobtui.kernel.errors import MigrationLockTimeout
+from tests.waits import wait_until
 
 Conn = psycopg.Connection[Any]
 
@@ -539,9 +540,7 @@ def test_a_migration_waiting_for_a_lock_lets_the_claims_go_on_and_tries_again(em
 
         thread = threading.Thread(target=run)
         thread.start()
-        deadline = time.monotonic() + 10
-        while not said and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: said, 30, "the migration saying it waits for a lock")
         assert said and "nothing applied, the claims go on" in said[0], said
         # The job table is not held for the read's whole length: a claim's lock comes in time.
         started = time.monotonic()

@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobtui import Queue
+from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 Conn = psycopg.Connection[Any]
@@ -430,22 +430,20 @@ def free_port() -> int:
 def scrape_until_up(
     port: int, proc: subprocess.Popen[str], timeout: float = 20
 ) -> dict[tuple[str, tuple[Any, ...]], float]:
-    deadline = time.monotonic() + timeout
-    while True:
+    def metrics() -> str:
         assert proc.poll() is None, proc.communicate()
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-                text = response.read().decode()
+                return str(response.read().decode())
         except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-            continue
-        samples = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                samples[s.name, tuple(sorted(s.labels.items()))] = s.value
-        return samples
+            return ""  # not listening yet
+
+    text = wait_until(metrics, timeout, f"the metrics endpoint on port {port}")
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[s.name, tuple(sorted(s.labels.items()))] = s.value
+    return samples
 
 
 def test_metrics_command_serves_until_stopped(dsn: str, seeded: Seeded) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 from pathlib import Path
 
 import psycopg
@@ -17,6 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from jobtui import Job, Jobs, JobStatus, Permanent, Queue, Worker
 from jobtui.core import otel
+from tests.waits import until
 
 EXPORTER = InMemorySpanExporter()
 _provider = TracerProvider()
@@ -53,9 +53,7 @@ async def test_attempt_spans_link_to_the_span_that_enqueued_them(dsn: str) -> No
         assert row is not None
         worker = Worker(_app(), dsn, concurrency=2, scheduler=False, retention=None, poll_interval=0.05)
         task = asyncio.create_task(worker.run())
-        deadline = time.monotonic() + 20
-        while queue.count(status=["ready", "running"]) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await until(lambda: not queue.count(status=["ready", "running"]), 30, "both jobs finished")
         worker.stop()
         await task
         assert queue.get(bad_id) is not None and queue.get(bad_id).status is JobStatus.FAILED  # type: ignore[union-attr]

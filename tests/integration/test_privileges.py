@@ -33,6 +33,7 @@ from jobtui.core.registry import Job, Jobs
 from jobtui.reads.metrics import snapshot
 from jobtui.worker import Worker
 from tests.conftest import with_dbname
+from tests.waits import until, wait_until
 
 GRANTS = Path(__file__).resolve().parents[2] / "docs" / "grants.sql"
 DENIED = psycopg.errors.InsufficientPrivilege
@@ -251,7 +252,8 @@ def test_the_worker_role_runs_workers_enqueues_and_operates(roles: Roles, admin:
     async def run_worker() -> Worker:
         worker = Worker(_worker_app(w), w, concurrency=4, lease=5, poll_interval=0.1, reap_interval=0.2)
         task = asyncio.create_task(worker.run())
-        for _ in range(200):
+
+        def all_ran() -> bool:
             scheduled, finished = admin.execute(
                 # The built-in archive schedule's jobs have schedule keys too: count this app's.
                 "SELECT count(*) FILTER (WHERE status = 'done' AND type = 'priv.ok'"
@@ -260,9 +262,9 @@ def test_the_worker_role_runs_workers_enqueues_and_operates(roles: Roles, admin:
                 " FROM jobtui.job",
                 ([ok_id, boom_id, crashed],),
             ).fetchone() or (0, 0)
-            if scheduled >= 1 and finished == 3:
-                break
-            await asyncio.sleep(0.05)
+            return bool(scheduled >= 1 and finished == 3)
+
+        await until(lambda: task.done() or all_ran(), 30, "the scheduled job and the three jobs run")
         worker.stop()
         await asyncio.wait_for(task, 20)
         return worker
@@ -556,7 +558,6 @@ def test_the_readonly_role_sees_every_roles_lock_waits(roles: Roles, admin: Conn
     """Lock waits need no pg_read_all_stats: pg_locks shows every role's locks, and when each
     wait began; pg_stat_activity (database, pid) names the waiting session's database."""
     import threading
-    import time
 
     with Queue(roles.admin) as q:
         job_id = q.enqueue("t")
@@ -570,13 +571,14 @@ def test_the_readonly_role_sees_every_roles_lock_waits(roles: Roles, admin: Conn
         thread = threading.Thread(target=wait_for_the_row)
         thread.start()
         try:
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                waiting = admin.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone()
-                if waiting and waiting[0]:
-                    break
-                time.sleep(0.02)
-            time.sleep(0.2)
+            # pg_locks is the whole server's: only this database's sessions count, and their
+            # wait must be 0.2s old by the database's clock, reckoned as the snapshot does.
+            waited = (
+                "SELECT coalesce(bool_and(clock_timestamp() - l.waitstart >= interval '0.2 seconds'), false)"
+                " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+                " WHERE NOT l.granted AND a.datname = current_database()"
+            )
+            wait_until(lambda: admin.execute(waited).fetchone() == (True,), 30, "a lock waited for 0.2s")
             with psycopg.connect(roles.readonly, autocommit=True) as conn:
                 snap = snapshot(conn)
             assert snap.lock_waits == snap.lock_waits_by_kind["transactionid"] == 1

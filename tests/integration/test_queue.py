@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,6 +19,7 @@ from jobtui.core.queue import COPY_THRESHOLD, claim_call, complete_call, heartbe
 from jobtui.kernel.db import run, statements
 from jobtui.kernel.domain import DEFAULT_MAX_ATTEMPTS, Runner
 from jobtui.reads.joblists import running_jobs
+from tests.waits import wait_until
 
 Conn = psycopg.Connection[Any]
 
@@ -741,7 +741,8 @@ def test_reap_returns_an_expired_lease_to_ready(q: Queue, conn: Conn) -> None:
     [job] = q.claim(["t"], worker="host:1", lease=0.05)
     [held] = q.claim(["t"], worker="host:2", lease=300)
     assert held.id == keep
-    time.sleep(0.1)
+    expired = "SELECT now() > locked_until FROM jobtui.job WHERE id = %s"
+    wait_until(lambda: value(conn, expired, job_id), 30, "the lease's end on the database's clock")
     [reaped] = q.reap()
     assert (reaped.job_id, reaped.type, reaped.worker, reaped.attempt, reaped.status) == (
         job_id, "t", "host:1", 1, JobStatus.READY,
@@ -1016,12 +1017,8 @@ def test_concurrent_enqueue_of_the_same_key(dsn: str, conn: Conn) -> None:
 
 def _wait_until_blocked(conn: Conn, pid: int) -> None:
     """Wait until backend `pid` waits on a lock (the other transaction's key)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if value(conn, "SELECT coalesce(wait_event_type, '') FROM pg_stat_activity WHERE pid = %s", pid) == "Lock":
-            return
-        time.sleep(0.01)
-    raise AssertionError("the second enqueue never waited on the first transaction")
+    waiting = "SELECT coalesce(wait_event_type, '') = 'Lock' FROM pg_stat_activity WHERE pid = %s"
+    wait_until(lambda: value(conn, waiting, pid), 30, "the second enqueue waiting on the first transaction")
 
 
 @pytest.mark.parametrize("first_commits", [True, False])

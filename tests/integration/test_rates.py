@@ -24,6 +24,7 @@ from jobtui.reads.overview import overview
 from jobtui.service.prometheus import serve
 from tests.integration.test_levers import jobtui
 from tests.integration.test_metrics import free_port, scrape
+from tests.waits import wait_until
 from tests.workers import WorkerProcess, wait_for
 
 Conn = psycopg.Connection[Any]
@@ -32,6 +33,25 @@ Spawn = Callable[..., WorkerProcess]
 
 def claim(conn: Conn, queue: str | None = None, limit: int = 50, types: tuple[str, ...] = ("a", "b")) -> list[int]:
     return [j.id for j in run(conn, claim_call(types, worker="w", limit=limit, queue=queue))]
+
+
+def claim_later(
+    conn: Conn, seconds: float, queue: str | None = None, limit: int = 50, types: tuple[str, ...] = ("a", "b")
+) -> list[int]:
+    """Claim as if exactly `seconds` had passed since each bucket's last refill, by the
+    database's clock: the refills, and the ramps with them, move back in the claim's own
+    transaction, whose now() is the claim's. Moving the data keeps the count exact however
+    slow the machine is, where sleeping would add its delays to the time."""
+    with conn.transaction():
+        conn.execute(
+            "UPDATE jobtui.queue_control AS c"
+            " SET ramp_from = c.ramp_from - (make_interval(secs => %(s)s) - (now() - b.refilled_at)),"
+            " ramp_until = c.ramp_until - (make_interval(secs => %(s)s) - (now() - b.refilled_at))"
+            " FROM jobtui.rate_bucket AS b WHERE (b.kind, b.name) = (c.kind, c.name) AND c.ramp_until IS NOT NULL",
+            {"s": seconds},
+        )
+        conn.execute("UPDATE jobtui.rate_bucket SET refilled_at = now() - make_interval(secs => %s)", (seconds,))
+        return claim(conn, queue, limit, types)
 
 
 def fill(dsn: str, n: int, job_type: str = "a", queue: str = "default") -> list[int]:
@@ -43,18 +63,13 @@ def test_a_rated_type_gets_a_token_per_job_and_the_rest_flows(conn: Conn, dsn: s
     rated = fill(dsn, 40, "a")
     free = fill(dsn, 5, "b")
     assert queues.set_rate(conn, "type", "a", 10.0, actor="olga").was is None
-    started = time.monotonic()
-    first = claim(conn)
+    first = claim_later(conn, 0.0)  # at once: no time for a slow machine to add tokens
     # The bucket starts with one token; the unrated type's jobs all come at once.
     assert sorted(j for j in first if j in free) == free
     assert len([j for j in first if j in rated]) == 1
-    taken = 1
-    while time.monotonic() - started < 1.0:
-        taken += len(claim(conn, types=("a",)))
-        time.sleep(0.05)
-    elapsed = time.monotonic() - started
-    taken += len(claim(conn, types=("a",)))  # what is left of the time: the tokens since the last claim
-    assert 1 + 10 * (elapsed - 0.15) <= taken <= 1 + 10 * (elapsed + 0.15) + 1, (taken, elapsed)
+    assert len(claim_later(conn, 0.45, types=("a",))) == 4  # 4.5 tokens: 4 jobs, half a token kept
+    assert len(claim_later(conn, 0.6, types=("a",))) == 6  # the half and 6 more
+    assert len(claim_later(conn, 0.0, types=("a",))) == 0  # the half is not a job
     line = next(q for q in overview(conn).lines if (q.kind, q.name) == ("type", "a"))
     assert (line.rate, line.rate_now, line.ramp_until) == (10.0, 10.0, None)
 
@@ -62,13 +77,11 @@ def test_a_rated_type_gets_a_token_per_job_and_the_rest_flows(conn: Conn, dsn: s
 def test_a_rate_change_holds_from_the_next_claim(conn: Conn, dsn: str) -> None:
     fill(dsn, 100, "a", queue="api")
     queues.set_rate(conn, "queue", "api", 2.0, actor="olga")
-    claim(conn)  # the first token
-    time.sleep(0.5)
-    assert len(claim(conn)) == 1  # half a second at 2/s
+    claim_later(conn, 0.0)  # the first token
+    assert len(claim_later(conn, 0.5)) == 1  # half a second at 2/s
     change = queues.set_rate(conn, "queue", "api", 40.0, actor="olga", expected=2.0, fenced=True)
     assert change.changed and change.was == 2.0
-    time.sleep(0.5)
-    assert 18 <= len(claim(conn)) <= 22  # half a second at 40/s, and no burst from the change
+    assert 18 <= len(claim_later(conn, 0.5)) <= 22  # half a second at 40/s, and no burst from the change
     # Fenced by the rate the operator saw: it is 40 now.
     assert not queues.set_rate(conn, "queue", "api", 1.0, actor="olga", expected=2.0, fenced=True).changed
     queues.set_rate(conn, "queue", "api", None, actor="olga")
@@ -93,8 +106,7 @@ def test_a_job_takes_a_token_of_its_queue_and_of_its_type(conn: Conn, dsn: str) 
     assert claim(conn) == [in_both[0]]
     assert claim(conn) == []
     queues.set_rate(conn, "queue", "api", None, actor="olga")
-    time.sleep(1.05)
-    got = claim(conn)
+    got = claim_later(conn, 1.05)
     assert sorted(got) == [in_both[1], *other_type]
 
 
@@ -103,9 +115,8 @@ def test_a_rated_type_in_a_limited_queue_holds_to_both(conn: Conn, dsn: str) -> 
     plain = fill(dsn, 5, "b", queue="lim")
     queues.set_limit(conn, "lim", 3, actor="olga")
     queues.set_rate(conn, "type", "a", 1000.0, actor="olga")
-    time.sleep(0.05)
     # The bucket holds 50 tokens by now; the queue's limit lets three run, counted together.
-    assert sorted(claim(conn)) == ids[:3]
+    assert sorted(claim_later(conn, 0.05)) == ids[:3]
     assert claim(conn) == []
     conn.execute("UPDATE jobtui.job SET status = 'done', locked_until = NULL WHERE id = %s", (ids[0],))
     queues.set_rate(conn, "type", "a", None, actor="olga")
@@ -121,8 +132,7 @@ def test_a_paused_rated_queue_stays_paused(conn: Conn, dsn: str) -> None:
     fill(dsn, 5, "a", queue="api")
     queues.set_rate(conn, "queue", "api", 100.0, actor="olga")
     queues.pause(conn, "queue", "api", actor="olga")
-    time.sleep(0.1)
-    assert claim(conn) == []
+    assert claim_later(conn, 0.1) == []  # ten tokens, and the pause holds
     queues.pause(conn, "type", "a", actor="olga")
     queues.resume(conn, "queue", "api", actor="olga")
     assert claim(conn) == []  # the type is paused
@@ -135,21 +145,14 @@ def test_a_ramp_starts_slow_and_ends_at_the_rate(conn: Conn, dsn: str) -> None:
     assert queues.resume(conn, "queue", "api", actor="olga", ramp=2.0)
     line = next(q for q in overview(conn).lines if q.name == "api")
     assert line.ramping and line.rate == 100.0 and line.rate_now is not None and line.rate_now < 2.0
-    early = 0
-    started = time.monotonic()
-    while time.monotonic() - started < 0.5:
-        early += len(claim(conn))
-        time.sleep(0.05)
-    time.sleep(1.6)
-    claim(conn)  # the bucket at its fullest is two seconds' worth
-    started = time.monotonic()
-    late = 0
-    while time.monotonic() - started < 0.5:
-        late += len(claim(conn))
-        time.sleep(0.05)
+    early = len(claim_later(conn, 0.5))
+    # 1.6 s later (the claim that took nothing left the bucket's refill at the resume): the
+    # bucket at its fullest is two seconds' worth.
+    claim_later(conn, 2.1)
+    late = len(claim_later(conn, 0.5))
     # From 1/s, ten times as fast per half of the ramp: the first half second lets in about
-    # one job, the last (past the ramp) about 50.
-    assert early <= 3 and late >= 30, (early, late)
+    # one job (0.9 tokens at the rate of its middle, 1.8/s), the last (past the ramp) 50.
+    assert early == 0 and late == 50, (early, late)
     assert next(q for q in overview(conn).lines if q.name == "api").ramp_until is None
     detail = conn.execute("SELECT detail FROM jobtui.audit WHERE action = 'queue-resume'").fetchone()
     assert detail == ({"ramp_seconds": 2.0},)
@@ -178,6 +181,11 @@ def rates_set(conn: Conn) -> list[tuple[str, str, float]]:
 
 def audit_rows(conn: Conn) -> list[tuple[Any, ...]]:
     return list(conn.execute("SELECT actor, action, target, rows, detail FROM jobtui.audit ORDER BY id").fetchall())
+
+
+def rated_of(samples: dict[Any, float]) -> dict[Any, float]:
+    """The rate limits in a scrape, by their labels."""
+    return {labels: v for (name, labels), v in samples.items() if name == "jobtui_rate_limit_per_second"}
 
 
 def said(dsn: str, *args: str) -> str:
@@ -291,12 +299,12 @@ def test_a_rate_shows_in_queue_list_stats_and_prometheus(conn: Conn, dsn: str) -
     server = serve(dsn, port, addr="127.0.0.1")
     try:
         samples = scrape(port)
-        rated = {labels: v for (name, labels), v in samples.items() if name == "jobtui_rate_limit_per_second"}
+        rated = rated_of(samples)
         assert rated == {(("kind", "queue"), ("name", "api")): 20.0, (("kind", "type"), ("name", "sms.send")): 1.5}
         said(dsn, "queue", "rate", "api", "none")
-        time.sleep(1.1)  # scrapes within a second share one snapshot
-        rated = {labels: v for (name, labels), v in scrape(port).items() if name == "jobtui_rate_limit_per_second"}
-        assert rated == {(("kind", "type"), ("name", "sms.send")): 1.5}  # set ones only
+        # Scrapes within a second share one snapshot: a later one shows the change.
+        only_set = {(("kind", "type"), ("name", "sms.send")): 1.5}  # set ones only
+        wait_until(lambda: rated_of(scrape(port)) == only_set, 10, "a scrape without the cleared rate")
     finally:
         server.shutdown()
         server.server_close()
@@ -322,8 +330,13 @@ def started_between(conn: Conn, since: datetime, until: datetime, job_type: str 
 def rate_over(conn: Conn, seconds: float) -> float:
     """Jobs started per second over the next `seconds`, by the database's clock."""
     since = db_now(conn)
-    time.sleep(seconds)
+    time.sleep(seconds)  # the window the fleet's rate is measured over: its time must pass
     return started_between(conn, since, db_now(conn)) / seconds
+
+
+def passed(conn: Conn, at: datetime) -> None:
+    """Wait until the database's clock, by which the jobs' start times are counted, is past `at`."""
+    wait_until(lambda: db_now(conn) > at, (at - db_now(conn)).total_seconds() + 30, f"the database's clock at {at}")
 
 
 def two_rated_workers(conn: Conn, app_dsn: str, spawn: Spawn, jobs: int) -> None:
@@ -342,7 +355,7 @@ def test_two_workers_hold_to_20_per_second_and_to_50_from_the_next_claim(db: Con
     # Each worker claims at least once a second (its poll): from then on the new rate holds.
     changed = db_now(db)
     assert queues.set_rate(db, "type", "quick", 50.0, actor="olga", expected=20.0, fenced=True).changed
-    time.sleep(4.2)
+    passed(db, changed + timedelta(seconds=4.2))  # and the claims of the window committed
     after = started_between(db, changed + timedelta(seconds=1.1), changed + timedelta(seconds=4.1)) / 3.0
     assert 50 * 0.8 <= after <= 50 * 1.2, after
     locked_by = db.execute("SELECT DISTINCT locked_by FROM jobtui.job WHERE started_at IS NOT NULL").fetchall()
@@ -356,7 +369,7 @@ def test_two_workers_hold_to_20_per_second_over_30s_windows(db: Conn, app_dsn: s
         rate = rate_over(db, 30.0)
         assert 20 * 0.9 <= rate <= 20 * 1.1, rate
     queues.set_rate(db, "type", "quick", 50.0, actor="olga")
-    time.sleep(1.5)
+    time.sleep(1.5)  # each worker's next claim (one a poll, a second) takes the new rate
     rate = rate_over(db, 30.0)
     assert 50 * 0.9 <= rate <= 50 * 1.1, rate
 
@@ -371,7 +384,7 @@ def ramp_run(db: Conn, app_dsn: str, spawn: Spawn, jobs: int, ramp: str, seconds
     out = jobtui(app_dsn, "queue", "resume", "bulk", "--ramp", ramp)
     assert out.returncode == 0 and "rising over" in out.stdout, out
     resumed = db_now(db)
-    time.sleep(seconds + 0.5)
+    passed(db, resumed + timedelta(seconds=seconds + 0.5))  # and the claims of the window committed
     first = started_between(db, resumed, resumed + timedelta(seconds=5))
     last = started_between(db, resumed + timedelta(seconds=seconds - 5), resumed + timedelta(seconds=seconds))
     return first, last
@@ -433,8 +446,7 @@ def test_a_rated_job_is_not_held_back_by_the_backlog_of_a_paused_type_ahead_of_i
     queues.pause(conn, "type", "a", actor="olga")
     rated = fill(dsn, 5, "b")
     queues.set_rate(conn, "type", "b", 1000.0, actor="olga")
-    time.sleep(0.05)
-    assert sorted(claim(conn, limit=10)) == rated
+    assert sorted(claim_later(conn, 0.05, limit=10)) == rated
 
 
 def test_a_rated_job_is_not_held_back_by_another_rated_types_spent_backlog(conn: Conn, dsn: str) -> None:
@@ -443,5 +455,4 @@ def test_a_rated_job_is_not_held_back_by_another_rated_types_spent_backlog(conn:
     assert len(claim(conn, types=("a",))) == 1  # a's one token
     rated = fill(dsn, 5, "b")
     queues.set_rate(conn, "type", "b", 1000.0, actor="olga")
-    time.sleep(0.05)
-    assert sorted(claim(conn, limit=10)) == rated
+    assert sorted(claim_later(conn, 0.05, limit=10)) == rated

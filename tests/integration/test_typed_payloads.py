@@ -9,6 +9,7 @@ import pytest
 
 import jobtui
 from jobtui import InvalidInput, Job, Jobs, JobStatus, Queue, Worker
+from tests.waits import until
 
 
 class Welcome(pydantic.BaseModel):
@@ -50,10 +51,7 @@ async def test_payloads_are_checked_at_enqueue_and_decoded_for_the_handler(dsn: 
             stray = unchecked.enqueue("email.welcome", {"user": 1}, max_attempts=5)
         worker = Worker(jobs, dsn, concurrency=2, scheduler=False, retention=None, poll_interval=0.05)
         task = asyncio.create_task(worker.run())
-        for _ in range(200):
-            if queue.count(status=["ready", "running"]) == 0:
-                break
-            await asyncio.sleep(0.05)
+        await until(lambda: queue.count(status=["ready", "running"]) == 0, 30, "every job finished")
         worker.stop()
         await task
         failed = queue.get(stray)

@@ -121,15 +121,27 @@ async def test_the_filter_box_searches_jobs_by_payload_and_pages(dsn: str) -> No
         assert app.on_main_screen()
 
 
+def search_waits_for_a_lock(dsn: str, screen: JobSearchScreen) -> bool:
+    """Whether the search's own session waits for a lock (the console's others may too)."""
+    conn = screen._conn
+    if conn is None:
+        return False
+    pid = conn.info.backend_pid
+    return query(dsn, "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", pid) == [("Lock",)]
+
+
 async def test_escape_cancels_a_search_that_waits(dsn: str) -> None:
     seed(dsn)
     with psycopg.connect(dsn) as locker:
         async with console(dsn) as (app, pilot):
             locker.execute("LOCK TABLE jobtui.job IN ACCESS EXCLUSIVE MODE")  # every read of it waits
             screen = await search(pilot, app, "payload:to=nobody")
+            # Escape stops the search's statement once it runs: wait until it waits for the lock,
+            # which a loaded machine may take a while to reach.
+            await wait_for(pilot, lambda: search_waits_for_a_lock(dsn, screen), what="the search waiting for the lock")
             await stays(pilot, lambda: "searching" in status_line(screen), 0.5)
             await pilot.press("escape")
-            await wait_for(pilot, lambda: "stopped" in status_line(screen), timeout=1.0, what="cancelled within 1s")
+            await wait_for(pilot, lambda: "stopped" in status_line(screen), timeout=5.0, what="the search stopped")
             locker.rollback()
 
 

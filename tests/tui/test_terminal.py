@@ -69,6 +69,7 @@ class Terminal:
         self.tmux("send-keys", "-t", "console", *keys)
 
     def wait(self, condition: Callable[[str], bool], what: str, timeout: float = 20.0) -> str:
+        # tmux says nothing when a pane changes: the pane is read again every tenth of a second.
         deadline = time.monotonic() + timeout
         while True:
             screen = self.screen()
