@@ -27,6 +27,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.waits import wait_until
+
 
 def _bin_dir() -> Path | None:
     """The newest installed PostgreSQL's bin directory (Debian's layout), or one on PATH."""
@@ -118,13 +120,9 @@ class LocalCluster:
             return False
 
     def wait_accepting(self, timeout: float = 30) -> float:
-        """Poll until the server accepts connections; the monotonic time it first did."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.accepting():
-                return time.monotonic()
-            time.sleep(0.01)
-        raise AssertionError(f"the cluster on port {self.port} did not accept connections in {timeout}s")
+        """Until the server accepts connections; the monotonic time it first did."""
+        wait_until(self.accepting, timeout, f"the cluster on port {self.port} to accept connections")
+        return time.monotonic()
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -27,7 +27,8 @@ from jobtui.tui.data import DataSource
 from tests.apps.topology_app import APP_TABLES
 from tests.cluster import LocalCluster
 from tests.topology import PRIMARY_SETTINGS, Standby, make_sync
-from tests.workers import WorkerProcess, wait_for
+from tests.waits import wait_until
+from tests.workers import WorkerProcess
 
 APP = "tests.apps.topology_app:jobs"
 
@@ -106,7 +107,7 @@ def run_failover(*, jobs: int, workers: int, concurrency: int, logs: Path, stop_
 
         done_query = "SELECT count(*) FROM jobtui.job WHERE type = 'topo.effect' AND status = 'done'"
         with psycopg.connect(primary.dsn(), autocommit=True) as conn:
-            wait_for(lambda: _count(conn, done_query) >= jobs * stop_at, 120, "the drain under way", all_logs)
+            wait_until(lambda: _count(conn, done_query) >= jobs * stop_at, 120, "the drain under way", all_logs)
             done_before = _count(conn, done_query)
         # The console's data on the same multi-host DSN, read before and after the failover.
         console = DataSource(dsn, "jobtui")
@@ -120,7 +121,7 @@ def run_failover(*, jobs: int, workers: int, concurrency: int, logs: Path, stop_
         standby.promote()
         promotion = time.monotonic() - stopped
         with psycopg.connect(standby.dsn(), autocommit=True) as conn:
-            wait_for(lambda: _count(conn, done_query) == jobs, 300, "every job done on the new primary", all_logs)
+            wait_until(lambda: _count(conn, done_query) == jobs, 300, "every job done on the new primary", all_logs)
             drain = time.monotonic() - started
             first_claim = conn.execute(
                 "SELECT extract(epoch FROM min(started_at) - %s) FROM jobtui.job"
@@ -129,7 +130,7 @@ def run_failover(*, jobs: int, workers: int, concurrency: int, logs: Path, stop_
             ).fetchone()
             # The console's first refresh after the crash fails (its connection was cut);
             # the next one reconnects, to the new primary.
-            console_back = wait_for(_refreshed(console), 30, "a console refresh on the new primary", all_logs)
+            console_back = wait_until(_refreshed(console), 30, "a console refresh on the new primary", all_logs)
             done = _count(conn, done_query)
             effects = _count(conn, "SELECT count(*) FROM effect_log")
             distinct = _count(conn, "SELECT count(DISTINCT key) FROM effect_log")

@@ -30,7 +30,7 @@ import pytest
 
 from .cluster import LocalCluster, _bin_dir, _free_port
 from .proxy import Proxy
-from .workers import wait_for
+from .waits import wait_until
 
 PGBOUNCER = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None)
 
@@ -74,7 +74,7 @@ def _wait_accepting(dsn: str, timeout: float, what: str, log: Path) -> None:
     def logged() -> str:
         return log.read_text(errors="replace") if log.exists() else ""
 
-    wait_for(lambda: _accepts(dsn), timeout, f"{what} to accept connections", logged)
+    wait_until(lambda: _accepts(dsn), timeout, f"{what} to accept connections", logged)
 
 
 class PgBouncer:
@@ -244,7 +244,7 @@ class Standby(LocalCluster):
                 done = conn.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,)).fetchone()
                 return bool(done and done[0])
 
-            wait_for(replayed, timeout, f"the standby to replay up to {target}")
+            wait_until(replayed, timeout, f"the standby to replay up to {target}")
 
 
 def make_sync(primary: LocalCluster, standby_name: str = "standby1") -> None:
@@ -260,7 +260,7 @@ def make_sync(primary: LocalCluster, standby_name: str = "standby1") -> None:
             ).fetchone()
             return bool(row and row[0] == "sync")
 
-        wait_for(synchronous, 30, f"{standby_name} to become the synchronous standby")
+        wait_until(synchronous, 30, f"{standby_name} to become the synchronous standby")
 
 
 def main() -> None:

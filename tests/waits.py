@@ -8,14 +8,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TypeVar
-
-T = TypeVar("T")
+from typing import Any
 
 POLL = 0.02
 
 
-def wait_until(predicate: Callable[[], T], timeout: float, what: str, logs: Callable[[], str] | None = None) -> T:
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, logs: Callable[[], str] | None = None) -> Any:
     """Poll `predicate` until it returns something truthy, and return that; fail after
     `timeout` seconds naming `what` did not happen (with the tail of `logs` when given)."""
     deadline = time.monotonic() + timeout
@@ -29,7 +27,7 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str, logs: Call
         time.sleep(POLL)
 
 
-async def until(predicate: Callable[[], T], timeout: float, what: str) -> T:
+async def until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     """`wait_until` for a test that runs in the event loop: the loop goes on between polls."""
     deadline = time.monotonic() + timeout
     while True:

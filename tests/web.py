@@ -33,7 +33,8 @@ import psycopg
 import pyte
 
 from jobtui.web.users import OPERATOR, VIEWER, UsersFile
-from tests.workers import ROOT, wait_for
+from tests.waits import wait_until
+from tests.workers import ROOT
 
 PASSWORDS = {"alice": "alice-password-1", "bob": "bob-password-12"}  # alice an operator, bob a viewer
 CHROMIUM = "/usr/bin/chromium"
@@ -117,7 +118,7 @@ class ServeProcess:
             text=True,
         )
         threading.Thread(target=self._read, daemon=True).start()
-        found = wait_for(
+        found = wait_until(
             lambda: self.proc.poll() is not None or re.search(r"listening on (\S+)", self.log()),
             30,
             "jobtui serve to listen",
@@ -138,7 +139,7 @@ class ServeProcess:
     def said(self, text: str, timeout: float = 10.0) -> bool:
         """Wait until the server's log holds `text`: stderr is read by a thread, so a line
         the server wrote just now may not have been gathered yet."""
-        wait_for(lambda: text in self.log(), timeout, f"{text!r} in the server's log", self.log)
+        wait_until(lambda: text in self.log(), timeout, f"{text!r} in the server's log", self.log)
         return True
 
     def consoles(self) -> list[int]:

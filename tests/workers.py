@@ -2,7 +2,7 @@
 
 worker = WorkerProcess("A", ["--lease", "2s"], env, tmp_path / "A.log", app="tests.apps.worker_app:jobs")
 worker.wait_started()
-wait_for(lambda: done(job_id), 10, "the job done", worker.log)
+wait_until(lambda: done(job_id), 10, "the job done", worker.log)
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import itertools
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,19 +28,6 @@ CREATE TABLE run_log (
 );
 CREATE TABLE effect_log (id bigserial PRIMARY KEY, key text NOT NULL, job_id bigint, attempt int, worker text);
 """
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, logs: Callable[[], str] | None = None) -> Any:
-    """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            extra = f"\n--- logs ---\n{logs()[-6000:]}" if logs else ""
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}{extra}")
-        time.sleep(0.05)
 
 
 # Gates of the test apps: advisory lock keys, apart from any lock jobtui takes.
@@ -82,7 +69,7 @@ class WorkerProcess:
         return self.log_path.read_text(errors="replace")
 
     def wait_started(self, timeout: float = 15) -> None:
-        wait_for(
+        wait_until(
             lambda: f"worker {self.name} started" in self.log() or self.proc.poll() is not None,
             timeout,
             f"worker {self.name} to start",
@@ -91,7 +78,7 @@ class WorkerProcess:
         assert self.proc.poll() is None, f"worker {self.name} exited with {self.proc.returncode}:\n{self.log()}"
 
     def wait_log(self, text: str, timeout: float) -> None:
-        wait_for(lambda: text in self.log(), timeout, f"{text!r} in the log of worker {self.name}", self.log)
+        wait_until(lambda: text in self.log(), timeout, f"{text!r} in the log of worker {self.name}", self.log)
 
     def wait_gave_up(self, job_id: int, job_type: str, timeout: float) -> None:
         """Until the worker says it gave up attempt 1 of a job whose lease it lost while it
@@ -99,7 +86,7 @@ class WorkerProcess:
         or the handler's own once(), refused by the database before either looked."""
         head = f"job {job_id} ({job_type}) attempt 1: "
         lines = [f"{head}its lease was not extended in time", f"{head}its lease was lost", f"{head}outcome not written"]
-        wait_for(
+        wait_until(
             lambda: any(line in self.log() for line in lines),
             timeout,
             f"worker {self.name} to give up job {job_id}",

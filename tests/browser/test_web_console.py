@@ -22,6 +22,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from tests.waits import wait_until
 from tests.web import (
     CHROMIUM,
     CHROMIUM_FLAGS,
@@ -35,7 +36,6 @@ from tests.web import (
     watch_browser_socket,
     write_users,
 )
-from tests.workers import wait_for
 
 MISSING = chromium_missing()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
@@ -95,7 +95,7 @@ def context(browser: Any, server: ServeProcess) -> Iterator[Any]:
     ctx = browser.new_context(viewport={"width": 1280, "height": 800})
     yield ctx
     ctx.close()
-    wait_for(lambda: server.consoles() == [], 15, "the test's console processes to end", server.log)
+    wait_until(lambda: server.consoles() == [], 15, "the test's console processes to end", server.log)
 
 
 @contextlib.contextmanager
@@ -180,7 +180,7 @@ def test_signing_out_closes_the_socket_and_ends_the_console(context: Any, server
     assert "Signed out." in second.inner_text("main")
     first.wait_for_selector("#closed", state="visible", timeout=15000)
     assert socket["closed"]
-    wait_for(lambda: server.consoles() == [], 15, "the console processes to end", server.log)
+    wait_until(lambda: server.consoles() == [], 15, "the console processes to end", server.log)
     assert context.cookies() == []
     first.reload()
     assert first.url == f"{server.url}/login"
@@ -231,7 +231,7 @@ def test_wrong_password_no_cookie_other_origin_and_idle_session_are_refused(
         until(page, screen, "the console", lambda s: "updated" in s)
         page.wait_for_selector("#closed", state="visible", timeout=20000)
         assert socket["closed"]
-        wait_for(lambda: "'alice' signed out: idle" in server.log(), 10, "the sign-out in the log", server.log)
+        wait_until(lambda: "'alice' signed out: idle" in server.log(), 10, "the sign-out in the log", server.log)
         page.reload()
         assert page.url == f"{server.url}/login"
 
@@ -243,7 +243,7 @@ def test_wrong_password_no_cookie_other_origin_and_idle_session_are_refused(
             foreign.goto(elsewhere)
             assert foreign.evaluate(TRY_SOCKET, ws_url) == "refused"
             said = f"console refused to 'alice' from 127.0.0.1: Origin '{elsewhere.rstrip('/')}' is not"
-            wait_for(lambda: said in server.log(), 10, "the refusal in the log", server.log)
+            wait_until(lambda: said in server.log(), 10, "the refusal in the log", server.log)
             foreign.close()
 
         # A wrong password: the form again, saying so, and no cookie.

@@ -52,7 +52,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -66,6 +66,7 @@ from jobtui.core.queue import RELEASE_KINDS, enqueue_many  # noqa: E402
 from jobtui.kernel.domain import NewJob  # noqa: E402
 from jobtui.kernel.migrate import migrate  # noqa: E402
 from tests.apps.chaos_app import APP_TABLES, POISON_ATTEMPTS, effect_key  # noqa: E402
+from tests.waits import wait_until  # noqa: E402
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 APP = "tests.apps.chaos_app:jobs"
@@ -76,6 +77,7 @@ EFFECT_TYPES = ("chaos.sync", "chaos.async")
 FAULTS = ("kill", "stop", "terminate", "restart")
 
 Conn = psycopg.Connection[Any]
+T = TypeVar("T")
 
 
 # -- databases ---------------------------------------------------------------------------------
@@ -89,14 +91,14 @@ def with_dbname(dsn: str, dbname: str) -> str:
 
 def connect(dsn: str, *, timeout: float = 30.0) -> Conn:
     """An autocommit harness connection, retried while the server restarts (bounded)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
+
+    def attempt() -> Conn | None:
+        with contextlib.suppress(psycopg.OperationalError):
             return psycopg.connect(dsn, autocommit=True, connect_timeout=5, application_name=HARNESS)
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+        return None
+
+    conn: Conn = wait_until(attempt, timeout, f"a connection to {dsn}")
+    return conn
 
 
 def create_database(server_dsn: str, prefix: str = "jobtui_chaos") -> tuple[str, str]:
@@ -423,17 +425,24 @@ class Run:
                 self._conn.close()
         self._conn = None
 
-    def query(self, statement: str, params: Any = None) -> list[Any]:
+    def retried(self, work: Callable[[Conn], T]) -> T:
+        """`work` on the harness connection, again on a new one while the server restarts."""
         for attempt in range(20):
             try:
-                cur = self.db().execute(statement, params)
-                return cur.fetchall() if cur.description else []
+                return work(self.db())
             except psycopg.OperationalError:
                 self.forget_conn()
                 if attempt == 19:
                     raise
                 time.sleep(0.25)
         raise AssertionError("unreachable")
+
+    def query(self, statement: str, params: Any = None) -> list[Any]:
+        def read(conn: Conn) -> list[Any]:
+            cur = conn.execute(statement, params)
+            return cur.fetchall() if cur.description else []
+
+        return self.retried(read)
 
     # -- workers ---------------------------------------------------------------------------------
 
@@ -522,16 +531,11 @@ class Run:
 
     def enqueue(self, batch: list[NewJob]) -> None:
         # Keys make a retry after an unknown commit (a restart mid-batch) insert nothing twice.
-        for attempt in range(20):
-            try:
-                with self.db().transaction():
-                    enqueue_many(self.db(), batch)
-                return
-            except psycopg.OperationalError:
-                self.forget_conn()
-                if attempt == 19:
-                    raise
-                time.sleep(0.25)
+        def insert(conn: Conn) -> None:
+            with conn.transaction():
+                enqueue_many(conn, batch)
+
+        self.retried(insert)
 
     def chaos(self, jobs: list[NewJob]) -> None:
         config = self.config

@@ -22,7 +22,7 @@ from jobtui.worker.children import ENDED_ITSELF, ChildDied, ChildEndedItself, Ch
 from jobtui.worker.executor import PROCESS, InFlight, run_handler
 from jobtui.worker.outcome import Outcome
 from tests.chaos.test_stoppable import alive, runs
-from tests.workers import wait_for
+from tests.waits import until, wait_until
 
 APP = "tests.apps.stoppable_app:jobs"
 _ids = iter(range(1, 1 << 30))
@@ -66,11 +66,10 @@ async def test_a_child_stopped_for_its_memory_as_its_job_returned_takes_no_other
 
     first = attempt("hog.brief", {"mib": 128, "linger": 0.5})
     running = asyncio.create_task(pool.run(first, None))
-    while not child.busy:
-        await asyncio.sleep(0)
+    await until(lambda: child.busy, 10, "the child busy with the job")
     # From here the loop is held: the job's outcome reaches the pool only once it runs again.
-    # (wait_for blocks this thread, so the loop stays held: the pool sees nothing meanwhile.)
-    wait_for(lambda: any(r.ended for r in runs(events, first.job.id)), 10, "the handler to return")
+    # (wait_until blocks this thread, so the loop stays held: the pool sees nothing meanwhile.)
+    wait_until(lambda: any(r.ended for r in runs(events, first.job.id)), 10, "the handler to return")
     # Its outcome is on the socket, unread while the loop is held.
     readable, _, _ = select.select([child.writer.get_extra_info("socket").fileno()], [], [], 10)
     assert readable, "the child's outcome never came"
@@ -78,7 +77,7 @@ async def test_a_child_stopped_for_its_memory_as_its_job_returned_takes_no_other
     assert over is not None and over > limit, (over, limit)
     pool._check_memory()  # over the limit, its job seemingly still running
     # Its memory is freed: between jobs it would be under the limit.
-    wait_for(lambda: (resident_bytes(child.pid) or 0) < limit, 10, "the child's memory freed")
+    wait_until(lambda: (resident_bytes(child.pid) or 0) < limit, 10, "the child's memory freed")
     result = await asyncio.wait_for(running, 10)
     assert (result.outcome, result.error) == ("complete", "")
     assert pool.counts.killed == {"memory": 1}

@@ -41,7 +41,7 @@ from jobtui.core.queue import enqueue, enqueue_call
 from jobtui.core.registry import ScheduleSpec
 from tests.apps.chaos_app import effect_key
 from tests.chaos.harness import Proc, Procs, worker_args
-from tests.workers import wait_for
+from tests.waits import wait_until
 
 Conn = psycopg.Connection[Any]
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
@@ -236,21 +236,21 @@ def test_partitioned_worker_comes_back_to_stale_leases(
         env={"JOBTUI_DSN": remote_dsn},
         prefix=netns.exec_prefix(),
     )
-    wait_for(lambda: "worker A started" in a.log() or not a.alive(), 20, "worker A to start", a.log)
+    wait_until(lambda: "worker A started" in a.log() or not a.alive(), 20, "worker A to start", a.log)
     assert a.alive(), a.log()
     # Cut off before its effect: A's attempt 1 sleeps 3 s first; B's attempt 2 sleeps 6 s,
     # so that A comes back while B holds the job and has not done the effect yet.
     before = add(db, "chaos.sync", {"before": [3, 6]})
     # Cut off after its effect, before its outcome: A's attempt sleeps 3 s after the effect.
     after = add(db, "chaos.async", {"after": [3]})
-    wait_for(lambda: attempts(db, before) and effects(db, after), 10, "A to start both jobs", a.log)
+    wait_until(lambda: attempts(db, before) and effects(db, after), 10, "A to start both jobs", a.log)
 
     netns.link(up=False)
     cut = time.monotonic()
     try:
         b = procs.start("B", worker_args("B", lease=2, concurrency=2, extra=WORKER_FLAGS))
         # B's reaper takes both jobs back once A's leases expired (A cannot heartbeat), and B runs them.
-        wait_for(
+        wait_until(
             lambda: len(attempts(db, before)) == 2 and len(attempts(db, after)) == 2,
             20,
             "B to re-claim both jobs",
@@ -261,14 +261,14 @@ def test_partitioned_worker_comes_back_to_stale_leases(
         netns.link(up=True)
     assert attempts(db, before) == [(1, "A"), (2, "B")] and attempts(db, after) == [(1, "A"), (2, "B")]
 
-    wait_for(lambda: status(db, before) == status(db, after) == "done", 30, "both jobs done by B", b.log)
+    wait_until(lambda: status(db, before) == status(db, after) == "done", 30, "both jobs done by B", b.log)
     done = {job_id: row(db, job_id) for job_id in (before, after)}
     # A wakes up with stale leases: its late effect is refused and its outcomes are not written.
     gave_up = [
         f"job {before} (chaos.sync) attempt 1: its lease was not extended in time",
         f"job {after} (chaos.async) attempt 1: its lease was not extended in time",
     ]
-    wait_for(lambda: all(line in a.log() for line in gave_up), 40, "A to give up its stale jobs", a.log)
+    wait_until(lambda: all(line in a.log() for line in gave_up), 40, "A to give up its stale jobs", a.log)
     time.sleep(1)  # anything A still had in flight has arrived by now
     for job_id in (before, after):
         now = row(db, job_id)
@@ -287,7 +287,7 @@ def test_partitioned_worker_comes_back_to_stale_leases(
     assert a.alive(), a.log()
     b.terminate()
     late = add(db, "chaos.async", {})
-    wait_for(lambda: status(db, late) == "done", 40, "A to run a job after the partition", a.log)
+    wait_until(lambda: status(db, late) == "done", 40, "A to run a job after the partition", a.log)
     assert attempts(db, late) == [(1, "A")] and len(effects(db, late)) == 1
     assert effect_key(late) in {r[0] for r in db.execute("SELECT key FROM jobtui.effect")}
 
@@ -335,7 +335,7 @@ def test_workers_with_clocks_hours_off_go_by_the_database_clock(db: Conn, chaos_
         # With their schedulers (no --no-scheduler): slots come from the database's clock too.
         workers[name] = procs.start(name, worker_args(name, lease=2, concurrency=3, extra=["--poll", "0.5s"]), env=env)
     for name, proc in workers.items():
-        wait_for(lambda p=proc: f"worker {p.name} started" in p.log() or not p.alive(), 20, name, proc.log)
+        wait_until(lambda p=proc: f"worker {p.name} started" in p.log() or not p.alive(), 20, name, proc.log)
         assert proc.alive(), proc.log()
     started = db_now(db)
     tick = add_schedule(chaos_dsn, "skewed-tick")
@@ -369,12 +369,12 @@ def test_workers_with_clocks_hours_off_go_by_the_database_clock(db: Conn, chaos_
             )
         ]
 
-    held = wait_for(lambda: len(leases()) == 2 and leases(), 10, "a heartbeat on both long jobs")
+    held = wait_until(lambda: len(leases()) == 2 and leases(), 10, "a heartbeat on both long jobs")
     for left, since_heartbeat in held:
         assert 0 < left <= 2.05 and 0 <= since_heartbeat < 1.5, held
 
     ids = [*long, flaky, poison]
-    wait_for(
+    wait_until(
         lambda: [status(db, j) for j in ids] == ["done", "done", "done", "dead"],
         20,
         "every job finished",
@@ -440,7 +440,7 @@ def test_schedulers_killed_at_random_fire_each_slot_once_and_count_the_missed(
     for i in range(len(slots)):
         spawn(i)
     for proc in every:
-        wait_for(lambda p=proc: "scheduler started" in p.log() or not p.alive(), 20, "schedulers to start", proc.log)
+        wait_until(lambda p=proc: "scheduler started" in p.log() or not p.alive(), 20, "schedulers to start", proc.log)
     # A grace of 2.5 s: a slot is missed once every instance was down for longer (and a busy
     # machine's late tick, an instance killed just before its tick, stay within it).
     grace = timedelta(seconds=2.5)

@@ -31,7 +31,8 @@ from jobtui.core.queue import enqueue, enqueue_call
 from jobtui.kernel import migrate
 from tests.cluster import LocalCluster
 from tests.proxy import Proxy
-from tests.workers import APP_TABLES, WorkerProcess, close_gate, open_gate, wait_for
+from tests.waits import wait_until
+from tests.workers import APP_TABLES, WorkerProcess, close_gate, open_gate
 
 APP = "tests.apps.outage_app:jobs"
 LEASE = 2.0
@@ -183,7 +184,7 @@ def _outage_trial(trial: Trial, db: Conn, dsn: str, proxy: Proxy, start: Start, 
     workers = [start(f"W{i}", through, "--concurrency", "2") for i in range(trial.workers)]
     # Enqueued once every worker runs, so the first one may take it or not: either is fine.
     job_id = enqueue(db, enqueue_call(trial.job_type, {"seconds": 4 * LEASE}))
-    wait_for(lambda: runs(events, job_id), 10, "the job to start", workers[0].log)
+    wait_until(lambda: runs(events, job_id), 10, "the job to start", workers[0].log)
     time.sleep(trial.offset)
     down, up = (proxy.cut, proxy.restore) if trial.mode == "cut" else (proxy.freeze, proxy.thaw)
     down()
@@ -195,9 +196,9 @@ def _outage_trial(trial: Trial, db: Conn, dsn: str, proxy: Proxy, start: Start, 
     def logs() -> str:
         return "\n".join(f"--- {w.name} ---\n{w.log()}" for w in workers)
 
-    wait_for(lambda: job_row(db, job_id)["status"] == "done", 60, "the job done after the outage", logs)
+    wait_until(lambda: job_row(db, job_id)["status"] == "done", 60, "the job done after the outage", logs)
     # Every attempt's handler ended (done, cancelled or stopped): none still runs to overlap.
-    wait_for(lambda: all(r.how is not None for r in runs(events, job_id)), 2 * LEASE, "every handler ended", logs)
+    wait_until(lambda: all(r.how is not None for r in runs(events, job_id)), 2 * LEASE, "every handler ended", logs)
     found = runs(events, job_id)
     row = job_row(db, job_id)
     assert not overlapping(found), f"two attempts ran at once: {overlapping(found)}\n{logs()}"
@@ -234,7 +235,7 @@ def _freeze_in_effect(mode: str, db: Conn, dsn: str, start: Start, tmp_path: Pat
     x = start("X", dsn)
     gate = close_gate(db)
     job_id = enqueue(db, enqueue_call("hold_effect", {"mode": mode, "marker": str(marker), "gate": gate}))
-    wait_for(marker.exists, 10, "X inside the effect's transaction", x.log)
+    wait_until(marker.exists, 10, "X inside the effect's transaction", x.log)
     x.signal(signal.SIGSTOP)
     start("Y", dsn)
     return job_id, x, gate
@@ -254,13 +255,13 @@ def test_a_zombie_checking_its_lease_after_a_reclaim_is_refused(
     job_id, x, gate = _freeze_in_effect("before", db, dsn, start, tmp_path)
     try:
         # X held no lock yet: its lease expired and Y took the job, did the effect and finished.
-        wait_for(lambda: job_row(db, job_id)["status"] == "done", 20, "Y to do the job")
+        wait_until(lambda: job_row(db, job_id)["status"] == "done", 20, "Y to do the job")
         assert effects(db, f"hold:{job_id}") == [(2, "Y")]
     finally:
         open_gate(db, gate)
         x.signal(signal.SIGCONT)
     # X wakes inside its transaction and calls once(): refused, nothing recorded.
-    wait_for(lambda: _refused(tmp_path, job_id), 15, "X's once() to be refused", x.log)
+    wait_until(lambda: _refused(tmp_path, job_id), 15, "X's once() to be refused", x.log)
     x.wait_gave_up(job_id, "hold_effect", 15)
     assert effects(db, f"hold:{job_id}") == [(2, "Y")]
     row = job_row(db, job_id)
@@ -286,7 +287,7 @@ def test_a_zombie_inside_its_effect_transaction_keeps_the_job_until_it_commits(
     # (its lease was not extended in time), but its thread runs on to the end without seeing
     # that, and the row is still X's: X writes it done. Only in the moment between X's commit and
     # its outcome could Y's reaper take the expired lease; then Y finds the effect done.
-    wait_for(lambda: job_row(db, job_id)["status"] == "done", 20, "the job done", x.log)
+    wait_until(lambda: job_row(db, job_id)["status"] == "done", 20, "the job done", x.log)
     assert effects(db, f"hold:{job_id}") == [(1, "X")]
     row = job_row(db, job_id)
     assert (row["attempts"], row["lease_token"], row["lease_expirations"]) in ((1, 1, 0), (2, 2, 1)), row
@@ -301,7 +302,7 @@ def test_a_handlers_lost_connection_does_not_count_as_an_attempt(db: Conn, dsn: 
     w = start("W", dsn)
     # Its connection is terminated 3 times inside the effect's transaction; it allows 2 attempts.
     job_id = enqueue(db, enqueue_call("db_error", {"fail": 3}))
-    wait_for(lambda: job_row(db, job_id)["status"] == "done", 20, "the job done", w.log)
+    wait_until(lambda: job_row(db, job_id)["status"] == "done", 20, "the job done", w.log)
     row = job_row(db, job_id)
     assert row["attempts"] == 1 and row["lease_token"] == 4
     assert [e["kind"] for e in row["errors"]] == ["db_error"] * 3
@@ -314,7 +315,7 @@ def test_a_handlers_lost_connection_does_not_count_as_an_attempt(db: Conn, dsn: 
 def test_a_handler_that_always_loses_its_connection_ends_dead(db: Conn, dsn: str, start: Start) -> None:
     w = start("W", dsn, "--concurrency", "1")
     job_id = enqueue(db, enqueue_call("db_error", {"fail": 1000}, max_attempts=1))
-    wait_for(lambda: job_row(db, job_id)["status"] == "dead", 60, "the job dead", w.log)
+    wait_until(lambda: job_row(db, job_id)["status"] == "dead", 60, "the job dead", w.log)
     row = job_row(db, job_id)
     # 25 releases in a row, then the 26th run counts: its one attempt.
     assert (row["attempts"], row["lease_token"]) == (1, 26)
@@ -337,7 +338,7 @@ def test_a_worker_started_while_the_database_is_away_waits_for_it(
     w.wait_started(20)
     assert w.log().count("waiting up to") == 1
     job_id = enqueue(db, enqueue_call("outage.async", {"seconds": 0}))
-    wait_for(lambda: job_row(db, job_id)["status"] == "done", 15, "a job done", w.log)
+    wait_until(lambda: job_row(db, job_id)["status"] == "done", 15, "a job done", w.log)
 
 
 def test_a_worker_gives_up_waiting_for_the_database_with_one_line(dsn: str, proxy: Proxy, start: Start) -> None:
@@ -365,7 +366,7 @@ def test_after_a_restart_heartbeats_go_first_and_claims_are_back_within_two_seco
             # Runs across the restart: its lease (6 s) outlasts the restart, so the worker's
             # first act when the server is back is to extend it, not to lose it.
             long = enqueue(conn, enqueue_call("outage.async", {"seconds": 8}))
-        wait_for(lambda: runs(events, long), 10, "the long job to start", w.log)
+        wait_until(lambda: runs(events, long), 10, "the long job to start", w.log)
         cluster.stop()
         time.sleep(1)
         # Started in the background while this thread polls: the moment the server first
@@ -376,12 +377,12 @@ def test_after_a_restart_heartbeats_go_first_and_claims_are_back_within_two_seco
         starting.join()
         with psycopg.connect(app, autocommit=True) as conn:
             quick = enqueue(conn, enqueue_call("outage.async", {"seconds": 0}))
-        wait_for(lambda: runs(events, quick), 10, "the job enqueued after the restart to start", w.log)
+        wait_until(lambda: runs(events, quick), 10, "the job enqueued after the restart to start", w.log)
         took = runs(events, quick)[0].started - accepting
         print(f"from the server accepting connections to the first claim: {took:.2f}s")
         assert took < 2.0, f"{took:.2f}s from accepting connections to the first claim\n{w.log()}"
         with psycopg.connect(app, autocommit=True) as conn:
-            wait_for(
+            wait_until(
                 lambda: conn.execute("SELECT status FROM jobtui.job WHERE id = %s", (long,)).fetchone() == ("done",),
                 20,
                 "the long job done",

@@ -20,7 +20,7 @@ from jobtui.core import scheduler as sched
 from jobtui.core.registry import ScheduleSpec
 from jobtui.kernel.cronslots import MAX_BACKFILL
 from tests.chaos.harness import Proc, Procs
-from tests.workers import wait_for
+from tests.waits import wait_until
 
 Conn = psycopg.Connection[Any]
 SECOND = timedelta(seconds=1)
@@ -74,7 +74,7 @@ def every_slot(db: Conn, schedule_id: int) -> list[datetime]:
 def start_schedulers(procs: Procs, tag: str, n: int = 2) -> list[Proc]:
     started = [procs.start(f"scheduler-{tag}{i}", ["scheduler"]) for i in range(n)]
     for p in started:
-        wait_for(lambda p=p: "scheduler started" in p.log() or not p.alive(), 30, "a scheduler to start", p.log)
+        wait_until(lambda p=p: "scheduler started" in p.log() or not p.alive(), 30, "a scheduler to start", p.log)
         assert p.alive(), p.log()
     return started
 
@@ -94,7 +94,7 @@ def run_outage(
     first = start_schedulers(procs, "a")
     ids = {policy: add_schedule(dsn, f"outage-{policy}", policy, grace) for policy in policies}
     for sid in ids.values():
-        wait_for(lambda sid=sid: len(jobs_by_slot(db, sid)) >= 3, 20, "slots before the outage", first[0].log)
+        wait_until(lambda sid=sid: len(jobs_by_slot(db, sid)) >= 3, 20, "slots before the outage", first[0].log)
     began = db_clock(db)
     for p in first:
         if how == "kill":
@@ -110,7 +110,7 @@ def run_outage(
             p.cont()
     # Back for a few slots more, handled on time again.
     for sid in ids.values():
-        wait_for(
+        wait_until(
             lambda sid=sid: max(jobs_by_slot(db, sid)) >= ended + 3 * SECOND, 30, "slots after the outage", first[0].log
         )
     for p in procs.all:

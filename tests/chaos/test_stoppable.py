@@ -33,7 +33,8 @@ from jobtui.core.bulk import Bulk
 from jobtui.core.queue import enqueue, enqueue_call
 from tests.cluster import _free_port
 from tests.proxy import Proxy
-from tests.workers import APP_TABLES, WorkerProcess, wait_for
+from tests.waits import wait_until
+from tests.workers import APP_TABLES, WorkerProcess
 
 APP = "tests.apps.stoppable_app:jobs"
 LEASE = 2.0
@@ -165,7 +166,7 @@ def all_stopped(events: Path, job_id: int, deaths: Deaths, timeout: float = 5.0)
     """The attempts of `job_id` once each has ended or its process is gone (the death of a
     process lands in the watcher a moment later); as they are after `timeout` otherwise."""
     with contextlib.suppress(AssertionError):
-        wait_for(lambda: all(r.stopped is not None for r in runs(events, job_id, deaths)), timeout, "")
+        wait_until(lambda: all(r.stopped is not None for r in runs(events, job_id, deaths)), timeout, "")
     return runs(events, job_id, deaths)
 
 
@@ -210,12 +211,12 @@ def test_cancel_stops_a_sleeping_handler_process_within_two_seconds(
 ) -> None:
     w = start("W", dsn, "--executor", "process")
     job_id = enqueue(db, enqueue_call("sleeper", {"seconds": 60}))
-    [run] = wait_for(lambda: runs(events, job_id), 15, "the handler to start", w.log)
+    [run] = wait_until(lambda: runs(events, job_id), 15, "the handler to start", w.log)
     assert run.pid != w.pid and alive(run.pid)
     with Queue(dsn) as queue:
         cancelled_at = time.monotonic()
         assert queue.cancel([job_id], actor="test") == [job_id]
-    wait_for(lambda: not alive(run.pid), 2, "the handler's process gone", w.log)
+    wait_until(lambda: not alive(run.pid), 2, "the handler's process gone", w.log)
     took = time.monotonic() - cancelled_at
     row = job_row(db, job_id)
     assert row["status"] == "failed" and took < 2, (row, took)
@@ -224,7 +225,7 @@ def test_cancel_stops_a_sleeping_handler_process_within_two_seconds(
     w.wait_log("its handler process is being stopped", 5)
     # The worker runs on, and its pool starts another process for the next job.
     again = enqueue(db, enqueue_call("sleeper", {"seconds": 0}))
-    wait_for(lambda: job_row(db, again)["status"] == "done", 15, "the next job done", w.log)
+    wait_until(lambda: job_row(db, again)["status"] == "done", 15, "the next job done", w.log)
     assert w.proc.poll() is None
 
 
@@ -236,8 +237,8 @@ def test_a_bulk_cancel_stops_the_handler_processes_of_its_running_jobs(
     w = start("W", dsn, "--executor", "process")
     acme = [enqueue(db, enqueue_call("sleeper", {"seconds": 60, "account": "acme"})) for _ in range(2)]
     other = enqueue(db, enqueue_call("sleeper", {"seconds": 60, "account": "other"}))
-    started = {j: wait_for(lambda j=j: runs(events, j), 15, f"job {j}'s handler to start", w.log)[0] for j in acme}
-    [kept] = wait_for(lambda: runs(events, other), 15, "the other job's handler to start", w.log)
+    started = {j: wait_until(lambda j=j: runs(events, j), 15, f"job {j}'s handler to start", w.log)[0] for j in acme}
+    [kept] = wait_until(lambda: runs(events, other), 15, "the other job's handler to start", w.log)
     assert all(run.pid != w.pid and alive(run.pid) for run in [*started.values(), kept])
     with psycopg.connect(dsn, autocommit=True) as conn:
         bulk = Bulk(conn, "cancel", JobFilter(types=("sleeper",), payload={"account": "acme"}), actor="test")
@@ -246,7 +247,7 @@ def test_a_bulk_cancel_stops_the_handler_processes_of_its_running_jobs(
         outcome = bulk.run(bulk.start())
     assert (outcome.changed, outcome.busy) == (2, [])
     for job_id, run in started.items():
-        wait_for(lambda run=run: not alive(run.pid), 3, f"job {job_id}'s handler process gone", w.log)
+        wait_until(lambda run=run: not alive(run.pid), 3, f"job {job_id}'s handler process gone", w.log)
         row = job_row(db, job_id)
         assert row["status"] == "failed" and row["errors"][-1]["kind"] == "cancelled", row
         assert runs(events, job_id)[0].ended is None  # it never slept its 60 s out
@@ -263,8 +264,8 @@ def test_a_timeout_stops_the_process_and_its_retry_never_overlaps_it(
 ) -> None:
     w = start("W", dsn, "--executor", "process")
     job_id = enqueue(db, enqueue_call("sleeper.timeout", {"seconds": 60}))  # timeout 2 s, 2 attempts
-    wait_for(lambda: job_row(db, job_id)["status"] == "dead", 30, "the job dead after two timeouts", w.log)
-    wait_for(lambda: all(r.gone for r in runs(events, job_id, deaths)), 5, "both processes seen gone")
+    wait_until(lambda: job_row(db, job_id)["status"] == "dead", 30, "the job dead after two timeouts", w.log)
+    wait_until(lambda: all(r.gone for r in runs(events, job_id, deaths)), 5, "both processes seen gone")
     found = runs(events, job_id, deaths)
     assert len(found) == 2, found
     for run in found:
@@ -314,7 +315,7 @@ def test_handlers_that_kill_their_process_go_dead_with_their_reason_while_the_re
         rows = dict(db.execute("SELECT id, status FROM jobtui.job WHERE id = ANY(%s)", (ids,)).fetchall())
         return all(rows[i] == "dead" for i in deadly) and all(rows[i] == "done" for i in quick)
 
-    wait_for(final, 90, "the deadly jobs dead and the 300 others done", w.log)
+    wait_until(final, 90, "the deadly jobs dead and the 300 others done", w.log)
     for job_id, reason in deadly.items():
         row = job_row(db, job_id)
         assert row["attempts"] == 2, row
@@ -338,11 +339,11 @@ def test_a_child_over_its_jobs_is_replaced_and_its_worker_says_how_many(
         "--metrics-port", str(port),
     )  # fmt: skip
     ids = [enqueue(db, enqueue_call("sleeper", {"seconds": 0})) for _ in range(7)]
-    wait_for(lambda: all(job_row(db, i)["status"] == "done" for i in ids), 30, "the jobs done", w.log)
+    wait_until(lambda: all(job_row(db, i)["status"] == "done" for i in ids), 30, "the jobs done", w.log)
     pids = [runs(events, i)[0].pid for i in ids]
     # Three jobs per process, one process at a time.
     assert len(set(pids)) == 3 and [pids.count(p) for p in dict.fromkeys(pids)] == [3, 3, 1], pids
-    counters = wait_for(
+    counters = wait_until(
         lambda: (c := _metrics(port)).get('jobtui_worker_children_recycled_total{reason="jobs"}') == 2 and c,
         10,
         "two children recycled",
@@ -366,7 +367,7 @@ def test_a_child_over_its_memory_when_its_job_returns_is_replaced_and_the_job_do
     caught = 0
     for _ in range(3):
         hog = enqueue(db, enqueue_call("hog.keeps", {"limit": limit}))
-        status = wait_for(
+        status = wait_until(
             lambda hog=hog: (s := job_row(db, hog)["status"]) in ("done", "dead") and s, 30, "the job to end", w.log
         )
         if status == "done":
@@ -381,10 +382,10 @@ def test_a_child_over_its_memory_when_its_job_returns_is_replaced_and_the_job_do
     assert grew.ended is not None
     w.wait_log(f"handler process {grew.pid} holds ", 5)
     w.wait_log("between jobs, over --max-memory-per-child 96 MiB: replaced", 5)
-    wait_for(lambda: not alive(grew.pid), 10, "the child over the limit gone", w.log)
+    wait_until(lambda: not alive(grew.pid), 10, "the child over the limit gone", w.log)
     # The next job gets a new child.
     after = enqueue(db, enqueue_call("sleeper", {"seconds": 0}))
-    wait_for(lambda: job_row(db, after)["status"] == "done", 15, "the next job done", w.log)
+    wait_until(lambda: job_row(db, after)["status"] == "done", 15, "the next job done", w.log)
     [ran] = runs(events, after)
     assert ran.pid != grew.pid
     counters = _metrics(port)
@@ -399,11 +400,11 @@ def test_a_job_claimed_again_waits_for_its_earlier_handler_on_the_same_worker(
 ) -> None:
     w = start("W", dsn, "--executor", executor, lease=30.0)
     job_id = enqueue(db, enqueue_call("sleeper", {"seconds": 4, "then": 0.1}))
-    wait_for(lambda: runs(events, job_id), 15, "the handler to start", w.log)
+    wait_until(lambda: runs(events, job_id), 15, "the handler to start", w.log)
     with Queue(dsn) as queue:
         # The job is ready again at once, and W (the only worker) claims it back at its next poll.
         assert queue.kill_lease([job_id], actor="test") == [job_id]
-    wait_for(lambda: job_row(db, job_id)["status"] == "done", 30, "the job done", w.log)
+    wait_until(lambda: job_row(db, job_id)["status"] == "done", 30, "the job done", w.log)
     found = all_stopped(events, job_id, deaths)
     assert len(found) == 2 and not overlapping(found), found
     row = job_row(db, job_id)
@@ -423,19 +424,19 @@ def test_a_frozen_workers_handler_process_ends_before_its_lease_could_expire(
     port = _free_port()
     x = start("X", dsn, "--executor", "process", "--metrics-port", str(port))
     job_id = enqueue(db, enqueue_call("sleeper", {"seconds": 15, "then": 0.1}))
-    [first] = wait_for(lambda: runs(events, job_id), 15, "X to start the job", x.log)
+    [first] = wait_until(lambda: runs(events, job_id), 15, "X to start the job", x.log)
     x.signal(signal.SIGSTOP)  # X cannot stop its child now; the child must stop itself
     frozen = time.monotonic()
     try:
         y = start("Y", dsn, "--executor", "process")
-        wait_for(lambda: runs(events, job_id)[1:], 20, "Y to run the job after its reaper took it", y.log)
+        wait_until(lambda: runs(events, job_id)[1:], 20, "Y to run the job after its reaper took it", y.log)
         found = runs(events, job_id, deaths)
         assert found[0].gone is not None and found[0].gone - frozen < LEASE + 0.5, found
         assert not overlapping(found), found
         assert (found[0].pid, found[1].worker) == (first.pid, "Y")
     finally:
         x.signal(signal.SIGCONT)
-    wait_for(lambda: job_row(db, job_id)["status"] == "done", 30, "Y to finish the job", y.log)
+    wait_until(lambda: job_row(db, job_id)["status"] == "done", 30, "Y to finish the job", y.log)
     x.wait_log(f"job {job_id} (sleeper) attempt 1: its lease was not extended in time", 10)
     row = job_row(db, job_id)
     assert (row["lease_token"], row["lease_expirations"]) == (2, 1), row  # a frozen worker's lease expires
@@ -456,13 +457,13 @@ def test_a_frozen_workers_own_job_is_released_uncounted_when_its_child_ended_its
     at the lease's deadline. The lease failed, not the job: the attempt is not counted."""
     x = start("X", dsn, "--executor", "process")
     job_id = enqueue(db, enqueue_call("sleeper", {"seconds": 3 * LEASE, "then": 0.1}))
-    [first] = wait_for(lambda: runs(events, job_id), 15, "X to start the job", x.log)
+    [first] = wait_until(lambda: runs(events, job_id), 15, "X to start the job", x.log)
     x.signal(signal.SIGSTOP)
     try:
-        wait_for(lambda: not alive(first.pid), LEASE + 5, "the child to end itself", x.log)
+        wait_until(lambda: not alive(first.pid), LEASE + 5, "the child to end itself", x.log)
     finally:
         x.signal(signal.SIGCONT)
-    wait_for(lambda: job_row(db, job_id)["status"] == "done", 30, "X to run the job again and finish it", x.log)
+    wait_until(lambda: job_row(db, job_id)["status"] == "done", 30, "X to run the job again and finish it", x.log)
     found = runs(events, job_id, deaths)
     assert len(found) == 2 and not overlapping(found), found
     row = job_row(db, job_id)
@@ -488,14 +489,14 @@ def _trial(trial: Trial, db: Conn, dsn: str, proxy: Proxy, start: Start, events:
     w = start("W", proxy.dsn(dsn), "--executor", trial.executor, "--concurrency", "2")
     # A later attempt (a stopped process's job, run again) is short: only the first can overlap.
     job_id = enqueue(db, enqueue_call("sleeper", {"seconds": trial.sleep, "then": 1.0}))
-    wait_for(lambda: runs(events, job_id), 15, "the handler to start", w.log)
+    wait_until(lambda: runs(events, job_id), 15, "the handler to start", w.log)
     time.sleep(trial.offset)
     proxy.cut()
     try:
         time.sleep(trial.outage)
     finally:
         proxy.restore()
-    wait_for(lambda: job_row(db, job_id)["status"] == "done", 60, "the job done after the outage", w.log)
+    wait_until(lambda: job_row(db, job_id)["status"] == "done", 60, "the job done after the outage", w.log)
     found = all_stopped(events, job_id, deaths)
     row = job_row(db, job_id)
     detail = f"{found}\n{row}\n{w.log()}"
@@ -563,7 +564,7 @@ def test_sigterm_stops_the_handler_processes_and_releases_their_jobs(
 ) -> None:
     w = start("W", dsn, "--executor", "process", "--shutdown-timeout", "1s", lease=5.0)
     job_id = enqueue(db, enqueue_call("sleeper", {"seconds": 60}))
-    [run] = wait_for(lambda: runs(events, job_id), 15, "the handler to start", w.log)
+    [run] = wait_until(lambda: runs(events, job_id), 15, "the handler to start", w.log)
     w.signal(signal.SIGTERM)
     assert w.wait_exit(15) == 0, w.log()
     assert not alive(run.pid)

@@ -25,7 +25,7 @@ from jobtui.cli.bench import NOOP
 from jobtui.core.maintenance import ARCHIVE_TYPE, Retention, sweep
 from jobtui.core.scheduler import run_now
 from jobtui.kernel import migrate as migrations
-from tests.workers import wait_for
+from tests.waits import wait_until
 
 Conn = psycopg.Connection[Any]
 
@@ -266,19 +266,19 @@ def test_a_worker_of_the_previous_release_archives_and_prunes(
             def log() -> str:
                 return log_path.read_text(errors="replace")
 
-            wait_for(lambda: "worker previous-release started" in log() or proc.poll() is not None, 20, "start", log)
+            wait_until(lambda: "worker previous-release started" in log() or proc.poll() is not None, 20, "start", log)
             assert proc.poll() is None, log()
             assert str(previous_release) in subprocess.run(
                 [sys.executable, "-c", "import jobtui; print(jobtui.__file__)"],
                 cwd=previous_release, env=env, capture_output=True, text=True, check=True,
             ).stdout  # fmt: skip
             done = "SELECT count(*) FROM jobtui.job WHERE id = ANY(%s) AND status = 'done'"
-            wait_for(lambda: conn.execute(done, (ids,)).fetchone() == (40,), 20, "the jobs done", log)
+            wait_until(lambda: conn.execute(done, (ids,)).fetchone() == (40,), 20, "the jobs done", log)
 
             def archive_once() -> None:
                 job_id = run_now(conn, ARCHIVE_TYPE)
                 status = "SELECT status FROM jobtui.job WHERE id = %s"
-                wait_for(lambda: (conn.execute(status, (job_id,)).fetchone() or ("done",))[0] == "done", 30,
+                wait_until(lambda: (conn.execute(status, (job_id,)).fetchone() or ("done",))[0] == "done", 30,
                          "the previous release's archiver", log)  # fmt: skip
 
             archive_once()

@@ -24,7 +24,8 @@ from jobtui.core.bulk import Bulk
 from jobtui.kernel.errors import InvalidInput
 from tests.integration.test_levers import jobtui
 from tests.topology import PgBouncer
-from tests.workers import ROOT, wait_for
+from tests.waits import wait_until
+from tests.workers import ROOT
 
 Conn = psycopg.Connection[Any]
 
@@ -159,7 +160,7 @@ def bulk_process(dsn: str, *args: str, **env: str) -> subprocess.Popen[str]:
 def test_a_bulk_requeue_killed_half_way_and_run_again_requeues_every_job_once(conn: Conn, dsn: str) -> None:
     ids = dead_jobs(dsn, conn, 3000)
     first = bulk_process(dsn, "requeue", "--type", "x", "--yes", "--batch", "20")
-    wait_for(lambda: count(conn, "status = 'ready'") >= 1000, 60, "the first run half-way")
+    wait_until(lambda: count(conn, "status = 'ready'") >= 1000, 60, "the first run half-way")
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     halfway = count(conn, "status = 'ready'")

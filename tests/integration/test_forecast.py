@@ -25,7 +25,7 @@ from jobtui.reads.overview import overview
 from jobtui.service.prometheus import forecast_families
 from tests.integration.test_levers import jobtui
 from tests.waits import wait_until
-from tests.workers import WorkerProcess, wait_for
+from tests.workers import WorkerProcess
 
 Conn = psycopg.Connection[Any]
 Spawn = Callable[..., WorkerProcess]
@@ -63,7 +63,7 @@ def drain_with_inflow(db: Conn, app_dsn: str, spawn: Spawn, backlog: int, second
         q.enqueue_many([NewJob("quick", {}, queue="fq") for _ in range(backlog)])
     queues.set_rate(db, "queue", "fq", DRAIN, actor="olga")
     spawn("A", "--no-scheduler", "--concurrency", "50")
-    wait_for(lambda: ready(db) < backlog or backlog == 0, 15, "the worker claiming")
+    wait_until(lambda: ready(db) < backlog or backlog == 0, 15, "the worker claiming")
     assert record_flow(db, until=db_now(db))  # the first span: its enqueues are not known
     stop = threading.Event()
     inflow = threading.Thread(target=enqueue_steadily, args=(app_dsn, INFLOW, stop))
@@ -137,7 +137,7 @@ def test_the_forecast_comes_true(db: Conn, app_dsn: str, spawn: Spawn) -> None:
     started = time.monotonic()
     inflow.start()
     try:
-        wait_for(lambda: ready(db) < INFLOW, f.seconds * 2 + 30, "the backlog drained")
+        wait_until(lambda: ready(db) < INFLOW, f.seconds * 2 + 30, "the backlog drained")
     finally:
         stop.set()
         inflow.join()

@@ -17,7 +17,8 @@ from jobtui.core.bulk import Bulk
 from jobtui.kernel.domain import NewJob
 from jobtui.kernel.jobfilter import JobFilter
 from tests.roles import Roles, grant_roles
-from tests.workers import WorkerProcess, wait_for
+from tests.waits import wait_until
+from tests.workers import WorkerProcess
 
 Conn = psycopg.Connection[Any]
 
@@ -55,7 +56,7 @@ def test_forged_cancel_notifications_change_nothing(
     worker: WorkerProcess = spawn("A", "--no-scheduler", "--concurrency", "4", lease="3s")
     with Queue(app_dsn) as q:
         ids = q.enqueue_many([NewJob("nap", {"sleep": 4}), NewJob("nap_sync", {"sleep": 4, "key": "forged"})])
-    wait_for(lambda: all(events(db, i) == ["start"] for i in ids), 15, "both jobs running", worker.log)
+    wait_until(lambda: all(events(db, i) == ["start"] for i in ids), 15, "both jobs running", worker.log)
     before = {i: job_row(db, i) for i in ids}
     for dsn in (roles.readonly_dsn, roles.worker_dsn):
         forge(dsn, ids)
@@ -63,8 +64,8 @@ def test_forged_cancel_notifications_change_nothing(
     for job_id in ids:
         assert events(db, job_id) == ["start"], worker.log()
         assert job_row(db, job_id) == before[job_id]  # still running, same lease, no error recorded
-    wait_for(lambda: all(events(db, i) == ["start", "end"] for i in ids), 15, "both jobs finished", worker.log)
-    wait_for(
+    wait_until(lambda: all(events(db, i) == ["start", "end"] for i in ids), 15, "both jobs finished", worker.log)
+    wait_until(
         lambda: (
             db.execute("SELECT count(*) FROM jobtui.job WHERE id = ANY(%s) AND status = 'done'", (ids,)).fetchone()
             == (2,)
@@ -83,10 +84,10 @@ def test_a_real_cancel_still_stops_its_job_at_once(db: Conn, app_dsn: str, roles
     worker: WorkerProcess = spawn("A", "--no-scheduler", lease="30s")  # no heartbeat for 10 s
     with Queue(app_dsn) as q:
         job = q.enqueue("nap", {"sleep": 60})
-    wait_for(lambda: events(db, job) == ["start"], 15, "the job running", worker.log)
+    wait_until(lambda: events(db, job) == ["start"], 15, "the job running", worker.log)
     with Queue(roles.worker_dsn) as q:
         assert q.cancel([job], actor="olga") == [job]
-    wait_for(lambda: "cancelled" in events(db, job), 2, "the handler cancelled", worker.log)
+    wait_until(lambda: "cancelled" in events(db, job), 2, "the handler cancelled", worker.log)
     assert job_row(db, job)[0] == "failed"
 
 
@@ -96,8 +97,8 @@ def test_a_bulk_cancel_leaves_the_fact_a_worker_stops_on(db: Conn, app_dsn: str,
     worker: WorkerProcess = spawn("A", "--no-scheduler", "--concurrency", "4", lease="30s")  # no heartbeat for 10 s
     with Queue(app_dsn) as q:
         ids = q.enqueue_many([NewJob("nap", {"sleep": 60}), NewJob("nap_sync", {"sleep": 60, "key": "bulk"})])
-    wait_for(lambda: all(events(db, i) == ["start"] for i in ids), 15, "both jobs running", worker.log)
+    wait_until(lambda: all(events(db, i) == ["start"] for i in ids), 15, "both jobs running", worker.log)
     job = Bulk(db, "cancel", JobFilter(types=("nap", "nap_sync")), actor="olga")
     assert job.run(job.start()).changed == 2
-    wait_for(lambda: all("cancelled" in events(db, i) for i in ids), 3, "both handlers cancelled", worker.log)
+    wait_until(lambda: all("cancelled" in events(db, i) for i in ids), 3, "both handlers cancelled", worker.log)
     assert [job_row(db, i)[0] for i in ids] == ["failed", "failed"]

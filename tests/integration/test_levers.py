@@ -28,7 +28,8 @@ from jobtui.core.registry import Jobs
 from jobtui.kernel.db import Call, int_list, run
 from jobtui.kernel.domain import NewJob
 from jobtui.reads.overview import overview
-from tests.workers import WorkerProcess, wait_for
+from tests.waits import wait_until
+from tests.workers import WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.apps.worker_app:jobs"
@@ -182,7 +183,7 @@ def test_a_paused_queue_stops_on_every_worker_while_others_flow(db: Conn, app_ds
         spawn(name, "--queues", "hot=2,calm=2")
     enqueue(app_dsn, "hot", 120, sleep=0.05)
     enqueue(app_dsn, "calm", 300, sleep=0.05)
-    wait_for(lambda: count(db, "queue = 'hot' AND status = 'done'") >= 10, 15, "hot jobs done")
+    wait_until(lambda: count(db, "queue = 'hot' AND status = 'done'") >= 10, 15, "hot jobs done")
     assert "paused" in jobtui(app_dsn, "queue", "pause", "hot").stdout
     paused = time.monotonic()
     # Within one claim cycle (the poll, 1s) no worker claims from it; running jobs finish. The
@@ -200,7 +201,7 @@ def test_a_paused_queue_stops_on_every_worker_while_others_flow(db: Conn, app_ds
     time.sleep(1.2)  # a claim cycle of the new worker, in which it must not start a hot job
     assert count(db, "queue = 'hot' AND status <> 'ready'") == started
     assert "resumed" in jobtui(app_dsn, "queue", "resume", "hot").stdout
-    wait_for(lambda: count(db, "queue = 'hot' AND status <> 'done'") == 0, 60, "the hot queue drained")
+    wait_until(lambda: count(db, "queue = 'hot' AND status <> 'done'") == 0, 60, "the hot queue drained")
 
 
 def test_a_limit_of_3_is_never_exceeded_across_two_workers(db: Conn, app_dsn: str, spawn: Spawn) -> None:
@@ -222,7 +223,7 @@ def test_a_limit_of_3_is_never_exceeded_across_two_workers(db: Conn, app_dsn: st
     sampler = threading.Thread(target=sample)
     sampler.start()
     try:
-        wait_for(lambda: count(db, "id = ANY(%s) AND status = 'done'", ids) == len(ids), 60, "the limited queue done")
+        wait_until(lambda: count(db, "id = ANY(%s) AND status = 'done'", ids) == len(ids), 60, "the limited queue done")
     finally:
         stop.set()
         sampler.join()
@@ -236,12 +237,12 @@ def test_a_cancelled_running_job_stops_within_2s_on_its_worker(db: Conn, app_dsn
     [async_job] = enqueue(app_dsn, "default", 1, "nap", sleep=60)
     [sync_job] = enqueue(app_dsn, "default", 1, "nap_sync", sleep=60, key="never-done")
     ids = [async_job, sync_job]
-    wait_for(lambda: all(events(db, i) == ["start"] for i in ids), 15, "both jobs running", worker.log)
+    wait_until(lambda: all(events(db, i) == ["start"] for i in ids), 15, "both jobs running", worker.log)
     out = jobtui(app_dsn, "cancel", str(async_job), str(sync_job))
     assert out.returncode == 0 and "cancelled 2 job(s)" in out.stdout, out
     # Both handlers stop within 2s of the command's commit (the command's own start-up,
     # a Python process, is not the worker's to count).
-    wait_for(
+    wait_until(
         lambda: "cancelled" in events(db, async_job) and "effect refused: LeaseLost" in events(db, sync_job),
         2,
         "both handlers stopped",
@@ -250,7 +251,7 @@ def test_a_cancelled_running_job_stops_within_2s_on_its_worker(db: Conn, app_dsn
     assert events(db, sync_job) == ["start", "cancelled", "effect refused: LeaseLost"]
     # No later outcome lands: the jobs stay failed with the reason, and the worker moves on.
     [again] = enqueue(app_dsn, "default", 1, "nap", sleep=0)
-    wait_for(lambda: count(db, "id = %s AND status = 'done'", again), 10, "the next job done", worker.log)
+    wait_until(lambda: count(db, "id = %s AND status = 'done'", again), 10, "the next job done", worker.log)
     time.sleep(0.5)  # a while for a late outcome to land, which must not
     rows = db.execute(
         "SELECT status, last_error, errors -> -1 ->> 'kind' FROM jobtui.job WHERE id = ANY(%s)", (ids,)
@@ -262,12 +263,12 @@ def test_a_cancelled_running_job_stops_within_2s_on_its_worker(db: Conn, app_dsn
 def test_a_lost_cancel_notification_is_caught_by_the_heartbeat(db: Conn, app_dsn: str, spawn: Spawn) -> None:
     worker = spawn("A")
     [job] = enqueue(app_dsn, "default", 1, "nap", sleep=60)
-    wait_for(lambda: events(db, job) == ["start"], 15, "the job running", worker.log)
+    wait_until(lambda: events(db, job) == ["start"], 15, "the job running", worker.log)
     # The cancel statement itself, its notification sent to a channel no worker listens on.
     call = Call("cancel", {"ids": [job], "actor": "olga", "channel": "nobody.listens"}, int_list)
     assert run(db, call) == [job]
     # The heartbeat runs every third of the 3s lease; its answer says the job was cancelled.
-    wait_for(lambda: "cancelled" in events(db, job), 3, "the handler cancelled by the heartbeat", worker.log)
+    wait_until(lambda: "cancelled" in events(db, job), 3, "the handler cancelled by the heartbeat", worker.log)
     assert db.execute("SELECT status FROM jobtui.job WHERE id = %s", (job,)).fetchone() == ("failed",)
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import psycopg
 
-from tests.workers import APP_TABLES, WorkerProcess, wait_for
+from tests.waits import wait_until
+from tests.workers import APP_TABLES, WorkerProcess
 
 APP = "tests.apps.worker_app:jobs"
 HOSTILE = "\x1b]0;owned\x07 \u202eFORGED\t2026 ERROR"
@@ -70,7 +71,7 @@ def test_the_environment_chooses_json_and_a_bad_value_is_one_line(dsn: str, tmp_
     _failed_job(dsn)
     worker = _worker(dsn, tmp_path, "E", env_format="json")
     try:
-        wait_for(lambda: "started" in worker.log(), 15, "the worker to start", worker.log)
+        wait_until(lambda: "started" in worker.log(), 15, "the worker to start", worker.log)
     finally:
         worker.kill()
     assert json.loads(worker.log().splitlines()[0])["level"] == "INFO"

@@ -29,7 +29,7 @@ def _app() -> Jobs:
 
     @jobs.handler("ok")
     async def ok(job: Job) -> None:
-        await asyncio.sleep(0)
+        return None
 
     @jobs.handler("bad")
     def bad(job: Job) -> None:
@@ -103,7 +103,8 @@ def test_jobs_without_trace_context_run_unlinked(dsn: str) -> None:
 
 
 def test_an_attempt_in_a_handler_process_has_its_span_middleware_and_effect(dsn: str, tmp_path: Path) -> None:
-    from tests.workers import APP_TABLES, WorkerProcess, wait_for
+    from tests.waits import wait_until
+    from tests.workers import APP_TABLES, WorkerProcess
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(APP_TABLES)
@@ -116,7 +117,7 @@ def test_an_attempt_in_a_handler_process_has_its_span_middleware_and_effect(dsn:
         EXPORTER.clear()
         with Queue(dsn, middleware=[otel.trace_enqueue]) as queue:
             job_id = queue.enqueue("traced", {}, queue="mail")
-            wait_for(lambda: queue.get(job_id).status is JobStatus.DONE, 20, "the job done", worker.log)  # type: ignore[union-attr]
+            wait_until(lambda: queue.get(job_id).status is JobStatus.DONE, 20, "the job done", worker.log)  # type: ignore[union-attr]
     finally:
         worker.kill()
     [enqueued] = _named("enqueue traced")

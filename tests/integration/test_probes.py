@@ -29,7 +29,8 @@ from jobtui.service.endpoints import LIVE_PATH, METRICS_PATH, READY_PATH
 from jobtui.service.prometheus import serve
 from tests.probes import connects, free_port, get
 from tests.proxy import Proxy
-from tests.workers import ROOT, wait_for
+from tests.waits import wait_until
+from tests.workers import ROOT
 
 APP = "tests.apps.metrics_app:jobs"
 
@@ -103,7 +104,7 @@ def health(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def seconds_until(condition: Callable[[], bool], timeout: float, what: str, logs: Callable[[], str]) -> float:
     started = time.monotonic()
-    wait_for(condition, timeout, what, logs)
+    wait_until(condition, timeout, what, logs)
     return time.monotonic() - started
 
 
@@ -120,7 +121,7 @@ COMMANDS = {
 
 
 def ready_and_alive(port: int, process: Process, command: str) -> None:
-    wait_for(lambda: probes(port) == (200, 200), 20, "ready and alive", process.log)
+    wait_until(lambda: probes(port) == (200, 200), 20, "ready and alive", process.log)
     if "process" in COMMANDS[command]:
         assert "sync handlers in process" in process.log(), process.log()
 
@@ -199,7 +200,7 @@ def test_readiness_is_false_while_a_worker_drains(dsn: str, start: Start) -> Non
     """After SIGTERM, while a long job finishes: /readyz 503 `draining`, /healthz 200."""
     port = free_port()
     worker = start("worker", dsn, *COMMANDS["worker"], "--shutdown-timeout", "30s", "--metrics-port", str(port))
-    wait_for(lambda: probes(port) == (200, 200), 20, "ready and alive", worker.log)
+    wait_until(lambda: probes(port) == (200, 200), 20, "ready and alive", worker.log)
     with Queue(dsn) as q:
         job = q.enqueue("metrics.sleep", {"seconds": 10})
 
@@ -208,7 +209,7 @@ def test_readiness_is_false_while_a_worker_drains(dsn: str, start: Start) -> Non
             assert found is not None
             return found.status.value
 
-        wait_for(lambda: status() == "running", 10, "the job running", worker.log)
+        wait_until(lambda: status() == "running", 10, "the job running", worker.log)
         worker.proc.send_signal(signal.SIGTERM)
         assert seconds_until(lambda: get(port, READY_PATH)[0] == 503, 3, "not ready after SIGTERM", worker.log) <= 3.0
         draining = "not ready: draining (stopping after the jobs in flight)"
@@ -231,7 +232,7 @@ def test_metrics_addr_and_token(dsn: str, start: Start, tmp_path: Path) -> None:
     port = free_port()
     args = ["--metrics-port", str(port), "--metrics-addr", "127.0.0.1", "--metrics-token-file", str(token_file)]
     worker = start("worker", dsn, *COMMANDS["worker"], *args)
-    wait_for(lambda: get(port, READY_PATH)[0] == 200, 20, "ready", worker.log)
+    wait_until(lambda: get(port, READY_PATH)[0] == 200, 20, "ready", worker.log)
     assert f"serving Prometheus metrics on http://127.0.0.1:{port}/metrics (bearer token required)" in worker.log()
     # Loopback only: another loopback address, and IPv6's, are refused.
     assert connects("127.0.0.1", port)
@@ -366,7 +367,7 @@ def test_probes_behind_pgbouncer_in_transaction_mode(dsn: str, start: Start) -> 
             for command, port in ports.items()
         ]
         for process, port in zip(processes, ports.values(), strict=True):
-            wait_for(lambda port=port: probes(port) == (200, 200), 20, "ready behind PgBouncer", process.log)
+            wait_until(lambda port=port: probes(port) == (200, 200), 20, "ready behind PgBouncer", process.log)
             status, text = get(port, METRICS_PATH)
             assert status == 200 and "jobtui_up 1.0" in text.splitlines()
         for process in processes:

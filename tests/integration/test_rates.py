@@ -25,7 +25,7 @@ from jobtui.service.prometheus import serve
 from tests.integration.test_levers import jobtui
 from tests.integration.test_metrics import free_port, scrape
 from tests.waits import wait_until
-from tests.workers import WorkerProcess, wait_for
+from tests.workers import WorkerProcess
 
 Conn = psycopg.Connection[Any]
 Spawn = Callable[..., WorkerProcess]
@@ -345,7 +345,7 @@ def two_rated_workers(conn: Conn, app_dsn: str, spawn: Spawn, jobs: int) -> None
     queues.set_rate(conn, "type", "quick", 20.0, actor="olga")
     for name in ("A", "B"):
         spawn(name, "--no-scheduler", "--concurrency", "20")
-    wait_for(lambda: started_between(conn, db_now(conn) - timedelta(seconds=5), db_now(conn)) >= 20, 20, "jobs run")
+    wait_until(lambda: started_between(conn, db_now(conn) - timedelta(seconds=5), db_now(conn)) >= 20, 20, "jobs run")
 
 
 def test_two_workers_hold_to_20_per_second_and_to_50_from_the_next_claim(db: Conn, app_dsn: str, spawn: Spawn) -> None:

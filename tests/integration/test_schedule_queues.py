@@ -15,7 +15,8 @@ import pytest
 from jobtui.core import scheduler
 from jobtui.core.maintenance import ARCHIVE_TYPE, BUILTIN_QUEUE
 from jobtui.core.registry import Jobs
-from tests.workers import ROOT, WorkerProcess, wait_for
+from tests.waits import wait_until
+from tests.workers import ROOT, WorkerProcess
 
 Conn = psycopg.Connection[Any]
 APP = "tests.apps.reports_app:jobs"
@@ -46,11 +47,11 @@ def test_a_fleet_serving_only_a_named_queue_runs_its_schedules_jobs_and_the_arch
     try:
         worker.wait_started()
         done = "SELECT count(*) FROM jobtui.job WHERE type = 'rep.build' AND status = 'done' AND queue = 'reports'"
-        wait_for(lambda: count(conn, done) >= 3, 20, "3 scheduled reports done", worker.log)
+        wait_until(lambda: count(conn, done) >= 3, 20, "3 scheduled reports done", worker.log)
         # The archiver's job, now rather than at the next minute: it runs on this worker too.
         assert jobtui(dsn, "schedule", "run-now", ARCHIVE_TYPE).returncode == 0
         archived = f"SELECT count(*) FROM jobtui.job WHERE type = '{ARCHIVE_TYPE}' AND status = 'done'"
-        wait_for(lambda: count(conn, archived) >= 1, 20, "the archiver's job done", worker.log)
+        wait_until(lambda: count(conn, archived) >= 1, 20, "the archiver's job done", worker.log)
         assert count(conn, "SELECT count(*) FROM jobtui.job WHERE queue = 'default'") == 0
         assert "jobtui.builtin x 1" in worker.log()
         assert f"sync handlers in {executor}" in worker.log()

@@ -30,7 +30,6 @@ from jobtui.core.scheduler import fire_due, pause, resume, slot_key, upsert
 from jobtui.kernel.cronslots import MAX_BACKFILL, spread_bound, stable_offset
 from jobtui.worker import Worker
 from tests.waits import until, wait_until
-from tests.workers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
@@ -107,7 +106,7 @@ class SchedulerProcess:
                 raise AssertionError(f"scheduler exited with {self.proc.returncode}:\n{self.log()}")
             return "scheduler started" in self.log()
 
-        wait_for(started, timeout, "the scheduler to start")
+        wait_until(started, timeout, "the scheduler to start")
 
     def stop(self, timeout: float = 15) -> int:
         """SIGTERM, then wait; kills it if it does not exit in time."""
@@ -360,7 +359,7 @@ def test_pause_and_resume_take_effect_in_a_running_scheduler(dsn: str, conn: Con
     def count() -> int:
         return len(slot_jobs(conn, sid))
 
-    wait_for(lambda: count() >= 2, 10, "the first slots")
+    wait_until(lambda: count() >= 2, 10, "the first slots")
     paused = cli(dsn, "schedule", "pause", "beat")
     assert paused.returncode == 0 and "paused" in paused.stdout, paused.stderr
     at_pause = count()
@@ -381,7 +380,7 @@ def test_pause_and_resume_take_effect_in_a_running_scheduler(dsn: str, conn: Con
     assert row["skipped_count"] >= 3
     assert row["missed_count"] == 0
 
-    wait_for(lambda: count() >= at_pause + 2, 10, "slots after resume")
+    wait_until(lambda: count() >= at_pause + 2, 10, "slots after resume")
     assert proc.stop() == 0, proc.log()
     slots = [s for s, *_ in slot_jobs(conn, sid)]
     before, after = slots[:at_pause], slots[at_pause:]
@@ -525,7 +524,7 @@ def test_scheduler_with_a_clock_three_hours_behind_fires_at_database_time(dsn: s
     proc = spawn(dsn, extra_env=env)
     proc.wait_started()
     sid = add(conn, "skewed", "* * * * * *")
-    wait_for(lambda: len(slot_jobs(conn, sid)) >= 4, 10, "slots fired by the skewed scheduler")
+    wait_until(lambda: len(slot_jobs(conn, sid)) >= 4, 10, "slots fired by the skewed scheduler")
     assert proc.stop() == 0, proc.log()
 
     rows = conn.execute(

@@ -22,6 +22,7 @@ import pytest
 
 from jobtui.cli.main import main
 from jobtui.core import queues
+from tests.waits import wait_until
 from tests.web import (
     PASSWORDS,
     ServeProcess,
@@ -34,7 +35,7 @@ from tests.web import (
     statuses,
     write_users,
 )
-from tests.workers import ROOT, wait_for
+from tests.workers import ROOT
 
 DEAD_PANE = "3 Dead"
 
@@ -191,18 +192,18 @@ async def test_each_console_process_ends_with_its_socket(dsn: str, server: Serve
             await console.wait("the console", started)
         assert len(server.consoles()) == 2
         # One connection for the panes' reads (the operator's changes open theirs when used).
-        assert wait_for(lambda: console_connections(dsn, "alice") == 2, 10, "a connection per console")
+        assert wait_until(lambda: console_connections(dsn, "alice") == 2, 10, "a connection per console")
 
         await first.socket.close()
-        wait_for(lambda: len(server.consoles()) == 1, 15, "the first console's process to end", server.log)
-        wait_for(lambda: console_connections(dsn, "alice") == 1, 10, "its database connection closed")
+        wait_until(lambda: len(server.consoles()) == 1, 15, "the first console's process to end", server.log)
+        wait_until(lambda: console_connections(dsn, "alice") == 1, 10, "its database connection closed")
 
         # Signing out closes the session's other consoles from the server's side.
         async with client.post(f"{server.url}/logout", headers={"Origin": server.url}, allow_redirects=False) as out:
             assert out.status == 303
         assert await second.until_closed() == 4001
-        wait_for(lambda: server.consoles() == [], 15, "every console process to end", server.log)
-        wait_for(lambda: console_connections(dsn, "alice") == 0, 10, "every console connection closed")
+        wait_until(lambda: server.consoles() == [], 15, "every console process to end", server.log)
+        wait_until(lambda: console_connections(dsn, "alice") == 0, 10, "every console connection closed")
         # And the cookie of the session that ended opens nothing.
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
             await open_console(client, server.url)
@@ -274,7 +275,7 @@ async def test_an_idle_session_is_signed_out_and_its_console_closed(dsn: str, us
             with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
                 await open_console(client, server.url)
             assert refused.value.status == 403
-        wait_for(lambda: server.consoles() == [], 15, "the console process to end", server.log)
+        wait_until(lambda: server.consoles() == [], 15, "the console process to end", server.log)
         assert server.said("'alice' signed out: idle")
     finally:
         server.stop()
@@ -292,7 +293,7 @@ async def test_consoles_past_the_limit_are_refused(dsn: str, users: Path) -> Non
             assert len(server.consoles()) == 1
             await first.keys("q")  # quit: the console ends, and its socket with it
             assert await first.until_closed() == 1000
-            wait_for(lambda: server.consoles() == [], 15, "the console process to end", server.log)
+            wait_until(lambda: server.consoles() == [], 15, "the console process to end", server.log)
             again = await open_console(other, server.url)
             await again.wait("a console again", started)
     finally:
@@ -429,8 +430,8 @@ async def test_consoles_end_when_their_server_is_killed(dsn: str, users: Path) -
             assert len(pids) == 1
             server.proc.kill()  # no chance to ask its consoles to quit
             server.proc.wait(10)
-            wait_for(lambda: not Path(f"/proc/{pids[0]}").exists(), 15, "the orphaned console to end")
-            wait_for(lambda: console_connections(dsn, "bob") == 0, 10, "its database connection closed")
+            wait_until(lambda: not Path(f"/proc/{pids[0]}").exists(), 15, "the orphaned console to end")
+            wait_until(lambda: console_connections(dsn, "bob") == 0, 10, "its database connection closed")
     finally:
         server.stop()
 

@@ -24,7 +24,8 @@ import pytest
 from jobtui.clients.client import Queue
 from jobtui.kernel import migrate as migrations
 from jobtui.kernel.domain import NewJob
-from tests.workers import ROOT, wait_for
+from tests.waits import wait_until
+from tests.workers import ROOT
 
 Conn = psycopg.Connection[Any]
 PREVIOUS = ROOT / "tests" / "releases" / "v0.2.0" / "jobtui-0.1.0-py3-none-any.whl"
@@ -142,7 +143,7 @@ def test_the_previous_release_drains_jobs_on_this_schema(
             ).fetchone()
             return row == (0,)
 
-        wait_for(finished, 30, "the previous release's worker to drain the queue", logs)
+        wait_until(finished, 30, "the previous release's worker to drain the queue", logs)
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(30) == 0, logs()
     finally:

@@ -35,7 +35,8 @@ from jobtui.worker import Worker
 from jobtui.worker.config import GC_THRESHOLD as WORKER_GC_THRESHOLD
 from jobtui.worker.events import Expectation
 from tests.integration.conftest import Spawn
-from tests.workers import close_gate, open_gate, wait_for
+from tests.waits import wait_until
+from tests.workers import close_gate, open_gate
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.apps.worker_app:jobs"
@@ -87,12 +88,12 @@ def test_killed_worker_job_is_reaped_and_rerun_with_its_effect_once(db: Conn, sp
     a = spawn("A")
     # The first attempt does its effect, then waits at a gate that stays closed: A is killed there.
     job_id = enqueue(db, "effect", {"key": "k-kill", "hold_after": [close_gate(db)]})
-    wait_for(lambda: effects(db, "k-kill"), 10, "the first attempt's effect", a.log)
+    wait_until(lambda: effects(db, "k-kill"), 10, "the first attempt's effect", a.log)
     b = spawn("B")  # started after A claimed the job: only A's lease can bring it to B
     a.signal(signal.SIGKILL)
     a.wait_exit(5)
 
-    wait_for(lambda: get(db, job_id).status == JobStatus.DONE, 15, "the job done by B", b.log)
+    wait_until(lambda: get(db, job_id).status == JobStatus.DONE, 15, "the job done by B", b.log)
     row = get(db, job_id)
     assert (row.attempts, row.lease_expirations, row.locked_by) == (2, 1, "B")
     assert runs(db, job_id) == [(1, "A"), (2, "B")]
@@ -124,9 +125,9 @@ def test_heartbeats_keep_a_lease_longer_than_the_lease_time(db: Conn, spawn: Spa
         ).fetchone()
         return rows is not None and rows[0] == len(ids)
 
-    wait_for(held_past_two_leases, 15, "both leases extended past two leases", w.log)
+    wait_until(held_past_two_leases, 15, "both leases extended past two leases", w.log)
     open_gate(db, gate)
-    wait_for(lambda: all_status(db, ids, "done"), 15, "both long jobs done", w.log)
+    wait_until(lambda: all_status(db, ids, "done"), 15, "both long jobs done", w.log)
     for job_id in ids:
         row = get(db, job_id)
         assert (row.attempts, row.lease_expirations, row.errors) == (1, 0, [])
@@ -140,11 +141,11 @@ def test_stopped_worker_loses_its_lease_and_its_late_outcome_is_rejected(db: Con
     # The first attempt waits at a gate before its effect; the second does it at once.
     gate = close_gate(db)
     job_id = enqueue(db, "effect", {"key": "k-stop", "hold_before": [gate]})
-    wait_for(lambda: runs(db, job_id), 10, "A to start the job", a.log)
+    wait_until(lambda: runs(db, job_id), 10, "A to start the job", a.log)
     b = spawn("B")
     a.signal(signal.SIGSTOP)  # no heartbeats: the lease expires and B's reaper returns the job
     try:
-        wait_for(lambda: get(db, job_id).status == JobStatus.DONE, 15, "the job done by B", b.log)
+        wait_until(lambda: get(db, job_id).status == JobStatus.DONE, 15, "the job done by B", b.log)
         done = get(db, job_id)
         assert (done.locked_by, done.attempts, done.lease_expirations) == ("B", 2, 1)
     finally:
@@ -173,7 +174,7 @@ def test_sigterm_finishes_short_jobs_and_releases_long_ones(db: Conn, spawn: Spa
         enqueue(db, "effect_async", {"key": "k-long-async", "hold_before": gate}),
     ]
     ids = short + long
-    wait_for(lambda: all(runs(db, i) for i in ids), 10, "every job to start", w.log)
+    wait_until(lambda: all(runs(db, i) for i in ids), 10, "every job to start", w.log)
     sent = time.monotonic()
     w.signal(signal.SIGTERM)
     w.wait_log("waiting up to 2s for 4 in-flight job(s)", 5)
@@ -222,7 +223,7 @@ def test_worker_recovers_from_terminated_connections(db: Conn, spawn: Spawn) -> 
     keys = [f"k-term-{i}" for i in range(30)]
     ids = [enqueue(db, "effect", {"key": k, "after": 0.3}) for k in keys[:15]]
     # Kill once every connection of the worker is in use: jobs done, a heartbeat sent.
-    wait_for(
+    wait_until(
         lambda: (
             runs(db, long, "effect")
             and sum(s == "done" for s in statuses(db, ids).values()) >= 3
@@ -238,10 +239,10 @@ def test_worker_recovers_from_terminated_connections(db: Conn, spawn: Spawn) -> 
     assert killed is not None and killed[0] >= 4  # at least claim, outcome, heartbeat and listen
     # More jobs while the worker reconnects, and a second kill while they run.
     ids += [enqueue(db, "effect_async", {"key": k, "after": 0.2}) for k in keys[15:]]
-    wait_for(lambda: started(ids[15:]) >= 3, 15, "second batch running", w.log)
+    wait_until(lambda: started(ids[15:]) >= 3, 15, "second batch running", w.log)
     db.execute(kill_all)
 
-    wait_for(lambda: all_status(db, [*ids, long], "done"), 40, "every job done", w.log)
+    wait_until(lambda: all_status(db, [*ids, long], "done"), 40, "every job done", w.log)
     for key in [*keys, "k-term-long"]:
         assert len(effects(db, key)) == 1, f"effect {key} done {len(effects(db, key))} times"
     row = get(db, long)
@@ -252,13 +253,13 @@ def test_worker_recovers_from_terminated_connections(db: Conn, spawn: Spawn) -> 
     assert w.proc.poll() is None
     # And the reconnected worker keeps taking jobs.
     late = enqueue(db, "effect_async", {"key": "k-term-late"})
-    wait_for(lambda: get(db, late).status == JobStatus.DONE, 10, "a job enqueued after recovery", w.log)
+    wait_until(lambda: get(db, late).status == JobStatus.DONE, 10, "a job enqueued after recovery", w.log)
     assert len(effects(db, "k-term-late")) == 1
 
 
 def test_notify_wakes_an_idle_worker(db: Conn, spawn: Spawn) -> None:
     w = spawn("W", "--poll", "30s")
-    wait_for(
+    wait_until(
         lambda: (
             db.execute(
                 # The statement text starts with its comment from jobtui/kernel/sql/.
@@ -274,10 +275,10 @@ def test_notify_wakes_an_idle_worker(db: Conn, spawn: Spawn) -> None:
     after = None  # the last claim that found a job began then
     for n in range(2):
         # Idle: the claim loop found nothing and now waits for a notification or the poll.
-        wait_for(lambda: _claim_idle(db, after), 10, "the worker idle", w.log)  # noqa: B023
+        wait_until(lambda: _claim_idle(db, after), 10, "the worker idle", w.log)  # noqa: B023
         enqueued = time.monotonic()
         job_id = enqueue(db, "effect_async", {"key": f"k-wake-{n}"})
-        wait_for(lambda: get(db, job_id).status == JobStatus.DONE, 10, "the job done", w.log)  # noqa: B023
+        wait_until(lambda: get(db, job_id).status == JobStatus.DONE, 10, "the job done", w.log)  # noqa: B023
         latency = time.monotonic() - enqueued
         row = get(db, job_id)
         assert row.started_at is not None and row.created_at is not None
@@ -309,7 +310,7 @@ def test_a_worker_deleting_on_complete_keeps_keyed_jobs_and_failures(db: Conn, s
     failing = enqueue(db, "boom", max_attempts=2)
     w = spawn("D", "--delete-on-complete", "--concurrency", "8")
     ids = [*keyless, keyed, failing]
-    wait_for(
+    wait_until(
         lambda: (
             db.execute(
                 "SELECT count(*) FROM jobtui.job WHERE id = ANY(%s) AND status IN ('ready', 'running')", (ids,)
@@ -329,7 +330,7 @@ def test_a_worker_deleting_on_complete_keeps_keyed_jobs_and_failures(db: Conn, s
 def test_a_worker_process_collects_garbage_less_often(db: Conn, spawn: Spawn) -> None:
     job = enqueue(db, "gc_threshold")
     w = spawn("G")
-    wait_for(lambda: statuses(db, [job]) == {job: "done"}, 20, "the job to run", w.log)
+    wait_until(lambda: statuses(db, [job]) == {job: "done"}, 20, "the job to run", w.log)
     event = db.execute("SELECT event FROM run_log WHERE job_id = %s", (job,)).fetchone()
     assert event == (f"gc {WORKER_GC_THRESHOLD}",)
     assert gc.get_threshold()[0] != WORKER_GC_THRESHOLD  # importing jobtui leaves it alone
@@ -350,7 +351,7 @@ def test_handler_exceptions_and_timeouts(db: Conn, spawn: Spawn) -> None:
         s = statuses(db, [permanent, retried, boom, slow_async, slow_sync])
         return s == {permanent: "failed", retried: "done", boom: "dead", slow_async: "dead", slow_sync: "dead"}
 
-    wait_for(final, 20, "every job in its final state", w.log)
+    wait_until(final, 20, "every job in its final state", w.log)
 
     row = get(db, permanent)
     assert row.attempts == 1 and row.last_error is not None
@@ -388,7 +389,7 @@ def test_handler_exceptions_and_timeouts(db: Conn, spawn: Spawn) -> None:
         assert [(e.kind, e.attempt, e.worker) for e in row.errors] == [("error", 1, "W")]
         assert runs(db, job_id, "end") == []
     # The sync handler keeps running in its thread after its timeout; its late effect is refused.
-    wait_for(lambda: runs(db, slow_sync, "effect refused: LeaseLost"), 10, "the late effect refused", w.log)
+    wait_until(lambda: runs(db, slow_sync, "effect refused: LeaseLost"), 10, "the late effect refused", w.log)
     assert effects(db, "k-too-late") == []
     assert w.proc.poll() is None
 
@@ -612,10 +613,10 @@ def test_sync_handler_over_its_timeout_keeps_its_job_until_it_is_stopped(executo
     w = spawn("W", "--concurrency", "1", "--executor", executor)
     # The first sleeps 4 s, far past its 0.5 s timeout; the second is quick.
     runaway = enqueue(db, "slow_sync", {"sleep": 4, "key": "k-runaway"}, max_attempts=1)
-    wait_for(lambda: runs(db, runaway), 10, "the runaway to start", w.log)
+    wait_until(lambda: runs(db, runaway), 10, "the runaway to start", w.log)
     began = time.monotonic()
     quick = enqueue(db, "slow_sync", {"sleep": 0.05, "key": "k-quick"}, max_attempts=1)
-    wait_for(lambda: statuses(db, [runaway, quick]) == {runaway: "dead", quick: "done"}, 15, "outcomes", w.log)
+    wait_until(lambda: statuses(db, [runaway, quick]) == {runaway: "dead", quick: "done"}, 15, "outcomes", w.log)
     took = time.monotonic() - began
     row = get(db, runaway)
     assert row.last_error is not None and "ran over its timeout of 0.5s" in row.last_error, row.last_error
@@ -627,7 +628,7 @@ def test_sync_handler_over_its_timeout_keeps_its_job_until_it_is_stopped(executo
         # A thread cannot be stopped: its job stays running, its slot taken, until it
         # returns; only then is the timeout written, and the next job claimed.
         assert took > 3, took
-        wait_for(lambda: runs(db, runaway, "effect refused: LeaseLost"), 5, "its late effect refused", w.log)
+        wait_until(lambda: runs(db, runaway, "effect refused: LeaseLost"), 5, "its late effect refused", w.log)
         assert "the job stays running here until it returns" in w.log()
     else:
         # Its process is stopped within the grace; the next job runs at once.

@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import psycopg
 import pytest
 
 from tests.hostile import Texts, seed, visible
+from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 TITLE = "operator-console"
@@ -69,16 +69,17 @@ class Terminal:
         self.tmux("send-keys", "-t", "console", *keys)
 
     def wait(self, condition: Callable[[str], bool], what: str, timeout: float = 20.0) -> str:
-        # tmux says nothing when a pane changes: the pane is read again every tenth of a second.
-        deadline = time.monotonic() + timeout
-        while True:
+        # tmux says nothing when a pane changes: the pane is read again until it shows it.
+        def shown() -> str | None:
             screen = self.screen()
-            if condition(screen):
-                return screen
-            if time.monotonic() > deadline:
-                size = self.tmux("display", "-p", "-t", "console", "#{pane_width}x#{pane_height}").strip()
-                raise AssertionError(f"timed out waiting for {what} ({size}); the screen:\n{screen}")
-            time.sleep(0.1)
+            return screen if condition(screen) else None
+
+        def told() -> str:
+            size = self.tmux("display", "-p", "-t", "console", "#{pane_width}x#{pane_height}").strip()
+            return f"the screen ({size}):\n{self.screen()}"
+
+        found: str = wait_until(shown, timeout, what, told)
+        return found
 
 
 @pytest.fixture
