@@ -26,7 +26,7 @@ from jobtui.kernel.durations import parse_duration
 from jobtui.kernel.errors import InvalidInput
 from jobtui.kernel.jobfilter import JobFilter, payload_of
 from jobtui.kernel.safetext import line
-from jobtui.reads.jobquery import SearchCancelled, search, search_count
+from jobtui.reads.jobquery import JobCount, SearchCancelled, search, search_count
 
 
 @contextmanager
@@ -85,15 +85,7 @@ def cmd_jobs(args: argparse.Namespace, queue: Queue) -> int:
         except SearchCancelled as exc:
             raise InvalidInput(str(exc)) from None
     if args.count:
-        if args.json:
-            print(json.dumps([{"status": c.status.value, "type": c.type, "jobs": c.jobs} for c in counts], indent=2))
-            return 0
-        table = Table("status", "type", "jobs", title="Jobs by status and type")
-        for c in counts:
-            table.add_row(c.status.value, c.type, str(c.jobs))
-        ops.wide_console().print(table)
-        print(f"{sum(c.jobs for c in counts)} job(s)")
-        return 0
+        return _print_counts(counts, as_json=args.json)
     if args.json:
         jobs = [{**asdict(j), "status": j.status.value} for j in found.jobs]
         print(json.dumps({"jobs": jobs, "more": found.more, "matched": found.matched, "complete": found.complete},
@@ -216,15 +208,7 @@ def _jobs_page(args: argparse.Namespace, queue: Queue) -> int:
     statuses = args.status.split(",") if args.status else None
     if args.count:
         counts = queue.counts(status=statuses, type=args.type, queue=args.queue)
-        if args.json:
-            print(json.dumps([{"status": c.status.value, "type": c.type, "jobs": c.jobs} for c in counts], indent=2))
-            return 0
-        table = Table("status", "type", "jobs", title="Jobs by status and type")
-        for c in counts:
-            table.add_row(c.status.value, c.type, str(c.jobs))
-        ops.wide_console().print(table)
-        print(f"{sum(c.jobs for c in counts)} job(s)")
-        return 0
+        return _print_counts(counts, as_json=args.json)
     since = None
     if args.since is not None:
         from datetime import UTC, datetime, timedelta
@@ -247,4 +231,17 @@ def _jobs_page(args: argparse.Namespace, queue: Queue) -> int:
     ops.wide_console().print(table)
     if len(page) == args.limit:
         print(f"older jobs: add --before {page[-1].id}")
+    return 0
+
+
+def _print_counts(counts: list[JobCount], *, as_json: bool) -> int:
+    """`jobtui jobs --count`: jobs by status and type, as a table or as JSON."""
+    if as_json:
+        print(json.dumps([{"status": c.status.value, "type": c.type, "jobs": c.jobs} for c in counts], indent=2))
+        return 0
+    table = Table("status", "type", "jobs", title="Jobs by status and type")
+    for c in counts:
+        table.add_row(c.status.value, c.type, str(c.jobs))
+    ops.wide_console().print(table)
+    print(f"{sum(c.jobs for c in counts)} job(s)")
     return 0

@@ -39,7 +39,6 @@ GIVE_UP_AFTER = STATEMENT_TIMEOUT + 3.0
 KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3}
 
 
-
 @dataclass(frozen=True, slots=True)
 class Where:
     """Which database the console reads, as the header names it."""
