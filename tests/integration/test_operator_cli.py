@@ -37,6 +37,12 @@ def env_for(dsn: str) -> dict[str, str]:
     return env
 
 
+def sigint_as_in_a_terminal() -> None:
+    """A child's Ctrl-C at its default, as in a terminal: a test run started in the background
+    or under nohup ignores SIGINT, and a child would inherit that and never see it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def jobtui(dsn: str, *args: str, actor: str = "tester") -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         [sys.executable, "-m", "jobtui.cli", "--actor", actor, *args],
@@ -198,6 +204,7 @@ def test_stats_watch_until_interrupted(dsn: str, seeded: Seeded) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=sigint_as_in_a_terminal,
     )
     documents = threading.Semaphore(0)
     lines: list[str] = []
@@ -455,6 +462,7 @@ def test_metrics_command_serves_until_stopped(dsn: str, seeded: Seeded) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=sigint_as_in_a_terminal,
     )
     try:
         samples = scrape_until_up(port, proc)
