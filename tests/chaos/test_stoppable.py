@@ -437,7 +437,7 @@ def test_a_frozen_workers_handler_process_ends_before_its_lease_could_expire(
     finally:
         x.signal(signal.SIGCONT)
     wait_until(lambda: job_row(db, job_id)["status"] == "done", 30, "Y to finish the job", y.log)
-    x.wait_log(f"job {job_id} (sleeper) attempt 1: its lease was not extended in time", 10)
+    x.wait_gave_up(job_id, "sleeper", 10)
     row = job_row(db, job_id)
     assert (row["lease_token"], row["lease_expirations"]) == (2, 1), row  # a frozen worker's lease expires
     # X tells this death from the OOM killer's SIGKILL: the child said why before it died.
