@@ -205,6 +205,8 @@ def search_for(words: str) -> Callable[[Any], Awaitable[None]]:
         await after()(pilot)
         await pilot.press("slash", *words, "enter")
         await wait_for(pilot, lambda: searched(pilot.app), what="the search's page")
+        # The progress bar animates to its end after the count: the picture is taken after.
+        await pilot.wait_for_scheduled_animations()
         await pilot.pause(0.1)
 
     return run_before
@@ -221,6 +223,7 @@ def test_confirm_bulk_discard(snap_compare: Compare, search_dsn: str) -> None:
         await search_for("payload:account=acme")(pilot)
         await pilot.press("d")
         await wait_for(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen), what="the question")
+        await pilot.wait_for_scheduled_animations()
         await pilot.pause(0.1)
 
     assert snap_compare(fx.FixedApp(search_dsn), terminal_size=SIZE, run_before=run_before)
