@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from jobtui.core.audit import Audit, Change, Recorded, operate
+from jobtui.core.audit import Audit, Recorded, operate
 from jobtui.core.privileges import GRANTS_HINT
 from jobtui.core.registry import ScheduleSpec
 from jobtui.kernel import cronslots
@@ -210,7 +210,7 @@ def rewind(conn: psycopg.Connection[Any], name: str, seconds: float, schema: str
 
 def _audited(
     conn: psycopg.Connection[Any],
-    change: Change[T],
+    change: Callable[[psycopg.Connection[Any]], T],
     actor: str | None,
     action: str,
     name: str,
@@ -222,7 +222,7 @@ def _audited(
     if actor is not None:
         return operate(conn, change, Audit(actor, action, f"schedule {name}"), recorded, schema)
     with conn.transaction():
-        return change(conn) if callable(change) else run(conn, change, schema)
+        return change(conn)
 
 
 def _flipped(changed: bool) -> Recorded:
