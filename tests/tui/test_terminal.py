@@ -127,7 +127,8 @@ def test_hostile_rows_neither_retitle_nor_blank_the_terminal(dsn: str, terminal:
     # escape followed at once by another key reads as alt+key).
     for keys, shown, what in (
         ("3", lambda s: main(s) and "error fingerprint" in s, "the dead pane"),
-        ("Enter", lambda s: " jobs of " in s and "error fingerprint" not in s, "a dead group's jobs"),
+        # The list's title shows before its rows; enter opens the selected row, so wait for one.
+        ("Enter", lambda s: " jobs of " in s and "error fingerprint" not in s and "3/3" in s, "a dead group's jobs"),
         ("Enter", lambda s: "Attempts and events (1 recorded" in s and "Payload:" in s, "a dead job explained"),
         ("Escape", lambda s: " jobs of " in s, "back to the group's jobs"),
         ("Escape", main, "back to the panes"),
