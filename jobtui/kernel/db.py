@@ -136,6 +136,59 @@ def parse_statements(files: dict[str, str]) -> dict[str, str]:
     return queries
 
 
+_DOLLAR_TAG = re.compile(r"\$(?:[A-Za-z_]\w*)?\$")
+
+
+def without_comments(text: str) -> str:
+    """A statement as it is sent: its `--` comments cut, what is inside quotes kept as written.
+
+    Shorter text is cheaper for the client on every execution: psycopg caches its parsing of
+    a statement only up to a length (4 kB in 3.3), and the claim's comments alone took it past.
+    """
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("--", i):
+            end = text.find("\n", i)
+            end = n if end < 0 else end
+            so_far = "".join(out)
+            line_start = so_far.rfind("\n") + 1
+            if so_far[line_start:].strip():  # after code: the spaces before it go too
+                out = [so_far.rstrip(" \t")]
+            else:  # a line of its own: the whole line goes
+                out, end = [so_far[:line_start]], end + 1
+            i = end
+            continue
+        if c in "'\"":
+            end = _quoted_end(text, i, escapes=c == "'" and i > 0 and text[i - 1] in "Ee")
+        elif c == "$" and (tag := _DOLLAR_TAG.match(text, i)):
+            close = text.find(tag.group(), tag.end())
+            end = n if close < 0 else close + len(tag.group())
+        else:
+            end = i + 1
+        out.append(text[i:end])
+        i = end
+    return "".join(out).strip()
+
+
+def _quoted_end(text: str, start: int, *, escapes: bool) -> int:
+    """Where the literal or quoted identifier opened at `start` ends: its quote doubled is
+    part of it, and so, in an E'' string, is a quote after a backslash."""
+    quote, i, n = text[start], start + 1, len(text)
+    while i < n:
+        if escapes and text[i] == "\\":
+            i += 2
+        elif text[i] == quote:
+            if text.startswith(quote * 2, i):
+                i += 2
+            else:
+                return i + 1
+        else:
+            i += 1
+    return n
+
+
 @cache
 def _query_texts() -> dict[str, str]:
     folder = resources.files("jobtui.kernel").joinpath("sql")
@@ -170,7 +223,7 @@ class Statements:
             text = _query_texts()[name]
             # {schema} is the schema, {channel} its LISTEN/NOTIFY channel (an identifier too).
             channel = sql.Identifier(self.channel)
-            composed = sql.SQL(text).format(schema=self._identifier, channel=channel)  # type: ignore[arg-type,unused-ignore]
+            composed = sql.SQL(without_comments(text)).format(schema=self._identifier, channel=channel)  # type: ignore[arg-type,unused-ignore]
             # Rendered once (the identifier quoted now): executing a plain SQL object costs
             # one encode, where a Composed would be composed again on every execution.
             compiled = sql.SQL(composed.as_string(None))  # type: ignore[arg-type,unused-ignore]
