@@ -140,7 +140,7 @@ _DOLLAR_TAG = re.compile(r"\$(?:[A-Za-z_]\w*)?\$")
 
 
 def without_comments(text: str) -> str:
-    """A statement as it is sent: its `--` comments cut, what is inside quotes kept as written.
+    """A statement's text as it is sent: its `--` comments cut, what is inside quotes kept.
 
     Shorter text is cheaper for the client on every execution: psycopg caches its parsing of
     a statement only up to a length (4 kB in 3.3), and the claim's comments alone took it past.
@@ -220,10 +220,11 @@ class Statements:
     def __getitem__(self, name: str) -> sql.SQL:
         compiled = self._compiled.get(name)
         if compiled is None:
-            text = _query_texts()[name]
+            # Its name first, for whoever reads pg_stat_activity or pg_stat_statements.
+            text = f"-- jobtui: {name}\n{without_comments(_query_texts()[name])}"
             # {schema} is the schema, {channel} its LISTEN/NOTIFY channel (an identifier too).
             channel = sql.Identifier(self.channel)
-            composed = sql.SQL(without_comments(text)).format(schema=self._identifier, channel=channel)  # type: ignore[arg-type,unused-ignore]
+            composed = sql.SQL(text).format(schema=self._identifier, channel=channel)  # type: ignore[arg-type,unused-ignore]
             # Rendered once (the identifier quoted now): executing a plain SQL object costs
             # one encode, where a Composed would be composed again on every execution.
             compiled = sql.SQL(composed.as_string(None))  # type: ignore[arg-type,unused-ignore]

@@ -262,7 +262,7 @@ def test_notify_wakes_an_idle_worker(db: Conn, spawn: Spawn) -> None:
     wait_until(
         lambda: (
             db.execute(
-                # The statement text starts with its comment from jobtui/kernel/sql/.
+                # The statement's text starts with its name.
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                 " AND query ~ '^\\s*(--[^\n]*\n\\s*)*LISTEN '"
             ).fetchone()
@@ -287,9 +287,9 @@ def test_notify_wakes_an_idle_worker(db: Conn, spawn: Spawn) -> None:
         after = row.started_at
 
 
-# The starts of the texts of the statements of the claim connection: the claim and reaping
-# (their comments from sql/claims.sql).
-CLAIM_TEXTS = ("-- Up to `limit` ready jobs of the given types", "-- Running jobs whose lease expired")
+# The starts of the texts of the statements of the claim connection, the claim and reaping:
+# each statement sent starts with its name.
+CLAIM_TEXTS = ("-- jobtui: claim\n", "-- jobtui: reap\n")
 
 
 def _claim_idle(db: Conn, after: datetime | None) -> bool:

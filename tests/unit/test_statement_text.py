@@ -1,4 +1,4 @@
-"""The statements as sent: comments cut, quoted text kept, and short enough for psycopg's cache."""
+"""The statements as sent: named, comments cut, quoted text kept, short enough for psycopg's cache."""
 
 from __future__ import annotations
 
@@ -43,7 +43,9 @@ def test_every_statement_keeps_its_placeholders() -> None:
     for name, text in _query_texts().items():
         sent = statements()[name].as_string(None)
         assert set(placeholder.findall(sent)) == set(placeholder.findall(text)), name
-        assert "--" not in re.sub(r"'(?:[^']|'')*'", "", sent), name
+        head, body = sent.split("\n", 1)
+        assert head == f"-- jobtui: {name}", name
+        assert "--" not in re.sub(r"'(?:[^']|'')*'", "", body), name
 
 
 def test_every_statement_fits_psycopgs_parse_cache() -> None:
