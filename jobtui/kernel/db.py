@@ -161,7 +161,7 @@ def without_comments(text: str) -> str:
             i = end
             continue
         if c in "'\"":
-            end = _quoted_end(text, i, escapes=c == "'" and i > 0 and text[i - 1] in "Ee")
+            end = _quoted_end(text, i, escapes=c == "'" and _after_e_prefix(text, i))
         elif c == "$" and (tag := _DOLLAR_TAG.match(text, i)):
             close = text.find(tag.group(), tag.end())
             end = n if close < 0 else close + len(tag.group())
@@ -170,6 +170,14 @@ def without_comments(text: str) -> str:
         out.append(text[i:end])
         i = end
     return "".join(out).strip()
+
+
+def _after_e_prefix(text: str, quote: int) -> bool:
+    """Whether the literal opened at `quote` is an E'' string: an E of its own before it, not
+    the last letter of a word (`time'12:00'` is a typed literal)."""
+    if quote < 1 or text[quote - 1] not in "Ee":
+        return False
+    return quote < 2 or not (text[quote - 2].isalnum() or text[quote - 2] in "_$")
 
 
 def _quoted_end(text: str, start: int, *, escapes: bool) -> int:

@@ -34,6 +34,12 @@ def test_comments_are_cut_and_quoted_text_is_kept() -> None:
     )
 
 
+def test_a_word_ending_in_e_does_not_open_an_escaped_string() -> None:
+    # In time'a\' the backslash escapes nothing: the literal ends at its second quote.
+    assert without_comments("SELECT time'a\\' -- cut\nFROM t") == "SELECT time'a\\'\nFROM t"
+    assert without_comments("SELECT e'a\\' -- kept'") == "SELECT e'a\\' -- kept'"
+
+
 def test_an_unclosed_quote_keeps_the_rest() -> None:
     assert without_comments("SELECT 'a -- b") == "SELECT 'a -- b"
 
