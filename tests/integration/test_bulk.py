@@ -157,12 +157,23 @@ def bulk_process(dsn: str, *args: str, **env: str) -> subprocess.Popen[str]:
     )
 
 
+def others(conn: Conn) -> int:
+    """Client sessions of this test's database other than `conn`'s."""
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def test_a_bulk_requeue_killed_half_way_and_run_again_requeues_every_job_once(conn: Conn, dsn: str) -> None:
     ids = dead_jobs(dsn, conn, 3000)
     first = bulk_process(dsn, "requeue", "--type", "x", "--yes", "--batch", "20")
     wait_until(lambda: count(conn, "status = 'ready'") >= 1000, 60, "the first run half-way")
     first.send_signal(signal.SIGKILL)
     first.wait(10)
+    # A COMMIT the run sent before it died still commits: count once its session has ended.
+    wait_until(lambda: others(conn) == 0, 30, "the killed run's session to end")
     halfway = count(conn, "status = 'ready'")
     assert 1000 <= halfway < 3000
     second = bulk_process(dsn, "requeue", "--type", "x", "--yes", "--batch", "500")
