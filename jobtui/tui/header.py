@@ -15,8 +15,9 @@ from jobtui.tui import render
 from jobtui.tui.data import Where
 
 # A read waiting this long means the database does not answer: the header turns red, with how
-# old the figures on screen are, while the read still waits.
-HUNG_AFTER = 2.0
+# old the figures on screen are, while the read still waits. Red within 3 s of a hang: the
+# next read starts within a refresh (1 s), and the header is drawn every quarter second.
+HUNG_AFTER = 1.5
 ALARM = "bold white on red3"
 
 

@@ -146,7 +146,8 @@ def test_vitals_unreachable_banner_says_how_old_the_data_is() -> None:
 
 
 def test_a_read_waiting_past_two_seconds_turns_the_header_red() -> None:
-    assert header.banner(connected=True, last_error="", hung_for=1.9, stale_for=2.5) is None
+    assert header.banner(connected=True, last_error="", hung_for=1.4, stale_for=2.5) is None
+    assert header.banner(connected=True, last_error="", hung_for=1.5, stale_for=2.5) is not None
     line = head(hung_for=4.2, stale_for=5.0)
     assert line.plain.startswith(" DATABASE NOT ANSWERING for 4s · data 5s old ")
     assert any("red3" in str(s.style) for s in line.spans)
