@@ -13,8 +13,9 @@ each round drains --jobs no-op jobs once per configuration, the configurations t
                 --concurrency, jobtui's table (with --delete-on-complete it completes by
                 delete and tally, as jobtui's workers do)
     NAME        with --tree NAME=PATH, `jobtui worker` processes running the jobtui of the
-                source tree PATH (PYTHONPATH=PATH): a commit before a change, checked out
-                with `git worktree add`, against the change in one run
+                source tree PATH (started in PATH, with PYTHONPATH=PATH): a commit before a
+                change, checked out with `git worktree add`, against the change in one run.
+                Before it starts, the script checks which jobtui a worker started so imports.
 
 The processes start with the queue paused (jobtui) or waiting for a line on stdin (raw); once
 their CPU time stops moving (imports done, connected), the readings start and the queue is
@@ -59,6 +60,8 @@ from core import RawLoop  # bench/ is not a package
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_DB = "jobtui_bench_drain_cpu"
 SCHEMA = "jobtui"
+# The source tree of this script: the `jobtui` configuration runs its code.
+REPOSITORY = str(Path(__file__).resolve().parent.parent)
 TICKS = os.sysconf("SC_CLK_TCK")
 BACKGROUND = ("walwriter", "checkpointer", "background writer")
 
@@ -125,6 +128,19 @@ PAUSE = "INSERT INTO jobtui.queue_control (kind, name, paused_at, paused_by, cha
 RESUME = "DELETE FROM jobtui.queue_control WHERE kind = 'queue' AND name = 'default'"
 
 
+def tree_env(tree: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": tree}
+
+
+def imported_from(tree: str) -> str:
+    """Where a worker started for `tree` imports jobtui from, asked the way it is started."""
+    found = subprocess.run(
+        [sys.executable, "-c", "import jobtui; print(jobtui.__file__)"],
+        cwd=tree, env=tree_env(tree), capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return str(Path(found.stdout.strip()).parent.parent)
+
+
 def one_drain(dsn: str, dbname: str, config: str, trees: dict[str, str], args: argparse.Namespace) -> tuple[float, ...]:
     """(jobs/s, worker us/job, server us/job, background us/job) of one drain from a fresh table."""
     jobs = args.jobs
@@ -147,12 +163,10 @@ def one_drain(dsn: str, dbname: str, config: str, trees: dict[str, str], args: a
             ]
         else:
             conn.execute(PAUSE)
-            env = dict(os.environ)
-            if config in trees:
-                env["PYTHONPATH"] = trees[config]
+            tree = trees.get(config, REPOSITORY)
             procs = spawn_workers(
                 dsn, SCHEMA, args.workers, args.concurrency, log,
-                delete_on_complete=args.delete_on_complete, env=env,
+                delete_on_complete=args.delete_on_complete, env=tree_env(tree), cwd=tree,
             )  # fmt: skip
         try:
             settled([p.pid for p in procs])
@@ -215,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not (Path(path) / "jobtui" / "__init__.py").is_file() or name in ("jobtui", "raw"):
             parser.error(f"--tree {spec!r}: write NAME=PATH, PATH a source tree holding jobtui/")
         trees[name] = str(Path(path).resolve())
+    for name, tree in {"jobtui": REPOSITORY, **trees}.items():
+        if (found := imported_from(tree)) != tree:
+            parser.error(f"{name}: a worker started in {tree} imports the jobtui of {found}")
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     for name in trees:
         if name not in configs:

@@ -62,12 +62,14 @@ def spawn_workers(
     *,
     delete_on_complete: bool = False,
     env: dict[str, str] | None = None,
+    cwd: str | None = None,
     pooler: str | None = None,
 ) -> list[subprocess.Popen[bytes]]:
     """Start `jobtui worker` processes running the no-op app; their logs go to `log`, a file
     (a pipe nobody reads would fill up and stall a worker mid-benchmark). `env` replaces the
-    environment (a benchmark runs another source tree's jobtui with its PYTHONPATH); `pooler`
-    is given to them as --pooler."""
+    environment; `cwd` is where they start, and so whose jobtui they import (`python -m` puts
+    the working directory ahead of PYTHONPATH: a benchmark that runs another source tree's
+    jobtui starts them in it); `pooler` is given to them as --pooler."""
     cmd = [
         sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "--schema", schema,
         *(["--pooler", pooler] if pooler is not None else []),
@@ -77,7 +79,12 @@ def spawn_workers(
     ]  # fmt: skip
     return [
         subprocess.Popen(
-            [*cmd, "--id", f"bench-{i}"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env
+            [*cmd, "--id", f"bench-{i}"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            env=env,
+            cwd=cwd,
         )
         for i in range(workers)
     ]
