@@ -18,6 +18,7 @@ from jobtui.cli.args import (
     positive_int,
     queue_slots,
 )
+from jobtui.cli.eventloop import LOOPS, loop_factory, run_on
 from jobtui.core.maintenance import Retention
 from jobtui.core.privileges import SCHEDULER_NEEDS, missing_privileges_call, privilege_message
 from jobtui.core.registry import load_app
@@ -76,6 +77,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         ),
         pooler=args.pooler,
     )
+    factory = loop_factory(args.loop)
     worker = Worker.with_settings(jobs, settings, health=health)
     setup_logging(args.verbose, args.log_format)
     # The probes answer from here on: alive, and not ready while the database is awaited.
@@ -88,7 +90,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     # CPU (docs/performance.md, "Worker overhead"). Cycles are still collected, every
     # WORKER_GC_THRESHOLD allocations.
     gc.set_threshold(WORKER_GC_THRESHOLD, *gc.get_threshold()[1:])
-    asyncio.run(_run_until_signalled(worker, f"worker {worker.worker_id}"))
+    run_on(factory, _run_until_signalled(worker, f"worker {worker.worker_id}"))
     return 0
 
 
@@ -284,6 +286,13 @@ def add_parsers(sub: Any) -> None:
         default=os.environ.get("JOBTUI_EXECUTOR") or "thread",
         help="where sync handlers run: a thread each, or a pool of child processes the worker can stop"
         " (default: JOBTUI_EXECUTOR, else thread; a handler's executor= wins)",
+    )
+    p.add_argument(
+        "--loop",
+        default=os.environ.get("JOBTUI_LOOP") or "auto",
+        metavar="|".join(LOOPS),
+        help="the event loop: uvloop, asyncio's own, or auto: uvloop where it is installed (default: JOBTUI_LOOP,"
+        " else auto)",
     )
     p.add_argument(
         "--max-jobs-per-child", type=positive_int, help="process executor: replace a child after this many jobs"

@@ -320,12 +320,13 @@ class Worker(Flights):
                 )
                 await self.children.open()
             log.info(
-                "worker %s started: types %s, slots %s, lease %.0fs, sync handlers in %s",
+                "worker %s started: types %s, slots %s, lease %.0fs, sync handlers in %s, event loop %s",
                 self.worker_id,
                 ", ".join(self.types),
                 describe(self.slots.sizes),
                 self.lease,
                 self._describe_executors(),
+                _loop_kind(),
             )
             self._running = True
             background = [
@@ -462,3 +463,8 @@ def _log_settings() -> tuple[int, Any]:
     root = logging.getLogger()
     formatter = next((h.formatter for h in root.handlers if h.formatter is not None), None)
     return root.getEffectiveLevel(), formatter
+
+
+def _loop_kind() -> str:
+    """The running event loop's package, `asyncio` or `uvloop`, for the start line."""
+    return type(asyncio.get_running_loop()).__module__.partition(".")[0]
