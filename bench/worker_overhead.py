@@ -1,7 +1,7 @@
 """The worker's own CPU per job, without a database: what its Python code costs.
 
     .venv/bin/python bench/worker_overhead.py [--jobs 200000] [--concurrency 200] [--rounds 7]
-                                              [--gc-threshold N]
+                                              [--gc-threshold N] [--loop auto|asyncio|uvloop,...]
 
 A benchmark, not a test. It runs a real `Worker` (the no-op handler of `jobtui bench`,
 --delete-on-complete) in this process, with its connections replaced by one that answers
@@ -13,7 +13,8 @@ drain's rate moves by a third. psycopg's share (sending statements, loading rows
 it; `bench/drain_cpu.py` measures the whole worker against a real server.
 
 --gc-threshold sets the collector's first threshold as `jobtui worker` does (its value by
-default); 700 is Python's default.
+default); 700 is Python's default. --loop names the event loops to run on, as `jobtui worker
+--loop` does; with several, each round runs one worker on each, in turns.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 import jobtui.worker
 import jobtui.worker.worker
 from jobtui.cli.bench import NOOP, jobs
+from jobtui.cli.eventloop import loop_factory, run_on
 from jobtui.cli.run import WORKER_GC_THRESHOLD
 from jobtui.kernel.db import Call, Rows
 
@@ -97,7 +99,7 @@ class InstantDatabase:
         pass
 
 
-def one_run(total: int, concurrency: int) -> float:
+def one_run(total: int, concurrency: int, loop: str) -> float:
     """CPU seconds per job of one worker run over `total` jobs."""
     holder: list[jobtui.worker.Worker] = []
     jobtui.worker.worker.Connection = InstantDatabase(holder, total)  # type: ignore[misc,assignment]
@@ -106,7 +108,7 @@ def one_run(total: int, concurrency: int) -> float:
     )
     holder.append(worker)
     start = time.process_time()
-    asyncio.run(worker.run())
+    run_on(loop_factory(loop), worker.run())
     if worker.counts["done"] != total:
         raise RuntimeError(f"{worker.counts['done']} of {total} jobs done")
     return (time.process_time() - start) / total
@@ -118,14 +120,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--gc-threshold", type=int, default=WORKER_GC_THRESHOLD)
+    parser.add_argument("--loop", default="auto", help="comma-separated: auto, asyncio, uvloop (default auto)")
     args = parser.parse_args(argv)
+    loops = [name.strip() for name in args.loop.split(",") if name.strip()]
+    for name in loops:
+        loop_factory(name)  # an unknown name, or uvloop missing, stops here
     gc.set_threshold(args.gc_threshold, *gc.get_threshold()[1:])
-    per_job = [one_run(args.jobs, args.concurrency) * 1e6 for _ in range(args.rounds)]
-    print(
-        f"worker CPU per job, no database: min {min(per_job):.2f} us, median {statistics.median(per_job):.2f} us "
-        f"({args.rounds} rounds of {args.jobs:,} jobs, concurrency {args.concurrency}, "
-        f"gc threshold {args.gc_threshold})"
-    )
+    per_job: dict[str, list[float]] = {name: [] for name in loops}
+    for _ in range(args.rounds):
+        for name in loops:
+            per_job[name].append(one_run(args.jobs, args.concurrency, name) * 1e6)
+    for name, runs in per_job.items():
+        print(
+            f"worker CPU per job, no database, loop {name}: min {min(runs):.2f} us, "
+            f"median {statistics.median(runs):.2f} us ({args.rounds} rounds of {args.jobs:,} jobs, "
+            f"concurrency {args.concurrency}, gc threshold {args.gc_threshold})"
+        )
     return 0
 
 
