@@ -274,6 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     if "raw" in figures and "jobtui" in figures:
         share = statistics.median(j[0] / r[0] for j, r in zip(figures["jobtui"], figures["raw"], strict=True))
         print(f"jobtui's drain as a share of the raw loop's, paired by round: {share:.0%}")
+    for name in trees:
+        if "jobtui" in figures and name in figures:
+            pairs = list(zip(figures["jobtui"], figures[name], strict=True))
+            rate = statistics.median(j[0] / t[0] for j, t in pairs)
+            cpu = statistics.median(j[1] / t[1] for j, t in pairs)
+            faster = sum(j[0] > t[0] for j, t in pairs)
+            print(f"jobtui against {name}, paired by round: drain {rate:.2f}x, worker CPU per job {cpu:.2f}x; "
+                  f"jobtui drained faster in {faster} of {len(pairs)} rounds")  # fmt: skip
     return 0
 
 
