@@ -45,11 +45,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobtui.cli import demo
-
-from jobtui.kernel import migrate
-
-from jobtui.core import queues
 from jobtui.clients.client import Queue
+from jobtui.core import queues
+from jobtui.kernel import migrate
 from jobtui.kernel.domain import NewJob
 from jobtui.reads.flows import record_flow
 from jobtui.tui.app import JobtuiApp
