@@ -23,7 +23,7 @@ def loop_factory(name: str) -> LoopFactory | None:
     """The factory of the loop `name` asks for; None: asyncio's own. `auto` takes uvloop
     when it can be imported."""
     if name not in LOOPS:
-        raise InvalidInput(f"--loop must be one of {', '.join(LOOPS)}, got {quote(name)}")
+        raise InvalidInput(f"--loop (or JOBTUI_LOOP) must be one of {', '.join(LOOPS)}, got {quote(name)}")
     if name == "asyncio":
         return None
     try:

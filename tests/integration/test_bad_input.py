@@ -422,7 +422,7 @@ def test_an_unknown_job_type_can_be_enqueued_but_not_worked(dsn: str, conn: Conn
         (["worker", "--app", APP, "--poll", "0"], "poll interval must be at least"),
         (["worker", "--app", APP, "--shutdown-timeout=-1s"], "bad duration"),
         (["worker", "--app", APP, "--concurrency", "0"], "must be at least 1"),
-        (["worker", "--app", APP, "--loop", "trio"], "--loop must be one of auto, asyncio, uvloop, got 'trio'"),
+        (["worker", "--app", APP, "--loop", "trio"], "must be one of auto, asyncio, uvloop, got 'trio'"),
         (["--warn-age", "soon"], "bad duration 'soon'"),
         (["stats", "--watch", "-1"], "must be between 0.1 and 86400 seconds"),
         (["stats", "--watch", "nan"], "must be between"),

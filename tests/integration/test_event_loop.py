@@ -66,7 +66,8 @@ def test_the_loop_names(monkeypatch: pytest.MonkeyPatch) -> None:
     assert loop_factory("asyncio") is None
     assert loop_factory("uvloop") is uvloop.new_event_loop
     assert loop_factory("auto") is uvloop.new_event_loop
-    with pytest.raises(InvalidInput, match="--loop must be one of auto, asyncio, uvloop, got 'Asyncio'"):
+    must = r"--loop \(or JOBTUI_LOOP\) must be one of auto, asyncio, uvloop, got 'Asyncio'"
+    with pytest.raises(InvalidInput, match=must):
         loop_factory("Asyncio")
     # Without uvloop, auto falls back to asyncio's loop and uvloop says what to do.
     monkeypatch.setitem(__import__("sys").modules, "uvloop", None)
