@@ -11,7 +11,9 @@ import itertools
 import os
 import tempfile
 from collections.abc import Iterator
+from datetime import date
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -64,18 +66,50 @@ def server_dsn() -> Iterator[str]:
     yield from _server_dsn()
 
 
-@pytest.fixture(scope="session")
-def template_db(server_dsn: str) -> Iterator[str]:
-    """A database migrated once per session, used as the template of each test's own."""
-    name = f"jobtui_tpl_{os.getpid()}"
+# The session's templates by the day (UTC, on the database's clock) they were migrated on.
+# The archive is partitioned by day ahead of time (migration 0014), so a clone of a template
+# made before midnight lacks the day after tomorrow and keeps yesterday: a session that runs
+# past midnight clones a template of the new day instead, made once.
+_TEMPLATES: dict[str, dict[date, str]] = {}
+
+
+def _utc_day(conn: psycopg.Connection[Any]) -> date:
+    row = conn.execute("SELECT (now() AT TIME ZONE 'UTC')::date").fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+def _migrated(server_dsn: str, name: str) -> date:
+    """Database `name`, made and migrated; the day it was migrated on."""
     with psycopg.connect(server_dsn, autocommit=True) as admin:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     with psycopg.connect(with_dbname(server_dsn, name), autocommit=True) as conn:
         migrate.migrate(conn)
+        return _utc_day(conn)
+
+
+@pytest.fixture(scope="session")
+def template_db(server_dsn: str) -> Iterator[str]:
+    """A database migrated once per session, used as the template of each test's own."""
+    name = f"jobtui_tpl_{os.getpid()}"
+    _TEMPLATES[name] = {_migrated(server_dsn, name): name}
     yield name
-    with psycopg.connect(server_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    for made in _TEMPLATES.pop(name).values():
+        _drop(server_dsn, made)
+
+
+def _of_today(admin: psycopg.Connection[Any], server_dsn: str, template: str) -> str:
+    """The session template `template` as migrated today: itself, or one made for the day."""
+    days = _TEMPLATES.get(template)
+    if days is None:
+        return template
+    today = _utc_day(admin)
+    if today not in days:
+        made = f"{template}_{today:%Y%m%d}"
+        _migrated(server_dsn, made)
+        days[today] = made
+    return days[today]
 
 
 def _create_clone(server_dsn: str, template: str | None) -> tuple[str, str]:
@@ -83,7 +117,9 @@ def _create_clone(server_dsn: str, template: str | None) -> tuple[str, str]:
     with psycopg.connect(server_dsn, autocommit=True) as admin:
         if template:
             admin.execute(
-                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template))
+                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                    sql.Identifier(name), sql.Identifier(_of_today(admin, server_dsn, template))
+                )
             )
         else:
             admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))

@@ -13,6 +13,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from jobtui.cli.bench import NOOP
 from jobtui.core.maintenance import ARCHIVE_TYPE, Retention, sweep
 from jobtui.core.scheduler import run_now
 from jobtui.kernel import migrate as migrations
+from tests import conftest
 from tests.waits import wait_until
 
 Conn = psycopg.Connection[Any]
@@ -76,6 +78,31 @@ def done_jobs(dsn: str, conn: Conn, n: int) -> list[int]:
 def test_the_archive_is_made_of_days_ahead_of_time(conn: Conn) -> None:
     assert {day_name(conn, d) for d in range(3)} | {"job_archive_default"} <= partitions(conn)
     assert conn.execute("SELECT to_regclass('jobtui.job_archive_legacy')").fetchone() == (None,)  # nothing to keep
+
+
+def test_a_session_past_midnight_clones_a_template_migrated_that_day(server_dsn: str, template_db: str) -> None:
+    """Each test's database is a clone of a template migrated on the day it runs: one migrated
+    before midnight would lack the day after tomorrow (tests/conftest.py)."""
+    days = conftest._TEMPLATES[template_db]
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        today = conftest._utc_day(admin)
+    # This session's template as if it had been migrated yesterday.
+    days.clear()
+    days[today - timedelta(days=1)] = template_db
+    name, url = conftest._create_clone(server_dsn, template_db)
+    try:
+        made = f"{template_db}_{today:%Y%m%d}"
+        assert days[today] == made
+        with psycopg.connect(server_dsn) as admin:
+            assert admin.execute("SELECT count(*) FROM pg_database WHERE datname = %s", (made,)).fetchone() == (1,)
+        with psycopg.connect(url) as clone:
+            assert {day_name(clone, d) for d in range(3)} <= partitions(clone)
+        # Made once: the next clone of the day takes the same template.
+        again, _ = conftest._create_clone(server_dsn, template_db)
+        conftest._drop(server_dsn, again)
+        assert len(days) == 2
+    finally:
+        conftest._drop(server_dsn, name)
 
 
 def test_a_day_past_its_retention_is_dropped_whole(dsn: str, conn: Conn) -> None:
