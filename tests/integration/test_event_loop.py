@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 from typing import Any
 
 import psycopg
@@ -70,7 +71,7 @@ def test_the_loop_names(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(InvalidInput, match=must):
         loop_factory("Asyncio")
     # Without uvloop, auto falls back to asyncio's loop and uvloop says what to do.
-    monkeypatch.setitem(__import__("sys").modules, "uvloop", None)
+    monkeypatch.setitem(sys.modules, "uvloop", None)
     assert loop_factory("auto") is None
     with pytest.raises(InvalidInput, match=r"uvloop is not installed; install it \(pip install uvloop\)"):
         loop_factory("uvloop")
