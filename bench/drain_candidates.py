@@ -25,6 +25,17 @@ and `complete_deleting` (or `complete`, with --keep-done) of sql/claims.sql, and
                without an index of running jobs, the reaper would have to read the backlog
     raw-claim  `two` with the raw loop's claim (bench/core.py), which reads no pauses or
                limits: what the claim's reads of queue_control cost
+    fence-jsonb
+               `two` with the completion's fence by lease token looked up in a jsonb object
+               of id -> token (a binary search per row) instead of array_position (a scan of
+               the ids per row)
+    fence-dense
+               `two` with the tokens sent as an array whose subscripts are the job ids
+               (`'[lo:hi]={...}'`, 0 in the gaps): one subscript per row
+
+Each loop's connection is set up as a worker's claiming connection (`claim_session`: the
+planner settings and jit off; with the planner settings alone, the claim is priced high
+enough for jit to compile it at every execution).
 
 Every loop drains --jobs jobs of its own table per round, taking turns of --slice jobs with
 the others (the order rotating), each loop's clocks running only in its own turns. Each loop
@@ -61,7 +72,12 @@ DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_DB = "jobtui_bench_candidates"
 JOB_TYPE = "bench.candidates"
 TICKS = os.sysconf("SC_CLK_TCK")
-LOOPS = ("two", "pipeline", "pipeline-autocommit", "combined", "hot", "raw-claim")
+LOOPS = ("two", "pipeline", "pipeline-autocommit", "combined", "hot", "raw-claim", "fence-jsonb", "fence-dense")
+FENCE = "j.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], j.id)]"
+FENCES = {
+    "fence-jsonb": "j.lease_token = (%(leases)s::jsonb ->> j.id::text)::bigint",
+    "fence-dense": "j.lease_token = (%(dense)s::bigint[])[j.id]",
+}
 
 # The HOT variant's indexes: none holds a column the claim writes (status, attempts,
 # lease_token, locked_*, heartbeat_at, started_at, max_attempts), in its keys, INCLUDE or
@@ -145,10 +161,9 @@ class Loop:
     def __init__(self, name: str, dsn: str, schema: str, batch: int, keep_done: bool) -> None:
         self.name = name
         self.conn = psycopg.connect(dsn, autocommit=True)
-        self.conn.execute(
-            "SELECT set_config('enable_bitmapscan', 'off', false), set_config('enable_seqscan', 'off', false)"
-        )
-        self.conn.execute("SET TimeZone = 'UTC'")
+        # A worker's claiming connection's own settings: without `jit` off there, the planner
+        # settings would price the claim high enough to compile it at every execution.
+        self.conn.execute(statements(schema)["claim_session"])
         row = self.conn.execute("SELECT pg_backend_pid()").fetchone()
         assert row is not None
         self.pid = int(row[0])
@@ -177,6 +192,10 @@ class Loop:
                 batch,
             )
         self.complete = q["complete" if keep_done else "complete_deleting"]
+        if name in FENCES:
+            text = self.complete.as_string(None)
+            assert FENCE in text, "the completion's fence changed: update this benchmark"
+            self.complete = sql.SQL(text.replace(FENCE, FENCES[name]))  # type: ignore[arg-type,unused-ignore]
         self.combined = sql.SQL(combined_statement(schema, keep_done)) if name == "combined" else None  # type: ignore[arg-type,unused-ignore]
         self.held: list[Any] = []  # the claimed batch not yet completed (pipelined loops)
         self.server = 0.0
@@ -190,6 +209,8 @@ class Loop:
             "two": self._two,
             "hot": self._two,
             "raw-claim": self._two,
+            "fence-jsonb": self._two,
+            "fence-dense": self._two,
             "pipeline": lambda: self._pipelined(True),
             "pipeline-autocommit": lambda: self._pipelined(False),
             "combined": self._combined,
@@ -217,7 +238,14 @@ class Loop:
         rows = self.cur.fetchall()
         if not rows:
             return 0, False
-        self.cur.execute(self.complete, lease_params(rows))
+        params = lease_params(rows)
+        if self.name == "fence-jsonb":
+            params["leases"] = "{" + ",".join(f'"{r[0]}":{r[5]}' for r in rows) + "}"
+        elif self.name == "fence-dense":
+            by_id = {r[0]: r[5] for r in rows}
+            lo, hi = min(by_id), max(by_id)
+            params["dense"] = f"[{lo}:{hi}]={{" + ",".join(str(by_id.get(i, 0)) for i in range(lo, hi + 1)) + "}"
+        self.cur.execute(self.complete, params)
         return len(self.cur.fetchall()), True
 
     def _pipelined(self, one_transaction: bool) -> tuple[int, bool]:
