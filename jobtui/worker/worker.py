@@ -320,7 +320,7 @@ class Worker(Flights):
                 )
                 await self.children.open()
             log.info(
-                "worker %s started: types %s, slots %s, lease %.0fs, sync handlers in %s, event loop %s",
+                "worker %s started: types %s, slots %s, lease %.0fs, %s, event loop %s",
                 self.worker_id,
                 ", ".join(self.types),
                 describe(self.slots.sizes),
@@ -448,8 +448,10 @@ class Worker(Flights):
                 log.exception("on_dead callback failed for job %d", outcome.job_id)
 
     def _describe_executors(self) -> str:
+        """Where its sync handlers run, for the start line: "sync handlers in thread", or
+        "no sync handlers" for an app of async handlers only."""
         used = {self._executors[t] for t in self.types if t != ARCHIVE_TYPE} - {"async"}
-        return ", ".join(sorted(used)) or "none"
+        return f"sync handlers in {', '.join(sorted(used))}" if used else "no sync handlers"
 
     def _cancel_hinted(self, heartbeater: Heartbeater, job_id: int) -> None:
         """A notification says job `job_id` was cancelled. Any role that can connect may send

@@ -29,6 +29,12 @@ def events(conn: Conn, job_id: int) -> list[str]:
     return [r[0] for r in conn.execute("SELECT event FROM run_log WHERE job_id = %s ORDER BY id", (job_id,))]
 
 
+def test_the_start_line_of_a_worker_without_sync_handlers_says_so(spawn: Spawn) -> None:
+    worker = spawn("A", "--types", "effect_async")
+    assert "no sync handlers, event loop uvloop" in worker.log(), worker.log()
+    assert "sync handlers in" not in worker.log()
+
+
 @pytest.mark.parametrize(("loop", "executor"), [("asyncio", "thread"), ("uvloop", "process"), ("auto", "thread")])
 def test_a_worker_runs_every_kind_of_handler_and_stops_on_each_loop(
     loop: str, executor: str, spawn: Spawn, app_dsn: str, db: Conn
