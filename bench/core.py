@@ -90,7 +90,7 @@ RAW_COMPLETE = """
 UPDATE jobtui.job AS j
 SET status = 'done', locked_until = NULL, finished_at = now()
 WHERE j.id = ANY(%b::bigint[]) AND j.status = 'running'
-  AND j.lease_token = (%b::bigint[])[array_position(%b::bigint[], j.id)]
+  AND j.lease_token = (%s::jsonb ->> j.id::text)::bigint
 RETURNING j.id
 """
 
@@ -99,7 +99,7 @@ RAW_COMPLETE_DELETING = """
 WITH gone AS (
     DELETE FROM jobtui.job AS j
     WHERE j.id = ANY(%b::bigint[]) AND j.status = 'running' AND j.idempotency_key IS NULL
-      AND j.lease_token = (%b::bigint[])[array_position(%b::bigint[], j.id)]
+      AND j.lease_token = (%s::jsonb ->> j.id::text)::bigint
     RETURNING j.id, j.type, j.attempts, j.locked_by, j.started_at
 ), counted AS (
     INSERT INTO jobtui.done_tally AS t (minute, type, attempts, worker, jobs, first_started_at, last_finished_at)
@@ -266,7 +266,8 @@ class RawLoop:
             return 0
         # bigint[] in binary, as jobtui sends them (a smallint[] or int[] would be cast per row)
         ids = [Int8(r[0]) for r in rows]
-        cur.execute(self.complete, (ids, [Int8(r[5]) for r in rows], ids))
+        leases = "{" + ",".join([f'"{r[0]}":{r[5]}' for r in rows]) + "}"  # id -> token, as jobtui's
+        cur.execute(self.complete, (ids, leases))
         return len(cur.fetchall())
 
     def drain(self, batch: int) -> None:

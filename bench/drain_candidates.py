@@ -25,10 +25,10 @@ and `complete_deleting` (or `complete`, with --keep-done) of sql/claims.sql, and
                without an index of running jobs, the reaper would have to read the backlog
     raw-claim  `two` with the raw loop's claim (bench/core.py), which reads no pauses or
                limits: what the claim's reads of queue_control cost
-    fence-jsonb
-               `two` with the completion's fence by lease token looked up in a jsonb object
-               of id -> token (a binary search per row) instead of array_position (a scan of
-               the ids per row)
+    fence-array
+               `two` with the completion's fence as it was until December 2026: each row's
+               token found by array_position in an array of ids (a scan of the ids per row),
+               not looked up in the jsonb object of id -> token (a binary search per row)
     fence-dense
                `two` with the tokens sent as an array whose subscripts are the job ids
                (`'[lo:hi]={...}'`, 0 in the gaps): one subscript per row
@@ -72,10 +72,10 @@ DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_DB = "jobtui_bench_candidates"
 JOB_TYPE = "bench.candidates"
 TICKS = os.sysconf("SC_CLK_TCK")
-LOOPS = ("two", "pipeline", "pipeline-autocommit", "combined", "hot", "raw-claim", "fence-jsonb", "fence-dense")
-FENCE = "j.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], j.id)]"
+LOOPS = ("two", "pipeline", "pipeline-autocommit", "combined", "hot", "raw-claim", "fence-array", "fence-dense")
+FENCE = "j.lease_token = (%(leases)s::jsonb ->> j.id::text)::bigint"
 FENCES = {
-    "fence-jsonb": "j.lease_token = (%(leases)s::jsonb ->> j.id::text)::bigint",
+    "fence-array": "j.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], j.id)]",
     "fence-dense": "j.lease_token = (%(dense)s::bigint[])[j.id]",
 }
 
@@ -114,9 +114,11 @@ def claim_params(batch: int, worker: str) -> dict[str, Any]:
 
 
 def lease_params(rows: Sequence[Any], prefix: str = "") -> dict[str, Any]:
-    """The leases of claimed rows as jobtui's calls send them (bigint[] literals)."""
+    """The leases of claimed rows as jobtui's calls send them (a bigint[] literal and a JSON
+    object of id -> token), and the tokens as a bigint[] literal (for `fence-array`)."""
     return {
         f"{prefix}ids": "{" + ",".join(str(r[0]) for r in rows) + "}",
+        f"{prefix}leases": "{" + ",".join(f'"{r[0]}":{r[5]}' for r in rows) + "}",
         f"{prefix}tokens": "{" + ",".join(str(r[5]) for r in rows) + "}",
     }
 
@@ -136,10 +138,8 @@ def combined_statement(schema: str, keep_done: bool) -> str:
         "j.meta::text", "j.meta::text AS meta"
     )
     complete = _without_comments(statements(schema)["complete" if keep_done else "complete_deleting"].as_string(None))
-    for kind in "sb":
-        complete = complete.replace(f"%(ids){kind}", f"%(done_ids){kind}").replace(
-            f"%(tokens){kind}", f"%(done_tokens){kind}"
-        )
+    for name in ("ids", "leases"):
+        complete = complete.replace(f"%({name})s", f"%(done_{name})s")
     if keep_done:
         finished = f"finished AS ({complete})"
     else:
@@ -209,7 +209,7 @@ class Loop:
             "two": self._two,
             "hot": self._two,
             "raw-claim": self._two,
-            "fence-jsonb": self._two,
+            "fence-array": self._two,
             "fence-dense": self._two,
             "pipeline": lambda: self._pipelined(True),
             "pipeline-autocommit": lambda: self._pipelined(False),
@@ -239,9 +239,7 @@ class Loop:
         if not rows:
             return 0, False
         params = lease_params(rows)
-        if self.name == "fence-jsonb":
-            params["leases"] = "{" + ",".join(f'"{r[0]}":{r[5]}' for r in rows) + "}"
-        elif self.name == "fence-dense":
+        if self.name == "fence-dense":
             by_id = {r[0]: r[5] for r in rows}
             lo, hi = min(by_id), max(by_id)
             params["dense"] = f"[{lo}:{hi}]={{" + ",".join(str(by_id.get(i, 0)) for i in range(lo, hi + 1)) + "}"

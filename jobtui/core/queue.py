@@ -71,6 +71,17 @@ def _leases(leases: Sequence[Lease]) -> dict[str, Any]:
     return {"ids": _bigints([lease.job_id for lease in leases]), "tokens": _bigints([lease.token for lease in leases])}
 
 
+def _lease_map(leases: Sequence[Lease]) -> dict[str, Any]:
+    """The ids as a bigint[] literal and `leases`, a JSON object of id -> token: the params
+    of the statements that look each row's token up (complete, complete_deleting, heartbeat).
+    One lease per job (`_newest_leases`): a JSON object keeps the last of a repeated key."""
+    ids = [int(lease.job_id) for lease in leases]
+    return {
+        "ids": "{" + ",".join(map(str, ids)) + "}",
+        "leases": "{" + ",".join([f'"{i}":{int(lease.token)}' for i, lease in zip(ids, leases, strict=True)]) + "}",
+    }
+
+
 class EnqueueOptions(TypedDict, total=False):
     """The options of one enqueue: the keyword arguments of `enqueue_call`, `Queue.enqueue` and
     `AsyncQueue.enqueue`. Left out: no idempotency key, no delay, run at once, the handler's
@@ -196,9 +207,9 @@ def claim_builtin_call(
 
 
 def _newest_leases(leases: Sequence[Lease]) -> list[Lease]:
-    """One lease per job, the one with the highest token: complete and heartbeat look a job's
-    token up by its first position, and a job's current token is never lower than any token
-    handed out for it, so an older lease of the same job in the batch can only be stale."""
+    """One lease per job, the one with the highest token: complete and heartbeat look each
+    job's token up by its id, and a job's current token is never lower than any token handed
+    out for it, so an older lease of the same job in the batch can only be stale."""
     if len({lease.job_id for lease in leases}) == len(leases):
         return list(leases)  # no job twice: the common case, checked at C speed
     newest: dict[int, Lease] = {}
@@ -236,7 +247,7 @@ def heartbeat_beat_call(
     newest = _newest_leases(leases)
     found = runners or {}
     params = {
-        **_leases(newest),
+        **_lease_map(newest),
         "lease": check_lease(lease),
         "keep": _bigints(keep),
         "runners": json.dumps({str(lc.job_id): found[lc.job_id] for lc in newest if lc.job_id in found}),
@@ -251,13 +262,13 @@ def heartbeat_call(leases: Sequence[Lease], lease: float = DEFAULT_LEASE_SECONDS
 
 
 def complete_call(leases: Sequence[Lease]) -> Call[set[int]]:
-    return Call("complete", _leases(_newest_leases(leases)), int_set)
+    return Call("complete", _lease_map(_newest_leases(leases)), int_set)
 
 
 def complete_deleting_call(leases: Sequence[Lease]) -> Call[set[int]]:
     """Complete jobs without a key by deleting them (counted in done_tally); the ids of keyed
     jobs and of lost leases are missing from the result: pass those to complete_call."""
-    return Call("complete_deleting", _leases(_newest_leases(leases)), int_set)
+    return Call("complete_deleting", _lease_map(_newest_leases(leases)), int_set)
 
 
 def _fail_outcomes(rows: Rows) -> list[FailOutcome]:
