@@ -75,11 +75,8 @@ def _lease_map(leases: Sequence[Lease]) -> dict[str, Any]:
     """The ids as a bigint[] literal and `leases`, a JSON object of id -> token: the params
     of the statements that look each row's token up (complete, complete_deleting, heartbeat).
     One lease per job (`_newest_leases`): a JSON object keeps the last of a repeated key."""
-    ids = [int(lease.job_id) for lease in leases]
-    return {
-        "ids": "{" + ",".join(map(str, ids)) + "}",
-        "leases": "{" + ",".join([f'"{i}":{int(lease.token)}' for i, lease in zip(ids, leases, strict=True)]) + "}",
-    }
+    tokens = ",".join([f'"{int(lease.job_id)}":{int(lease.token)}' for lease in leases])
+    return {"ids": _bigints([lease.job_id for lease in leases]), "leases": "{" + tokens + "}"}
 
 
 class EnqueueOptions(TypedDict, total=False):

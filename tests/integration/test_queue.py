@@ -1152,6 +1152,24 @@ def test_a_batch_holding_a_stale_and_the_current_lease_of_one_job_writes_the_cur
     assert row is not None and row.status == JobStatus.DONE and row.lease_token == 2
 
 
+def test_complete_and_heartbeat_match_each_job_to_its_own_token_past_32_bit_ids(q: Queue, conn: Conn) -> None:
+    """Each row's token is looked up by its id: ids past 2**31 and tokens that differ within
+    one batch are matched job by job, and a wrong token fences only its own job."""
+    conn.execute("SELECT setval(pg_get_serial_sequence('jobtui.job', 'id'), 3000000000)")
+    a, b, c = q.enqueue_many([NewJob("t") for _ in range(3)])
+    assert min(a, b, c) > 2**31
+    q.claim(["t"], worker="w", limit=3, lease=300)
+    expire(conn, b)
+    assert [r.job_id for r in q.reap()] == [b]
+    [again] = q.claim(["t"], worker="w", lease=300)
+    assert (again.id, again.lease_token) == (b, 2)
+    batch = [Lease(a, 1), Lease(b, 2), Lease(c, 2)]  # c's token is 1: this lease is not its
+    assert q.heartbeat(batch) == {a, b}
+    assert q.complete(batch) == {a, b}
+    assert [q.get(i).status for i in (a, b, c)] == [JobStatus.DONE, JobStatus.DONE, JobStatus.RUNNING]  # type: ignore[union-attr]
+    assert q.complete([Lease(c, 1)]) == {c}
+
+
 def test_complete_and_heartbeat_of_large_batches_write_every_row(q: Queue) -> None:
     ids = q.enqueue_many([NewJob("t") for _ in range(2500)])  # three chunks of leases
     claimed = q.claim(["t"], worker="w", limit=2500, lease=300)
