@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from jobtui.kernel.checks import check_queue, check_run_at, check_text, check_type, encode_payload
+from jobtui.kernel.checks import check_pattern, check_queue, check_run_at, check_type, encode_payload
 from jobtui.kernel.domain import JobStatus
 from jobtui.kernel.durations import parse_duration
 from jobtui.kernel.errors import InvalidInput
@@ -54,7 +54,7 @@ class JobFilter:
         if self.queue is not None:
             check_queue(self.queue)
         if self.error is not None:
-            check_text(self.error, "error pattern")
+            check_pattern(self.error)
             if not self.error:
                 raise InvalidInput("an empty error pattern matches every job: leave it out instead")
         if self.payload is not None:

@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from jobtui.kernel.checks import check_text
+from jobtui.kernel.checks import check_pattern, check_text
 from jobtui.kernel.db import Call, first_line, run, statements
 from jobtui.kernel.domain import DEFAULT_SCHEMA
 from jobtui.kernel.errors import InvalidInput
@@ -36,7 +36,7 @@ def dead_matching(
     if job_type is not None:
         check_text(job_type, "job type")
     if error is not None:
-        check_text(error, "--error pattern")
+        check_pattern(error, "--error pattern")
     status, fingerprint = group or (None, None)
     params = {
         "type": job_type,
@@ -60,7 +60,7 @@ def check_regex(conn: psycopg.Connection[Any], pattern: str | None, schema: str 
     """InvalidInput unless PostgreSQL, which does the matching, accepts `pattern`."""
     if pattern is None:
         return
-    check_text(pattern, "--error pattern")
+    check_pattern(pattern, "--error pattern")
     if not pattern:
         raise InvalidInput("--error '' matches every job: give a pattern, or --all for every dead/failed job")
     try:

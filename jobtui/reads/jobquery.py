@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from jobtui.kernel.checks import check_text
+from jobtui.kernel.checks import check_pattern
 from jobtui.kernel.db import Call, Rows, arun, run
 from jobtui.kernel.domain import DEFAULT_SCHEMA, JobStatus
 from jobtui.kernel.errors import InvalidInput, JobtuiError, first_line
@@ -77,7 +77,7 @@ def jobs_call(
     params = {
         **_filters(filt),
         "since": filt.since,
-        "error": None if error is None else check_text(error, "error pattern"),
+        "error": None if error is None else check_pattern(error),
         "before": before,
         "limit": limit,
     }

@@ -20,8 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobtui import Queue
+from jobtui import InvalidInput, JobFilter, Queue
 from jobtui.cli.main import main
+from jobtui.kernel.checks import MAX_PATTERN_CHARS
+from jobtui.kernel.jobfilter import parse_filter
 
 Conn = psycopg.Connection[Any]
 
@@ -160,3 +162,38 @@ def test_any_pattern_names_the_same_jobs_in_dead_and_the_dry_run(
         assert cli(dsn, "requeue", *args, "--dry-run")[2] == err
         return
     assert dead_ids(dsn, *args) == dry_run_ids(dsn, *args)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["dead", "--error"],
+        ["requeue", "--dry-run", "--error"],
+        ["requeue", "--error"],
+        ["bulk", "requeue", "--dry-run", "--error"],
+    ],
+)
+def test_a_pattern_longer_than_postgresql_compiles_quickly_is_refused_in_one_line(
+    seeded: tuple[str, list[int]], command: list[str]
+) -> None:
+    """PostgreSQL compiles a case-insensitive pattern in time that grows with the square of
+    its length (about a minute at 100,000 characters): a longer one than the bound is bad
+    input, refused before it reaches the server; one at the bound runs."""
+    dsn, _ = seeded
+    before = dead_ids(dsn)
+    code, out, err = cli(dsn, *command, "x" * (MAX_PATTERN_CHARS + 1))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "(2,001 characters): give at most 2,000 characters" in err, err
+    assert dead_ids(dsn) == before  # nothing moved
+    assert dead_ids(dsn, "--error", "x" * MAX_PATTERN_CHARS) == (0, [])
+
+
+def test_the_bound_holds_for_the_clients_filters_and_the_console_words(seeded: tuple[str, list[int]]) -> None:
+    dsn, _ = seeded
+    long = "(" + "x" * MAX_PATTERN_CHARS
+    with pytest.raises(InvalidInput, match="give at most 2,000 characters"):
+        JobFilter(error=long)
+    with pytest.raises(InvalidInput, match="give at most 2,000 characters"):
+        parse_filter(f"error:{long}")  # the console's and the web console's filter words
+    with Queue(dsn) as q, pytest.raises(InvalidInput, match="give at most 2,000 characters"):
+        q.requeueable(error=long)

@@ -154,7 +154,8 @@ LONG = "x" * 100_000
         (["enqueue", "t", "--key", LONG], f"bad idempotency key '{'x' * 60}'... (100,000 characters)"),
         (["enqueue", "t", "--delay", LONG], f"bad duration '{'x' * 60}'... (100,000 characters)"),
         (["requeue", LONG], f"'{'x' * 60}'... (100,000 characters) is not a job id"),
-        (["dead", "--error", "(" + LONG], "... (100,001 characters): invalid regular expression: parentheses"),
+        (["dead", "--error", "(" + LONG], "... (100,001 characters): give at most 2,000 characters"),
+        (["dead", "--error", "(" + "x" * 1999], "(2,000 characters): invalid regular expression: parentheses"),
         (["schedule", "pause", LONG], "characters cut] ..."),  # the scheduler's message, cut at the CLI
         (["schedule", "add", LONG, "--cron", "* * * * *", "--type", "t"], "(100,000 characters): give 1 to 200"),
         (["enqueue", "t\x1b]0;x\x07" + LONG], "bad job type 't\\x1b]0;x\\x07xxx"),
