@@ -526,11 +526,13 @@ def test_schedulers_killed_at_random_fire_each_slot_once_and_count_the_missed(
     assert schedule["backfilled_count"] == len(backfilled), (schedule, backfilled)
     assert [ts(s) for s in schedule["missed_slots"]] == missed[-20:]
     # Missed only while every instance was down (an instance killed just before its tick
-    # leaves its slot to the next one up: 1.5 s of slack before a window).
+    # leaves its slot to the next one up: 1.5 s of slack before a window; an instance spawned
+    # at a window's end ticks only once its interpreter has started and connected, up to 2 s
+    # on a loaded machine, and may be killed again before: 2 s of slack after it).
     print(f"{len(universe)} slots: {len(fired_slots)} fired, {len(missed)} missed ({schedule['missed_count']} counted)")
     for s in missed:
         t = s.timestamp()
-        assert any(a - 1.5 <= t <= b for a, b in down), (s, down)
+        assert any(a - 1.5 <= t <= b + 2.0 for a, b in down), (s, down)
     # And each forced outage did miss slots, which shows the policy ran and was counted.
     for a, length in outages:
         begin = outage_walls[a]
