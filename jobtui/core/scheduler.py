@@ -365,11 +365,12 @@ class Scheduler:
                 wait = MAX_TICK
                 try:
                     live = await conn.get(stopping)
-                    fired = await fire_due(live, self.schema)
-                    self.fired_count += len(fired)
-                    for f in fired:
-                        log.info("schedule %s: slot %s -> job %s", f.schedule, f.slot.isoformat(), f.job_id)
-                    until = await arun(live, Call("schedule_next_due", {}, _first_value), self.schema)
+                    async with conn.busy():  # the link watches how long the tick waits
+                        fired = await fire_due(live, self.schema)
+                        self.fired_count += len(fired)
+                        for f in fired:
+                            log.info("schedule %s: slot %s -> job %s", f.schedule, f.slot.isoformat(), f.job_id)
+                        until = await arun(live, Call("schedule_next_due", {}, _first_value), self.schema)
                     if until is not None:
                         wait = max(0.01, min(MAX_TICK, float(until)))
                 except (psycopg.OperationalError, DatabaseUnavailable) as exc:
