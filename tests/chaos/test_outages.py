@@ -419,22 +419,23 @@ def test_pooled_clients_survive_the_server_dropping_their_connections(dsn: str, 
 
 
 def test_every_client_call_fails_the_same_way_when_the_database_is_away(dsn: str, proxy: Proxy) -> None:
+    # A refused connection: every call fails at once, naming why, however long its timeout.
     proxy.cut()
     away = proxy.dsn(dsn)
     bulk = [NewJob("t") for _ in range(2000)]
-    with Queue(away, timeout=1) as q:
+    with Queue(away, timeout=10) as q:
         for call in (lambda: q.enqueue("t"), lambda: q.enqueue_many(bulk)):
             began = time.monotonic()
-            with pytest.raises(DatabaseUnavailable, match="no connection within 1s"):
+            with pytest.raises(DatabaseUnavailable, match=r"cannot reach PostgreSQL .*refused"):
                 call()
-            assert time.monotonic() - began < 5
+            assert time.monotonic() - began < 1
 
     async def async_side() -> None:
-        async with AsyncQueue(away, timeout=1) as aq:
+        async with AsyncQueue(away, timeout=10) as aq:
             for call in (lambda: aq.enqueue("t"), lambda: aq.enqueue_many(bulk)):
                 began = time.monotonic()
-                with pytest.raises(DatabaseUnavailable, match="no connection within 1s"):
+                with pytest.raises(DatabaseUnavailable, match=r"cannot reach PostgreSQL .*refused"):
                     await call()
-                assert time.monotonic() - began < 5
+                assert time.monotonic() - began < 1
 
     asyncio.run(async_side())
