@@ -1,6 +1,7 @@
 """Silent network partitions of a worker, and what it does after the heal.
 
     .venv/bin/python bench/partition.py [--seconds 45 120] [--executor thread process] [--runs 1]
+                                        [--pgbouncer]
 
 Each run builds tests/netns.py's topology (root and iproute2 needed), cuts worker A off for
 the given seconds while it holds running jobs, heals, and times A's first job done after the
@@ -28,6 +29,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, nargs="+", default=[45.0, 120.0])
     parser.add_argument("--executor", nargs="+", choices=("thread", "process"), default=["thread", "process"])
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--pgbouncer", action="store_true", help="worker A through PgBouncer in transaction mode")
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="jobtui-partition-"))
     results: list[Result] = []
@@ -36,12 +38,12 @@ def main() -> int:
             for n in range(args.runs):
                 log_dir = logs / f"{seconds:g}s-{executor}-{n}"
                 log_dir.mkdir()
-                result = run_partition(seconds, executor, log_dir=log_dir)
+                result = run_partition(seconds, executor, log_dir=log_dir, pooler=args.pgbouncer)
                 results.append(result)
                 print(result.line(), flush=True)
     for seconds in args.seconds:
         for executor in args.executor:
-            backs = [r.back_after for r in results if r.seconds == seconds and r.executor == executor]
+            backs = [r.back_after for r in results if r.seconds == seconds and r.executor.startswith(executor)]
             median = statistics.median(backs)
             print(f"{seconds:g}s {executor}: back after the heal, median {median:.1f}s of {len(backs)}")
     print(f"logs: {logs}")

@@ -35,6 +35,7 @@ from jobtui.kernel import migrate
 from tests.apps.chaos_app import APP_TABLES
 from tests.chaos.harness import Proc, Procs, child_env, worker_args
 from tests.netns import Topology
+from tests.topology import PgBouncer
 from tests.waits import wait_until
 
 LEASE = 3.0
@@ -96,18 +97,52 @@ def _db_seconds(db: Conn) -> float:
     return float(found[0])
 
 
+@dataclass
+class World:
+    net: Topology
+    dsn: str  # the database, from the test
+    procs: Procs
+    remote: dict[str, str]  # the environment of a worker in the host: where it connects
+
+
 @contextlib.contextmanager
-def _world(log_dir: Path) -> Iterator[tuple[Topology, str, Procs]]:
+def _world(log_dir: Path, pooler: bool) -> Iterator[World]:
     with Topology.create(hosts=1) as net:
         dsn = _db(net)
         procs = Procs(log_dir, child_env(dsn))
-        try:
-            yield net, dsn, procs
-        finally:
-            procs.close()
+        remote = {"JOBTUI_DSN": net.dsn("postgres")}
+        with contextlib.ExitStack() as stack:
+            if pooler:
+                assert net.cluster is not None
+                bouncer = stack.enter_context(
+                    PgBouncer.start(
+                        upstream_port=net.cluster.port,
+                        pool_size=20,
+                        listen_addr=f"127.0.0.1,{net.db_addr}",
+                        settings=BOUNCER_SETTINGS,
+                    )
+                )
+                remote = {"JOBTUI_DSN": f"postgresql://postgres@{net.db_addr}:{bouncer.port}/postgres"}
+                remote["JOBTUI_POOLER"] = "transaction"
+            try:
+                yield World(net, dsn, procs, remote)
+            finally:
+                procs.close()
 
 
-def _worker(procs: Procs, net: Topology, name: str, executor: str, queues: str, remote: bool) -> Proc:
+# PgBouncer ends a client gone silent as jobtui's connections do (docs/scaling.md): a client
+# cut off inside a transaction would hold its server connection, and the rows it locked,
+# until TCP gave up.
+BOUNCER_SETTINGS = (
+    "tcp_keepalive = 1",
+    "tcp_keepidle = 2",
+    "tcp_keepintvl = 1",
+    "tcp_keepcnt = 3",
+    "tcp_user_timeout = 5000",
+)
+
+
+def _worker(world: World, name: str, executor: str, queues: str, remote: bool) -> Proc:
     args = worker_args(
         name,
         lease=LEASE,
@@ -115,15 +150,17 @@ def _worker(procs: Procs, net: Topology, name: str, executor: str, queues: str, 
         extra=["--no-scheduler", "--poll", "0.5s", "--queues", queues, "--executor", executor, "-v"],
     )
     if remote:
-        return procs.start(name, args, env={"JOBTUI_DSN": net.dsn("postgres")}, prefix=net.exec_prefix(0))
-    return procs.start(name, args)
+        return world.procs.start(name, args, env=world.remote, prefix=world.net.exec_prefix(0))
+    return world.procs.start(name, args)
 
 
-def run_partition(seconds: float, executor: str, *, log_dir: Path) -> Result:
-    """One partition of `seconds` of a worker whose sync handlers run in `executor`."""
-    result = Result(seconds, executor)
-    with _world(log_dir) as (net, dsn, procs), psycopg.connect(dsn, autocommit=True) as db:
-        a = _worker(procs, net, "A", executor, f"default={HELD},{OWN}={JOBS}", remote=True)
+def run_partition(seconds: float, executor: str, *, log_dir: Path, pooler: bool = False) -> Result:
+    """One partition of `seconds` of a worker whose sync handlers run in `executor` (behind
+    PgBouncer in transaction mode with `pooler`, PgBouncer beside the database)."""
+    result = Result(seconds, executor + (" behind pgbouncer" if pooler else ""))
+    with _world(log_dir, pooler) as world, psycopg.connect(world.dsn, autocommit=True) as db:
+        net = world.net
+        a = _worker(world, "A", executor, f"default={HELD},{OWN}={JOBS}", remote=True)
         wait_until(lambda: "worker A started" in a.log() or not a.alive(), 30, "worker A to start", a.log)
         assert a.alive(), a.log()
         # A's attempts sleep before their effect, B's do it at once.
@@ -132,7 +169,7 @@ def run_partition(seconds: float, executor: str, *, log_dir: Path) -> Result:
 
         net.cut(0)
         cut = time.monotonic()
-        b = _worker(procs, net, "B", executor, f"default={HELD}", remote=False)
+        b = _worker(world, "B", executor, f"default={HELD}", remote=False)
         wait_until(lambda: all(_starts(db, j)[1:] == ["B"] for j in held), 60, "B to re-claim A's jobs", b.log)
         result.reclaimed_after = time.monotonic() - cut
         wait_until(lambda: all(_row(db, j)["status"] == "done" for j in held), 60, "B to finish A's old jobs", b.log)

@@ -37,8 +37,8 @@ Conn = psycopg.Connection[Any]
 BACK_WITHIN = 3.0
 
 
-def _check(seconds: float, executor: str, tmp_path: Path) -> None:
-    result = run_partition(seconds, executor, log_dir=tmp_path)
+def _check(seconds: float, executor: str, tmp_path: Path, *, pooler: bool = False) -> None:
+    result = run_partition(seconds, executor, log_dir=tmp_path, pooler=pooler)
     assert not result.problems, f"{result.line()}\n--- A ---\n{result.log[-6000:]}"
     assert result.reclaimed_after >= LEASE, result.line()  # B waited for A's leases to expire
     assert result.back_after < BACK_WITHIN, f"{result.line()}\n--- A ---\n{result.log[-6000:]}"
@@ -56,6 +56,13 @@ def test_a_worker_is_back_within_3s_of_a_partitions_heal(executor: str, tmp_path
 @pytest.mark.parametrize("executor", ["thread", "process"])
 def test_long_partitions(seconds: float, executor: str, tmp_path: Path) -> None:
     _check(seconds, executor, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seconds", [15.0, 45.0])
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_partitions_behind_pgbouncer(seconds: float, executor: str, tmp_path: Path) -> None:
+    _check(seconds, executor, tmp_path, pooler=True)
 
 
 # -- a scheduler --------------------------------------------------------------------------------
