@@ -363,6 +363,7 @@ class Scheduler:
                 await self._sync_specs_when_up(conn, stopping)
             while not stopping.is_set():
                 wait = MAX_TICK
+                live = None
                 try:
                     live = await conn.get(stopping)
                     async with conn.busy():  # the link watches how long the tick waits
@@ -376,7 +377,7 @@ class Scheduler:
                 except (psycopg.OperationalError, DatabaseUnavailable) as exc:
                     if stopping.is_set():
                         break
-                    conn.lost(exc)
+                    conn.lost(exc, live)
                 except psycopg.errors.InsufficientPrivilege as exc:
                     raise PrivilegeMissing(
                         f"the scheduler's tick was refused: {first_line(exc)}; {GRANTS_HINT}"

@@ -360,7 +360,8 @@ class Connection:
                     return self._conn
                 stale, self._conn = self._conn, None  # from before an outage: never reused
                 abort(stale)
-                await self._close(stale)
+                if not self._busy:  # else the statement on it fails, and its caller closes it
+                    await self._close(stale)
             generation = self.link.generation
             try:
                 conn = await aconnect(
@@ -387,8 +388,15 @@ class Connection:
                 self._down_since = None
             return conn
 
-    def lost(self, exc: BaseException) -> None:
-        """Forget the connection after an error; the next `get` reconnects."""
+    def lost(self, exc: BaseException, conn: psycopg.AsyncConnection[Any] | None = None) -> None:
+        """Forget the connection after an error (`conn`, the one that failed, when known);
+        the next `get` reconnects."""
+        if conn is not None and conn is not self._conn:
+            # Replaced since (an outage came and went): only that one goes, quietly. Its
+            # failure says nothing about the database now.
+            abort(conn)
+            asyncio.get_running_loop().create_task(self._close(conn))
+            return
         if self._down_since is None:
             self._down_since = time.monotonic()
             log.warning("%s connection lost (%s); reconnecting", self.role, first_line(exc))
@@ -460,7 +468,7 @@ class Connection:
                             await self._each_transaction(conn)
                             return await arun(conn, call, schema), sent
             except psycopg.OperationalError as exc:
-                self.lost(exc)
+                self.lost(exc, conn)
                 if not retry or (stopping is not None and stopping.is_set()):
                     raise
 
