@@ -35,7 +35,8 @@ from jobtui.kernel.domain import DEFAULT_SCHEMA, NewJob
 from jobtui.kernel.errors import InvalidInput
 from jobtui.kernel.jobfilter import JobFilter
 
-# How long a client call waits for a connection while the database is away, by default.
+# How long a client call waits for a pooled connection (all busy, or the first being opened),
+# by default. While the database is known to be away, a call does not wait (reach.py).
 DEFAULT_CLIENT_TIMEOUT = 10.0
 
 

@@ -1,6 +1,7 @@
 """The clients: `Queue` (sync) and `AsyncQueue`, for applications that enqueue and for
 scripts that operate the queue. Each holds a small pool of connections that it checks before
-use, and fails with DatabaseUnavailable after its timeout when the database is away.
+use. While the database is away every call fails at once with DatabaseUnavailable, and once
+it is back a new pool serves (reach.py).
 
     queue = Queue("postgresql://localhost/app")
     job_id = queue.enqueue("email.send", {"user_id": 42}, key="welcome:42")
