@@ -11,6 +11,7 @@ from jobtui.core import otel
 from jobtui.core.registry import Job, Jobs, LeaseLost, Permanent, Retry, ScheduleSpec
 from jobtui.core.typed import checked_payloads
 from jobtui.kernel.backoff import BackoffPolicy
+from jobtui.kernel.db import connection_options
 from jobtui.kernel.domain import ClaimedJob, FailOutcome, Failure, JobRow, JobStatus, Lease, NewJob, Reaped
 from jobtui.kernel.errors import (
     DatabaseUnavailable,
@@ -57,6 +58,7 @@ __all__ = [
     "UnknownJob",
     "check_schema",
     "checked_payloads",
+    "connection_options",
     "migrate_schema",
     "otel",
     "Worker",

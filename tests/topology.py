@@ -100,8 +100,12 @@ class PgBouncer:
         upstream_port: int = 5432,
         pool_size: int = 4,
         mode: str = "transaction",
+        listen_addr: str = "127.0.0.1",
+        settings: Sequence[str] = (),
     ) -> PgBouncer:
-        """Start PgBouncer; skips the test when the pgbouncer package is not installed."""
+        """Start PgBouncer, listening on `listen_addr` (addresses separated by commas; `dsn`
+        names the first) with `settings` added to its [pgbouncer] section; skips the test
+        when the pgbouncer package is not installed."""
         if PGBOUNCER is None:
             pytest.skip("pgbouncer is not installed: apt-get install -y pgbouncer (.ci/run does it)")
         proxy = None
@@ -117,7 +121,7 @@ class PgBouncer:
                     "[databases]",
                     f"* = host={upstream_host} port={upstream_port}",
                     "[pgbouncer]",
-                    "listen_addr = 127.0.0.1",
+                    f"listen_addr = {listen_addr}",
                     f"listen_port = {port}",
                     "unix_socket_dir =",
                     "auth_type = trust",
@@ -131,6 +135,7 @@ class PgBouncer:
                     f"logfile = {base / 'pgbouncer.log'}",
                     f"pidfile = {base / 'pgbouncer.pid'}",
                     "admin_users = postgres",
+                    *settings,
                     "",
                 ]
             )

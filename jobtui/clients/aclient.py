@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar, Unpack
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from jobtui.clients.base import (
     DEFAULT_CLIENT_TIMEOUT,
@@ -24,6 +25,7 @@ from jobtui.clients.base import (
     migrate_schema,
     reachable,
 )
+from jobtui.clients.reach import WAIT_SLICE, reporting_async_connection
 from jobtui.core.adapters import async_connection
 from jobtui.core.middleware import EnqueueHook, entered
 from jobtui.core.queue import EnqueueOptions, aenqueue, aenqueue_many
@@ -64,21 +66,56 @@ class AsyncQueue(ClientBase):
             jobs=jobs,
         )
         self._pool: AsyncConnectionPool[Any] | None = None
+        self._closing: set[asyncio.Task[None]] = set()  # pools the database left, closing
 
-    async def _get_pool(self) -> AsyncConnectionPool[Any]:
-        if self._pool is None:
-            self._pool = AsyncConnectionPool(
-                self.dsn,
-                **self._pool_options(),
-                check=AsyncConnectionPool.check_connection,  # see Queue
-            )
-            await self._pool.open(wait=False)
-        return self._pool
+    async def _get_pool(self) -> tuple[AsyncConnectionPool[Any], int]:
+        """See `Queue._get_pool`."""
+        reach = self._reach
+        reach.check()
+        pool, generation = self._pool, reach.generation
+        if pool is not None and self._pool_generation == generation:
+            return pool, generation
+        if pool is not None:
+            self._close_later(pool)
+        pool = self._pool = AsyncConnectionPool(
+            self.dsn,
+            **self._pool_options(),
+            connection_class=reporting_async_connection(lambda exc: self._lost(exc, generation)),
+            check=lambda conn: self._check(conn, generation),  # see Queue
+        )
+        self._pool_generation = generation
+        await pool.open(wait=False)
+        return pool, generation
+
+    async def _check(self, conn: psycopg.AsyncConnection[Any], generation: int) -> None:
+        began = time.monotonic()
+        try:
+            await AsyncConnectionPool.check_connection(conn)
+        except psycopg.Error as exc:
+            self._checked_slowly(began, exc, generation)
+            raise
+
+    def _lost(self, exc: BaseException, generation: int | None = None) -> None:
+        """See `Queue._lost`."""
+        if generation is not None and generation != self._pool_generation:
+            return
+        if self._reach.failed(exc):
+            pool, self._pool = self._pool, None
+            if pool is not None:
+                self._close_later(pool)
+
+    def _close_later(self, pool: AsyncConnectionPool[Any]) -> None:
+        task = asyncio.get_running_loop().create_task(pool.close(), name="jobtui-pool-close")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
+        self._reach.close()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
     async def __aenter__(self) -> AsyncQueue:
         return self
@@ -96,8 +133,10 @@ class AsyncQueue(ClientBase):
         """`fn` on `conn`, or on a pooled connection with the errors of `Queue._with_conn`."""
         if conn is not None:
             return await fn(await async_connection(conn))
+        pool, generation = await self._get_pool()
+        pooled = await self._getconn(pool, generation)
         try:
-            async with (await self._get_pool()).connection(timeout=self.timeout) as pooled:
+            async with pooled:  # commits, or rolls back on an error (a pooled connection stays open)
                 try:
                     if not autocommit:
                         return await fn(pooled)
@@ -110,9 +149,27 @@ class AsyncQueue(ClientBase):
                 except psycopg.OperationalError as exc:
                     if reachable(pooled):
                         raise
+                    self._lost(exc, generation)
                     raise unavailable(self.dsn, exc) from None
-        except PoolTimeout as exc:
-            raise unavailable(self.dsn, exc, waited=self.timeout) from None
+        finally:
+            await pool.putconn(pooled)
+
+    async def _getconn(self, pool: AsyncConnectionPool[Any], generation: int) -> psycopg.AsyncConnection[Any]:
+        """See `Queue._getconn`."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                got: psycopg.AsyncConnection[Any] = await pool.getconn(timeout=max(0.001, min(WAIT_SLICE, left)))
+                return got
+            except PoolTimeout as exc:
+                self._reach.check()
+                if left <= WAIT_SLICE:
+                    self._lost(exc, generation)
+                    raise unavailable(self.dsn, exc, waited=self.timeout) from None
+            except PoolClosed as exc:
+                self._reach.check()
+                raise unavailable(self.dsn, exc) from None
 
     async def check_schema(self) -> int:
         """Raise SchemaNotMigrated unless `jobtui migrate` has been run for this code."""

@@ -5,6 +5,7 @@ Only the running differs: on a sync pool or an async one.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -13,11 +14,13 @@ from typing import Any
 
 import psycopg
 
+from jobtui.clients.reach import Reach
 from jobtui.core.middleware import EnqueueHook, as_hook, entered
 from jobtui.core.queue import EnqueueOptions, enqueue_call
 from jobtui.core.registry import Jobs
 from jobtui.kernel import migrate
 from jobtui.kernel.db import (
+    DEAD_SOCKET_SECONDS,
     Call,
     check_dsn,
     connect,
@@ -26,12 +29,14 @@ from jobtui.kernel.db import (
     pooler_options,
     resolve_dsn,
     statements,
+    tcp_bounds,
 )
 from jobtui.kernel.domain import DEFAULT_SCHEMA, NewJob
 from jobtui.kernel.errors import InvalidInput
 from jobtui.kernel.jobfilter import JobFilter
 
-# How long a client call waits for a connection while the database is away, by default.
+# How long a client call waits for a pooled connection (all busy, or the first being opened),
+# by default. While the database is known to be away, a call does not wait (reach.py).
 DEFAULT_CLIENT_TIMEOUT = 10.0
 
 
@@ -103,15 +108,31 @@ class ClientBase:
         # Around every enqueue, in order (middleware.py); generator functions are made hooks.
         # AsyncQueue runs these sync hooks on its loop.
         self.middleware: list[EnqueueHook] = [as_hook(m) for m in middleware]
+        # Whether the database answers; each pool serves one of its generations (reach.py).
+        self._reach = Reach(self.dsn, self.pooler)
+        self._pool_generation = -1
 
     def _pool_options(self) -> dict[str, Any]:
-        """The options of the client's pool, sync or async alike."""
+        """The options of the client's pool, sync or async alike: its connections end within
+        DEAD_SOCKET_SECONDS of the database going silent, connecting too."""
+        connecting = connect_timeout(self.dsn) and {"connect_timeout": round(DEAD_SOCKET_SECONDS)}
         return {
             "min_size": 1,
             "max_size": self._max_connections,
             "open": False,
-            "kwargs": {**connect_timeout(self.dsn), **pooler_options(self.pooler)},
+            "kwargs": {**connecting, **tcp_bounds(self.dsn), **pooler_options(self.pooler)},
         }
+
+    def _checked_slowly(self, began: float, exc: BaseException, generation: int) -> None:
+        """A pooled connection's check failed: after waiting out its TCP bounds, the database
+        went silent (the client turns down: see reach.py); at once, the server dropped that
+        one connection (a restart, a terminated backend), and the pool tries another."""
+        if time.monotonic() - began >= DEAD_SOCKET_SECONDS / 2:
+            self._lost(exc, generation)
+
+    def _lost(self, exc: BaseException, generation: int | None = None) -> None:
+        """A call found the database unreachable (the subclass drops its pool)."""
+        raise NotImplementedError
 
     def _queue_for(self, job_type: str, queue: str | None) -> str | None:
         return self.registry.queue_of(job_type) if queue is None and self.registry is not None else queue

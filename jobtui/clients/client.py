@@ -1,6 +1,7 @@
 """The clients: `Queue` (sync) and `AsyncQueue`, for applications that enqueue and for
 scripts that operate the queue. Each holds a small pool of connections that it checks before
-use, and fails with DatabaseUnavailable after its timeout when the database is away.
+use. While the database is away every call fails at once with DatabaseUnavailable, and once
+it is back a new pool serves (reach.py).
 
     queue = Queue("postgresql://localhost/app")
     job_id = queue.enqueue("email.send", {"user_id": 42}, key="welcome:42")
@@ -9,12 +10,14 @@ use, and fails with DatabaseUnavailable after its timeout when the database is a
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar, Unpack
 
 import psycopg
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from jobtui.clients.base import (
     DEFAULT_CLIENT_TIMEOUT,
@@ -24,6 +27,7 @@ from jobtui.clients.base import (
     migrate_schema,
     reachable,
 )
+from jobtui.clients.reach import WAIT_SLICE, reporting_connection
 from jobtui.core import actions
 from jobtui.core.adapters import sync_connection
 from jobtui.core.audit import AuditEntry, audit_list_call
@@ -73,6 +77,12 @@ def _chunks(leases: Sequence[Lease]) -> list[Sequence[Lease]]:
     return [leases[i : i + LEASE_CHUNK] for i in range(0, len(leases), LEASE_CHUNK)] or [leases]
 
 
+def _close_later(pool: ConnectionPool[Any]) -> None:
+    """Close a pool the database left in a thread of its own: closing waits for its workers,
+    which may be connecting to a silent host."""
+    threading.Thread(target=pool.close, name="jobtui-pool-close", daemon=True).start()
+
+
 def _autocommitted(conn: psycopg.Connection[Any], fn: Callable[[], T]) -> T:
     """Run `fn` with each statement committing by itself, on a pooled connection.
 
@@ -118,23 +128,57 @@ class Queue(ClientBase):
             jobs=jobs,
         )
         self._pool: ConnectionPool[Any] | None = None
+        self._pool_lock = threading.RLock()
 
-    def _get_pool(self) -> ConnectionPool[Any]:
-        if self._pool is None:
-            self._pool = ConnectionPool(
+    def _get_pool(self) -> tuple[ConnectionPool[Any], int]:
+        """The pool of the database's current generation (a new one after an outage), and
+        that generation; DatabaseUnavailable at once while the database is away."""
+        reach = self._reach
+        reach.check()
+        with self._pool_lock:
+            pool, generation = self._pool, reach.generation
+            if pool is not None and self._pool_generation == generation:
+                return pool, generation
+            if pool is not None:
+                _close_later(pool)
+            pool = self._pool = ConnectionPool(
                 self.dsn,
                 **self._pool_options(),
+                connection_class=reporting_connection(lambda exc: self._lost(exc, generation)),
                 # A connection the server dropped (a restart) is found out and replaced
                 # when it is handed out, not by the caller's statement failing.
-                check=ConnectionPool.check_connection,
+                check=lambda conn: self._check(conn, generation),
             )
-            self._pool.open(wait=False)
-        return self._pool
+            self._pool_generation = generation
+        pool.open(wait=False)
+        return pool, generation
+
+    def _check(self, conn: psycopg.Connection[Any], generation: int) -> None:
+        began = time.monotonic()
+        try:
+            ConnectionPool.check_connection(conn)
+        except psycopg.Error as exc:
+            self._checked_slowly(began, exc, generation)
+            raise
+
+    def _lost(self, exc: BaseException, generation: int | None = None) -> None:
+        """The database is unreachable: the pool goes (closed in the background, which fails
+        the calls waiting for it at once), and calls fail at once until it answers again.
+        A failure of an older pool's connection says nothing of the database now."""
+        if generation is not None and generation != self._pool_generation:
+            return
+        if self._reach.failed(exc):
+            with self._pool_lock:
+                pool, self._pool = self._pool, None
+            if pool is not None:
+                _close_later(pool)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        self._reach.close()
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
 
     def __enter__(self) -> Queue:
         return self
@@ -145,16 +189,37 @@ class Queue(ClientBase):
     def _with_conn(self, conn: object | None, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         if conn is not None:
             return fn(sync_connection(conn))
+        pool, generation = self._get_pool()
+        pooled = self._getconn(pool, generation)
         try:
-            with self._get_pool().connection(timeout=self.timeout) as pooled:
+            with pooled:  # commits, or rolls back on an error (a pooled connection stays open)
                 try:
                     return fn(pooled)
                 except psycopg.OperationalError as exc:
                     if reachable(pooled):
                         raise  # about the statement (a deadlock, a timeout), not the server
+                    self._lost(exc, generation)
                     raise unavailable(self.dsn, exc) from None
-        except PoolTimeout as exc:
-            raise unavailable(self.dsn, exc, waited=self.timeout) from None
+        finally:
+            pool.putconn(pooled)
+
+    def _getconn(self, pool: ConnectionPool[Any], generation: int) -> psycopg.Connection[Any]:
+        """A connection of `pool` within the client's timeout; DatabaseUnavailable within
+        WAIT_SLICE of the client turning down meanwhile (the pool does not tell its waiters)."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                got: psycopg.Connection[Any] = pool.getconn(timeout=max(0.001, min(WAIT_SLICE, left)))
+                return got
+            except PoolTimeout as exc:
+                self._reach.check()
+                if left <= WAIT_SLICE:
+                    self._lost(exc, generation)
+                    raise unavailable(self.dsn, exc, waited=self.timeout) from None
+            except PoolClosed as exc:  # dropped while this call waited: the database went away
+                self._reach.check()
+                raise unavailable(self.dsn, exc) from None
 
     def run(self, call: Call[T], conn: object | None = None) -> T:
         """Run any `Call` (in `conn`'s transaction when given, else in its own)."""

@@ -363,19 +363,21 @@ class Scheduler:
                 await self._sync_specs_when_up(conn, stopping)
             while not stopping.is_set():
                 wait = MAX_TICK
+                live = None
                 try:
                     live = await conn.get(stopping)
-                    fired = await fire_due(live, self.schema)
-                    self.fired_count += len(fired)
-                    for f in fired:
-                        log.info("schedule %s: slot %s -> job %s", f.schedule, f.slot.isoformat(), f.job_id)
-                    until = await arun(live, Call("schedule_next_due", {}, _first_value), self.schema)
+                    async with conn.busy():  # the link watches how long the tick waits
+                        fired = await fire_due(live, self.schema)
+                        self.fired_count += len(fired)
+                        for f in fired:
+                            log.info("schedule %s: slot %s -> job %s", f.schedule, f.slot.isoformat(), f.job_id)
+                        until = await arun(live, Call("schedule_next_due", {}, _first_value), self.schema)
                     if until is not None:
                         wait = max(0.01, min(MAX_TICK, float(until)))
                 except (psycopg.OperationalError, DatabaseUnavailable) as exc:
                     if stopping.is_set():
                         break
-                    conn.lost(exc)
+                    conn.lost(exc, live)
                 except psycopg.errors.InsufficientPrivilege as exc:
                     raise PrivilegeMissing(
                         f"the scheduler's tick was refused: {first_line(exc)}; {GRANTS_HINT}"

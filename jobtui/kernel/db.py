@@ -295,6 +295,47 @@ def connect_timeout(dsn: str) -> dict[str, Any]:
     return {"connect_timeout": DEFAULT_CONNECT_TIMEOUT}
 
 
+# A connection whose peer stops answering (a silent partition, a host gone, a firewall or NAT
+# that forgot the connection) fails within about this many seconds, rather than waiting out
+# TCP's retransmissions (about 15 minutes on Linux). docs/scaling.md says why and how.
+DEAD_SOCKET_SECONDS = 5.0
+TCP_PARAMETERS = ("keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout")
+
+
+def tcp_bounds(dsn: str, within: float = DEAD_SOCKET_SECONDS) -> dict[str, Any]:
+    """libpq's TCP parameters that end a connection to `dsn` within about `within` seconds of
+    its peer going silent, sending or idle (those the DSN sets itself are left to it).
+
+    `tcp_user_timeout` ends it when what it sent stays unacknowledged that long (a statement
+    on a dead socket); keepalives probe an idle one (a LISTEN, a pooled connection) from
+    half that on, every second. A server that is slow but reachable acknowledges both, so
+    neither ends a long statement. Unix sockets ignore them.
+
+    >>> tcp_bounds("postgresql://db/app")
+    {'keepalives': 1, 'keepalives_idle': 2, 'keepalives_interval': 1, 'keepalives_count': 3, 'tcp_user_timeout': 5000}
+    """
+    seconds = max(1, round(within))
+    idle = max(1, seconds // 2)
+    bounds = {
+        "keepalives": 1,
+        "keepalives_idle": idle,
+        "keepalives_interval": 1,
+        "keepalives_count": max(1, seconds - idle),
+        "tcp_user_timeout": round(max(1.0, within) * 1000),
+    }
+    given = conninfo_to_dict(check_dsn(dsn))
+    return {k: v for k, v in bounds.items() if k not in given}
+
+
+def connection_options(dsn: str, within: float = DEAD_SOCKET_SECONDS) -> dict[str, Any]:
+    """The libpq options jobtui gives its own connections to `dsn`, for a handler's own:
+    a connect timeout and the TCP bounds of `tcp_bounds` (each unless the DSN sets it).
+
+        with psycopg.connect(dsn, **jobtui.connection_options(dsn)) as conn: ...
+    """
+    return {**connect_timeout(dsn), **tcp_bounds(dsn, within)}
+
+
 def unavailable(dsn: str, exc: BaseException, *, waited: float | None = None) -> DatabaseUnavailable:
     """A one-line DatabaseUnavailable for `dsn`, naming the driver's first line of error (or,
     when a pool had no connection to give, how long the caller waited)."""
@@ -338,8 +379,9 @@ def pooler_options(pooler: str | None = None) -> dict[str, Any]:
 
 def connect(dsn: str, *, autocommit: bool = False, pooler: str | None = None, **kwargs: Any) -> psycopg.Connection[Any]:
     """A new connection, or DatabaseUnavailable with a message that says what to check.
-    `pooler` defaults to JOBTUI_POOLER (see pooler_mode)."""
-    options = {**connect_timeout(dsn), **pooler_options(pooler), **kwargs}
+    `pooler` defaults to JOBTUI_POOLER (see pooler_mode). Its TCP bounds (tcp_bounds) are the
+    defaults; `kwargs` override them."""
+    options = {**connection_options(dsn), **pooler_options(pooler), **kwargs}
     try:
         return psycopg.connect(dsn, autocommit=autocommit, **options)
     except psycopg.OperationalError as exc:
@@ -350,7 +392,7 @@ async def aconnect(
     dsn: str, *, autocommit: bool = False, pooler: str | None = None, **kwargs: Any
 ) -> psycopg.AsyncConnection[Any]:
     """Async counterpart of `connect`."""
-    options = {**connect_timeout(dsn), **pooler_options(pooler), **kwargs}
+    options = {**connection_options(dsn), **pooler_options(pooler), **kwargs}
     try:
         return await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit, **options)
     except psycopg.OperationalError as exc:

@@ -33,10 +33,13 @@ STATEMENT_TIMEOUT = 5.0
 # long as it hangs) before it gives up with an error instead.
 WAIT_FOR_CONNECTION = 2.0
 # A read still waiting this long after the server should have cancelled it (a hung server, a
-# partition) is ended from the console's side, so a new connection can be tried.
+# partition) is ended from the console's side, so a new connection can be tried. On a network
+# gone silent the connection's TCP bounds (db.tcp_bounds, about 5 s) end it first.
 GIVE_UP_AFTER = STATEMENT_TIMEOUT + 3.0
-# TCP keepalives, so that a server that vanished (a host gone, a cable cut) ends the read.
-KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3}
+# Connecting gives up after libpq's shortest timeout: a refresh a second later tries again,
+# so after a partition heals the header clears within 2 s, not after a longer attempt's
+# retransmissions.
+CONNECT_TIMEOUT = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +102,7 @@ class DataSource:
             raise DatabaseUnavailable("the console is closing")
         if self._conn is None or self._conn.closed or self._conn.broken:
             conn = watched(
-                connect(self.dsn, autocommit=True, pooler=self.pooler, connect_timeout=3, **KEEPALIVES), self.schema
+                connect(self.dsn, autocommit=True, pooler=self.pooler, connect_timeout=CONNECT_TIMEOUT), self.schema
             )
             timeout = f"{round(STATEMENT_TIMEOUT * 1000)}ms"
             local = pooler_mode(self.pooler) == "transaction"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from jobtui.core.maintenance import ARCHIVE_TYPE, BUILTIN_TYPES, Retention, with_builtins
 from jobtui.core.middleware import prepared
 from jobtui.core.registry import Jobs, check_executor
-from jobtui.kernel.db import check_dsn
+from jobtui.kernel.db import DEAD_SOCKET_SECONDS, check_dsn
 from jobtui.kernel.domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA
 from jobtui.kernel.errors import InvalidInput
 from jobtui.worker.children import STOP_GRACE
@@ -39,6 +39,14 @@ class Timing:
     # A handler process gets this long between SIGTERM and SIGKILL, and its attempt is
     # given up this much earlier than a thread's (a short lease leaves it less).
     stop_grace: float
+
+    @property
+    def dead_socket(self) -> float:
+        """How long any of the worker's connections may wait on a peer gone silent (and a
+        statement wait before the worker checks the database answers): a quarter of the
+        lease, from 1 s to db.DEAD_SOCKET_SECONDS, so that a heartbeat stuck on a dead
+        socket is replaced while the lease it extends still holds."""
+        return min(DEAD_SOCKET_SECONDS, max(1.0, self.lease / 4))
 
     @classmethod
     def of(cls, lease: float, heartbeat_interval: float | None = None, reap_interval: float | None = None) -> Timing:

@@ -48,13 +48,21 @@ class Flights:
     _backoff: Callable[[Handler, Job], float]
     _spawn: Callable[[Coroutine[Any, Any, None]], None]
     events: Events
+    lease: float
+    lease_margin: float
+    stop_grace: float
 
     def _start(self, pool: str | None, claimed: ClaimedJob, lease_until: float) -> None:
-        handler = self.jobs.handlers[claimed.type]
         job = Job(claimed, self.worker_id, self.schema)
         now = time.monotonic()
+        executor = self._executors[claimed.type]
+        # The lease watch would give the attempt up at once (heartbeater.watch): not started.
+        if now >= lease_until - self.lease_margin - (self.stop_grace if executor == PROCESS else 0.0):
+            self._hand_back_unstarted(job, claimed, now - (lease_until - self.lease))
+            return
+        handler = self.jobs.handlers[claimed.type]
         deadline = now + handler.timeout if handler.timeout else None
-        flight = InFlight(job, claimed, now, deadline, lease_until, pool=pool, executor=self._executors[claimed.type])
+        flight = InFlight(job, claimed, now, deadline, lease_until, pool=pool, executor=executor)
         older = self.in_flight.get(claimed.id)
         if older is not None:  # an older attempt of the job, still being written or given up
             self.slots.held[older.pool] -= 1
@@ -66,6 +74,31 @@ class Flights:
         self.slots.held[pool] += 1
         self.slots.busy[pool] += 1
         flight.task = asyncio.create_task(self._execute(handler, flight, older))
+
+    def _hand_back_unstarted(self, job: Job, claimed: ClaimedJob, took: float) -> None:
+        """A claim answered when the job's lease may have run out already (the answer came
+        `took` seconds after the claim was sent: an outage, a frozen server): the job goes
+        back to ready, not started and not counted, fenced by its token (which another
+        worker's reaper may have replaced meanwhile)."""
+        why = (
+            f"the claim's answer came {took:.1f}s after it was sent, when its lease ({self.lease:g}s) may have run out"
+        )
+        log.warning(
+            "job %d (%s) attempt %d: %s; handed back to ready unstarted, not counted",
+            job.id,
+            job.type,
+            job.attempt,
+            why,
+            extra=fields(job),
+        )
+
+        def written(ok: bool) -> None:
+            if ok:
+                (self.builtin_counts if job.type == ARCHIVE_TYPE else self.counts)["abandoned"] += 1
+            if self.events.watched:
+                self.events.tell("released" if ok else "lost", (job.id,))
+
+        self._writer.submit(Outcome.ABANDONED, claimed.lease, written, f"not started: {why}")
 
     def _claimed_again(self, older: InFlight) -> None:
         """This worker claimed a job again while an older attempt's handler still runs here

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 import psycopg
 
 from jobtui.core.queue import heartbeat_beat_call
-from jobtui.kernel.db import first_line
+from jobtui.kernel.db import Call, first_line
 from jobtui.kernel.errors import DatabaseUnavailable
 from jobtui.kernel.link import Connection, Link
 from jobtui.worker.config import Timing
@@ -111,7 +111,7 @@ class Heartbeater:
             await link.wait(False)
             generation = link.generation
             try:
-                await self.beat()
+                await self.beat(answer=link.heartbeat_due)
             except (psycopg.OperationalError, DatabaseUnavailable):
                 continue  # the link is down: the heartbeat is due again once the database is back
             except psycopg.errors.InsufficientPrivilege as exc:
@@ -122,8 +122,10 @@ class Heartbeater:
                 continue
             link.opened(generation)
 
-    async def beat(self) -> None:
-        """Extend every in-flight lease in one statement; give up the ones lost.
+    async def beat(self, *, answer: bool = False) -> None:
+        """Extend every in-flight lease in one statement; give up the ones lost. With
+        `answer` (after an outage), the heartbeat's connection answers a statement even with
+        no lease to extend: claims wait for it.
 
         Raises connection errors (the caller waits for the database, then tries again with
         the jobs in flight then, rather than with this statement's).
@@ -132,6 +134,8 @@ class Heartbeater:
         self._last_beat = now
         flights = [f for f in self._flights() if beats(f, now)]
         if not flights:
+            if answer:
+                await self._conn.run(Call("db_now", {}, _nothing), self._schema, retry=False)
             return
         # Threads given up or over their timeout run on: their leases are kept even if expired.
         keep = [f.claimed.id for f in flights if f.job.marked_lost]
@@ -191,6 +195,10 @@ class Heartbeater:
                     earliest = give_up_at
             wait = 0.5 if earliest is None else earliest - now
             await asyncio.sleep(min(0.5, max(0.02, wait)))
+
+
+def _nothing(rows: object) -> None:
+    return None
 
 
 def beats(flight: InFlight, now: float) -> bool:

@@ -72,6 +72,6 @@ async def listen(
                     else:
                         wake()
             except psycopg.OperationalError as exc:
-                conn.lost(exc)
+                conn.lost(exc, live)
     finally:
         await conn.close()

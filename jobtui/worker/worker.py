@@ -247,7 +247,7 @@ class Worker(Flights):
         # claims, reaping, LISTEN and the scheduler wait until the heartbeat went first.
         pooler = self.pooler
         pooled = transaction_pooled(pooler)
-        link = self._link = Link(self.dsn, heartbeat_first=True, pooler=pooler)
+        link = self._link = Link(self.dsn, heartbeat_first=True, pooler=pooler, within=self.timing.dead_socket)
         # Claims and reaping share a connection; outcomes and heartbeats have their own, so
         # that neither waits behind a claim.
         claim_conn = Connection(

@@ -29,6 +29,7 @@ import psycopg
 
 from jobtui.core.registry import Job, Jobs
 from jobtui.kernel.backoff import BackoffPolicy
+from jobtui.kernel.db import connection_options
 
 jobs = Jobs()
 
@@ -72,6 +73,12 @@ def _dsn() -> str:
     return os.environ["JOBTUI_DSN"]
 
 
+def _options() -> dict[str, Any]:
+    """A handler's connection as docs/scaling.md advises: it fails within seconds when the
+    database goes silent, rather than when TCP gives up."""
+    return connection_options(_dsn())
+
+
 def _seconds(value: Any, job: Job) -> float:
     if isinstance(value, list):
         return float(value[job.attempt - 1]) if job.attempt <= len(value) else 0.0
@@ -94,7 +101,7 @@ def _fail_first(job: Job) -> None:
 
 def _effect(job: Job) -> None:
     payload = job.payload
-    with psycopg.connect(_dsn(), autocommit=True, connect_timeout=10) as conn:
+    with psycopg.connect(_dsn(), autocommit=True, **_options()) as conn:
         conn.execute(_ATTEMPT, _attempt_row(job, "start"))
         time.sleep(_seconds(payload.get("before"), job))
         _fail_first(job)
@@ -108,7 +115,7 @@ def _effect(job: Job) -> None:
 
 async def _effect_async(job: Job) -> None:
     payload = job.payload
-    async with await psycopg.AsyncConnection.connect(_dsn(), autocommit=True, connect_timeout=10) as conn:
+    async with await psycopg.AsyncConnection.connect(_dsn(), autocommit=True, **_options()) as conn:
         await conn.execute(_ATTEMPT, _attempt_row(job, "start"))
         await asyncio.sleep(_seconds(payload.get("before"), job))
         _fail_first(job)
@@ -135,7 +142,7 @@ async def effect_async(job: Job) -> None:
 @jobs.handler("chaos.poison", max_attempts=POISON_ATTEMPTS, backoff=BackoffPolicy(base=0.1, cap=0.2))
 def poison(job: Job) -> None:
     """Always fails: dead by design after POISON_ATTEMPTS attempts, with no effect."""
-    with psycopg.connect(_dsn(), autocommit=True, connect_timeout=10) as conn:
+    with psycopg.connect(_dsn(), autocommit=True, **_options()) as conn:
         conn.execute(_ATTEMPT, _attempt_row(job, "start"))
     raise ValueError(f"poison: attempt {job.attempt} always fails")
 
@@ -143,7 +150,7 @@ def poison(job: Job) -> None:
 @jobs.handler("chaos.clock", max_attempts=EFFECT_ATTEMPTS, backoff=FAST)
 def clock(job: Job) -> None:
     """Records this worker's wall clock next to the database's, then does the effect."""
-    with psycopg.connect(_dsn(), autocommit=True, connect_timeout=10) as conn:
+    with psycopg.connect(_dsn(), autocommit=True, **_options()) as conn:
         conn.execute(_CLOCK, (job.id, job.worker_id, time.time()))
     _effect(job)
 

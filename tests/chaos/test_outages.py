@@ -419,22 +419,24 @@ def test_pooled_clients_survive_the_server_dropping_their_connections(dsn: str, 
 
 
 def test_every_client_call_fails_the_same_way_when_the_database_is_away(dsn: str, proxy: Proxy) -> None:
+    # Connections refused or reset: every call fails at once, naming why, however long its
+    # timeout (3 s: the first call starts the client's pool on a loaded machine).
     proxy.cut()
     away = proxy.dsn(dsn)
     bulk = [NewJob("t") for _ in range(2000)]
-    with Queue(away, timeout=1) as q:
+    with Queue(away, timeout=10) as q:
         for call in (lambda: q.enqueue("t"), lambda: q.enqueue_many(bulk)):
             began = time.monotonic()
-            with pytest.raises(DatabaseUnavailable, match="no connection within 1s"):
+            with pytest.raises(DatabaseUnavailable, match="cannot reach PostgreSQL"):
                 call()
-            assert time.monotonic() - began < 5
+            assert time.monotonic() - began < 3
 
     async def async_side() -> None:
-        async with AsyncQueue(away, timeout=1) as aq:
+        async with AsyncQueue(away, timeout=10) as aq:
             for call in (lambda: aq.enqueue("t"), lambda: aq.enqueue_many(bulk)):
                 began = time.monotonic()
-                with pytest.raises(DatabaseUnavailable, match="no connection within 1s"):
+                with pytest.raises(DatabaseUnavailable, match="cannot reach PostgreSQL"):
                     await call()
-                assert time.monotonic() - began < 5
+                assert time.monotonic() - began < 3
 
     asyncio.run(async_side())

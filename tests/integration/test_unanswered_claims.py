@@ -1,12 +1,19 @@
 """A claim whose answer was lost (its connection broke during it: a failover, a restart) took
-jobs the worker never saw. The worker gives them back, uncounted, before it claims again."""
+jobs the worker never saw. The worker gives them back, uncounted, before it claims again.
+A claim whose answer came after the lease it granted could have run out hands its jobs back,
+unstarted and uncounted."""
 
 from __future__ import annotations
 
-import psycopg
+import asyncio
 
-from jobtui import NewJob, Queue
+import psycopg
+import pytest
+
+from jobtui import Job, Jobs, NewJob, Queue, Worker
 from jobtui.core.queue import release_unanswered_call
+from jobtui.core.queues import set_limit
+from tests.waits import until
 
 Conn = psycopg.Connection[tuple[object, ...]]
 
@@ -27,3 +34,46 @@ def test_jobs_of_a_lost_claim_go_back_to_ready_uncounted_and_no_others(dsn: str,
         assert rows[job_id] == ("ready", 0, "abandoned")
     for job in held + others:
         assert rows[job.id][:2] == ("running", 1)
+
+
+async def test_a_claim_answered_after_its_lease_hands_its_jobs_back_unstarted(
+    dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    started: list[int] = []
+    jobs = Jobs()
+
+    @jobs.handler("limited.job")
+    async def run(job: Job) -> None:
+        started.append(job.attempt)
+
+    with Queue(dsn) as queue:
+        set_limit(conn, "limited", 5, actor="test")
+        job_id = queue.enqueue("limited.job", {}, queue="limited")
+    lease = 2.0
+    worker = Worker(jobs, dsn, queues={"limited": 1}, lease=lease, scheduler=False, retention=None, poll_interval=0.05)
+    # The claim of a queue with a limit waits for the queue's lock: held here, the claim's
+    # answer comes after the lease it grants could have run out.
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ('"jobtui".queue_limit.limited',))
+        task = asyncio.create_task(worker.run())
+        waiting = (
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%jobtui: claim%'"
+        )
+        await until(lambda: conn.execute(waiting).fetchone() == (1,), 10, "the claim to wait for the lock")
+        await asyncio.sleep(lease + 0.5)  # the claim waits past its lease
+        holder.commit()
+    try:
+        await until(lambda: started, 10, "the job to run")
+        await until(lambda: worker.counts["done"] == 1, 10, "its outcome written")
+    finally:
+        worker.stop()
+        await task
+    # Handed back unstarted and uncounted, then claimed again and run once.
+    assert started == [1]
+    assert worker.counts["abandoned"] == 1
+    row = conn.execute("SELECT status, attempts, errors FROM jobtui.job WHERE id = %s", (job_id,)).fetchone()
+    assert row is not None and row[:2] == ("done", 1)
+    entries: list[dict[str, str]] = row[2]  # type: ignore[assignment]
+    (entry,) = entries
+    assert entry["kind"] == "abandoned" and entry["error"].startswith("not started: the claim's answer came")
+    assert "handed back to ready unstarted, not counted" in caplog.text
