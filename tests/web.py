@@ -93,6 +93,15 @@ def audit_rows(dsn: str) -> list[tuple[str, str, int]]:
     return [(str(a), str(b), int(c)) for a, b, c in rows]
 
 
+def header_where(dsn: str) -> str:
+    """Where the console's header says it reads `dsn`: role@host:port/database, as the server
+    answers it (a socket directory for the embedded server, no assumed host or port)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT current_user, current_database()").fetchone()
+        assert row is not None
+        return f"{row[0]}@{conn.info.host}:{conn.info.port}/{row[1]}"
+
+
 def console_connections(dsn: str, user: str) -> int:
     """Database connections the consoles of `user` hold (each names its user, PGAPPNAME)."""
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -31,6 +31,7 @@ from tests.web import (
     ServeProcess,
     audit_rows,
     chromium_missing,
+    header_where,
     seed_dead,
     statuses,
     watch_browser_socket,
@@ -151,7 +152,7 @@ def footer(screen: str) -> str:
 def test_an_operator_signs_in_switches_panes_and_requeues_a_dead_group(
     context: Any, server: ServeProcess, database: tuple[str, str]
 ) -> None:
-    name, dsn = database
+    _, dsn = database
     ids = seed_dead(dsn, 3, "email.send")
     page = context.new_page()
     screen, _ = watch_browser_socket(page)
@@ -160,7 +161,8 @@ def test_an_operator_signs_in_switches_panes_and_requeues_a_dead_group(
     assert page.inner_text("#user") == "alice"
 
     # The header names the database the console reads.
-    until(page, screen, "the header", lambda s: f"postgres@127.0.0.1:5432/{name} schema jobtui" in s)
+    where = header_where(dsn)
+    until(page, screen, "the header", lambda s: f"{where} schema jobtui" in s)
     for key, column in (("2", "lease left"), ("5", "missed"), ("7", "paused"), ("3", "error fingerprint")):
         press_until(page, screen, key, f"pane {key}", lambda s, c=column: c in s)
     # The dead group, and the key to requeue it (the footer follows the pane a frame later).
