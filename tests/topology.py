@@ -100,8 +100,10 @@ class PgBouncer:
         upstream_port: int = 5432,
         pool_size: int = 4,
         mode: str = "transaction",
+        users: Sequence[str] = ("postgres",),
     ) -> PgBouncer:
-        """Start PgBouncer; skips the test when the pgbouncer package is not installed."""
+        """Start PgBouncer, letting in `users` (trust: no password); skips the test when the
+        pgbouncer package is not installed."""
         if PGBOUNCER is None:
             pytest.skip("pgbouncer is not installed: apt-get install -y pgbouncer (.ci/run does it)")
         proxy = None
@@ -110,7 +112,7 @@ class PgBouncer:
             upstream_host, upstream_port = "127.0.0.1", proxy.port
         base = _own_dir("jobtui-pgbouncer-")
         port = _free_port()
-        (base / "users.txt").write_text('"postgres" ""\n')
+        (base / "users.txt").write_text("".join(f'"{user}" ""\n' for user in users))
         (base / "pgbouncer.ini").write_text(
             "\n".join(
                 [

@@ -32,6 +32,7 @@ from tests.web import (
     audit_rows,
     chromium_missing,
     header_where,
+    read_only_role,
     seed_dead,
     statuses,
     watch_browser_socket,
@@ -73,8 +74,15 @@ def users(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(database: tuple[str, str], users: Path) -> Iterator[ServeProcess]:
-    serve = ServeProcess(database[1], users)
+def viewer_dsn(database: tuple[str, str]) -> Iterator[str]:
+    """A read-only role's DSN (docs/grants.sql), for viewers' consoles."""
+    with read_only_role(database[1]) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def server(database: tuple[str, str], users: Path, viewer_dsn: str) -> Iterator[ServeProcess]:
+    serve = ServeProcess(database[1], users, viewer_dsn=viewer_dsn)
     yield serve
     serve.stop()
 
@@ -224,9 +232,9 @@ def test_a_viewer_sees_no_change_keys_and_changes_nothing(
 
 
 def test_wrong_password_no_cookie_other_origin_and_idle_session_are_refused(
-    browser: Any, database: tuple[str, str], users: Path
+    browser: Any, database: tuple[str, str], users: Path, viewer_dsn: str
 ) -> None:
-    server = ServeProcess(database[1], users, "--idle-timeout", "4s")
+    server = ServeProcess(database[1], users, "--idle-timeout", "4s", viewer_dsn=viewer_dsn)
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     ws_url = server.url.replace("http://", "ws://") + "/ws"
     try:
