@@ -275,3 +275,59 @@ def test_wrong_password_no_cookie_other_origin_and_idle_session_are_refused(
     finally:
         context.close()
         server.stop()
+
+
+KEYED = 50  # drill-downs opened, each with its key in the same write
+# Types keys as one input event of the terminal's text area, as a fast typist's or an input
+# method's keys may come: xterm.js sends them in one message (insert_text would send "\r" as a
+# line break, which the terminal does not take).
+TYPE_AT_ONCE = """(keys) => document.querySelector(".xterm-helper-textarea")
+  .dispatchEvent(new InputEvent("input", {data: keys, inputType: "insertText"}))"""
+
+
+def test_a_screens_key_typed_with_the_key_that_opens_it_arrives_every_time(
+    context: Any, server: ServeProcess, database: tuple[str, str]
+) -> None:
+    """Enter (a dead group's jobs), r (requeue the job under the cursor) and y (the answer),
+    typed as one input of the page's terminal (one WebSocket message, one write to the
+    console), 50 times: every requeue happens, counted by its audit row."""
+    _, dsn = database
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobtui.job (type, status, attempts, max_attempts, last_error, started_at, finished_at)"
+            " SELECT 'burst.send', 'dead', 3, 3, 'BurstError: upstream ' || i || ' did not answer', now(), now()"
+            " FROM generate_series(1, %s) AS i",
+            (KEYED,),
+        )
+    before = len(audit_rows(dsn))
+    page = context.new_page()
+    screen, _ = watch_browser_socket(page)
+    sent: list[str] = []
+    page.on("websocket", lambda socket: socket.on("framesent", lambda p: sent.append(p) if "stdin" in p else None))
+    sign_in(page, server.url, "alice")
+    until(page, screen, "the console", lambda s: "updated" in s)
+
+    def dead_pane(s: str) -> bool:
+        return "error fingerprint" in s and "BurstError" in s and " jobs of " not in s
+
+    page.keyboard.press("3")
+    until(page, screen, "the dead pane", lambda s: "error fingerprint" in s)
+    page.keyboard.press("/")
+    until(page, screen, "the filter box", lambda s: "search jobs: payload:" in s)
+    page.keyboard.type("BurstError")
+    page.keyboard.press("Enter")
+    until(page, screen, "the group alone", lambda s: dead_pane(s) and "filter: 'BurstError'" in s)
+    for done in range(1, KEYED + 1):
+        sent.clear()
+        page.evaluate(TYPE_AT_ONCE, "\rry")  # the list, its key, the question's answer
+        wait_until(lambda n=done: len(audit_rows(dsn)) >= before + n, 10, f"requeue {done} of {KEYED}", screen.text)
+        assert sent == ['["stdin","\\rry"]'], sent  # one message: one write to the console
+        page.keyboard.press("Escape")
+        until(page, screen, "back to the dead pane", dead_pane)
+    assert audit_rows(dsn)[before:] == [("web:alice", "requeue", 1)] * KEYED
+    assert statuses(dsn, [int(r[0]) for r in job_ids(dsn, "burst.send")]) == ["ready"] * KEYED
+
+
+def job_ids(dsn: str, job_type: str) -> list[tuple[int]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT id FROM jobtui.job WHERE type = %s ORDER BY id", (job_type,)).fetchall()

@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from tests.hostile import Texts, seed, visible
+from tests.tui.helpers import query
 from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -149,3 +150,44 @@ def test_hostile_rows_neither_retitle_nor_blank_the_terminal(dsn: str, terminal:
     assert any(all(t in line for t in tabs) for line in tab_bar), screen
     terminal.keys("q")
     terminal.wait(lambda s: "1 Ready" not in s, what="the console to quit")
+
+
+KEYED = 50  # drill-downs opened, each with its key in the same write
+
+
+def test_a_screens_key_typed_with_the_key_that_opens_it_is_never_lost(dsn: str, terminal: Terminal) -> None:
+    """Enter (a dead group's jobs), r (requeue the job under the cursor) and y (the answer) go to
+    the console in one send-keys, 50 times: each opens its screens while the next keys are on
+    their way, and every requeue happens, counted by its audit row."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobtui.job (type, status, attempts, max_attempts, last_error, started_at, finished_at)"
+            " SELECT 'burst.send', 'dead', 3, 3, 'TimeoutError: upstream ' || i || ' did not answer', now(), now()"
+            " FROM generate_series(1, %s) AS i",
+            (KEYED,),
+        )
+    command = f"unset COLUMNS LINES; exec {sys.executable} -m jobtui.cli --actor tester"
+    terminal.tmux(
+        "-f", "/dev/null", "new-session", "-d", "-s", "console", "-x", "160", "-y", "40", "-c", str(ROOT),
+        "-e", f"JOBTUI_DSN={dsn}", "sh", "-c", command,
+    )  # fmt: skip
+
+    def dead_pane(s: str) -> bool:
+        return "error fingerprint" in s and "burst.send" in s and " jobs of " not in s
+
+    terminal.wait(lambda s: "1 Ready" in s and "updated" in s, "the console")
+    terminal.keys("3")
+    terminal.wait(dead_pane, "the dead pane")
+    for done in range(1, KEYED + 1):
+        terminal.keys("Enter", "r", "y")  # one write: the list, its key, the question's answer
+        wait_until(lambda n=done: audit_count(dsn) >= n, 10, f"requeue {done} of {KEYED}", terminal.screen)
+        terminal.keys("Escape")
+        terminal.wait(dead_pane, "back to the dead pane")
+    rows = query(dsn, "SELECT actor, action, rows FROM jobtui.audit ORDER BY id")
+    assert rows == [("tester", "requeue", 1)] * KEYED
+    assert query(dsn, "SELECT status, count(*) FROM jobtui.job GROUP BY status") == [("ready", KEYED)]
+    terminal.keys("q")
+
+
+def audit_count(dsn: str) -> int:
+    return int(query(dsn, "SELECT count(*) FROM jobtui.audit")[0][0])
