@@ -348,16 +348,6 @@ class ProtocolConsole:
         for key in keys:
             await self.socket.send_str(json.dumps(["stdin", key]))
 
-    async def press_until(self, key: str, what: str, condition: Callable[[str], bool], tries: int = 4) -> str:
-        """Send `key` until the screen satisfies `condition`: a key that reaches a screen still
-        setting itself up can be missed, and what is tested is what the key opens."""
-        for _ in range(tries - 1):
-            await self.keys(key)
-            with contextlib.suppress(AssertionError):
-                return await self.wait(what, condition, timeout=5.0)
-        await self.keys(key)
-        return await self.wait(what, condition)
-
     async def wait(self, what: str, condition: Callable[[str], bool], timeout: float = 20.0) -> str:
         """Until the screen satisfies `condition`, looked at again after each frame."""
         deadline = time.monotonic() + timeout
