@@ -54,6 +54,7 @@ from jobtui.web.users import VIEWER, UsersFile
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 BENCH_DB = "jobtui_bench_web"
+VIEWER_ROLE = "jobtui_bench_web_viewer"
 ROOT = Path(__file__).resolve().parents[1]
 PASSWORD = "bench-password-1"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -307,7 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     users = UsersFile(workdir / "users")
     for i in range(args.sessions):
         users.add(f"viewer{i}", PASSWORD, role=VIEWER)
-    env = {**os.environ, "JOBTUI_DSN": dsn}
+    # The viewers' consoles connect as a read-only role (docs/grants.sql), as serve requires.
+    grants = ["-v", "schema=jobtui", "-v", f"role={VIEWER_ROLE}", "-v", "read_only=1", "-v", "create_role=1"]
+    subprocess.run(["psql", "-X", "-q", dsn, *grants, "-f", str(ROOT / "docs" / "grants.sql")], check=True)
+    env = {**os.environ, "JOBTUI_DSN": dsn, "JOBTUI_VIEWER_DSN": make_conninfo(dsn, user=VIEWER_ROLE)}
     command = [sys.executable, "-m", "jobtui.cli", "serve", "--users", str(users.path), "--port", "0"]
     command += ["--max-sessions", str(args.sessions)]
     log = (workdir / "serve.log").open("w+")
@@ -333,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             with psycopg.connect(args.dsn, autocommit=True) as admin:
                 admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(BENCH_DB)))
-            print(f"dropped {BENCH_DB}")
+                admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(VIEWER_ROLE)))
+            print(f"dropped {BENCH_DB} and role {VIEWER_ROLE}")
     report(args, result)
     return 0
 

@@ -102,10 +102,11 @@ class PgBouncer:
         mode: str = "transaction",
         listen_addr: str = "127.0.0.1",
         settings: Sequence[str] = (),
+        users: Sequence[str] = ("postgres",),
     ) -> PgBouncer:
         """Start PgBouncer, listening on `listen_addr` (addresses separated by commas; `dsn`
-        names the first) with `settings` added to its [pgbouncer] section; skips the test
-        when the pgbouncer package is not installed."""
+        names the first), letting in `users` (trust: no password), with `settings` added to
+        its [pgbouncer] section; skips the test when the pgbouncer package is not installed."""
         if PGBOUNCER is None:
             pytest.skip("pgbouncer is not installed: apt-get install -y pgbouncer (.ci/run does it)")
         proxy = None
@@ -114,7 +115,7 @@ class PgBouncer:
             upstream_host, upstream_port = "127.0.0.1", proxy.port
         base = _own_dir("jobtui-pgbouncer-")
         port = _free_port()
-        (base / "users.txt").write_text('"postgres" ""\n')
+        (base / "users.txt").write_text("".join(f'"{user}" ""\n' for user in users))
         (base / "pgbouncer.ini").write_text(
             "\n".join(
                 [

@@ -24,13 +24,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import psycopg
 import pyte
+from psycopg.conninfo import make_conninfo
 
 from jobtui.web.users import OPERATOR, VIEWER, UsersFile
 from tests.waits import wait_until
@@ -93,6 +94,15 @@ def audit_rows(dsn: str) -> list[tuple[str, str, int]]:
     return [(str(a), str(b), int(c)) for a, b, c in rows]
 
 
+def header_where(dsn: str) -> str:
+    """Where the console's header says it reads `dsn`: role@host:port/database, as the server
+    answers it (a socket directory for the embedded server, no assumed host or port)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT current_user, current_database()").fetchone()
+        assert row is not None
+        return f"{row[0]}@{conn.info.host}:{conn.info.port}/{row[1]}"
+
+
 def console_connections(dsn: str, user: str) -> int:
     """Database connections the consoles of `user` hold (each names its user, PGAPPNAME)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -103,12 +113,106 @@ def console_connections(dsn: str, user: str) -> int:
     return int(row[0])
 
 
-class ServeProcess:
-    """`jobtui serve --port 0` on `dsn`, its log gathered from stderr."""
+@contextlib.contextmanager
+def read_only_role(admin_dsn: str) -> Iterator[str]:
+    """A role of the test's own with the read grants of docs/grants.sql (-v read_only=1), made
+    by psql running the file; its DSN. Dropped afterwards."""
+    from tests.roles import drop_roles, role_names, run_grants
 
-    def __init__(self, dsn: str, users: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    _, role = role_names("viewer")
+    try:
+        run_grants(admin_dsn, role, read_only=True, create_role=True)
+        yield make_conninfo(admin_dsn, user=role)
+    finally:
+        drop_roles(admin_dsn, role)
+
+
+# A fault in every web console process, for the tests: Python imports sitecustomize at start
+# from PYTHONPATH. In a console of `jobtui serve` (TERM_PROGRAM says so), the first connection
+# the console opens sends change statements of its own, each in a transaction rolled back,
+# and the outcome goes to FAULTS_DIR/<pid>.json: "ok", or PostgreSQL's SQLSTATE and message.
+FAULT_HOOK = """
+import json, os
+from pathlib import Path
+
+if os.environ.get("TERM_PROGRAM") == "jobtui-serve" and os.environ.get("JOBTUI_TEST_FAULTS"):
+    import psycopg
+
+    _connect = psycopg.connect
+    _done = []
+
+    def _fault(conn):
+        outcome = {"role": conn.execute("SELECT current_user").fetchone()[0]}
+        audit = "INSERT INTO jobtui.audit (actor, action, rows) VALUES ('fault', 'requeue', 1)"
+        for name, statements in (
+            ("audit", [audit]),
+            ("requeue", ["UPDATE jobtui.job SET status = 'ready', attempts = 0 WHERE status = 'dead'"]),
+            ("reset role", ["RESET ROLE", audit]),
+        ):
+            try:
+                with conn.transaction(force_rollback=True):
+                    for statement in statements:
+                        conn.execute(statement)
+                outcome[name] = "ok"
+            except psycopg.Error as exc:
+                outcome[name] = f"{exc.sqlstate} {str(exc).splitlines()[0]}"
+        folder = Path(os.environ["JOBTUI_TEST_FAULTS"])
+        (folder / f"{os.getpid()}.tmp").write_text(json.dumps(outcome))
+        (folder / f"{os.getpid()}.tmp").rename(folder / f"{os.getpid()}.json")
+
+    def connect(*args, **kwargs):
+        conn = _connect(*args, **kwargs)
+        if not _done:
+            _done.append(True)
+            _fault(conn)
+        return conn
+
+    psycopg.connect = connect
+"""
+
+
+class ConsoleFaults:
+    """The hook above, installed for the consoles of a `ServeProcess` given `env()`."""
+
+    def __init__(self, directory: Path) -> None:
+        self.hook = directory / "hook"
+        self.found = directory / "faults"
+        self.hook.mkdir()
+        self.found.mkdir()
+        self.seen: set[str] = set()
+        (self.hook / "sitecustomize.py").write_text(FAULT_HOOK)
+
+    def env(self) -> dict[str, str]:
+        path = os.pathsep.join(p for p in (str(self.hook), os.environ.get("PYTHONPATH", "")) if p)
+        return {"PYTHONPATH": path, "JOBTUI_TEST_FAULTS": str(self.found)}
+
+    def next(self, timeout: float = 20.0) -> dict[str, str]:
+        """The outcome of the fault of the next console to connect: its role, and what each
+        change got."""
+
+        def outcome() -> dict[str, str] | None:
+            for path in sorted(self.found.glob("*.json")):
+                if path.name not in self.seen:
+                    self.seen.add(path.name)
+                    found: dict[str, str] = json.loads(path.read_text())
+                    return found
+            return None
+
+        return wait_until(outcome, timeout, "a console to send its fault")  # type: ignore[no-any-return]
+
+
+class ServeProcess:
+    """`jobtui serve --port 0` on `dsn`, its log gathered from stderr; viewers' consoles on
+    `viewer_dsn` (JOBTUI_VIEWER_DSN)."""
+
+    def __init__(
+        self, dsn: str, users: Path, *args: str, viewer_dsn: str | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.lines: list[str] = []
         full_env = {**os.environ, "JOBTUI_DSN": dsn, **(env or {})}
+        full_env.pop("JOBTUI_VIEWER_DSN", None)
+        if viewer_dsn is not None:
+            full_env["JOBTUI_VIEWER_DSN"] = viewer_dsn
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jobtui.cli", "serve", "--users", str(users), "--port", "0", *args],
             cwd=ROOT,
@@ -243,16 +347,6 @@ class ProtocolConsole:
     async def keys(self, *keys: str) -> None:
         for key in keys:
             await self.socket.send_str(json.dumps(["stdin", key]))
-
-    async def press_until(self, key: str, what: str, condition: Callable[[str], bool], tries: int = 4) -> str:
-        """Send `key` until the screen satisfies `condition`: a key that reaches a screen still
-        setting itself up can be missed, and what is tested is what the key opens."""
-        for _ in range(tries - 1):
-            await self.keys(key)
-            with contextlib.suppress(AssertionError):
-                return await self.wait(what, condition, timeout=5.0)
-        await self.keys(key)
-        return await self.wait(what, condition)
 
     async def wait(self, what: str, condition: Callable[[str], bool], timeout: float = 20.0) -> str:
         """Until the screen satisfies `condition`, looked at again after each frame."""

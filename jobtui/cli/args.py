@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import os
 import socket
 import sys
 from collections.abc import Callable
@@ -35,16 +36,37 @@ NO_DATABASE = "no database given: set JOBTUI_DSN or pass --dsn; `jobtui demo` ru
 GLOBAL_OPTIONS = ("--dsn", "--schema", "--actor", "--embedded")
 
 
-def database_dsn(args: argparse.Namespace, *, embedded_by_default: bool = False) -> str:
+def database_dsn(args: argparse.Namespace) -> str:
     """The DSN from --dsn / JOBTUI_DSN / DATABASE_URL; the embedded server's only when asked
-    (--embedded, or `jobtui demo`), never by surprise: a console on an empty server of its own
-    would show an operator a quiet queue during an incident."""
+    (--embedded), never by surprise: a console on an empty server of its own would show an
+    operator a quiet queue during an incident."""
     dsn = resolve_dsn(args.dsn)
     if dsn is None:
-        if not (embedded_by_default or getattr(args, "embedded", False)):
+        if not getattr(args, "embedded", False):
             raise InvalidInput(NO_DATABASE)
-        dsn = embedded_dsn()
-        print(f"jobtui: using the embedded PostgreSQL ({describe_dsn(dsn)})", file=sys.stderr)
+        dsn = _embedded()
+    return dsn
+
+
+def demo_dsn(args: argparse.Namespace) -> str:
+    """The demo's database: --dsn from its own command line, else the embedded server. A DSN
+    from the environment is an application's (an app shell sets JOBTUI_DSN or DATABASE_URL):
+    the demo makes a schema and jobs, so it does not go there unasked, and says so."""
+    if args.dsn:
+        return str(args.dsn)
+    named = [name for name in ("JOBTUI_DSN", "DATABASE_URL") if os.environ.get(name)]
+    if named:
+        print(
+            f"jobtui demo: ignores {' and '.join(named)}: it runs on the embedded PostgreSQL"
+            " (give --dsn to run it on a server of yours)",
+            file=sys.stderr,
+        )
+    return _embedded()
+
+
+def _embedded() -> str:
+    dsn = embedded_dsn()
+    print(f"jobtui: using the embedded PostgreSQL ({describe_dsn(dsn)})", file=sys.stderr)
     return dsn
 
 

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from jobtui.cli.args import database_dsn, positive_int
+from jobtui.cli.args import demo_dsn, positive_int
 from jobtui.clients.client import Queue
 from jobtui.core import scheduler as schedules
 from jobtui.core.registry import Job, Jobs, Permanent
@@ -193,7 +193,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """A live demo queue: embedded PostgreSQL unless a DSN is given, then the console."""
+    """A live demo queue: embedded PostgreSQL unless --dsn is given, then the console."""
     # The crash worker imports this module for its handlers: what only the command needs is
     # imported here.
     from jobtui.cli import ops
@@ -201,7 +201,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from jobtui.worker import Worker
 
     schema = args.schema if args.schema != DEFAULT_SCHEMA else DEMO_SCHEMA
-    dsn = database_dsn(args, embedded_by_default=True)
+    dsn = demo_dsn(args)
     # Another terminal can watch or query the same queue while the demo runs.
     print(
         f"jobtui demo: the queue is in schema {schema} of {describe_dsn(dsn)}; from another terminal:"

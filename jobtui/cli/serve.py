@@ -10,19 +10,28 @@ import asyncio
 import getpass
 import ipaddress
 import logging
+import os
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from jobtui.cli.args import database_dsn, port_number, positive_int
+from jobtui.core.privileges import (
+    READ_ONLY_ROLE,
+    VIEWER_NEEDS,
+    missing_privileges_call,
+    role_changes_call,
+    shown,
+)
 from jobtui.kernel import migrate as migrations
-from jobtui.kernel.db import connect
+from jobtui.kernel.db import check_dsn, connect, describe_dsn, run
 from jobtui.kernel.durations import parse_duration
-from jobtui.kernel.errors import InvalidInput
+from jobtui.kernel.errors import DatabaseUnavailable, InvalidInput
 from jobtui.kernel.safetext import quote
 
 EXTRA = "`jobtui serve` and `jobtui user` need the serve extra: pip install 'jobtui[serve]'"
+VIEWER_DSN_ENV = "JOBTUI_VIEWER_DSN"
 ORIGIN = re.compile(r"https?://[A-Za-z0-9.\-]+(:\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](:\d{1,5})?")
 
 
@@ -63,6 +72,13 @@ def add_parsers(sub: Any) -> None:
         action="store_true",
         default=argparse.SUPPRESS,  # or `jobtui --read-only serve`
         help="every console read-only, operators' too",
+    )
+    p.add_argument(
+        "--viewer-dsn",
+        metavar="DSN",
+        default=os.environ.get(VIEWER_DSN_ENV) or None,
+        help="the DSN viewers' consoles connect with: a role with the read grants of docs/grants.sql only"
+        f" (default: {VIEWER_DSN_ENV}; without it, serve's own DSN when its role can change nothing)",
     )
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("--log-format", choices=("text", "json"), help="log lines as escaped text or JSON")
@@ -176,14 +192,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for option in (args.warn_age, args.crit_age):
         parse_duration(option)
     dsn = database_dsn(args)
-    with connect(dsn, pooler=args.pooler) as conn:
+    with connect(dsn, autocommit=True, pooler=args.pooler) as conn:
         migrations.check(conn, args.schema)
+        own_changes = run(conn, role_changes_call(args.schema), args.schema)
+    viewers = sorted(name for name, user in users.load().items() if not user.operator or args.read_only)
+    viewer_dsn = _viewer_dsn(args, dsn, own_changes, viewers)
     # Each console is a `jobtui` process of its own: it is told the pooler as the others are.
     options = ["--schema", args.schema, "--pooler", args.pooler]
     options += ["--warn-age", args.warn_age, "--crit-age", args.crit_age]
     options += ["--warn-dead", str(args.warn_dead), "--crit-dead", str(args.crit_dead)]
     config = ServeConfig(
         dsn=dsn,
+        viewer_dsn=viewer_dsn,
         users=users,
         console_options=options,
         read_only=args.read_only,
@@ -208,6 +228,45 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     asyncio.run(serve(config, args.addr, args.port, context, ready))
     return 0
+
+
+def _viewer_dsn(args: argparse.Namespace, dsn: str, own_changes: list[str], viewers: list[str]) -> str | None:
+    """The DSN of viewers' consoles: --viewer-dsn once its role is found to read the schema and
+    change nothing in it; else serve's own, if its role changes nothing; else None, which
+    is refused when the users file has viewers (or every console is read-only)."""
+    create = READ_ONLY_ROLE.format(schema=args.schema)
+    if args.viewer_dsn is None:
+        if not own_changes:
+            return dsn
+        if not viewers:
+            return None  # operators only: a viewer added later is refused their console
+        who = "every console (--read-only)" if args.read_only else f"viewers ({', '.join(viewers)})"
+        raise InvalidInput(
+            f"{who} must connect as a role that can change nothing, and serve's role holds"
+            f" {shown(own_changes, 3)}: create a read-only role with `{create}` and give its DSN"
+            f" as --viewer-dsn or {VIEWER_DSN_ENV}"
+        )
+    given = check_dsn(args.viewer_dsn)
+    try:
+        with connect(given, autocommit=True, pooler=args.pooler) as conn:
+            migrations.check(conn, args.schema)
+            missing = run(conn, missing_privileges_call(args.schema, VIEWER_NEEDS), args.schema)
+            changes = run(conn, role_changes_call(args.schema), args.schema)
+    except DatabaseUnavailable as exc:
+        raise InvalidInput(
+            f"--viewer-dsn: {exc}. Viewers' consoles need a role with the read grants of docs/grants.sql: `{create}`"
+        ) from None
+    if changes:
+        raise InvalidInput(
+            f"--viewer-dsn {describe_dsn(given)}: its role holds {shown(changes, 3)}, and a viewer's"
+            f" console must change nothing: give it the read-only role of docs/grants.sql (`{create}`)"
+        )
+    if missing:
+        raise InvalidInput(
+            f"--viewer-dsn {describe_dsn(given)}: its role lacks {shown(missing, 3)}, which a viewer's console"
+            f" reads: grant what docs/grants.sql gives the read-only role (`{create}`)"
+        )
+    return given
 
 
 def _networks(text: str | None) -> tuple[Any, ...]:

@@ -70,5 +70,27 @@ def missing_privileges_call(schema: str, needs: Needs) -> Call[list[str]]:
 
 def privilege_message(command: str, missing: Sequence[str]) -> str:
     """One line: what `command` cannot do without, and what to do about it."""
-    shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
-    return f"the database role lacks {shown}, which {command} needs; {GRANTS_HINT}"
+    return f"the database role lacks {shown(missing)}, which {command} needs; {GRANTS_HINT}"
+
+
+# Viewers' consoles (`jobtui serve --viewer-dsn`): what docs/grants.sql gives the read-only
+# role, and nothing that changes the schema's contents (role_changes_call).
+VIEWER_NEEDS = Needs(
+    {table: ("SELECT",) for table in ("job", "schedule", "lease_expiry", "audit", "queue_control", "migration")},
+    sequences=False,
+    functions=False,
+)
+READ_ONLY_ROLE = (
+    'psql "$OWNER_DSN" -v schema={schema} -v role=jobtui_readonly -v read_only=1 -v create_role=1 -f docs/grants.sql'
+)
+
+
+def role_changes_call(schema: str) -> Call[list[str]]:
+    """What the session's role (or a role it may SET ROLE to) may change in the schema, as
+    'INSERT on jobtui.job'; empty for the read-only role of docs/grants.sql."""
+    return Call("role_changes", {"schema_name": schema}, lambda rows: [str(r[0]) for r in rows])
+
+
+def shown(items: Sequence[str], most: int = 6) -> str:
+    """The first `most` of `items`, and how many more."""
+    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")

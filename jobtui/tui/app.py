@@ -20,11 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.text import Text
-from textual import work
+from textual import events, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.notifications import SeverityLevel
+from textual.screen import Screen
 from textual.widgets import Footer, Input, Static, TabbedContent
 
 from jobtui.kernel.domain import DEFAULT_SCHEMA
@@ -35,6 +36,7 @@ from jobtui.reads.metrics import Snapshot
 from jobtui.tui import changes, header, panes, render
 from jobtui.tui.console import Console, View
 from jobtui.tui.data import Actions, DataSource, Fetched
+from jobtui.tui.keys import KeyGate
 from jobtui.tui.panes import LogToWidget, Pane, WorkerPane
 from jobtui.tui.screens import ConfirmScreen, HelpScreen
 from jobtui.tui.search import JobSearchScreen
@@ -102,6 +104,8 @@ class JobtuiApp(App[None]):
         self._vitals_lines = 0
         # Seconds on a monotonic clock, for the live countdowns; tests substitute a fixed one.
         self.clock: Callable[[], float] = time.monotonic
+        # Keys one at a time, held while a screen or a pane opens (keys.py).
+        self.keys = KeyGate(self)
 
     # -- layout ----------------------------------------------------------------------------
 
@@ -135,9 +139,29 @@ class JobtuiApp(App[None]):
         self.set_interval(self.refresh_interval, self.refresh_data)
         self.set_interval(0.25, self.tick)
         self.active_pane.focus_default()
+        self.screen_change_signal.subscribe(
+            self, lambda screen: self.keys.screen_changed(screen, self.screen_stack), immediate=True
+        )
 
     def on_unmount(self) -> None:
         self._release_logs()
+
+    # -- keys ------------------------------------------------------------------------------
+
+    async def on_event(self, event: events.Event) -> None:
+        """Keys from the terminal go on one at a time, and wait while a screen opens (keys.py)."""
+        if isinstance(event, events.Key) and not event.is_forwarded:
+            if self.keys.arrived(event):
+                return
+            target = self.focused or self.screen
+            await super().on_event(event)
+            self.keys.passed(event, target)
+            return
+        await super().on_event(event)
+
+    def screen_loaded(self, screen: Screen[Any]) -> None:
+        """A list's first rows are shown (or it said why not): its keys may go."""
+        self.keys.ready((screen, "rows"))
 
     # -- data ------------------------------------------------------------------------------
 
@@ -202,6 +226,7 @@ class JobtuiApp(App[None]):
         """Between reads: advance countdowns and ages, show the worker's state, and turn the
         header red as soon as a read has waited too long (the read itself is still waiting)."""
         self.source.give_up_if_hung()
+        self.keys.tick()
         with contextlib.suppress(NoMatches):
             view = self.view()
             self._render_vitals(None if view is None else view.snapshot, None if view is None else view.elapsed)
@@ -289,12 +314,16 @@ class JobtuiApp(App[None]):
             with contextlib.suppress(NoMatches):
                 pane.show(view)  # hidden, it was not drawn: the last read, now
         pane.focus_default()
+        self.call_later(self.keys.ready, ("pane", pane.ID))  # once the focus has moved
 
     def action_pane(self, pane: str) -> None:
         if pane == "worker" and self.embedded_worker is None:
             self.notify("no embedded worker: start the console with --work pkg.module:jobs", severity="warning")
             return
-        self.query_one("#panes", TabbedContent).active = pane
+        tabs = self.query_one("#panes", TabbedContent)
+        if tabs.active != pane:
+            self.keys.hold(("pane", pane))  # its keys, once its table has the focus
+        tabs.active = pane
 
     def notify(
         self,
@@ -346,7 +375,11 @@ class JobtuiApp(App[None]):
         self.render_panes()
         self.refresh_data()  # the dead groups whose errors match it are read by the database
 
-    def on_key(self, event: Any) -> None:
+    def on_key(self, event: events.Key) -> None:
+        if self.keys.back(event):  # passed on before what it belongs to began to open
+            event.prevent_default()
+            event.stop()
+            return
         box = self.query_one("#filter", Input)
         if event.key == "escape" and box.has_class("visible"):
             self.needle = ""
@@ -388,7 +421,8 @@ class JobtuiApp(App[None]):
 
     def ask_requeue_group(self, status: str, job_type: str, fingerprint: str, error: str | None = None) -> None:
         """Count a dead group's jobs now, then ask to requeue exactly those (the dead pane's r,
-        a group list's R)."""
+        a group list's R). The keys wait for the question."""
+        self.keys.hold("counting")
         self._count_then_confirm(status, job_type, fingerprint, error)
 
     @work(thread=True, group="actions")
@@ -400,6 +434,7 @@ class JobtuiApp(App[None]):
             ids = self.source.dead_group_ids(status, job_type, fingerprint, error)
         except Exception as exc:
             self.call_from_thread(self.notify, f"cannot count the group: {exc}", severity="error", markup=False)
+            self.call_from_thread(self.keys.ready, "counting")
             return
         question = changes.requeue_group_question(status, job_type, fingerprint, ids, error)
         self.call_from_thread(
@@ -414,6 +449,7 @@ class JobtuiApp(App[None]):
             ids,
             error,
         )
+        self.call_from_thread(self.keys.ready, "counting")  # the question now holds them
 
     # -- the embedded worker ---------------------------------------------------------------
 

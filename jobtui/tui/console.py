@@ -15,6 +15,7 @@ from textual.binding import Binding
 
 from jobtui.reads.metrics import DeadGroup, Snapshot
 from jobtui.tui.data import Actions, DataSource, Fetched
+from jobtui.tui.keys import KeyGate
 from jobtui.tui.render import Thresholds
 
 
@@ -47,6 +48,11 @@ class Console(Protocol):
 
     source: DataSource
     actions_: Actions | None  # None in read-only
+    keys: KeyGate  # holds the keys while something a key opened is not ready
+
+    def screen_loaded(self, screen: Any) -> None:
+        """A screen of `LOADS_ROWS` shows its first rows (or why not): the keys held go on."""
+        ...
 
     def on_main_screen(self) -> bool:
         """False while a drill-down, detail or dialog screen is on top of the panes."""

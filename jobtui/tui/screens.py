@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import cast
 
 from rich.text import Text
@@ -9,6 +10,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Footer, Label, Static
 
@@ -132,12 +134,16 @@ class JobDetailScreen(Screen[None]):
 
     def _show(self, text: str) -> None:
         # Payloads and errors are neither markup nor terminal codes (explain escapes its lines;
-        # a database error is escaped here).
-        self.query_one("#detail", Static).update(Text(block(text)))
+        # a database error is escaped here). A read that ends after the screen closed is dropped.
+        with contextlib.suppress(NoMatches):
+            self.query_one("#detail", Static).update(Text(block(text)))
 
 
 class JobListScreen(Screen[None]):
-    """A drill-down list: the ready jobs of a type, or the jobs of a dead-letter group."""
+    """A drill-down list: the ready jobs of a type, or the jobs of a dead-letter group. Keys
+    typed with the one that opened it wait for its first rows (LOADS_ROWS, keys.py)."""
+
+    LOADS_ROWS = True
 
     BINDINGS = [
         Binding("escape,q", "app.pop_screen", "Back"),
@@ -196,17 +202,21 @@ class JobListScreen(Screen[None]):
         except Exception as exc:  # said in the title; the next tick tries again
             why = first_line(exc)
             self.app.call_from_thread(self._title, f"{self.title_text} · cannot read: {why}")
+            self.app.call_from_thread(self.console.screen_loaded, self)  # the keys act on no rows
             return
         self.app.call_from_thread(self._loaded, rows, note)
 
     def _title(self, text: str) -> None:
-        self.query_one("#title", Label).update(Text(line(text)))
+        with contextlib.suppress(NoMatches):  # a read that ends after the screen closed
+            self.query_one("#title", Label).update(Text(line(text)))
 
     def _loaded(self, rows: list[render.Row], note: str = "") -> None:
-        table = self.query_one(KeyedTable)
-        table.loading = False
-        table.sync(rows)
-        self._title(f"{self.title_text}{'' if rows else ' · none now'}{note}")
+        with contextlib.suppress(NoMatches):  # a read that ends after the screen closed
+            table = self.query_one(KeyedTable)
+            table.loading = False
+            table.sync(rows)
+            self._title(f"{self.title_text}{'' if rows else ' · none now'}{note}")
+        self.console.screen_loaded(self)
 
     def _selected_id(self) -> int | None:
         key = self.query_one(KeyedTable).selected_key

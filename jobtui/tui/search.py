@@ -18,6 +18,7 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Label, ProgressBar
 
@@ -55,7 +56,10 @@ def job_rows(jobs: list[JobSummary]) -> list[render.Row]:
 
 
 class JobSearchScreen(Screen[None]):
-    """The jobs of a filter, and the bulk actions over them."""
+    """The jobs of a filter, and the bulk actions over them. Keys typed meanwhile wait for the
+    first search to end (LOADS_ROWS, keys.py)."""
+
+    LOADS_ROWS = True
 
     BINDINGS = [
         Binding("escape", "back", "Back / cancel"),
@@ -109,25 +113,33 @@ class JobSearchScreen(Screen[None]):
         source = self.console.source
         return connect(source.dsn, autocommit=True, pooler=source.pooler, connect_timeout=3)
 
+    # What the threads report comes back here, possibly after the screen closed: then it is
+    # dropped (NoMatches).
+
     def _began(self, what: str) -> None:
         self._busy = what
         self._stop.clear()
-        self.query_one("#search-progress", ProgressBar).add_class("busy")
-        self.query_one("#search-progress", ProgressBar).update(progress=0.0)
+        with contextlib.suppress(NoMatches):
+            self.query_one("#search-progress", ProgressBar).add_class("busy")
+            self.query_one("#search-progress", ProgressBar).update(progress=0.0)
 
     def _ended(self) -> None:
         self._busy = ""
-        self.query_one("#search-progress", ProgressBar).remove_class("busy")
+        with contextlib.suppress(NoMatches):
+            self.query_one("#search-progress", ProgressBar).remove_class("busy")
+        self.console.screen_loaded(self)
 
     def _status(self, text: str) -> None:
-        self.query_one("#search-status", Label).update(Text(line(text)))
+        with contextlib.suppress(NoMatches):
+            self.query_one("#search-status", Label).update(Text(line(text)))
 
     def _reporter(self, text: Callable[[float, int], str]) -> Callable[[float, int], None]:
         """A progress callback for a worker thread: the bar and the status line follow it."""
         return lambda done, n: self.app.call_from_thread(self._progress, done, text(done, n))
 
     def _progress(self, done: float, said: str) -> None:
-        self.query_one("#search-progress", ProgressBar).update(progress=done)
+        with contextlib.suppress(NoMatches):
+            self.query_one("#search-progress", ProgressBar).update(progress=done)
         self._status(said)
 
     @work(thread=True, exclusive=True, group="search")
@@ -161,7 +173,8 @@ class JobSearchScreen(Screen[None]):
 
     def _shown(self, found: SearchResult) -> None:
         self.result = found
-        self.query_one(KeyedTable).sync(job_rows(found.jobs))
+        with contextlib.suppress(NoMatches):
+            self.query_one(KeyedTable).sync(job_rows(found.jobs))
         first = "" if self.before is None else f" below id {self.before}"
         if found.complete and self.before is None:
             said = f"{found.matched:,} job(s) match"
@@ -222,10 +235,17 @@ class JobSearchScreen(Screen[None]):
         if bad:
             self.app.notify(f"{action} applies to {' and '.join(scope)} jobs, not {', '.join(bad)}", severity="error")
             return
+        self.console.keys.hold("counting")  # the keys wait for the question
         self._count_then_ask(action)
 
     @work(thread=True, exclusive=True, group="search")
     def _count_then_ask(self, action: str) -> None:
+        try:
+            self._ask(action)
+        finally:
+            self.app.call_from_thread(self.console.keys.ready, "counting")
+
+    def _ask(self, action: str) -> None:
         actions = self.console.actions_
         assert actions is not None
         self.app.call_from_thread(self._began, f"counting for {action}")

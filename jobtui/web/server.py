@@ -5,7 +5,8 @@ What it refuses: any page but sign-in without a live session; a WebSocket or a f
 a page of another origin (the Origin header, which a browser always sets and a page cannot
 forge); a console past `max_sessions`. What the browser may send down a console's socket is
 keys, mouse and sizes, nothing else (`bridge.py`); whether a key may change the queue is the
-console's own read-only mode, set for every user who is not an operator.
+console's own read-only mode, set for every user who is not an operator, whose console also
+connects as a role that can change nothing (`viewer_dsn`, checked by `jobtui serve` at start).
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ HASHES_AT_ONCE = 2  # password checks run at once: each takes 64 MiB for ~0.1 s
 SWEEP_EVERY = 2.0  # seconds between looks for idle sessions and changed users
 CLOSE_SIGNED_OUT = 4001  # the close code of a console whose session ended
 CLOSE_FULL = 4002  # the close code of a console refused for the limit of consoles
+CLOSE_NO_ROLE = 4003  # the close code of a viewer's console refused: serve has no read-only role
+# Not passed on to a console: terminal sizes the web driver sets itself, and serve's own DSNs.
+HIDDEN_FROM_CONSOLES = frozenset(
+    {"COLUMNS", "LINES", "ROWS", "TEXTUAL", "JOBTUI_DSN", "DATABASE_URL", "JOBTUI_VIEWER_DSN", "JOBTUI_LISTEN_DSN"}
+)
 HOST = re.compile(r"[A-Za-z0-9.\-]+(:\d{1,5})?|\[[0-9A-Fa-f:.]+\](:\d{1,5})?")
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -53,6 +59,9 @@ def textual_serve_static() -> Path:
 class ServeConfig:
     dsn: str
     users: UsersFile
+    # Viewers' consoles connect with this: a role with read grants only (None: no viewer may
+    # open a console).
+    viewer_dsn: str | None
     console_options: list[str]  # the jobtui options of every console: schema, thresholds
     read_only: bool = False  # every console read-only, operators' too (`jobtui --read-only serve`)
     tls: bool = False
@@ -250,10 +259,18 @@ class WebConsole:
             argv.append("--read-only")
         return argv
 
+    def console_dsn(self, session: Session) -> str | None:
+        """The DSN this user's console connects with: serve's own for an operator; for a viewer
+        one whose role can change nothing, so that a fault in the console cannot either."""
+        return self.config.dsn if self.role(session) == "operator" else self.config.viewer_dsn
+
     def console_environment(self, session: Session) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "ROWS", "TEXTUAL")}
+        dsn = self.console_dsn(session)
+        assert dsn is not None  # console_socket refuses a viewer's console without one
+        # Serve's own DSNs stay here: a viewer's console gets its role's only.
+        env = {k: v for k, v in os.environ.items() if k not in HIDDEN_FROM_CONSOLES}
         env.update(
-            JOBTUI_DSN=self.config.dsn,  # not on the command line, where `ps` would show a password
+            JOBTUI_DSN=dsn,  # not on the command line, where `ps` would show a password
             TEXTUAL_DRIVER="textual.drivers.web_driver:WebDriver",
             TEXTUAL_COLOR_SYSTEM="truecolor",
             TERM_PROGRAM="jobtui-serve",
@@ -278,6 +295,14 @@ class WebConsole:
         self.sessions.touch(session)
         socket = web.WebSocketResponse(heartbeat=30.0, max_msg_size=4 * MAX_INPUT + 1024)
         await socket.prepare(request)
+        if self.console_dsn(session) is None:
+            log.warning("console refused to %s: no read-only role for viewers (--viewer-dsn)", quote(session.user))
+            await socket.send_bytes(
+                b"\r\njobtui serve: a viewer's console connects as a read-only role, and this server was started"
+                b" without one (--viewer-dsn). Ask its administrator.\r\n"
+            )
+            await socket.close(code=CLOSE_NO_ROLE, message=b"no read-only role")
+            return socket
         if len(self.open) >= self.config.max_sessions:
             log.warning("console refused to %s: %d consoles are open", quote(session.user), len(self.open))
             await socket.send_bytes(

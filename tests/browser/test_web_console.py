@@ -31,6 +31,8 @@ from tests.web import (
     ServeProcess,
     audit_rows,
     chromium_missing,
+    header_where,
+    read_only_role,
     seed_dead,
     statuses,
     watch_browser_socket,
@@ -72,8 +74,15 @@ def users(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(database: tuple[str, str], users: Path) -> Iterator[ServeProcess]:
-    serve = ServeProcess(database[1], users)
+def viewer_dsn(database: tuple[str, str]) -> Iterator[str]:
+    """A read-only role's DSN (docs/grants.sql), for viewers' consoles."""
+    with read_only_role(database[1]) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def server(database: tuple[str, str], users: Path, viewer_dsn: str) -> Iterator[ServeProcess]:
+    serve = ServeProcess(database[1], users, viewer_dsn=viewer_dsn)
     yield serve
     serve.stop()
 
@@ -131,15 +140,8 @@ def until(page: Any, screen: Screen, what: str, condition: Callable[[str], bool]
     return text
 
 
-def press_until(
-    page: Any, screen: Screen, key: str, what: str, condition: Callable[[str], bool], tries: int = 4
-) -> str:
-    """Press `key` until the console's screen satisfies `condition`: a key that reaches a pane
-    still setting itself up can be missed, and what is tested is what the key opens."""
-    for _ in range(tries - 1):
-        page.keyboard.press(key)
-        with contextlib.suppress(AssertionError):
-            return until(page, screen, what, condition, timeout=5.0)
+def press(page: Any, screen: Screen, key: str, what: str, condition: Callable[[str], bool]) -> str:
+    """Press `key` once, and let the page run until the console's screen satisfies `condition`."""
     page.keyboard.press(key)
     return until(page, screen, what, condition)
 
@@ -151,7 +153,7 @@ def footer(screen: str) -> str:
 def test_an_operator_signs_in_switches_panes_and_requeues_a_dead_group(
     context: Any, server: ServeProcess, database: tuple[str, str]
 ) -> None:
-    name, dsn = database
+    _, dsn = database
     ids = seed_dead(dsn, 3, "email.send")
     page = context.new_page()
     screen, _ = watch_browser_socket(page)
@@ -160,14 +162,15 @@ def test_an_operator_signs_in_switches_panes_and_requeues_a_dead_group(
     assert page.inner_text("#user") == "alice"
 
     # The header names the database the console reads.
-    until(page, screen, "the header", lambda s: f"postgres@127.0.0.1:5432/{name} schema jobtui" in s)
+    where = header_where(dsn)
+    until(page, screen, "the header", lambda s: f"{where} schema jobtui" in s)
     for key, column in (("2", "lease left"), ("5", "missed"), ("7", "paused"), ("3", "error fingerprint")):
-        press_until(page, screen, key, f"pane {key}", lambda s, c=column: c in s)
+        press(page, screen, key, f"pane {key}", lambda s, c=column: c in s)
     # The dead group, and the key to requeue it (the footer follows the pane a frame later).
     until(page, screen, "the dead group", lambda s: "SMTPError: <n> mailbox <n> unavailable" in s)
     until(page, screen, "the requeue key", lambda s: "r Requeue" in footer(s))
 
-    asked = press_until(page, screen, "r", "the question", lambda s: "3 row(s) will change" in s)
+    asked = press(page, screen, "r", "the question", lambda s: "3 row(s) will change" in s)
     assert "Requeue every dead job of type email.send" in asked
     assert statuses(dsn, ids) == ["dead"] * 3  # nothing before the answer
     page.keyboard.press("y")
@@ -208,23 +211,23 @@ def test_a_viewer_sees_no_change_keys_and_changes_nothing(
     sign_in(page, server.url, "bob")
     assert "viewer: read-only console" in page.inner_text("#bar")
     until(page, screen, "the header", lambda s: "read-only console" in s)
-    shown = press_until(page, screen, "3", "the dead pane's keys", lambda s: "sms.send" in s and "Sort" in footer(s))
+    shown = press(page, screen, "3", "the dead pane's keys", lambda s: "sms.send" in s and "Sort" in footer(s))
     assert "Requeue" not in footer(shown)
     # The group's jobs: no requeue or cancel keys either.
-    listed = press_until(page, screen, "Enter", "the group's jobs", lambda s: "Back" in footer(s))
+    listed = press(page, screen, "Enter", "the group's jobs", lambda s: "Back" in footer(s))
     assert "Requeue" not in footer(listed) and "Cancel" not in footer(listed)
     for key in ("r", "y", "R", "y", "Escape"):
         page.keyboard.press(key)
-    helped = press_until(page, screen, "?", "the help", lambda s: "this help" in s)
+    helped = press(page, screen, "?", "the help", lambda s: "this help" in s)
     assert "row(s) will change" not in helped
     assert statuses(dsn, ids) == ["dead"] * 2
     assert audit_rows(dsn) == audited
 
 
 def test_wrong_password_no_cookie_other_origin_and_idle_session_are_refused(
-    browser: Any, database: tuple[str, str], users: Path
+    browser: Any, database: tuple[str, str], users: Path, viewer_dsn: str
 ) -> None:
-    server = ServeProcess(database[1], users, "--idle-timeout", "4s")
+    server = ServeProcess(database[1], users, "--idle-timeout", "4s", viewer_dsn=viewer_dsn)
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     ws_url = server.url.replace("http://", "ws://") + "/ws"
     try:
@@ -265,3 +268,63 @@ def test_wrong_password_no_cookie_other_origin_and_idle_session_are_refused(
     finally:
         context.close()
         server.stop()
+
+
+# Drill-downs opened, each with its key in the same write: 50 in the slow run, 10 by default.
+KEYED = [10, pytest.param(50, marks=pytest.mark.slow)]
+# Types keys as one input event of the terminal's text area, as a fast typist's or an input
+# method's keys may come: xterm.js sends them in one message (insert_text would send "\r" as a
+# line break, which the terminal does not take).
+TYPE_AT_ONCE = """(keys) => document.querySelector(".xterm-helper-textarea")
+  .dispatchEvent(new InputEvent("input", {data: keys, inputType: "insertText"}))"""
+
+
+@pytest.mark.parametrize("times", KEYED)
+def test_a_screens_key_typed_with_the_key_that_opens_it_arrives_every_time(
+    context: Any, server: ServeProcess, database: tuple[str, str], times: int
+) -> None:
+    """Enter (a dead group's jobs), r (requeue the job under the cursor), y (the answer) and q
+    (back), typed as one input of the page's terminal (one WebSocket message, one write to the
+    console), 10 times (50 in the slow run): every requeue happens, counted by its audit row."""
+    _, dsn = database
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobtui.job (type, status, attempts, max_attempts, last_error, started_at, finished_at)"
+            " SELECT 'burst.send', 'dead', 3, 3, 'BurstError: upstream ' || i || ' did not answer', now(), now()"
+            " FROM generate_series(1, %s) AS i",
+            (times,),
+        )
+    before = len(audit_rows(dsn))
+    page = context.new_page()
+    screen, _ = watch_browser_socket(page)
+    sent: list[str] = []
+    page.on("websocket", lambda socket: socket.on("framesent", lambda p: sent.append(p) if "stdin" in p else None))
+    sign_in(page, server.url, "alice")
+    until(page, screen, "the console", lambda s: "updated" in s)
+
+    def dead_pane(s: str) -> bool:
+        return "error fingerprint" in s and " jobs of " not in s
+
+    page.keyboard.press("3")
+    until(page, screen, "the dead pane", lambda s: "error fingerprint" in s)
+    page.keyboard.press("/")
+    until(page, screen, "the filter box", lambda s: "search jobs: payload:" in s)
+    page.keyboard.type("BurstError")
+    page.keyboard.press("Enter")
+    until(page, screen, "the group alone", lambda s: "BurstError" in s and "filter: 'BurstError'" in s)
+    for done in range(1, times + 1):
+        sent.clear()
+        # One input: open the list, requeue its first job, answer the question, back (q).
+        page.evaluate(TYPE_AT_ONCE, "\rryq")
+        # Waits pump the page's events (page.wait_for_timeout): a page whose socket frames
+        # nobody reads stalls its socket, and with it the console's output.
+        until(page, screen, f"requeue {done} of {times}", lambda _, n=done: len(audit_rows(dsn)) >= before + n)
+        until(page, screen, "back to the dead pane", dead_pane)
+        assert sent == ['["stdin","\\rryq"]'], sent  # one message: one write to the console
+    assert audit_rows(dsn)[before:] == [("web:alice", "requeue", 1)] * times
+    assert statuses(dsn, [int(r[0]) for r in job_ids(dsn, "burst.send")]) == ["ready"] * times
+
+
+def job_ids(dsn: str, job_type: str) -> list[tuple[int]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT id FROM jobtui.job WHERE type = %s ORDER BY id", (job_type,)).fetchall()

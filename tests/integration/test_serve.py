@@ -30,6 +30,7 @@ from tests.web import (
     console_connections,
     open_console,
     openssl_cert,
+    read_only_role,
     seed_dead,
     signed_in,
     statuses,
@@ -47,8 +48,15 @@ def users(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def server(dsn: str, users: Path) -> Iterator[ServeProcess]:
-    serve = ServeProcess(dsn, users)
+def viewer_dsn(dsn: str) -> Iterator[str]:
+    """The DSN of a read-only role (docs/grants.sql), for viewers' consoles."""
+    with read_only_role(dsn) as made:
+        yield made
+
+
+@pytest.fixture
+def server(dsn: str, users: Path, viewer_dsn: str) -> Iterator[ServeProcess]:
+    serve = ServeProcess(dsn, users, viewer_dsn=viewer_dsn)
     yield serve
     serve.stop()
 
@@ -117,7 +125,8 @@ async def test_the_jobs_search_and_its_bulk_keys_in_the_browser_console(dsn: str
         await console.wait("the filter box", lambda s: "search jobs: payload:" in s)
         await console.keys(*search)
         await console.wait("the jobs search", lambda s: "Requeue all" in s)
-        await console.press_until("r", "the question", lambda s: "4 row(s) will change" in s)
+        await console.keys("r")
+        await console.wait("the question", lambda s: "4 row(s) will change" in s)
         await console.keys("y")
         await console.wait("the toast", lambda s: "requeued 4 job(s)" in s)
     assert statuses(dsn, ids) == ["ready"] * len(ids)
@@ -262,8 +271,8 @@ async def test_wrong_passwords_are_refused_slowly_and_logged(server: ServeProces
     assert server.said("refused unchecked")
 
 
-async def test_an_idle_session_is_signed_out_and_its_console_closed(dsn: str, users: Path) -> None:
-    server = ServeProcess(dsn, users, "--idle-timeout", "2s")
+async def test_an_idle_session_is_signed_out_and_its_console_closed(dsn: str, users: Path, viewer_dsn: str) -> None:
+    server = ServeProcess(dsn, users, "--idle-timeout", "2s", viewer_dsn=viewer_dsn)
     try:
         async with await signed_in(server.url, "alice") as client:
             console = await open_console(client, server.url)
@@ -281,8 +290,8 @@ async def test_an_idle_session_is_signed_out_and_its_console_closed(dsn: str, us
         server.stop()
 
 
-async def test_consoles_past_the_limit_are_refused(dsn: str, users: Path) -> None:
-    server = ServeProcess(dsn, users, "--max-sessions", "1")
+async def test_consoles_past_the_limit_are_refused(dsn: str, users: Path, viewer_dsn: str) -> None:
+    server = ServeProcess(dsn, users, "--max-sessions", "1", viewer_dsn=viewer_dsn)
     try:
         async with await signed_in(server.url, "alice") as client, await signed_in(server.url, "bob") as other:
             first = await open_console(client, server.url)
@@ -300,12 +309,12 @@ async def test_consoles_past_the_limit_are_refused(dsn: str, users: Path) -> Non
         server.stop()
 
 
-def test_tls_cookie_is_secure_and_host_only(dsn: str, users: Path, tmp_path: Path) -> None:
+def test_tls_cookie_is_secure_and_host_only(dsn: str, users: Path, tmp_path: Path, viewer_dsn: str) -> None:
     pair = openssl_cert(tmp_path)
     if pair is None:
         pytest.skip("the openssl command is not installed")
     cert, key = pair
-    server = ServeProcess(dsn, users, "--cert", str(cert), "--key", str(key))
+    server = ServeProcess(dsn, users, "--cert", str(cert), "--key", str(key), viewer_dsn=viewer_dsn)
     try:
         assert server.url.startswith("https://127.0.0.1:")
 
@@ -330,14 +339,14 @@ def test_tls_cookie_is_secure_and_host_only(dsn: str, users: Path, tmp_path: Pat
         server.stop()
 
 
-async def test_plain_http_cookie_and_a_trusted_proxy(dsn: str, users: Path) -> None:
+async def test_plain_http_cookie_and_a_trusted_proxy(dsn: str, users: Path, viewer_dsn: str) -> None:
     form = {"name": "alice", "password": PASSWORDS["alice"]}
     forwarded = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "198.51.100.7"}
     for proxy, secure, client_address in (
         ([], False, "127.0.0.1"),
         (["--trusted-proxy", "127.0.0.1"], True, "198.51.100.7"),
     ):
-        server = ServeProcess(dsn, users, *proxy)
+        server = ServeProcess(dsn, users, *proxy, viewer_dsn=viewer_dsn)
         try:
             origin = server.url.replace("http://", "https://") if secure else server.url
             async with aiohttp.ClientSession() as client:
@@ -420,8 +429,8 @@ def test_user_add_list_and_remove(
     assert jobtui(capsys, monkeypatch, "user", "list", "--users", path)[1].split() == ["carol", "operator"]
 
 
-async def test_consoles_end_when_their_server_is_killed(dsn: str, users: Path) -> None:
-    server = ServeProcess(dsn, users)
+async def test_consoles_end_when_their_server_is_killed(dsn: str, users: Path, viewer_dsn: str) -> None:
+    server = ServeProcess(dsn, users, viewer_dsn=viewer_dsn)
     try:
         async with await signed_in(server.url, "bob") as client:
             console = await open_console(client, server.url)

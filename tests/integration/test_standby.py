@@ -9,10 +9,12 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 from prometheus_client.core import Metric
+from psycopg.conninfo import make_conninfo
 from textual.widgets import Static
 
 from jobtui import NewJob, Queue
@@ -21,8 +23,10 @@ from jobtui.reads.metrics import snapshot
 from jobtui.service.prometheus import QueueCollector
 from jobtui.tui.app import JobtuiApp
 from tests.cluster import LocalCluster
+from tests.roles import run_grants
 from tests.topology import PRIMARY_SETTINGS, Standby
 from tests.tui.helpers import wait_for
+from tests.web import ConsoleFaults, ServeProcess, open_console, signed_in, write_users
 from tests.workers import ROOT
 
 
@@ -141,3 +145,40 @@ async def test_a_console_on_a_standby_is_read_only_by_itself_and_says_so(pair: t
         await pilot.pause(0.1)
         assert len(app.screen_stack) == 1
         assert any("standby" in str(n.message) for n in app._notifications)
+
+
+async def test_serve_on_a_standby_gives_viewers_the_read_only_role(
+    pair: tuple[LocalCluster, Standby], tmp_path: Path
+) -> None:
+    """`jobtui serve` on a standby checks the viewers' role from the replicated catalog: one
+    that may write is refused (a promotion would let it), the read-only role of docs/grants.sql
+    is taken, and a fault in a viewer's console changes nothing."""
+    primary, standby = pair
+    role = f"viewer_standby_{os.getpid()}"
+    run_grants(primary.dsn(), role, read_only=True, create_role=True)
+    standby.wait_replayed(primary)
+    users = tmp_path / "users"
+    write_users(users)
+    env = {k: v for k, v in os.environ.items() if k not in ("JOBTUI_DSN", "DATABASE_URL", "JOBTUI_VIEWER_DSN")}
+    env |= {"JOBTUI_DSN": standby.dsn(), "JOBTUI_VIEWER_DSN": standby.dsn()}
+    writer = subprocess.run(
+        [sys.executable, "-m", "jobtui.cli", "serve", "--users", str(users), "--port", "0"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert writer.returncode == 2 and "its role holds INSERT on jobtui.audit" in writer.stderr, writer.stderr
+    faults = ConsoleFaults(tmp_path)
+    viewer_dsn = make_conninfo(standby.dsn(), user=role)
+    server = ServeProcess(standby.dsn(), users, viewer_dsn=viewer_dsn, env=faults.env())
+    try:
+        async with await signed_in(server.url, "bob") as client:
+            console = await open_console(client, server.url)
+            screen = await console.wait("the viewer's console", lambda s: "3 Dead" in s and "updated" in s)
+            fault = faults.next()
+    finally:
+        server.stop()
+    assert f"{role}@" in screen and "standby" in screen
+    assert fault["role"] == role
+    for change in ("audit", "requeue", "reset role"):  # the standby refuses first, then the role would
+        assert fault[change].startswith("25006 cannot execute"), fault
+    with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM jobtui.audit").fetchone() == (0,)

@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from tests.hostile import Texts, seed, visible
+from tests.tui.helpers import query
 from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,7 +128,7 @@ def test_hostile_rows_neither_retitle_nor_blank_the_terminal(dsn: str, terminal:
     # escape followed at once by another key reads as alt+key).
     for keys, shown, what in (
         ("3", lambda s: main(s) and "error fingerprint" in s, "the dead pane"),
-        # The list's title shows before its rows; enter opens the selected row, so wait for one.
+        # The list holds the keys until its rows are shown; this waits to read them.
         ("Enter", lambda s: " jobs of " in s and "error fingerprint" not in s and "3/3" in s, "a dead group's jobs"),
         ("Enter", lambda s: "Attempts and events (1 recorded" in s and "Payload:" in s, "a dead job explained"),
         ("Escape", lambda s: " jobs of " in s, "back to the group's jobs"),
@@ -149,3 +150,47 @@ def test_hostile_rows_neither_retitle_nor_blank_the_terminal(dsn: str, terminal:
     assert any(all(t in line for t in tabs) for line in tab_bar), screen
     terminal.keys("q")
     terminal.wait(lambda s: "1 Ready" not in s, what="the console to quit")
+
+
+# Drill-downs opened, each with its key in the same write: 50 in the slow run, 10 by default.
+KEYED = [10, pytest.param(50, marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("times", KEYED)
+def test_a_screens_key_typed_with_the_key_that_opens_it_is_never_lost(dsn: str, terminal: Terminal, times: int) -> None:
+    """Enter (a dead group's jobs), r (requeue the job under the cursor), y (the answer) and q
+    (back) go to the console in one send-keys, 10 times (50 in the slow run): each key opens a
+    screen while the next ones are on their way, and every requeue happens, counted by its
+    audit row."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobtui.job (type, status, attempts, max_attempts, last_error, started_at, finished_at)"
+            " SELECT 'burst.send', 'dead', 3, 3, 'TimeoutError: upstream ' || i || ' did not answer', now(), now()"
+            " FROM generate_series(1, %s) AS i",
+            (times,),
+        )
+    command = f"unset COLUMNS LINES; exec {sys.executable} -m jobtui.cli --actor tester"
+    terminal.tmux(
+        "-f", "/dev/null", "new-session", "-d", "-s", "console", "-x", "160", "-y", "40", "-c", str(ROOT),
+        "-e", f"JOBTUI_DSN={dsn}", "sh", "-c", command,
+    )  # fmt: skip
+
+    def dead_pane(s: str) -> bool:
+        return "error fingerprint" in s and " jobs of " not in s
+
+    terminal.wait(lambda s: "1 Ready" in s and "updated" in s, "the console")
+    terminal.keys("3")
+    terminal.wait(lambda s: dead_pane(s) and "burst.send" in s, "the dead pane")
+    for done in range(1, times + 1):
+        # One write: open the list, requeue its first job, answer the question, back (q).
+        terminal.keys("Enter", "r", "y", "q")
+        wait_until(lambda n=done: audit_count(dsn) >= n, 10, f"requeue {done} of {times}", terminal.screen)
+        terminal.wait(dead_pane, "back to the dead pane")
+    rows = query(dsn, "SELECT actor, action, rows FROM jobtui.audit ORDER BY id")
+    assert rows == [("tester", "requeue", 1)] * times
+    assert query(dsn, "SELECT status, count(*) FROM jobtui.job GROUP BY status") == [("ready", times)]
+    terminal.keys("q")
+
+
+def audit_count(dsn: str) -> int:
+    return int(query(dsn, "SELECT count(*) FROM jobtui.audit")[0][0])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import configparser
 import json
+import os
 import re
 import shlex
 import shutil
@@ -289,3 +290,157 @@ def test_the_links_between_the_docs_land_on_a_heading() -> None:
                 if anchor not in {_slug(h) for h in headings}:
                     broken.append(f"{page.name}: {target}#{anchor}")
     assert not broken, broken
+
+
+# -- the recipes as a user follows them ---------------------------------------------------------
+
+
+def readme_block(heading: str, language: str) -> str:
+    """The first ```language block under `heading` in deploy/README.md."""
+    text = (DEPLOY / "README.md").read_text()
+    section = text.split(f"\n{heading}\n", 1)[1]
+    return section.split(f"```{language}\n", 1)[1].split("```", 1)[0]
+
+
+def unit_files() -> dict[str, dict[str, Any]]:
+    """Each unit's user, and the files it reads: its environment file, and what that names
+    (the password file, the CA of the DSN), and its metrics token."""
+    found = {}
+    for path in UNITS:
+        service = unit(path)["Service"]
+        env_file = service["EnvironmentFile"].lstrip("-")
+        env = dict(
+            line.split("=", 1) for line in (DEPLOY / "systemd" / Path(env_file).name).read_text().splitlines()
+            if line and not line.startswith("#")
+        )  # fmt: skip
+        ca = re.search(r"sslrootcert=([^&\s]+)", env["JOBTUI_DSN"])
+        token = option(shlex.split(service["ExecStart"]), "--metrics-token-file")
+        files = [env_file, env["PGPASSFILE"], *([ca.group(1)] if ca else []), *([token] if token else [])]
+        found[path.name] = {"user": service["User"], "group": service["Group"], "files": files,
+                            "password": env["PGPASSFILE"]}  # fmt: skip
+    return found
+
+
+def test_the_migrate_unit_runs_under_an_os_user_of_its_own() -> None:
+    units = unit_files()
+    migrate = units.pop("jobtui-migrate.service")
+    assert {u["user"] for u in units.values()} == {"jobtui"}
+    assert migrate["user"] not in ("jobtui", "root") and migrate["group"] != "jobtui"
+    block = readme_block("## systemd", "sh")
+    for user in {migrate["user"], "jobtui"}:
+        assert re.search(rf"^useradd .* {user}$", block, re.M), f"no step makes the user {user}"
+
+
+# What the README's systemd steps run here: everything but installing, systemd and the database.
+STUBS = """
+python3() { mkdir -p /opt/jobtui/bin && printf '#!/bin/sh\\n' > /opt/jobtui/bin/pip && chmod +x /opt/jobtui/bin/pip; }
+systemctl() { :; }
+cp() { :; }
+runuser() { :; }
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not all(shutil.which(c) for c in ("unshare", "useradd", "runuser", "openssl")),
+    reason="needs root, unshare, useradd, runuser and openssl: the steps run in a mount namespace of their own",
+)
+def test_the_systemd_steps_run_as_written_and_each_unit_reads_only_its_own_secrets(tmp_path: Path) -> None:
+    """The README's systemd steps, run by bash in a mount namespace whose /etc, /var/log and
+    /opt are copies or empty: the users and files they make are gone with it. Then each unit's user reads
+    every file its unit names, and the workers' user cannot read the schema owner's password."""
+    units = unit_files()
+    workers_user = units["jobtui-worker.service"]["user"]
+    owners_password = units["jobtui-migrate.service"]["password"]
+    checks = []
+    for name, u in units.items():
+        for path in u["files"]:
+            checks.append(
+                f"runuser -u {u['user']} -- cat {shlex.quote(path)} >/dev/null || echo 'UNREADABLE {name} {path}'"
+            )
+    checks.append(
+        f"runuser -u {workers_user} -- cat {owners_password} >/dev/null 2>&1 && echo 'READABLE {owners_password}'"
+    )
+    work = tmp_path / "repo"
+    work.mkdir()
+    (work / "deploy").symlink_to(DEPLOY)
+    (work / "db-ca.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+    script = "\n".join([
+        "set -eu",
+        f"cp -a /etc {tmp_path}/etc && mount --bind {tmp_path}/etc /etc",
+        f"mkdir {tmp_path}/log && mount --bind {tmp_path}/log /var/log && mount -t tmpfs tmpfs /opt",
+        f"cd {work}",
+        f"( {STUBS}\n{readme_block('## systemd', 'sh')} ) <<'PASSWORDS'\nworker-secret\nowner-secret\nPASSWORDS",
+        *checks,
+        "stat -c '%a %U %G %n' /etc/jobtui /etc/jobtui/*",
+        "cat /etc/jobtui/pgpass /etc/jobtui/pgpass-owner",
+    ])  # fmt: skip
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "UNREADABLE" not in done.stdout and "READABLE" not in done.stdout, done.stdout
+    modes = {line.split()[-1]: line.split()[:3] for line in done.stdout.splitlines() if line.startswith(("6", "7"))}
+    # libpq reads a password file only when nobody but its owner may: mode 600.
+    assert modes["/etc/jobtui/pgpass"] == ["600", "jobtui", "jobtui"], modes
+    assert modes["/etc/jobtui/pgpass-owner"] == ["600", "jobtui-migrate", "jobtui-migrate"], modes
+    assert "db.internal:5432:app:jobtui_worker:worker-secret" in done.stdout
+    assert "db.internal:5432:app:jobtui_owner:owner-secret" in done.stdout
+    assert not Path("/etc/jobtui").exists() and not Path("/opt/jobtui").exists()  # nothing left here
+
+
+def test_the_app_code_in_the_image_is_not_the_running_users_to_change() -> None:
+    every = dockerfile()
+    instructions = every[[w for w, _ in every].index("FROM", 1) :]  # the image's stage, not the build's
+    app_image = [
+        (w.upper(), r)
+        for w, r in (
+            line.split(" ", 1) for line in readme_block("## Docker and Compose", "dockerfile").strip().splitlines()
+        )
+    ]
+    for word, rest in [*every, *app_image]:
+        assert not (word in ("COPY", "ADD") and "--chown" in rest), f"{word} {rest}: the code would be the user's"
+    words = [w for w, _ in instructions]
+    user = words.index("USER")
+    # /app (the working directory, where --app modules are found) is made by root before USER.
+    assert instructions[words.index("WORKDIR")][1] == "/app" and words.index("WORKDIR") < user
+    made = [rest for word, rest in instructions[:user] if word == "RUN" and "/app" in rest]
+    assert made and "-o root" in made[-1], made
+    assert ("ENV", "PYTHONDONTWRITEBYTECODE=1") in [(w, r.split()[0]) for w, r in instructions]
+
+
+# The schema validators must not reach the network: any fetch they tried would go here.
+OFFLINE = {name: "http://127.0.0.1:9" for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
+
+
+def validate(tool: str, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **OFFLINE, "NO_PROXY": "", "no_proxy": ""}
+    return subprocess.run(
+        [sys.executable, "-m", tool, *map(str, args)], capture_output=True, text=True, timeout=120, env=env, check=False
+    )
+
+
+def test_the_kubernetes_manifests_and_the_compose_file_pass_their_schemas_offline(tmp_path: Path) -> None:
+    from importlib.resources import files
+
+    # Both tools ship their schemas: Kubernetes' per version, the compose specification vendored.
+    assert (files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json").is_file()
+    shipped = [p.name for p in (files("kubernetes_validate") / "kubernetes-json-schema").iterdir()]
+    assert any(name.endswith("-local-strict") for name in shipped), shipped
+    manifests = [p for p in sorted((DEPLOY / "kubernetes").glob("*.yaml")) if p.name != "kustomization.yaml"]
+    checked = validate("kubernetes_validate", "--strict", *manifests)
+    assert checked.returncode == 0 and checked.stdout.count(" passed for resource ") == 3, (
+        checked.stdout + checked.stderr
+    )
+    compose_file = DEPLOY / "docker" / "compose.yaml"
+    checked = validate("check_jsonschema", "--builtin-schema", "vendor.compose-spec", compose_file)
+    assert checked.returncode == 0 and "ok -- validation done" in checked.stdout, checked.stdout + checked.stderr
+    # And each fails a recipe with a field its schema does not know.
+    broken = tmp_path / "worker.yaml"
+    broken.write_text(
+        (DEPLOY / "kubernetes" / "worker-deployment.yaml").read_text().replace("periodSeconds", "periodSecs")
+    )
+    assert validate("kubernetes_validate", "--strict", broken).returncode != 0
+    broken = tmp_path / "compose.yaml"
+    broken.write_text(compose_file.read_text().replace("stop_grace_period", "stop_grace"))
+    assert validate("check_jsonschema", "--builtin-schema", "vendor.compose-spec", broken).returncode != 0

@@ -1,0 +1,60 @@
+"""Keys that come in one read (jobtui/tui/keys.py), driven by Textual's pilot against a real
+database: every key of a burst is posted to the app at once, as a terminal's read delivers
+them, before any of them has been handled."""
+
+from __future__ import annotations
+
+import psycopg
+from textual import events
+
+from jobtui.tui.app import JobtuiApp
+from jobtui.tui.screens import ConfirmScreen, JobListScreen
+
+from .helpers import audit, seed, wait_for
+from .test_console import console
+
+CHARACTERS = {"enter": "\r", "escape": "\x1b", "slash": "/"}
+
+
+def burst(app: JobtuiApp, *keys: str) -> None:
+    """`keys` as one read of the terminal: all in the app's queue before the first is handled."""
+    for key in keys:
+        app.post_message(events.Key(key, CHARACTERS.get(key, key)))
+
+
+async def test_a_pane_its_drill_down_its_key_and_the_answer_in_one_read(dsn: str) -> None:
+    s = seed(dsn)
+    async with console(dsn) as (app, pilot):
+        burst(app, "3", "enter", "r", "y")  # the dead pane, a group's jobs, requeue its first, yes
+        await wait_for(pilot, lambda: len(audit(dsn)) == 1, what="the requeue")
+        [(actor, action, _, job_ids, rows)] = audit(dsn)
+        assert (actor, action, rows) == ("console", "requeue", 1)  # one job: not the whole group
+        assert job_ids[0] in [*s.dead_billing, *s.dead_reset, s.failed]
+        assert isinstance(app.screen, JobListScreen)
+
+
+async def test_a_filter_typed_with_its_slash_goes_into_the_box(dsn: str) -> None:
+    seed(dsn)
+    async with console(dsn) as (app, pilot):
+        burst(app, "slash", "s", "m", "s", "enter")
+        await wait_for(pilot, lambda: app.needle == "sms", what="the filter")
+
+
+async def test_escape_leaves_a_list_whose_rows_do_not_come_and_drops_the_keys_before_it(dsn: str) -> None:
+    seed(dsn)
+    with psycopg.connect(dsn) as locker:
+        async with console(dsn) as (app, pilot):
+            await pilot.press("3")
+            await wait_for(pilot, lambda: app.pane == "dead", what="the dead pane")
+            locker.execute("LOCK TABLE jobtui.job IN ACCESS EXCLUSIVE MODE")  # the list's read waits
+            burst(app, "enter", "r", "y")
+            await wait_for(pilot, lambda: isinstance(app.screen, JobListScreen), what="the list")
+            await pilot.pause(0.3)
+            assert app.keys.held and isinstance(app.screen, JobListScreen)  # r and y wait for its rows
+            burst(app, "escape")
+            await wait_for(pilot, app.on_main_screen, timeout=2.0, what="back at once")
+            assert not app.keys.held  # r and y were for the list: dropped, not sent to the dead pane
+            locker.rollback()
+            await pilot.pause(0.5)
+            assert app.on_main_screen() and not any(isinstance(x, ConfirmScreen) for x in app.screen_stack)
+    assert audit(dsn) == []
