@@ -94,3 +94,15 @@ SELECT set_config('jobtui.role_to_drop', %(role)s, true);
 -- name: role_drop
 -- DO takes no parameters: the role's name comes from the setting role_to_drop made, quoted.
 DO $$ BEGIN EXECUTE format('DROP ROLE %%I', current_setting('jobtui.role_to_drop')); END $$;
+
+-- name: migration_indexes
+-- The indexes of an online migration (migrate.py), each by name: whether it exists in the
+-- schema, is valid, and is being built now (CREATE INDEX CONCURRENTLY reports its index from
+-- its first phase on). Invalid with no build at work: an interrupted build left it.
+SELECT n.name, c.oid IS NOT NULL AS present, coalesce(i.indisvalid AND i.indisready, false) AS valid,
+       EXISTS (SELECT 1 FROM pg_stat_progress_create_index p WHERE p.index_relid = c.oid) AS building
+FROM unnest(%(names)s::text[]) AS n(name)
+LEFT JOIN (pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace AND s.nspname = %(schema_name)s)
+       ON c.relname = n.name
+LEFT JOIN pg_index i ON i.indexrelid = c.oid;
+
