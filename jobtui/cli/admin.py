@@ -81,6 +81,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             return 0
         version, todo = migrations.pending(conn, args.schema)
         invalid = migrations.interrupted(conn, args.schema)
+        in_transaction = {m.version for m in todo if m.online and migrations.small(conn, args.schema, m)}
     known = migrations.code_version()
     found = "missing" if version is None else f"at version {version}"
     if version is not None and version > known:
@@ -88,7 +89,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         return 0
     if args.dry_run:
         print(f"-- jobtui migrate on {describe_dsn(dsn)}: schema {args.schema!r} is {found}")
-        print(migrations.dry_run_sql(args.schema, version, todo, invalid), end="")
+        print(migrations.dry_run_sql(args.schema, version, todo, invalid, in_transaction), end="")
         return 0
     for build in invalid:
         print(f"index {build.name} is invalid (a build was interrupted): `jobtui migrate` drops it and builds it again")

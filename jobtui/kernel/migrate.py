@@ -25,7 +25,17 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from jobtui.kernel.db import Call, Rows, check_schema_name, first_line, int_set, migrations_dir, run, without_comments
+from jobtui.kernel.db import (
+    Call,
+    Rows,
+    check_schema_name,
+    first_int,
+    first_line,
+    int_set,
+    migrations_dir,
+    run,
+    without_comments,
+)
 from jobtui.kernel.domain import DEFAULT_SCHEMA
 from jobtui.kernel.errors import MigrationLockTimeout, SchemaNotMigrated, SchemaTooNew
 
@@ -50,6 +60,10 @@ class IndexBuild:
 
     def text(self, schema: str) -> str:
         return self.statement.replace("{schema}", '"' + check_schema_name(schema) + '"')
+
+    def plain(self, schema: str) -> str:
+        """The build in a transaction, for a small table (SMALL_TABLE_BYTES)."""
+        return re.sub(r"\s+CONCURRENTLY\b", "", self.text(schema), count=1, flags=re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,9 +201,10 @@ def _recorded(schema: str, migration: Migration) -> sql.Composed:
     )
 
 
-def _dropped(schema: str, build: IndexBuild) -> sql.Composed:
+def _dropped(schema: str, build: IndexBuild, *, concurrently: bool = True) -> sql.Composed:
     """What makes way for a build again: the invalid index an interrupted one left."""
-    return sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}.{}").format(sql.Identifier(schema), sql.Identifier(build.name))
+    how = sql.SQL("CONCURRENTLY " if concurrently else "")
+    return sql.SQL("DROP INDEX {}IF EXISTS {}.{}").format(how, sql.Identifier(schema), sql.Identifier(build.name))
 
 
 def pending(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> tuple[int | None, list[Migration]]:
@@ -235,11 +250,25 @@ def interrupted(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> 
     return [b for b in builds if states.get(b.name) == INVALID]
 
 
+def small(conn: psycopg.Connection[Any], schema: str, migration: Migration) -> bool:
+    """Whether an online migration's tables are small enough (SMALL_TABLE_BYTES, a table
+    not made yet included) for its indexes to be built in the migration's transaction."""
+    tables = sorted({b.table for b in migration.builds()})
+    size = run(conn, Call("migration_table_bytes", {"schema_name": schema, "tables": tables}, first_int), schema)
+    return (size or 0) < SMALL_TABLE_BYTES
+
+
 def dry_run_sql(
-    schema: str, version: int | None, todo: list[Migration], invalid: list[IndexBuild] | None = None
+    schema: str,
+    version: int | None,
+    todo: list[Migration],
+    invalid: list[IndexBuild] | None = None,
+    in_transaction: set[int] | None = None,
 ) -> str:
     """The SQL `jobtui migrate` would run on a schema at `version`, as one psql script; the
-    indexes `invalid` (an interrupted build's) are dropped before they are built again."""
+    indexes `invalid` (an interrupted build's) are dropped before they are built again, and
+    the online migrations of `in_transaction` (versions: their tables are small now) are
+    built in the transaction."""
     broken = {b.name for b in invalid or []}
     begin = ["BEGIN;", *(f"{statement.as_string(None)};" for statement in _bootstrap(schema))]
     parts = list(begin)
@@ -250,6 +279,14 @@ def dry_run_sql(
         builds = migration.builds()
         if not builds:
             parts += [migration.text(schema).strip(), f"{_recorded(schema, migration).as_string(None)};"]
+            continue
+        if migration.version in (in_transaction or set()):
+            parts.append(f"-- its tables are under {SMALL_TABLE_BYTES // 2**20} MiB: built in the transaction")
+            for build in builds:
+                if build.name in broken:
+                    parts.append(f"{_dropped(schema, build, concurrently=False).as_string(None)};")
+                parts.append(f"{build.plain(schema)};")
+            parts.append(f"{_recorded(schema, migration).as_string(None)};")
             continue
         parts += [
             "-- built CONCURRENTLY, outside a transaction: enqueues and claims go on meanwhile",
@@ -282,6 +319,10 @@ LOCK_TIMEOUT = 5.0
 LOCK_TRIES = 60
 # How often a migration waiting for another's index build looks whether it ended.
 BUILD_POLL = 0.5
+# An online migration's indexes on tables smaller than this (a new install, a test's) are
+# built in the migration's transaction: that takes milliseconds, while a CONCURRENTLY build
+# waits for every transaction of the database older than it, whatever tables it reads.
+SMALL_TABLE_BYTES = 8 * 2**20
 
 
 def migrate(
@@ -384,15 +425,28 @@ def _apply_until_online(
         online = None
         for migration in (m for m in known if m.version not in done):
             builds = list(migration.builds())
-            if builds and set(_index_states(conn, schema, builds).values()) != {VALID}:
-                online = migration
-                break
             if not builds:
                 conn.execute(migration.text(schema).encode())
+            else:
+                states = _index_states(conn, schema, builds)
+                if set(states.values()) != {VALID}:
+                    if BUILDING in states.values() or not small(conn, schema, migration):
+                        online = migration
+                        break
+                    _build_here(conn, schema, builds, states)
             _execute(conn, _recorded(schema, migration))
             now_applied.append(migration)
     applied.extend(now_applied)  # committed
     return online
+
+
+def _build_here(conn: psycopg.Connection[Any], schema: str, builds: list[IndexBuild], states: dict[str, str]) -> None:
+    """Build the indexes of an online migration on small tables, in the transaction."""
+    for build in builds:
+        if states[build.name] == INVALID:
+            _execute(conn, _dropped(schema, build, concurrently=False))
+        if states[build.name] != VALID:
+            conn.execute(build.plain(schema).encode())
 
 
 def _build(conn: psycopg.Connection[Any], schema: str, build: IndexBuild, built: Callable[[str], None]) -> None:

@@ -42,6 +42,18 @@ def migrated_before(conn: Conn, version: int) -> None:
             conn.execute(migrations._recorded("jobtui", m))
 
 
+def fill(conn: Conn, jobs: int) -> None:
+    """`jobs` ready jobs of about 400 bytes each: past migrate.SMALL_TABLE_BYTES from 25,000
+    on, so that the index is built CONCURRENTLY rather than in the migration's transaction."""
+    conn.execute(
+        "INSERT INTO jobtui.job (type, payload) SELECT 't', jsonb_build_object('pad', repeat('x', 300))"
+        " FROM generate_series(1, %s)",
+        (jobs,),
+    )
+    size = conn.execute("SELECT pg_relation_size('jobtui.job')").fetchone()
+    assert size is not None and (size[0] >= migrations.SMALL_TABLE_BYTES) == (jobs >= 25_000), size
+
+
 def index_state(conn: Conn, name: str) -> str:
     row = conn.execute(
         "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
@@ -84,7 +96,7 @@ CLAIM = (
 def test_a_build_killed_midway_blocks_nobody_and_the_next_migrate_builds_it_again(empty_dsn: str) -> None:
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         migrated_before(conn, 15)
-        conn.execute("INSERT INTO jobtui.job (type, payload) SELECT 't', '{}' FROM generate_series(1, 1000)")
+        fill(conn, 25_000)
         with psycopg.connect(empty_dsn) as writer:
             # A writer's transaction left open: a build of an index on job waits for it.
             writer.execute(ENQUEUE)
@@ -134,7 +146,7 @@ def test_a_build_killed_midway_blocks_nobody_and_the_next_migrate_builds_it_agai
 def test_two_migrations_racing_over_an_index_build_apply_each_migration_once(empty_dsn: str) -> None:
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         migrated_before(conn, 15)
-        conn.execute("INSERT INTO jobtui.job (type, payload) SELECT 't', '{}' FROM generate_series(1, 20000)")
+        fill(conn, 25_000)
     applied: list[list[int]] = []
     errors: list[BaseException] = []
     barrier = threading.Barrier(3, timeout=10)
@@ -156,5 +168,23 @@ def test_two_migrations_racing_over_an_index_build_apply_each_migration_once(emp
     done = sorted(v for versions_ in applied for v in versions_)
     assert done == [m.version for m in migrations.available() if m.version >= 15]  # each once, by one of them
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert index_state(conn, INDEX) == "valid"
+        assert versions(conn) == [m.version for m in migrations.available()]
+
+
+def test_on_a_small_table_the_index_is_built_in_the_migrations_transaction(empty_dsn: str) -> None:
+    """A new install (or a small queue): a CONCURRENTLY build would wait for every older
+    transaction of the database, here one left open on another table."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrated_before(conn, 15)
+        fill(conn, 1000)
+        conn.execute("CREATE TABLE elsewhere (n int)")
+        with psycopg.connect(empty_dsn) as reader:
+            reader.execute("SELECT count(*) FROM elsewhere")  # its snapshot held, the transaction open
+            dry = jobtui(empty_dsn, "migrate", "--dry-run")
+            assert "built in the transaction" in dry.stdout and "CREATE INDEX IF NOT EXISTS job_builtin" in dry.stdout
+            done = jobtui(empty_dsn, "migrate")
+            assert done.returncode == 0, done
+            assert "concurrently" not in done.stdout
         assert index_state(conn, INDEX) == "valid"
         assert versions(conn) == [m.version for m in migrations.available()]

@@ -106,3 +106,10 @@ LEFT JOIN (pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace AND s.nspnam
        ON c.relname = n.name
 LEFT JOIN pg_index i ON i.indexrelid = c.oid;
 
+
+-- name: migration_table_bytes
+-- The size of an online migration's tables (migrate.py): below a bound, its indexes are built
+-- in the migration's transaction. A table not made yet counts nothing.
+SELECT coalesce(sum(pg_relation_size(c.oid)), 0)::bigint AS bytes
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema_name)s AND c.relname = ANY(%(tables)s::text[]) AND c.relkind = 'r';
