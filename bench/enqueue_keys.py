@@ -25,6 +25,7 @@ an application's does. Then the keyed statements alone, each run rolled back, wh
 the database's own share without the commit. Then the archive: batches
 of 5,000 done keyed jobs moved to job_archive by archive_done, the trigger enabled (new) or
 disabled (baseline), in turns; and the same for keyless jobs, which the trigger's WHEN skips.
+Last, --delete-on-complete's completion of 100 keyless jobs with and without the trigger.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from psycopg import sql
 
 from jobtui.core import queue as core
 from jobtui.kernel.db import Call, first_int, parse_statements, run, statements, without_comments
-from jobtui.kernel.domain import NewJob
+from jobtui.kernel.domain import Lease, NewJob
 from jobtui.kernel.migrate import migrate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,6 +171,36 @@ def statement_ab(dsn: str, old: dict[str, sql.SQL], runs: int) -> dict[str, floa
     return {name: statistics.median(t[skip:]) * 1e6 for name, t in times.items()}
 
 
+def complete_deleting_ab(dsn: str, runs: int) -> dict[str, float]:
+    """--delete-on-complete's statement on 100 keyless running jobs, the trigger enabled (new)
+    and disabled (baseline), in turns, each run rolled back: median microseconds."""
+    times: dict[str, list[float]] = {"baseline": [], "new": []}
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "INSERT INTO jobtui.job (type, payload, status, attempts, locked_by, locked_until, lease_token, started_at)"
+            " SELECT 'bench.keys', '{}', 'running', 1, 'bench', now() + interval '1 hour', 7, now()"
+            " FROM generate_series(1, %s) RETURNING id",
+            (BATCH,),
+        ).fetchall()
+        conn.commit()
+        call = core.complete_deleting_call([Lease(int(r[0]), 7) for r in rows])
+        # In blocks of 50 runs: each switch of the trigger makes the statement planned again.
+        for block in range(max(2, runs // 50)):
+            side = "new" if block % 2 else "baseline"
+            conn.execute(ENABLE if side == "new" else DISABLE)
+            conn.commit()
+            for _ in range(50):
+                started = time.perf_counter()
+                deleted = run(conn, call, "jobtui")
+                times[side].append(time.perf_counter() - started)
+                conn.rollback()
+                assert len(deleted) == BATCH, deleted
+        conn.execute(ENABLE)
+        conn.execute("DELETE FROM jobtui.job WHERE id = ANY(%s)", ([r[0] for r in rows],))
+        conn.commit()
+    return {side: statistics.median(t) * 1e6 for side, t in times.items()}
+
+
 def fill_done(conn: psycopg.Connection[Any], n: int, keyed: bool, tag: str) -> None:
     """`n` done jobs finished two days ago, keyed `TAG-1`... (with their keys claimed in job_key,
     as this release's enqueue claims them) or without keys."""
@@ -264,6 +295,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             after = statistics.median(r[f"{kind}/new"] for r in archived)
             ratio = statistics.median(r[f"{kind}/new"] / r[f"{kind}/baseline"] for r in archived)
             print(f"| {kind} | {before:.0f} | {after:.0f} | {ratio - 1:+.1%} |", flush=True)
+        deleting = complete_deleting_ab(dsn, args.statement_runs)
+        print(f"\ncomplete_deleting (--delete-on-complete) of {BATCH} keyless jobs, rolled back,"
+              f" {args.statement_runs} runs each in turns, median µs")  # fmt: skip
+        print("| without the trigger | with it | with vs without |\n| ---: | ---: | ---: |")
+        before, after = deleting["baseline"], deleting["new"]
+        print(f"| {before:.0f} | {after:.0f} | {after / before - 1:+.1%} |", flush=True)
         print(f"1-min load at the end {os.getloadavg()[0]:.2f}")
     finally:
         with psycopg.connect(admin_dsn, autocommit=True) as admin:

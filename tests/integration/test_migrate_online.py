@@ -43,15 +43,16 @@ def migrated_before(conn: Conn, version: int) -> None:
 
 
 def fill(conn: Conn, jobs: int) -> None:
-    """`jobs` ready jobs of about 400 bytes each: past migrate.SMALL_TABLE_BYTES from 25,000
-    on, so that the index is built CONCURRENTLY rather than in the migration's transaction."""
+    """`jobs` ready jobs of about 400 bytes each: past 8 MiB (migrate.SMALL_TABLE_BYTES) from
+    25,000 on, so that the index is built CONCURRENTLY rather than in the migration's
+    transaction."""
     conn.execute(
         "INSERT INTO jobtui.job (type, payload) SELECT 't', jsonb_build_object('pad', repeat('x', 300))"
         " FROM generate_series(1, %s)",
         (jobs,),
     )
     size = conn.execute("SELECT pg_relation_size('jobtui.job')").fetchone()
-    assert size is not None and (size[0] >= migrations.SMALL_TABLE_BYTES) == (jobs >= 25_000), size
+    assert size is not None and (size[0] >= 8 * 2**20) == (jobs >= 25_000), size
 
 
 def index_state(conn: Conn, name: str) -> str:
@@ -188,3 +189,7 @@ def test_on_a_small_table_the_index_is_built_in_the_migrations_transaction(empty
             assert "concurrently" not in done.stdout
         assert index_state(conn, INDEX) == "valid"
         assert versions(conn) == [m.version for m in migrations.available()]
+
+
+def test_the_small_table_bound_is_the_one_the_tests_fill_past() -> None:
+    assert migrations.SMALL_TABLE_BYTES == 8 * 2**20
