@@ -423,6 +423,13 @@ def _missing(jobs: Sequence[NewJob], found: list[TupleRow]) -> list[str]:
     return list({j.key for j in jobs if j.key is not None} - {k for _, k in found})
 
 
+def _gone(jobs: Sequence[NewJob], found: list[TupleRow]) -> list[NewJob]:
+    """The jobs of `jobs` whose keys no row of `found` holds: keys forgotten by the archiver
+    between an enqueue's two statements, which make new jobs."""
+    missing = set(_missing(jobs, found))
+    return [j for j in jobs if j.key in missing]
+
+
 def _merge_existing(jobs: Sequence[NewJob], inserted: list[TupleRow], existing: list[TupleRow]) -> list[int]:
     """Ids in input order: new rows by position, duplicates by their existing key."""
     by_key = {key: int(i) for i, key in existing}
@@ -459,9 +466,10 @@ def enqueue_many(conn: psycopg.Connection[Any], jobs: Sequence[NewJob], schema: 
         if missing:
             cur.execute(stmts["enqueue_existing_many"], {"keys": missing})
             existing = cur.fetchall()
-    if _missing(jobs, inserted + existing):
-        # A key's job left the queue table and its window passed between the two statements.
-        return enqueue_many(conn, jobs, schema)
+    gone = _gone(jobs, inserted + existing)
+    if gone:
+        # Keys forgotten (their window passed) between the two statements: those jobs again.
+        existing += list(zip(enqueue_many(conn, gone, schema), [j.key for j in gone], strict=True))
     return _merge_existing(jobs, inserted, existing)
 
 
@@ -488,8 +496,9 @@ async def aenqueue_many(
         if missing:
             await cur.execute(stmts["enqueue_existing_many"], {"keys": missing})
             existing = await cur.fetchall()
-    if _missing(jobs, inserted + existing):
-        return await aenqueue_many(conn, jobs, schema)
+    gone = _gone(jobs, inserted + existing)
+    if gone:
+        existing += list(zip(await aenqueue_many(conn, gone, schema), [j.key for j in gone], strict=True))
     return _merge_existing(jobs, inserted, existing)
 
 

@@ -43,10 +43,21 @@ _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 # The one kind of statement an online migration holds: each of its index builds names its
 # index and its table, so that the runner can tell a valid index from an interrupted build.
 _BUILD = re.compile(
-    r"^CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(\w+)\s+ON\s+(?:ONLY\s+)?\{schema\}\.(\w+)\b",
+    r"^CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(\w+)\s+ON\s+\{schema\}\.(\w+)\b",
     re.IGNORECASE,
 )
 _CONCURRENTLY = re.compile(r"\bCONCURRENTLY\b", re.IGNORECASE)
+
+# A migration's DDL that waits for a table's lock (behind a long query on the archive, say)
+# makes every claim queue behind it: each try waits at most this long, then lets go.
+LOCK_TIMEOUT = 5.0
+LOCK_TRIES = 60
+# How often a migration waiting for another's index build looks whether it ended.
+BUILD_POLL = 0.5
+# An online migration's indexes on tables smaller than this (a new install, a test's) are
+# built in the migration's transaction: that takes milliseconds, while a CONCURRENTLY build
+# waits for every transaction of the database older than it, whatever tables it reads.
+SMALL_TABLE_BYTES = 8 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,18 +322,6 @@ def _build_sql(schema: str, builds: tuple[IndexBuild, ...] | list[IndexBuild], b
             lines.append(f"{_dropped(schema, build).as_string(None)};  -- invalid: a build was interrupted")
         lines.append(f"{build.text(schema)};")
     return lines
-
-
-# A migration's DDL that waits for a table's lock (behind a long query on the archive, say)
-# makes every claim queue behind it: each try waits at most this long, then lets go.
-LOCK_TIMEOUT = 5.0
-LOCK_TRIES = 60
-# How often a migration waiting for another's index build looks whether it ended.
-BUILD_POLL = 0.5
-# An online migration's indexes on tables smaller than this (a new install, a test's) are
-# built in the migration's transaction: that takes milliseconds, while a CONCURRENTLY build
-# waits for every transaction of the database older than it, whatever tables it reads.
-SMALL_TABLE_BYTES = 8 * 2**20
 
 
 def migrate(

@@ -330,3 +330,24 @@ def test_the_roles_that_could_use_the_job_table_can_use_the_keys_after_the_migra
         } | {(reader, "SELECT")}
     finally:
         drop_roles(empty_dsn, worker, reader)
+
+
+def test_a_key_forgotten_between_a_batchs_two_statements_makes_its_job_and_nothing_twice(
+    conn: Conn, queue: Queue
+) -> None:
+    """The archiver forgets a key (its window passed) after the batch's insert found it taken
+    and before the batch reads whose it is: that job is enqueued again, alone."""
+    old = finished(queue, "forgotten")
+    age(conn, [old], "2 days")
+    sweep(conn, Retention())
+    # Stands in for the archiver: the batch's insert itself forgets the key once it is done.
+    conn.execute(
+        "CREATE FUNCTION forget() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$ BEGIN DELETE FROM jobtui.job_key WHERE key = 'forgotten'; RETURN NULL; END $$"
+    )
+    conn.execute("CREATE TRIGGER forget AFTER INSERT ON jobtui.job FOR EACH STATEMENT EXECUTE FUNCTION forget()")
+    ids = queue.enqueue_many([NewJob("mail", {"n": 1}), NewJob("mail", key="forgotten"), NewJob("mail", key="new")])
+    conn.execute("DROP TRIGGER forget ON jobtui.job")
+    assert ids[1] not in (old, ids[0], ids[2])
+    assert rows_of(conn, "forgotten") == 1 and rows_of(conn, "new") == 1
+    assert conn.execute("SELECT count(*) FROM jobtui.job WHERE type = 'mail'").fetchone() == (3,)
