@@ -33,6 +33,16 @@ BEGIN
 END;
 $$;
 
+-- A TRUNCATE of `job` (a test suite's reset) fires no delete trigger: the keys of the jobs it
+-- removed go with them, rather than point at jobs that never finished; keys of jobs that left
+-- before stay for their window.
+CREATE FUNCTION {schema}.job_key_truncated() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM {schema}.job_key WHERE finished_at IS NULL;
+    RETURN NULL;
+END;
+$$;
+
 -- Whoever could use `job` can use job_key alike: enqueuers insert into it, the archiver's
 -- deletes write to it through the trigger and prune it, readers read it.
 DO $$
@@ -52,7 +62,9 @@ BEGIN
 END;
 $$;
 
--- Last: the trigger takes a lock on `job` that enqueues and claims wait for, held from here
+-- Last: the triggers take a lock on `job` that enqueues and claims wait for, held from here
 -- to the commit, an instant.
 CREATE TRIGGER job_key_kept AFTER DELETE ON {schema}.job
     FOR EACH ROW WHEN (OLD.idempotency_key IS NOT NULL) EXECUTE FUNCTION {schema}.job_key_keep();
+CREATE TRIGGER job_key_truncated AFTER TRUNCATE ON {schema}.job
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.job_key_truncated();

@@ -351,3 +351,16 @@ def test_a_key_forgotten_between_a_batchs_two_statements_makes_its_job_and_nothi
     assert ids[1] not in (old, ids[0], ids[2])
     assert rows_of(conn, "forgotten") == 1 and rows_of(conn, "new") == 1
     assert conn.execute("SELECT count(*) FROM jobtui.job WHERE type = 'mail'").fetchone() == (3,)
+
+
+def test_a_truncated_job_table_takes_its_jobs_keys_with_it(conn: Conn, queue: Queue) -> None:
+    """A test suite's reset: the keys of the jobs it removed are free again; those of jobs that
+    had left the table before keep their window."""
+    archived = finished(queue, "left-before")
+    age(conn, [archived], "2 days")
+    sweep(conn, Retention())
+    live = queue.enqueue("mail", key="in-the-table")
+    conn.execute("TRUNCATE jobtui.job")
+    assert queue.enqueue("mail", key="in-the-table") != live
+    assert rows_of(conn, "in-the-table") == 1
+    assert queue.enqueue("mail", key="left-before") == archived
