@@ -39,6 +39,9 @@ GRANT SELECT ON ALL TABLES IN SCHEMA :"schema" TO :"role";
 -- The queue itself: enqueue, claim, heartbeat, outcomes, reaping, operators' changes, and
 -- the archiver, which deletes done jobs past their retention.
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".job TO :"role";
+-- Idempotency keys (migration 0017): claimed by every keyed enqueue, written as keyed jobs
+-- leave the queue table, pruned by the archiver once their window has passed.
+GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".job_key TO :"role";
 -- Schedules: synced from code by each worker, advanced by the scheduler, managed by the CLI.
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".schedule TO :"role";
 -- The archiver moves done jobs here, and prunes them after their own retention (through the

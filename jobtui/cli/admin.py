@@ -27,7 +27,11 @@ from jobtui.service.endpoints import LIVE_PATH, READY_PATH
 def add_migrate_parser(sub: Any) -> None:
     p = sub.add_parser("migrate", help="create or upgrade the schema (--check, --dry-run: change nothing)")
     what = p.add_mutually_exclusive_group()
-    what.add_argument("--check", action="store_true", help="exit 1 when migrations are pending, 0 when none are")
+    what.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when migrations are pending (or an index build was interrupted), 0 when none are",
+    )
     what.add_argument("--dry-run", action="store_true", help="print the SQL `jobtui migrate` would run, run nothing")
     p.add_argument(
         "--lock-timeout",
@@ -59,17 +63,25 @@ def _say_waited(why: str) -> None:
     print(f"jobtui migrate: {why}", file=sys.stderr, flush=True)
 
 
+def _say_built(what: str) -> None:
+    print(what, flush=True)
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     lock_timeout = parse_duration(args.lock_timeout)
     dsn = database_dsn(args)
     with connect(dsn, autocommit=True, pooler=args.pooler) as conn:
         if not (args.check or args.dry_run):
-            applied = migrations.migrate(conn, args.schema, lock_timeout=lock_timeout, waited=_say_waited)
+            applied = migrations.migrate(
+                conn, args.schema, lock_timeout=lock_timeout, waited=_say_waited, built=_say_built
+            )
             for m in applied:
                 print(f"applied {m.version:04d}_{m.name}")
             print(f"schema {args.schema!r} is at version {migrations.code_version()}")
             return 0
         version, todo = migrations.pending(conn, args.schema)
+        invalid = migrations.interrupted(conn, args.schema)
+        in_transaction = {m.version for m in todo if m.online and migrations.small(conn, args.schema, m)}
     known = migrations.code_version()
     found = "missing" if version is None else f"at version {version}"
     if version is not None and version > known:
@@ -77,11 +89,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         return 0
     if args.dry_run:
         print(f"-- jobtui migrate on {describe_dsn(dsn)}: schema {args.schema!r} is {found}")
-        print(migrations.dry_run_sql(args.schema, version, todo), end="")
+        print(migrations.dry_run_sql(args.schema, version, todo, invalid, in_transaction), end="")
         return 0
+    for build in invalid:
+        print(f"index {build.name} is invalid (a build was interrupted): `jobtui migrate` drops it and builds it again")
     if not todo:
         print(f"schema {args.schema!r} is at version {version}: no migration pending")
-        return 0
+        return 1 if invalid else 0
     names = ", ".join(f"{m.version:04d}_{m.name}" for m in todo)
     print(f"schema {args.schema!r} is {found}; this jobtui applies {names}: run `jobtui migrate`")
     return 1

@@ -30,6 +30,7 @@ from jobtui.core.queue import job_statuses_call
 from jobtui.kernel.db import connect
 from jobtui.kernel.domain import JobStatus
 from jobtui.kernel.donehistory import DoneHistory
+from jobtui.kernel.durations import duration_text
 from jobtui.kernel.errors import InvalidInput, UnknownJob
 from jobtui.kernel.forecast import Forecast
 from jobtui.kernel.rates import RAMP_TOP, rate_text
@@ -172,7 +173,9 @@ def render_stats(snap: Snapshot, console: Console) -> None:
             )
         console.print(sched)
     tables = " · ".join(
-        f"{t.table}: {t.live_rows} live / {t.dead_rows} dead tuples" for t in snap.tables if t.table in HEALTH_TABLES
+        f"{t.table}: {t.live_rows} live / {t.dead_rows} dead tuples{_kept(snap, t.table)}"
+        for t in snap.tables
+        if t.table in HEALTH_TABLES
     )
     console.print(
         Text(
@@ -197,9 +200,16 @@ def type_age(snap: Snapshot, t: TypeCounts) -> str:
     return f"~{age(t.oldest_ready_age)}"
 
 
-# The tables whose health `jobtui stats` shows: the queue, and the two the archiver prunes
-# besides it, which grow with every effect and every operator action.
-HEALTH_TABLES = ("job", "effect", "audit")
+# The tables whose health `jobtui stats` shows: the queue, and those the archiver prunes
+# besides it, which grow with every effect, every operator action and every keyed job.
+HEALTH_TABLES = ("job", "effect", "audit", "job_key")
+
+
+def _kept(snap: Snapshot, table: str) -> str:
+    """What a table of `stats` keeps, where it is a window: job_key's keys."""
+    if table != "job_key":
+        return ""
+    return f" (keys kept {duration_text(snap.key_retention)} after their jobs finish)"
 
 
 def attempts_text(buckets: dict[int, int]) -> str:

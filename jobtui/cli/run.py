@@ -74,6 +74,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             done=parse_duration(args.retention),
             dead=parse_duration(args.dead_retention),
             delete_done=args.delete_done,
+            key=parse_duration(args.key_retention),
         ),
         pooler=args.pooler,
     )
@@ -305,6 +306,12 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--no-scheduler", action="store_true", help="do not run the scheduler in this worker")
     p.add_argument("--retention", default="1d", help="how long done jobs stay before archiving (default 1d)")
     p.add_argument("--dead-retention", default="30d", help="how long dead/failed jobs stay (default 30d)")
+    p.add_argument(
+        "--key-retention",
+        default="7d",
+        help="how long an idempotency key keeps returning its job's id after the job finished, archived or"
+        " deleted (default 7d)",
+    )
     p.add_argument("--delete-done", action="store_true", help="delete done jobs instead of archiving them")
     p.add_argument(
         "--delete-on-complete",

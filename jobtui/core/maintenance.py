@@ -19,7 +19,7 @@ import psycopg
 
 from jobtui.core.registry import Job, Jobs, ScheduleSpec
 from jobtui.kernel.db import Call, Rows, run
-from jobtui.kernel.domain import DEFAULT_SCHEMA
+from jobtui.kernel.domain import DEFAULT_KEY_RETENTION, DEFAULT_SCHEMA
 from jobtui.reads.backlog import record_minute
 from jobtui.reads.flows import record_flow
 
@@ -53,6 +53,9 @@ class Retention:
     effect: float = 30 * 86400.0
     # Operators' actions; the database keeps every row younger than 30 days whatever this says.
     audit: float = 90 * 86400.0
+    # Idempotency keys of jobs that left the queue table (job_key): kept this long after the
+    # job finished, so that a repeated enqueue returns the job's id (--key-retention).
+    key: float = DEFAULT_KEY_RETENTION
 
     def payload(self) -> dict[str, Any]:
         return {
@@ -62,6 +65,7 @@ class Retention:
             "delete_done": self.delete_done,
             "effect": self.effect,
             "audit": self.audit,
+            "key": self.key,
         }
 
     @classmethod
@@ -75,6 +79,7 @@ class Retention:
             delete_done=bool(payload.get("delete_done", False)),
             effect=float(payload.get("effect", default.effect)),
             audit=float(payload.get("audit", default.audit)),
+            key=float(payload.get("key", default.key)),
         )
 
 
@@ -89,6 +94,8 @@ class Swept:
     # Days of the archive dropped whole (deleted_archive counts the rows deleted one by one:
     # the archive's default partition and the legacy archive of migration 0014).
     dropped_archive_days: int = 0
+    # Idempotency keys forgotten, their window passed.
+    deleted_keys: int = 0
 
 
 def _count(rows: Rows) -> int:
@@ -107,7 +114,8 @@ def _batches(conn: psycopg.Connection[Any], name: str, retention: float, schema:
 
 
 def sweep(conn: psycopg.Connection[Any], retention: Retention, schema: str = DEFAULT_SCHEMA) -> Swept:
-    """Archive (or delete) done jobs past retention; delete dead/failed past theirs.
+    """Archive (or delete) done jobs past retention; delete dead/failed past theirs; forget
+    the keys of jobs that left the table longer ago than the key's window.
 
     Each batch is its own short transaction so the sweep never holds many locks.
     """
@@ -124,7 +132,18 @@ def sweep(conn: psycopg.Connection[Any], retention: Retention, schema: str = DEF
         dropped_days, deleted_archive = prune_archive(conn, retention.archive, schema)
     deleted_effects = _batches(conn, "prune_effect", retention.effect, schema)
     deleted_audit = _batches(conn, "prune_audit", retention.audit, schema)
-    return Swept(archived, deleted_done, deleted_dead, deleted_archive, deleted_effects, deleted_audit, dropped_days)
+    # After the moves above, whose keys start their window now.
+    deleted_keys = _batches(conn, "job_key_prune", retention.key, schema)
+    return Swept(
+        archived,
+        deleted_done,
+        deleted_dead,
+        deleted_archive,
+        deleted_effects,
+        deleted_audit,
+        dropped_days,
+        deleted_keys,
+    )
 
 
 def prune_archive(conn: psycopg.Connection[Any], retention: float, schema: str = DEFAULT_SCHEMA) -> tuple[int, int]:

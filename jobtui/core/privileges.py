@@ -30,6 +30,8 @@ class Needs:
 WORKER_NEEDS = Needs(
     {
         "job": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+        # Keys: claimed by enqueues, kept as jobs leave (the trigger), pruned by the archiver.
+        "job_key": ("SELECT", "INSERT", "UPDATE", "DELETE"),
         "schedule": ("SELECT", "INSERT", "UPDATE", "DELETE"),
         "job_archive": ("SELECT", "INSERT", "DELETE"),
         "lease_expiry": ("SELECT", "INSERT", "DELETE"),
@@ -50,7 +52,12 @@ WORKER_NEEDS = Needs(
 
 # A scheduler on its own: schedules in, jobs out.
 SCHEDULER_NEEDS = Needs(
-    {"job": ("SELECT", "INSERT"), "schedule": ("SELECT", "INSERT", "UPDATE", "DELETE"), "migration": ("SELECT",)},
+    {
+        "job": ("SELECT", "INSERT"),
+        "job_key": ("SELECT", "INSERT"),
+        "schedule": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+        "migration": ("SELECT",),
+    },
     functions=False,
 )
 

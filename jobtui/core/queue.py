@@ -111,7 +111,9 @@ def enqueue_call(
         "max_attempts": check_max_attempts(options.get("max_attempts")),
         "meta": _meta(meta),
     }
-    return Call("enqueue", params, first_int)
+    # A key is claimed in job_key, where it outlives its job (see the statement); a job without
+    # one costs no more than it did before keys were kept.
+    return Call("enqueue" if params["key"] is None else "enqueue_keyed", params, first_int)
 
 
 def _meta(meta: Mapping[str, Any] | None) -> str | None:
@@ -412,6 +414,22 @@ def _can_copy(jobs: Sequence[NewJob]) -> bool:
     return len(jobs) >= COPY_THRESHOLD and all(j.key is None and j.delay == 0 for j in jobs)
 
 
+def _many_statement(jobs: Sequence[NewJob]) -> str:
+    return "enqueue_many" if all(j.key is None for j in jobs) else "enqueue_many_keyed"
+
+
+def _missing(jobs: Sequence[NewJob], found: list[TupleRow]) -> list[str]:
+    """The keys of `jobs` that no row of `found` (id, key) holds."""
+    return list({j.key for j in jobs if j.key is not None} - {k for _, k in found})
+
+
+def _gone(jobs: Sequence[NewJob], found: list[TupleRow]) -> list[NewJob]:
+    """The jobs of `jobs` whose keys no row of `found` holds: keys forgotten by the archiver
+    between an enqueue's two statements, which make new jobs."""
+    missing = set(_missing(jobs, found))
+    return [j for j in jobs if j.key in missing]
+
+
 def _merge_existing(jobs: Sequence[NewJob], inserted: list[TupleRow], existing: list[TupleRow]) -> list[int]:
     """Ids in input order: new rows by position, duplicates by their existing key."""
     by_key = {key: int(i) for i, key in existing}
@@ -426,7 +444,8 @@ def _merge_existing(jobs: Sequence[NewJob], inserted: list[TupleRow], existing: 
 def enqueue_many(conn: psycopg.Connection[Any], jobs: Sequence[NewJob], schema: str = DEFAULT_SCHEMA) -> list[int]:
     """Insert `jobs` on `conn` (in its transaction); return their ids in input order.
 
-    A job whose key already exists is not inserted; its existing id is returned.
+    A job whose key is held (by a job in the queue table, or one that left it within the
+    key's window) is not inserted; that job's id is returned.
     """
     if not jobs:
         return []
@@ -440,13 +459,17 @@ def enqueue_many(conn: psycopg.Connection[Any], jobs: Sequence[NewJob], schema: 
                 for row in _copy_rows(ids, params):
                     copy.write_row(row)
             return ids
-        cur.execute(stmts["enqueue_many"], params)
+        cur.execute(stmts[_many_statement(jobs)], params)
         inserted = cur.fetchall()
         existing: list[TupleRow] = []
-        if len(inserted) < len(jobs):
-            missing = list({j.key for j in jobs if j.key is not None} - {k for _, k in inserted})
+        missing = _missing(jobs, inserted)
+        if missing:
             cur.execute(stmts["enqueue_existing_many"], {"keys": missing})
             existing = cur.fetchall()
+    gone = _gone(jobs, inserted + existing)
+    if gone:
+        # Keys forgotten (their window passed) between the two statements: those jobs again.
+        existing += list(zip(enqueue_many(conn, gone, schema), [j.key for j in gone], strict=True))
     return _merge_existing(jobs, inserted, existing)
 
 
@@ -466,23 +489,26 @@ async def aenqueue_many(
                 for row in _copy_rows(ids, params):
                     await copy.write_row(row)
             return ids
-        await cur.execute(stmts["enqueue_many"], params)
+        await cur.execute(stmts[_many_statement(jobs)], params)
         inserted = await cur.fetchall()
         existing: list[TupleRow] = []
-        if len(inserted) < len(jobs):
-            missing = list({j.key for j in jobs if j.key is not None} - {k for _, k in inserted})
+        missing = _missing(jobs, inserted)
+        if missing:
             await cur.execute(stmts["enqueue_existing_many"], {"keys": missing})
             existing = await cur.fetchall()
+    gone = _gone(jobs, inserted + existing)
+    if gone:
+        existing += list(zip(await aenqueue_many(conn, gone, schema), [j.key for j in gone], strict=True))
     return _merge_existing(jobs, inserted, existing)
 
 
 def enqueue(conn: psycopg.Connection[Any], call: Call[int | None], schema: str = DEFAULT_SCHEMA) -> int:
-    """Run an enqueue call; with a key that exists already, the existing job's id."""
+    """Run an enqueue call; with a key that is held already, the id of the job holding it."""
     job_id = run(conn, call, schema)
     if job_id is None:
         job_id = run(conn, Call("enqueue_existing", {"key": call.params["key"]}, first_int), schema)
     if job_id is None:
-        # The job holding the key was deleted between the two statements: insert again.
+        # The key's window passed and the archiver forgot it between the two statements.
         return enqueue(conn, call, schema)
     return job_id
 

@@ -12,6 +12,9 @@ DEFAULT_MAX_ATTEMPTS = 25
 DEFAULT_LEASE_SECONDS = 30.0
 # The queue of a job enqueued without one.
 DEFAULT_QUEUE = "default"
+# How long an idempotency key keeps returning its job's id after the job finished, unless the
+# workers' --key-retention says otherwise.
+DEFAULT_KEY_RETENTION = 7 * 86400.0
 MAX_PAYLOAD_BYTES = 1_000_000
 MAX_DELAY_SECONDS = 10 * 365 * 86400  # longest delay before a job runs (again): 10 years
 

@@ -2,6 +2,8 @@
 
 >>> parse_duration("1m30s")
 90.0
+>>> duration_text(parse_duration("1d12h"))
+'1d12h'
 """
 
 from __future__ import annotations
@@ -40,3 +42,19 @@ def parse_duration(text: str) -> float:
     if seconds > _MAX_SECONDS:
         raise InvalidInput(f"bad duration {quote(text)}: at most 10 years")
     return seconds
+
+
+def duration_text(seconds: float) -> str:
+    """`seconds` as an option would be written: its whole days, hours, minutes and seconds,
+    those that are not zero (`7d`, `1d12h`, `1h30m`, `0s`).
+
+    >>> duration_text(604800), duration_text(5400.4), duration_text(0)
+    ('7d', '1h30m', '0s')
+    """
+    left = round(seconds)
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if left >= size:
+            parts.append(f"{left // size}{unit}")
+            left %= size
+    return "".join(parts) or "0s"

@@ -26,7 +26,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from jobtui.kernel.db import Call, Rows, run, statements
-from jobtui.kernel.domain import DEFAULT_QUEUE, DEFAULT_SCHEMA
+from jobtui.kernel.domain import DEFAULT_KEY_RETENTION, DEFAULT_QUEUE, DEFAULT_SCHEMA
 from jobtui.kernel.donehistory import MINUTE, DoneHistory, calendar_minute
 from jobtui.kernel.errors import JobtuiError
 from jobtui.kernel.forecast import Flows, Forecast, Span, forecast, spans
@@ -159,6 +159,8 @@ class Snapshot:
     # per-type figures are then estimates; None when they were counted.
     ready_estimate: ReadyEstimate | None = None
     minutes: list[MinuteFigures] = field(default_factory=list)  # the last hour, oldest first
+    # Seconds an idempotency key is kept after its job finished (the workers' --key-retention).
+    key_retention: float = DEFAULT_KEY_RETENTION
     flows: list[Span] = field(default_factory=list)  # the last minutes' flows (forecast.py), oldest first
 
     @property
@@ -375,6 +377,7 @@ def _snapshot(
             size_rows,
             minute_rows,
             flow_rows,
+            key_rows,
         ) = _pipelined(
             conn,
             schema,
@@ -398,6 +401,7 @@ def _snapshot(
                 ("metrics_ready_size", {"cap": READY_EXACT_CAP, "schema_name": schema}),
                 ("metrics_minutes", {}),
                 ("queue_flow_recent", {}),
+                ("metrics_key_window", {}),
             ],
         )
     taken_at = now_rows[0]["now"]
@@ -492,6 +496,9 @@ def _snapshot(
         ready_estimate=ready_estimate,
         minutes=minutes(minute_rows),
         flows=spans(flow_rows),
+        key_retention=next(
+            (float(r["key_retention"]) for r in key_rows if r["key_retention"] is not None), DEFAULT_KEY_RETENTION
+        ),
         standby=bool(recovery[0]["standby"]),
         replay_lag=None if recovery[0]["replay_lag"] is None else float(recovery[0]["replay_lag"]),
     )

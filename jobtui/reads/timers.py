@@ -47,6 +47,7 @@ TIMED: dict[str, str] = {
     "metrics_recent_expiries": "snapshot",
     "metrics_schedules": "snapshot",
     "metrics_tables": "snapshot",
+    "metrics_key_window": "snapshot: the archiver's schedule row, by its name",
     "metrics_lock_waits": "snapshot",
     "metrics_oldest_xact": "snapshot",
     "metrics_recovery": "snapshot",

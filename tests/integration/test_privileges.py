@@ -42,6 +42,7 @@ Conn = psycopg.Connection[Any]
 # What the worker role may do, table by table: nothing more (checked against the catalog).
 WORKER_TABLES = {
     "job": {"SELECT", "INSERT", "UPDATE", "DELETE"},
+    "job_key": {"SELECT", "INSERT", "UPDATE", "DELETE"},
     "schedule": {"SELECT", "INSERT", "UPDATE", "DELETE"},
     "job_archive": {"SELECT", "INSERT", "DELETE"},
     "lease_expiry": {"SELECT", "INSERT", "DELETE"},

@@ -177,6 +177,39 @@ def test_the_previous_release_drains_jobs_on_this_schema(
     assert migrations.applied_version(conn) == migrations.code_version()
 
 
+OLD_SWEEP = """
+import sys, psycopg
+from jobtui.maintenance import Retention, sweep
+with psycopg.connect(sys.argv[1], autocommit=True) as conn:
+    print(sweep(conn, Retention()).archived)
+"""
+
+
+def test_a_key_archived_by_the_previous_release_returns_its_job(
+    dsn: str, conn: Conn, previous: tuple[Path, dict[str, str]]
+) -> None:
+    """Its archiver knows nothing of job_key: the trigger keeps the key as its delete moves the
+    job out, also for a job the previous release enqueued (no job_key row)."""
+    folder, env = previous
+    with Queue(dsn) as q:
+        mine = q.enqueue("t", key="by-this-release")
+    old = jobtui(dsn, "enqueue", "t", "--key", "by-the-previous-release", env=env, cwd=folder)
+    assert old.returncode == 0, old
+    theirs = int(old.stdout)
+    conn.execute(
+        "UPDATE jobtui.job SET status = 'done', finished_at = now() - interval '2 days' WHERE id = ANY(%s)",
+        ([mine, theirs],),
+    )
+    swept = subprocess.run(
+        [sys.executable, "-c", OLD_SWEEP, dsn], cwd=folder, env={**os.environ, **env}, capture_output=True, text=True
+    )
+    assert swept.returncode == 0 and swept.stdout.strip() == "2", swept
+    with Queue(dsn) as q:
+        assert q.enqueue("t", key="by-this-release") == mine
+        assert q.enqueue("t", key="by-the-previous-release") == theirs
+    assert conn.execute("SELECT count(*) FROM jobtui.job").fetchone() == (0,)
+
+
 def apply_only(conn: Conn, count: int, schema: str = "jobtui") -> None:
     """The schema as `jobtui migrate` of an older code leaves it: the first `count` migrations
     only (numbers may skip one, so that is not version `count`)."""

@@ -25,6 +25,13 @@ REVIEWED = {
         "a migration file shipped in the package; the only substitution is the schema name, "
         "validated by check_schema_name and double-quoted"
     ),
+    ("migrate.py", "build.plain(schema).encode()"): (
+        "the same index build with CONCURRENTLY taken out (IndexBuild.plain), for a small table"
+    ),
+    ("migrate.py", "build.text(schema).encode()"): (
+        "an index build of a migration file shipped in the package (migrate._builds parsed it); the only"
+        " substitution is the schema name, validated by check_schema_name and double-quoted"
+    ),
 }
 
 Scope = ast.FunctionDef | ast.AsyncFunctionDef | ast.Module

@@ -5,32 +5,104 @@
 -- values are always bound parameters; time is always the database's now().
 
 -- name: enqueue
--- One job. With an idempotency key that already exists, inserts nothing and returns nothing;
--- the caller then reads the existing job with enqueue_existing.
+-- One job without an idempotency key.
 INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts, meta, queue)
 VALUES (%(type)s, %(payload)s, %(key)s,
         coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s),
         %(max_attempts)s, %(meta)s::jsonb, %(queue)s)
-ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
+-- name: enqueue_keyed
+-- One job with an idempotency key; returns its id, or the id of the job already in the queue
+-- table with that key. Returns nothing when the key belongs to a job that left the table
+-- within the key's window (or to one being enqueued at this moment, which this statement
+-- waited for): the caller then reads it with enqueue_existing.
+--
+-- The key is claimed in job_key first, and the job inserted only with the key claimed: its
+-- primary key decides between enqueues of one key, and a key's row outlives its job (migration
+-- 0017), so an enqueue racing the archiver as it moves the job out still finds the key taken.
+-- A job the snapshot sees holding the key is returned without claiming it: a job of the
+-- previous release (no job_key row yet) being archived would otherwise have this statement
+-- wait for the archiver while the archiver's trigger waits for this key.
+WITH live AS (
+    SELECT id FROM {schema}.job WHERE idempotency_key = %(key)s
+), keyed AS (
+    INSERT INTO {schema}.job_key (key, job_id)
+    SELECT %(key)s, nextval('{schema}.job_id_seq') WHERE NOT EXISTS (SELECT FROM live)
+    ON CONFLICT (key) DO NOTHING
+    RETURNING job_id
+), inserted AS (
+    INSERT INTO {schema}.job (id, type, payload, idempotency_key, run_at, max_attempts, meta, queue)
+    SELECT keyed.job_id, %(type)s::text, %(payload)s::jsonb, %(key)s::text,
+           coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s),
+           %(max_attempts)s::integer, %(meta)s::jsonb, %(queue)s::text
+    FROM keyed
+    -- A job of the previous release holding the key, not yet committed when this began.
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id
+)
+SELECT id FROM inserted UNION ALL SELECT id FROM live;
+
 -- name: enqueue_existing
-SELECT id FROM {schema}.job WHERE idempotency_key = %(key)s;
+-- The job holding `key`: the one in the queue table, else the one job_key remembers.
+SELECT id FROM (SELECT id, 0 AS rank FROM {schema}.job WHERE idempotency_key = %(key)s
+                UNION ALL
+                SELECT job_id, 1 FROM {schema}.job_key WHERE key = %(key)s) AS held
+ORDER BY rank LIMIT 1;
 
 -- name: enqueue_many
--- Many jobs in one statement; rows whose key already exists are skipped. Returns the new
--- ids with their position in the input (ord, 1-based).
+-- Many jobs without keys in one statement. Returns the new ids in the input's order.
 INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts, meta, queue)
 SELECT t.type, t.payload::jsonb, t.key, now() + make_interval(secs => t.delay), t.max_attempts, t.meta::jsonb, t.queue
 FROM unnest(%(types)s::text[], %(payloads)s::text[], %(keys)s::text[],
             %(delays)s::float8[], %(max_attempts)s::int[], %(metas)s::text[], %(queues)s::text[])
      WITH ORDINALITY AS t(type, payload, key, delay, max_attempts, meta, queue, ord)
 ORDER BY t.ord
-ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, idempotency_key;
 
+-- name: enqueue_many_keyed
+-- Many jobs, some with keys, as enqueue_keyed does one: each key claimed in job_key (in the
+-- order of the keys, so that two batches sharing keys never wait for each other in a circle),
+-- a job inserted for each key claimed (the first of the batch's jobs with that key) and for
+-- each job without one. Ids are drawn in the input's order first, so that jobs due at once
+-- are claimed in that order (a job not inserted leaves a gap). Returns the new ids with their
+-- keys, in the input's order, then the jobs of the queue table that hold keys of the batch;
+-- keys in neither are read with enqueue_existing_many.
+WITH t AS (
+    SELECT u.*, nextval('{schema}.job_id_seq') AS id
+    FROM unnest(%(types)s::text[], %(payloads)s::text[], %(keys)s::text[],
+                %(delays)s::float8[], %(max_attempts)s::int[], %(metas)s::text[], %(queues)s::text[])
+         WITH ORDINALITY AS u(type, payload, key, delay, max_attempts, meta, queue, ord)
+), live AS (
+    SELECT id, idempotency_key FROM {schema}.job WHERE idempotency_key = ANY(%(keys)s::text[])
+), firsts AS (
+    SELECT DISTINCT ON (t.key) t.key, t.id FROM t
+    WHERE t.key IS NOT NULL AND t.key NOT IN (SELECT idempotency_key FROM live)
+    ORDER BY t.key, t.ord
+), keyed AS (
+    INSERT INTO {schema}.job_key (key, job_id)
+    SELECT key, id FROM firsts ORDER BY key
+    ON CONFLICT (key) DO NOTHING
+    RETURNING job_id
+), inserted AS (
+    INSERT INTO {schema}.job (id, type, payload, idempotency_key, run_at, max_attempts, meta, queue)
+    SELECT t.id, t.type, t.payload::jsonb, t.key, now() + make_interval(secs => t.delay), t.max_attempts,
+           t.meta::jsonb, t.queue
+    FROM t
+    WHERE t.key IS NULL OR t.id IN (SELECT job_id FROM keyed)
+    ORDER BY t.ord
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, idempotency_key
+)
+SELECT id, idempotency_key FROM inserted UNION ALL SELECT id, idempotency_key FROM live;
+
 -- name: enqueue_existing_many
-SELECT id, idempotency_key FROM {schema}.job WHERE idempotency_key = ANY(%(keys)s::text[]);
+-- The jobs holding `keys`, as enqueue_existing reads one.
+SELECT DISTINCT ON (held.key) held.id, held.key AS idempotency_key
+FROM (SELECT id, idempotency_key AS key, 0 AS rank FROM {schema}.job WHERE idempotency_key = ANY(%(keys)s::text[])
+      UNION ALL
+      SELECT job_id, key, 1 FROM {schema}.job_key WHERE key = ANY(%(keys)s::text[])) AS held
+ORDER BY held.key, held.rank;
 
 -- name: reserve_ids
 -- Ids for a COPY of many jobs, drawn from the table's own sequence. The sequence is looked

@@ -54,6 +54,21 @@ WITH gone AS (
 )
 SELECT count(*) FROM gone;
 
+-- name: job_key_prune
+-- Keys whose job left the queue table more than their window ago (migration 0017), oldest
+-- first; a key whose job is still in the table has no finished_at and stays. An enqueue of a
+-- key being pruned waits for this batch, then makes a new job.
+WITH gone AS (
+    DELETE FROM {schema}.job_key
+    WHERE key IN (SELECT key FROM {schema}.job_key
+                  WHERE finished_at < now() - make_interval(secs => %(retention)s)
+                  ORDER BY finished_at
+                  LIMIT %(limit)s
+                  FOR UPDATE SKIP LOCKED)
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
+
 -- name: archive_partitions_add
 -- The archive's partitions for today and the next `days` days, made where missing (migration
 -- 0014): before the archiver moves rows in, days ahead of their use.

@@ -156,6 +156,13 @@ LEFT JOIN pg_class p ON p.oid = i.inhparent
 WHERE s.schemaname = %(schema_name)s
 GROUP BY 1;
 
+-- name: metrics_key_window
+-- How long idempotency keys are kept after their job finished (--key-retention), as the
+-- archiver's schedule row holds it (each worker's scheduler writes it; 'jobtui.archive' is
+-- core/maintenance.py's ARCHIVE_TYPE). No row without an archiver's schedule, NULL when a
+-- worker of the previous release wrote it: the default holds then.
+SELECT (payload ->> 'key')::float8 AS key_retention FROM {schema}.schedule WHERE name = 'jobtui.archive';
+
 -- name: metrics_lock_waits
 -- Sessions of this database waiting for a lock while they work on jobtui's tables, by the
 -- kind of lock they wait for, with the longest wait of each kind. A session waiting for a row
