@@ -53,9 +53,10 @@ class LocalCluster:
         self._user = user  # run the server as this OS user (root may not)
 
     @classmethod
-    def create(cls, *, settings: Sequence[str] = ()) -> LocalCluster:
-        """initdb and start a new cluster in a temporary directory; skips the test when that
-        cannot be done here."""
+    def create(cls, *, settings: Sequence[str] = (), hba: Sequence[str] = ()) -> LocalCluster:
+        """initdb and start a new cluster in a temporary directory, with `settings` added to
+        its postgresql.conf and `hba` lines to its pg_hba.conf; skips the test when that cannot
+        be done here."""
         bin_dir = _bin_dir()
         if bin_dir is None:
             pytest.skip("no initdb here: install the postgresql package for tests with a cluster of their own")
@@ -85,6 +86,9 @@ class LocalCluster:
         ]
         with (data / "postgresql.conf").open("a") as f:
             f.write("\n".join(conf) + "\n")
+        if hba:
+            with (data / "pg_hba.conf").open("a") as f:
+                f.write("\n".join(hba) + "\n")
         cluster.start()
         return cluster
 
