@@ -3,6 +3,7 @@
 jobtui --dsn postgresql://.../app            # watch and operate
 jobtui --read-only                           # watch only
 jobtui --work myapp.jobs:jobs                # with a worker inside the console
+jobtui --open workers                        # on a view: workers, job:ID, dead:TYPE, queue:NAME
 
 The panes (panes/, one module each) own their keys and draw themselves from a `View`; this
 app holds what they share: the header and status line, the reads, the filter, the questions
@@ -31,12 +32,14 @@ from jobtui.kernel.domain import DEFAULT_SCHEMA
 from jobtui.kernel.errors import InvalidInput, first_line
 from jobtui.kernel.jobfilter import is_search, parse_filter
 from jobtui.kernel.safetext import line, shorten
+from jobtui.kernel.views import OpenView
+from jobtui.reads.fleet import Finding, findings, holders
 from jobtui.reads.metrics import Snapshot
 from jobtui.tui import changes, header, panes, render
 from jobtui.tui.console import Console, View
 from jobtui.tui.data import Actions, DataSource, Fetched
 from jobtui.tui.panes import LogToWidget, Pane, WorkerPane
-from jobtui.tui.screens import ConfirmScreen, HelpScreen
+from jobtui.tui.screens import ConfirmScreen, HelpScreen, JobDetailScreen
 from jobtui.tui.search import JobSearchScreen
 
 HISTORY = 120  # samples of the oldest ready age kept for the sparkline
@@ -78,6 +81,7 @@ class JobtuiApp(App[None]):
         worker: Any = None,
         refresh_interval: float = 1.0,
         pooler: str | None = None,
+        open_view: OpenView | None = None,
     ) -> None:
         super().__init__()
         self.dsn = dsn
@@ -91,6 +95,7 @@ class JobtuiApp(App[None]):
         self.actions_ = None if read_only else Actions(dsn, schema, actor, pooler)
         self.embedded_worker = worker
         self.refresh_interval = refresh_interval
+        self.open_view = open_view  # the view to start on (`--open`, a web console's ?open=)
         self.latest: Fetched | None = None
         self.history: collections.deque[float] = collections.deque(maxlen=HISTORY)
         self.connected = True
@@ -107,7 +112,10 @@ class JobtuiApp(App[None]):
 
     def compose(self) -> ComposeResult:
         yield Static(Text("connecting..."), id="vitals")
-        with TabbedContent(initial="ready", id="panes"):
+        start = self.open_view.pane if self.open_view is not None else "ready"
+        if start == "worker" and self._log_handler is None:
+            start = "ready"
+        with TabbedContent(initial=start, id="panes"):
             for pane in panes.ALL:  # in the order of their number keys
                 if pane is not WorkerPane:
                     yield pane()
@@ -131,10 +139,25 @@ class JobtuiApp(App[None]):
         if self.embedded_worker is not None:
             self._capture_logs()
             self.run_worker(self.embedded_worker.run(), name="embedded-worker", group="embedded", exit_on_error=False)
+        self._open(self.open_view)
         self.refresh_data()
         self.set_interval(self.refresh_interval, self.refresh_data)
         self.set_interval(0.25, self.tick)
         self.active_pane.focus_default()
+
+    def _open(self, view: OpenView | None) -> None:
+        """Start on `view`: its pane is on screen already (compose); a job is explained over
+        it, a type's dead letters shown alone, a queue's line selected once read."""
+        if view is None:
+            return
+        if view.kind == "worker" and self._log_handler is None:
+            self.notify("no embedded worker: start the console with --work pkg.module:jobs", severity="warning")
+        elif view.kind == "job" and view.value is not None:
+            self.push_screen(JobDetailScreen(int(view.value)))
+        elif view.kind == "dead" and view.value is not None:
+            self.query_one(panes.DeadPane).only_type = view.value
+        elif view.kind == "queue" and view.value is not None:
+            self.query_one(panes.QueuesPane).chosen = f"queue:{view.value}"
 
     def on_unmount(self) -> None:
         self._release_logs()
@@ -214,6 +237,10 @@ class JobtuiApp(App[None]):
         # The sparkline: the database's minutes when there are some (the hour before the console
         # opened), else what this console has seen.
         ages = [m.oldest_ready_age or 0.0 for m in snap.minutes] if snap is not None else []
+        found: list[Finding] = []
+        if snap is not None and self.latest is not None:
+            fetched = self.latest
+            found = findings(fetched.fleet, fetched.queues, holders(fetched.fleet, snap.running))
         text = header.header(
             snap,
             ages or list(self.history),
@@ -227,6 +254,7 @@ class JobtuiApp(App[None]):
             hung_for=self.source.busy_for(),
             stale_for=elapsed,
             width=width,
+            fleet=found,
         )
         # The header wraps when the figures outgrow the width. It keeps its tallest height until
         # the terminal is resized, so the panes below do not jump as numbers grow and shrink.

@@ -25,6 +25,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from jobtui.kernel.domain import DEFAULT_SCHEMA
 from jobtui.kernel.safetext import line, quote, shorten
 from jobtui.web import pages
 from jobtui.web.bridge import MAX_CELLS, MAX_INPUT, ConsoleProcess
@@ -61,6 +62,8 @@ class ServeConfig:
     max_sessions: int = 10
     idle_timeout: float = 900.0
     python: str = sys.executable
+    schema: str = DEFAULT_SCHEMA  # where its row in the fleet goes
+    pooler: str | None = None
 
 
 @dataclass(eq=False)
@@ -411,13 +414,61 @@ async def serve(
     await site.start()
     bound = runner.addresses[0]
     shown = f"[{bound[0]}]" if ":" in str(bound[0]) else str(bound[0])
-    ready(f"{'https' if context is not None else 'http'}://{shown}:{bound[1]}/")
+    url = f"{'https' if context is not None else 'http'}://{shown}:{bound[1]}/"
+    ready(url)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    in_fleet = Registered(config, console, stop, url)
+    registering = asyncio.create_task(in_fleet.run(), name="jobtui-fleet")
     try:
         await stop.wait()
         log.info("stopping: closing %d console(s)", len(console.open))
     finally:
+        registering.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await registering
+        await in_fleet.leave()
         await runner.cleanup()
+
+
+class Registered:
+    """`jobtui serve` in the fleet (core/fleet.py): its row, with the consoles it has open as
+    its work in flight; an operator's stop ends it as SIGTERM does. It serves whether or not
+    its row can be written (a database away, a role that may only read)."""
+
+    def __init__(self, config: ServeConfig, console: WebConsole, stop: asyncio.Event, url: str) -> None:
+        from jobtui.core.fleet import Member, Presence, default_name, refresh_interval
+        from jobtui.kernel.link import Connection, Link
+
+        self.stop = stop
+        self.console = console
+        self.link = Link(config.dsn, pooler=config.pooler)
+        self.conn = Connection(config.dsn, "fleet", link=self.link, pooler=config.pooler)
+        member = Member(default_name(), "serve", refresh_interval(), metrics=url)
+        self.presence = Presence(
+            self.conn, config.schema, member, status=self._status, obey=self._obey, denied=self._denied
+        )
+
+    def _status(self) -> Any:
+        from jobtui.core.fleet import Status, resident_bytes
+
+        state = "stopping" if self.stop.is_set() else "running"
+        return Status(state, in_flight=len(self.console.open), rss_bytes=resident_bytes())
+
+    def _obey(self, wanted: str, by: str | None) -> None:
+        if wanted == "stopping":
+            log.warning("stopping: %s ordered it", quote(by or "an operator"))
+            self.stop.set()
+
+    def _denied(self, exc: Exception, what: str) -> None:
+        log.warning("not registered in the fleet: %s was refused (%s)", what, line(shorten(str(exc))))
+
+    async def run(self) -> None:
+        await self.presence.run()
+
+    async def leave(self) -> None:
+        await self.presence.leave()
+        await self.conn.close()
+        await self.link.close()

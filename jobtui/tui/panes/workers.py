@@ -1,0 +1,246 @@
+"""9 Workers: the fleet, one line per registered process (reads/fleet.py): its host, version,
+state, queues and slots, jobs in flight, executor and memory; lost ones in red with how long
+ago they were seen, and the workers holding leases without a live row (a release before the
+registry). Enter shows the jobs a worker holds under Running; quiet, resume or stop one, or
+every process the filter shows (core/fleet.py), each asked first."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.widgets import Label
+
+from jobtui.core.fleet import REFRESH, Action, Target, done_word, why_unchanged
+from jobtui.kernel.safetext import line
+from jobtui.kernel.sizes import size_text
+from jobtui.kernel.version import installed_version
+from jobtui.reads.fleet import Fleet, Holder, Process, holders
+from jobtui.tui import render
+from jobtui.tui.console import Change, View
+from jobtui.tui.data import Actions
+from jobtui.tui.panes.base import TablePane
+from jobtui.tui.widgets import KeyedTable
+
+COLUMNS = ["name", "kind", "host", "version", "state", "queues", "in flight", "types", "executor", "memory", "up",
+           "seen"]  # fmt: skip
+HOLDER = "holder:"  # the key of a lease holder's row, before its name
+
+
+def matches(p: Process, needle: str) -> bool:
+    """Whether the filter shows process `p`: its name, host, kind, version or state holds the
+    text, or it serves a queue of that name (or one whose name holds it)."""
+    if not needle:
+        return True
+    low = needle.lower()
+    fields = (p.name, p.host, p.kind, p.version, p.status, *p.queues)
+    return any(low in line(f).lower() for f in fields) or (p.claims and p.serves(needle))
+
+
+def state_cell(p: Process) -> Text:
+    """running; quiet and stopping in amber; LOST and its age in red; an order not taken up."""
+    if p.lost:
+        return render.styled(f"LOST {render.age(p.seen_ago)} ago", "crit")
+    text = render.styled(p.state, "ok" if p.state == "running" else "warn")
+    if p.asked is not None:
+        text.append(f" ({p.asked} asked)", style=render.STYLE["dim"])
+    return text
+
+
+def work_cell(p: Process) -> str:
+    if p.kind == "serve":
+        return f"{p.in_flight} console{'s' if p.in_flight != 1 else ''}"
+    return "-" if not p.claims else f"{p.in_flight}/{p.slots}"
+
+
+def process_rows(processes: Sequence[Process], needle: str) -> list[render.Row]:
+    rows = []
+    for p in processes:
+        if not matches(p, needle):
+            continue
+        kind = p.kind + (" +sched" if p.scheduler and p.kind != "scheduler" else "")
+        executor = (p.executor or "-") + (f" ({p.children})" if p.children else "")
+        rows.append(
+            render.row(
+                str(p.id),
+                [
+                    render.styled(p.name, "crit") if p.lost else p.name,
+                    kind,
+                    p.host,
+                    p.version,
+                    state_cell(p),
+                    p.queues_text() if p.claims else "-",
+                    work_cell(p),
+                    f"{len(p.types)}" if p.claims else "-",
+                    executor,
+                    size_text(p.rss_bytes),
+                    render.age(p.up),
+                    f"{render.age(p.seen_ago)} ago",
+                ],
+            )
+        )
+    return rows
+
+
+def holder_rows(found: Sequence[Holder], needle: str) -> list[render.Row]:
+    """The workers holding leases without a live row: what their leases show."""
+    rows = []
+    for h in found:
+        if needle and needle.lower() not in line(h.name).lower():
+            continue
+        why = render.styled("lost: leases only" if h.lost else "not registered", "crit" if h.lost else "warn")
+        beat = "-" if h.heartbeat_age is None else f"beat {render.age(h.heartbeat_age)} ago"
+        rows.append(
+            render.row(
+                HOLDER + h.name,
+                [h.name, "?", "-", "older?" if not h.lost else "-", why, "-", f"{h.jobs} held", "-", "-", "-", "-",
+                 beat],
+            )
+        )  # fmt: skip
+    return rows
+
+
+def caption(fleet: Fleet, found: Sequence[Holder]) -> str:
+    live, lost = fleet.live, fleet.lost
+    hosts = len({p.host for p in live})
+    versions = len({p.version for p in live})
+    text = f"{len(live)} live process{'es' if len(live) != 1 else ''} on {hosts} host{'s' if hosts != 1 else ''}"
+    text += f", {versions} version{'s' if versions != 1 else ''}" if live else ""
+    if lost:
+        text += f" · {len(lost)} lost"
+    unregistered = [h for h in found if not h.lost]
+    text += f" · workers of jobtui before {installed_version()} are not listed"
+    text += f"; {len(unregistered)} hold leases (shown by them)" if unregistered else " (they show by their leases)"
+    return text + " · enter: its jobs"
+
+
+# -- the changes, run in a worker thread once the operator said yes --------------------------
+
+
+def order(actions: Actions, action: Action, ids: list[int]) -> str:
+    result = actions.order(action, Target(ids=ids))
+    said = f"{done_word(action)} {len(result.changed)} process(es)"
+    left = result.unchanged
+    if left:
+        said += "; left as they were: " + ", ".join(f"{m.name} ({why_unchanged(action, m)})" for m in left[:3])
+    gone = [m for m in result.matched if not m.live]
+    if gone:
+        said += f"; {len(gone)} lost meanwhile, not told"
+    return said
+
+
+WHAT = {
+    "quiet": "claims no new jobs; its jobs in flight finish",
+    "resume": "claims jobs again",
+    "stop": "stops as on SIGTERM: its jobs in flight get its shutdown timeout, then go back to ready;"
+    " the process exits (whatever supervises it may start it again)",
+}
+
+
+def question(action: Action, chosen: Sequence[Process]) -> list[str]:
+    if len(chosen) == 1:
+        p = chosen[0]
+        head = f"{action.capitalize()} {p.kind} {p.name} on {p.host} ({p.in_flight} in flight)?"
+        what = f"It {WHAT[action]}."
+    else:
+        names = ", ".join(p.name for p in chosen[:4]) + (f" and {len(chosen) - 4} more" if len(chosen) > 4 else "")
+        head = f"{action.capitalize()} the {len(chosen)} processes shown: {names}?"
+        what = f"Each {WHAT[action]}."
+    return [
+        head,
+        what,
+        f"Each reads the order at once where it listens, else at its next refresh (within {REFRESH:g}s).",
+        f"{len(chosen)} process(es) will change; the order is audited.",
+    ]
+
+
+class WorkersPane(TablePane):
+    """Every process of the fleet; p quiets or resumes the selected one, x stops it; P and X
+    do the same to every process the filter shows (by host, version, queue, state)."""
+
+    ID = "workers"
+    KEY = "9"
+    TITLE = "Workers"
+    BINDINGS = [
+        Change("p", "quiet", "Quiet/resume"),
+        Change("x", "stop", "Stop"),
+        Change("P", "quiet_shown", "Quiet/resume shown"),
+        Change("X", "stop_shown", "Stop shown"),
+    ]
+    DEFAULT_CSS = "#workers-caption { padding: 0 1; color: $text-muted; }"
+
+    def compose(self) -> ComposeResult:
+        yield Label("", id="workers-caption")
+        yield KeyedTable(COLUMNS, id=f"table-{self.ID}")
+
+    def rows(self, view: View) -> list[render.Row]:
+        fleet = view.fetched.fleet
+        found = holders(fleet, view.snapshot.running)
+        return process_rows(fleet.processes, view.needle) + holder_rows(found, view.needle)
+
+    def show(self, view: View) -> None:
+        super().show(view)
+        fleet = view.fetched.fleet
+        self.query_one("#workers-caption", Label).update(Text(caption(fleet, holders(fleet, view.snapshot.running))))
+
+    def _shown(self) -> list[Process]:
+        view = self.console.view()
+        if view is None:
+            return []
+        return [p for p in view.fetched.fleet.processes if matches(p, view.needle)]
+
+    def _selected(self) -> Process | None:
+        key = self.selected_key
+        return next((p for p in self._shown() if str(p.id) == key), None)
+
+    def action_open(self) -> None:
+        """The jobs the selected worker holds, under Running."""
+        key = self.selected_key
+        if key is None:
+            return
+        name = key.removeprefix(HOLDER) if key.startswith(HOLDER) else None
+        if name is None:
+            p = self._selected()
+            if p is None or not p.claims:
+                self.app.notify("only workers hold jobs: select a worker", severity="warning")
+                return
+            name = p.name
+        from jobtui.tui.panes.running import RunningPane
+
+        self.app.query_one(RunningPane).hold(name)
+
+    def _ask(self, action: Action, chosen: list[Process]) -> None:
+        if not chosen:
+            self.app.notify(f"no live process to {action} here", severity="warning")
+            return
+        ids = [p.id for p in chosen]
+        self.console.confirm_then(question(action, chosen), order, self.console.actions_, action, ids)
+
+    def action_quiet(self) -> None:
+        p = self._selected()
+        if p is None or p.lost:
+            self.app.notify("select a live process (lost ones read no order)", severity="warning")
+            return
+        self._ask("resume" if p.state == "quiet" or p.wanted == "quiet" else "quiet", [p])
+
+    def action_stop(self) -> None:
+        p = self._selected()
+        if p is None or p.lost:
+            self.app.notify("select a live process (lost ones read no order)", severity="warning")
+            return
+        if p.state == "stopping" or p.wanted == "stopping":
+            self.app.notify(f"{p.name} is already stopping", severity="warning")
+            return
+        self._ask("stop", [p])
+
+    def action_quiet_shown(self) -> None:
+        live = [p for p in self._shown() if p.live and p.kind != "serve" and p.state != "stopping"]
+        running = [p for p in live if p.state == "running" and p.wanted == "running"]
+        if running:
+            self._ask("quiet", running)
+        else:
+            self._ask("resume", [p for p in live if p.state == "quiet" or p.wanted == "quiet"])
+
+    def action_stop_shown(self) -> None:
+        self._ask("stop", [p for p in self._shown() if p.live and p.state != "stopping" and p.wanted != "stopping"])
