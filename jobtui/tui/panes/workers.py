@@ -23,8 +23,10 @@ from jobtui.tui.data import Actions
 from jobtui.tui.panes.base import TablePane
 from jobtui.tui.widgets import KeyedTable
 
-COLUMNS = ["name", "kind", "host", "version", "state", "queues", "in flight", "types", "executor", "memory", "up",
-           "seen"]  # fmt: skip
+# What an operator needs first comes first, so that 80 columns show it: which process, where,
+# in what state, doing how much, for which queues.
+COLUMNS = ["name", "host", "state", "in flight", "queues", "version", "kind", "seen", "up", "memory", "executor",
+           "types"]  # fmt: skip
 HOLDER = "holder:"  # the key of a lease holder's row, before its name
 
 
@@ -66,17 +68,17 @@ def process_rows(processes: Sequence[Process], needle: str) -> list[render.Row]:
                 str(p.id),
                 [
                     render.styled(p.name, "crit") if p.lost else p.name,
-                    kind,
                     p.host,
-                    p.version,
                     state_cell(p),
-                    p.queues_text() if p.claims else "-",
                     work_cell(p),
-                    f"{len(p.types)}" if p.claims else "-",
-                    executor,
-                    size_text(p.rss_bytes),
-                    render.age(p.up),
+                    p.queues_text() if p.claims else "-",
+                    p.version,
+                    kind,
                     f"{render.age(p.seen_ago)} ago",
+                    render.age(p.up),
+                    size_text(p.rss_bytes),
+                    executor,
+                    f"{len(p.types)}" if p.claims else "-",
                 ],
             )
         )
@@ -84,35 +86,35 @@ def process_rows(processes: Sequence[Process], needle: str) -> list[render.Row]:
 
 
 def holder_rows(found: Sequence[Holder], needle: str) -> list[render.Row]:
-    """The workers holding leases without a live row: what their leases show."""
+    """The workers holding leases that never registered (a release before the registry):
+    what their leases show. A lost one has its own row already."""
     rows = []
     for h in found:
-        if needle and needle.lower() not in line(h.name).lower():
+        if h.lost or (needle and needle.lower() not in line(h.name).lower()):
             continue
-        why = render.styled("lost: leases only" if h.lost else "not registered", "crit" if h.lost else "warn")
         beat = "-" if h.heartbeat_age is None else f"beat {render.age(h.heartbeat_age)} ago"
-        rows.append(
-            render.row(
-                HOLDER + h.name,
-                [h.name, "?", "-", "older?" if not h.lost else "-", why, "-", f"{h.jobs} held", "-", "-", "-", "-",
-                 beat],
-            )
-        )  # fmt: skip
+        expired = render.styled(f"{h.jobs} held, {h.expired} expired", "crit") if h.expired else f"{h.jobs} held"
+        state = render.styled("not registered", "warn")
+        cells: list[Text | str] = [h.name, "-", state, expired, "-", "older", "worker?", beat, "-", "-", "-", "-"]
+        rows.append(render.row(HOLDER + h.name, cells))
     return rows
 
 
 def caption(fleet: Fleet, found: Sequence[Holder]) -> str:
+    """How many live and lost, on how many hosts and versions; that workers of an older
+    release show only by their leases."""
     live, lost = fleet.live, fleet.lost
     hosts = len({p.host for p in live})
     versions = len({p.version for p in live})
-    text = f"{len(live)} live process{'es' if len(live) != 1 else ''} on {hosts} host{'s' if hosts != 1 else ''}"
+    text = f"{len(live)} live on {hosts} host{'s' if hosts != 1 else ''}"
     text += f", {versions} version{'s' if versions != 1 else ''}" if live else ""
-    if lost:
-        text += f" · {len(lost)} lost"
-    unregistered = [h for h in found if not h.lost]
-    text += f" · workers of jobtui before {installed_version()} are not listed"
-    text += f"; {len(unregistered)} hold leases (shown by them)" if unregistered else " (they show by their leases)"
-    return text + " · enter: its jobs"
+    text += f", {len(lost)} lost" if lost else ""
+    text += " · enter: a worker's jobs"
+    unregistered = len([h for h in found if not h.lost])
+    older = f"workers before {installed_version()} do not register"
+    if unregistered:
+        return f"{text} · {unregistered} worker(s) hold leases unregistered ({older})"
+    return f"{text} · {older}: they show by their leases"
 
 
 # -- the changes, run in a worker thread once the operator said yes --------------------------
@@ -147,10 +149,11 @@ def question(action: Action, chosen: Sequence[Process]) -> list[str]:
         names = ", ".join(p.name for p in chosen[:4]) + (f" and {len(chosen) - 4} more" if len(chosen) > 4 else "")
         head = f"{action.capitalize()} the {len(chosen)} processes shown: {names}?"
         what = f"Each {WHAT[action]}."
+    who = "It reads" if len(chosen) == 1 else "Each reads"
     return [
         head,
         what,
-        f"Each reads the order at once where it listens, else at its next refresh (within {REFRESH:g}s).",
+        f"{who} the order at once where it listens, else at its next refresh (within {REFRESH:g}s).",
         f"{len(chosen)} process(es) will change; the order is audited.",
     ]
 
