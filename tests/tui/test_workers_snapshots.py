@@ -43,7 +43,7 @@ def test_confirm_quiet_worker(snap_compare: Compare) -> None:
 
 def test_a_workers_jobs_under_running(snap_compare: Compare) -> None:
     def held(app: Any) -> bool:
-        return app.pane == "running" and app.query_one("#table-running", KeyedTable).row_count == 2
+        return bool(app.pane == "running" and app.query_one("#table-running", KeyedTable).row_count == 2)
 
     assert snap_compare(fx.FixedApp(), terminal_size=SIZE, run_before=after("9", "enter", until=held))
 
