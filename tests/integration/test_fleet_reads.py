@@ -60,10 +60,11 @@ def test_findings_name_what_waits_on_nothing_and_hold_back_where_old_workers_may
         " lease_token = 1, heartbeat_at = now() WHERE queue = 'emails'"
     )
     conn.execute("INSERT INTO jobtui.job (type, queue) VALUES ('email.send', 'emails')")
-    held = holders(read_fleet(conn), run(conn, running_groups_call()))
+    groups = run(conn, running_groups_call())
+    held = holders(read_fleet(conn), groups)
     assert [(h.name, h.jobs, h.lost) for h in held] == [("old:1", 1, False)]
-    found = {(f.kind, f.name) for f in findings(fleet, overview(conn).lines, held)}
-    assert ("queue", "emails") not in found and ("type", "pdf.render") in found
+    named = {(f.kind, f.name) for f in findings(fleet, overview(conn).lines, held)}
+    assert ("queue", "emails") not in named and ("type", "pdf.render") in named
 
 
 def test_prometheus_counts_the_fleet_by_kind_state_and_version_and_each_queues_workers(dsn: str, conn: Conn) -> None:
