@@ -144,6 +144,8 @@ async def test_a_console_on_a_standby_is_read_only_by_itself_and_says_so(pair: t
 
 
 async def test_a_console_on_a_standby_shows_the_fleet_and_gives_no_order(pair: tuple[LocalCluster, Standby]) -> None:
+    from textual.widgets import DataTable
+
     from jobtui.core.fleet import Member, Status, register_call
     from jobtui.kernel.db import run
 
@@ -157,7 +159,8 @@ async def test_a_console_on_a_standby_shows_the_fleet_and_gives_no_order(pair: t
         await wait_for(pilot, lambda: app.latest is not None and app.read_only, what="the read-only console")
         await pilot.press("9")
         await wait_for(pilot, lambda: app.pane == "workers", what="the Workers pane")
-        await wait_for(pilot, lambda: app.query_one("#table-workers").row_count == 1, what="the fleet's row")
+        rows = app.query_one("#table-workers", DataTable)
+        await wait_for(pilot, lambda: rows.row_count == 1, what="the fleet's row")
         assert not any(app.check_action(a, ()) for a in ("quiet", "stop", "quiet_shown", "stop_shown"))
         for key in ("p", "x", "P", "X"):
             await pilot.press(key)
