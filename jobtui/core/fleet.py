@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -55,6 +56,9 @@ PRUNE_AFTER = 3600.0
 PRUNE_MOST = 500
 # How long a clean exit waits for its row's deletion before leaving it to be found lost.
 LEAVE_TIMEOUT = 5.0
+# Refreshes that hints bring are at least this far apart: a flood of forged notifications
+# costs each process at most a few small UPDATEs of its own row a second.
+HINT_GAP = 0.2
 
 
 def default_name() -> str:
@@ -200,6 +204,7 @@ class Presence:
         self._orders = 0  # the orders obeyed so far (the row's count when it was last read)
         self._written: Status | None = None
         self._hinted = asyncio.Event()
+        self._last = 0.0  # when the last refresh was sent (monotonic)
         self.refreshes = 0  # for tests: refreshes written
 
     def look(self) -> None:
@@ -227,6 +232,7 @@ class Presence:
             while True:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._hinted.wait(), self.member.interval)
+                await asyncio.sleep(max(0.0, self._last + HINT_GAP - time.monotonic()))
                 self._hinted.clear()
                 await self.refresh()
         except psycopg.errors.InsufficientPrivilege as exc:
@@ -237,6 +243,7 @@ class Presence:
     async def refresh(self) -> None:
         """One refresh, then at once another when obeying an order changed the state."""
         for _ in range(2):
+            self._last = time.monotonic()
             status = self._status()
             try:
                 answer = await self._write(status)

@@ -243,7 +243,7 @@ def holders(fleet: Fleet, running: Iterable[RunningGroup]) -> list[Holder]:
 class Finding:
     """One thing the fleet says about the queue, for the header and `jobtui workers`."""
 
-    kind: str  # "queue" (no live worker serves it), "type" (no handler), "versions"
+    kind: str  # "fleet" (no live worker at all), "queue" (none serves it), "type" (no handler), "versions"
     name: str
     text: str
     level: str  # "crit" or "warn"
@@ -264,6 +264,16 @@ def findings(fleet: Fleet, lines: Sequence[QueueLine], lease_holders: Sequence[H
     Workers pane lists those workers by their leases)."""
     unregistered = any(not h.lost for h in lease_holders)
     found: list[Finding] = []
+    if not any(p.claims for p in fleet.live):
+        # No worker at all: one line says it, rather than one per queue and type.
+        waiting = [q for q in lines if q.kind == "queue" and q.due > 0 and not q.paused]
+        due = sum(q.due for q in waiting)
+        if waiting and not (unregistered and any(q.running > 0 for q in waiting)):
+            estimated = any("due" in q.estimated for q in waiting)
+            count = f"{'~' if estimated else ''}{due:,}"
+            queues = f"{len(waiting)} queue{'s' if len(waiting) != 1 else ''}"
+            found.append(Finding("fleet", "", f"no live worker: {count} due in {queues}", "crit", due))
+        lines = []
     for q in lines:
         if q.due <= 0 or q.paused or (unregistered and q.running > 0):
             continue

@@ -88,8 +88,16 @@ def header(
     return out
 
 
+# Findings the header names at most; the Workers pane and `jobtui workers` list them all.
+FINDINGS_SHOWN = 4
+
+
 def findings_line(found: Sequence[Finding], width: int | None) -> Text:
-    """Each finding in red (a queue or type waiting on nothing) or amber (versions), packed
-    to the width; every name from the database escaped."""
-    pieces = [Text(line(f.text), style=render.STYLE[f.level]) for f in found]
+    """The first FINDINGS_SHOWN findings in red (a queue or type waiting on nothing) or amber
+    (versions), and how many more, packed to the width; every name from the database
+    escaped."""
+    pieces = [Text(line(f.text), style=render.STYLE[f.level]) for f in found[:FINDINGS_SHOWN]]
+    if len(found) > FINDINGS_SHOWN:
+        more = len(found) - FINDINGS_SHOWN
+        pieces.append(Text(f"and {more} more (jobtui workers)", style=render.STYLE["warn"]))
     return render.pack(pieces, width, gap=3)

@@ -122,3 +122,33 @@ def test_quiet_is_not_for_a_server(conn: Conn) -> None:
     with pytest.raises(InvalidInput, match="serve claims no jobs"):
         give_order(conn, "quiet", Target(name="web"), actor="ops")
     assert [m.name for m in give_order(conn, "stop", Target(name="web"), actor="ops").changed] == ["web"]
+
+
+def test_a_restarted_process_replaces_its_lost_row_and_a_live_namesake_stays(conn: Conn) -> None:
+    from jobtui.core.fleet import refresh_call
+
+    old = register(conn, "fixed-id")
+    conn.execute("UPDATE jobtui.fleet SET started_at = now() - interval '1 hour' WHERE id = %s", (old,))
+    twin = register(conn, "fixed-id")  # live: two processes given one name
+    new = register(conn, "fixed-id")
+    run(conn, refresh_call(new, Status("running")))
+    assert {p.id for p in read_fleet(conn).processes} == {old, twin, new}  # none lost yet
+    conn.execute("UPDATE jobtui.fleet SET seen_at = now() - interval '1 minute' WHERE id IN (%s, %s)", (old, twin))
+    conn.execute("UPDATE jobtui.fleet SET started_at = now() - interval '30 seconds' WHERE id = %s", (new,))
+    run(conn, refresh_call(new, Status("running")))
+    # Both were lost and last seen before `new` started: both were this name's earlier lives.
+    assert {p.id for p in read_fleet(conn).processes} == {new}
+    # One lost but last seen after `new` started is another process of the name: it stays.
+    other = register(conn, "fixed-id")
+    conn.execute("UPDATE jobtui.fleet SET seen_at = now() - interval '20 seconds' WHERE id = %s", (other,))
+    run(conn, refresh_call(new, Status("running")))
+    assert {p.id for p in read_fleet(conn).processes} == {new, other}
+
+
+def test_with_no_live_worker_at_all_one_finding_says_so(conn: Conn) -> None:
+    with Queue(conn.info.dsn) as q:
+        q.enqueue("email.send")
+        q.enqueue("pdf.render", queue="reports")
+    register(conn, "s", kind="scheduler")  # no worker: a scheduler claims nothing
+    found = findings(read_fleet(conn), overview(conn).lines)
+    assert [(f.kind, f.text) for f in found] == [("fleet", "no live worker: 2 due in 2 queues")]

@@ -24,12 +24,22 @@ RETURNING id, wanted, orders, ordered_by;
 -- name: fleet_refresh
 -- A process's refresh, on its own timer: when it was last seen (the database's now()), what
 -- it does, and what it was asked (its answer). No row: it was pruned while the process was
--- away, and it registers again.
-UPDATE {schema}.fleet
-SET seen_at = now(), state = %(state)s, in_flight = %(in_flight)s, children = %(children)s,
-    rss_bytes = %(rss_bytes)s
-WHERE id = %(id)s
-RETURNING id, wanted, orders, ordered_by;
+-- away, and it registers again. A row of the same name last seen before this process started,
+-- and lost now, was this process's before a restart (a worker with a fixed --id that crashed
+-- and was started again): it goes, rather than wait to be pruned. A live one stays.
+WITH mine AS (
+    UPDATE {schema}.fleet
+    SET seen_at = now(), state = %(state)s, in_flight = %(in_flight)s, children = %(children)s,
+        rss_bytes = %(rss_bytes)s
+    WHERE id = %(id)s
+    RETURNING id, name, started_at, wanted, orders, ordered_by
+), replaced AS (
+    DELETE FROM {schema}.fleet AS f
+    USING mine AS m
+    WHERE f.name = m.name AND f.id <> m.id AND f.seen_at < m.started_at
+      AND f.seen_at < now() - make_interval(secs => f.lost_after)
+)
+SELECT id, wanted, orders, ordered_by FROM mine;
 
 -- name: fleet_leave
 -- A clean exit: the row goes.

@@ -6,7 +6,8 @@ every process the filter shows (core/fleet.py), each asked first."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import math
+from collections.abc import Collection, Iterable, Sequence
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -44,10 +45,12 @@ def matches(p: Process, needle: str, queues: Collection[str] = ()) -> bool:
     return any(low in line(f).lower() for f in fields) or (needle in queues and p.serves(needle))
 
 
-def state_cell(p: Process) -> Text:
-    """running; quiet and stopping in amber; LOST and its age in red; an order not taken up."""
+def state_cell(p: Process, times: int = 1) -> Text:
+    """running; quiet and stopping in amber; LOST and its age in red (with how many lost rows
+    of the name and host it stands for); an order not taken up."""
     if p.lost:
-        return render.styled(f"LOST {render.age(p.seen_ago)} ago", "crit")
+        again = f" ({times} times)" if times > 1 else ""
+        return render.styled(f"LOST {render.age(p.seen_ago)} ago{again}", "crit")
     text = render.styled(p.state, "ok" if p.state == "running" else "warn")
     if p.asked is not None:
         text.append(f" ({p.asked} asked)", style=render.STYLE["dim"])
@@ -61,7 +64,7 @@ def seen_cell(p: Process) -> Text | str:
     if p.lost:
         return render.styled(f"{render.age(p.seen_ago)} ago", "crit")
     if p.seen_ago <= interval + 1:
-        return f"<{interval:g}s ago"
+        return f"<{math.ceil(interval)}s ago"
     return render.styled(f"{render.age(p.seen_ago)} ago", "warn")
 
 
@@ -86,11 +89,27 @@ def work_cell(p: Process) -> str:
     return "-" if not p.claims else f"{p.in_flight}/{p.slots}"
 
 
+def newest_lost(processes: Iterable[Process]) -> tuple[list[Process], dict[int, int]]:
+    """The processes, the lost rows of one name and host shown as one, the last seen of them
+    (a worker with a fixed --id that crashes again and again), with how many each stands for."""
+    listed = list(processes)
+    newest: dict[tuple[str, str], Process] = {}
+    times: dict[tuple[str, str], int] = {}
+    for p in listed:
+        if p.lost:
+            key = (p.name, p.host)
+            times[key] = times.get(key, 0) + 1
+            if key not in newest or p.seen_ago < newest[key].seen_ago:
+                newest[key] = p
+    chosen = {p.id: times[key] for key, p in newest.items()}
+    return [p for p in listed if not p.lost or p.id in chosen], chosen
+
+
 def process_rows(processes: Sequence[Process], needle: str, queues: Collection[str] = ()) -> list[render.Row]:
     """The processes the filter shows, in the fleet's order (host, name), at most SHOWN of
     them: the lost ones first of all, then the live ones up to SHOWN."""
     rows = []
-    shown = [p for p in processes if matches(p, needle, queues)]
+    shown, times = newest_lost(p for p in processes if matches(p, needle, queues))
     if len(shown) > SHOWN:
         room = SHOWN - sum(1 for p in shown if p.lost)
         kept = {p.id for p in shown if p.lost} | {p.id for p in [q for q in shown if not q.lost][: max(0, room)]}
@@ -104,7 +123,7 @@ def process_rows(processes: Sequence[Process], needle: str, queues: Collection[s
                 [
                     render.styled(p.name, "crit") if p.lost else p.name,
                     p.host,
-                    state_cell(p),
+                    state_cell(p, times.get(p.id, 1)),
                     work_cell(p),
                     p.queues_text() if p.claims else "-",
                     p.version,
@@ -148,8 +167,9 @@ def caption(fleet: Fleet, found: Sequence[Holder], shown: int) -> str:
     versions = len({p.version for p in live})
     text = f"{len(live)} live on {hosts} host{'s' if hosts != 1 else ''}"
     text += f", {versions} version{'s' if versions != 1 else ''}" if live else ""
-    text += f", {len(lost)} lost" if lost else ""
-    if shown < len(fleet.processes):
+    lost_names = len({(p.name, p.host) for p in lost})  # a crashing worker's rows count once
+    text += f", {lost_names} lost" if lost else ""
+    if shown >= SHOWN and shown < len(fleet.processes):
         text += f" · {shown:,} shown: / filters by host, version, queue, state"
     text += " · enter: a worker's jobs"
     unregistered = len([h for h in found if not h.lost])
