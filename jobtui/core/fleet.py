@@ -163,8 +163,10 @@ def _status(status: Status) -> dict[str, Any]:
     }
 
 
-def refresh_call(row: int, status: Status) -> Call[Answer | None]:
-    return Call("fleet_refresh", {"id": row, **_status(status)}, Answer.of)
+def refresh_call(row: int, status: Status, replacing: bool = True) -> Call[Answer | None]:
+    """A refresh of row `row`; `replacing`: also delete this name's rows of before a restart,
+    lost now (a process's first refreshes; the statement then costs a little more)."""
+    return Call("fleet_refresh", {"id": row, "replacing": replacing, **_status(status)}, Answer.of)
 
 
 def leave_call(row: int) -> Call[int]:
@@ -205,6 +207,7 @@ class Presence:
         self._written: Status | None = None
         self._hinted = asyncio.Event()
         self._last = 0.0  # when the last refresh was sent (monotonic)
+        self._registered = 0.0  # when the row was written (monotonic)
         self.refreshes = 0  # for tests: refreshes written
 
     def look(self) -> None:
@@ -221,6 +224,7 @@ class Presence:
         status = self._status()
         row, answer = await self._conn.run(register_call(self.member, status), self._schema)
         self.id = row
+        self._registered = time.monotonic()
         self._written = status
         self._orders = answer.orders
 
@@ -264,7 +268,9 @@ class Presence:
 
     async def _write(self, status: Status) -> Answer | None:
         assert self.id is not None
-        answer = await self._conn.run(refresh_call(self.id, status), self._schema, retry=False)
+        # A row of this name of before a restart reads as lost within lost_after of the restart.
+        replacing = time.monotonic() - self._registered < 2 * self.member.lost_after + self.member.interval
+        answer = await self._conn.run(refresh_call(self.id, status, replacing), self._schema, retry=False)
         if answer is None:
             # Pruned while away (lost for longer than the prune bound): register again.
             log.warning("this process's row in the fleet was pruned while it was away; registering again")

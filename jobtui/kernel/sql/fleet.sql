@@ -26,7 +26,8 @@ RETURNING id, wanted, orders, ordered_by;
 -- it does, and what it was asked (its answer). No row: it was pruned while the process was
 -- away, and it registers again. A row of the same name last seen before this process started,
 -- and lost now, was this process's before a restart (a worker with a fixed --id that crashed
--- and was started again): it goes, rather than wait to be pruned. A live one stays.
+-- and was started again): it goes, rather than wait to be pruned. A live one stays. Only the
+-- refreshes of a process's first minutes look (`replacing`): by then such a row is lost.
 WITH mine AS (
     UPDATE {schema}.fleet
     SET seen_at = now(), state = %(state)s, in_flight = %(in_flight)s, children = %(children)s,
@@ -36,7 +37,7 @@ WITH mine AS (
 ), replaced AS (
     DELETE FROM {schema}.fleet AS f
     USING mine AS m
-    WHERE f.name = m.name AND f.id <> m.id AND f.seen_at < m.started_at
+    WHERE %(replacing)s AND f.name = m.name AND f.id <> m.id AND f.seen_at < m.started_at
       AND f.seen_at < now() - make_interval(secs => f.lost_after)
 )
 SELECT id, wanted, orders, ordered_by FROM mine;
