@@ -227,3 +227,12 @@ def test_neither_a_read_only_role_nor_a_forged_notification_gives_an_order(
     assert db.execute("SELECT count(*) FROM jobtui.audit").fetchone() == (0,)
     with pytest.raises(InvalidInput), psycopg.connect(app_dsn) as conn:
         give_order(conn, "resume", Target(name="F"), actor="ops")
+
+
+def test_a_bad_open_is_one_line_and_exit_code_2() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "jobtui.cli", "--dsn", "postgresql://x@127.0.0.1:1/x", "--open", "job:nope"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "job:ID, ID a whole number" in done.stderr, done.stderr
