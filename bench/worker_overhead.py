@@ -87,6 +87,10 @@ class InstantDatabase:
             return call.decode(Rows([(None, None, None, None, "open", NOW, None)], REAP_COLUMNS)), sent
         if call.name == "privileges_missing":
             return [], sent
+        if call.name in ("fleet_register", "fleet_refresh"):  # the worker's row in the fleet
+            return call.decode(Rows([(1, "running", 0, None)], ("id", "wanted", "orders", "ordered_by"))), sent
+        if call.name == "fleet_leave":
+            return call.decode(Rows([(1,)], ("id",))), sent
         raise AssertionError(f"unexpected statement {call.name}")
 
     async def get(self, stopping: asyncio.Event | None = None) -> Any:

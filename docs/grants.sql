@@ -5,9 +5,10 @@
 --   psql "$OWNER_DSN" -v schema=jobtui -v role=jobtui_readonly -v read_only=1 -f docs/grants.sql
 --
 -- The first gives a role what workers, schedulers, enqueueing applications and operators
--- (`jobtui requeue`, `kill-lease`, `cancel`, `bulk`, `schedule`, `queue`, `type`, the console) need, and nothing that
--- changes the schema; the second gives SELECT only (`jobtui stats`, `job`, `dead`, `audit`,
--- `jobtui --read-only`, Prometheus metrics). Every statement can be run again: re-run the file
+-- (`jobtui requeue`, `kill-lease`, `cancel`, `bulk`, `schedule`, `queue`, `type`, `workers
+-- quiet|resume|stop`, the console) need, and nothing that changes the schema; the second gives
+-- SELECT only (`jobtui stats`, `job`, `dead`, `audit`, `workers`, `jobtui --read-only`,
+-- Prometheus metrics). Every statement can be run again: re-run the file
 -- after a `jobtui migrate` that adds tables.
 --
 -- With -v create_role=1 (run by a role that may create roles), a role that does not exist yet
@@ -70,6 +71,10 @@ GRANT SELECT, INSERT, UPDATE ON :"schema".rate_bucket TO :"role";
 GRANT SELECT, INSERT, DELETE ON :"schema".queue_flow TO :"role";
 -- Bulk actions' runs (`jobtui bulk`): their progress, written with each batch.
 GRANT SELECT, INSERT, UPDATE ON :"schema".bulk_run TO :"role";
+-- The fleet: each process's own row (written at start, refreshed, deleted at exit), lost
+-- ones pruned by the archiver, and operators' orders to quiet, resume or stop one. A role
+-- given SELECT only (the read-only one) can read the fleet and give no order.
+GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".fleet TO :"role";
 -- Checking that the schema is migrated; migrating is left to the owner.
 GRANT SELECT ON :"schema".migration TO :"role";
 -- Ids for bulk enqueue (COPY) are drawn from the job table's sequence.

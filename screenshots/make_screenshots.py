@@ -10,7 +10,11 @@ Textual's pilot and saves one SVG per view:
 
     ready.svg  running.svg  job-detail.svg  dead.svg  confirm.svg  dead-drilldown.svg
     expiries.svg  schedules.svg  worker.svg  queues.svg  charts.svg  console-80x24.svg
-    dead-80x24.svg  search.svg
+    dead-80x24.svg  search.svg  workers.svg
+
+For the Workers pane, three `jobtui worker` processes serve the queue `reports` beside the
+demo's: one is quieted (an operator's order, as `jobtui workers quiet` gives it) and one
+killed with SIGKILL, so that it reads as lost.
 
 Then it serves the same database with `jobtui serve`, signs in with Debian's Chromium
 (/usr/bin/chromium, headless, driven by Playwright; no browser is downloaded), shows the dead
@@ -47,6 +51,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from jobtui.cli import demo
 from jobtui.clients.client import Queue
 from jobtui.core import queues
+from jobtui.core.fleet import Target, give_order
 from jobtui.kernel import migrate
 from jobtui.kernel.domain import NewJob
 from jobtui.reads.flows import record_flow
@@ -133,6 +138,19 @@ def an_hour_behind(dsn: str) -> None:
         )
 
 
+def fleet_workers(dsn: str) -> dict[str, subprocess.Popen[bytes]]:
+    """Three worker processes of the `reports` queue, with a short lease (lost within 6 s)."""
+    procs = {}
+    for name in ("reports-1", "reports-2", "batch-9"):
+        command = [
+            sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "--schema", SCHEMA, "worker", "--app",
+            "jobtui.cli.demo:jobs", "--types", "report.build", "--queues", "reports=2", "--lease", "6s",
+            "--no-scheduler", "--id", name,
+        ]  # fmt: skip
+        procs[name] = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return procs
+
+
 def expire_a_lease(dsn: str) -> int:
     """A worker claims an image job and 'dies' holding it: its lease runs out unreaped."""
     with Queue(dsn, schema=SCHEMA, max_connections=1) as queue:
@@ -150,8 +168,10 @@ async def drive(dsn: str, out: Path, warmup: float) -> None:
     traffic = demo.Traffic(dsn, SCHEMA)
     crasher = demo.CrashWorker(dsn, SCHEMA)
     app = JobtuiApp(dsn, schema=SCHEMA, actor="screenshots", worker=worker, refresh_interval=0.5)
+    worker.registered_as = "console"
     traffic.start()
     crasher.start()
+    fleet: dict[str, subprocess.Popen[bytes]] = {}
     try:
         async with app.run_test(size=(120, 36)) as pilot:
             print(f"warming up for {warmup:.0f}s (traffic, worker, crash worker)...", file=sys.stderr)
@@ -183,6 +203,8 @@ async def drive(dsn: str, out: Path, warmup: float) -> None:
             await wait_for(pilot, lambda: "Loading" not in str(app.screen.query_one("#detail").render()), 10, "job")
             await shoot(app, pilot, out, "job-detail")
             await pilot.press("escape")
+            # Once the expired lease is pictured: these workers' reapers would have taken it.
+            fleet = fleet_workers(dsn)
 
             await pilot.press("3")
             await wait_for(pilot, lambda: table_rows(app, "dead") > 0, 10, "dead groups")
@@ -220,6 +242,21 @@ async def drive(dsn: str, out: Path, warmup: float) -> None:
             await pilot.pause(0.6)
             await shoot(app, pilot, out, "charts")
 
+            with psycopg.connect(dsn, autocommit=True) as conn:  # an operator's quiet
+                give_order(conn, "quiet", Target(name="reports-2"), actor="screenshots", schema=SCHEMA)
+            fleet["batch-9"].kill()  # SIGKILL: its row stays, and reads as lost
+            await pilot.press("9")
+            await wait_for(
+                pilot,
+                lambda: (
+                    app.latest is not None and any(p.lost and p.name == "batch-9" for p in app.latest.fleet.processes)
+                ),
+                20,
+                "the killed worker lost",
+            )
+            await pilot.pause(0.6)
+            await shoot(app, pilot, out, "workers")
+
             await pilot.press("1", "slash", *"type:invoice.render status:dead,failed", "enter")  # the jobs search
             await wait_for(pilot, lambda: isinstance(app.screen, JobSearchScreen), 5, "the search")
             await wait_for(pilot, lambda: "match" in str(app.screen.query_one("#search-status").render()), 15, "it")
@@ -237,10 +274,14 @@ async def drive(dsn: str, out: Path, warmup: float) -> None:
     finally:
         traffic.stop()
         crasher.stop()
+        for proc in fleet.values():
+            proc.terminate()
+            proc.wait(30)
 
 
-async def workload(dsn: str, seconds: float) -> None:
-    """The demo's traffic and main worker, without the console, for `seconds`."""
+async def workload(dsn: str, seconds: float, then: Callable[[], None] | None = None) -> None:
+    """The demo's traffic and main worker, without the console, for `seconds`, then while
+    `then` runs (in a thread): the browser's console shows a queue that is being worked."""
     worker = Worker(demo.jobs, dsn, concurrency=8, types=demo.MAIN_TYPES, lease=demo.LEASE, schema=SCHEMA,
                     shutdown_timeout=5, worker_id="demo-main")  # fmt: skip
     traffic = demo.Traffic(dsn, SCHEMA)
@@ -249,6 +290,8 @@ async def workload(dsn: str, seconds: float) -> None:
         print(f"workload for {seconds:.0f}s...", file=sys.stderr)
         task = asyncio.create_task(worker.run())
         await asyncio.sleep(seconds)
+        if then is not None:
+            await asyncio.to_thread(then)
         worker.stop()
         await task
     finally:
@@ -332,12 +375,11 @@ def main() -> int:
     dsn = create_database(args.dsn, args.database)
     demo.prepare(dsn, SCHEMA)
     an_hour_behind(dsn)
-    if args.browser_only:
-        asyncio.run(workload(dsn, args.warmup))
-    else:
+    if not args.browser_only:
         asyncio.run(drive(dsn, args.out, args.warmup))
     if not args.no_browser:
-        browser(dsn, args.out)
+        warmup = args.warmup if args.browser_only else 5.0
+        asyncio.run(workload(dsn, warmup, lambda: browser(dsn, args.out)))
     return 0
 
 

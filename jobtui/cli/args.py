@@ -18,6 +18,7 @@ from jobtui.kernel.db import connect, describe_dsn, resolve_dsn
 from jobtui.kernel.embedded import embedded_dsn
 from jobtui.kernel.errors import InvalidInput
 from jobtui.kernel.safetext import line, quote, shorten
+from jobtui.kernel.views import OpenView, parse_view
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -157,6 +158,14 @@ def job_id(text: str) -> int:
     return value
 
 
+def view_arg(text: str) -> OpenView:
+    """`--open workers`, `job:42`, `dead:TYPE`, `queue:NAME` (kernel/views.py)."""
+    try:
+        return parse_view(text)
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def port_number(text: str) -> int:
     value = positive_int(text)
     if value > 65535:
@@ -243,6 +252,9 @@ CHANGES: dict[tuple[str, ...], tuple[str, ...]] = {
     ("type", "pause"): (),
     ("type", "resume"): (),
     ("type", "rate"): (),
+    ("workers", "quiet"): (),
+    ("workers", "resume"): (),
+    ("workers", "stop"): (),
     ("index",): (),
     ("bulk", "requeue"): ("dry_run",),
     ("bulk", "discard"): ("dry_run",),
@@ -262,6 +274,7 @@ READS = {
     ("metrics",),
     ("health",),
     ("queue", "list"),
+    ("workers",),
     ("schedule", "list"),
     ("user", "add"),
     ("user", "remove"),

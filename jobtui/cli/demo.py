@@ -227,6 +227,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         else:
             from jobtui.tui.app import JobtuiApp
 
+            worker.registered_as = "console"  # in the fleet: the console's embedded worker
             JobtuiApp(dsn, schema=schema, actor=args.actor, worker=worker, pooler=args.pooler).run()
     finally:
         traffic.stop()

@@ -2,7 +2,7 @@
 stderr and exit with 2.
 
 Each command group owns its parsers and handlers in a module of its own (`ops`, `queues`,
-`search`, `bulk`, `serve`, `admin`, `run`, `job`, `schedules`, `demo`, `bench`); this module
+`search`, `bulk`, `serve`, `admin`, `run`, `job`, `schedules`, `workers`, `demo`, `bench`); this module
 adds them in the order `jobtui --help` lists them. Job data, and user input echoed in errors,
 is printed escaped (`safetext`); `--json` prints it exact. The argument types live in `args`.
 """
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import psycopg
 
-from jobtui.cli import admin, bench, bulk, demo, job, ops, queues, run, schedules, search, serve
+from jobtui.cli import admin, bench, bulk, demo, job, ops, queues, run, schedules, search, serve, workers
 from jobtui.cli.args import (
     Command,
     Parser,
@@ -26,21 +26,19 @@ from jobtui.cli.args import (
     one_line,
     positive_int,
     refuse_changes_when_read_only,
+    view_arg,
 )
 from jobtui.kernel.db import POOLERS, pooler_mode
 from jobtui.kernel.domain import DEFAULT_SCHEMA
 from jobtui.kernel.errors import JobtuiError, first_line
 from jobtui.kernel.safetext import quote
+from jobtui.kernel.version import installed_version
 
 
 def package_version() -> str:
-    """The installed distribution's version (what `pip` installed), else the source tree's."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("jobtui")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
+    """The installed distribution's version (what `pip` installed)."""
+    found = installed_version()
+    return "unknown (not installed)" if found == "unknown" else found
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="thread",
         help="embedded worker's sync handlers: a thread each, or child processes it can stop (default thread)",
     )
+    console.add_argument(
+        "--open",
+        metavar="VIEW",
+        type=view_arg,
+        help="start on a view: workers (or any pane: running, dead, queues, ...), job:ID, dead:TYPE or queue:NAME",
+    )
     console.add_argument("--warn-age", default="1m", help="oldest ready age that turns amber (default 1m)")
     console.add_argument("--crit-age", default="5m", help="oldest ready age that turns red (default 5m)")
     console.add_argument("--warn-dead", type=int, default=1, help="dead count that turns amber (default 1)")
@@ -91,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     schedules.add_parsers(sub)
     ops.add_parsers(sub)
     queues.add_parsers(sub)
+    workers.add_parsers(sub)
     search.add_index_parser(sub)
     bulk.add_parsers(sub)
     serve.add_parsers(sub)

@@ -82,7 +82,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     worker = Worker.with_settings(jobs, settings, health=health)
     setup_logging(args.verbose, args.log_format)
     # The probes answer from here on: alive, and not ready while the database is awaited.
-    _serve_endpoints(args, dsn, worker.health, worker=worker)
+    worker.metrics_address = _serve_endpoints(args, dsn, worker.health, worker=worker)
     with wait_for_database(dsn, wait, what=f"worker {worker.worker_id}", pooler=args.pooler) as conn:
         migrations.check(conn, args.schema)
     # The process is the worker's own, so it may tune the collector: every job makes a
@@ -109,11 +109,11 @@ def _health(args: argparse.Namespace) -> Health | None:
     return Health(args.schema)
 
 
-def _serve_endpoints(args: argparse.Namespace, dsn: str, health: Health | None, worker: Any = None) -> None:
+def _serve_endpoints(args: argparse.Namespace, dsn: str, health: Health | None, worker: Any = None) -> str | None:
     """/metrics and the probes on the metrics port; a worker's own figures too (its handler
-    processes)."""
+    processes). Where /metrics is served (for the fleet), or None without a metrics port."""
     if health is None:
-        return
+        return None
     from jobtui.service.endpoints import describe, read_token
     from jobtui.service.prometheus import serve
 
@@ -129,6 +129,7 @@ def _serve_endpoints(args: argparse.Namespace, dsn: str, health: Health | None, 
         pooler=args.pooler,
     )
     logging.getLogger("jobtui.endpoints").info("%s", describe(server))
+    return server.where.partition(" ")[0] + "metrics"
 
 
 # What stops a worker or a scheduler gracefully (deploy/ recipes send these; a second one
@@ -181,45 +182,83 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     specs = load_app(args.app).schedule_specs() if args.app else []
     health = _health(args)
     setup_logging(args.verbose, args.log_format)
-    _serve_endpoints(args, dsn, health)
+    metrics = _serve_endpoints(args, dsn, health)
     with wait_for_database(dsn, wait, what="scheduler", pooler=args.pooler) as conn:
         migrations.check(conn, args.schema)
         missing = run(conn, missing_privileges_call(args.schema, SCHEDULER_NEEDS), args.schema)
     if missing:
         raise PrivilegeMissing(privilege_message("jobtui scheduler", missing))
     scheduler = _StandaloneScheduler(Scheduler(dsn, schema=args.schema, specs=specs, pooler=args.pooler), health)
+    scheduler.metrics_address = metrics
     asyncio.run(_run_until_signalled(scheduler, "scheduler"))
     return 0
 
 
 class _StandaloneScheduler:
     """Gives the scheduler the worker's run/stop/started shape for the signal handling above,
-    and a link of its own, which its readiness probe shares (health.py)."""
+    and a link of its own, which its readiness probe and its row in the fleet share
+    (health.py, core/fleet.py). Quieted in the fleet, it fires no slot until resumed."""
 
     def __init__(self, scheduler: Any, health: Health | None) -> None:
         self.scheduler = scheduler
         self.health = health
+        self.metrics_address: str | None = None
         self._stopping = asyncio.Event()
         self.started = asyncio.Event()
+        self._presence: Any = None
 
     def stop(self) -> None:
         self._stopping.set()
+        if self._presence is not None:
+            self._presence.look()
+
+    def _status(self) -> Any:
+        from jobtui.core.fleet import Status, resident_bytes
+
+        state = "stopping" if self._stopping.is_set() else "quiet" if self.scheduler.quiet else "running"
+        return Status(state, rss_bytes=resident_bytes())
+
+    def _obey(self, wanted: str, by: str | None) -> None:
+        log = logging.getLogger("jobtui.scheduler")
+        if wanted == "stopping":
+            log.warning("scheduler: %s ordered it to stop", by or "an operator")
+            self.stop()
+        elif (wanted == "quiet") != self.scheduler.quiet:
+            self.scheduler.quiet = wanted == "quiet"
+            if self.scheduler.quiet:
+                log.warning("scheduler quieted by %s: it fires no slot until resumed", by or "an operator")
+            else:
+                log.warning("scheduler resumed by %s", by or "an operator")
 
     async def run(self) -> None:
+        from jobtui.core.fleet import Member, Presence, default_name, refresh_interval
         from jobtui.kernel.link import Connection, Link
 
-        link = Link(self.scheduler.dsn, pooler=self.scheduler.pooler)
+        dsn, pooler = self.scheduler.dsn, self.scheduler.pooler
+        link = Link(dsn, pooler=pooler)
+        fleet_conn = Connection(dsn, "fleet", link=link, pooler=pooler)
+        member = Member(default_name(), "scheduler", refresh_interval(), scheduler=True, metrics=self.metrics_address)
+        presence = self._presence = Presence(
+            fleet_conn, self.scheduler.schema, member, status=self._status, obey=self._obey
+        )
+        await presence.register()
         tasks = [asyncio.create_task(self.scheduler.run(self._stopping, link=link), name="jobtui-scheduler")]
+        tasks.append(asyncio.create_task(presence.run(), name="jobtui-fleet"))
         if self.health is not None:
-            probe = Connection(self.scheduler.dsn, "probe", link=link, gated=True, pooler=self.scheduler.pooler)
+            probe = Connection(dsn, "probe", link=link, gated=True, pooler=pooler)
             tasks.append(asyncio.create_task(self.health.watch(probe, self._stopping), name="jobtui-health"))
-        logging.getLogger("jobtui.scheduler").info("scheduler started")
+        logging.getLogger("jobtui.scheduler").info("scheduler %s started", member.name)
         self.started.set()
         try:
             await tasks[0]
         finally:
             self._stopping.set()
+            for task in tasks[1:]:
+                task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await presence.leave()
+            self._presence = None
+            await fleet_conn.close()
             await link.close()
 
 
@@ -247,6 +286,7 @@ def cmd_console(args: argparse.Namespace) -> int:
             load_app(args.work), dsn, concurrency=args.concurrency, schema=args.schema, executor=args.executor,
             app=args.work, pooler=args.pooler,
         )  # fmt: skip
+        worker.registered_as = "console"  # in the fleet: the console's embedded worker
     app = JobtuiApp(
         dsn,
         schema=args.schema,
@@ -255,6 +295,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         thresholds=thresholds,
         worker=worker,
         pooler=args.pooler,
+        open_view=args.open,
     )
     app.run()
     return 0

@@ -212,6 +212,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         origin=origin,
         max_sessions=args.max_sessions,
         idle_timeout=idle,
+        schema=args.schema,
+        pooler=args.pooler,
     )
     setup_logging(args.verbose, args.log_format)
     logging.getLogger("aiohttp").setLevel(logging.WARNING)

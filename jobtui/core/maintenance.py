@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 
+from jobtui.core.fleet import prune_call
 from jobtui.core.registry import Job, Jobs, ScheduleSpec
 from jobtui.kernel.db import Call, Rows, run
 from jobtui.kernel.domain import DEFAULT_KEY_RETENTION, DEFAULT_SCHEMA
@@ -188,6 +189,7 @@ def with_builtins(jobs: Jobs, dsn: str, schema: str, retention: Retention, *, po
             record_flow(conn, schema)  # and the jobs enqueued and finished since the last span
             summarise_hours(conn, schema)
             sweep(conn, Retention.from_payload(job.payload or {}), schema)
+            run(conn, prune_call(), schema)  # the fleet's rows lost for long
 
     merged.schedules[ARCHIVE_TYPE] = ScheduleSpec(
         name=ARCHIVE_TYPE,

@@ -47,6 +47,9 @@ WORKER_NEEDS = Needs(
         "rate_bucket": ("SELECT", "INSERT", "UPDATE"),
         # The drain forecast's spans, written and pruned by the archiver.
         "queue_flow": ("SELECT", "INSERT", "DELETE"),
+        # Its own row in the fleet: written at start, refreshed, deleted at exit; the
+        # archiver prunes lost ones.
+        "fleet": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     }
 )
 
@@ -57,6 +60,7 @@ SCHEDULER_NEEDS = Needs(
         "job_key": ("SELECT", "INSERT"),
         "schedule": ("SELECT", "INSERT", "UPDATE", "DELETE"),
         "migration": ("SELECT",),
+        "fleet": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     },
     functions=False,
 )

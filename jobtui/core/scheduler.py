@@ -349,6 +349,9 @@ class Scheduler:
         self.schema = statements(schema).schema
         self.specs = specs or []
         self.fired_count = 0
+        # Quieted by an operator (`jobtui workers quiet`): it fires no slot until resumed; the
+        # other schedulers fire them, or the missed-slot policy does once it is resumed.
+        self.quiet = False
 
     async def run(self, stopping: asyncio.Event, *, link: Link | None = None) -> None:
         """Tick until `stopping` is set; reconnects by itself after database outages.
@@ -365,6 +368,10 @@ class Scheduler:
                 wait = MAX_TICK
                 live = None
                 try:
+                    if self.quiet:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(stopping.wait(), wait)
+                        continue
                     live = await conn.get(stopping)
                     async with conn.busy():  # the link watches how long the tick waits
                         fired = await fire_due(live, self.schema)

@@ -87,11 +87,13 @@ def running_jobs(
     schema: str = DEFAULT_SCHEMA,
     limit: int = RUNNING_PAGE,
     after: RunningCursor | None = None,
+    worker: str | None = None,
 ) -> list[RunningJob]:
     """Running jobs, the leases closest to expiry (or expired) first: a page of `limit`,
-    from the job after `after` (a previous page's last `cursor`) on."""
+    from the job after `after` (a previous page's last `cursor`) on; with `worker`, only
+    the jobs that worker holds."""
     until, job_id = after if after is not None else (None, None)
-    rows = _rows(conn, "list_running", schema, limit=limit, after_until=until, after_id=job_id)
+    rows = _rows(conn, "list_running", schema, limit=limit, after_until=until, after_id=job_id, worker=worker)
     return [
         RunningJob(
             **{**_floats(r, "heartbeat_age", "lease_left", "running_for"), "runner": Runner.decoded(r["runner"])}

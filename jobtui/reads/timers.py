@@ -62,6 +62,8 @@ TIMED: dict[str, str] = {
     "list_ready": "console: a type's ready jobs (drill-down)",
     "list_dead_group": "console: a dead group's jobs (drill-down)",
     "get_job": "console: one job explained (detail)",
+    # The fleet: the Workers pane, the header's findings, the scrape (reads/fleet.py).
+    "fleet_list": "the fleet's processes: the Workers pane and the header (console), the scrape",
     # Every worker, every poll, whatever queues it serves.
     "claim_builtin": "worker: the slot for jobtui's own jobs (the archiver's), through their own index",
 }

@@ -3,6 +3,7 @@
 jobtui --dsn postgresql://.../app            # watch and operate
 jobtui --read-only                           # watch only
 jobtui --work myapp.jobs:jobs                # with a worker inside the console
+jobtui --open workers                        # on a view: workers, job:ID, dead:TYPE, queue:NAME
 
 The panes (panes/, one module each) own their keys and draw themselves from a `View`; this
 app holds what they share: the header and status line, the reads, the filter, the questions
@@ -32,13 +33,15 @@ from jobtui.kernel.domain import DEFAULT_SCHEMA
 from jobtui.kernel.errors import InvalidInput, first_line
 from jobtui.kernel.jobfilter import is_search, parse_filter
 from jobtui.kernel.safetext import line, shorten
+from jobtui.kernel.views import OpenView
+from jobtui.reads.fleet import Finding, findings, holders
 from jobtui.reads.metrics import Snapshot
 from jobtui.tui import changes, header, panes, render
 from jobtui.tui.console import Console, View
 from jobtui.tui.data import Actions, DataSource, Fetched
 from jobtui.tui.keys import KeyGate
 from jobtui.tui.panes import LogToWidget, Pane, WorkerPane
-from jobtui.tui.screens import ConfirmScreen, HelpScreen
+from jobtui.tui.screens import ConfirmScreen, HelpScreen, JobDetailScreen
 from jobtui.tui.search import JobSearchScreen
 
 HISTORY = 120  # samples of the oldest ready age kept for the sparkline
@@ -80,6 +83,7 @@ class JobtuiApp(App[None]):
         worker: Any = None,
         refresh_interval: float = 1.0,
         pooler: str | None = None,
+        open_view: OpenView | None = None,
     ) -> None:
         super().__init__()
         self.dsn = dsn
@@ -93,7 +97,9 @@ class JobtuiApp(App[None]):
         self.actions_ = None if read_only else Actions(dsn, schema, actor, pooler)
         self.embedded_worker = worker
         self.refresh_interval = refresh_interval
+        self.open_view = open_view  # the view to start on (`--open`, a web console's ?open=)
         self.latest: Fetched | None = None
+        self.findings: list[Finding] = []
         self.history: collections.deque[float] = collections.deque(maxlen=HISTORY)
         self.connected = True
         self.last_error = ""
@@ -111,7 +117,10 @@ class JobtuiApp(App[None]):
 
     def compose(self) -> ComposeResult:
         yield Static(Text("connecting..."), id="vitals")
-        with TabbedContent(initial="ready", id="panes"):
+        start = self.open_view.pane if self.open_view is not None else "ready"
+        if start == "worker" and self._log_handler is None:
+            start = "ready"
+        with TabbedContent(initial=start, id="panes"):
             for pane in panes.ALL:  # in the order of their number keys
                 if pane is not WorkerPane:
                     yield pane()
@@ -135,6 +144,7 @@ class JobtuiApp(App[None]):
         if self.embedded_worker is not None:
             self._capture_logs()
             self.run_worker(self.embedded_worker.run(), name="embedded-worker", group="embedded", exit_on_error=False)
+        self._open(self.open_view)
         self.refresh_data()
         self.set_interval(self.refresh_interval, self.refresh_data)
         self.set_interval(0.25, self.tick)
@@ -142,6 +152,20 @@ class JobtuiApp(App[None]):
         self.screen_change_signal.subscribe(
             self, lambda screen: self.keys.screen_changed(screen, self.screen_stack), immediate=True
         )
+
+    def _open(self, view: OpenView | None) -> None:
+        """Start on `view`: its pane is on screen already (compose); a job is explained over
+        it, a type's dead letters shown alone, a queue's line selected once read."""
+        if view is None:
+            return
+        if view.kind == "worker" and self._log_handler is None:
+            self.notify("no embedded worker: start the console with --work pkg.module:jobs", severity="warning")
+        elif view.kind == "job" and view.value is not None:
+            self.push_screen(JobDetailScreen(int(view.value)))
+        elif view.kind == "dead" and view.value is not None:
+            self.query_one(panes.DeadPane).only_type = view.value
+        elif view.kind == "queue" and view.value is not None:
+            self.query_one(panes.QueuesPane).chosen = f"queue:{view.value}"
 
     def on_unmount(self) -> None:
         self._release_logs()
@@ -184,6 +208,8 @@ class JobtuiApp(App[None]):
         self.connected = True
         self.last_error = ""
         self.latest = fetched
+        # What the fleet means for the queue: worked out once per read, drawn at every tick.
+        self.findings = findings(fetched.fleet, fetched.queues, holders(fetched.fleet, fetched.snapshot.running))
         self._server_refusal(fetched)
         self.history.append(fetched.snapshot.oldest_ready_age or 0.0)
         self.render_panes()
@@ -252,6 +278,7 @@ class JobtuiApp(App[None]):
             hung_for=self.source.busy_for(),
             stale_for=elapsed,
             width=width,
+            fleet=self.findings if snap is not None else [],
         )
         # The header wraps when the figures outgrow the width. It keeps its tallest height until
         # the terminal is resized, so the panes below do not jump as numbers grow and shrink.

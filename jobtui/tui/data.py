@@ -14,6 +14,7 @@ import psycopg
 
 from jobtui.clients.client import Queue
 from jobtui.core import scheduler as schedules
+from jobtui.core.fleet import Action, OrderResult, Target, give_order
 from jobtui.core.queue import get_job_call
 from jobtui.kernel.db import Call, Rows, connect, pooler_mode, run
 from jobtui.kernel.domain import JobRow
@@ -21,6 +22,7 @@ from jobtui.kernel.donehistory import DoneHistory
 from jobtui.kernel.errors import DatabaseUnavailable, InvalidInput
 from jobtui.reads import joblists, metrics
 from jobtui.reads.deadletters import check_regex
+from jobtui.reads.fleet import Fleet, read_fleet
 from jobtui.reads.joblists import DeadJob, ReadyJobs, RunningCursor, RunningJob
 from jobtui.reads.metrics import DeadGroup, Snapshot
 from jobtui.reads.overview import Overview, QueueLine, overview
@@ -75,6 +77,8 @@ class Fetched:
     running_after: RunningCursor | None = None  # where the page of `running` starts
     queues: list[QueueLine] = field(default_factory=list)  # the Queues pane's lines
     queues_source: str = ""  # where their estimates come from ('' when counted)
+    fleet: Fleet = field(default_factory=Fleet)  # the Workers pane's processes
+    running_worker: str | None = None  # whose jobs `running` holds (None: every worker's)
 
 
 class DataSource:
@@ -89,8 +93,10 @@ class DataSource:
         self._busy_since: float | None = None  # when the read in progress began
         self._closed = False  # after close(), no read opens a connection again
         self._history = DoneHistory()
-        # The page of running jobs each refresh reads: the Running pane moves it.
+        # The page of running jobs each refresh reads, and whose: the Running pane moves it,
+        # the Workers pane's enter names the worker.
         self.running_after: RunningCursor | None = None
+        self.running_worker: str | None = None
         # The panes read from several thread workers at once (a refresh, an action's count,
         # and a cancelled refresh keeps running in its thread); one connection serves them
         # one at a time: a snapshot pipelines its statements, and another thread's statement
@@ -168,11 +174,19 @@ class DataSource:
 
     def _fetch(self, conn: psycopg.Connection[Any], needle: str) -> Fetched:
         snap = metrics.snapshot(conn, self.schema, history=self._history)
-        after = self.running_after
-        running = joblists.running_jobs(conn, self.schema, after=after)
+        after, worker = self.running_after, self.running_worker
+        running = joblists.running_jobs(conn, self.schema, after=after, worker=worker)
         view: Overview = overview(conn, self.schema)
+        fleet = read_fleet(conn, self.schema)
         fetched = Fetched(
-            snap, running, where=self._where, running_after=after, queues=view.lines, queues_source=view.source
+            snap,
+            running,
+            where=self._where,
+            running_after=after,
+            queues=view.lines,
+            queues_source=view.source,
+            fleet=fleet,
+            running_worker=worker,
         )
         if not needle:
             return fetched
@@ -262,8 +276,13 @@ class Actions:
         with self._connect() as conn:
             return schedules.run_now(conn, name, self.schema, actor=self.actor)
 
+    def order(self, action: Action, target: Target) -> OrderResult:
+        """Quiet, resume or stop processes of the fleet (audited with them)."""
+        with self._connect() as conn:
+            return give_order(conn, action, target, actor=self.actor, schema=self.schema)
+
     def _connect(self) -> psycopg.Connection[Any]:
-        """A connection of its own for a schedule's change (the scheduler audits it)."""
+        """A connection of its own for a schedule's or an order's change (audited with it)."""
         return connect(self.dsn, autocommit=True, pooler=self.pooler)
 
     def close(self) -> None:

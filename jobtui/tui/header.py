@@ -1,4 +1,6 @@
-"""The console's header: where it reads, whether the database answers, then the vitals.
+"""The console's header: where it reads, whether the database answers, then the vitals, and
+what the fleet means for the queue (a queue no live worker serves, a type no worker handles,
+more than one version running).
 
 Pure, like render.py: everything comes in as arguments.
 """
@@ -10,6 +12,7 @@ from collections.abc import Sequence
 from rich.text import Text
 
 from jobtui.kernel.safetext import line
+from jobtui.reads.fleet import Finding
 from jobtui.reads.metrics import Snapshot
 from jobtui.tui import render
 from jobtui.tui.data import Where
@@ -66,9 +69,10 @@ def header(
     hung_for: float = 0.0,
     stale_for: float | None = None,
     width: int | None = None,
+    fleet: Sequence[Finding] = (),
 ) -> Text:
     """The whole header: the red banner when the database does not answer, where the console
-    reads, then the figures (none before the first read)."""
+    reads, then the figures (none before the first read), then the fleet's findings."""
     out = Text()
     alarm = banner(connected=connected, last_error=last_error, hung_for=hung_for, stale_for=stale_for)
     if alarm is not None:
@@ -78,4 +82,22 @@ def header(
     if snap is not None:
         out.append("\n")
         out.append_text(render.vitals(snap, history, thresholds, width=width))
+    if fleet:
+        out.append("\n")
+        out.append_text(findings_line(fleet, width))
     return out
+
+
+# Findings the header names at most; the Workers pane and `jobtui workers` list them all.
+FINDINGS_SHOWN = 4
+
+
+def findings_line(found: Sequence[Finding], width: int | None) -> Text:
+    """The first FINDINGS_SHOWN findings in red (a queue or type waiting on nothing) or amber
+    (versions), and how many more, packed to the width; every name from the database
+    escaped."""
+    pieces = [Text(line(f.text), style=render.STYLE[f.level]) for f in found[:FINDINGS_SHOWN]]
+    if len(found) > FINDINGS_SHOWN:
+        more = len(found) - FINDINGS_SHOWN
+        pieces.append(Text(f"and {more} more (jobtui workers)", style=render.STYLE["warn"]))
+    return render.pack(pieces, width, gap=3)

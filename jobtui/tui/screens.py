@@ -65,8 +65,9 @@ class ConfirmScreen(ModalScreen[bool]):
 
 HELP = """\
 [b]Panes[/]   1 ready · 2 running · 3 dead · 4 lease expiries · 5 schedules · 7 queues
-        6 worker (with --work) · 8 charts of the last hour; or click a tab
-[b]Move[/]    arrows, page up/down, home/end; [b]enter[/] drill down: a type, a group, a job
+        6 worker (with --work) · 8 charts of the last hour · 9 workers (the fleet); or click a tab
+[b]Move[/]    arrows, page up/down, home/end; [b]enter[/] drill down: a type, a group, a job,
+        a worker's jobs; [b]a[/] back to every worker (running), every type (dead)
 [b]Ready[/]   by type; "attempts (done 1h)": jobs done in the last hour by attempts used
 [b]/[/]       filter by type or text (escape clears); words such as payload:account=acme
         status:dead (type:, queue:, error:, older:, since:) search the jobs instead
@@ -78,7 +79,11 @@ HELP = """\
 [b]k[/]       kill the lease of the selected running job (ready again now)
 [b]c[/]       cancel the selected job (failed; its worker stops it); in a jobs search: all
 [b]d[/]       in a jobs search: delete its dead and failed jobs (esc stops, again resumes)
-[b]p[/]       pause/resume the selected schedule; in queues, a queue or type fleet-wide
+[b]p[/]       pause/resume the selected schedule; in queues, a queue or type fleet-wide;
+        in workers, quiet (claims stop, jobs in flight finish) or resume a process
+[b]x[/]       in workers: stop the selected process (as SIGTERM: its jobs finish, it exits)
+[b]P[/]       in workers: quiet (or resume) every process shown (filter by host, version...)
+[b]X[/]       in workers: stop every process shown
 [b]n[/]       run the selected schedule now
 [b]l[/]       in queues: at most N of the queue's jobs running at once, fleet-wide
 [b]t[/]       in queues: the queue's or type's rate (20/s, 1200/min), fleet-wide

@@ -7,6 +7,10 @@ forge); a console past `max_sessions`. What the browser may send down a console'
 keys, mouse and sizes, nothing else (`bridge.py`); whether a key may change the queue is the
 console's own read-only mode, set for every user who is not an operator, whose console also
 connects as a role that can change nothing (`viewer_dsn`, checked by `jobtui serve` at start).
+
+A link may name the view the console starts on (`/?open=workers`, kernel/views.py): it is
+carried through the sign-in, and given to the console as `--open`, checked, never as text of
+the command line otherwise; the user's role is the user's, whatever the link.
 """
 
 from __future__ import annotations
@@ -23,12 +27,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote as urlquote
 
 from aiohttp import WSMsgType, web
 
+from jobtui.kernel.domain import DEFAULT_SCHEMA
+from jobtui.kernel.errors import InvalidInput
 from jobtui.kernel.safetext import line, quote, shorten
+from jobtui.kernel.views import OpenView, parse_view
 from jobtui.web import pages
 from jobtui.web.bridge import MAX_CELLS, MAX_INPUT, ConsoleProcess
+from jobtui.web.presence import Registered
 from jobtui.web.sessions import Session, Sessions, SignInThrottle
 from jobtui.web.users import MAX_PASSWORD, NAME, UsersFile, unknown_user_hash
 
@@ -70,6 +79,8 @@ class ServeConfig:
     max_sessions: int = 10
     idle_timeout: float = 900.0
     python: str = sys.executable
+    schema: str = DEFAULT_SCHEMA  # where its row in the fleet goes
+    pooler: str | None = None
 
 
 @dataclass(eq=False)
@@ -105,6 +116,7 @@ class WebConsole:
                 web.post("/login", self.sign_in),
                 web.post("/logout", self.sign_out),
                 web.get("/ws", self.console_socket),
+                web.get("/ws/{view}", self.console_socket),
                 web.get("/jobtui.css", _text(pages.STYLE, "text/css")),
                 web.get("/jobtui.js", _text(pages.SCRIPT, "text/javascript")),
                 web.get("/favicon.ico", _no_content),
@@ -180,10 +192,11 @@ class WebConsole:
     # -- signing in and out -----------------------------------------------------------------
 
     async def sign_in_page(self, request: web.Request) -> web.StreamResponse:
+        view = linked_view(request.query.get("open"))
         if self.session(request) is not None:
-            raise web.HTTPSeeOther("/")
+            raise web.HTTPSeeOther(console_url(view))
         note = "Signed out." if "out" in request.query else ""
-        return _html(pages.sign_in_page(note=note))
+        return _html(pages.sign_in_page(note=note, view=view.text if view else ""))
 
     async def sign_in(self, request: web.Request) -> web.StreamResponse:
         if not self.same_origin(request):
@@ -192,6 +205,7 @@ class WebConsole:
         form = await request.post()
         name = str(form.get("name", "")).strip()[:64]  # no user's name is longer (users.NAME)
         password = str(form.get("password", ""))
+        view = linked_view(str(form.get("open", "")) or None)
         address = self.client(request)
         keys = (f"name:{name}", f"address:{address}")
         async with self._hashing:
@@ -201,7 +215,11 @@ class WebConsole:
             if wait > 0:
                 log.warning("sign-in as %s from %s refused unchecked: %.0fs to wait", quote(name), address, wait)
                 return _html(
-                    pages.sign_in_page(error=f"Too many failed sign-ins: try again in {wait:.0f} s.", name=name),
+                    pages.sign_in_page(
+                        error=f"Too many failed sign-ins: try again in {wait:.0f} s.",
+                        name=name,
+                        view=view.text if view else "",
+                    ),
                     status=429,
                     headers={"Retry-After": str(max(1, round(wait)))},
                 )
@@ -213,11 +231,14 @@ class WebConsole:
         if user is None:
             log.warning("failed sign-in as %s from %s (%d in a row)", quote(name), address, failures)
             await asyncio.sleep(FAILED_PAUSE)
-            return _html(pages.sign_in_page(error="Wrong name or password.", name=name), status=401)
+            return _html(
+                pages.sign_in_page(error="Wrong name or password.", name=name, view=view.text if view else ""),
+                status=401,
+            )
         self.throttle.succeeded(*keys)
         token, session = self.sessions.create(user)
         log.info("%s signed in from %s as %s", quote(user.name), address, self.role(session))
-        response = web.HTTPSeeOther("/")
+        response = web.HTTPSeeOther(console_url(view))
         response.set_cookie(
             self.cookie_name(request), token, httponly=True, samesite="Strict", secure=self.https(request), path="/"
         )
@@ -241,20 +262,29 @@ class WebConsole:
     # -- the console ------------------------------------------------------------------------
 
     async def console_page(self, request: web.Request) -> web.StreamResponse:
+        asked = request.query.get("open")
+        view = linked_view(asked)
         session = self.session(request)
         if session is None:
-            raise web.HTTPSeeOther("/login")
+            raise web.HTTPSeeOther("/login" + (f"?open={urlquote(view.text, safe='')}" if view else ""))
         self.sessions.touch(session)
         ws_url = ("wss://" if self.https(request) else "ws://") + self.origin(request).split("://", 1)[1] + "/ws"
+        if view is not None:
+            ws_url += "/" + urlquote(view.text, safe="")
         size = _whole(request.query.get("fontsize"), 16, 8, 40)
-        page = pages.console_page(user=session.user, role=self.role(session), websocket_url=ws_url, font_size=size)
+        note = f"the link's view {quote(asked)} is not one the console has" if asked and view is None else ""
+        page = pages.console_page(
+            user=session.user, role=self.role(session), websocket_url=ws_url, font_size=size, note=note
+        )
         return _html(page)
 
-    def console_command(self, session: Session) -> list[str]:
+    def console_command(self, session: Session, view: OpenView | None = None) -> list[str]:
         """The console of `jobtui`, as this user gets it: acting as them, read-only unless an
-        operator."""
+        operator, on the view a link named."""
         argv = [self.config.python, "-m", "jobtui.cli.webconsole", *self.config.console_options]
         argv += ["--actor", f"web:{session.user}"]
+        if view is not None:
+            argv += ["--open", view.text]
         if self.role(session) != "operator":
             argv.append("--read-only")
         return argv
@@ -313,8 +343,9 @@ class WebConsole:
             return socket
         self._opened += 1
         label = f"{quote(session.user)} #{self._opened}"
+        view = linked_view(request.match_info.get("view"))
         process = ConsoleProcess(
-            self.console_command(session), self.console_environment(session), send=socket.send_bytes, label=label
+            self.console_command(session, view), self.console_environment(session), send=socket.send_bytes, label=label
         )
         console = OpenConsole(socket, process, session)
         self.open.add(console)
@@ -392,6 +423,20 @@ class WebConsole:
                     os.killpg(pid, 9)
 
 
+def linked_view(text: str | None) -> OpenView | None:
+    """The view a link names (`?open=`), or None for none or one the console does not have."""
+    if not text:
+        return None
+    try:
+        return parse_view(text[:256])
+    except InvalidInput:
+        return None
+
+
+def console_url(view: OpenView | None) -> str:
+    return "/" if view is None else f"/?open={urlquote(view.text, safe='')}"
+
+
 def _html(text: str, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(text=text, status=status, content_type="text/html", charset="utf-8", headers=headers)
 
@@ -436,13 +481,20 @@ async def serve(
     await site.start()
     bound = runner.addresses[0]
     shown = f"[{bound[0]}]" if ":" in str(bound[0]) else str(bound[0])
-    ready(f"{'https' if context is not None else 'http'}://{shown}:{bound[1]}/")
+    url = f"{'https' if context is not None else 'http'}://{shown}:{bound[1]}/"
+    ready(url)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    in_fleet = Registered(config.dsn, config.schema, config.pooler, lambda: len(console.open), stop, url)
+    registering = asyncio.create_task(in_fleet.run(), name="jobtui-fleet")
     try:
         await stop.wait()
         log.info("stopping: closing %d console(s)", len(console.open))
     finally:
+        registering.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await registering
+        await in_fleet.leave()
         await runner.cleanup()

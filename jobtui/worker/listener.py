@@ -1,8 +1,9 @@
 """The listener: LISTENs on the schema's channel and wakes the producers at every insert, and
 after every reconnect (notifications may have been missed meanwhile). A notification
-`cancel <id>` hints that an operator cancelled a running job. PostgreSQL checks no privilege
-for NOTIFY, so the hint only makes the worker read the job's row (heartbeater.look), and the
-row alone decides."""
+`cancel <id>` hints that an operator cancelled a running job, and `fleet <id>` that an
+operator gave process <id> of the fleet an order. PostgreSQL checks no privilege for NOTIFY, so
+a hint only makes the worker read a row (the job's, heartbeater.look; its own in the fleet,
+fleet.Presence.look), and the row alone decides."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from jobtui.kernel.link import Connection, Link
 log = logging.getLogger("jobtui.worker")
 
 _CANCEL = re.compile(r"cancel ([0-9]{1,19})")
+_FLEET = re.compile(r"fleet ([0-9]{1,19})")
 
 
 def subscriber(schema: str) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]:
@@ -46,12 +48,22 @@ def cancelled_job(payload: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def ordered_process(payload: str) -> int | None:
+    """The fleet row of an order's notification, or None for any other payload."""
+    match = _FLEET.fullmatch(payload)
+    return int(match.group(1)) if match else None
+
+
 async def listen(
-    conn: Connection | None, wake: Callable[[], None], cancel: Callable[[int], None], poll_interval: float
+    conn: Connection | None,
+    wake: Callable[[], None],
+    cancel: Callable[[int], None],
+    poll_interval: float,
+    fleet: Callable[[int], None] = lambda row: None,
 ) -> None:
-    """Call `wake` at every notification and `cancel` at every cancel hint, until cancelled;
-    without a connection, say once that the worker only polls (cancels then reach it with
-    the heartbeats' answers)."""
+    """Call `wake` at every notification, `cancel` at every cancel hint and `fleet` at every
+    order's hint, until cancelled; without a connection, say once that the worker only polls
+    (cancels then reach it with the heartbeats' answers, orders with its fleet refresh)."""
     if conn is None:
         log.info(
             "behind a transaction pooler LISTEN cannot work: polling every %gs "
@@ -67,8 +79,11 @@ async def listen(
             try:
                 async for note in live.notifies():
                     job_id = cancelled_job(note.payload)
+                    row = None if job_id is not None else ordered_process(note.payload)
                     if job_id is not None:
                         cancel(job_id)
+                    elif row is not None:
+                        fleet(row)
                     else:
                         wake()
             except psycopg.OperationalError as exc:

@@ -6,8 +6,9 @@
 One asyncio loop per process, and parts that each do one thing, wired here: the producers
 (one per pool of slots, slots.py) claim, the executor runs handlers, the completer writes
 outcomes in batches, the heartbeater keeps leases (and gives up those it could not keep), the
-reaper takes back other workers' expired leases, and the listener wakes the producers and
-passes cancels on. The jobs in flight and what becomes of them are in flights.py. With
+reaper takes back other workers' expired leases, the listener wakes the producers and
+passes cancels on, and the worker's presence keeps its row in the fleet (core/fleet.py) and
+obeys the orders given there (quiet, resume, stop). The jobs in flight and what becomes of them are in flights.py. With
 delete_on_complete, a finished job without a key is deleted and counted per minute in
 done_tally instead of kept as a done row: no second row version or done-index entry per job.
 """
@@ -23,6 +24,7 @@ from typing import Any
 
 import psycopg
 
+from jobtui.core.fleet import Kind, Presence
 from jobtui.core.maintenance import ARCHIVE_TYPE, BUILTIN_QUEUE, BUILTIN_TYPES, Retention
 from jobtui.core.privileges import GRANTS_HINT, WORKER_NEEDS, missing_privileges_call, privilege_message
 from jobtui.core.queue import claim_builtin_call, claim_call, release_unanswered_call
@@ -54,6 +56,7 @@ from jobtui.worker.executor import InFlight
 from jobtui.worker.flights import Flights
 from jobtui.worker.heartbeater import Heartbeater
 from jobtui.worker.listener import listen, listener_connection
+from jobtui.worker.presence import member_of, obey, status_of
 from jobtui.worker.producer import Claiming, Producer, Starting, claim_session, claim_transaction
 from jobtui.worker.reaper import Reaper
 from jobtui.worker.shutdown import drain
@@ -206,6 +209,11 @@ class Worker(Flights):
         self._rng = random.Random()
         self._running = False
         self.health = health  # answers /healthz and /readyz (health.py), probing through the worker's link
+        # How it shows in the fleet: a worker, or the console's embedded worker ("console");
+        # and where its metrics are served, when they are (`jobtui worker --metrics-port`).
+        self.registered_as: Kind = "worker"
+        self.metrics_address: str | None = None
+        self.presence: Presence | None = None  # its row in the fleet, while it runs
         self.started = asyncio.Event()  # set once the worker claims (systemd's READY=1)
         self.events = Events()  # what the parts did, for tests to wait on (events.py)
 
@@ -216,22 +224,33 @@ class Worker(Flights):
         if self._stopping is not None:
             self._stopping.set()
         self.slots.wake()
+        if self.presence is not None:
+            self.presence.look()  # the fleet shows it stopping now
 
     @property
     def paused(self) -> bool:
         return self.slots.paused
 
     def pause(self) -> None:
-        """Stop claiming new jobs in this worker; in-flight ones finish."""
+        """Stop claiming new jobs in this worker; in-flight ones finish (quiet, in the fleet)."""
         self.slots.paused = True
+        if self.presence is not None:
+            self.presence.look()
 
     def resume(self) -> None:
         self.slots.paused = False
         self.slots.wake()
+        if self.presence is not None:
+            self.presence.look()
 
     @property
     def running(self) -> bool:
         return self._running
+
+    @property
+    def stopping(self) -> bool:
+        """Asked to stop (a signal, `stop()`, an order), and not stopped yet."""
+        return self._stopping is not None and self._stopping.is_set()
 
     # -- main loop -----------------------------------------------------------------------
 
@@ -319,6 +338,17 @@ class Worker(Flights):
                     grace=self.stop_grace,
                 )
                 await self.children.open()
+            # Its row in the fleet, before it claims: it appears as it starts. The refreshes
+            # share the heartbeat's connection, which is idle between beats.
+            presence = self.presence = Presence(
+                heartbeat_conn,
+                self.schema,
+                member_of(self),
+                status=partial(status_of, self),
+                obey=partial(obey, self),
+                denied=self._denied,
+            )
+            await presence.register()
             log.info(
                 "worker %s started: types %s, slots %s, lease %.0fs, %s, event loop %s",
                 self.worker_id,
@@ -336,8 +366,9 @@ class Worker(Flights):
                 asyncio.create_task(reaper.run(), name="jobtui-reaper"),
             ]
             hinted = partial(self._cancel_hinted, heartbeater)
-            listener = listen(listen_conn, self.slots.wake, hinted, self.poll_interval)
+            listener = listen(listen_conn, self.slots.wake, hinted, self.poll_interval, presence.hinted)
             background.append(asyncio.create_task(listener, name="jobtui-listen"))
+            background.append(asyncio.create_task(presence.run(), name="jobtui-fleet"))
             if self.scheduler is not None:
                 background.append(asyncio.create_task(self.scheduler.run(stopping, link=link), name="jobtui-scheduler"))
             if self.health is not None:
@@ -361,11 +392,13 @@ class Worker(Flights):
                 for hand_back in self._background:
                     hand_back.cancel()
                 await asyncio.gather(*background, *self._background, return_exceptions=True)
+                await presence.leave()
                 # Outcomes the writer could not write in time: their leases expire and are reaped.
                 self.in_flight.clear()
                 self._running = False
                 log.info("worker %s stopped: %s", self.worker_id, ", ".join(f"{k} {v}" for k, v in self.counts.items()))
         finally:
+            self.presence = None
             if self.children is not None:
                 await self.children.close()
             for conn in (claim_conn, write_conn, heartbeat_conn):

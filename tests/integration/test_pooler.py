@@ -178,3 +178,40 @@ def test_the_console_behind_a_transaction_pooler_leaves_no_setting_on_its_server
         with psycopg.connect(pooled, autocommit=True, prepare_threshold=None) as other:
             row = other.execute("SELECT current_setting('statement_timeout')").fetchone()
     assert row == ("0",)
+
+
+def test_an_order_reaches_a_worker_behind_the_pooler_at_its_next_refresh(
+    dsn: str, bouncer: PgBouncer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No LISTEN through the pooler: the worker registers, and reads a quiet, a resume and a
+    stop, given through the pooler too, in the answer of its next refresh."""
+    from jobtui.reads.fleet import read_fleet
+
+    pooled = _pooled(bouncer, dsn)
+    env = {**os.environ, "JOBTUI_DSN": pooled, "JOBTUI_POOLER": "transaction", "PYTHONUNBUFFERED": "1"}
+    env.pop("DATABASE_URL", None)
+    worker = WorkerProcess("P", ["--poll", "0.2s", "--lease", "3s"], env, tmp_path / "P.log", app=APP)
+    cli = ["--pooler", "transaction", "--dsn", pooled, "workers"]
+    try:
+        worker.wait_started()
+        with psycopg.connect(dsn, autocommit=True) as db:
+
+            def state() -> str:
+                return next(p.state for p in read_fleet(db).processes if p.name == "P")
+
+            assert state() == "running"
+            assert main([*cli, "quiet", "P"]) == 0
+            wait_until(lambda: state() == "quiet", 5, "P quiet, read at a refresh (every 1 s)", worker.log)
+            with Queue(dsn) as queue:
+                queue.enqueue("topo.noop", {})
+            assert main([*cli, "resume", "P"]) == 0
+            done = "SELECT count(*) FROM jobtui.job WHERE type = 'topo.noop' AND status = 'done'"
+            wait_until(lambda: _count(db, done) == 1, 10, "a job done after the resume", worker.log)
+            assert main([*cli, "stop", "P"]) == 0
+            assert worker.wait_exit(15) == 0
+            assert [p.name for p in read_fleet(db).processes] == []
+        capsys.readouterr()
+    finally:
+        worker.kill()
+    assert "polling every 0.2s" in worker.log()
+    assert "prepared statement" not in bouncer.log()

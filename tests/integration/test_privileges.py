@@ -56,6 +56,7 @@ WORKER_TABLES = {
     "rate_bucket": {"SELECT", "INSERT", "UPDATE"},
     "queue_flow": {"SELECT", "INSERT", "DELETE"},
     "bulk_run": {"SELECT", "INSERT", "UPDATE"},
+    "fleet": {"SELECT", "INSERT", "UPDATE", "DELETE"},
 }
 
 

@@ -49,11 +49,12 @@ def everything(conn: Conn) -> dict[str, list[str]]:
 
 
 def commands(parser: argparse.ArgumentParser, words: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
-    """The words of every command the parser runs: its leaves, and the console."""
+    """The words of every command the parser runs: its leaves, the console, and a command
+    whose subcommands are optional (`jobtui workers` lists, `jobtui workers quiet` orders)."""
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     if not subs:
         return {words}
-    found = {words} if not words else set()
+    found = {words} if not words or not all(a.required for a in subs) else set()
     for action in subs:
         for name, sub in action.choices.items():
             found |= commands(sub, (*words, name))
@@ -99,6 +100,9 @@ def test_every_change_command_refuses_and_changes_nothing(dsn: str, conn: Conn, 
         ["type", "pause", "email"],
         ["type", "resume", "report"],
         ["type", "rate", "email", "1/s"],
+        ["workers", "quiet", "w1"],
+        ["workers", "resume", "--host", "h"],
+        ["workers", "stop", "--version", "0.3.0"],
         ["index", "payload"],
         ["index", "payload", "--drop"],
         ["bulk", "requeue", "--all", "--yes"],
@@ -138,6 +142,7 @@ def test_reads_and_dry_runs_still_work(dsn: str, conn: Conn, tmp_path: Path) -> 
         (["audit"], ""),
         (["queue", "list"], "default"),
         (["schedule", "list"], "name"),
+        (["workers", "--json"], '"processes"'),
         (["health"], "ready: "),
         (["migrate", "--check"], "no migration pending"),
         (["migrate", "--dry-run"], "COMMIT;"),

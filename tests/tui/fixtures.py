@@ -17,6 +17,7 @@ from jobtui.kernel.domain import ErrorEntry, JobRow, JobStatus, Runner
 from jobtui.kernel.errors import DatabaseUnavailable
 from jobtui.kernel.forecast import Span
 from jobtui.reads.backlog import MinuteFigures
+from jobtui.reads.fleet import Fleet, Process
 from jobtui.reads.joblists import DeadJob, ReadyJob, ReadyJobs, RunningJob
 from jobtui.reads.metrics import DeadGroup, LeaseExpiry, RunningGroup, ScheduleHealth, Snapshot, TypeCounts
 from jobtui.reads.overview import QueueLine
@@ -178,6 +179,43 @@ def snapshot() -> Snapshot:
     )
 
 
+ALL_TYPES = ["csv.import", "email.send", "image.resize", "invoice.render", "report.build", "sms.send",
+             "webhook.deliver", "jobtui.archive"]  # fmt: skip
+
+
+def process(name: str, kind: str, host: str, pid: int, **fields: Any) -> Process:
+    base: dict[str, Any] = dict(
+        id=pid % 1000, name=name, kind=kind, host=host, pid=pid, version="0.3.0", up=86_400.0, seen_ago=2.0,
+        lost_after=30.0, lost=False, queues={}, every_queue=None, types=[], executor=None, children=None,
+        scheduler=False, in_flight=0, rss_bytes=None, metrics=None, state="running", wanted="running",
+    )  # fmt: skip
+    return Process(**{**base, **fields})
+
+
+def fleet() -> Fleet:
+    """Two workers (one quiet), one stopping, a standalone scheduler, `jobtui serve`, and
+    render-2, lost, whose lease expired (running_jobs()): every queue and type with due jobs
+    is served, so the header says nothing of the fleet."""
+    return Fleet(
+        [
+            process("worker-a", "worker", "app-1", 4242, every_queue=10, types=ALL_TYPES, executor="process",
+                    children=2, scheduler=True, in_flight=2, rss_bytes=89_128_960, metrics="http://app-1:9100/metrics"),
+            process("worker-b", "worker", "app-2", 5151, queues={"default": 8, "emails": 4, "jobtui.builtin": 1},
+                    types=["email.send", "sms.send", "webhook.deliver", "jobtui.archive"], executor="thread",
+                    in_flight=7, rss_bytes=64_000_000, state="quiet", wanted="quiet", orders=1,
+                    ordered_by="ops@bastion", ordered_ago=40.0, seen_ago=1.0),
+            process("reports-1", "worker", "app-3", 777, queues={"reports": 3, "imports": 2}, types=ALL_TYPES,
+                    executor="thread", in_flight=1, rss_bytes=140_000_000, state="stopping", wanted="stopping",
+                    up=3_600.0),
+            process("render-2", "worker", "app-3", 3131, every_queue=4, types=ALL_TYPES, executor="process",
+                    in_flight=1, rss_bytes=512_000_000, lost=True, seen_ago=95.0, up=7_200.0),
+            process("app-1:881", "scheduler", "app-1", 881, scheduler=True, rss_bytes=48_000_000),
+            process("ops-1:2020", "serve", "ops-1", 2020, in_flight=2, rss_bytes=70_000_000,
+                    metrics="https://ops.example.com/"),
+        ]
+    )  # fmt: skip
+
+
 def ready_jobs(job_type: str) -> list[ReadyJob]:
     return [ReadyJob(4000 + i, job_type, i % 2, 3, 412.0 - 30 * i, 415.0 - 30 * i, "") for i in range(3)]
 
@@ -227,6 +265,7 @@ class FixedSource(DataSource):
         super().__init__(dsn, "jobtui")
         self.unreachable = False  # set to make every read fail as a lost server does
         self.hung_for = 0.0  # set to show a read that has waited this long for the server
+        self.fleet = fleet()  # set to show another fleet
 
     def busy_for(self) -> float:
         return self.hung_for
@@ -234,7 +273,17 @@ class FixedSource(DataSource):
     def fetch(self, needle: str = "") -> Fetched:
         if self.unreachable:
             raise DatabaseUnavailable("cannot reach PostgreSQL at db.example.com:5432: connection refused")
-        return Fetched(snapshot(), running_jobs(), read_at=READ_AT, where=WHERE, queues=queue_lines())
+        worker = self.running_worker
+        running = [j for j in running_jobs() if worker is None or j.worker == worker]
+        return Fetched(
+            snapshot(),
+            running,
+            read_at=READ_AT,
+            where=WHERE,
+            queues=queue_lines(),
+            fleet=self.fleet,
+            running_worker=worker,
+        )
 
     def ready_jobs(self, job_type: str) -> ReadyJobs:
         return ReadyJobs(ready_jobs(job_type))

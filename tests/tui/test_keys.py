@@ -56,13 +56,14 @@ def test_each_pane_offers_its_own_keys_and_implements_them() -> None:
     offered = {pane.ID: pane.actions() - {"open", "filter", "sort"} for pane in panes.ALL}
     assert offered == {
         "ready": set(),
-        "running": {"kill_lease", "cancel", "next_page", "first_page"},
-        "dead": {"requeue"},
+        "running": {"kill_lease", "cancel", "next_page", "first_page", "every_worker"},
+        "dead": {"requeue", "every_type"},
         "expiries": set(),
         "schedules": {"pause_schedule", "run_now"},
         "worker": set(),
         "charts": set(),
         "queues": {"pause_queue", "limit", "rate", "ramp"},
+        "workers": {"quiet", "stop", "quiet_shown", "stop_shown"},
     }
     for pane in panes.ALL:
         for action in pane.actions():

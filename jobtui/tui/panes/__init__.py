@@ -11,11 +11,14 @@ from jobtui.tui.panes.ready import ReadyPane
 from jobtui.tui.panes.running import RunningPane
 from jobtui.tui.panes.schedules import SchedulesPane
 from jobtui.tui.panes.worker import LogToWidget, WorkerPane
+from jobtui.tui.panes.workers import WorkersPane
 
-TABLES: tuple[type[TablePane], ...] = (ReadyPane, RunningPane, DeadPane, ExpiriesPane, SchedulesPane, QueuesPane)
+TABLES: tuple[type[TablePane], ...] = (
+    ReadyPane, RunningPane, DeadPane, ExpiriesPane, SchedulesPane, QueuesPane, WorkersPane,
+)  # fmt: skip
 # In the order of their number keys; the worker's tab only with --work.
 ALL: tuple[type[Pane], ...] = (
-    ReadyPane, RunningPane, DeadPane, ExpiriesPane, SchedulesPane, WorkerPane, QueuesPane, ChartsPane,
+    ReadyPane, RunningPane, DeadPane, ExpiriesPane, SchedulesPane, WorkerPane, QueuesPane, ChartsPane, WorkersPane,
 )  # fmt: skip
 
 __all__ = [
@@ -32,4 +35,5 @@ __all__ = [
     "SchedulesPane",
     "TablePane",
     "WorkerPane",
+    "WorkersPane",
 ]

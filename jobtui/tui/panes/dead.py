@@ -1,35 +1,87 @@
-"""3 Dead: dead and failed jobs grouped by error fingerprint; requeue a group."""
+"""3 Dead: dead and failed jobs grouped by error fingerprint, of every type or of one (a
+`dead:TYPE` link); requeue a group."""
 
 from __future__ import annotations
 
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import Label
+
+from jobtui.kernel.safetext import line
 from jobtui.reads.metrics import DeadGroup
 from jobtui.tui import render
 from jobtui.tui.console import Change, View
 from jobtui.tui.panes.base import TablePane
 from jobtui.tui.screens import JobListScreen
+from jobtui.tui.widgets import KeyedTable
 
 
 class DeadPane(TablePane):
     """Dead and failed groups, oldest first; enter lists a group's jobs.
 
     With a filter, a group shown for its jobs whose error matches it counts those jobs, and
-    r asks to requeue only those (the matcher of `jobtui dead --error`).
+    r asks to requeue only those (the matcher of `jobtui dead --error`). Opened on one job
+    type (`jobtui --open dead:TYPE`), it shows that type's groups until a shows every type.
     """
 
     ID = "dead"
     KEY = "3"
     TITLE = "Dead"
-    BINDINGS = [Change("r", "requeue", "Requeue")]
+    BINDINGS = [Change("r", "requeue", "Requeue"), Binding("a", "every_type", "Every type")]
+    DEFAULT_CSS = """
+    #dead-caption { padding: 0 1; color: $text-muted; display: none; }
+    #dead-caption.on { display: block; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.only_type: str | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Label("", id="dead-caption")
+        yield KeyedTable(render.COLUMNS[self.ID], id=f"table-{self.ID}")
+
+    def _groups(self, view: View) -> list[DeadGroup]:
+        groups = view.snapshot.dead
+        return groups if self.only_type is None else [g for g in groups if g.type == self.only_type]
 
     def rows(self, view: View) -> list[render.Row]:
-        return render.dead_rows(view.snapshot.dead, view.needle, view.dead_matched)
+        matched = view.dead_matched
+        if self.only_type is not None and matched is not None:
+            matched = [g for g in matched if g.type == self.only_type]
+        return render.dead_rows(self._groups(view), view.needle, matched)
+
+    def show(self, view: View) -> None:
+        super().show(view)
+        box = self.query_one("#dead-caption", Label)
+        box.set_class(self.only_type is not None, "on")
+        if self.only_type is not None:
+            jobs = sum(g.jobs for g in self._groups(view))
+            box.update(Text(line(f"type {self.only_type} only: {jobs:,} dead or failed job(s) · a every type")))
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "every_type" and self.only_type is None:
+            return False
+        return super().check_action(action, parameters)
+
+    def of_type(self, job_type: str | None) -> None:
+        """Show only the groups of `job_type` (None: of every type)."""
+        self.only_type = job_type
+        self.app.refresh_bindings()
+        view = self.console.view()
+        if view is not None:
+            self.show(view)
+
+    def action_every_type(self) -> None:
+        self.of_type(None)
 
     def group(self, key: str) -> DeadGroup | None:
         """The dead group of row `key`, as the pane shows it (with the filter's counts)."""
         view = self.console.view()
         if view is None:
             return None
-        shown = render.shown_dead_groups(view.snapshot.dead, view.needle, view.dead_matched)
+        shown = render.shown_dead_groups(self._groups(view), view.needle, view.dead_matched)
         return next((g for g in shown if render.dead_key(g) == key), None)
 
     @staticmethod

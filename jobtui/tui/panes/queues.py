@@ -220,10 +220,23 @@ class QueuesPane(TablePane):
         Change("t", "rate", "Rate"),
     ]
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.chosen: str | None = None  # a line to select once it is read (a `queue:NAME` link)
+
     def compose(self) -> ComposeResult:
         from jobtui.tui.widgets import KeyedTable
 
         yield KeyedTable(COLUMNS, id=f"table-{self.ID}")
+
+    def show(self, view: View) -> None:
+        super().show(view)
+        chosen = self.chosen
+        if chosen is not None and any(key_of(q.kind, q.name) == chosen for q in view.fetched.queues):
+            self.chosen = None
+            keys = [str(r.key.value) for r in self.table.ordered_rows]
+            if chosen in keys:
+                self.table.move_cursor(row=keys.index(chosen), animate=False)
 
     def rows(self, view: View) -> list[render.Row]:
         lines = view.fetched.queues
@@ -235,7 +248,7 @@ class QueuesPane(TablePane):
         from jobtui.tui.panes.ready import ReadyPane
 
         chosen = self.app.query_one(ReadyPane).selected_key
-        if chosen is not None:
+        if chosen is not None and self.chosen is None:
             self.select(key_of("type", chosen))
 
     def select(self, key: str) -> None:

@@ -1,13 +1,14 @@
-"""2 Running: the running jobs with live lease countdowns, a page at a time; kill a lease,
-cancel a job."""
+"""2 Running: the running jobs with live lease countdowns, a page at a time, of every worker or
+of one (the Workers pane's enter); kill a lease, cancel a job."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import Label
+from textual.widgets import Label, TabbedContent
 
+from jobtui.kernel.safetext import line
 from jobtui.reads.joblists import RUNNING_PAGE, RunningCursor
 from jobtui.tui import changes, render
 from jobtui.tui.console import Change, View
@@ -16,17 +17,23 @@ from jobtui.tui.screens import JobDetailScreen
 from jobtui.tui.widgets import KeyedTable
 
 
-def page_caption(first: int, shown: int, total: int, more: bool) -> str:
-    """Which running jobs the page shows of how many, and how to page.
+def page_caption(first: int, shown: int, total: int, more: bool, worker: str | None = None) -> str:
+    """Which running jobs the page shows of how many, and how to page; with `worker`, those it
+    holds.
 
     >>> page_caption(1, 100, 2000, True)
     'jobs 1-100 of 2,000 running, leases closest to expiry first · ] next page'
+    >>> page_caption(1, 3, 3, False, "worker-a")
+    'jobs 1-3 of 3 held by worker-a, leases closest to expiry first · a every worker'
     """
+    where = "running" if worker is None else f"held by {worker}"
+    every = ["a every worker"] if worker is not None else []
     if shown == 0:
-        return f"no running jobs on this page of {total:,} · [ first page" if first > 1 else "no running jobs"
-    text = f"jobs {first:,}-{first + shown - 1:,} of {total:,} running, leases closest to expiry first"
+        text = f"no running jobs on this page of {total:,} · [ first page" if first > 1 else f"no jobs {where}"
+        return " · ".join([text, *every])
+    text = f"jobs {first:,}-{first + shown - 1:,} of {total:,} {where}, leases closest to expiry first"
     keys = [k for k, on in (("] next page", more), ("[ first page", first > 1)) if on]
-    return " · ".join([text, *keys])
+    return " · ".join([text, *keys, *every])
 
 
 class RunningPane(TablePane):
@@ -40,6 +47,7 @@ class RunningPane(TablePane):
         Change("c", "cancel", "Cancel"),
         Binding("right_square_bracket", "next_page", "Next page", show=False),
         Binding("left_square_bracket", "first_page", "First page", show=False),
+        Binding("a", "every_worker", "Every worker"),
     ]
     DEFAULT_CSS = "#running-page { padding: 0 1; color: $text-muted; }"
 
@@ -58,9 +66,13 @@ class RunningPane(TablePane):
         super().show(view)
         fetched = view.fetched
         first = 1 + RUNNING_PAGE * len(self.pages) if fetched.running_after is not None else 1
+        worker = fetched.running_worker
         total = view.snapshot.running_count
+        if worker is not None:
+            total = sum(g.jobs for g in view.snapshot.running if g.worker == worker)
         more = len(fetched.running) == RUNNING_PAGE and first - 1 + len(fetched.running) < total
-        self.query_one("#running-page", Label).update(Text(page_caption(first, len(fetched.running), total, more)))
+        caption = page_caption(first, len(fetched.running), total, more, worker)
+        self.query_one("#running-page", Label).update(Text(line(caption)))
 
     def tick(self, view: View | None) -> None:
         # The heartbeats, lease countdowns and run times move on; only on screen: redrawing a
@@ -68,9 +80,25 @@ class RunningPane(TablePane):
         if view is not None and self.display:
             self.show(view)
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "every_worker" and self.console.source.running_worker is None:
+            return False  # shown only while the page holds one worker's jobs
+        return super().check_action(action, parameters)
+
     def _turn(self) -> None:
         self.console.source.running_after = self.pages[-1] if self.pages else None
         self.console.refresh_data()
+
+    def hold(self, worker: str | None) -> None:
+        """Show the jobs `worker` holds (None: every worker's), from the first page, now."""
+        self.console.source.running_worker = worker
+        self.pages.clear()
+        self.app.query_one("#panes", TabbedContent).active = self.ID
+        self.app.refresh_bindings()
+        self._turn()
+
+    def action_every_worker(self) -> None:
+        self.hold(None)
 
     def action_next_page(self) -> None:
         view = self.console.view()

@@ -1,0 +1,62 @@
+"""A worker in the fleet (core/fleet.py): what it says of itself when it registers, what it
+writes at each refresh, and how it obeys an operator's order read from its row: quiet stops
+its claims (the jobs in flight finish), resume starts them again, stop stops it as SIGTERM
+does."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from jobtui.core.fleet import Member, Status, refresh_interval, resident_bytes
+from jobtui.core.maintenance import ARCHIVE_TYPE
+
+if TYPE_CHECKING:
+    from jobtui.worker.worker import Worker
+
+log = logging.getLogger("jobtui.worker")
+
+
+def member_of(worker: Worker) -> Member:
+    """What `worker` says of itself in the fleet: its queues and slots, the types it claims,
+    where its sync handlers run, whether it runs the scheduler."""
+    sizes = worker.slots.sizes
+    used = sorted({worker._executors[t] for t in worker.types if t != ARCHIVE_TYPE} - {"async"})
+    return Member(
+        worker.worker_id,
+        worker.registered_as,
+        refresh_interval(worker.lease),
+        queues={q: n for q, n in sizes.items() if q is not None},
+        every_queue=sizes.get(None),
+        types=worker.types,
+        executor=", ".join(used) or "async",
+        scheduler=worker.scheduler is not None,
+        metrics=worker.metrics_address,
+    )
+
+
+def status_of(worker: Worker) -> Status:
+    """What it does now: stopping, quiet (paused) or running; its jobs in flight, its
+    handler processes, its resident memory."""
+    state = "stopping" if worker.stopping else "quiet" if worker.paused else "running"
+    children = None if worker.children is None else len(worker.children.children)
+    return Status(state, len(worker.in_flight), children, resident_bytes())
+
+
+def obey(worker: Worker, wanted: str, by: str | None) -> None:
+    """An operator's order, read from the worker's row."""
+    who = by or "an operator"
+    if wanted == "stopping":
+        log.warning("worker %s: %s ordered it to stop; stopping after the jobs in flight", worker.worker_id, who)
+        worker.stop()
+    elif wanted == "quiet" and not worker.paused:
+        log.warning(
+            "worker %s quieted by %s: it claims no new jobs; %d in flight finish",
+            worker.worker_id,
+            who,
+            len(worker.in_flight),
+        )
+        worker.pause()
+    elif wanted == "running" and worker.paused:
+        log.warning("worker %s resumed by %s: it claims jobs again", worker.worker_id, who)
+        worker.resume()
