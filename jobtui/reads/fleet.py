@@ -63,6 +63,12 @@ class Process:
     orders: int = 0
     ordered_by: str | None = None
     ordered_ago: float | None = None
+    # Its claims (migration 0019): how often it polls when idle (None: it claims nothing, or
+    # a release that does not say); at its last refresh, seconds since its last answered
+    # claim (since it started, when `claimed` is false: none yet).
+    poll: float | None = None
+    claim_gap: float | None = None
+    claimed: bool = False
 
     @property
     def live(self) -> bool:
@@ -153,7 +159,7 @@ def _decode(rows: Rows) -> Fleet:
     out = []
     for r in rows.dicts():
         values: dict[str, Any] = dict(r)
-        for name in ("up", "seen_ago", "lost_after", "ordered_ago"):
+        for name in ("up", "seen_ago", "lost_after", "ordered_ago", "poll", "claim_gap"):
             values[name] = None if r[name] is None else float(r[name])
         values["queues"] = {str(k): int(v) for k, v in (r["queues"] or {}).items()}
         values["types"] = list(r["types"] or [])

@@ -15,19 +15,20 @@ WITH replaced AS (
     WHERE name = %(name)s AND seen_at < now() - make_interval(secs => lost_after)
 )
 INSERT INTO {schema}.fleet (name, kind, host, pid, version, lost_after, queues, every_queue, types, executor,
-                            children, scheduler, in_flight, rss_bytes, metrics, state)
+                            children, scheduler, in_flight, rss_bytes, metrics, state, poll, claimed_at)
 VALUES (%(name)s, %(kind)s, %(host)s, %(pid)s, %(version)s, %(lost_after)s, %(queues)s::jsonb, %(every_queue)s,
         %(types)s::text[], %(executor)s, %(children)s, %(scheduler)s, %(in_flight)s, %(rss_bytes)s, %(metrics)s,
-        %(state)s)
+        %(state)s, %(poll)s, now() - make_interval(secs => %(claimed_ago)s::float8))
 RETURNING id, wanted, orders, ordered_by;
 
 -- name: fleet_refresh
 -- A process's refresh, on its own timer: when it was last seen (the database's now()), what
--- it does, and what it was asked (its answer). No row: it was pruned while the process was
--- away, and it registers again.
+-- it does, when it last had a claim answered (%(claimed_ago)s seconds ago; NULL: not since
+-- it started, or it claims nothing; migration 0019), and what it was asked (its answer). No
+-- row: it was pruned while the process was away, and it registers again.
 UPDATE {schema}.fleet
 SET seen_at = now(), state = %(state)s, in_flight = %(in_flight)s, children = %(children)s,
-    rss_bytes = %(rss_bytes)s
+    rss_bytes = %(rss_bytes)s, claimed_at = now() - make_interval(secs => %(claimed_ago)s::float8)
 WHERE id = %(id)s
 RETURNING id, wanted, orders, ordered_by;
 
@@ -51,12 +52,16 @@ SELECT count(*) FROM gone;
 
 -- name: fleet_list
 -- Every process of the fleet, live and lost, as the Workers pane, `jobtui workers` and
--- Prometheus read it: a table of a row per process, kept small by fleet_prune.
+-- Prometheus read it: a table of a row per process, kept small by fleet_prune. `claim_gap`
+-- is how long it had gone without an answered claim when it last refreshed (since it
+-- started, when it has had none): a reader cannot know of claims after that refresh.
 SELECT id, name, kind, host, pid, version, extract(epoch FROM now() - started_at) AS up,
        extract(epoch FROM now() - seen_at) AS seen_ago, lost_after,
        seen_at < now() - make_interval(secs => lost_after) AS lost,
        queues, every_queue, types, executor, children, scheduler, in_flight, rss_bytes, metrics,
-       state, wanted, orders, ordered_by, extract(epoch FROM now() - ordered_at) AS ordered_ago
+       state, wanted, orders, ordered_by, extract(epoch FROM now() - ordered_at) AS ordered_ago,
+       poll, extract(epoch FROM seen_at - coalesce(claimed_at, started_at)) AS claim_gap,
+       claimed_at IS NOT NULL AS claimed
 FROM {schema}.fleet
 ORDER BY host, name, id
 LIMIT %(limit)s;
