@@ -256,7 +256,7 @@ def _q(conn: psycopg.Connection[Any], name: str, schema: str, **params: Any) -> 
     return run(conn, Call(name, params, _dicts), schema)
 
 
-def _pipelined(conn: psycopg.Connection[Any], schema: str, calls: list[tuple[str, dict[str, Any]]]) -> list[list[Row]]:
+def pipelined(conn: psycopg.Connection[Any], schema: str, calls: list[tuple[str, dict[str, Any]]]) -> list[list[Row]]:
     """Run the statements in one round trip (pipeline mode) and return each one's rows, by
     column name."""
     sql = statements(schema)
@@ -375,7 +375,7 @@ def _snapshot(
             size_rows,
             minute_rows,
             flow_rows,
-        ) = _pipelined(
+        ) = pipelined(
             conn,
             schema,
             [
