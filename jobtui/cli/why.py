@@ -128,7 +128,7 @@ def cmd_why(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**d.to_json(), "nothing_waits": quiet}, default=str, indent=2))
         return code
-    shown = list(text_of(d)) + quiet
+    shown = quiet + list(text_of(d))
     if not shown:
         shown = ["nothing waits: no queue or type has ready jobs"]
     for text in shown:

@@ -40,8 +40,8 @@ RANK = {
 }
 # A worker that polls every `poll` seconds and has gone this long without an answered claim
 # (at least NOT_CLAIMING_MIN seconds) while it has free slots is not claiming.
-NOT_CLAIMING_POLLS = 5
-NOT_CLAIMING_MIN = 10.0
+NOT_CLAIMING_POLLS = 10
+NOT_CLAIMING_MIN = 5.0
 # A claim running longer than this, or a lock waited for this long, holds the claims up.
 SLOW = 2.0
 # A lease expiry counts toward a crash loop for this long (why.EXPIRY_WINDOW).

@@ -270,6 +270,6 @@ def text_of(d: Diagnosis) -> Iterable[str]:
             yield f"    fix: {c.action}{where}"
             if c.command:
                 yield f"    $ {c.command}"
-    if d.cannot_see:
+    if d.cannot_see and (d.subjects or d.general):
         yield "Not seen:"
         yield from (f"  {x}" for x in d.cannot_see)
