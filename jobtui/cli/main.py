@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--open",
         metavar="VIEW",
         type=view_arg,
-        help="start on a view: workers (or any pane: running, dead, queues, ...), job:ID, dead:TYPE or queue:NAME",
+        help="start on a view: workers, why (or any pane: running, dead, queues, ...), job:ID, dead:TYPE or queue:NAME",
     )
     console.add_argument("--warn-age", default="1m", help="oldest ready age that turns amber (default 1m)")
     console.add_argument("--crit-age", default="5m", help="oldest ready age that turns red (default 5m)")

@@ -48,9 +48,6 @@ SLOW = 2.0
 CRASH_MINUTES = 15
 # A limit or a rate suggested drains the backlog in this many minutes besides the arrivals.
 DRAIN_MINUTES = 15
-# A lost worker that serves a queue others still serve is named while it holds jobs, or for
-# this long after it was last seen.
-LOST_RECENT = 900.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +163,9 @@ def _lost(s: Scene, queue: str, lost: list[Process], *, every: bool, due: str = 
     if every:
         text, level, cause = f"every worker serving queue {queue} is lost (not answering)", "crit", "workers_lost"
     else:
-        text, level, cause = f"{plural(len(lost), 'worker')} serving queue {queue} lost", "warn", "some_workers_lost"
+        are = "is" if len(lost) == 1 else "are"
+        text, level = f"{plural(len(lost), 'worker')} serving queue {queue} {are} lost, holding its jobs", "warn"
+        cause = "some_workers_lost"
     return Cause(
         cause, ("queue", queue), text, level, (*said, *([due] if due else [])),
         "see to the process on its host (frozen, stopped, killed or cut off) and restart it; its jobs go back to"
@@ -176,12 +175,11 @@ def _lost(s: Scene, queue: str, lost: list[Process], *, every: bool, due: str = 
 
 
 def some_lost(s: Scene, queue: str) -> Cause | None:
-    """Workers serving `queue` lost while others still serve it: named while they hold its
-    jobs, or lately seen."""
+    """Workers serving `queue` lost while others still serve it, holding jobs of it: those wait
+    for their leases to expire."""
     if not s.fleet.serving(queue):
         return None
-    lost = [p for p in s.fleet.lost if p.claims and p.serves(queue)
-            and (s.held_by(p.name, queue) or p.seen_ago < LOST_RECENT)]  # fmt: skip
+    lost = [p for p in s.fleet.lost if p.claims and p.serves(queue) and s.held_by(p.name, queue)]
     return _lost(s, queue, lost, every=False) if lost else None
 
 
@@ -308,8 +306,11 @@ def rated(s: Scene, kind: str, name: str) -> Cause | None:
     if now is None or line.due <= max(1.0, 2.0 * now):
         return None
     evidence = [f"{line.due:,} due; the rate lets {rate_text(now)} through, across every worker"]
+    ramp_left = None
     if line.ramping and line.ramp_until is not None:
-        evidence.append(f"a resume's ramp: its rate rises to {rate_text(line.rate) if line.rate else 'no rate'}")
+        ramp_left = max(0.0, (line.ramp_until - s.snap.taken_at).total_seconds())
+        top = f"to {rate_text(line.rate)}" if line.rate else "until it lets every job through"
+        evidence.append(f"a resume's ramp raises it {top} over {secs(ramp_left)} more")
     waits = s.snap.lock_waits_by_kind.get("rate_limit", 0)
     if waits:
         evidence.append(f"{plural(waits, 'claim')} waiting for the rate's bucket")
@@ -324,9 +325,13 @@ def rated(s: Scene, kind: str, name: str) -> Cause | None:
     action = (f"raise the rate to {rate_text(wanted)} (7, then t on its line): it keeps up"
               f"{' with the arrivals' if pace is not None else ''} and drains the {line.due:,} due in"
               f" ~{DRAIN_MINUTES} min, if what it protects allows")  # fmt: skip
+    if ramp_left is not None:
+        action = (f"wait: the ramp lets the backlog back in slowly, by design, for {secs(ramp_left)} more; set a rate"
+                  " (7, then t) to hold it after")  # fmt: skip
+    command = None if ramp_left is not None else f"jobtui {kind} rate {name} {rate_text(wanted)}"
     return Cause(
         "rate_limit", (kind, name), f"the rate of {rate_text(now)} holds {kind} {name}", "warn", tuple(evidence),
-        action, key="7 t", command=f"jobtui {kind} rate {name} {rate_text(wanted)}", goto=f"{kind}:{name}",
+        action, key="7 t", command=command, goto=f"{kind}:{name}",
         figures={"rate_per_second": now, "suggested_rate_per_second": wanted},
     )  # fmt: skip
 

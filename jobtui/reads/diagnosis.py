@@ -141,8 +141,10 @@ class _Memo:
         s = self.scene
 
         def check() -> list[Cause]:
-            found = [c for c in (causes.paused(s, "queue", queue),) if c] + causes.serving(s, queue)
-            if s.fleet.serving(queue):
+            held = causes.paused(s, "queue", queue)
+            found = [c for c in (held,) if c] + causes.serving(s, queue)
+            # Paused, nothing of it is claimed: what would slow its claims is beside the point.
+            if s.fleet.serving(queue) and held is None:
                 found += causes.not_claiming(s, queue)
                 found += [c for c in (causes.limit(s, queue), causes.rated(s, "queue", queue),
                                       causes.saturated(s, queue), causes.some_lost(s, queue)) if c]  # fmt: skip
@@ -184,6 +186,8 @@ def _subject(memo: _Memo, kind: str, name: str, general: list[Cause]) -> Subject
             found += [replace(c, jobs=jobs) for c in memo.type(job_type) + memo.pair(name, job_type)]
         for job_type in s.types_in(name):  # a crash loop kills workers whether its jobs are due or running
             found += [c for c in memo.type(job_type) if c.cause == "crash_loop"]
+    elif line.paused:
+        found += memo.type(name)  # nothing of it is claimed, wherever it waits
     else:
         found += memo.type(name)
         for queue, jobs in s.paired("type", name).items():

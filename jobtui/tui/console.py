@@ -47,6 +47,8 @@ class Console(Protocol):
 
     source: DataSource
     actions_: Actions | None  # None in read-only
+    connected: bool  # the last read reached the database
+    last_error: str  # why it did not, when it did not
 
     def on_main_screen(self) -> bool:
         """False while a drill-down, detail or dialog screen is on top of the panes."""
