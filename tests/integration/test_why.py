@@ -10,9 +10,13 @@ Workers run with a 2 s lease (a refresh of the fleet's row every 2/3 s, lost aft
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -25,6 +29,7 @@ from jobtui.reads.flows import record_flow
 from tests.integration.conftest import Spawn
 from tests.integration.test_worker import enqueue, runs, statuses
 from tests.proxy import Proxy
+from tests.tui.test_terminal import ROOT, Terminal
 from tests.waits import wait_until
 from tests.workers import close_gate, open_gate
 
@@ -310,3 +315,38 @@ def test_bad_input_and_a_database_that_does_not_answer(app_dsn: str, capsys: Cap
         assert code == 3 and time.monotonic() - started < 10
         d = json.loads(out)
         assert d["general"][0]["cause"] == "database_not_answering" and d["waiting"]
+
+
+@pytest.fixture
+def terminal() -> Iterator[Terminal]:
+    """A tmux server of this test's own (tests/tui/test_terminal.py)."""
+    term = Terminal(f"jobtui-why-{os.getpid()}")
+    yield term
+    subprocess.run(["tmux", "-L", term.name, "kill-server"], capture_output=True, timeout=10, check=False)
+
+
+NO_TMUX = "tmux is not installed: apt-get install -y tmux runs this test"
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason=NO_TMUX)
+def test_the_header_names_the_cause_in_a_terminal_during_an_incident(
+    db: Conn, spawn: Spawn, app_dsn: str, terminal: Terminal
+) -> None:
+    spawn("A", "--queues", "default=2", *POLL)  # serves the wrong queue
+    for _ in range(5):
+        enqueue(db, "nap", {"sleep": 0}, queue="reports")
+    command = f"unset COLUMNS LINES; exec {sys.executable} -m jobtui.cli --actor tester --warn-age 2s"
+    terminal.tmux(
+        "-f", "/dev/null", "new-session", "-d", "-s", "console", "-x", "160", "-y", "40", "-c", str(ROOT),
+        "-e", f"JOBTUI_DSN={app_dsn}", "sh", "-c", command,
+    )  # fmt: skip
+    # Past the warning age, the first cause beside the oldest age, in the header's first lines.
+    screen = terminal.wait(lambda s: "why no live worker serves queue reports (0)" in s, "the cause in the header")
+    header = "\n".join(screen.splitlines()[:4])
+    assert "oldest ready" in header and "why no live worker serves queue reports" in header, screen
+    terminal.keys("0")
+    terminal.wait(lambda s: "queue reports" in s and "fix:" in s and "start a worker that serves" in s, "the Why pane")
+    # Fixed: a worker for the queue; its jobs are done and the header says nothing more.
+    spawn("B", "--queues", "reports=2", *POLL)
+    terminal.wait(lambda s: "why no live worker" not in s and "nothing waits" in s, "the cause gone")
+    terminal.keys("q")
