@@ -1,7 +1,8 @@
 """Prometheus exposition of the queue's measures: `/metrics` for `jobtui metrics --port`,
 `jobtui worker --metrics-port` and `jobtui scheduler --metrics-port` (served by endpoints.py).
 
-Each scrape takes one snapshot (cached for a second, so several scrapers cost one).
+Each scrape takes one snapshot, the queue overview and the fleet (cached for a second, so
+several scrapers cost one).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from jobtui.kernel.db import connect
 from jobtui.kernel.domain import DEFAULT_SCHEMA
 from jobtui.kernel.donehistory import DoneHistory
 from jobtui.kernel.forecast import Forecast
+from jobtui.reads.fleet import Fleet, holders, read_fleet, unhandled_due
 from jobtui.reads.flows import line_forecasts
 from jobtui.reads.health import Health
 from jobtui.reads.metrics import Snapshot, snapshot
@@ -36,23 +38,24 @@ class QueueCollector(Collector):
         self.schema = schema
         self.pooler = pooler
         self._lock = threading.Lock()
-        self._cached: tuple[float, Snapshot, list[QueueLine]] | None = None
+        self._cached: tuple[float, Snapshot, list[QueueLine], Fleet] | None = None
         self._history = DoneHistory()
 
-    def _snapshot(self) -> tuple[Snapshot, list[QueueLine]]:
+    def _snapshot(self) -> tuple[Snapshot, list[QueueLine], Fleet]:
         with self._lock:
             if self._cached and time.monotonic() - self._cached[0] < CACHE_SECONDS:
-                return self._cached[1], self._cached[2]
+                return self._cached[1], self._cached[2], self._cached[3]
             with watched(connect(self.dsn, autocommit=True, pooler=self.pooler), self.schema) as conn:
                 snap = snapshot(conn, self.schema, history=self._history)
                 lines = overview(conn, self.schema).lines
-            self._cached = (time.monotonic(), snap, lines)
-            return snap, lines
+                fleet = read_fleet(conn, self.schema)
+            self._cached = (time.monotonic(), snap, lines, fleet)
+            return snap, lines, fleet
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("jobtui_up", "1 when the last scrape reached the database")
         try:
-            snap, lines = self._snapshot()
+            snap, lines, fleet = self._snapshot()
         except Exception:  # the scrape must answer even when the database does not
             up.add_metric([], 0)
             yield up
@@ -62,6 +65,62 @@ class QueueCollector(Collector):
         yield from families(snap)
         yield from queue_families(lines)
         yield from forecast_families(snap, line_forecasts(lines, snap.flows))
+        yield from fleet_families(fleet, lines, snap)
+
+
+def fleet_families(fleet: Fleet, lines: list[QueueLine], snap: Snapshot) -> Iterator[Metric]:
+    """The fleet: live processes by kind, state and version, lost ones by kind; live workers
+    and slots per queue; due jobs of types no live worker handles; workers holding leases
+    without a row of their own (a release before the registry)."""
+    processes = GaugeMetricFamily(
+        "jobtui_fleet_processes",
+        "Live jobtui processes (workers, schedulers, consoles' workers, servers) by kind, state and version",
+        labels=["kind", "state", "version"],
+    )
+    counted: dict[tuple[str, str, str], int] = {}
+    for p in fleet.live:
+        key = (p.kind, p.state, p.version)
+        counted[key] = counted.get(key, 0) + 1
+    for labels, n in sorted(counted.items()):
+        processes.add_metric(list(labels), n)
+    yield processes
+    lost = GaugeMetricFamily(
+        "jobtui_fleet_lost_processes", "Processes not seen within their bound, not pruned yet, by kind", labels=["kind"]
+    )
+    for kind in sorted({p.kind for p in fleet.lost}):
+        lost.add_metric([kind], sum(1 for p in fleet.lost if p.kind == kind))
+    yield lost
+    workers = GaugeMetricFamily(
+        "jobtui_queue_workers",
+        "Live workers claiming from the queue now (not quiet, not stopping); 0 for a queue with jobs and none",
+        labels=["queue"],
+    )
+    slots = GaugeMetricFamily(
+        "jobtui_queue_slots",
+        "Slots of those workers open to the queue: the queue's own, and those a worker shares among every queue"
+        " (counted in each queue)",
+        labels=["queue"],
+    )
+    for queue in sorted({q.name for q in lines if q.kind == "queue"} | set(fleet.queues())):
+        serving = fleet.serving(queue)
+        workers.add_metric([queue], len(serving))
+        slots.add_metric([queue], sum(p.slots_for(queue) for p in serving))
+    yield workers
+    yield slots
+    unhandled = GaugeMetricFamily(
+        "jobtui_unhandled_due_jobs",
+        "Due ready jobs of a type that no live worker's app handles (they wait until one does)",
+        labels=["type"],
+    )
+    for job_type, due in sorted(unhandled_due(fleet, lines).items()):
+        unhandled.add_metric([job_type], due)
+    yield unhandled
+    unregistered = GaugeMetricFamily(
+        "jobtui_unregistered_lease_holders",
+        "Workers holding leases that never registered in the fleet (a release before the registry)",
+    )
+    unregistered.add_metric([], sum(1 for h in holders(fleet, snap.running) if not h.lost))
+    yield unregistered
 
 
 def queue_families(lines: list[QueueLine]) -> Iterator[Metric]:

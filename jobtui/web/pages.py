@@ -32,7 +32,7 @@ main.signin input { box-sizing: border-box; width: 100%; font: inherit; padding:
   background: #0c181f; border: 1px solid #49697c; }
 main.signin button { margin-top: 18px; width: 100%; padding: 6px; }
 p.error { color: #ff8080; }
-p.note { color: #9fb3bf; }
+p.note, span.note { color: #9fb3bf; }
 """
 
 # The console page's one script: the keys go to the terminal from the start, and the closed
@@ -66,15 +66,17 @@ def security_headers(*, websocket_origin: str, tls: bool) -> dict[str, str]:
     return headers
 
 
-def sign_in_page(*, error: str = "", name: str = "", note: str = "") -> str:
+def sign_in_page(*, error: str = "", name: str = "", note: str = "", view: str = "") -> str:
+    """The sign-in form; `view` is the view a link asked for, carried to the console."""
     problem = f'<p class="error" role="alert">{escape(error)}</p>' if error else ""
     said = f'<p class="note">{escape(note)}</p>' if note else ""
+    carried = f'<input type="hidden" name="open" value="{escape(view)}">' if view else ""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>jobtui · sign in</title><link rel="stylesheet" href="/jobtui.css"></head>
 <body><main class="signin"><h1>jobtui</h1>{said}{problem}
-<form method="post" action="/login">
+<form method="post" action="/login">{carried}
 <label for="name">Name</label>
 <input id="name" name="name" autocomplete="username" autocapitalize="none" spellcheck="false" required
  autofocus value="{escape(name)}">
@@ -85,8 +87,9 @@ def sign_in_page(*, error: str = "", name: str = "", note: str = "") -> str:
 """
 
 
-def console_page(*, user: str, role: str, websocket_url: str, font_size: int) -> str:
+def console_page(*, user: str, role: str, websocket_url: str, font_size: int, note: str = "") -> str:
     what = "operator" if role == "operator" else "viewer: read-only console"
+    said = f'<span class="note">{escape(note)}</span>' if note else ""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -94,7 +97,8 @@ def console_page(*, user: str, role: str, websocket_url: str, font_size: int) ->
 <link rel="stylesheet" href="/static/css/xterm.css"><link rel="stylesheet" href="/jobtui.css">
 <script src="/static/js/textual.js"></script><script src="/jobtui.js"></script></head>
 <body class="console">
-<div id="bar"><span>jobtui</span><span class="who">signed in as <b id="user">{escape(user)}</b> · {escape(what)}</span>
+<div id="bar"><span>jobtui</span>
+<span class="who">signed in as <b id="user">{escape(user)}</b> · {escape(what)}</span>{said}
 <form method="post" action="/logout"><button type="submit" id="signout">Sign out</button></form></div>
 <div id="terminal" class="textual-terminal" data-session-websocket-url="{escape(websocket_url)}"
  data-font-size="{font_size}"></div>

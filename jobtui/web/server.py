@@ -6,6 +6,10 @@ a page of another origin (the Origin header, which a browser always sets and a p
 forge); a console past `max_sessions`. What the browser may send down a console's socket is
 keys, mouse and sizes, nothing else (`bridge.py`); whether a key may change the queue is the
 console's own read-only mode, set for every user who is not an operator.
+
+A link may name the view the console starts on (`/?open=workers`, kernel/views.py): it is
+carried through the sign-in, and given to the console as `--open`, checked, never as text of
+the command line otherwise; the user's role is the user's, whatever the link.
 """
 
 from __future__ import annotations
@@ -22,13 +26,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote as urlquote
 
 from aiohttp import WSMsgType, web
 
 from jobtui.kernel.domain import DEFAULT_SCHEMA
+from jobtui.kernel.errors import InvalidInput
 from jobtui.kernel.safetext import line, quote, shorten
+from jobtui.kernel.views import OpenView, parse_view
 from jobtui.web import pages
 from jobtui.web.bridge import MAX_CELLS, MAX_INPUT, ConsoleProcess
+from jobtui.web.presence import Registered
 from jobtui.web.sessions import Session, Sessions, SignInThrottle
 from jobtui.web.users import MAX_PASSWORD, NAME, UsersFile, unknown_user_hash
 
@@ -99,6 +107,7 @@ class WebConsole:
                 web.post("/login", self.sign_in),
                 web.post("/logout", self.sign_out),
                 web.get("/ws", self.console_socket),
+                web.get("/ws/{view}", self.console_socket),
                 web.get("/jobtui.css", _text(pages.STYLE, "text/css")),
                 web.get("/jobtui.js", _text(pages.SCRIPT, "text/javascript")),
                 web.get("/favicon.ico", _no_content),
@@ -174,10 +183,11 @@ class WebConsole:
     # -- signing in and out -----------------------------------------------------------------
 
     async def sign_in_page(self, request: web.Request) -> web.StreamResponse:
+        view = linked_view(request.query.get("open"))
         if self.session(request) is not None:
-            raise web.HTTPSeeOther("/")
+            raise web.HTTPSeeOther(console_url(view))
         note = "Signed out." if "out" in request.query else ""
-        return _html(pages.sign_in_page(note=note))
+        return _html(pages.sign_in_page(note=note, view=view.text if view else ""))
 
     async def sign_in(self, request: web.Request) -> web.StreamResponse:
         if not self.same_origin(request):
@@ -186,6 +196,7 @@ class WebConsole:
         form = await request.post()
         name = str(form.get("name", "")).strip()[:64]  # no user's name is longer (users.NAME)
         password = str(form.get("password", ""))
+        view = linked_view(str(form.get("open", "")) or None)
         address = self.client(request)
         keys = (f"name:{name}", f"address:{address}")
         async with self._hashing:
@@ -195,7 +206,11 @@ class WebConsole:
             if wait > 0:
                 log.warning("sign-in as %s from %s refused unchecked: %.0fs to wait", quote(name), address, wait)
                 return _html(
-                    pages.sign_in_page(error=f"Too many failed sign-ins: try again in {wait:.0f} s.", name=name),
+                    pages.sign_in_page(
+                        error=f"Too many failed sign-ins: try again in {wait:.0f} s.",
+                        name=name,
+                        view=view.text if view else "",
+                    ),
                     status=429,
                     headers={"Retry-After": str(max(1, round(wait)))},
                 )
@@ -207,11 +222,14 @@ class WebConsole:
         if user is None:
             log.warning("failed sign-in as %s from %s (%d in a row)", quote(name), address, failures)
             await asyncio.sleep(FAILED_PAUSE)
-            return _html(pages.sign_in_page(error="Wrong name or password.", name=name), status=401)
+            return _html(
+                pages.sign_in_page(error="Wrong name or password.", name=name, view=view.text if view else ""),
+                status=401,
+            )
         self.throttle.succeeded(*keys)
         token, session = self.sessions.create(user)
         log.info("%s signed in from %s as %s", quote(user.name), address, self.role(session))
-        response = web.HTTPSeeOther("/")
+        response = web.HTTPSeeOther(console_url(view))
         response.set_cookie(
             self.cookie_name(request), token, httponly=True, samesite="Strict", secure=self.https(request), path="/"
         )
@@ -235,20 +253,29 @@ class WebConsole:
     # -- the console ------------------------------------------------------------------------
 
     async def console_page(self, request: web.Request) -> web.StreamResponse:
+        asked = request.query.get("open")
+        view = linked_view(asked)
         session = self.session(request)
         if session is None:
-            raise web.HTTPSeeOther("/login")
+            raise web.HTTPSeeOther("/login" + (f"?open={urlquote(view.text, safe='')}" if view else ""))
         self.sessions.touch(session)
         ws_url = ("wss://" if self.https(request) else "ws://") + self.origin(request).split("://", 1)[1] + "/ws"
+        if view is not None:
+            ws_url += "/" + urlquote(view.text, safe="")
         size = _whole(request.query.get("fontsize"), 16, 8, 40)
-        page = pages.console_page(user=session.user, role=self.role(session), websocket_url=ws_url, font_size=size)
+        note = f"the link's view {quote(asked)} is not one the console has" if asked and view is None else ""
+        page = pages.console_page(
+            user=session.user, role=self.role(session), websocket_url=ws_url, font_size=size, note=note
+        )
         return _html(page)
 
-    def console_command(self, session: Session) -> list[str]:
+    def console_command(self, session: Session, view: OpenView | None = None) -> list[str]:
         """The console of `jobtui`, as this user gets it: acting as them, read-only unless an
-        operator."""
+        operator, on the view a link named."""
         argv = [self.config.python, "-m", "jobtui.cli.webconsole", *self.config.console_options]
         argv += ["--actor", f"web:{session.user}"]
+        if view is not None:
+            argv += ["--open", view.text]
         if self.role(session) != "operator":
             argv.append("--read-only")
         return argv
@@ -291,8 +318,9 @@ class WebConsole:
             return socket
         self._opened += 1
         label = f"{quote(session.user)} #{self._opened}"
+        view = linked_view(request.match_info.get("view"))
         process = ConsoleProcess(
-            self.console_command(session), self.console_environment(session), send=socket.send_bytes, label=label
+            self.console_command(session, view), self.console_environment(session), send=socket.send_bytes, label=label
         )
         console = OpenConsole(socket, process, session)
         self.open.add(console)
@@ -370,6 +398,20 @@ class WebConsole:
                     os.killpg(pid, 9)
 
 
+def linked_view(text: str | None) -> OpenView | None:
+    """The view a link names (`?open=`), or None for none or one the console does not have."""
+    if not text:
+        return None
+    try:
+        return parse_view(text[:256])
+    except InvalidInput:
+        return None
+
+
+def console_url(view: OpenView | None) -> str:
+    return "/" if view is None else f"/?open={urlquote(view.text, safe='')}"
+
+
 def _html(text: str, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(text=text, status=status, content_type="text/html", charset="utf-8", headers=headers)
 
@@ -420,7 +462,7 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    in_fleet = Registered(config, console, stop, url)
+    in_fleet = Registered(config.dsn, config.schema, config.pooler, lambda: len(console.open), stop, url)
     registering = asyncio.create_task(in_fleet.run(), name="jobtui-fleet")
     try:
         await stop.wait()
@@ -431,44 +473,3 @@ async def serve(
             await registering
         await in_fleet.leave()
         await runner.cleanup()
-
-
-class Registered:
-    """`jobtui serve` in the fleet (core/fleet.py): its row, with the consoles it has open as
-    its work in flight; an operator's stop ends it as SIGTERM does. It serves whether or not
-    its row can be written (a database away, a role that may only read)."""
-
-    def __init__(self, config: ServeConfig, console: WebConsole, stop: asyncio.Event, url: str) -> None:
-        from jobtui.core.fleet import Member, Presence, default_name, refresh_interval
-        from jobtui.kernel.link import Connection, Link
-
-        self.stop = stop
-        self.console = console
-        self.link = Link(config.dsn, pooler=config.pooler)
-        self.conn = Connection(config.dsn, "fleet", link=self.link, pooler=config.pooler)
-        member = Member(default_name(), "serve", refresh_interval(), metrics=url)
-        self.presence = Presence(
-            self.conn, config.schema, member, status=self._status, obey=self._obey, denied=self._denied
-        )
-
-    def _status(self) -> Any:
-        from jobtui.core.fleet import Status, resident_bytes
-
-        state = "stopping" if self.stop.is_set() else "running"
-        return Status(state, in_flight=len(self.console.open), rss_bytes=resident_bytes())
-
-    def _obey(self, wanted: str, by: str | None) -> None:
-        if wanted == "stopping":
-            log.warning("stopping: %s ordered it", quote(by or "an operator"))
-            self.stop.set()
-
-    def _denied(self, exc: Exception, what: str) -> None:
-        log.warning("not registered in the fleet: %s was refused (%s)", what, line(shorten(str(exc))))
-
-    async def run(self) -> None:
-        await self.presence.run()
-
-    async def leave(self) -> None:
-        await self.presence.leave()
-        await self.conn.close()
-        await self.link.close()

@@ -265,3 +265,27 @@ def test_wrong_password_no_cookie_other_origin_and_idle_session_are_refused(
     finally:
         context.close()
         server.stop()
+
+
+def test_a_link_to_the_workers_pane_opens_it_after_the_sign_in_with_the_users_own_role(
+    context: Any, server: ServeProcess, database: tuple[str, str]
+) -> None:
+    """A link pasted in an incident channel: `/?open=workers`. Followed by a viewer who is not
+    signed in, it goes through the sign-in and opens the console on the Workers pane (where
+    the server itself is listed), read-only: the link gives no role."""
+    page = context.new_page()
+    screen, _ = watch_browser_socket(page)
+    page.goto(f"{server.url}/?open=workers")
+    assert page.url == f"{server.url}/login?open=workers"
+    page.fill("#name", "bob")
+    page.fill("#password", PASSWORDS["bob"])
+    page.click("button[type=submit]")
+    page.wait_for_load_state()
+    assert page.url == f"{server.url}/?open=workers"
+    shown = until(page, screen, "the Workers pane", lambda s: "live on" in s and " serve " in s)
+    assert "workers before" in shown and "read-only console" in shown
+    assert "Quiet" not in footer(shown) and "Stop" not in footer(shown)
+    # A view the console does not have opens the console as it is, and the page says so.
+    page.goto(f"{server.url}/?open=nowhere")
+    assert "the link's view 'nowhere' is not one the console has" in page.inner_text("#bar")
+    until(page, screen, "the console", lambda s: "updated" in s)

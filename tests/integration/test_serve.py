@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import unquote
 
 import aiohttp
 import psycopg
@@ -445,3 +446,54 @@ async def test_a_console_that_cannot_start_says_why_in_the_tab(dsn: str, server:
     said = console.screen.text()
     assert "jobtui serve: the console did not start: jobtui: error: schema 'jobtui' is missing" in said
     assert server.consoles() == []
+
+
+async def test_a_linked_view_goes_through_the_sign_in_and_opens_the_console_there(
+    dsn: str, server: ServeProcess
+) -> None:
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as client:
+        async with client.get(f"{server.url}/?open=job:7", allow_redirects=False) as answer:
+            assert (answer.status, unquote(answer.headers["Location"])) == (303, "/login?open=job:7")
+        async with client.get(f"{server.url}/login?open=job%3A7") as answer:
+            assert '<input type="hidden" name="open" value="job:7">' in await answer.text()
+        # A view the console does not have is not carried (nor any other text a link holds).
+        for bad in ("https://evil.example/", "job:x", "dead:", "a" * 300):
+            async with client.get(f"{server.url}/", params={"open": bad}, allow_redirects=False) as answer:
+                assert answer.headers["Location"] == "/login", bad
+        form = {"name": "bob", "password": PASSWORDS["bob"], "open": "queue:reports"}
+        async with client.post(
+            f"{server.url}/login", data=form, headers={"Origin": server.url}, allow_redirects=False
+        ) as answer:
+            assert (answer.status, unquote(answer.headers["Location"])) == (303, "/?open=queue:reports")
+        async with client.get(f"{server.url}/?open=queue%3Areports") as answer:
+            assert 'data-session-websocket-url="ws://' in (page := await answer.text())
+            assert "/ws/queue%3Areports" in page
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO jobtui.job (type, queue) VALUES ('report.build', 'reports')")
+    async with await signed_in(server.url, "bob") as client:
+        ws = server.url.replace("http", "ws", 1) + "/ws/queue%3Areports?width=160&height=40"
+        socket = await client.ws_connect(ws, headers={"Origin": server.url})
+        await socket.send_str('["resize", {"width": 160, "height": 40}]')
+        from tests.web import ProtocolConsole
+
+        console = ProtocolConsole(socket, 160, 40)
+        screen = await console.wait("the Queues pane", lambda s: "oldest ready" in s and "forecast" in s)
+        assert "read-only console" in screen
+        await socket.close()
+
+
+def test_serve_registers_in_the_fleet_and_a_stop_ends_it(dsn: str, users: Path) -> None:
+    from jobtui.reads.fleet import read_fleet
+
+    serve = ServeProcess(dsn, users)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            wait_until(lambda: read_fleet(conn).processes, 10, "serve's row", serve.log)
+            [p] = read_fleet(conn).processes
+            assert (p.kind, p.pid, p.metrics) == ("serve", serve.proc.pid, f"{serve.url}/")
+            assert main(["--dsn", dsn, "workers", "quiet", p.name]) == 2  # it claims nothing
+            assert main(["--dsn", dsn, "workers", "stop", p.name]) == 0
+            assert serve.proc.wait(20) == 0
+            assert read_fleet(conn).processes == []
+    finally:
+        serve.stop()

@@ -141,3 +141,31 @@ async def test_a_console_on_a_standby_is_read_only_by_itself_and_says_so(pair: t
         await pilot.pause(0.1)
         assert len(app.screen_stack) == 1
         assert any("standby" in str(n.message) for n in app._notifications)
+
+
+async def test_a_console_on_a_standby_shows_the_fleet_and_gives_no_order(pair: tuple[LocalCluster, Standby]) -> None:
+    from textual.widgets import DataTable
+
+    from jobtui.core.fleet import Member, Status, register_call
+    from jobtui.kernel.db import run
+
+    primary, standby = pair
+    with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+        run(conn, register_call(Member("w-standby", "worker", 600.0, every_queue=4), Status("running")))
+    standby.wait_replayed(primary)
+    app = JobtuiApp(standby.dsn(), refresh_interval=0.25)
+    app.animation_level = "none"
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: app.latest is not None and app.read_only, what="the read-only console")
+        await pilot.press("9")
+        await wait_for(pilot, lambda: app.pane == "workers", what="the Workers pane")
+        rows = app.query_one("#table-workers", DataTable)
+        await wait_for(pilot, lambda: rows.row_count == 1, what="the fleet's row")
+        assert not any(app.check_action(a, ()) for a in ("quiet", "stop", "quiet_shown", "stop_shown"))
+        for key in ("p", "x", "P", "X"):
+            await pilot.press(key)
+        await pilot.pause(0.2)
+        assert len(app.screen_stack) == 1  # no question asked
+    with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+        assert conn.execute("SELECT wanted FROM jobtui.fleet WHERE name = 'w-standby'").fetchone() == ("running",)
+        conn.execute("DELETE FROM jobtui.fleet")

@@ -92,6 +92,17 @@ FILL = [
        VALUES ('type', 'type_2', 20, 'ops')""",
     """INSERT INTO {schema}.queue_control (kind, name, ramp_from, ramp_until, changed_by)
        VALUES ('queue', 'late', now(), now() + interval '1 hour', 'ops')""",
+    # A fleet of 1,000 processes on 50 hosts, some quiet, one in ten lost (migration 0016).
+    """INSERT INTO {schema}.fleet (name, kind, host, pid, version, lost_after, queues, every_queue, types,
+                                   executor, scheduler, in_flight, rss_bytes, state, seen_at)
+       SELECT 'worker-' || i, CASE WHEN i % 100 = 0 THEN 'scheduler' ELSE 'worker' END, 'host-' || (i % 50),
+              10000 + i, CASE WHEN i % 7 = 0 THEN '0.3.1' ELSE '0.3.0' END, 30,
+              CASE WHEN i % 3 = 0 THEN '{{"reports": 2, "jobtui.builtin": 1}}'::jsonb ELSE '{{}}'::jsonb END,
+              CASE WHEN i % 3 = 0 THEN NULL ELSE 10 END,
+              ARRAY['type_0', 'type_1', 'type_2', 'type_3', 'jobtui.archive'], 'thread', true, i % 10,
+              100000000, CASE WHEN i % 11 = 0 THEN 'quiet' ELSE 'running' END,
+              CASE WHEN i % 10 = 0 THEN now() - interval '5 minutes' ELSE now() END
+       FROM generate_series(1, 1000) AS i""",
 ]
 
 

@@ -8,6 +8,7 @@ run with this environment's dependencies, on whatever migrations this code ships
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -25,7 +26,7 @@ from jobtui.clients.client import Queue
 from jobtui.kernel import migrate as migrations
 from jobtui.kernel.domain import NewJob
 from tests.waits import wait_until
-from tests.workers import ROOT
+from tests.workers import APP_TABLES, ROOT
 
 Conn = psycopg.Connection[Any]
 PREVIOUS = ROOT / "tests" / "releases" / "v0.2.0" / "jobtui-0.1.0-py3-none-any.whl"
@@ -68,6 +69,14 @@ def flaky(job):
 @jobs.handler("old.permanent")
 def permanent(job):
     raise jobtui.Permanent("refused for good")
+
+
+@jobs.handler("old.slow")
+def slow(job):
+    import time
+
+    time.sleep(float(job.payload["sleep"]))
+    record(job, "slow")
 
 
 @jobs.handler("old.once")
@@ -175,6 +184,53 @@ def test_the_previous_release_drains_jobs_on_this_schema(
     else:
         assert old_migrate.returncode == 0, old_migrate
     assert migrations.applied_version(conn) == migrations.code_version()
+
+
+def test_a_worker_of_the_previous_release_shows_by_its_leases_beside_this_ones_registered_workers(
+    dsn: str, conn: Conn, previous: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """A mixed fleet during a rolling upgrade: the previous release does not register, and
+    `jobtui workers` lists it by the leases it holds; both keep draining their jobs."""
+    folder, env = previous
+    conn.execute("CREATE TABLE ran (job_id bigint, attempt int, worker text, what text)")
+    conn.execute(APP_TABLES)
+    with Queue(dsn) as q:
+        slow = q.enqueue("old.slow", {"sleep": 30})
+    logs = []
+    procs = []
+    for name, app, where, extra in (
+        ("old-0.2.0", "old_app:jobs", folder, env),
+        ("new", "tests.apps.worker_app:jobs", ROOT, {}),
+    ):
+        log = tmp_path / f"{name}.log"
+        logs.append(log)
+        argv = [sys.executable, "-m", "jobtui.cli", "worker", "--app", app, "--id", name, "--poll", "200ms"]
+        environ = {**os.environ, "JOBTUI_DSN": dsn, **extra}
+        with log.open("wb") as out:
+            procs.append(subprocess.Popen(argv, cwd=where, env=environ, stdout=out, stderr=subprocess.STDOUT))
+    text = lambda: "\n".join(p.read_text() for p in logs)  # noqa: E731
+    try:
+        running = "SELECT locked_by FROM jobtui.job WHERE id = %s AND status = 'running'"
+        wait_until(lambda: conn.execute(running, (slow,)).fetchone() == ("old-0.2.0",), 30, "the old one's lease", text)
+        wait_until(lambda: conn.execute("SELECT count(*) FROM jobtui.fleet").fetchone() == (1,), 30, "new", text)
+        listed = jobtui(dsn, "workers", "--json")
+        assert listed.returncode == 0, listed
+        got = json.loads(listed.stdout)
+        assert [p["name"] for p in got["processes"]] == ["new"]
+        [holder] = got["lease_holders_without_a_live_row"]
+        assert (holder["name"], holder["jobs"], holder["lost"]) == ("old-0.2.0", 1, False)
+        shown = jobtui(dsn, "workers").stdout
+        assert "old-0.2.0 (not registered): 1 job(s) held" in shown
+        # Both drain what they handle.
+        with Queue(dsn) as q:
+            old_ids = q.enqueue_many([NewJob("old.sync", {"n": n}) for n in range(5)])
+            new_ids = q.enqueue_many([NewJob("nap", {"sleep": 0}) for _ in range(5)])
+        done = "SELECT count(*) FROM jobtui.job WHERE id = ANY(%s) AND status = 'done'"
+        wait_until(lambda: conn.execute(done, (old_ids + new_ids,)).fetchone() == (10,), 30, "both drained", text)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(10)
 
 
 def apply_only(conn: Conn, count: int, schema: str = "jobtui") -> None:

@@ -6,7 +6,7 @@ every process the filter shows (core/fleet.py), each asked first."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -30,14 +30,15 @@ COLUMNS = ["name", "host", "state", "in flight", "queues", "version", "kind", "s
 HOLDER = "holder:"  # the key of a lease holder's row, before its name
 
 
-def matches(p: Process, needle: str) -> bool:
+def matches(p: Process, needle: str, queues: Collection[str] = ()) -> bool:
     """Whether the filter shows process `p`: its name, host, kind, version or state holds the
-    text, or it serves a queue of that name (or one whose name holds it)."""
+    text, or one of its named queues does, or the text is one of `queues` (the queues known)
+    and it serves it (a process serving every queue serves it too)."""
     if not needle:
         return True
     low = needle.lower()
     fields = (p.name, p.host, p.kind, p.version, p.status, *p.queues)
-    return any(low in line(f).lower() for f in fields) or (p.claims and p.serves(needle))
+    return any(low in line(f).lower() for f in fields) or (needle in queues and p.serves(needle))
 
 
 def state_cell(p: Process) -> Text:
@@ -56,10 +57,10 @@ def work_cell(p: Process) -> str:
     return "-" if not p.claims else f"{p.in_flight}/{p.slots}"
 
 
-def process_rows(processes: Sequence[Process], needle: str) -> list[render.Row]:
+def process_rows(processes: Sequence[Process], needle: str, queues: Collection[str] = ()) -> list[render.Row]:
     rows = []
     for p in processes:
-        if not matches(p, needle):
+        if not matches(p, needle, queues):
             continue
         kind = p.kind + (" +sched" if p.scheduler and p.kind != "scheduler" else "")
         executor = (p.executor or "-") + (f" ({p.children})" if p.children else "")
@@ -98,6 +99,11 @@ def holder_rows(found: Sequence[Holder], needle: str) -> list[render.Row]:
         cells: list[Text | str] = [h.name, "-", state, expired, "-", "older", "worker?", beat, "-", "-", "-", "-"]
         rows.append(render.row(HOLDER + h.name, cells))
     return rows
+
+
+def known_queues(view: View) -> set[str]:
+    """The queues the filter may name: those with jobs, and those a process serves by name."""
+    return {q.name for q in view.fetched.queues if q.kind == "queue"} | set(view.fetched.fleet.queues())
 
 
 def caption(fleet: Fleet, found: Sequence[Holder]) -> str:
@@ -180,7 +186,7 @@ class WorkersPane(TablePane):
     def rows(self, view: View) -> list[render.Row]:
         fleet = view.fetched.fleet
         found = holders(fleet, view.snapshot.running)
-        return process_rows(fleet.processes, view.needle) + holder_rows(found, view.needle)
+        return process_rows(fleet.processes, view.needle, known_queues(view)) + holder_rows(found, view.needle)
 
     def show(self, view: View) -> None:
         super().show(view)
@@ -191,7 +197,7 @@ class WorkersPane(TablePane):
         view = self.console.view()
         if view is None:
             return []
-        return [p for p in view.fetched.fleet.processes if matches(p, view.needle)]
+        return [p for p in view.fetched.fleet.processes if matches(p, view.needle, known_queues(view))]
 
     def _selected(self) -> Process | None:
         key = self.selected_key
