@@ -18,8 +18,7 @@ from typing import Any
 
 import psycopg
 
-from jobtui.cli.args import database_dsn
-from jobtui.kernel import migrate as migrations
+from jobtui.cli.args import check_migrated, database_dsn
 from jobtui.kernel.db import Call, Rows, connect, first_line, pooler_mode, run
 from jobtui.kernel.durations import parse_duration
 from jobtui.kernel.errors import DatabaseUnavailable, InvalidInput
@@ -116,8 +115,7 @@ def cmd_why(args: argparse.Namespace) -> int:
         raise InvalidInput(f"--timeout must be more than 0 and at most 10m, got {args.timeout}")
     quiet: list[str] = []
     try:
-        with connect(dsn, pooler=args.pooler, connect_timeout=max(1, round(timeout))) as conn:
-            migrations.check(conn, args.schema)
+        check_migrated(dsn, args, connect_timeout=max(1, round(timeout)))
         got = read_in_time(dsn, args.schema, args.pooler, timeout)
         d, quiet = chosen(got.diagnosis, got.known, args)
         code = HELD if d.waiting else NOTHING_HELD
