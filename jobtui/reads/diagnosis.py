@@ -255,7 +255,7 @@ def cannot_see(scene: Scene, subjects: list[Subject]) -> list[str]:
 def text_of(d: Diagnosis) -> Iterable[str]:
     """The diagnosis as lines for a terminal (names from the database not escaped yet)."""
     for c in d.general:
-        yield f"{c.text}"
+        yield from _cause_lines(c, None)
     for subject in d.subjects:
         due = f"~{subject.due:,}" if subject.estimated else f"{subject.due:,}"
         ahead = f"; {subject.forecast.text}" if subject.forecast.state != "unknown" else ""
@@ -266,14 +266,18 @@ def text_of(d: Diagnosis) -> Iterable[str]:
         if subject.healthy:
             yield f"  healthy: {subject.summary}"
         for c in subject.causes:
-            share = "" if c.jobs is None or c.jobs >= subject.due else f" [{c.jobs:,} of the due jobs seen]"
-            yield f"  {c.level.upper()}: {c.text}{share}"
-            for e in c.evidence:
-                yield f"      {e}"
-            where = f" [console: {c.key}]" if c.key else ""
-            yield f"    fix: {c.action}{where}"
-            if c.command:
-                yield f"    $ {c.command}"
+            yield from _cause_lines(c, subject)
     if d.cannot_see and (d.subjects or d.general):
         yield "Not seen:"
         yield from (f"  {x}" for x in d.cannot_see)
+
+
+def _cause_lines(c: Cause, subject: Subject | None) -> Iterable[str]:
+    share = "" if subject is None or c.jobs is None or c.jobs >= subject.due else f" [{c.jobs:,} of the due jobs seen]"
+    yield f"  {c.level.upper()}: {c.text}{share}"
+    for e in c.evidence:
+        yield f"      {e}"
+    where = f" [console: {c.key}]" if c.key else ""
+    yield f"    fix: {c.action}{where}"
+    if c.command:
+        yield f"    $ {c.command}"

@@ -100,7 +100,7 @@ def test_rows_and_detail_escape_what_comes_from_the_database() -> None:
     told = detail(hostile, "database#0").plain
     assert "\x1b" not in told and "\\x1b[31m[red]x[/red]" in told
     # Every subject with jobs waiting has a row; the one whose oldest wait is longest first.
-    assert [k for k, _ in why_rows(d, None, "", render.Thresholds())][0] == "queue:emails#0"
+    assert why_rows(d, None, "", render.Thresholds())[0][0] == "queue:emails#0"
 
 
 def test_the_header_names_the_first_cause_once_the_oldest_wait_is_late() -> None:
