@@ -221,7 +221,8 @@ def cannot_see(scene: Scene, subjects: list[Subject]) -> list[str]:
     s, out = scene, []
     if s.unregistered:
         out.append(
-            f"{plural(len(s.unregistered), 'worker')} hold leases without a row in the fleet (jobtui before"
+            f"{plural(len(s.unregistered), 'worker')} {'holds' if len(s.unregistered) == 1 else 'hold'} leases"
+            " without a row in the fleet (jobtui before"
             f" {installed_version()} does not register): which queues and types they serve is not known"
             f" ({names([h.name for h in s.unregistered])})"
         )
