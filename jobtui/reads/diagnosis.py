@@ -36,6 +36,8 @@ class Subject:
     estimated: bool  # due is an estimate (a backlog too big to count on every read)
     forecast: Forecast
     causes: list[Cause] = field(default_factory=list)
+    # What it cannot see of this one: workers of an earlier release holding its jobs.
+    note: str = ""
 
     @property
     def held(self) -> list[Cause]:
@@ -52,7 +54,11 @@ class Subject:
         """One line: the first cause, or that nothing holds it, with its forecast."""
         if self.causes:
             return self.causes[0].text
-        return f"nothing holds it: {self.forecast.text}" if self.due > 0 else "nothing waits"
+        if self.due <= 0:
+            return "nothing waits"
+        if self.note:
+            return f"nothing seen holds it: {self.forecast.text}; {self.note}"
+        return f"nothing holds it: {self.forecast.text}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,6 +72,7 @@ class Subject:
             "forecast": self.forecast.to_json(),
             "healthy": self.healthy,
             "summary": self.summary,
+            "note": self.note,
             "causes": [cause_json(c) for c in self.causes],
         }
 
@@ -196,8 +203,17 @@ def _subject(memo: _Memo, kind: str, name: str, general: list[Cause]) -> Subject
     found += general
     return Subject(
         kind, name, line.due, line.ready, line.running, line.oldest_age, "due" in line.estimated,
-        s.forecast(kind, name, line.due), _ordered(found, line.due),
+        s.forecast(kind, name, line.due), _ordered(found, line.due), _unseen(s, kind, name),
     )  # fmt: skip
+
+
+def _unseen(s: Scene, kind: str, name: str) -> str:
+    """Workers without a row in the fleet that hold jobs of this queue or type, in words."""
+    held = sorted({h.name for h in s.unregistered for r in s.facts.running
+                   if r.worker == h.name and (r.queue if kind == "queue" else r.type) == name})  # fmt: skip
+    if not held:
+        return ""
+    return f"{names(held)} (no row in the fleet: an earlier release) hold its jobs; what they serve is not seen"
 
 
 def diagnose(scene: Scene) -> Diagnosis:
@@ -266,6 +282,8 @@ def text_of(d: Diagnosis) -> Iterable[str]:
             yield f"{subject.kind} {subject.name}: {subject.ready:,} ready, none due yet"
         if subject.healthy:
             yield f"  healthy: {subject.summary}"
+        elif subject.note:
+            yield f"  not seen: {subject.note}"
         for c in subject.causes:
             yield from _cause_lines(c, subject)
     if d.cannot_see and (d.subjects or d.general):

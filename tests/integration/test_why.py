@@ -18,15 +18,18 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
+from jobtui import NewJob, Queue
 from jobtui.cli.main import main
 from jobtui.core import queues
 from jobtui.reads.flows import record_flow
 from tests.integration.conftest import Spawn
+from tests.integration.test_upgrades import previous  # noqa: F401 (the previous release, unpacked)
 from tests.integration.test_worker import enqueue, runs, statuses
 from tests.proxy import Proxy
 from tests.tui.test_terminal import ROOT, Terminal
@@ -350,3 +353,40 @@ def test_the_header_names_the_cause_in_a_terminal_during_an_incident(
     spawn("B", "--queues", "reports=2", *POLL)
     terminal.wait(lambda s: "why no live worker" not in s and "nothing waits" in s, "the cause gone")
     terminal.keys("q")
+
+
+def test_a_worker_of_the_previous_release_is_said_unseen_not_missing(
+    dsn: str,
+    db: Conn,
+    previous: tuple[Path, dict[str, str]],
+    tmp_path: Path,
+    capsys: Capsys,  # noqa: F811
+) -> None:
+    """During a rolling upgrade the previous release's worker serves `default` without a row
+    in the fleet: its queue is not called unserved, nor its type unhandled; the diagnosis
+    names the worker as what it cannot see."""
+    folder, env = previous
+    db.execute("CREATE TABLE ran (job_id bigint, attempt int, worker text, what text)")
+    with Queue(dsn) as q:
+        slow = q.enqueue("old.slow", {"sleep": 30})
+        waiting = q.enqueue_many([NewJob("old.sync", {"n": n}) for n in range(3)])
+    log = tmp_path / "old.log"
+    argv = [sys.executable, "-m", "jobtui.cli", "worker", "--app", "old_app:jobs", "--id", "old-0.2.0",
+            "--poll", "200ms", "--concurrency", "1"]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, cwd=folder, env={**os.environ, "JOBTUI_DSN": dsn, **env}, stdout=out,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        running = "SELECT locked_by FROM jobtui.job WHERE id = %s AND status = 'running'"
+        wait_until(lambda: db.execute(running, (slow,)).fetchone() == ("old-0.2.0",), 30, "its lease", log.read_text)
+        assert statuses(db, waiting) == dict.fromkeys(waiting, "ready")  # its one slot is busy
+        code, d = why(capsys, dsn)
+        assert not causes(d, "queue", "default") and not causes(d, "type", "old.sync"), d
+        default = subject(d, "queue", "default")
+        assert default is not None and default["summary"].startswith("nothing seen holds it")
+        assert default["note"].startswith("old-0.2.0 (no row in the fleet: an earlier release) hold its jobs")
+        assert any("old-0.2.0" in said and "does not register" in said for said in d["cannot_see"])
+        assert code == 0
+    finally:
+        proc.kill()
+        proc.wait(10)

@@ -54,6 +54,9 @@ def test_a_worker_of_an_earlier_release_holding_a_queues_jobs_is_not_called_miss
     )
     assert "no_live_worker" not in causes(d, "queue", "legacy")
     assert any("old-1" in said and "does not register" in said for said in d.cannot_see)
+    [legacy] = d.subjects
+    assert legacy.summary.startswith("nothing seen holds it: ")
+    assert legacy.note == "old-1 (no row in the fleet: an earlier release) hold its jobs; what they serve is not seen"
 
 
 def test_a_queue_held_by_quiet_workers_names_who_quieted_them() -> None:
