@@ -358,9 +358,9 @@ def test_the_header_names_the_cause_in_a_terminal_during_an_incident(
 def test_a_worker_of_the_previous_release_is_said_unseen_not_missing(
     dsn: str,
     db: Conn,
-    previous: tuple[Path, dict[str, str]],
+    previous: tuple[Path, dict[str, str]],  # noqa: F811 (the fixture, imported above)
     tmp_path: Path,
-    capsys: Capsys,  # noqa: F811
+    capsys: Capsys,
 ) -> None:
     """During a rolling upgrade the previous release's worker serves `default` without a row
     in the fleet: its queue is not called unserved, nor its type unhandled; the diagnosis
