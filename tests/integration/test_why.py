@@ -235,11 +235,11 @@ def test_a_frozen_worker_reads_as_lost_then_clears_when_it_wakes(
 
 
 def test_a_handler_that_kills_its_worker_is_a_crash_loop(db: Conn, spawn: Spawn, app_dsn: str, capsys: Capsys) -> None:
-    spawn("R", "--queues", "default=1", *POLL)  # serves something else; its reaper returns the leases
-    first_victim = spawn("C1", "--queues", "poison=1", *POLL)
+    spawn("R", "--queues", "default=1", *POLL, lease="1s")  # serves something else; its reaper returns the leases
+    first_victim = spawn("C1", "--queues", "poison=1", *POLL, lease="1s")
     poison = enqueue(db, "crash", {}, queue="poison")
     assert first_victim.wait_exit(15) == 3
-    second_victim = spawn("C2", "--queues", "poison=1", *POLL)  # as a supervisor would restart one
+    second_victim = spawn("C2", "--queues", "poison=1", *POLL, lease="1s")  # as a supervisor would restart one
     assert second_victim.wait_exit(20) == 3
     d = until_why(capsys, app_dsn, lambda d: causes(d, "type", "crash")[:1] == ["crash_loop"], 20, "a crash loop named")
     loop = first(d, "type", "crash")
