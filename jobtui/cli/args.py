@@ -253,6 +253,7 @@ READS = {
     ("health",),
     ("queue", "list"),
     ("workers",),
+    ("why",),
     ("schedule", "list"),
     ("user", "add"),
     ("user", "remove"),
