@@ -3,7 +3,7 @@ backend's, and key-to-screen.
 
     .venv/bin/python bench/console_refresh.py [--dsn DSN] [--sizes big,small] [--panes ready,queues]
                                               [--seconds 20] [--presses 40] [--dbname NAME]
-                                              [--keep] [--reuse]
+                                              [--fleet 1000] [--keep] [--reuse]
 
 A benchmark, not a test. It creates its own database (--dbname, jobtui_bench_console by
 default) on the server of --dsn, with one schema per size, fills it with INSERT ... SELECT
@@ -20,6 +20,10 @@ VACUUM ANALYZEs, and measures:
    pane), each timed from the press to the first frame the console hands its terminal
    driver that shows the new state (App._display, recorded with the pane and the Running
    table's sort at that moment); p50 and p90.
+
+With --fleet N, each schema also holds a fleet of N processes on N/20 hosts, one in ten lost
+(migration 0016), which every refresh reads (the Workers pane, the header's findings); the
+line `fleet_list` then says what that read costs alone: its median and the pages it touches.
 
 Sizes (ready jobs in three queues: default, reports with a limit, emails paused):
 
@@ -104,13 +108,25 @@ FROM generate_series(1, {running}) AS i
 ]
 
 
+FLEET = """
+INSERT INTO {schema}.fleet (name, kind, host, pid, version, lost_after, queues, every_queue, types,
+                            executor, scheduler, in_flight, rss_bytes, state, seen_at)
+SELECT 'worker-' || i, 'worker', 'host-' || (i % greatest(1, {fleet} / 20)), 10000 + i, '0.3.0', 30,
+       CASE WHEN i % 3 = 0 THEN '{{"reports": 2}}'::jsonb ELSE '{{}}'::jsonb END,
+       CASE WHEN i % 3 = 0 THEN NULL ELSE 10 END, ARRAY['type_0', 'type_1', 'type_2', 'type_3', 'type_4', 'type_5'],
+       'thread', true, i % 10, 100000000, 'running',
+       CASE WHEN i % 10 = 0 THEN now() - interval '5 minutes' ELSE now() + interval '1 day' END
+FROM generate_series(1, {fleet}) AS i
+"""
+
+
 def with_dbname(dsn: str, dbname: str) -> str:
     params = conninfo_to_dict(dsn)
     params["dbname"] = dbname
     return make_conninfo(**params)
 
 
-def prepare(admin_dsn: str, dbname: str, sizes: list[str], reuse: bool) -> str:
+def prepare(admin_dsn: str, dbname: str, sizes: list[str], reuse: bool, fleet: int = 0) -> str:
     """The benchmark database, with a filled schema per size."""
     dsn = with_dbname(admin_dsn, dbname)
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
@@ -131,10 +147,34 @@ def prepare(admin_dsn: str, dbname: str, sizes: list[str], reuse: bool) -> str:
                     conn.execute(sql.SQL(text).format(schema=sql.Identifier(size), **literals))  # type: ignore[arg-type]
                 conn.execute(sql.SQL("VACUUM ANALYZE {}.job").format(sql.Identifier(size)))
                 print(f"{size}: filled in {time.perf_counter() - start:.0f}s")
+            conn.execute(sql.SQL("DELETE FROM {}.fleet").format(sql.Identifier(size)))
+            if fleet:
+                conn.execute(sql.SQL(FLEET).format(schema=sql.Identifier(size), fleet=sql.Literal(fleet)))
             start = time.perf_counter()
             record_minute(conn, size)  # what the archiver does once a minute
             print(f"{size}: the archiver's minute row took {time.perf_counter() - start:.2f}s to write")
     return dsn
+
+
+def fleet_read(dsn: str, schema: str, runs: int) -> tuple[float, int]:
+    """The fleet's read alone: its median time (ms) and the pages it touches."""
+    from jobtui.kernel.db import statements
+    from jobtui.reads.fleet import FLEET_LIMIT, read_fleet
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            read_fleet(conn, schema)
+            times.append((time.perf_counter() - start) * 1000)
+        text = statements(schema)["fleet_list"].as_string(conn)
+        row = conn.execute(
+            sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + sql.SQL(text),  # type: ignore[arg-type]
+            {"limit": FLEET_LIMIT},
+        ).fetchone()
+    plan = row[0][0]["Plan"] if row else {}
+    pages = int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
+    return statistics.median(times), pages
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -179,7 +219,7 @@ def backend_cpu(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-KEYS = {"ready": "1", "running": "2", "dead": "3", "queues": "7"}
+KEYS = {"ready": "1", "running": "2", "dead": "3", "queues": "7", "workers": "9"}
 
 
 async def console(
@@ -237,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--presses", type=int, default=40)
+    parser.add_argument("--fleet", type=int, default=1000, help="processes in the fleet of each schema (1000)")
     parser.add_argument("--keep", action="store_true", help="keep the bench database afterwards")
     parser.add_argument("--reuse", action="store_true", help="measure the schemas an earlier --keep left")
     args = parser.parse_args(argv)
@@ -247,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     if not set(panes) <= set(KEYS):
         parser.error(f"--panes: choose among {', '.join(KEYS)}")
     print(f"python {platform.python_version()}, psycopg {psycopg.__version__}, {os.cpu_count()} CPUs")
-    dsn = prepare(args.dsn, args.dbname, sizes, args.reuse)
+    dsn = prepare(args.dsn, args.dbname, sizes, args.reuse, args.fleet)
     met = True
     try:
         for size in sizes:
@@ -256,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
             refresh = statistics.median(times)
             p90 = percentile(keys, 0.9)
             print(f"{size}: refresh median {refresh:.1f} ms, p95 {percentile(times, 0.95):.1f} ms; seen {seen}")
+            alone, pages = fleet_read(dsn, size, args.runs)
+            print(f"{size}: fleet_list of {args.fleet} processes alone: median {alone:.2f} ms, {pages} pages")
             for pane, (share, served) in shares.items():
                 backend = "unknown" if served is None else f"{served * 100:.1f} %"
                 print(

@@ -113,7 +113,7 @@ def cmd_list(args: argparse.Namespace, dsn: str) -> int:
     processes = shown(fleet, args)
     if args.json:
         out = {
-            "processes": [{**asdict(p), "status": p.status, "asked": p.asked} for p in processes],
+            "processes": [{**p._asdict(), "status": p.status, "asked": p.asked} for p in processes],
             "lease_holders_without_a_live_row": [asdict(h) for h in held],
             "findings": [asdict(f) for f in found],
         }

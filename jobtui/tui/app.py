@@ -99,6 +99,7 @@ class JobtuiApp(App[None]):
         self.refresh_interval = refresh_interval
         self.open_view = open_view  # the view to start on (`--open`, a web console's ?open=)
         self.latest: Fetched | None = None
+        self.findings: list[Finding] = []
         self.history: collections.deque[float] = collections.deque(maxlen=HISTORY)
         self.connected = True
         self.last_error = ""
@@ -185,6 +186,8 @@ class JobtuiApp(App[None]):
         self.connected = True
         self.last_error = ""
         self.latest = fetched
+        # What the fleet means for the queue: worked out once per read, drawn at every tick.
+        self.findings = findings(fetched.fleet, fetched.queues, holders(fetched.fleet, fetched.snapshot.running))
         self._server_refusal(fetched)
         self.history.append(fetched.snapshot.oldest_ready_age or 0.0)
         self.render_panes()
@@ -239,10 +242,6 @@ class JobtuiApp(App[None]):
         # The sparkline: the database's minutes when there are some (the hour before the console
         # opened), else what this console has seen.
         ages = [m.oldest_ready_age or 0.0 for m in snap.minutes] if snap is not None else []
-        found: list[Finding] = []
-        if snap is not None and self.latest is not None:
-            fetched = self.latest
-            found = findings(fetched.fleet, fetched.queues, holders(fetched.fleet, snap.running))
         cause = header.first_cause(self.latest.diagnosis if self.latest else None, snap, self.thresholds)
         text = header.header(
             snap,
@@ -257,7 +256,7 @@ class JobtuiApp(App[None]):
             hung_for=self.source.busy_for(),
             stale_for=elapsed,
             width=width,
-            fleet=found,
+            fleet=self.findings if snap is not None else [],
             cause=cause if self.connected else None,
         )
         # The header wraps when the figures outgrow the width. It keeps its tallest height until

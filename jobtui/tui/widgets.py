@@ -40,6 +40,7 @@ class KeyedTable(DataTable[Any]):
         self.sort_column: int | None = None
         self.sort_reverse = False
         self._order: list[str] = []
+        self._given: dict[str, list[Text | str]] = {}  # each row's cells as last given to sync
 
     def on_mount(self) -> None:
         for name in self.column_names:
@@ -68,23 +69,29 @@ class KeyedTable(DataTable[Any]):
         return f"sorted by {self.column_names[self.sort_column]}{' (descending)' if self.sort_reverse else ''}"
 
     def sync(self, rows: list[Row]) -> None:
-        rows = [(key, [literal(cell) for cell in cells]) for key, cells in rows]
         if self.sort_column is not None:
             column = self.sort_column
             rows = sorted(rows, key=lambda r: sort_value(r[1][column]), reverse=self.sort_reverse)
         keys = [k for k, _ in rows]
         selected = self.selected_key
+        given, self._given = self._given, {key: cells for key, cells in rows}
         if keys != self._order:
             # Rows came, went or moved: rebuild, keeping the cursor on the same key.
             self.clear()
             for key, cells in rows:
-                self.add_row(*cells, key=key)
+                self.add_row(*[literal(cell) for cell in cells], key=key)
             self._order = keys
             if selected in keys:
                 self.move_cursor(row=keys.index(selected), animate=False)
             return
         for key, cells in rows:
-            for name, cell in zip(self.column_names, cells, strict=True):
-                if self.get_cell(key, name) != cell:
+            before = given.get(key)
+            if before == cells:
+                continue  # as given last time: nothing of the row to compare or redraw
+            for i, (name, cell) in enumerate(zip(self.column_names, cells, strict=True)):
+                if before is not None and before[i] == cell:
+                    continue
+                shown = literal(cell)
+                if self.get_cell(key, name) != shown:
                     # A figure that grew (1,204 to 12,040) widens its column rather than being cut.
-                    self.update_cell(key, name, cell, update_width=True)
+                    self.update_cell(key, name, shown, update_width=True)

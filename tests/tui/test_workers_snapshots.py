@@ -10,7 +10,6 @@ After an intended change, look at the report, then:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from jobtui.kernel.views import parse_view
@@ -55,10 +54,10 @@ def incident() -> Fleet:
     newer = [t for t in fx.ALL_TYPES if t != "report.build"]
     return Fleet(
         [
-            replace(before["worker-a"], lost=True, seen_ago=64.0),
-            replace(before["worker-b"], version="0.3.1", state="running", wanted="running", in_flight=5,
+            before["worker-a"]._replace(lost=True, seen_ago=64.0),
+            before["worker-b"]._replace(version="0.3.1", state="running", wanted="running", in_flight=5,
                     queues={"default": 6, "emails": 2}, types=newer),
-            replace(before["reports-1"], types=newer),
+            before["reports-1"]._replace(types=newer),
             before["render-2"],
             before["app-1:881"],
         ]

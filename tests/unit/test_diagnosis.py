@@ -70,7 +70,7 @@ def test_a_queue_held_by_quiet_workers_names_who_quieted_them() -> None:
 
 def test_a_worker_whose_claims_stopped_while_it_has_room() -> None:
     stuck = fx.process("w1", "worker", "h", 1, queues={"bulk": 4}, poll=1.0, claim_gap=42.0)
-    idle = replace(stuck, name="w2", id=2, claim_gap=0.3)
+    idle = stuck._replace(name="w2", id=2, claim_gap=0.3)
     d = diagnose(scene([line("queue", "bulk", 5)], Fleet([stuck, idle])))
     assert causes(d, "queue", "bulk") == ["worker_not_claiming"]
     # Busy (every slot taken), the same gap is no fault: it has no room to claim into.

@@ -12,7 +12,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import Label
 
-from jobtui.core.fleet import REFRESH, Action, Target, done_word, why_unchanged
+from jobtui.core.fleet import LOST_AFTER_REFRESHES, REFRESH, Action, Target, done_word, why_unchanged
 from jobtui.kernel.safetext import line
 from jobtui.kernel.sizes import size_text
 from jobtui.kernel.version import installed_version
@@ -28,6 +28,9 @@ from jobtui.tui.widgets import KeyedTable
 COLUMNS = ["name", "host", "state", "in flight", "queues", "version", "kind", "seen", "up", "memory", "executor",
            "types"]  # fmt: skip
 HOLDER = "holder:"  # the key of a lease holder's row, before its name
+# Rows drawn at most: a thousand processes, refreshed every second, would cost the console
+# most of a core; the filter (by host, version, queue, state) finds the others.
+SHOWN = 200
 
 
 def matches(p: Process, needle: str, queues: Collection[str] = ()) -> bool:
@@ -51,6 +54,32 @@ def state_cell(p: Process) -> Text:
     return text
 
 
+def seen_cell(p: Process) -> Text | str:
+    """When it was last seen: within its interval for a live process refreshing in time (the
+    same text refresh after refresh, so the row is not redrawn), late in amber, lost in red."""
+    interval = p.lost_after / LOST_AFTER_REFRESHES
+    if p.lost:
+        return render.styled(f"{render.age(p.seen_ago)} ago", "crit")
+    if p.seen_ago <= interval + 1:
+        return f"<{interval:g}s ago"
+    return render.styled(f"{render.age(p.seen_ago)} ago", "warn")
+
+
+def uptime(seconds: float) -> str:
+    """How long it has run, to the minute: `<1m`, `12m`, `3h04m`, `2d03h`.
+
+    >>> uptime(30), uptime(750), uptime(11_040), uptime(183_600)
+    ('<1m', '12m', '3h04m', '2d03h')
+    """
+    minutes = int(seconds // 60)
+    if minutes < 1:
+        return "<1m"
+    if minutes < 60:
+        return f"{minutes}m"
+    hours = minutes // 60
+    return f"{hours}h{minutes % 60:02d}m" if hours < 24 else f"{hours // 24}d{hours % 24:02d}h"
+
+
 def work_cell(p: Process) -> str:
     if p.kind == "serve":
         return f"{p.in_flight} console{'s' if p.in_flight != 1 else ''}"
@@ -58,10 +87,15 @@ def work_cell(p: Process) -> str:
 
 
 def process_rows(processes: Sequence[Process], needle: str, queues: Collection[str] = ()) -> list[render.Row]:
+    """The processes the filter shows, in the fleet's order (host, name), at most SHOWN of
+    them: the lost ones first of all, then the live ones up to SHOWN."""
     rows = []
-    for p in processes:
-        if not matches(p, needle, queues):
-            continue
+    shown = [p for p in processes if matches(p, needle, queues)]
+    if len(shown) > SHOWN:
+        room = SHOWN - sum(1 for p in shown if p.lost)
+        kept = {p.id for p in shown if p.lost} | {p.id for p in [q for q in shown if not q.lost][: max(0, room)]}
+        shown = [p for p in shown if p.id in kept][:SHOWN]
+    for p in shown:
         kind = p.kind + (" +sched" if p.scheduler and p.kind != "scheduler" else "")
         executor = (p.executor or "-") + (f" ({p.children})" if p.children else "")
         rows.append(
@@ -75,8 +109,8 @@ def process_rows(processes: Sequence[Process], needle: str, queues: Collection[s
                     p.queues_text() if p.claims else "-",
                     p.version,
                     kind,
-                    f"{render.age(p.seen_ago)} ago",
-                    render.age(p.up),
+                    seen_cell(p),
+                    uptime(p.up),
                     size_text(p.rss_bytes),
                     executor,
                     f"{len(p.types)}" if p.claims else "-",
@@ -106,15 +140,17 @@ def known_queues(view: View) -> set[str]:
     return {q.name for q in view.fetched.queues if q.kind == "queue"} | set(view.fetched.fleet.queues())
 
 
-def caption(fleet: Fleet, found: Sequence[Holder]) -> str:
-    """How many live and lost, on how many hosts and versions; that workers of an older
-    release show only by their leases."""
+def caption(fleet: Fleet, found: Sequence[Holder], shown: int) -> str:
+    """How many live and lost, on how many hosts and versions (how many of them shown); that
+    workers of an older release show only by their leases."""
     live, lost = fleet.live, fleet.lost
     hosts = len({p.host for p in live})
     versions = len({p.version for p in live})
     text = f"{len(live)} live on {hosts} host{'s' if hosts != 1 else ''}"
     text += f", {versions} version{'s' if versions != 1 else ''}" if live else ""
     text += f", {len(lost)} lost" if lost else ""
+    if shown < len(fleet.processes):
+        text += f" · {shown:,} shown: / filters by host, version, queue, state"
     text += " · enter: a worker's jobs"
     unregistered = len([h for h in found if not h.lost])
     older = f"workers before {installed_version()} do not register"
@@ -189,9 +225,12 @@ class WorkersPane(TablePane):
         return process_rows(fleet.processes, view.needle, known_queues(view)) + holder_rows(found, view.needle)
 
     def show(self, view: View) -> None:
-        super().show(view)
+        rows = self.rows(view)
+        self.table.sync(rows)
         fleet = view.fetched.fleet
-        self.query_one("#workers-caption", Label).update(Text(caption(fleet, holders(fleet, view.snapshot.running))))
+        shown = sum(1 for key, _ in rows if not key.startswith(HOLDER))
+        found = holders(fleet, view.snapshot.running)
+        self.query_one("#workers-caption", Label).update(Text(line(caption(fleet, found, shown))))
 
     def _shown(self) -> list[Process]:
         view = self.console.view()
