@@ -228,7 +228,9 @@ def saturated(s: Scene, queue: str) -> Cause | None:
         evidence.append(f"its jobs take {secs(now[0])} now ({plural(now[1], 'job')} done in the last 5 min);"
                         " none sampled in the hour before")  # fmt: skip
     elif running is not None:
-        evidence.append(f"no job of it done in the last 5 min; those running have run {secs(running)} on average")
+        before = f"; {secs(hour[0])} over the hour before ({plural(hour[1], 'job')} sampled)" if hour else ""
+        evidence.append(f"no job of it done in the last 5 min; those running have run {secs(running)} on average"
+                        f" so far{before}")  # fmt: skip
         took = running
     pace = s.pace("queue", queue)
     figures: dict[str, Any] = {"slots": capacity, "run_seconds_now": took,

@@ -390,3 +390,21 @@ def test_a_worker_of_the_previous_release_is_said_unseen_not_missing(
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_names_from_the_database_are_printed_escaped(db: Conn, app_dsn: str, capsys: Capsys) -> None:
+    # Rows another client wrote: a queue, a type and an actor with terminal escapes and markup.
+    db.execute(
+        "INSERT INTO jobtui.job (type, queue, status, run_at)"
+        " VALUES (E'evil\\x1b]0;pwned\\x07', E'q\\x1b[2J', 'ready', now() - interval '1 minute')"
+    )
+    db.execute(
+        "INSERT INTO jobtui.queue_control (kind, name, paused_at, paused_by, changed_by)"
+        " VALUES ('queue', E'q\\x1b[2J', now(), E'ops\\x1b[31m[red]', 'x')"
+    )
+    assert main(["--dsn", app_dsn, "why"]) == 1
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "queue q\\x1b[2J is paused (by ops\\x1b[31m[red])" in out
+    code, d = why(capsys, app_dsn)  # exact in the JSON
+    assert code == 1 and first(d, "queue", "q\x1b[2J")["figures"]["paused_by"] == "ops\x1b[31m[red]"

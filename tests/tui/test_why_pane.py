@@ -52,7 +52,7 @@ def test_why_of_one_queue_from_the_queues_pane(snap_compare: Compare) -> None:
 
 
 def test_why_pane_read_only(snap_compare: Compare) -> None:
-    # The same diagnosis; its fixes are keys a read-only console hides, and say so.
+    # The same diagnosis; the fix's key is an operator's console's, and the detail says so.
     assert snap_compare(fx.FixedApp(read_only=True), terminal_size=SIZE, run_before=after("0", until=why_read))
 
 
@@ -98,6 +98,8 @@ def test_rows_and_detail_escape_what_comes_from_the_database() -> None:
     rows = why_rows(hostile, None, "", render.Thresholds())
     assert rows[0][0] == "database#0"
     told = detail(hostile, "database#0").plain
+    paused = detail(d, "queue:emails#0", read_only=True).plain
+    assert "an operator's console: 7 p (this one is read-only)" in paused and "press 7" not in paused
     assert "\x1b" not in told and "\\x1b[31m[red]x[/red]" in told
     # Every subject with jobs waiting has a row; the one whose oldest wait is longest first.
     assert why_rows(d, None, "", render.Thresholds())[0][0] == "queue:emails#0"

@@ -88,9 +88,10 @@ def chosen(d: Diagnosis, key: str | None) -> tuple[Subject | None, Cause | None]
     return subject, subject.causes[int(index)]
 
 
-def detail(d: Diagnosis, key: str | None) -> Text:
-    """The selected row told in full: what it is, the evidence, the fix; then what the
-    diagnosis cannot see. Every name from the database escaped."""
+def detail(d: Diagnosis, key: str | None, read_only: bool = False) -> Text:
+    """The selected row told in full: what it is, the evidence, the fix (a read-only console
+    says it does not offer the key); then what the diagnosis cannot see. Every name from the
+    database escaped."""
     subject, cause = chosen(d, key)
     out = Text()
     if cause is not None:
@@ -102,7 +103,9 @@ def detail(d: Diagnosis, key: str | None) -> Text:
         out.append("\n  fix: ", style="bold")
         out.append(line(cause.action))
         keys = []
-        if cause.key:
+        if cause.key and read_only:
+            keys.append(f"an operator's console: {cause.key} (this one is read-only)")
+        elif cause.key:
             pane, _, then = cause.key.partition(" ")
             keys.append(f"press {pane}, then {then} on its line" if then else f"press {pane}")
         if cause.goto:
@@ -176,7 +179,7 @@ class WhyPane(TablePane):
     def _show_detail(self) -> None:
         d = self._diagnosis
         box = self.query_one("#why-detail", Static)
-        box.update(Text("") if d is None else detail(d, self.selected_key))
+        box.update(Text("") if d is None else detail(d, self.selected_key, self.console.read_only))
 
     def on_data_table_row_highlighted(self, event: KeyedTable.RowHighlighted) -> None:
         event.stop()
