@@ -9,7 +9,7 @@ process) long enough for every pane to have something to show, then drives the c
 Textual's pilot and saves one SVG per view:
 
     ready.svg  running.svg  job-detail.svg  dead.svg  confirm.svg  dead-drilldown.svg
-    expiries.svg  schedules.svg  worker.svg  queues.svg  charts.svg  console-80x24.svg
+    expiries.svg  schedules.svg  worker.svg  queues.svg  charts.svg  why.svg  console-80x24.svg
     dead-80x24.svg  search.svg  workers.svg
 
 For the Workers pane, three `jobtui worker` processes serve the queue `reports` beside the
@@ -256,6 +256,11 @@ async def drive(dsn: str, out: Path, warmup: float) -> None:
             )
             await pilot.pause(0.6)
             await shoot(app, pilot, out, "workers")
+
+            await pilot.press("0")  # why: the paused queue and type, with who paused them, and the rest
+            await wait_for(pilot, lambda: table_rows(app, "why") > 0, 15, "the Why pane")
+            await pilot.pause(0.6)
+            await shoot(app, pilot, out, "why")
 
             await pilot.press("1", "slash", *"type:invoice.render status:dead,failed", "enter")  # the jobs search
             await wait_for(pilot, lambda: isinstance(app.screen, JobSearchScreen), 5, "the search")

@@ -275,6 +275,7 @@ READS = {
     ("health",),
     ("queue", "list"),
     ("workers",),
+    ("why",),
     ("schedule", "list"),
     ("user", "add"),
     ("user", "remove"),
@@ -305,11 +306,16 @@ def refuse_changes_when_read_only(args: argparse.Namespace) -> None:
     )
 
 
+def check_migrated(dsn: str, args: argparse.Namespace, **connect_options: Any) -> None:
+    """Refuse, in one line, a schema that is not migrated to this release."""
+    with connect(dsn, pooler=args.pooler, **connect_options) as conn:
+        migrations.check(conn, args.schema)
+
+
 def with_dsn(fn: Callable[[argparse.Namespace, str], int]) -> Command:
     def command(args: argparse.Namespace) -> int:
         dsn = database_dsn(args)
-        with connect(dsn, pooler=args.pooler) as conn:
-            migrations.check(conn, args.schema)
+        check_migrated(dsn, args)
         return fn(args, dsn)
 
     return command

@@ -2,7 +2,7 @@
 stderr and exit with 2.
 
 Each command group owns its parsers and handlers in a module of its own (`ops`, `queues`,
-`search`, `bulk`, `serve`, `admin`, `run`, `job`, `schedules`, `workers`, `demo`, `bench`); this module
+`search`, `bulk`, `serve`, `admin`, `run`, `job`, `schedules`, `workers`, `why`, `demo`, `bench`); this module
 adds them in the order `jobtui --help` lists them. Job data, and user input echoed in errors,
 is printed escaped (`safetext`); `--json` prints it exact. The argument types live in `args`.
 """
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import psycopg
 
-from jobtui.cli import admin, bench, bulk, demo, job, ops, queues, run, schedules, search, serve, workers
+from jobtui.cli import admin, bench, bulk, demo, job, ops, queues, run, schedules, search, serve, why, workers
 from jobtui.cli.args import (
     Command,
     Parser,
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--open",
         metavar="VIEW",
         type=view_arg,
-        help="start on a view: workers (or any pane: running, dead, queues, ...), job:ID, dead:TYPE or queue:NAME",
+        help="start on a view: workers, why (or any pane: running, dead, queues, ...), job:ID, dead:TYPE or queue:NAME",
     )
     console.add_argument("--warn-age", default="1m", help="oldest ready age that turns amber (default 1m)")
     console.add_argument("--crit-age", default="5m", help="oldest ready age that turns red (default 5m)")
@@ -96,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     ops.add_parsers(sub)
     queues.add_parsers(sub)
     workers.add_parsers(sub)
+    why.add_parsers(sub)
     search.add_index_parser(sub)
     bulk.add_parsers(sub)
     serve.add_parsers(sub)

@@ -85,6 +85,7 @@ class Member:
     executor: str | None = None
     scheduler: bool = False
     metrics: str | None = None
+    poll: float | None = None  # seconds between its claims while idle; None: it claims nothing
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
     version: str = field(default_factory=installed_version)
@@ -102,6 +103,8 @@ class Status:
     in_flight: int = 0
     children: int | None = None
     rss_bytes: int | None = None
+    # Seconds since its last answered claim; None: none since it started, or it claims nothing.
+    claimed_ago: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +146,7 @@ def register_call(member: Member, status: Status) -> Call[tuple[int, Answer]]:
         "executor": member.executor,
         "scheduler": member.scheduler,
         "metrics": member.metrics,
+        "poll": member.poll,
         **_status(status),
     }
 
@@ -160,6 +164,7 @@ def _status(status: Status) -> dict[str, Any]:
         "in_flight": status.in_flight,
         "children": status.children,
         "rss_bytes": status.rss_bytes,
+        "claimed_ago": None if status.claimed_ago is None else max(0.0, status.claimed_ago),
     }
 
 

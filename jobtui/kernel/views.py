@@ -2,7 +2,7 @@
 `jobtui serve` takes the same as `?open=VIEW`, so that a link pasted in an incident channel
 opens the same view for whoever follows it (with their own role).
 
-    workers          the Workers pane (any pane by its name: ready, running, dead, ...)
+    workers          the Workers pane (any pane by its name: ready, running, dead, why, ...)
     job:ID           job ID, explained
     dead:TYPE        the dead letters of job type TYPE
     queue:NAME       queue NAME in the Queues pane
@@ -24,12 +24,12 @@ from jobtui.kernel.errors import InvalidInput
 from jobtui.kernel.safetext import quote
 
 # The panes, by the names their tabs have (tui/panes/; a test holds the two to each other).
-PANES = ("ready", "running", "dead", "expiries", "schedules", "worker", "queues", "charts", "workers")
+PANES = ("ready", "running", "dead", "expiries", "schedules", "worker", "queues", "charts", "workers", "why")
 # What a view may name: a job type or queue name as the checks allow it, without spaces and
 # control characters (a link is a URL), at most 200 characters.
 _NAME = re.compile(r"[^\s\x00-\x1f\x7f]{1,200}")
 MAX_JOB_ID = 2**63 - 1
-HOW = "give a pane (workers, ready, running, dead, queues, ...), job:ID, dead:TYPE or queue:NAME"
+HOW = "give a pane (workers, why, ready, running, dead, queues, ...), job:ID, dead:TYPE or queue:NAME"
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,6 +65,12 @@ class Process(NamedTuple):
     orders: int = 0
     ordered_by: str | None = None
     ordered_ago: float | None = None
+    # Its claims (migration 0019): how often it polls when idle (None: it claims nothing, or
+    # a release that does not say); at its last refresh, seconds since its last answered
+    # claim (since it started, when `claimed` is false: none yet).
+    poll: float | None = None
+    claim_gap: float | None = None
+    claimed: bool = False
 
     @property
     def live(self) -> bool:

@@ -258,7 +258,7 @@ def _q(conn: psycopg.Connection[Any], name: str, schema: str, **params: Any) -> 
     return run(conn, Call(name, params, _dicts), schema)
 
 
-def _pipelined(conn: psycopg.Connection[Any], schema: str, calls: list[tuple[str, dict[str, Any]]]) -> list[list[Row]]:
+def pipelined(conn: psycopg.Connection[Any], schema: str, calls: list[tuple[str, dict[str, Any]]]) -> list[list[Row]]:
     """Run the statements in one round trip (pipeline mode) and return each one's rows, by
     column name."""
     sql = statements(schema)
@@ -378,7 +378,7 @@ def _snapshot(
             minute_rows,
             flow_rows,
             key_rows,
-        ) = _pipelined(
+        ) = pipelined(
             conn,
             schema,
             [

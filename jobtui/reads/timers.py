@@ -64,6 +64,14 @@ TIMED: dict[str, str] = {
     "get_job": "console: one job explained (detail)",
     # The fleet: the Workers pane, the header's findings, the scrape (reads/fleet.py).
     "fleet_list": "the fleet's processes: the Workers pane and the header (console), the scrape",
+    # Why the backlog grows: the console's Why pane and header (while the oldest wait is past
+    # the warning age), `jobtui why` (reads/why.py).
+    "why_waiting": "why: the first due jobs and the first not due, by queue and type (heads of the ready index)",
+    "why_running": "why: the running jobs by worker, queue and type",
+    "why_run_times": "why: run times of a sample of done jobs, the last 5 minutes and the hour before",
+    "why_expiries": "why: the newest lease expiries by type (crash loops)",
+    "why_pauses": "why: the paused queues and types, with their audit rows",
+    "why_claims": "why: the claims the database runs now",
     # Every worker, every poll, whatever queues it serves.
     "claim_builtin": "worker: the slot for jobtui's own jobs (the archiver's), through their own index",
 }

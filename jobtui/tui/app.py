@@ -94,6 +94,8 @@ class JobtuiApp(App[None]):
         self.server_refuses = ""
         self.thresholds = thresholds or render.Thresholds()
         self.source = DataSource(dsn, schema, pooler)
+        # Past the warning age, each refresh reads what holds the oldest wait (the header says it).
+        self.source.why_after = self.thresholds.oldest_ready_warn
         self.actions_ = None if read_only else Actions(dsn, schema, actor, pooler)
         self.embedded_worker = worker
         self.refresh_interval = refresh_interval
@@ -265,6 +267,7 @@ class JobtuiApp(App[None]):
         # The sparkline: the database's minutes when there are some (the hour before the console
         # opened), else what this console has seen.
         ages = [m.oldest_ready_age or 0.0 for m in snap.minutes] if snap is not None else []
+        cause = header.first_cause(self.latest.diagnosis if self.latest else None, snap, self.thresholds)
         text = header.header(
             snap,
             ages or list(self.history),
@@ -279,6 +282,7 @@ class JobtuiApp(App[None]):
             stale_for=elapsed,
             width=width,
             fleet=self.findings if snap is not None else [],
+            cause=cause if self.connected else None,
         )
         # The header wraps when the figures outgrow the width. It keeps its tallest height until
         # the terminal is resized, so the panes below do not jump as numbers grow and shrink.
@@ -336,6 +340,10 @@ class JobtuiApp(App[None]):
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         self.refresh_bindings()
         pane = self.active_pane
+        # The Why pane's refreshes read the diagnosis; opened, it reads at once.
+        self.source.why_open = pane.ID == "why"
+        if self.source.why_open and (self.latest is None or self.latest.diagnosis is None):
+            self.refresh_data()
         view = self.view()
         if view is not None:
             with contextlib.suppress(NoMatches):

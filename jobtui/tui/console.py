@@ -48,6 +48,8 @@ class Console(Protocol):
 
     source: DataSource
     actions_: Actions | None  # None in read-only
+    connected: bool  # the last read reached the database
+    last_error: str  # why it did not, when it did not
     keys: KeyGate  # holds the keys while something a key opened is not ready
 
     def screen_loaded(self, screen: Any) -> None:

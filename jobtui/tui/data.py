@@ -22,11 +22,14 @@ from jobtui.kernel.donehistory import DoneHistory
 from jobtui.kernel.errors import DatabaseUnavailable, InvalidInput
 from jobtui.reads import joblists, metrics
 from jobtui.reads.deadletters import check_regex
+from jobtui.reads.diagnosis import Diagnosis, diagnose
 from jobtui.reads.fleet import Fleet, read_fleet
 from jobtui.reads.joblists import DeadJob, ReadyJobs, RunningCursor, RunningJob
 from jobtui.reads.metrics import DeadGroup, Snapshot
 from jobtui.reads.overview import Overview, QueueLine, overview
+from jobtui.reads.scene import Scene
 from jobtui.reads.timers import watched
+from jobtui.reads.why import read_facts
 
 # Every statement the console runs is cancelled by the server after this long: a slow
 # database shows as an error in the header, not as a console waiting forever.
@@ -79,6 +82,9 @@ class Fetched:
     queues_source: str = ""  # where their estimates come from ('' when counted)
     fleet: Fleet = field(default_factory=Fleet)  # the Workers pane's processes
     running_worker: str | None = None  # whose jobs `running` holds (None: every worker's)
+    # Why the backlog grows (the Why pane, the header's first cause): read while the Why pane
+    # is open or the oldest wait is past the warning age; None otherwise.
+    diagnosis: Diagnosis | None = None
 
 
 class DataSource:
@@ -97,6 +103,10 @@ class DataSource:
         # the Workers pane's enter names the worker.
         self.running_after: RunningCursor | None = None
         self.running_worker: str | None = None
+        # When each refresh reads the diagnosis too: while the Why pane is open, and once the
+        # oldest due job has waited `why_after` seconds (the header names the first cause).
+        self.why_open = False
+        self.why_after: float | None = None
         # The panes read from several thread workers at once (a refresh, an action's count,
         # and a cancelled refresh keeps running in its thread); one connection serves them
         # one at a time: a snapshot pipelines its statements, and another thread's statement
@@ -178,6 +188,10 @@ class DataSource:
         running = joblists.running_jobs(conn, self.schema, after=after, worker=worker)
         view: Overview = overview(conn, self.schema)
         fleet = read_fleet(conn, self.schema)
+        late = self.why_after is not None and (snap.oldest_ready_age or 0.0) >= self.why_after
+        diagnosis = None
+        if self.why_open or late:
+            diagnosis = diagnose(Scene.of(snap, view.lines, fleet, read_facts(conn, self.schema)))
         fetched = Fetched(
             snap,
             running,
@@ -187,6 +201,7 @@ class DataSource:
             queues_source=view.source,
             fleet=fleet,
             running_worker=worker,
+            diagnosis=diagnosis,
         )
         if not needle:
             return fetched

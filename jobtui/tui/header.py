@@ -1,6 +1,6 @@
-"""The console's header: where it reads, whether the database answers, then the vitals, and
-what the fleet means for the queue (a queue no live worker serves, a type no worker handles,
-more than one version running).
+"""The console's header: where it reads, whether the database answers, then the vitals (with
+what holds the oldest wait, once it passes the warning age), and what the fleet means for the
+queue (a queue no live worker serves, a type no worker handles, more than one version running).
 
 Pure, like render.py: everything comes in as arguments.
 """
@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from rich.text import Text
 
 from jobtui.kernel.safetext import line
+from jobtui.reads.causes import Cause
+from jobtui.reads.diagnosis import Diagnosis
 from jobtui.reads.fleet import Finding
 from jobtui.reads.metrics import Snapshot
 from jobtui.tui import render
@@ -70,9 +72,11 @@ def header(
     stale_for: float | None = None,
     width: int | None = None,
     fleet: Sequence[Finding] = (),
+    cause: Cause | None = None,
 ) -> Text:
     """The whole header: the red banner when the database does not answer, where the console
-    reads, then the figures (none before the first read), then the fleet's findings."""
+    reads, then the figures (none before the first read) with the first cause of the oldest
+    wait beside its age, then the fleet's findings (but the one the cause says already)."""
     out = Text()
     alarm = banner(connected=connected, last_error=last_error, hung_for=hung_for, stale_for=stale_for)
     if alarm is not None:
@@ -81,7 +85,8 @@ def header(
     out.append_text(where_line(where, read_only, schema, refuses))
     if snap is not None:
         out.append("\n")
-        out.append_text(render.vitals(snap, history, thresholds, width=width))
+        out.append_text(render.vitals(snap, history, thresholds, width=width, why=cause_piece(cause)))
+    fleet = [f for f in fleet if not said_by(f, cause)]
     if fleet:
         out.append("\n")
         out.append_text(findings_line(fleet, width))
@@ -101,3 +106,30 @@ def findings_line(found: Sequence[Finding], width: int | None) -> Text:
         more = len(found) - FINDINGS_SHOWN
         pieces.append(Text(f"and {more} more (jobtui workers)", style=render.STYLE["warn"]))
     return render.pack(pieces, width, gap=3)
+
+
+def first_cause(diagnosis: Diagnosis | None, snap: Snapshot | None, thresholds: render.Thresholds) -> Cause | None:
+    """The cause the header names: the first of the oldest wait's, once that wait passes the
+    warning age."""
+    if diagnosis is None or snap is None or (snap.oldest_ready_age or 0.0) < thresholds.oldest_ready_warn:
+        return None
+    first = diagnosis.first()
+    return None if first is None else first[1]
+
+
+def cause_piece(cause: Cause | None) -> Text | None:
+    """`why: no live worker serves queue reports (0)`, in the cause's colour, escaped."""
+    if cause is None:
+        return None
+    piece = Text("why ", style=render.STYLE["dim"])
+    piece.append(line(cause.text), style=render.STYLE["crit" if cause.level == "crit" else "warn"])
+    piece.append(" (0)", style=render.STYLE["dim"])
+    return piece
+
+
+def said_by(finding: Finding, cause: Cause | None) -> bool:
+    """Whether the fleet's finding says what the cause beside the age says already."""
+    if cause is None:
+        return False
+    same = {"no_live_worker": "queue", "workers_quiet": "queue", "no_handler": "type"}.get(cause.cause)
+    return same == finding.kind and cause.about == (finding.kind, finding.name)

@@ -123,8 +123,10 @@ def vitals(
     thresholds: Thresholds,
     *,
     width: int | None = None,
+    why: Text | None = None,
 ) -> Text:
-    """The header: the figures an operator looks at first, coloured by thresholds.
+    """The header: the figures an operator looks at first, coloured by thresholds; `why`,
+    what holds the oldest wait, beside its age.
 
     With a `width`, figures that would overflow the line start a new one (a figure is never
     split from its label), so a narrow terminal shows every figure on a second line.
@@ -167,6 +169,8 @@ def vitals(
         if i == 0 and history:
             piece.append(" " + sparkline(history, 16), style=STYLE[level] or "")
         pieces.append(piece)
+        if i == 0 and why is not None:
+            pieces.append(why)
     return pack(pieces, width)
 
 

@@ -65,7 +65,10 @@ class ConfirmScreen(ModalScreen[bool]):
 
 HELP = """\
 [b]Panes[/]   1 ready · 2 running · 3 dead · 4 lease expiries · 5 schedules · 7 queues
-        6 worker (with --work) · 8 charts of the last hour · 9 workers (the fleet); or click a tab
+        6 worker (with --work) · 8 charts of the last hour · 9 workers (the fleet) · 0 why
+        (what holds each queue and type, the evidence and the fix); or click a tab
+[b]0[/]       in queues: why, of the selected queue or type alone ([b]a[/] in why: every one);
+        in why, [b]enter[/] goes where the selected cause's fix is
 [b]Move[/]    arrows, page up/down, home/end; [b]enter[/] drill down: a type, a group, a job,
         a worker's jobs; [b]a[/] back to every worker (running), every type (dead)
 [b]Ready[/]   by type; "attempts (done 1h)": jobs done in the last hour by attempts used

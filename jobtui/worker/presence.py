@@ -1,11 +1,12 @@
 """A worker in the fleet (core/fleet.py): what it says of itself when it registers, what it
-writes at each refresh, and how it obeys an operator's order read from its row: quiet stops
-its claims (the jobs in flight finish), resume starts them again, stop stops it as SIGTERM
-does."""
+writes at each refresh (its state, its jobs in flight, when its last claim was answered), and
+how it obeys an operator's order read from its row: quiet stops its claims (the jobs in
+flight finish), resume starts them again, stop stops it as SIGTERM does."""
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from jobtui.core.fleet import Member, Status, refresh_interval, resident_bytes
@@ -32,6 +33,7 @@ def member_of(worker: Worker) -> Member:
         executor=", ".join(used) or "async",
         scheduler=worker.scheduler is not None,
         metrics=worker.metrics_address,
+        poll=worker.poll_interval,
     )
 
 
@@ -40,7 +42,9 @@ def status_of(worker: Worker) -> Status:
     handler processes, its resident memory."""
     state = "stopping" if worker.stopping else "quiet" if worker.paused else "running"
     children = None if worker.children is None else len(worker.children.children)
-    return Status(state, len(worker.in_flight), children, resident_bytes())
+    claimed = worker.last_claim
+    claimed_ago = None if claimed is None else time.monotonic() - claimed
+    return Status(state, len(worker.in_flight), children, resident_bytes(), claimed_ago)
 
 
 def obey(worker: Worker, wanted: str, by: str | None) -> None:

@@ -40,6 +40,9 @@ class Claiming:
     # this worker's jobs that are not in flight, so it must not run between another
     # producer's claim coming back and its jobs being started.
     turn: asyncio.Lock
+    # Told each time a claim is answered (found jobs or not): the fleet's row says when a
+    # worker last claimed, so a reader can tell one that stopped claiming.
+    answered: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +65,7 @@ class Producer:
         self._turn = claiming.turn
         self._schema = claiming.schema
         self._claim = claiming.claim
+        self._answered = claiming.answered
         self._unanswered = claiming.unanswered
         self._answer_lost = False  # a claim was sent and its connection broke before the answer
         self._room = starting.room
@@ -108,6 +112,8 @@ class Producer:
                     failed = True
                 else:
                     failed = False
+                    if self._answered is not None:
+                        self._answered()
                     # The lease runs from the database's now(), which is no earlier than the send.
                     lease_until = sent + self._lease
                     for job in claimed:

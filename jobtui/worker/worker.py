@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Coroutine, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -214,6 +215,9 @@ class Worker(Flights):
         self.registered_as: Kind = "worker"
         self.metrics_address: str | None = None
         self.presence: Presence | None = None  # its row in the fleet, while it runs
+        # When a claim of its queues (not the slot for jobtui's own jobs) was last answered, on
+        # the monotonic clock; the fleet's row says how long ago (None: not yet).
+        self.last_claim: float | None = None
         self.started = asyncio.Event()  # set once the worker claims (systemd's READY=1)
         self.events = Events()  # what the parts did, for tests to wait on (events.py)
 
@@ -295,7 +299,10 @@ class Worker(Flights):
         )
         producers = [
             Producer(
-                claiming(claim=partial(self._claim_call, pool)),
+                claiming(
+                    claim=partial(self._claim_call, pool),
+                    answered=None if pool == BUILTIN_QUEUE and self._builtin_slot else self._claim_answered,
+                ),
                 Starting(partial(self.slots.room, pool), partial(self._start, pool), self.slots.kicks[pool]),
                 stopping=stopping,
                 denied=self._denied,
@@ -406,6 +413,9 @@ class Worker(Flights):
             await link.close()
         if self.fatal is not None:
             raise self.fatal
+
+    def _claim_answered(self) -> None:
+        self.last_claim = time.monotonic()
 
     def _claim_call(self, pool: str | None, limit: int) -> Call[list[ClaimedJob]]:
         types, queue = self._pool_claims[pool]

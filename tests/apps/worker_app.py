@@ -205,3 +205,16 @@ def nap_sync(job: Job) -> None:
         _log(job, f"effect refused: {type(exc).__name__}")
         return
     _log(job, "end")
+
+
+@jobs.handler("crash")
+def crash(job: Job) -> None:
+    """Ends the worker's process at once (in the thread executor): a poison job in a crash loop."""
+    _log(job, "start")
+    os._exit(3)
+
+
+@jobs.handler("fails_slowly", backoff=BackoffPolicy(base=60.0, cap=60.0))
+def fails_slowly(job: Job) -> None:
+    """Fails, and is retried after about a minute's back-off."""
+    raise ValueError(f"fails on attempt {job.attempt}")

@@ -352,3 +352,34 @@ def test_a_link_to_the_workers_pane_opens_it_after_the_sign_in_with_the_users_ow
     page.goto(f"{server.url}/?open=nowhere")
     assert "the link's view 'nowhere' is not one the console has" in page.inner_text("#bar")
     until(page, screen, "the console", lambda s: "updated" in s)
+
+
+def test_the_why_view_in_the_browser_names_the_pause_and_goes_to_its_fix(
+    context: Any, server: ServeProcess, database: tuple[str, str]
+) -> None:
+    """The Why pane is the console's: a link `/?open=why` opens it in the browser, it names
+    what holds the queue (a pause, by whom, with its audit row) and the key that fixes it, and
+    enter goes to the queue's line in the Queues pane."""
+    from jobtui import Queue
+    from jobtui.core import queues
+
+    _, dsn = database
+    with Queue(dsn) as q:
+        for _ in range(3):
+            q.enqueue("report.build", {}, queue="reports")
+    with psycopg.connect(dsn) as conn:
+        queues.pause(conn, "queue", "reports", actor="ops@incident")
+    try:
+        page = context.new_page()
+        screen, _ = watch_browser_socket(page)
+        sign_in(page, server.url, "alice")
+        page.goto(f"{server.url}/?open=why")
+        shown = until(page, screen, "the Why pane", lambda s: "queue reports is paused (by ops@incident)" in s)
+        assert "0 Why" in shown and "7 p" in shown and "fix:" in shown and "audit row" in shown
+        page.keyboard.press("Enter")
+        moved = until(page, screen, "the queue's line in Queues", lambda s: "p Pause/resume" in footer(s))
+        assert "by ops@incident" in moved
+    finally:
+        with psycopg.connect(dsn) as conn:
+            queues.resume(conn, "queue", "reports", actor="ops@incident")
+            conn.execute("DELETE FROM jobtui.job WHERE queue = 'reports'")

@@ -33,6 +33,7 @@ from jobtui import Jobs, Worker
 from jobtui.cli import main as cli
 from jobtui.cli import ops as cli_ops
 from jobtui.cli import queues as cli_queues
+from jobtui.cli import why as cli_why
 from jobtui.core.maintenance import BUILTIN_QUEUE
 from jobtui.kernel import db, migrate
 from jobtui.reads.backlog import record_minute
@@ -170,7 +171,7 @@ def recording_connect(real: Callable[..., psycopg.Connection[Any]]) -> Callable[
 
 def run_paths(dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Sent]]:
     """What each path sends on `schema`, by path."""
-    for module in (data, cli_ops, cli_queues, prometheus):
+    for module in (data, cli_ops, cli_queues, cli_why, prometheus):
         monkeypatch.setattr(module, "connect", recording_connect(db.connect))
     names = statement_names(schema)
     paths: dict[str, Callable[[], object]] = {}
@@ -192,6 +193,14 @@ def run_paths(dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch) -> dict[st
         source.dead_jobs(group.status, group.type, group.fingerprint)
         source.job(fetched.running[0].id)
 
+    def why_pane() -> None:
+        # The Why pane open (and the header past the warning age): the diagnosis's reads too.
+        source.why_open = True
+        try:
+            source.fetch()
+        finally:
+            source.why_open = False
+
     def builtin_slot() -> None:
         # A worker serving only a named queue keeps a slot for the archiver's jobs, and claims
         # for it every poll: through the ready index it would step over the whole backlog.
@@ -204,6 +213,9 @@ def run_paths(dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch) -> dict[st
 
     paths["console refresh"] = refresh
     paths["console drill-downs"] = drill_downs
+    paths["console Why pane"] = why_pane
+    # Exit code 1: something waits with a cause (the fill has paused queues, a limit, ...).
+    paths["why --json"] = lambda: cli.main(["--dsn", dsn, "--schema", schema, "why", "--json"]) in (0, 1)
     paths["stats --json"] = lambda: command("stats", "--json")
     paths["queue list --json"] = lambda: command("queue", "list", "--json")
     paths["Prometheus scrape"] = lambda: list(prometheus.QueueCollector(dsn, schema).collect())

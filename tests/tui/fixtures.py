@@ -17,10 +17,13 @@ from jobtui.kernel.domain import ErrorEntry, JobRow, JobStatus, Runner
 from jobtui.kernel.errors import DatabaseUnavailable
 from jobtui.kernel.forecast import Span
 from jobtui.reads.backlog import MinuteFigures
+from jobtui.reads.diagnosis import Diagnosis, diagnose
 from jobtui.reads.fleet import Fleet, Process
 from jobtui.reads.joblists import DeadJob, ReadyJob, ReadyJobs, RunningJob
 from jobtui.reads.metrics import DeadGroup, LeaseExpiry, RunningGroup, ScheduleHealth, Snapshot, TypeCounts
 from jobtui.reads.overview import QueueLine
+from jobtui.reads.scene import Scene
+from jobtui.reads.why import Claims, Expiries, Facts, Pause, Running, RunTime, Waiting
 from jobtui.tui.app import JobtuiApp
 from jobtui.tui.data import DataSource, Fetched, Where
 
@@ -188,6 +191,7 @@ def process(name: str, kind: str, host: str, pid: int, **fields: Any) -> Process
         id=pid % 1000, name=name, kind=kind, host=host, pid=pid, version="0.3.0", up=86_400.0, seen_ago=2.0,
         lost_after=30.0, lost=False, queues={}, every_queue=None, types=[], executor=None, children=None,
         scheduler=False, in_flight=0, rss_bytes=None, metrics=None, state="running", wanted="running",
+        poll=1.0 if kind in ("worker", "console") else None, claim_gap=0.4, claimed=True,
     )  # fmt: skip
     return Process(**{**base, **fields})
 
@@ -214,6 +218,49 @@ def fleet() -> Fleet:
                     metrics="https://ops.example.com/"),
         ]
     )  # fmt: skip
+
+
+def facts() -> Facts:
+    """What the diagnosis reads besides: the first due jobs by queue and type, those not due
+    yet, the running jobs by worker (worker-a's ten slots all busy), run times now and over
+    the hour (imports' jobs four times slower), the expiries of image.resize on two workers,
+    the pauses with their audit rows."""
+    return Facts(
+        waiting=[
+            Waiting(True, "default", "email.send", False, 380, 42.0, 0.5),
+            Waiting(True, "emails", "sms.send", False, 56, 318.0, 300.0),
+            Waiting(True, "imports", "csv.import", False, 40, 12.0, 0.1),
+            Waiting(True, "reports", "report.build", False, 24, 75.0, 2.0),
+            Waiting(False, "default", "webhook.deliver", True, 24, 40.0, 310.0),
+            Waiting(False, "default", "invoice.render", False, 4, 3600.0, 7200.0),
+        ],
+        due_seen=500,
+        later_seen=28,
+        running=[
+            Running("worker-a", "imports", "csv.import", 8, 0, 14.0, 9.5),
+            Running("worker-a", "default", "email.send", 2, 0, 1.2, 0.7),
+            Running("worker-b", "default", "email.send", 4, 0, 0.9, 0.4),
+            Running("reports-1", "reports", "report.build", 3, 0, 74.0, 40.0),
+            Running("render-2", "default", "image.resize", 1, 1, 27.5, 27.5),
+        ],
+        run_times=[
+            RunTime(True, "imports", "csv.import", 120, 9.8, 31.0),
+            RunTime(False, "imports", "csv.import", 220, 2.4, 6.0),
+            RunTime(True, "default", "email.send", 200, 0.3, 1.1),
+            RunTime(False, "default", "email.send", 220, 0.3, 1.4),
+            RunTime(True, "reports", "report.build", 12, 60.0, 80.0),
+        ],
+        expiries=[Expiries("image.resize", 2, 1, 2, ["render-2", "worker-c"], 300.0, 1)],
+        pauses=[
+            Pause("queue", "emails", "ops@bastion", 320.0, 812, "ops@bastion"),
+            Pause("type", "sms.send", "ops@bastion", 320.0, 813, "ops@bastion"),
+        ],
+        claims=Claims(claims=1, waiting=0, longest=0.01, hidden=0),
+    )
+
+
+def diagnosis(fleet_now: Fleet | None = None) -> Diagnosis:
+    return diagnose(Scene.of(snapshot(), queue_lines(), fleet_now or fleet(), facts()))
 
 
 def ready_jobs(job_type: str) -> list[ReadyJob]:
@@ -275,6 +322,9 @@ class FixedSource(DataSource):
             raise DatabaseUnavailable("cannot reach PostgreSQL at db.example.com:5432: connection refused")
         worker = self.running_worker
         running = [j for j in running_jobs() if worker is None or j.worker == worker]
+        # Read while the Why pane is open, as the console reads it (the pictures of the other
+        # panes are of a console whose reads stop short of it).
+        why = diagnosis(self.fleet) if self.why_open else None
         return Fetched(
             snapshot(),
             running,
@@ -283,6 +333,7 @@ class FixedSource(DataSource):
             queues=queue_lines(),
             fleet=self.fleet,
             running_worker=worker,
+            diagnosis=why,
         )
 
     def ready_jobs(self, job_type: str) -> ReadyJobs:

@@ -62,8 +62,9 @@ def test_each_pane_offers_its_own_keys_and_implements_them() -> None:
         "schedules": {"pause_schedule", "run_now"},
         "worker": set(),
         "charts": set(),
-        "queues": {"pause_queue", "limit", "rate", "ramp"},
+        "queues": {"pause_queue", "limit", "rate", "ramp", "why"},
         "workers": {"quiet", "stop", "quiet_shown", "stop_shown"},
+        "why": {"every"},
     }
     for pane in panes.ALL:
         for action in pane.actions():

@@ -15,23 +15,24 @@ WITH replaced AS (
     WHERE name = %(name)s AND seen_at < now() - make_interval(secs => lost_after)
 )
 INSERT INTO {schema}.fleet (name, kind, host, pid, version, lost_after, queues, every_queue, types, executor,
-                            children, scheduler, in_flight, rss_bytes, metrics, state)
+                            children, scheduler, in_flight, rss_bytes, metrics, state, poll, claimed_at)
 VALUES (%(name)s, %(kind)s, %(host)s, %(pid)s, %(version)s, %(lost_after)s, %(queues)s::jsonb, %(every_queue)s,
         %(types)s::text[], %(executor)s, %(children)s, %(scheduler)s, %(in_flight)s, %(rss_bytes)s, %(metrics)s,
-        %(state)s)
+        %(state)s, %(poll)s, now() - make_interval(secs => %(claimed_ago)s::float8))
 RETURNING id, wanted, orders, ordered_by;
 
 -- name: fleet_refresh
 -- A process's refresh, on its own timer: when it was last seen (the database's now()), what
--- it does, and what it was asked (its answer). No row: it was pruned while the process was
--- away, and it registers again. A row of the same name last seen before this process started,
+-- it does, when it last had a claim answered (%(claimed_ago)s seconds ago; NULL: not since
+-- it started, or it claims nothing; migration 0019), and what it was asked (its answer). No
+-- row: it was pruned while the process was away, and it registers again. A row of the same name last seen before this process started,
 -- and lost now, was this process's before a restart (a worker with a fixed --id that crashed
 -- and was started again): it goes, rather than wait to be pruned. A live one stays. Only the
 -- refreshes of a process's first minutes look (`replacing`): by then such a row is lost.
 WITH mine AS (
     UPDATE {schema}.fleet
     SET seen_at = now(), state = %(state)s, in_flight = %(in_flight)s, children = %(children)s,
-        rss_bytes = %(rss_bytes)s
+        rss_bytes = %(rss_bytes)s, claimed_at = now() - make_interval(secs => %(claimed_ago)s::float8)
     WHERE id = %(id)s
     RETURNING id, name, started_at, wanted, orders, ordered_by
 ), replaced AS (
@@ -66,11 +67,15 @@ SELECT count(*) FROM gone;
 -- The ages are float8 (extract gives numeric, which loads as Decimal, slower to read), and
 -- the queues their text, which the reader decodes with one JSON decoder (psycopg's jsonb loader
 -- costs several times more per row, and a console reads a thousand rows every second).
+-- `claim_gap` is how long it had gone without an answered claim when it last refreshed (since
+-- it started, when it has had none): a reader cannot know of claims after that refresh.
 SELECT id, name, kind, host, pid, version, extract(epoch FROM now() - started_at)::float8 AS up,
        extract(epoch FROM now() - seen_at)::float8 AS seen_ago, lost_after,
        seen_at < now() - make_interval(secs => lost_after) AS lost,
        queues::text AS queues, every_queue, types, executor, children, scheduler, in_flight, rss_bytes, metrics,
-       state, wanted, orders, ordered_by, extract(epoch FROM now() - ordered_at)::float8 AS ordered_ago
+       state, wanted, orders, ordered_by, extract(epoch FROM now() - ordered_at)::float8 AS ordered_ago,
+       poll, extract(epoch FROM seen_at - coalesce(claimed_at, started_at))::float8 AS claim_gap,
+       claimed_at IS NOT NULL AS claimed
 FROM {schema}.fleet
 ORDER BY host, name, id
 LIMIT %(limit)s;

@@ -10,15 +10,17 @@ from jobtui.tui.panes.queues import QueuesPane
 from jobtui.tui.panes.ready import ReadyPane
 from jobtui.tui.panes.running import RunningPane
 from jobtui.tui.panes.schedules import SchedulesPane
+from jobtui.tui.panes.why import WhyPane
 from jobtui.tui.panes.worker import LogToWidget, WorkerPane
 from jobtui.tui.panes.workers import WorkersPane
 
 TABLES: tuple[type[TablePane], ...] = (
-    ReadyPane, RunningPane, DeadPane, ExpiriesPane, SchedulesPane, QueuesPane, WorkersPane,
+    ReadyPane, RunningPane, DeadPane, ExpiriesPane, SchedulesPane, QueuesPane, WorkersPane, WhyPane,
 )  # fmt: skip
-# In the order of their number keys; the worker's tab only with --work.
+# In the order of their number keys (0 last, as on a keyboard); the worker's tab only with --work.
 ALL: tuple[type[Pane], ...] = (
     ReadyPane, RunningPane, DeadPane, ExpiriesPane, SchedulesPane, WorkerPane, QueuesPane, ChartsPane, WorkersPane,
+    WhyPane,
 )  # fmt: skip
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "RunningPane",
     "SchedulesPane",
     "TablePane",
+    "WhyPane",
     "WorkerPane",
     "WorkersPane",
 ]

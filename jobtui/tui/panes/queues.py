@@ -1,6 +1,6 @@
 """7 Queues: each queue and job type with its ready, running, limit, rate, pause, oldest wait
 and drain forecast; pause or resume one on every worker (or resume it with a ramp), set a
-queue's global limit, or a queue's or type's rate."""
+queue's global limit, or a queue's or type's rate; 0 says what holds the selected one."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Input, Label
+from textual.widgets import Input, Label, TabbedContent
 
 from jobtui.core import queues
 from jobtui.kernel.db import connect
@@ -218,11 +218,13 @@ class QueuesPane(TablePane):
         Change("u", "ramp", "Resume with ramp"),
         Change("l", "limit", "Limit"),
         Change("t", "rate", "Rate"),
+        Binding("0", "why", "Why"),
     ]
 
     def __init__(self) -> None:
         super().__init__()
-        self.chosen: str | None = None  # a line to select once it is read (a `queue:NAME` link)
+        self.chosen: str | None = None  # a line to select once it is read (a `queue:NAME` link, the Why pane)
+        self._kept: str | None = None  # the line chosen so, which the switch to this pane keeps
 
     def compose(self) -> ComposeResult:
         from jobtui.tui.widgets import KeyedTable
@@ -233,7 +235,7 @@ class QueuesPane(TablePane):
         super().show(view)
         chosen = self.chosen
         if chosen is not None and any(key_of(q.kind, q.name) == chosen for q in view.fetched.queues):
-            self.chosen = None
+            self.chosen, self._kept = None, chosen
             keys = [str(r.key.value) for r in self.table.ordered_rows]
             if chosen in keys:
                 self.table.move_cursor(row=keys.index(chosen), animate=False)
@@ -248,7 +250,8 @@ class QueuesPane(TablePane):
         from jobtui.tui.panes.ready import ReadyPane
 
         chosen = self.app.query_one(ReadyPane).selected_key
-        if chosen is not None and self.chosen is None:
+        kept, self._kept = self._kept, None
+        if chosen is not None and self.chosen is None and kept is None:
             self.select(key_of("type", chosen))
 
     def select(self, key: str) -> None:
@@ -266,6 +269,16 @@ class QueuesPane(TablePane):
         if key is None or view is None:
             return None
         return next((q for q in view.fetched.queues if key_of(q.kind, q.name) == key), None)
+
+    def action_why(self) -> None:
+        """What holds the selected queue or type (the Why pane, on it alone)."""
+        q = self._line()
+        from jobtui.tui.panes.why import WhyPane
+
+        why = self.app.query_one(WhyPane)
+        if q is not None:
+            why.scope(q.kind, q.name)
+        self.app.query_one("#panes", TabbedContent).active = "why"
 
     def action_pause_queue(self) -> None:
         q = self._line()
