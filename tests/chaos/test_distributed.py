@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -440,7 +441,12 @@ def test_schedulers_killed_at_random_fire_each_slot_once_and_count_the_missed(
     for i in range(len(slots)):
         spawn(i)
     for proc in every:
-        wait_until(lambda p=proc: "scheduler started" in p.log() or not p.alive(), 20, "schedulers to start", proc.log)
+        wait_until(
+            lambda p=proc: re.search(r"scheduler \S+ started", p.log()) or not p.alive(),
+            20,
+            "schedulers to start",
+            proc.log,
+        )
     # A grace of 2.5 s: a slot is missed once every instance was down for longer (and a busy
     # machine's late tick, an instance killed just before its tick, stay within it).
     grace = timedelta(seconds=2.5)

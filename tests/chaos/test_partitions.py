@@ -117,7 +117,12 @@ def test_a_scheduler_cut_off_counts_the_partitions_slots_by_policy_and_is_back_w
             s = procs.start(
                 "S", ["scheduler", "-v"], env={"JOBTUI_DSN": net.dsn("postgres")}, prefix=net.exec_prefix(0)
             )
-            wait_until(lambda: "scheduler started" in s.log() or not s.alive(), 30, "the scheduler to start", s.log)
+            wait_until(
+                lambda: re.search(r"scheduler \S+ started", s.log()) or not s.alive(),
+                30,
+                "the scheduler to start",
+                s.log,
+            )
             ids = {policy: _schedule(dsn, policy) for policy in POLICIES}
             with psycopg.connect(dsn, autocommit=True) as db:
                 wait_until(lambda: all(len(_slots(db, i)) >= 2 for i in ids.values()), 30, "slots fired", s.log)

@@ -319,7 +319,9 @@ def test_the_roles_that_could_use_the_job_table_can_use_the_keys_after_the_migra
                 admin.execute(f'GRANT USAGE ON SCHEMA jobtui TO "{role}"')
             admin.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON jobtui.job TO "{worker}"')
             admin.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA jobtui TO "{reader}"')
-            assert [m.version for m in migrations.migrate(admin)] == [17]
+            assert [m.version for m in migrations.migrate(admin)] == [
+                m.version for m in migrations.available() if m.version >= 17
+            ]
             granted = admin.execute(
                 "SELECT r, p, has_table_privilege(r, 'jobtui.job_key', p) FROM unnest(%s::text[]) AS r,"
                 " unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE']) AS p ORDER BY 1, 2",

@@ -491,10 +491,10 @@ async def test_a_linked_view_goes_through_the_sign_in_and_opens_the_console_ther
         await socket.close()
 
 
-def test_serve_registers_in_the_fleet_and_a_stop_ends_it(dsn: str, users: Path) -> None:
+def test_serve_registers_in_the_fleet_and_a_stop_ends_it(dsn: str, users: Path, viewer_dsn: str) -> None:
     from jobtui.reads.fleet import read_fleet
 
-    serve = ServeProcess(dsn, users)
+    serve = ServeProcess(dsn, users, viewer_dsn=viewer_dsn)
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             wait_until(lambda: read_fleet(conn).processes, 10, "serve's row", serve.log)
