@@ -104,7 +104,7 @@ class SchedulerProcess:
         def started() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"scheduler exited with {self.proc.returncode}:\n{self.log()}")
-            return re.search(r"scheduler \S+ started", self.log())
+            return re.search(r"scheduler \S+ started", self.log()) is not None
 
         wait_until(started, timeout, "the scheduler to start")
 
