@@ -22,17 +22,28 @@ import pickle
 import signal
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from jobtui.core.registry import Job
+from jobtui.kernel.domain import ClaimedJob
 from jobtui.kernel.errors import JobtuiError
 from jobtui.worker import child as child_side
 from jobtui.worker.child import Attempt, Result, Settings
 from jobtui.worker.template import NoChild, Template, gone
 
-if TYPE_CHECKING:
-    from jobtui.worker.executor import InFlight
-
 log = logging.getLogger("jobtui.worker")
+
+
+class InFlight(Protocol):
+    """What the pool reads and writes of an attempt in flight (executor.py's InFlight)."""
+
+    job: Job
+    claimed: ClaimedJob
+    started: float
+    lease_until: float
+    stop_reason: str | None
+    child: Child | None
+
 
 # SIGTERM, then SIGKILL after this many seconds (a quarter of the lease, if shorter: the
 # worker's stop_grace): time for the handler's `finally` blocks, middleware and span to end.

@@ -7,15 +7,48 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Sized
+from typing import Protocol
 
-from jobtui.core.fleet import Member, Status, refresh_interval, resident_bytes
+from jobtui.core.fleet import Kind, Member, Status, refresh_interval, resident_bytes
 from jobtui.core.maintenance import ARCHIVE_TYPE
-
-if TYPE_CHECKING:
-    from jobtui.worker.worker import Worker
+from jobtui.core.scheduler import Scheduler
+from jobtui.worker.children import ChildPool
+from jobtui.worker.slots import Slots
 
 log = logging.getLogger("jobtui.worker")
+
+
+class Worker(Protocol):
+    """What the fleet reads of a worker (worker.py's Worker), and the three things an order
+    makes it do."""
+
+    worker_id: str
+    registered_as: Kind
+    lease: float
+    slots: Slots
+    types: list[str]
+    scheduler: Scheduler | None
+    metrics_address: str | None
+    poll_interval: float
+    children: ChildPool | None
+    last_claim: float | None
+    _executors: dict[str, str]
+
+    @property
+    def in_flight(self) -> Sized: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def paused(self) -> bool: ...
+
+    def stop(self) -> None: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
 
 
 def member_of(worker: Worker) -> Member:

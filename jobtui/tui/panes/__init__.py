@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jobtui.tui.panes.base import Pane, TablePane
+from jobtui.tui.panes.base import Goto, Pane, TablePane
 from jobtui.tui.panes.charts import ChartsPane
 from jobtui.tui.panes.dead import DeadPane
 from jobtui.tui.panes.expiries import ExpiriesPane
@@ -29,6 +29,7 @@ __all__ = [
     "ChartsPane",
     "DeadPane",
     "ExpiriesPane",
+    "Goto",
     "LogToWidget",
     "Pane",
     "QueuesPane",

@@ -6,11 +6,24 @@ from typing import ClassVar, cast
 
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.message import Message
 from textual.widgets import TabPane
 
 from jobtui.tui import render
 from jobtui.tui.console import Console, View, bound_actions, change_actions
 from jobtui.tui.widgets import KeyedTable
+
+
+class Goto(Message):
+    """A pane sends the console to another pane: `kind` and `name` say where in it (a queue's
+    or a type's line in Queues, a type's dead letters, the Why pane on one queue or type).
+    The app moves the focus, so panes never import each other."""
+
+    def __init__(self, pane: str, kind: str | None = None, name: str | None = None) -> None:
+        super().__init__()
+        self.pane = pane
+        self.kind = kind
+        self.name = name
 
 
 class Pane(TabPane):

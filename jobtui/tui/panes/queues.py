@@ -12,7 +12,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Input, Label, TabbedContent
+from textual.widgets import Input, Label
 
 from jobtui.core import queues
 from jobtui.kernel.db import connect
@@ -26,7 +26,7 @@ from jobtui.reads.overview import QueueLine
 from jobtui.tui import render
 from jobtui.tui.console import Change, View
 from jobtui.tui.data import Actions
-from jobtui.tui.panes.base import TablePane
+from jobtui.tui.panes.base import Goto, TablePane
 
 # The forecast next to the counts it is about; the levers after the figures.
 COLUMNS = ["kind", "name", "ready", "due", "running", "forecast", "oldest ready", "done/min", "limit", "rate", "paused"]
@@ -273,12 +273,7 @@ class QueuesPane(TablePane):
     def action_why(self) -> None:
         """What holds the selected queue or type (the Why pane, on it alone)."""
         q = self._line()
-        from jobtui.tui.panes.why import WhyPane
-
-        why = self.app.query_one(WhyPane)
-        if q is not None:
-            why.scope(q.kind, q.name)
-        self.app.query_one("#panes", TabbedContent).active = "why"
+        self.post_message(Goto("why") if q is None else Goto("why", q.kind, q.name))
 
     def action_pause_queue(self) -> None:
         q = self._line()

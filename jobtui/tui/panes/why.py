@@ -13,7 +13,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import Label, Static, TabbedContent
+from textual.widgets import Label, Static
 
 from jobtui.kernel.safetext import line
 from jobtui.reads.causes import Cause
@@ -21,7 +21,7 @@ from jobtui.reads.diagnosis import Diagnosis, Subject
 from jobtui.reads.scene import secs
 from jobtui.tui import render
 from jobtui.tui.console import View
-from jobtui.tui.panes.base import TablePane
+from jobtui.tui.panes.base import Goto, TablePane
 from jobtui.tui.widgets import KeyedTable
 
 COLUMNS = ["queue or type", "due", "oldest", "forecast", "fix", "cause"]
@@ -207,16 +207,9 @@ class WhyPane(TablePane):
             self.app.notify("the fix of this one is outside the console: see below", severity="warning")
             return
         where, _, name = cause.goto.partition(":")
-        tabs = self.app.query_one("#panes", TabbedContent)
         if where in ("queue", "type"):
-            from jobtui.tui.panes.queues import QueuesPane, key_of
-
-            self.app.query_one(QueuesPane).chosen = key_of(where, name)
-            tabs.active = "queues"
+            self.post_message(Goto("queues", where, name))
         elif where == "dead":
-            from jobtui.tui.panes.dead import DeadPane
-
-            self.app.query_one(DeadPane).only_type = name
-            tabs.active = "dead"
+            self.post_message(Goto("dead", "type", name))
         else:
-            tabs.active = where
+            self.post_message(Goto(where))
