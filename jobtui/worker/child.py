@@ -1,6 +1,6 @@
 """What runs inside a handler process of the worker's pool (the worker's side is children.py).
 
-A child is forked from the pool's template process (zygote.py), a fresh interpreter that
+A child is forked from the pool's template process (template_process.py), a fresh interpreter that
 imported the app and nothing of the worker: no connection, pool, lock, thread or event loop
 of the worker's exists here. It runs one job at a time: a job comes in on its data socket,
 its outcome goes back on the same socket. Its control socket carries a byte

@@ -7,7 +7,7 @@ raises) only once the child is gone. A child is recycled after --max-jobs-per-ch
 when it holds more than --max-memory-per-child between jobs. Children are started lazily,
 one per sync job running at once, and kept idle between jobs.
 
-Children are forked from the pool's template process (template.py, zygote.py), which
+Children are forked from the pool's template process (template.py, template_process.py), which
 imported the app and nothing of the worker; docs/design.md, "Executors", says why.
 """
 

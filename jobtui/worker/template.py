@@ -1,4 +1,4 @@
-"""The worker's side of the template process (zygote.py) its handler processes are forked from.
+"""The worker's side of the template process (template_process.py) its handler processes are forked from.
 
 template = await Template.start(settings)        # NoChild if the app cannot be loaded
 pid = await template.fork(data_end, control_end)   # the child's ends of its two sockets
@@ -23,7 +23,7 @@ from jobtui.worker.child import Settings
 
 log = logging.getLogger("jobtui.worker")
 
-COMMAND = "from jobtui.worker.zygote import main; main()"
+COMMAND = "from jobtui.worker.template_process import main; main()"
 MESSAGE = 1 << 16
 
 

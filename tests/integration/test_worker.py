@@ -592,7 +592,7 @@ def test_an_app_that_fails_to_import_is_one_line_error(source: str, says: str, a
 def test_an_app_its_handler_processes_cannot_load_is_one_line_error(app_dsn: str, tmp_path: Path) -> None:
     # It imports in the worker, not in the process pool's template (a fresh interpreter).
     (tmp_path / "halfapp.py").write_text(
-        "import sys\nimport jobtui\nif 'jobtui.worker.zygote' in sys.modules:\n"
+        "import sys\nimport jobtui\nif 'jobtui.worker.template_process' in sys.modules:\n"
         "    raise RuntimeError('no config in this process')\n"
         "jobs = jobtui.Jobs()\njobs.handler('t')(lambda job: None)\n"
     )

@@ -102,7 +102,7 @@ def _reap(reports: socket.socket) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -c 'from jobtui.worker.zygote import main; main()' REQUESTS_FD REPORTS_FD`"""
+    """`python -c 'from jobtui.worker.template_process import main; main()' REQUESTS_FD REPORTS_FD`"""
     args: Any = argv if argv is not None else sys.argv[1:]
     requests = socket.socket(fileno=int(args[0]))
     reports = socket.socket(fileno=int(args[1]))
