@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from textual.widgets import Input
 
 from jobtui.tui.panes.queues import ValueScreen
 from jobtui.tui.screens import ConfirmScreen, HelpScreen, JobDetailScreen, JobListScreen
@@ -29,6 +30,14 @@ SIZE = (120, 36)
 Compare = Callable[..., bool]
 
 
+async def steady(pilot: Any) -> None:
+    """Let the screen settle, with the text boxes' cursors shown steadily: a blinking cursor
+    would be drawn on or off depending on when the picture is taken."""
+    for box in pilot.app.screen.query(Input):
+        box.cursor_blink = False
+    await pilot.pause(0.1)
+
+
 def after(*keys: str, until: Callable[[Any], Any] | None = None) -> Callable[[Any], Awaitable[None]]:
     """A run_before: wait for the first read, press `keys`, wait for `until(app)`."""
 
@@ -40,7 +49,7 @@ def after(*keys: str, until: Callable[[Any], Any] | None = None) -> Callable[[An
             await pilot.press(key)
         if until is not None:
             await wait_for(pilot, lambda: until(app), what=f"the view after {keys}")
-        await pilot.pause(0.1)
+        await steady(pilot)
 
     return run_before
 
@@ -148,7 +157,7 @@ def test_ramp_box(snap_compare: Compare) -> None:
         queues.move_cursor(row=[str(r.key.value) for r in queues.ordered_rows].index("queue:emails"))
         await pilot.press("u")
         await wait_for(pilot, lambda: isinstance(pilot.app.screen, ValueScreen), what="the ramp box")
-        await pilot.pause(0.1)
+        await steady(pilot)
 
     assert snap_compare(fx.FixedApp(), terminal_size=SIZE, run_before=run_before)
 
