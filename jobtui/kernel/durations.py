@@ -1,4 +1,5 @@
-"""Durations as people write them: `30`, `30s`, `5m`, `1h30m`, `2d`, `250ms`.
+"""Durations as people write them (`30`, `30s`, `5m`, `1h30m`, `2d`, `250ms`), and as the
+consoles and the CLI show them: the one place durations become text.
 
 >>> parse_duration("1m30s")
 90.0
@@ -58,3 +59,25 @@ def duration_text(seconds: float) -> str:
             parts.append(f"{left // size}{unit}")
             left %= size
     return "".join(parts) or "0s"
+
+
+def age_text(seconds: float | None, *, tenths: bool = False, none: str = "-") -> str:
+    """A duration an operator reads, two units at most: 45s, 3m12s, 2h05m, 4d03h (whole
+    seconds, the sign dropped); with `tenths`, under 10 s to a tenth (0.4s); `none` for None
+    or NaN.
+
+    >>> age_text(192.4), age_text(7500), age_text(97200), age_text(0.42, tenths=True), age_text(None)
+    ('3m12s', '2h05m', '1d03h', '0.4s', '-')
+    """
+    if seconds is None or math.isnan(seconds):
+        return none
+    if tenths and abs(seconds) < 10:
+        return f"{abs(seconds):.1f}s"
+    whole = int(abs(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"

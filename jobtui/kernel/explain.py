@@ -3,33 +3,22 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from jobtui.kernel.domain import JobRow, JobStatus
+from jobtui.kernel.durations import age_text
 from jobtui.kernel.safetext import block, line
-
-
-def human_delta(delta: timedelta) -> str:
-    """`delta` as a short duration: 45s, 3m12s, 2h05m, 4d03h.
-
-    >>> human_delta(timedelta(seconds=192))
-    '3m12s'
-    """
-    seconds = int(abs(delta.total_seconds()))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    if seconds < 86400:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
 
 
 def _when(moment: datetime | None, now: datetime) -> str:
     if moment is None:
         return "-"
     delta = moment - now
-    word = "in " + human_delta(delta) if delta.total_seconds() > 0 else human_delta(delta) + " ago"
+    word = (
+        "in " + age_text(delta.total_seconds())
+        if delta.total_seconds() > 0
+        else age_text(delta.total_seconds()) + " ago"
+    )
     return f"{moment.isoformat(timespec='seconds')} ({word})"
 
 

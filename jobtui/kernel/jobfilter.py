@@ -18,7 +18,7 @@ from typing import Any
 
 from jobtui.kernel.checks import check_pattern, check_queue, check_run_at, check_type, encode_payload
 from jobtui.kernel.domain import JobStatus
-from jobtui.kernel.durations import parse_duration
+from jobtui.kernel.durations import duration_text, parse_duration
 from jobtui.kernel.errors import InvalidInput
 from jobtui.kernel.safetext import quote
 
@@ -108,18 +108,10 @@ class JobFilter:
         parts += [f"queue={self.queue}"] if self.queue is not None else []
         parts += [f"error={self.error}"] if self.error is not None else []
         parts += [f"payload={json.dumps(self.payload, ensure_ascii=False)}"] if self.payload is not None else []
-        parts += [f"older={format_duration(self.older_than)}"] if self.older_than is not None else []
-        parts += [f"since={format_duration(self.newer_than)}"] if self.newer_than is not None else []
+        parts += [f"older={duration_text(self.older_than)}"] if self.older_than is not None else []
+        parts += [f"since={duration_text(self.newer_than)}"] if self.newer_than is not None else []
         parts += [f"since={self.since.isoformat()}"] if self.since is not None else []
         return " ".join(parts) or "every job"
-
-
-def format_duration(seconds: float) -> str:
-    """`3600` as `1h`, `90` as `90s`: how a filter's age was most likely written."""
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "m")):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
 
 
 def payload_path(text: str) -> dict[str, Any]:

@@ -6,12 +6,10 @@ its jobs run). Pure: it is built from values already read.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 
-from jobtui.kernel.explain import human_delta
+from jobtui.kernel.durations import age_text
 from jobtui.kernel.forecast import Flows, Forecast, forecast
 from jobtui.reads.fleet import Fleet, Holder, Process, holders
 from jobtui.reads.metrics import Snapshot
@@ -27,11 +25,7 @@ def secs(seconds: float | None) -> str:
     >>> secs(0.42), secs(12.0), secs(192.4), secs(None)
     ('0.4s', '12s', '3m12s', '?')
     """
-    if seconds is None or math.isnan(seconds):
-        return "?"
-    if seconds < 10:
-        return f"{seconds:.1f}s"
-    return human_delta(timedelta(seconds=seconds))
+    return age_text(seconds, tenths=True, none="?")
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:

@@ -11,11 +11,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 
 from rich.text import Text
 
-from jobtui.kernel.explain import human_delta
+from jobtui.kernel.durations import age_text
 from jobtui.kernel.safetext import block, line
 from jobtui.reads.joblists import DeadJob, ReadyJob, RunningJob
 from jobtui.reads.metrics import DeadGroup, LeaseExpiry, ScheduleHealth, Snapshot, TypeCounts
@@ -53,7 +52,7 @@ def age(seconds: float | None) -> str:
     >>> age(192.4)
     '3m12s'
     """
-    return "-" if seconds is None else human_delta(timedelta(seconds=seconds))
+    return age_text(seconds)
 
 
 def compact(n: int) -> str:

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from jobtui.kernel.domain import ErrorEntry, JobRow, JobStatus
-from jobtui.kernel.explain import explain, first_line, human_delta, state_sentence
+from jobtui.kernel.durations import age_text
+from jobtui.kernel.explain import explain, first_line, state_sentence
 
 NOW = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -176,8 +177,8 @@ def test_explain_uses_the_database_clock_when_no_now_is_given() -> None:
     [(0, "0s"), (59, "59s"), (60, "1m00s"), (192, "3m12s"), (3599, "59m59s"), (3600, "1h00m"), (7500, "2h05m"),
      (86399, "23h59m"), (86400, "1d00h"), (97200, "1d03h"), (-45, "45s")],
 )  # fmt: skip
-def test_human_delta(seconds: int, text: str) -> None:
-    assert human_delta(timedelta(seconds=seconds)) == text
+def test_age_text(seconds: int, text: str) -> None:
+    assert age_text(seconds) == text
 
 
 @pytest.mark.parametrize(
