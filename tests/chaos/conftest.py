@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from tests.apps.chaos_app import APP_TABLES
+from tests.chaos.app_workers import events, proxy, start  # noqa: F401 (fixtures offered here)
 from tests.chaos.harness import Procs, child_env
 
 

@@ -13,12 +13,11 @@ clock to a file, since the database cannot be written while it is away.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,15 +28,14 @@ import pytest
 from jobtui import AsyncQueue, DatabaseUnavailable, NewJob, Queue
 from jobtui.core.queue import enqueue, enqueue_call
 from jobtui.kernel import migrate
+from tests.chaos.app_workers import LEASE, Start
 from tests.cluster import LocalCluster
 from tests.proxy import Proxy
 from tests.waits import wait_until
 from tests.workers import APP_TABLES, WorkerProcess, close_gate, open_gate
 
 APP = "tests.apps.outage_app:jobs"
-LEASE = 2.0
 Conn = psycopg.Connection[Any]
-Start = Callable[..., WorkerProcess]
 
 
 @pytest.fixture
@@ -45,41 +43,6 @@ def db(dsn: str) -> Iterator[Conn]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(APP_TABLES)
         yield conn
-
-
-@pytest.fixture
-def proxy(server_dsn: str) -> Iterator[Proxy]:
-    with Proxy(server_dsn) as through:
-        yield through
-
-
-@pytest.fixture
-def events(tmp_path: Path) -> Path:
-    return tmp_path / "events.log"
-
-
-@pytest.fixture
-def start(tmp_path: Path, events: Path) -> Iterator[Start]:
-    """Start `jobtui worker` processes of the outage app on a DSN; all killed at the end."""
-    started: list[WorkerProcess] = []
-
-    def spawn(name: str, dsn: str, *args: str, wait: bool = True) -> WorkerProcess:
-        env = {**os.environ, "JOBTUI_DSN": dsn, "JOBTUI_TEST_EVENTS": str(events), "PYTHONUNBUFFERED": "1"}
-        env.pop("DATABASE_URL", None)
-        flags = ["--lease", f"{LEASE:g}s", "--no-scheduler", "--poll", "0.5s", *args]
-        worker = WorkerProcess(name, flags, env, tmp_path / f"{name}.log", app=APP)
-        started.append(worker)
-        if wait:
-            worker.wait_started()
-        return worker
-
-    try:
-        yield spawn
-    finally:
-        for worker in started:
-            if worker.proc.poll() is None:
-                os.kill(worker.pid, signal.SIGCONT)  # a frozen worker must die too
-            worker.kill()
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,15 +31,14 @@ import pytest
 from jobtui import JobFilter, NewJob, Queue
 from jobtui.core.bulk import Bulk
 from jobtui.core.queue import enqueue, enqueue_call
+from tests.chaos.app_workers import LEASE, Start
 from tests.cluster import _free_port
 from tests.proxy import Proxy
 from tests.waits import wait_until
-from tests.workers import APP_TABLES, WorkerProcess
+from tests.workers import APP_TABLES
 
 APP = "tests.apps.stoppable_app:jobs"
-LEASE = 2.0
 Conn = psycopg.Connection[Any]
-Start = Callable[..., WorkerProcess]
 
 
 @pytest.fixture
@@ -47,38 +46,6 @@ def db(dsn: str) -> Iterator[Conn]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(APP_TABLES)
         yield conn
-
-
-@pytest.fixture
-def proxy(server_dsn: str) -> Iterator[Proxy]:
-    with Proxy(server_dsn) as through:
-        yield through
-
-
-@pytest.fixture
-def events(tmp_path: Path) -> Path:
-    return tmp_path / "events.log"
-
-
-@pytest.fixture
-def start(tmp_path: Path, events: Path) -> Iterator[Start]:
-    """Start `jobtui worker` processes of the stoppable app on a DSN; all killed at the end."""
-    started: list[WorkerProcess] = []
-
-    def spawn(name: str, dsn: str, *args: str, lease: float = LEASE) -> WorkerProcess:
-        env = {**os.environ, "JOBTUI_DSN": dsn, "JOBTUI_TEST_EVENTS": str(events), "PYTHONUNBUFFERED": "1"}
-        env.pop("DATABASE_URL", None)
-        flags = ["--lease", f"{lease:g}s", "--no-scheduler", "--poll", "0.5s", *args]
-        worker = WorkerProcess(name, flags, env, tmp_path / f"{name}.log", app=APP)
-        started.append(worker)
-        worker.wait_started()
-        return worker
-
-    try:
-        yield spawn
-    finally:
-        for worker in started:
-            worker.kill()
 
 
 @dataclass
