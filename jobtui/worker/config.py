@@ -19,7 +19,7 @@ from jobtui.worker.children import STOP_GRACE
 from jobtui.worker.executor import ASYNC, PROCESS, THREAD
 
 DEFAULT_RETENTION = Retention()
-# The default executor of sync handlers (README, "Executors", says why).
+# The default executor of sync handlers (docs/getting-started.md, "Handlers", says why).
 DEFAULT_EXECUTOR = THREAD
 # The collector's first threshold in a process that is a worker's own (`jobtui worker`): every
 # job makes a few dozen short-lived objects, and the default (700) collects every few jobs.

@@ -70,7 +70,7 @@ class Roles:
 
 
 def apply_grants(admin_dsn: str, role: str, *, read_only: bool) -> None:
-    """Apply docs/grants.sql as the README says: with psql, or (no psql here) the same text
+    """Apply docs/grants.sql as docs/operations.md says: with psql, or (no psql here) the same text
     with psql's variables filled in the way psql does."""
     variables = ["-v", "schema=jobtui", "-v", f"role={role}"] + (["-v", "read_only=1"] if read_only else [])
     psql = shutil.which("psql")

@@ -1,5 +1,6 @@
 """The PostgreSQL the suite runs on is one jobtui supports, and the one CI meant to test:
-.ci/run sets JOBTUI_TEST_PG_MAJOR for each of its runs (README, "PostgreSQL versions")."""
+.ci/run sets JOBTUI_TEST_PG_MAJOR for each of its runs (docs/integrations.md, "The package and
+the PostgreSQL versions tested")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The public API the README shows exists, and the core never imports the console."""
+"""The public API the README and docs/getting-started.md show exists, and the core never
+imports the console."""
 
 from __future__ import annotations
 
@@ -9,12 +10,26 @@ from pathlib import Path
 
 import jobtui
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+GETTING_STARTED = ROOT / "docs" / "getting-started.md"
+
+
+def names_used(page: Path) -> set[str]:
+    """`jobtui.X` and `jobtui.x(` as the page writes them."""
+    return set(re.findall(r"\bjobtui\.([A-Z]\w*|[a-z_]+(?=\())", page.read_text(encoding="utf-8")))
 
 
 def test_every_name_the_readme_uses_is_exported() -> None:
-    names = set(re.findall(r"\bjobtui\.([A-Z]\w*)", README.read_text(encoding="utf-8")))
+    names = names_used(README)
     assert {"Jobs", "Job", "Queue", "AsyncQueue", "NewJob", "Permanent", "Retry"} <= names
+    missing = sorted(n for n in names if not hasattr(jobtui, n))
+    assert missing == []
+
+
+def test_every_name_getting_started_uses_is_exported() -> None:
+    names = names_used(GETTING_STARTED)
+    assert {"Worker", "LeaseLost", "BackoffPolicy", "check_schema", "migrate_schema"} <= names
     missing = sorted(n for n in names if not hasattr(jobtui, n))
     assert missing == []
 
