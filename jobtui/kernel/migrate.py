@@ -193,7 +193,13 @@ def _bootstrap(schema: str) -> list[sql.Composed]:
     ident = sql.Identifier(check_schema_name(schema))
     return [
         sql.SQL("SELECT pg_advisory_xact_lock({})").format(sql.Literal(_lock_key(schema))),
-        sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident),
+        # CREATE SCHEMA IF NOT EXISTS asks for CREATE on the database even when the schema
+        # exists: a schema a DBA made for the owner role must not need it.
+        sql.SQL(
+            "DO $bootstrap$ BEGIN"
+            " IF NOT EXISTS (SELECT FROM pg_namespace WHERE nspname = {name}) THEN CREATE SCHEMA {ident}; END IF;"
+            " END $bootstrap$"
+        ).format(name=sql.Literal(schema), ident=ident),
         sql.SQL(
             "CREATE TABLE IF NOT EXISTS {}.migration ("
             " version integer PRIMARY KEY, name text NOT NULL,"

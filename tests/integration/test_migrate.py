@@ -563,3 +563,27 @@ def test_a_lock_never_granted_applies_nothing_and_says_what_to_do(empty_dsn: str
             migrations.migrate(empty_conn, lock_timeout=0.2, tries=2)
         reader.rollback()
     assert versions(empty_conn) == list(range(1, 12))
+
+
+def test_an_owner_without_create_on_the_database_migrates_the_schema_made_for_it(empty_dsn: str) -> None:
+    """A DBA creates the schema for the owner role: that role needs no CREATE on the database."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from tests.roles import drop_roles, role_names
+
+    owner, _ = role_names("jobtui_owner")
+    dbname = conninfo_to_dict(empty_dsn)["dbname"]
+    try:
+        with psycopg.connect(empty_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(owner)))
+            admin.execute(sql.SQL("REVOKE CREATE ON DATABASE {} FROM PUBLIC").format(sql.Identifier(str(dbname))))
+            admin.execute(sql.SQL("CREATE SCHEMA jobtui AUTHORIZATION {}").format(sql.Identifier(owner)))
+            assert not admin.execute(
+                "SELECT has_database_privilege(%s, current_database(), 'CREATE')", (owner,)
+            ).fetchone()[0]  # type: ignore[index]
+        with psycopg.connect(make_conninfo(empty_dsn, user=owner), autocommit=True) as conn:
+            applied = migrations.migrate(conn)
+            assert [m.version for m in applied] == [m.version for m in migrations.available()]
+            assert migrations.migrate(conn) == []
+    finally:
+        drop_roles(empty_dsn, owner)
