@@ -52,12 +52,15 @@ PAGE_BOUND = 2_000
 SCHEMAS = {"guard_big": BIG_READY, "guard_small": SMALL_READY}
 
 FILL = [
-    # The ready backlog: six types, one job in a hundred in the `reports` queue, 10 % delayed;
-    # enqueued in bulk, so the table's order follows run_at, as after a flood.
+    # The ready backlog: six types, one job in a hundred in the `reports` queue, 10 % delayed.
+    # Its run_at is unrelated to its place in the table, as delays, retries and bursts make it:
+    # i * 7919 % {ready} visits every slot of the last two hours once, in scattered order. In
+    # claim order, each next job then sits on another page of the table.
     """INSERT INTO {schema}.job (type, status, run_at, attempts, queue)
        SELECT 'type_' || (i % 6), 'ready',
-              CASE WHEN i % 10 = 0 THEN now() + (i * interval '1 second') / 100
-                   ELSE now() - interval '2 hours' + (i * interval '7200 seconds') / {ready} END,
+              CASE WHEN i % 10 = 0 THEN now() + ((i::bigint * 7919) % {ready}) * interval '3600 seconds' / {ready}
+                   ELSE now() - interval '2 hours' + ((i::bigint * 7919) % {ready}) * interval '7200 seconds' / {ready}
+              END,
               0, CASE WHEN i % 100 = 7 THEN 'reports' ELSE 'default' END
        FROM generate_series(1, {ready}) AS i""",
     # A queue whose only jobs wait behind the whole backlog.
