@@ -94,9 +94,14 @@ class _Head:
 
 
 def overview(
-    conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, cap: int = READY_EXACT_CAP, sample: int = HEAD_SAMPLE
+    conn: psycopg.Connection[Any],
+    schema: str = DEFAULT_SCHEMA,
+    cap: int | None = None,
+    sample: int = HEAD_SAMPLE,
 ) -> Overview:
-    """The queues and types, with their figures counted or estimated (see the module)."""
+    """The queues and types, with their figures counted or estimated (see the module); `cap`
+    is backlog.READY_EXACT_CAP unless given."""
+    cap = READY_EXACT_CAP if cap is None else cap
     sample = min(sample, cap)
     limits = {"type": cap, "queue": sample}
     with read_transaction(conn, schema):
