@@ -197,9 +197,16 @@ LIMIT %(limit)s;
 --   and not here;
 -- * the running jobs, as many as the workers run.
 WITH type_head AS MATERIALIZED (
-    SELECT type, run_at FROM {schema}.job WHERE status = 'ready' ORDER BY run_at, id LIMIT %(cap)s + 1
+    -- Grouped as read: each entry is passed over once.
+    SELECT type AS name, count(*) AS ready, count(*) FILTER (WHERE run_at <= now()) AS due,
+           min(run_at) FILTER (WHERE run_at <= now()) AS oldest, max(run_at) AS newest
+    FROM (SELECT type, run_at FROM {schema}.job WHERE status = 'ready' ORDER BY run_at, id LIMIT %(cap)s + 1) AS h
+    GROUP BY type
 ), queue_head AS MATERIALIZED (
-    SELECT queue, run_at FROM {schema}.job WHERE status = 'ready' ORDER BY run_at, id LIMIT %(sample)s + 1
+    SELECT queue AS name, count(*) AS ready, count(*) FILTER (WHERE run_at <= now()) AS due,
+           min(run_at) FILTER (WHERE run_at <= now()) AS oldest, max(run_at) AS newest
+    FROM (SELECT queue, run_at FROM {schema}.job WHERE status = 'ready' ORDER BY run_at, id LIMIT %(sample)s + 1) AS h
+    GROUP BY queue
 ), recent AS MATERIALIZED (
     SELECT queue, type, finished_at FROM {schema}.job
     WHERE status = 'done' AND finished_at > now() - interval '1 minute'
@@ -210,10 +217,8 @@ WITH type_head AS MATERIALIZED (
 ), grouped AS (
     SELECT 'queue' AS kind, name, sum(ready) AS ready, sum(due) AS due, min(oldest) AS oldest, max(newest) AS newest,
            sum(running) AS running, sum(done) AS done, min(done_since) AS done_since
-    FROM (SELECT queue AS name, count(*) AS ready, count(*) FILTER (WHERE run_at <= now()) AS due,
-                 min(run_at) FILTER (WHERE run_at <= now()) AS oldest, max(run_at) AS newest,
-                 0 AS running, 0 AS done, NULL::timestamptz AS done_since
-          FROM queue_head GROUP BY queue
+    FROM (SELECT name, ready, due, oldest, newest, 0 AS running, 0 AS done, NULL::timestamptz AS done_since
+          FROM queue_head
           UNION ALL
           SELECT queue, 0, 0, NULL, NULL, jobs, 0, NULL FROM running
           UNION ALL
@@ -221,20 +226,17 @@ WITH type_head AS MATERIALIZED (
     GROUP BY name
     UNION ALL
     SELECT 'type', name, sum(ready), sum(due), min(oldest), max(newest), sum(running), sum(done), min(done_since)
-    FROM (SELECT type AS name, count(*) AS ready, count(*) FILTER (WHERE run_at <= now()) AS due,
-                 min(run_at) FILTER (WHERE run_at <= now()) AS oldest, max(run_at) AS newest,
-                 0 AS running, 0 AS done, NULL::timestamptz AS done_since
-          FROM type_head GROUP BY type
+    FROM (SELECT name, ready, due, oldest, newest, 0 AS running, 0 AS done, NULL::timestamptz AS done_since
+          FROM type_head
           UNION ALL
           SELECT type, 0, 0, NULL, NULL, jobs, 0, NULL FROM running
           UNION ALL
           SELECT type, 0, 0, NULL, NULL, 0, count(*), min(finished_at) FROM recent GROUP BY type) AS t
     GROUP BY name
 ), heads AS (
-    SELECT 'queue' AS kind, (SELECT count(*) FROM queue_head) AS head_rows,
-           (SELECT max(run_at) FROM queue_head) AS newest
+    SELECT 'queue' AS kind, coalesce(sum(ready), 0) AS head_rows, max(newest) AS newest FROM queue_head
     UNION ALL
-    SELECT 'type', (SELECT count(*) FROM type_head), (SELECT max(run_at) FROM type_head)
+    SELECT 'type', coalesce(sum(ready), 0), max(newest) FROM type_head
 )
 SELECT coalesce(g.kind, c.kind) AS kind, coalesce(g.name, c.name) AS name,
        coalesce(g.ready, 0)::bigint AS ready, coalesce(g.due, 0)::bigint AS due,
