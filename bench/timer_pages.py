@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     params = conninfo_to_dict(args.dsn)
     params["dbname"] = args.dbname
-    dsn = make_conninfo(**params)
+    dsn = make_conninfo("", **params)
     most: dict[str, tuple[int, str]] = {}
     with pytest.MonkeyPatch.context() as monkeypatch:
         sent = run_paths(dsn, args.schema, monkeypatch)
