@@ -25,7 +25,9 @@ With --fleet N, each schema also holds a fleet of N processes on N/20 hosts, one
 (migration 0016), which every refresh reads (the Workers pane, the header's findings); the
 line `fleet_list` then says what that read costs alone: its median and the pages it touches.
 
-Sizes (ready jobs in three queues: default, reports with a limit, emails paused):
+Sizes (ready jobs in three queues: default, reports with a limit, emails paused; their run_at
+scattered over the table's order, as delays, retries and bursts make it, so in claim order
+each next job sits on another page; the dead jobs of five types that have no ready job):
 
     big    5,000,000 ready (10% delayed) + 1,000,000 done (over 24 h) + 10,000 dead + 2,000 running
     small      9,000 ready + 900 done + 100 dead + 20 running (10,020 rows)
@@ -79,8 +81,8 @@ FROM (SELECT i, now() - (i * interval '86400 seconds') / {done} AS f
     """
 INSERT INTO {schema}.job (type, status, run_at, attempts, queue)
 SELECT 'type_' || (i % 6), 'ready',
-       CASE WHEN i % 10 = 0 THEN now() + (i * interval '3600 seconds') / {ready}
-            ELSE now() - (i * interval '3600 seconds') / {ready} END, 0,
+       CASE WHEN i % 10 = 0 THEN now() + ((i::bigint * 7919) % {ready}) * interval '3600 seconds' / {ready}
+            ELSE now() - ((i::bigint * 7919) % {ready}) * interval '7200 seconds' / {ready} END, 0,
        CASE WHEN i % 50 = 1 THEN 'reports' WHEN i % 50 = 2 THEN 'emails' ELSE 'default' END
 FROM generate_series(1, {ready}) AS i
 """,
@@ -92,7 +94,7 @@ VALUES ('queue', 'reports', 3, NULL, NULL, 'bench'), ('queue', 'emails', NULL, n
     """
 INSERT INTO {schema}.job (type, status, run_at, attempts, max_attempts, locked_by, last_error,
                            created_at, finished_at)
-SELECT 'type_' || (i % 5), 'dead', now() - interval '8 days', 25, 25, 'worker-' || (i % 16),
+SELECT 'gone_' || (i % 5), 'dead', now() - interval '8 days', 25, 25, 'worker-' || (i % 16),
        format('KeyError: ''user %s''', i % 12) || E'\\nTraceback (most recent call last):\\n  File "x.py", line 1',
        now() - interval '8 days', now() - (i * interval '604800 seconds') / {dead}
 FROM generate_series(1, {dead}) AS i
@@ -263,6 +265,16 @@ async def console(
             "ready": snap.ready if snap else 0,
             "exact": snap.ready_estimate is None if snap else True,
             "running shown": len(app.latest.running) if app.latest else 0,
+            # A type with dead jobs only (gone_*) must not be given a ready backlog.
+            "types with ready": sorted(t.type for t in snap.by_type if t.ready) if snap else [],
+            "oldest by type": {t.type: round(t.oldest_ready_age) for t in snap.by_type if t.oldest_ready_age}
+            if snap
+            else {},
+            "oldest by queue": {
+                q.name: round(q.oldest_age) for q in app.latest.queues if q.kind == "queue" and q.oldest_age
+            }
+            if app.latest
+            else {},
         }
         await app.action_quit()
     return shares, times, seen

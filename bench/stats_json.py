@@ -5,7 +5,8 @@
 
 A benchmark, not a test. It creates its own database (--dbname, jobtui_bench_stats by
 default) with two schemas: `backlog`, --ready ready jobs in three queues (98 % default, 1 %
-reports with a limit, 1 % emails paused; 10 % delayed) and the archiver's minute row, and
+reports with a limit, 1 % emails paused; 10 % delayed; run_at scattered over the table's
+order, not in claim order) and the archiver's minute row, and
 `empty`, a migrated schema with no job. Then it runs the real command, `python -m jobtui.cli
 --schema S stats --json`, --runs times on each, taking turns, and prints the median wall time
 of each and what the backlog adds. A command's start (Python, imports, connecting) is the same
@@ -33,11 +34,14 @@ from jobtui.reads.backlog import record_minute
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 BENCH_DB = "jobtui_bench_stats"
 FILL = [
+    # run_at scattered over the table's order (i * 7919 mod n visits every slot once, out of
+    # order), as delays, retries and bursts make it: in claim order each next job sits on
+    # another page.
     """
 INSERT INTO {schema}.job (type, status, run_at, attempts, queue)
 SELECT 'type_' || (i % 6), 'ready',
-       CASE WHEN i % 10 = 0 THEN now() + (i * interval '3600 seconds') / {ready}
-            ELSE now() - (i * interval '3600 seconds') / {ready} END, 0,
+       CASE WHEN i % 10 = 0 THEN now() + ((i::bigint * 7919) % {ready}) * interval '3600 seconds' / {ready}
+            ELSE now() - ((i::bigint * 7919) % {ready}) * interval '3600 seconds' / {ready} END, 0,
        CASE WHEN i % 100 = 1 THEN 'reports' WHEN i % 100 = 2 THEN 'emails' ELSE 'default' END
 FROM generate_series(1, {ready}) AS i
 """,

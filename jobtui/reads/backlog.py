@@ -21,6 +21,10 @@ from jobtui.kernel.db import Call, Rows, run
 from jobtui.kernel.domain import DEFAULT_SCHEMA
 
 READY_EXACT_CAP = 20_000
+# The ready jobs whose rows (not only their index entries) a read on a timer may visit, and the
+# done jobs of the last minute it reads: in claim order each may sit on a page of its own, so
+# this bounds the pages such a read touches whatever the table's order.
+HEAD_SAMPLE = 1_000
 # A minute row older than this no longer describes the backlog; the planner's estimate does.
 MINUTE_ROW_FRESH = 300.0
 PLANNER = "the planner's estimate of the ready index"
@@ -69,47 +73,79 @@ def minutes(rows: list[Row]) -> list[MinuteFigures]:
     ]
 
 
-def estimate(size: Row, minute_rows: list[Row], taken_at: datetime, cap: int = READY_EXACT_CAP) -> ReadyEstimate | None:
-    """None when the ready jobs were few enough to count (`size["counted"] <= cap`), else the
-    best estimate: the newest minute row's count while it is fresh; else the planner's, split
-    by type and due as the newest minute row was (the archiver's count, however old, describes
-    the backlog better than the planner's statistics of every status); never below what the
-    probe counted."""
-    counted = int(size["counted"])
+def _head(rows: list[Row]) -> tuple[dict[str, tuple[int, int, float | None]], float | None]:
+    """The first entries of the ready index by type (ready, due, oldest due age), and the age of
+    the newest of them (negative: delayed)."""
+    by_type = {
+        str(r["type"]): (int(r["ready"]), int(r["due"]), None if r["oldest_age"] is None else float(r["oldest_age"]))
+        for r in rows
+    }
+    newest = next((float(r["newest_age"]) for r in rows if r["newest_age"] is not None), None)
+    return by_type, newest
+
+
+def estimate(
+    size: Row, head_rows: list[Row], minute_rows: list[Row], taken_at: datetime, cap: int = READY_EXACT_CAP
+) -> ReadyEstimate | None:
+    """None when the ready jobs were few enough to count (the first cap + 1 entries of the ready
+    index, `head_rows` by type, hold at most cap), else the best estimate: the newest minute
+    row's count while it is fresh; else the planner's, split by type and due as the newest
+    minute row was (the archiver's count, however old, describes the backlog better than the
+    planner's statistics of every status), or without one as the entries read; never below
+    what they held. A type's oldest age is the one read when one of its due jobs was among the
+    entries (exact, as in the queue overview), else the minute row's aged by the row's age."""
+    head, newest_age = _head(head_rows)
+    counted = sum(ready for ready, _, _ in head.values())
     if counted <= cap:
         return None
+    all_due_seen = newest_age is not None and newest_age < 0
     oldest = None if size["oldest_age"] is None else float(size["oldest_age"])
     newest = minute_rows[-1] if minute_rows else None
-    if newest is not None and (taken_at - newest["recorded_at"]).total_seconds() <= MINUTE_ROW_FRESH:
+    row_age = None if newest is None else (taken_at - newest["recorded_at"]).total_seconds()
+    split: dict[str, tuple[int, int, float | None]]
+
+    def merged(row: dict[str, Any], scale: float, aged: bool) -> dict[str, tuple[int, int, float | None]]:
+        out: dict[str, tuple[int, int, float | None]] = {}
+        for t in {*head, *(str(k) for k in row)}:
+            h_ready, h_due, h_age = head.get(t, (0, 0, None))
+            v = row.get(t)
+            if v is None:
+                out[t] = (h_ready, h_due if all_due_seen else max(h_due, h_ready), h_age)
+                continue
+            ready, due = max(h_ready, round(int(v[0]) * scale)), max(h_due, round(int(v[1]) * scale))
+            age = h_age
+            if age is None and aged and not all_due_seen and v[2] is not None and row_age is not None:
+                age = float(v[2]) + row_age
+                age = age if newest_age is None else min(age, newest_age)
+            out[t] = (ready, h_due if all_due_seen else due, age)
+        return out
+
+    if newest is not None and row_age is not None and row_age <= MINUTE_ROW_FRESH:
         ready = max(counted, int(newest["ready"]))
         due_share = int(newest["ready_due"]) / int(newest["ready"]) if int(newest["ready"]) else 1.0
         at = newest["recorded_at"]
-        by_type = {
-            str(t): (int(v[0]), int(v[1]), None if v[2] is None else float(v[2]))
-            for t, v in (newest["by_type"] or {}).items()
-        }
+        split = merged(newest["by_type"] or {}, 1.0, True)
         return ReadyEstimate(
-            ready, round(ready * due_share), oldest, f"counted at {at:%H:%M:%S} UTC by the archiver", by_type
+            ready, round(ready * due_share), oldest, f"counted at {at:%H:%M:%S} UTC by the archiver", split
         )
     ready = max(counted, int(size["index_estimate"] or 0))
     if newest is not None and int(newest["ready"]) > 0 and newest["by_type"]:
         # Workers (and their archivers) have been away: the planner's size, in the shares of
-        # the last count. A type's oldest age is not known.
+        # the last count.
         share = ready / int(newest["ready"])
-        last_split: dict[str, tuple[int, int, float | None]] = {
-            str(t): (round(int(v[0]) * share), round(int(v[1]) * share), None) for t, v in newest["by_type"].items()
-        }
         at = newest["recorded_at"]
         source = f"{PLANNER}, split as the archiver counted at {at:%H:%M:%S} UTC"
-        return ReadyEstimate(ready, round(int(newest["ready_due"]) * share), oldest, source, last_split)
-    # No count at all: each type's share of the table in the planner's statistics, rough
-    # (every status counts), and better than no split at all.
-    shares = size.get("type_shares") or {}
-    split: dict[str, tuple[int, int, float | None]] = {
-        str(t): (round(ready * float(share)), round(ready * float(share)), None)
-        for t, share in zip(shares.get("values") or [], shares.get("shares") or [], strict=False)
+        split = merged(newest["by_type"], share, False)
+        return ReadyEstimate(ready, round(int(newest["ready_due"]) * share), oldest, source, split)
+    # No count at all: the shares of the entries read, a sample of the ready jobs in claim
+    # order. A type with no ready job is not among them, so it is never given a backlog (the
+    # planner's statistics of the type column mix every status).
+    scale = ready / counted
+    split = {
+        t: (max(r, round(r * scale)), d if all_due_seen else max(d, round(r * scale)), age)
+        for t, (r, d, age) in head.items()
     }
-    return ReadyEstimate(ready, ready, oldest, PLANNER, split)
+    return ReadyEstimate(ready, ready, oldest, f"{PLANNER}, split as the first ready jobs in claim order", split)
 
 
 def _count(rows: Rows) -> int:

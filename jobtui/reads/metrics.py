@@ -398,22 +398,23 @@ def _snapshot(
                 ("metrics_lock_waits", _lock_wait_params(schema)),
                 ("metrics_oldest_xact", {}),
                 ("metrics_recovery", {}),
-                ("metrics_ready_size", {"cap": READY_EXACT_CAP, "schema_name": schema}),
+                ("metrics_ready_size", {"schema_name": schema}),
                 ("metrics_minutes", {}),
                 ("queue_flow_recent", {}),
                 ("metrics_key_window", {}),
             ],
         )
     taken_at = now_rows[0]["now"]
-    ready_estimate = estimate(size_rows[0], minute_rows, taken_at, READY_EXACT_CAP)
+    ready_estimate = estimate(size_rows[0], ready_rows, minute_rows, taken_at, READY_EXACT_CAP)
     if ready_estimate is not None:
         for job_type, (ready, due, age) in ready_estimate.by_type.items():
             slot(job_type).update(ready=ready, ready_due=due, oldest_ready_age=age)
-    for r in ready_rows:
-        age = r["oldest_age"]
-        slot(r["type"]).update(
-            ready=r["ready"], ready_due=r["due"], oldest_ready_age=None if age is None else float(age)
-        )
+    else:
+        for r in ready_rows:
+            age = r["oldest_age"]
+            slot(r["type"]).update(
+                ready=r["ready"], ready_due=r["due"], oldest_ready_age=None if age is None else float(age)
+            )
     running = []
     for r in running_rows:
         hb_age = r["heartbeat_age"]

@@ -1,18 +1,21 @@
 """Each queue and each job type at a glance, for `jobtui queue list`, `jobtui stats`,
 Prometheus and the console's Queues pane, read the way the header reads the backlog.
 
-Up to backlog.READY_EXACT_CAP ready jobs, every figure is counted. Above, counting them on
-every read would cost more the bigger the backlog, so the overview reads the first entries of
-the ready index (and their rows) and nothing more of the ready jobs:
+Up to backlog.READY_EXACT_CAP ready jobs, every type's figures are counted, from the ready
+index alone (it holds the type); up to backlog.HEAD_SAMPLE, every queue's too (the queue is
+read from the table, a page per job at worst). Above, counting them on every read would cost
+more the bigger the backlog, so the overview reads the first entries of the ready index in
+claim order (and, for the queues, their rows) and nothing more of the ready jobs:
 
 - the oldest due age of a queue or type stays exact when one of its due jobs is among those
   entries (its first one is its oldest); so does every figure of the due jobs while the last
   of those entries is delayed (then every due job is among them);
 - the other ready and due figures come from the archiver's newest minute row (counted by queue
   and by type, once a minute) while it is at most backlog.MINUTE_ROW_FRESH seconds old, else
-  from the planner's statistics, and are marked as estimates (`QueueLine.estimated`), never
-  below what was seen;
-- done in the last minute reads at most the newest READY_EXACT_CAP + 1 done rows; past that,
+  from the planner's estimate of the ready index, split in the shares of the entries read
+  (never the planner's statistics of the column, which mix every status), and are marked as
+  estimates (`QueueLine.estimated`), never below what was seen;
+- done in the last minute reads at most the newest HEAD_SAMPLE + 1 done rows; past that,
   their rate over the seconds they span, an estimate too.
 """
 
@@ -26,7 +29,7 @@ import psycopg
 
 from jobtui.kernel.db import Call, Rows, run
 from jobtui.kernel.domain import DEFAULT_SCHEMA
-from jobtui.reads.backlog import MINUTE_ROW_FRESH, PLANNER, READY_EXACT_CAP
+from jobtui.reads.backlog import HEAD_SAMPLE, MINUTE_ROW_FRESH, PLANNER, READY_EXACT_CAP
 from jobtui.reads.metrics import read_transaction
 
 Row = dict[str, Any]
@@ -75,19 +78,51 @@ def _read(rows: Rows) -> list[Row]:
     return rows.dicts()
 
 
-def overview(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, cap: int = READY_EXACT_CAP) -> Overview:
-    """The queues and types, with their figures counted or estimated (see the module)."""
+@dataclass(frozen=True, slots=True)
+class _Head:
+    """What the overview read of one kind's ready jobs: whether it stopped before the last of
+    them, how many entries, and the age of the newest (negative: delayed)."""
+
+    partial: bool
+    rows: int
+    newest_age: float | None
+
+    @property
+    def all_due_seen(self) -> bool:
+        """Every due job was among the entries read: the last of them is delayed."""
+        return self.newest_age is not None and self.newest_age < 0
+
+
+def overview(
+    conn: psycopg.Connection[Any],
+    schema: str = DEFAULT_SCHEMA,
+    cap: int | None = None,
+    sample: int = HEAD_SAMPLE,
+) -> Overview:
+    """The queues and types, with their figures counted or estimated (see the module); `cap`
+    is backlog.READY_EXACT_CAP unless given."""
+    cap = READY_EXACT_CAP if cap is None else cap
+    sample = min(sample, cap)
+    limits = {"type": cap, "queue": sample}
     with read_transaction(conn, schema):
-        rows = run(conn, Call("queue_overview", {"cap": cap}, _read), schema)
+        rows = run(conn, Call("queue_overview", {"cap": cap, "sample": sample}, _read), schema)
+        heads = {
+            r["kind"]: _Head(
+                int(r["head_rows"]) > limits[r["kind"]],
+                int(r["head_rows"]),
+                None if r["newest_age"] is None else float(r["newest_age"]),
+            )
+            for r in rows
+        }
         est = (
             run(conn, Call("queue_overview_estimate", {"schema_name": schema}, _read), schema)[0]
-            if (rows and int(rows[0]["head_rows"]) > cap)
+            if any(h.partial for h in heads.values())
             else None
         )
     lines = [QueueLine(**{f: r[f] for f in LINE_FIELDS}) for r in rows]
     types = [r for r in rows if r["kind"] == "type"]  # every job read is in exactly one type's line
-    if sum(int(r["done_last_minute"]) for r in types) > cap:
-        # The newest cap + 1 done jobs span fewer than 60 seconds: their rate, per minute.
+    if sum(int(r["done_last_minute"]) for r in types) > sample:
+        # The newest sample + 1 done jobs span fewer than 60 seconds: their rate, per minute.
         span = max((float(r["done_span"]) for r in types if r["done_span"] is not None), default=60.0)
         per_minute = 60.0 / max(1.0, span)
         lines = [
@@ -96,15 +131,11 @@ def overview(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, cap: i
         ]
     if est is None:
         return Overview(lines)
-    # The age of the newest ready job read (negative: delayed, so every due job was read).
-    newest = min((float(r["newest_age"]) for r in types if r["newest_age"] is not None), default=None)
     minute_age = None if est["minute_age"] is None else float(est["minute_age"])
-    return _estimated(lines, est, newest, minute_age)
+    return _estimated(lines, est, heads, minute_age)
 
 
-def _estimated(lines: list[QueueLine], est: Row, head_last_age: float | None, minute_age: float | None) -> Overview:
-    # Every due job was among the entries read when the last of them is delayed.
-    all_due_seen = head_last_age is not None and head_last_age < 0
+def _estimated(lines: list[QueueLine], est: Row, heads: dict[str, _Head], minute_age: float | None) -> Overview:
     fresh = minute_age is not None and minute_age <= MINUTE_ROW_FRESH
     minute: dict[str, dict[str, list[Any]]] = {"queue": est["by_queue"] or {}, "type": est["by_type"] or {}}
     # Without a fresh row (workers and their archivers away), the planner's size is split in
@@ -113,15 +144,11 @@ def _estimated(lines: list[QueueLine], est: Row, head_last_age: float | None, mi
     totals = {kind: sum(int(v[0]) for v in minute[kind].values()) for kind in ("queue", "type")}
     use_minute = fresh and bool(minute["queue"] or minute["type"])
     rescale = not fresh and bool(totals["queue"] or totals["type"]) and int(est["index_estimate"] or 0) > 0
-    planner = est["planner"] or {}
-    shares: dict[str, dict[str, float]] = {}
-    for kind in ("queue", "type"):
-        stats = planner.get(kind) or {}
-        shares[kind] = dict(zip(stats.get("values") or [], stats.get("shares") or [], strict=False))
     index_estimate = int(est["index_estimate"] or 0)
+    partial = {kind for kind, head in heads.items() if head.partial}
     seen = {(q.kind, q.name) for q in lines}
     if use_minute or rescale:
-        for kind in ("queue", "type"):
+        for kind in partial:
             lines += [
                 QueueLine(kind, name, 0, 0, 0, 0, None, None, None, None)
                 for name in minute[kind]
@@ -129,6 +156,10 @@ def _estimated(lines: list[QueueLine], est: Row, head_last_age: float | None, mi
             ]
     out = []
     for q in lines:
+        head = heads.get(q.kind)
+        if head is None or not head.partial:
+            out.append(q)  # every ready job of its kind was read: counted
+            continue
         counted = minute[q.kind].get(q.name) if use_minute or rescale else None
         if counted is not None and rescale:
             scale = index_estimate / totals[q.kind] if totals[q.kind] else 0.0
@@ -136,26 +167,27 @@ def _estimated(lines: list[QueueLine], est: Row, head_last_age: float | None, mi
         estimated = list(q.estimated)
         if counted is not None:
             ready = max(q.ready, int(counted[0]))
-            due = q.due if all_due_seen else max(q.due, int(counted[1]))
+            due = q.due if head.all_due_seen else max(q.due, int(counted[1]))
+        elif (use_minute or rescale) and minute[q.kind]:
+            # Not in the archiver's split of its kind (new since): what the head held.
+            ready, due = q.ready, q.due if head.all_due_seen else max(q.due, q.ready)
         else:
-            # Not in the archiver's split of its kind (new since): what the probe saw, never the
-            # planner's share of every status, which would give a type of done jobs a backlog.
-            # A kind the row does not split (an archiver of the previous release wrote no
-            # queues) is left to the planner.
-            split = (use_minute or rescale) and bool(minute[q.kind])
-            share = None if split else shares[q.kind].get(q.name)
-            ready = max(q.ready, round(index_estimate * float(share))) if share is not None else q.ready
-            due = q.due if all_due_seen else max(q.due, ready)
+            # No split by the archiver: the planner's size in the shares of the entries read,
+            # a sample of the ready jobs in claim order. A name with no ready job is not among
+            # them, so it is never given a backlog.
+            share = q.ready / head.rows if head.rows else 0.0
+            ready = max(q.ready, round(index_estimate * share))
+            due = q.due if head.all_due_seen else max(q.due, ready)
         estimated.append("ready")
-        if not all_due_seen:
+        if not head.all_due_seen:
             estimated.append("due")
         oldest = q.oldest_age
-        if oldest is None and not all_due_seen:
+        if oldest is None and not head.all_due_seen:
             # Not among the entries read: its oldest due job is younger than the last of them.
             estimated.append("oldest_age")
             if counted is not None and counted[2] is not None and minute_age is not None:
                 oldest = float(counted[2]) + minute_age
-                oldest = oldest if head_last_age is None else min(oldest, head_last_age)
+                oldest = oldest if head.newest_age is None else min(oldest, head.newest_age)
         out.append(replace(q, ready=ready, due=due, oldest_age=oldest, estimated=tuple(estimated)))
     out.sort(key=lambda q: (q.kind, q.name))
     if use_minute:
@@ -163,5 +195,5 @@ def _estimated(lines: list[QueueLine], est: Row, head_last_age: float | None, mi
     elif rescale:
         source = f"{PLANNER}, split as the archiver counted at {est['recorded_at']:%H:%M:%S} UTC"
     else:
-        source = "the planner's statistics of the job table"
+        source = f"{PLANNER}, split as the first ready jobs in claim order"
     return Overview(out, counted=False, source=source)

@@ -67,9 +67,15 @@ def test_above_the_cap_the_planner_estimates_and_the_age_stays_exact(conn: Conn,
     conn.execute("VACUUM ANALYZE jobtui.job")  # the index's row estimate and the statistics, as autovacuum
     snap = snapshot(conn)
     est = snap.ready_estimate
-    assert est is not None and est.source == "the planner's estimate of the ready index"
-    # Split by type as the planner's statistics share the table: 20 of a, 10 of b.
-    assert snap.ready == 30 and {t: v[0] for t, v in est.by_type.items()} == {"a": 20, "b": 10}
+    assert (
+        est is not None
+        and est.source == "the planner's estimate of the ready index, split as the first ready jobs in claim order"
+    )
+    # Split as the first CAP + 1 entries of the ready index: the 10 of b (the oldest) and 11 of
+    # a, scaled to the planner's 30; each type's age is exact (its first due job was read).
+    by_type = est.by_type
+    assert snap.ready == 30 and set(by_type) == {"a", "b"} and by_type["b"][0] >= 10 and by_type["a"][0] >= 11
+    assert by_type["b"][2] == pytest.approx(oldest_due_age(conn), abs=2.0)
     assert snap.oldest_ready_age == pytest.approx(oldest_due_age(conn), abs=2.0)
     assert snap.oldest_ready_age is not None and snap.oldest_ready_age >= 600
     assert snap.to_json()["totals"]["ready_exact"] is False
@@ -110,7 +116,10 @@ def test_with_the_archivers_away_the_planners_size_keeps_the_last_counts_split(c
     assert (snap.ready, snap.ready_due) == (30, 25)
     counts = {t.type: (t.ready, t.ready_due) for t in snap.by_type if t.ready}
     assert counts == {"a": (20, 15), "b": (10, 10)}
-    assert all(t.oldest_ready_age is None for t in snap.by_type if t.ready)  # not known, not invented
+    # Each type's age is the one read with the first entries of the ready index (exact: the
+    # same as the Queues pane's), not the old count's.
+    ages = {t.type: t.oldest_ready_age for t in snap.by_type if t.ready}
+    assert ages["b"] == pytest.approx(oldest_due_age(conn), abs=2.0) and ages["a"] is not None and ages["a"] < 60
 
 
 def test_a_minute_row_counts_what_finished_within_its_minute(dsn: str, conn: Conn) -> None:

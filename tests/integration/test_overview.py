@@ -69,7 +69,10 @@ def test_above_the_cap_without_a_minute_row_the_planner_estimates(conn: Conn, fl
     conn.execute("ANALYZE jobtui.job")  # the planner's statistics, as autovacuum keeps them
     conn.execute("VACUUM jobtui.job")
     seen = overview(conn, cap=CAP)
-    assert not seen.counted and seen.source == "the planner's statistics of the job table"
+    assert (
+        not seen.counted
+        and seen.source == "the planner's estimate of the ready index, split as the first ready jobs in claim order"
+    )
     default = lines(conn)[("queue", "default")]
     assert "ready" in default.estimated and 20 <= default.ready <= 40
     assert default.oldest_age is not None and "oldest_age" not in default.estimated
@@ -134,11 +137,12 @@ def test_estimates_are_marked_in_stats_above_the_cap(
     assert r[1:3] == ["~4", "~4"] and r[3].startswith("~1m"), r
     assert a[4:] == ["0", "0", "0"]  # running, dead and failed are counted whatever the backlog
     assert "~ estimated: too many ready jobs to count on every read; from counted at" in text, text
-    # The planner's split gives no type's age: not known, and said so.
+    # Without the archiver's row: the planner's size split as the entries read; a's age is the
+    # one read with them, as the queues' is.
     conn.execute("DELETE FROM jobtui.queue_minute")
     conn.execute("VACUUM ANALYZE jobtui.job")
     text = stats_text(dsn)
-    assert type_cells(text, "a")[3] == "?" and type_cells(text, "a")[1].startswith("~"), text
+    assert type_cells(text, "a")[3].startswith("~1h") and type_cells(text, "a")[1].startswith("~"), text
     assert "from the planner's estimate of the ready index" in text, text
 
 
@@ -154,11 +158,70 @@ def test_with_the_archivers_away_the_planners_size_keeps_the_last_counts_split(c
 
 def test_a_previous_archivers_row_without_queues_leaves_the_queues_to_the_planner(conn: Conn, flood: None) -> None:
     """An archiver of the previous release writes no split by queue (by_queue stays '{}'): the
-    queues' sizes then come from the planner's statistics, not from the entries read alone."""
+    queues' sizes then come from the planner's size, split as the entries read (never from the
+    planner's statistics of the column, which count every status)."""
     away_from_minute_boundary(conn)
     assert backlog.record_minute(conn)
     conn.execute("UPDATE jobtui.queue_minute SET by_queue = '{}'")
     conn.execute("VACUUM ANALYZE jobtui.job")
     default = lines(conn)[("queue", "default")]
     assert default.ready > CAP + 1, default  # more than the probe could have seen
-    assert default.ready == 32 and "ready" in default.estimated
+    # The first CAP + 1 entries are all of default: the whole of the planner's 36.
+    assert default.ready == 36 and "ready" in default.estimated
+
+
+@pytest.fixture
+def dead_types_beside_a_flood(dsn: str, conn: Conn, flood: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flood above every cap of the console, no archiver's row, and a type whose 50 jobs
+    are all dead or failed: the planner's statistics of the type column (every status) give it
+    more rows than any type that waits."""
+    from jobtui.reads import metrics
+    from jobtui.reads import overview as overview_module
+
+    monkeypatch.setattr(metrics, "READY_EXACT_CAP", CAP)
+    monkeypatch.setattr(overview_module, "READY_EXACT_CAP", CAP)
+    conn.execute(
+        "INSERT INTO jobtui.job (type, status, attempts, max_attempts, finished_at)"
+        " SELECT 'gone', CASE WHEN i % 5 = 0 THEN 'failed' ELSE 'dead' END, 3, 3, now()"
+        " FROM generate_series(1, 50) AS i"
+    )
+    conn.execute("DELETE FROM jobtui.queue_minute")
+    conn.execute("VACUUM ANALYZE jobtui.job")
+
+
+def test_a_type_with_only_dead_jobs_is_given_no_ready_estimate(dsn: str, dead_types_beside_a_flood: None) -> None:
+    from jobtui.tui.data import DataSource
+
+    source = DataSource(dsn, "jobtui")
+    try:
+        fetched = source.fetch()
+    finally:
+        source.close()
+    snap = fetched.snapshot
+    assert snap.ready_estimate is not None and not snap.ready_estimate.by_type.get("gone"), snap.ready_estimate
+    gone = {t.type: t for t in snap.by_type}["gone"]
+    assert (gone.ready, gone.ready_due, gone.dead + gone.failed) == (0, 0, 50)  # the Ready pane
+    shown = {(q.kind, q.name): q for q in fetched.queues}
+    assert ("type", "gone") not in shown or shown[("type", "gone")].ready == 0  # the Queues pane
+    assert {name for kind, name in shown if kind == "type"} >= {"a"}
+
+
+def test_the_oldest_wait_agrees_between_the_panes_above_the_cap(dsn: str, dead_types_beside_a_flood: None) -> None:
+    from jobtui.tui.data import DataSource
+
+    source = DataSource(dsn, "jobtui")
+    try:
+        fetched = source.fetch()
+    finally:
+        source.close()
+    snap = fetched.snapshot
+    assert snap.ready_estimate is not None
+    ready_pane = {t.type: t.oldest_ready_age for t in snap.by_type if t.ready}
+    queues_pane = {q.name: q.oldest_age for q in fetched.queues if q.kind == "type" and q.ready}
+    assert set(ready_pane) == set(queues_pane) == {"a"}, (ready_pane, queues_pane)  # r waits behind the cap
+    assert ready_pane["a"] is not None and queues_pane["a"] is not None
+    assert ready_pane["a"] == pytest.approx(queues_pane["a"], abs=1.0) and ready_pane["a"] >= 3600
+    # The header's oldest wait is the Queues pane's oldest queue.
+    header = snap.oldest_ready_age
+    oldest_queue = max(q.oldest_age for q in fetched.queues if q.kind == "queue" and q.oldest_age is not None)
+    assert header is not None and header == pytest.approx(oldest_queue, abs=1.0)

@@ -45,19 +45,24 @@ from tests.conftest import with_dbname
 BIG_READY = 400_000
 SMALL_READY = 1_000
 # At most this many pages (8 kB) per statement, whatever the backlog. The ready jobs' exact
-# figures read at most 20,001 entries of the ready index (and, for the queues, the rows
-# behind them); counting all of 400,000 ready jobs reads over 3,000 pages of that index alone
-# and over 6,000 of the table.
+# figures read at most 20,001 entries of the ready index, and the rows of at most
+# backlog.HEAD_SAMPLE + 1 of them (for their queue); counting all of 400,000 ready jobs reads
+# over 3,000 pages of that index alone and over 6,000 of the table. With the backlog
+# scattered, reading the rows of those 20,001 entries read 20,248 pages (one per row) here,
+# and 20,708 at 5,000,000 (bench/timer_pages.py): the bound holds whatever the table's order.
 PAGE_BOUND = 2_000
 SCHEMAS = {"guard_big": BIG_READY, "guard_small": SMALL_READY}
 
 FILL = [
-    # The ready backlog: six types, one job in a hundred in the `reports` queue, 10 % delayed;
-    # enqueued in bulk, so the table's order follows run_at, as after a flood.
+    # The ready backlog: six types, one job in a hundred in the `reports` queue, 10 % delayed.
+    # Its run_at is unrelated to its place in the table, as delays, retries and bursts make it:
+    # i * 7919 % {ready} visits every slot of the last two hours once, in scattered order. In
+    # claim order, each next job then sits on another page of the table.
     """INSERT INTO {schema}.job (type, status, run_at, attempts, queue)
        SELECT 'type_' || (i % 6), 'ready',
-              CASE WHEN i % 10 = 0 THEN now() + (i * interval '1 second') / 100
-                   ELSE now() - interval '2 hours' + (i * interval '7200 seconds') / {ready} END,
+              CASE WHEN i % 10 = 0 THEN now() + ((i::bigint * 7919) % {ready}) * interval '3600 seconds' / {ready}
+                   ELSE now() - interval '2 hours' + ((i::bigint * 7919) % {ready}) * interval '7200 seconds' / {ready}
+              END,
               0, CASE WHEN i % 100 = 7 THEN 'reports' ELSE 'default' END
        FROM generate_series(1, {ready}) AS i""",
     # A queue whose only jobs wait behind the whole backlog.

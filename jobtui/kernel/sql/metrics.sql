@@ -11,38 +11,28 @@
 SELECT set_config('lock_timeout', %(timeout)s, true), set_config('jit', 'off', true);
 
 -- name: metrics_ready
--- Ready jobs by type, counted exactly while there are at most %(cap)s of them (the probe reads
--- that many entries of the ready index and stops); above, nothing is counted here and the
--- snapshot estimates (metrics_ready_size, metrics_minutes). The age counts only jobs already
--- due (a delayed job is not late). Due and delayed jobs are two ranges of the ready index,
--- each counted by plain aggregates: no per-row FILTER.
-SELECT type, sum(jobs)::bigint AS ready, coalesce(sum(jobs) FILTER (WHERE due), 0)::bigint AS due,
-       extract(epoch FROM now() - min(oldest)) AS oldest_age
-FROM (SELECT type, true AS due, count(*) AS jobs, min(run_at) AS oldest
-      FROM {schema}.job WHERE status = 'ready' AND run_at <= now()
-      GROUP BY type
-      UNION ALL
-      SELECT type, false, count(*), NULL
-      FROM {schema}.job WHERE status = 'ready' AND run_at > now()
-      GROUP BY type) AS ready
-WHERE (SELECT count(*) FROM (SELECT 1 FROM {schema}.job WHERE status = 'ready' ORDER BY run_at, id LIMIT %(cap)s + 1) AS probe)
-      <= %(cap)s
+-- Ready jobs by type among the first %(cap)s + 1 entries of the ready index in claim order,
+-- from the index alone (it holds the type), so the pages read do not depend on the table's
+-- order: every ready job while there are at most %(cap)s; above, the first ones, which the
+-- snapshot completes with estimates (backlog.estimate). A type's age counts only jobs already
+-- due (a delayed job is not late) and is exact when one of its due jobs is among the entries
+-- read: its first one is its oldest. `newest_age` is the age of the last entry read
+-- (negative: delayed, so every due job was read).
+SELECT type, count(*)::bigint AS ready, count(*) FILTER (WHERE run_at <= now())::bigint AS due,
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now()))::float8 AS oldest_age,
+       extract(epoch FROM now() - max(max(run_at)) OVER ())::float8 AS newest_age
+FROM (SELECT type, run_at FROM {schema}.job WHERE status = 'ready' ORDER BY run_at, id LIMIT %(cap)s + 1) AS head
 GROUP BY type;
 
 -- name: metrics_ready_size
--- What is cheap about the ready jobs however many there are: how many, counted up to
--- %(cap)s + 1; the oldest due job's age (the first entry of the ready index); the planner's
--- estimate of the index's entries (pg_class.reltuples, set by VACUUM and ANALYZE); and each
--- type's share of the table's rows in the planner's statistics (pg_stats, every status).
-SELECT (SELECT count(*) FROM (SELECT 1 FROM {schema}.job WHERE status = 'ready' ORDER BY run_at, id LIMIT %(cap)s + 1) AS probe)
-           AS counted,
-       (SELECT extract(epoch FROM now() - run_at) FROM {schema}.job
+-- What is cheap about the ready jobs however many there are: the oldest due job's age (the
+-- first entry of the ready index) and the planner's estimate of the index's entries
+-- (pg_class.reltuples, set by VACUUM and ANALYZE). How many there are, up to its cap, is
+-- what metrics_ready read.
+SELECT (SELECT extract(epoch FROM now() - run_at) FROM {schema}.job
         WHERE status = 'ready' AND run_at <= now() ORDER BY run_at, id LIMIT 1)::float8 AS oldest_age,
        (SELECT greatest(reltuples, 0)::bigint FROM pg_class
-        WHERE oid = to_regclass(format('%%I.job_ready_idx', %(schema_name)s::text))) AS index_estimate,
-       (SELECT jsonb_build_object('values', to_jsonb(most_common_vals::text::text[]), 'shares', to_jsonb(most_common_freqs))
-        FROM pg_stats WHERE schemaname = %(schema_name)s AND tablename = 'job' AND attname = 'type'
-          AND most_common_vals IS NOT NULL) AS type_shares;
+        WHERE oid = to_regclass(format('%%I.job_ready_idx', %(schema_name)s::text))) AS index_estimate;
 
 -- name: metrics_minutes
 -- The queue's last hour, minute by minute (queue_minute, written by the archiver); the

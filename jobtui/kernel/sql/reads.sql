@@ -182,56 +182,61 @@ LIMIT %(limit)s;
 -- type, the ready jobs (and how many are due), running ones, the oldest due job's age (a
 -- pause makes it grow: that is what the pause costs), jobs done in the last minute, and the
 -- queue's limit and pause. Queues and types with no job but a control row are listed too.
--- Read by column name; runs on a timer, so it reads a bounded number of rows however big the
--- backlog (jobtui/overview.py says what it makes of them):
--- * the ready jobs: all of them while there are at most %(cap)s (`head_rows`, counted in the
---   ready index up to %(cap)s + 1, as the snapshot's probe); above, the first %(cap)s + 1 in
---   claim order and the rows behind them (the index holds the type, not the queue). A
---   queue's oldest age is then still exact when one of its due jobs is among them (its first
---   one is its oldest), and so is every figure of the due jobs while the newest of them is
---   delayed (`newest_age` < 0);
--- * the done jobs of the last minute: at most the newest %(cap)s + 1 (`done_since` says the
+-- Read by column name; runs on a timer, so it touches a bounded number of pages however big
+-- the backlog and whatever the table's order (jobtui/reads/overview.py says what it makes of
+-- them):
+-- * the types: the first %(cap)s + 1 entries of the ready index in claim order, from the index
+--   alone (it holds the type): every ready job while there are at most %(cap)s;
+-- * the queues: the first %(sample)s + 1 ready jobs in claim order, whose rows are read (the
+--   index does not hold the queue; in claim order each next row may sit on another page);
+--   `head_rows` says, per kind, how many entries were read. A kind's oldest age stays exact
+--   when one of its due jobs is among them (its first one is its oldest), and so does every
+--   figure of its due jobs while the newest entry read is delayed (`newest_age` < 0);
+-- * the done jobs of the last minute: at most the newest %(sample)s + 1 (`done_span` says the
 --   seconds they span); jobs deleted at completion are counted by type only, in done_tally,
 --   and not here;
 -- * the running jobs, as many as the workers run.
-WITH probe AS MATERIALIZED (
-    SELECT count(*) AS n
-    FROM (SELECT 1 FROM {schema}.job WHERE status = 'ready' ORDER BY run_at, id LIMIT %(cap)s + 1) AS p
-), head AS MATERIALIZED (
-    -- Two branches, one of them empty: counted in any order, or the first ones in claim order.
-    SELECT queue, type, run_at FROM {schema}.job
-    WHERE status = 'ready' AND (SELECT n FROM probe) <= %(cap)s
-    UNION ALL
-    (SELECT queue, type, run_at FROM {schema}.job
-     WHERE status = 'ready' AND (SELECT n FROM probe) > %(cap)s
-     ORDER BY run_at, id
-     LIMIT %(cap)s + 1)
+WITH type_head AS MATERIALIZED (
+    -- Grouped as read: each entry is passed over once.
+    SELECT type AS name, count(*) AS ready, count(*) FILTER (WHERE run_at <= now()) AS due,
+           min(run_at) FILTER (WHERE run_at <= now()) AS oldest, max(run_at) AS newest
+    FROM (SELECT type, run_at FROM {schema}.job WHERE status = 'ready' ORDER BY run_at, id LIMIT %(cap)s + 1) AS h
+    GROUP BY type
+), queue_head AS MATERIALIZED (
+    SELECT queue AS name, count(*) AS ready, count(*) FILTER (WHERE run_at <= now()) AS due,
+           min(run_at) FILTER (WHERE run_at <= now()) AS oldest, max(run_at) AS newest
+    FROM (SELECT queue, run_at FROM {schema}.job WHERE status = 'ready' ORDER BY run_at, id LIMIT %(sample)s + 1) AS h
+    GROUP BY queue
 ), recent AS MATERIALIZED (
     SELECT queue, type, finished_at FROM {schema}.job
     WHERE status = 'done' AND finished_at > now() - interval '1 minute'
     ORDER BY finished_at DESC
-    LIMIT %(cap)s + 1
-), pairs AS (
-    SELECT queue, type, sum(ready) AS ready, sum(due) AS due, min(oldest) AS oldest, max(newest) AS newest,
-           sum(running) AS running, sum(done) AS done, min(done_since) AS done_since
-    FROM (SELECT queue, type, count(*) AS ready, count(*) FILTER (WHERE run_at <= now()) AS due,
-                 min(run_at) FILTER (WHERE run_at <= now()) AS oldest, max(run_at) AS newest,
-                 0 AS running, 0 AS done, NULL::timestamptz AS done_since
-          FROM head GROUP BY queue, type
-          UNION ALL
-          SELECT queue, type, 0, 0, NULL, NULL, count(*), 0, NULL
-          FROM {schema}.job WHERE status = 'running' GROUP BY queue, type
-          UNION ALL
-          SELECT queue, type, 0, 0, NULL, NULL, 0, count(*), min(finished_at)
-          FROM recent GROUP BY queue, type) AS p
-    GROUP BY queue, type
+    LIMIT %(sample)s + 1
+), running AS MATERIALIZED (
+    SELECT queue, type, count(*) AS jobs FROM {schema}.job WHERE status = 'running' GROUP BY queue, type
 ), grouped AS (
-    SELECT 'queue' AS kind, queue AS name, sum(ready) AS ready, sum(due) AS due, min(oldest) AS oldest,
-           max(newest) AS newest, sum(running) AS running, sum(done) AS done, min(done_since) AS done_since
-    FROM pairs GROUP BY queue
+    SELECT 'queue' AS kind, name, sum(ready) AS ready, sum(due) AS due, min(oldest) AS oldest, max(newest) AS newest,
+           sum(running) AS running, sum(done) AS done, min(done_since) AS done_since
+    FROM (SELECT name, ready, due, oldest, newest, 0 AS running, 0 AS done, NULL::timestamptz AS done_since
+          FROM queue_head
+          UNION ALL
+          SELECT queue, 0, 0, NULL, NULL, jobs, 0, NULL FROM running
+          UNION ALL
+          SELECT queue, 0, 0, NULL, NULL, 0, count(*), min(finished_at) FROM recent GROUP BY queue) AS q
+    GROUP BY name
     UNION ALL
-    SELECT 'type', type, sum(ready), sum(due), min(oldest), max(newest), sum(running), sum(done), min(done_since)
-    FROM pairs GROUP BY type
+    SELECT 'type', name, sum(ready), sum(due), min(oldest), max(newest), sum(running), sum(done), min(done_since)
+    FROM (SELECT name, ready, due, oldest, newest, 0 AS running, 0 AS done, NULL::timestamptz AS done_since
+          FROM type_head
+          UNION ALL
+          SELECT type, 0, 0, NULL, NULL, jobs, 0, NULL FROM running
+          UNION ALL
+          SELECT type, 0, 0, NULL, NULL, 0, count(*), min(finished_at) FROM recent GROUP BY type) AS t
+    GROUP BY name
+), heads AS (
+    SELECT 'queue' AS kind, coalesce(sum(ready), 0) AS head_rows, max(newest) AS newest FROM queue_head
+    UNION ALL
+    SELECT 'type', coalesce(sum(ready), 0), max(newest) FROM type_head
 )
 SELECT coalesce(g.kind, c.kind) AS kind, coalesce(g.name, c.name) AS name,
        coalesce(g.ready, 0)::bigint AS ready, coalesce(g.due, 0)::bigint AS due,
@@ -240,29 +245,25 @@ SELECT coalesce(g.kind, c.kind) AS kind, coalesce(g.name, c.name) AS name,
        c.max_running, c.paused_at, c.paused_by,
        c.rate_per_second AS rate, CASE WHEN c.ramp_until > now() THEN c.ramp_until END AS ramp_until,
        {schema}.control_rate(c.rate_per_second, c.ramp_from, c.ramp_until, now()) AS rate_now,
-       (SELECT n FROM probe) AS head_rows,
-       extract(epoch FROM now() - g.newest)::float8 AS newest_age,
+       h.head_rows,
+       extract(epoch FROM now() - h.newest)::float8 AS newest_age,
        extract(epoch FROM now() - g.done_since)::float8 AS done_span
 FROM grouped AS g
 FULL JOIN {schema}.queue_control AS c ON c.kind = g.kind AND c.name = g.name
+JOIN heads AS h ON h.kind = coalesce(g.kind, c.kind)
 WHERE g.name IS NOT NULL OR c.paused_at IS NOT NULL OR c.max_running IS NOT NULL
    OR c.rate_per_second IS NOT NULL OR c.ramp_until > now()
 ORDER BY 1, 2;
 
 -- name: queue_overview_estimate
--- What the queue overview estimates from when the ready jobs are too many to count: the
+-- What the queue overview estimates from when the ready jobs are too many to read: the
 -- archiver's newest minute row (its ready jobs by queue and by type, counted once that
--- minute), the planner's estimate of the ready index's entries, and the share of each queue
--- and type among the table's rows in the planner's statistics (pg_stats: most common values,
--- over every status). Catalog and one small table only.
+-- minute) and the planner's estimate of the ready index's entries. Catalog and one small
+-- table only. No share of the planner's column statistics: they mix every status, and would
+-- give a type whose jobs are all dead a backlog.
 SELECT (SELECT greatest(reltuples, 0)::bigint FROM pg_class
         WHERE oid = to_regclass(format('%%I.job_ready_idx', %(schema_name)s::text))) AS index_estimate,
-       m.recorded_at, extract(epoch FROM now() - m.recorded_at)::float8 AS minute_age, m.by_queue, m.by_type,
-       (SELECT jsonb_object_agg(s.attname, jsonb_build_object('values', to_jsonb(s.most_common_vals::text::text[]),
-                                                              'shares', to_jsonb(s.most_common_freqs)))
-        FROM pg_stats AS s
-        WHERE s.schemaname = %(schema_name)s AND s.tablename = 'job' AND s.attname IN ('queue', 'type')
-          AND s.most_common_vals IS NOT NULL) AS planner
+       m.recorded_at, extract(epoch FROM now() - m.recorded_at)::float8 AS minute_age, m.by_queue, m.by_type
 FROM (SELECT 1) AS one
 LEFT JOIN LATERAL (SELECT recorded_at, ready, by_queue, by_type FROM {schema}.queue_minute
                    ORDER BY minute DESC LIMIT 1) AS m ON true;
