@@ -69,7 +69,7 @@ TARGET_RATIO = 0.70
 # The raw loop's statements: what a developer would write by hand for the same work (the
 # same claim and the same complete as jobtui's sql/claims.sql, kept in step with them by hand),
 # with positional parameters.
-RAW_CLAIM = """
+RAW_CLAIM_MINIMAL = """
 UPDATE jobtui.job AS j
 SET status = 'running', attempts = j.attempts + 1, lease_token = j.lease_token + 1,
     max_attempts = coalesce(j.max_attempts, (%s::int[])[array_position(%s::text[], j.type)], %s),
@@ -260,7 +260,7 @@ class RawLoop:
         """Claim up to `batch` jobs and complete them; how many were completed."""
         cur = self.cur
         types = self.types
-        cur.execute(RAW_CLAIM, (self.limits, types, DEFAULT_MAX_ATTEMPTS, self.worker, LEASE_SECONDS, types, batch))
+        cur.execute(RAW_CLAIM_MINIMAL, (self.limits, types, DEFAULT_MAX_ATTEMPTS, self.worker, LEASE_SECONDS, types, batch))
         rows = cur.fetchall()
         if not rows:
             return 0

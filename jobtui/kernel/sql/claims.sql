@@ -15,26 +15,35 @@
 -- the join. The rows come back in id order; the caller sorts them by run_at. The payload
 -- comes as text, which the worker decodes with one JSON decoder, cheaper per row than
 -- psycopg's jsonb loader.
--- Pauses and limits are read here, in queue_control, in this statement: paused queues and
--- types are left out (two one-time subqueries of that small table), and the jobs of queues
--- with a limit come from claim_limited (migration 0008), which counts what runs under a lock.
--- Without a limit set, that function finds no row and takes no lock. The jobs of queues and
--- types with a rate (or a ramp) come from claim_rated (migration 0013), which takes a token
--- of their buckets per job; without a rate set, one small subquery finds none and the function
--- is not called. The queue and the type
+-- Levers cost only the claims they can hold back. One look at queue_control, for a row of
+-- this claim's queue (every queue's, for a claim of every queue) or of one of its types that
+-- pauses, limits or rates it (`levered`, one index probe of that small table), chooses the
+-- walk, in this statement's snapshot: so a lever holds from each worker's next claim, and a
+-- worker of the previous release claims alongside as before.
+--   plain    no lever applies: the walk of the ready index, with nothing else to read.
+--   levered  as before this choice: paused queues and types are left out (two one-time
+--            subqueries of queue_control), the jobs of queues with a limit come from
+--            claim_limited (migration 0008), which counts what runs under a lock, and those of
+--            queues and types with a rate (or a ramp) from claim_rated (migration 0013), which
+--            takes a token of their buckets per job; without a rate in reach, one small
+--            subquery finds none and that function is not called.
+-- Only the chosen walk runs: the other one's subqueries (and the `limited` CTE) are never
+-- executed. The queue and the type
 -- are compared as expressions (`queue || ''`), which the planner estimates by default rather
 -- than from the columns' statistics: with a single queue or type in the table, those say
 -- that almost no row differs from a value not known yet, and a generic plan would sort every
 -- ready row instead of walking the ready index.
--- The walk for the jobs no lever holds back does not start at all when the claim's queue, or
--- each of its types, is paused, limited or rated (`aside`, a one-time filter): a worker that
--- serves only a rated queue whose bucket is spent would otherwise read that queue's whole
--- backlog at every claim, looking for jobs that cannot be there.
+-- The levered walk for the jobs no lever holds back does not start at all when the claim's
+-- queue, or each of its types, is paused, limited or rated (`aside`, a one-time filter): a
+-- worker that serves only a rated queue whose bucket is spent would otherwise read that
+-- queue's whole backlog at every claim, looking for jobs that cannot be there.
 WITH limited AS MATERIALIZED (
     SELECT r.ids || {schema}.claim_limited(%(queue)s::text, %(types)s::text[], %(limit)s::int - cardinality(r.ids), r.ids)
            AS ids
     FROM (SELECT CASE WHEN EXISTS (SELECT 1 FROM {schema}.queue_control
-                                   WHERE rate_per_second IS NOT NULL OR ramp_until > now())
+                                   WHERE (rate_per_second IS NOT NULL OR ramp_until > now())
+                                     AND (kind = 'queue' AND (%(queue)s::text IS NULL OR name = %(queue)s::text)
+                                          OR kind = 'type' AND name = ANY(%(types)s::text[])))
                       THEN {schema}.claim_rated(%(queue)s::text, %(types)s::text[], %(limit)s::int)
                       ELSE ARRAY[]::bigint[] END AS ids) AS r
 ), aside AS MATERIALIZED (
@@ -58,7 +67,15 @@ SET status = 'running',
     locked_until = now() + make_interval(secs => %(lease)s),
     heartbeat_at = now(),
     started_at = now()
-WHERE j.id = ANY((SELECT ids FROM limited) || ARRAY(
+WHERE j.id = ANY(CASE WHEN EXISTS (
+        -- levered
+        SELECT 1 FROM {schema}.queue_control
+        WHERE (kind = 'queue' AND (%(queue)s::text IS NULL OR name = %(queue)s::text)
+               AND (paused_at IS NOT NULL OR max_running IS NOT NULL
+                    OR rate_per_second IS NOT NULL OR ramp_until > now()))
+           OR (kind = 'type' AND name = ANY(%(types)s::text[])
+               AND (paused_at IS NOT NULL OR rate_per_second IS NOT NULL OR ramp_until > now())))
+    THEN (SELECT ids FROM limited) || ARRAY(
         SELECT id FROM {schema}.job
         WHERE status = 'ready' AND run_at <= now() AND type = ANY(%(types)s::text[])
           AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -69,7 +86,15 @@ WHERE j.id = ANY((SELECT ids FROM limited) || ARRAY(
                FROM aside AS a)
         ORDER BY run_at, id
         LIMIT greatest(0, %(limit)s::int - cardinality((SELECT ids FROM limited)))
-        FOR UPDATE SKIP LOCKED))
+        FOR UPDATE SKIP LOCKED)
+    ELSE ARRAY(
+        -- plain
+        SELECT id FROM {schema}.job
+        WHERE status = 'ready' AND run_at <= now() AND type = ANY(%(types)s::text[])
+          AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+        ORDER BY run_at, id
+        LIMIT %(limit)s::int
+        FOR UPDATE SKIP LOCKED) END)
   AND j.status = 'ready'
 RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_token,
           j.locked_until, j.created_at, j.run_at, j.uncounted, j.meta::text, j.queue;
