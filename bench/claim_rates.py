@@ -48,7 +48,7 @@ from jobtui.kernel.domain import DEFAULT_MAX_ATTEMPTS, Lease
 from jobtui.kernel.migrate import migrate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from core import RAW_CLAIM_MINIMAL  # noqa: E402
+from core import RAW_CLAIM_MINIMAL
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -123,19 +123,29 @@ def cycle(conn: psycopg.Connection[Any], claims: Claims, loop: str, batch: int) 
     return len(run(conn, complete_call([Lease(int(r[0]), int(r[5])) for r in rows])))
 
 
-def one_round(dsn: str, jobs: int, batch: int, slice_jobs: int, claims: Claims, turn: int) -> dict[str, float]:
+def claim_session(conn: psycopg.Connection[Any], generic: bool) -> None:
+    """The worker's claiming connection: its settings (sql/claims.sql, claim_session), and
+    with `generic` one plan kept for each statement rather than one planned per call."""
+    conn.execute(statements()["claim_session"])
+    if generic:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+
+
+def one_round(
+    dsn: str, jobs: int, batch: int, slice_jobs: int, claims: Claims, turn: int, loops: Sequence[str], generic: bool
+) -> dict[str, float]:
     with Queue(dsn) as q:
         for start in range(0, jobs, 10_000):
             q.enqueue_many([NewJob(JOB_TYPE, {}) for _ in range(min(10_000, jobs - start))])
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute("VACUUM ANALYZE jobtui.job")
-    quota = jobs // len(LOOPS)
-    done = dict.fromkeys(LOOPS, 0)
-    spent = dict.fromkeys(LOOPS, 0.0)
-    order = list(LOOPS[turn % len(LOOPS) :] + LOOPS[: turn % len(LOOPS)])
+    quota = jobs // len(loops)
+    done = dict.fromkeys(loops, 0)
+    spent = dict.fromkeys(loops, 0.0)
+    order = list(loops[turn % len(loops) :]) + list(loops[: turn % len(loops)])
     with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn, autocommit=True) as control:
-        conn.execute("SET TimeZone = 'UTC'")
-        while any(done[loop] < quota for loop in LOOPS):
+        claim_session(conn, generic)
+        while any(done[loop] < quota for loop in loops):
             for loop in order:
                 if done[loop] >= quota:
                     continue
@@ -153,7 +163,7 @@ def one_round(dsn: str, jobs: int, batch: int, slice_jobs: int, claims: Claims, 
         admin.execute("DELETE FROM jobtui.job")
         admin.execute("DELETE FROM jobtui.queue_control")
         admin.execute("VACUUM jobtui.job")
-    return {loop: done[loop] / spent[loop] for loop in LOOPS}
+    return {loop: done[loop] / spent[loop] for loop in loops}
 
 
 def statement_ab(dsn: str, claims: Claims, batch: int, jobs: int, runs: int) -> dict[str, float]:
@@ -195,8 +205,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--dbname", default="bench_i28")
     p.add_argument("--statement-runs", type=int, default=2000, help="runs of the statement A/B (default 2000)")
+    p.add_argument("--loops", default=",".join(LOOPS), help="comma-separated, of: " + ", ".join(LOOPS))
+    p.add_argument(
+        "--plan",
+        choices=("custom", "generic"),
+        default="custom",
+        help="generic: plan_cache_mode force_generic_plan on the claiming connection",
+    )
     args = p.parse_args(argv)
     claims = Claims(baseline_claim(args.baseline))
+    loops = [loop for loop in args.loops.split(",") if loop]
+    if unknown := set(loops) - set(LOOPS):
+        p.error(f"unknown loops {sorted(unknown)}")
+    generic = args.plan == "generic"
     admin_dsn = with_dbname(args.dsn, "postgres")
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(args.dbname)))
@@ -207,19 +228,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             migrate(conn)
             run(conn, Call("db_now", {}, lambda r: None), "jobtui")
         print(f"claim + complete, jobs/s; base = the claim of {args.baseline}; medians of {args.rounds} rounds")
-        print("| batch | " + " | ".join(LOOPS) + " |\n" + "| ---: " * (len(LOOPS) + 1) + "|")
+        print(f"plans: {args.plan}")
+        print("| batch | " + " | ".join(loops) + " |\n" + "| ---: " * (len(loops) + 1) + "|")
         ratios: dict[int, list[float]] = {}
         for batch in (int(b) for b in args.batches.split(",")):
-            rounds = [one_round(dsn, args.jobs, batch, args.slice, claims, t) for t in range(args.rounds)]
-            rates = {loop: statistics.median(r[loop] for r in rounds) for loop in LOOPS}
-            ratios[batch] = [statistics.median(r[a] / r[b] for r in rounds) for a, b in RATIOS]
-            print(f"| {batch} | " + " | ".join(f"{rates[loop]:,.0f}" for loop in LOOPS) + " |", flush=True)
+            rounds = [
+                one_round(dsn, args.jobs, batch, args.slice, claims, t, loops, generic) for t in range(args.rounds)
+            ]
+            rates = {loop: statistics.median(r[loop] for r in rounds) for loop in loops}
+            ratios[batch] = [
+                statistics.median(r[a] / r[b] for r in rounds) if a in loops and b in loops else float("nan")
+                for a, b in RATIOS
+            ]
+            print(f"| {batch} | " + " | ".join(f"{rates[loop]:,.0f}" for loop in loops) + " |", flush=True)
         print("\ncost (drain rate below the reference: 1 - loop / reference, median of the rounds' ratios)")
         print("| loop | against | " + " | ".join(f"batch {b}" for b in ratios) + " |")
         print("| --- | --- " + "| ---: " * len(ratios) + "|")
         for i, (a, b) in enumerate(RATIOS):
             print(f"| {a} | {b} | " + " | ".join(f"{1 - r[i]:+.1%}" for r in ratios.values()) + " |")
-        print(f"\nthe claim statement alone, no lever, rolled back, {args.statement_runs} runs each in turns, median ms")
+        runs = args.statement_runs
+        print(f"\nthe claim statement alone, no lever, rolled back, {runs} runs each in turns, median ms")
         print("| batch | minimal | base | new | base vs minimal | new vs minimal |")
         print("| ---: | ---: | ---: | ---: | ---: | ---: |")
         for batch in (int(b) for b in args.batches.split(",")):
