@@ -20,8 +20,11 @@ on the same connection and completes with jobtui's complete, so only the claim d
     own+other   this tree's claim of the default queue, a rate on another queue: out of reach;
 
 where X is `base` (the claim of --baseline, read with `git show`) or `new` (this tree's).
-Before each turn the control rows are set for the loop that runs next. Ratios are the
-median of the per-round ratios. Then the claim statement alone, without a lever: minimal,
+Before each turn the control rows are set for the loop that runs next. For each loop: its
+drain rate, and the server's CPU per job (the claiming backend's time on a CPU during the
+loop's turns, from /proc/PID/schedstat: the server must be on this machine), which the load
+of other work on the machine moves far less than the rate. Ratios are the median of the
+per-round ratios. Then the claim statement alone, without a lever: minimal,
 base and new in turns, each run rolled back, which resolves smaller differences.
 """
 
@@ -131,9 +134,17 @@ def claim_session(conn: psycopg.Connection[Any], generic: bool) -> None:
         conn.execute("SET plan_cache_mode = force_generic_plan")
 
 
+def backend_cpu(pid: int) -> float:
+    """Seconds on a CPU of the server process `pid` (nanoseconds in /proc/PID/schedstat): the
+    server's cost, which the load of the other work on the machine changes far less than the
+    time a loop takes."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+
+
 def one_round(
     dsn: str, jobs: int, batch: int, slice_jobs: int, claims: Claims, turn: int, loops: Sequence[str], generic: bool
-) -> dict[str, float]:
+) -> dict[str, tuple[float, float]]:
+    """(jobs/s, server CPU µs per job) of each loop."""
     with Queue(dsn) as q:
         for start in range(0, jobs, 10_000):
             q.enqueue_many([NewJob(JOB_TYPE, {}) for _ in range(min(10_000, jobs - start))])
@@ -142,15 +153,17 @@ def one_round(
     quota = jobs // len(loops)
     done = dict.fromkeys(loops, 0)
     spent = dict.fromkeys(loops, 0.0)
+    server = dict.fromkeys(loops, 0.0)
     order = list(loops[turn % len(loops) :]) + list(loops[: turn % len(loops)])
     with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn, autocommit=True) as control:
         claim_session(conn, generic)
+        pid = conn.info.backend_pid
         while any(done[loop] < quota for loop in loops):
             for loop in order:
                 if done[loop] >= quota:
                     continue
                 set_controls(control, loop)
-                started = time.perf_counter()
+                started, cpu = time.perf_counter(), backend_cpu(pid)
                 target = min(quota, done[loop] + slice_jobs)
                 while done[loop] < target:
                     n = cycle(conn, claims, loop, min(batch, target - done[loop]))
@@ -158,12 +171,13 @@ def one_round(
                         break
                     done[loop] += n
                 spent[loop] += time.perf_counter() - started
+                server[loop] += backend_cpu(pid) - cpu
             order = order[1:] + order[:1]
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute("DELETE FROM jobtui.job")
         admin.execute("DELETE FROM jobtui.queue_control")
         admin.execute("VACUUM jobtui.job")
-    return {loop: done[loop] / spent[loop] for loop in loops}
+    return {loop: (done[loop] / spent[loop], server[loop] / done[loop] * 1e6) for loop in loops}
 
 
 def statement_ab(dsn: str, claims: Claims, batch: int, jobs: int, runs: int) -> dict[str, float]:
@@ -229,23 +243,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             run(conn, Call("db_now", {}, lambda r: None), "jobtui")
         print(f"claim + complete, jobs/s; base = the claim of {args.baseline}; medians of {args.rounds} rounds")
         print(f"plans: {args.plan}")
-        print("| batch | " + " | ".join(loops) + " |\n" + "| ---: " * (len(loops) + 1) + "|")
+        print("| batch | | " + " | ".join(loops) + " |\n| ---: | --- " + "| ---: " * len(loops) + "|")
         ratios: dict[int, list[float]] = {}
+        cpu_ratios: dict[int, list[float]] = {}
         for batch in (int(b) for b in args.batches.split(",")):
             rounds = [
                 one_round(dsn, args.jobs, batch, args.slice, claims, t, loops, generic) for t in range(args.rounds)
             ]
-            rates = {loop: statistics.median(r[loop] for r in rounds) for loop in loops}
+            rates = {loop: statistics.median(r[loop][0] for r in rounds) for loop in loops}
+            cpu = {loop: statistics.median(r[loop][1] for r in rounds) for loop in loops}
             ratios[batch] = [
-                statistics.median(r[a] / r[b] for r in rounds) if a in loops and b in loops else float("nan")
+                statistics.median(r[a][0] / r[b][0] for r in rounds) if a in loops and b in loops else float("nan")
                 for a, b in RATIOS
             ]
-            print(f"| {batch} | " + " | ".join(f"{rates[loop]:,.0f}" for loop in loops) + " |", flush=True)
-        print("\ncost (drain rate below the reference: 1 - loop / reference, median of the rounds' ratios)")
-        print("| loop | against | " + " | ".join(f"batch {b}" for b in ratios) + " |")
-        print("| --- | --- " + "| ---: " * len(ratios) + "|")
+            cpu_ratios[batch] = [
+                statistics.median(r[a][1] / r[b][1] for r in rounds) if a in loops and b in loops else float("nan")
+                for a, b in RATIOS
+            ]
+            print(f"| {batch} | jobs/s | " + " | ".join(f"{rates[loop]:,.0f}" for loop in loops) + " |")
+            print(f"| {batch} | server µs/job | " + " | ".join(f"{cpu[loop]:.1f}" for loop in loops) + " |", flush=True)
+        print("\ncost: drain rate below the reference (1 - loop / reference) and server CPU per job above it")
+        print("(loop / reference - 1), medians of the rounds' ratios")
+        print("| loop | against | " + " | ".join(f"batch {b}: drain | server CPU" for b in ratios) + " |")
+        print("| --- | --- " + "| ---: | ---: " * len(ratios) + "|")
         for i, (a, b) in enumerate(RATIOS):
-            print(f"| {a} | {b} | " + " | ".join(f"{1 - r[i]:+.1%}" for r in ratios.values()) + " |")
+            cells = [f"{1 - ratios[n][i]:+.1%} | {cpu_ratios[n][i] - 1:+.1%}" for n in ratios]
+            if all(c == "+nan% | +nan%" for c in cells):
+                continue
+            print(f"| {a} | {b} | " + " | ".join(cells) + " |")
         runs = args.statement_runs
         print(f"\nthe claim statement alone, no lever, rolled back, {runs} runs each in turns, median ms")
         print("| batch | minimal | base | new | base vs minimal | new vs minimal |")
