@@ -25,8 +25,8 @@
 --            subqueries of queue_control), the jobs of queues with a limit come from
 --            claim_limited (migration 0008), which counts what runs under a lock, and those of
 --            queues and types with a rate (or a ramp) from claim_rated (migration 0013), which
---            takes a token of their buckets per job; without a rate in reach, one small
---            subquery finds none and that function is not called.
+--            takes a token of their buckets per job; without a limit (or a rate) in the
+--            claim's reach, one small subquery finds none and that function is not called.
 -- Only the chosen walk runs: the other one's subqueries (and the `limited` CTE) are never
 -- executed. The queue and the type
 -- are compared as expressions (`queue || ''`), which the planner estimates by default rather
@@ -38,8 +38,12 @@
 -- worker that serves only a rated queue whose bucket is spent would otherwise read that
 -- queue's whole backlog at every claim, looking for jobs that cannot be there.
 WITH limited AS MATERIALIZED (
-    SELECT r.ids || {schema}.claim_limited(%(queue)s::text, %(types)s::text[], %(limit)s::int - cardinality(r.ids), r.ids)
-           AS ids
+    SELECT r.ids || CASE WHEN EXISTS (SELECT 1 FROM {schema}.queue_control
+                                      WHERE kind = 'queue' AND max_running IS NOT NULL AND paused_at IS NULL
+                                        AND (%(queue)s::text IS NULL OR name = %(queue)s::text))
+                         THEN {schema}.claim_limited(%(queue)s::text, %(types)s::text[],
+                                                     %(limit)s::int - cardinality(r.ids), r.ids)
+                         ELSE ARRAY[]::bigint[] END AS ids
     FROM (SELECT CASE WHEN EXISTS (SELECT 1 FROM {schema}.queue_control
                                    WHERE (rate_per_second IS NOT NULL OR ramp_until > now())
                                      AND (kind = 'queue' AND (%(queue)s::text IS NULL OR name = %(queue)s::text)
