@@ -209,6 +209,24 @@ def statement_ab(dsn: str, claims: Claims, batch: int, jobs: int, runs: int) -> 
     return {name: statistics.median(times[name][skip:]) * 1000 for name in names}
 
 
+def planning_ab(dsn: str, claims: Claims, batch: int, runs: int) -> dict[str, float]:
+    """What planning each claim costs: `EXPLAIN` of minimal, base and new in turns, on the
+    claim session, never prepared (PostgreSQL plans the claim at every call anyway: it never
+    picks a generic plan for it): median ms, a round trip included."""
+    names = ["minimal", "base", "new"]
+    times: dict[str, list[float]] = {name: [] for name in names}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        claim_session(conn, False)
+        for i in range(runs):
+            for name in names[i % 3 :] + names[: i % 3]:
+                text, params = claims.call(name, batch)
+                started = time.perf_counter()
+                conn.execute(sql.SQL("EXPLAIN ") + text, params, prepare=False).fetchall()
+                times[name].append(time.perf_counter() - started)
+    skip = runs // 10
+    return {name: statistics.median(times[name][skip:]) * 1000 for name in names}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dsn", default=os.environ.get("JOBTUI_BENCH_DSN", DEFAULT_DSN))
@@ -282,6 +300,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"| {ms['base'] / ms['minimal'] - 1:+.1%} | {ms['new'] / ms['minimal'] - 1:+.1%} |",
                 flush=True,
             )
+        ms = planning_ab(dsn, claims, 10, max(100, runs // 2))
+        print(f"\nplanning alone (EXPLAIN, a round trip each), {max(100, runs // 2)} runs each in turns, median ms")
+        print("| minimal | base | new | base vs minimal | new vs minimal |\n| ---: | ---: | ---: | ---: | ---: |")
+        print(
+            f"| {ms['minimal']:.3f} | {ms['base']:.3f} | {ms['new']:.3f} "
+            f"| {ms['base'] / ms['minimal'] - 1:+.1%} | {ms['new'] / ms['minimal'] - 1:+.1%} |"
+        )
     finally:
         with psycopg.connect(admin_dsn, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(args.dbname)))
