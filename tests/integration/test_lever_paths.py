@@ -1,12 +1,14 @@
 """The claim's two walks against real PostgreSQL: a claim that no pause, limit or rate can
 hold back takes the plain walk, and one look at queue_control in the claim's own snapshot
-switches to the levered walk as soon as a lever in its reach is set, from the next claim."""
+switches to the levered walk as soon as a lever in its reach is set, from the next claim;
+the claim statement of the release before claims beside it."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -22,6 +24,7 @@ from tests.workers import WorkerProcess
 
 Conn = psycopg.Connection[Any]
 Spawn = Callable[..., WorkerProcess]
+RELEASES = Path(__file__).resolve().parents[1] / "releases"
 
 
 def claim(conn: Conn, queue: str | None = None, limit: int = 10, types: tuple[str, ...] = ("a",)) -> list[int]:
@@ -113,3 +116,30 @@ def test_a_limit_set_while_a_worker_runs_holds_within_one_claim_cycle(db: Conn, 
     assert count(db, "queue = 'lim' AND status = 'done'") > done, "the limited queue stalled"
     assert jobtui(app_dsn, "queue", "limit", "lim", "none").returncode == 0
     wait_until(lambda: count(db, "id = ANY(%s) AND status = 'done'", ids) == len(ids), 60, "the queue drained")
+
+
+def previous_claim(conn: Conn, queue: str | None, limit: int, types: tuple[str, ...] = ("a",)) -> list[int]:
+    """A claim by the statement of release 0.3.0 (recorded in tests/releases), which reads the
+    levers itself and knows no claim_levered."""
+    text = (RELEASES / "v0.3.0" / "claim.sql").read_text().replace("{schema}", '"jobtui"')
+    params = claim_call(types, worker="old", limit=limit, queue=queue).params
+    with conn.cursor(binary=True) as cur:
+        cur.execute(text.encode(), params)
+        return [int(row[0]) for row in cur.fetchall()]
+
+
+def test_a_claim_of_the_previous_release_claims_beside_this_one_under_the_same_levers(conn: Conn, dsn: str) -> None:
+    with Queue(dsn) as q:
+        free = [q.enqueue("a") for _ in range(8)]
+        limited = [q.enqueue("a", queue="lim") for _ in range(4)]
+        held = [q.enqueue("a", queue="held") for _ in range(2)]
+    queues.set_limit(conn, "lim", 2, actor="olga")
+    queues.pause(conn, "queue", "held", actor="olga")
+    taken = previous_claim(conn, None, 5) + claim(conn, None, 5) + previous_claim(conn, None, 5) + claim(conn, None, 5)
+    assert len(taken) == len(set(taken)), "a job claimed twice"
+    assert set(taken) == set(free) | set(limited[:2])  # the limit of 2 held across both, the pause too
+    assert not set(taken) & set(held)
+    queues.set_limit(conn, "lim", None, actor="olga")
+    queues.resume(conn, "queue", "held", actor="olga")
+    rest = previous_claim(conn, None, 1) + claim(conn, None, 10)
+    assert sorted(rest) == sorted(limited[2:] + held)
