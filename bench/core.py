@@ -54,7 +54,7 @@ from psycopg.types.numeric import Int8
 from jobtui import NewJob, Queue
 from jobtui.cli.run import WORKER_GC_THRESHOLD
 from jobtui.core.queue import claim_call, complete_call
-from jobtui.kernel.db import run
+from jobtui.kernel.db import run, statements
 from jobtui.kernel.domain import DEFAULT_MAX_ATTEMPTS
 from jobtui.kernel.migrate import migrate
 
@@ -66,10 +66,12 @@ LEASE_SECONDS = 30.0
 TARGET_ENQUEUE = 100_000.0
 TARGET_RATIO = 0.70
 
-# The raw loop's statements: what a developer would write by hand for the same work (the
-# same claim and the same complete as jobtui's sql/claims.sql, kept in step with them by hand),
-# with positional parameters.
-RAW_CLAIM = """
+# The minimal raw loop's claim: what a developer would write by hand for a claim with no levers
+# (no pauses, limits or rates, no queue filter, 9 columns back), with positional parameters.
+# It isolates the cost of the lever work in jobtui's claim. The exact raw loop (RawLoop with
+# exact=True) sends jobtui's own claim and complete text instead, read from sql/claims.sql,
+# which isolates the cost of jobtui's Python.
+RAW_CLAIM_MINIMAL = """
 UPDATE jobtui.job AS j
 SET status = 'running', attempts = j.attempts + 1, lease_token = j.lease_token + 1,
     max_attempts = coalesce(j.max_attempts, (%s::int[])[array_position(%s::text[], j.type)], %s),
@@ -242,16 +244,28 @@ def prefill(dsn: str, n: int) -> None:
 
 
 class RawLoop:
-    """Handwritten SQL with psycopg on one autocommit connection and one cursor."""
+    """Handwritten psycopg on one autocommit connection and one cursor: the minimal claim
+    (RAW_CLAIM_MINIMAL), or with `exact` jobtui's own claim and complete statements as
+    jobtui sends them (their text read from sql/claims.sql, so it cannot drift)."""
 
     label = "raw psycopg, one conn"
 
-    def __init__(self, dsn: str, job_type: str = JOB_TYPE, worker: str = WORKER, delete: bool = False) -> None:
+    def __init__(
+        self, dsn: str, job_type: str = JOB_TYPE, worker: str = WORKER, delete: bool = False, exact: bool = False
+    ) -> None:
         self.conn = psycopg.connect(dsn, autocommit=True)
         # As the worker reads its claims: rows in binary, timestamps in UTC (cheapest to load).
         self.conn.execute("SET TimeZone = 'UTC'")
         self.cur = self.conn.cursor(binary=True)
-        self.complete = RAW_COMPLETE_DELETING if delete else RAW_COMPLETE
+        self.exact = exact
+        self.delete = delete
+        if exact:
+            self.claim: Any = statements()["claim"]
+            self.complete: Any = statements()["complete_deleting" if delete else "complete"]
+            self.complete_kept: Any = statements()["complete"]
+        else:
+            self.claim = RAW_CLAIM_MINIMAL
+            self.complete = RAW_COMPLETE_DELETING if delete else RAW_COMPLETE
         self.types = [job_type]
         self.worker = worker
         self.limits: list[int | None] = [None]  # no per-type limit, as claim_call without max_attempts
@@ -260,15 +274,30 @@ class RawLoop:
         """Claim up to `batch` jobs and complete them; how many were completed."""
         cur = self.cur
         types = self.types
-        cur.execute(RAW_CLAIM, (self.limits, types, DEFAULT_MAX_ATTEMPTS, self.worker, LEASE_SECONDS, types, batch))
+        if self.exact:
+            params: Any = {
+                "types": types, "max_attempts": self.limits, "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
+                "worker": self.worker, "limit": batch, "lease": LEASE_SECONDS, "queue": None,
+            }  # fmt: skip
+        else:
+            params = (self.limits, types, DEFAULT_MAX_ATTEMPTS, self.worker, LEASE_SECONDS, types, batch)
+        cur.execute(self.claim, params)
         rows = cur.fetchall()
         if not rows:
             return 0
         # bigint[] in binary, as jobtui sends them (a smallint[] or int[] would be cast per row)
         ids = [Int8(r[0]) for r in rows]
         leases = "{" + ",".join([f'"{r[0]}":{r[5]}' for r in rows]) + "}"  # id -> token, as jobtui's
-        cur.execute(self.complete, (ids, leases))
-        return len(cur.fetchall())
+        if not self.exact:
+            cur.execute(self.complete, (ids, leases))
+            return len(cur.fetchall())
+        cur.execute(self.complete, {"ids": ids, "leases": leases})
+        n = len(cur.fetchall())
+        if self.delete and n < len(ids):
+            # Keyed jobs are not deleted: completed as jobtui's outcome writer completes them.
+            cur.execute(self.complete_kept, {"ids": ids, "leases": leases})
+            n += len(cur.fetchall())
+        return n
 
     def drain(self, batch: int) -> None:
         """Claim and complete until a claim finds nothing, in a process of its own: with the

@@ -66,7 +66,7 @@ from jobtui.kernel.domain import DEFAULT_MAX_ATTEMPTS
 from jobtui.kernel.migrate import migrate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from core import RAW_CLAIM  # bench/ is not a package
+from core import RAW_CLAIM_MINIMAL  # bench/ is not a package
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_DB = "jobtui_bench_candidates"
@@ -181,7 +181,7 @@ class Loop:
             assert "finished_at IS NULL" in text, "the claim's ready filter changed: update this benchmark"
             self.claim = sql.SQL(text)  # type: ignore[arg-type,unused-ignore]
         if name == "raw-claim":
-            self.claim = sql.SQL(RAW_CLAIM.replace("jobtui.job", f"{schema}.job"))  # type: ignore[arg-type,unused-ignore]
+            self.claim = sql.SQL(RAW_CLAIM_MINIMAL.replace("jobtui.job", f"{schema}.job"))  # type: ignore[arg-type,unused-ignore]
             self.params = (  # type: ignore[assignment]
                 [None],
                 [JOB_TYPE],

@@ -2,16 +2,21 @@
 
     .venv/bin/python bench/drain_cpu.py [--dsn DSN] [--jobs 200000] [--workers 2]
                                         [--concurrency 200] [--rounds 3] [--delete-on-complete]
-                                        [--configs jobtui,raw] [--tree NAME=PATH ...]
+                                        [--configs jobtui,raw-exact,raw-minimal]
+                                        [--tree NAME=PATH ...]
 
 A benchmark, not a test. In its own database (jobtui_bench_drain_cpu, dropped afterwards),
 each round drains --jobs no-op jobs once per configuration, the configurations taking turns
 (their order rotating each round):
 
     jobtui      --workers `jobtui worker` processes, --concurrency each
-    raw         --workers processes of the raw psycopg loop of bench/core.py, claims of
+    raw-exact   --workers processes of the raw psycopg loop of bench/core.py, claims of
                 --concurrency, jobtui's table (with --delete-on-complete it completes by
-                delete and tally, as jobtui's workers do)
+                delete and tally, as jobtui's workers do), sending jobtui's own claim and
+                complete statements (read from jobtui/kernel/sql/claims.sql): jobtui's gap to
+                it is jobtui's Python
+    raw-minimal the same loop with the minimal claim, no lever work (no pause, limit or rate,
+                no queue filter): its gap to raw-exact is the server's lever work
     NAME        with --tree NAME=PATH, `jobtui worker` processes running the jobtui of the
                 source tree PATH (started in PATH, with PYTHONPATH=PATH): a commit before a
                 change, checked out with `git worktree add`, against the change in one run.
@@ -75,9 +80,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def raw_loop(dsn: str, batch: int, worker: str, delete: bool) -> None:
+RAW = ("raw-exact", "raw-minimal")
+
+
+def raw_loop(dsn: str, batch: int, worker: str, delete: bool, exact: bool) -> None:
     """bench/core.py's raw loop, from a line on stdin until a claim finds nothing."""
-    loop = RawLoop(dsn, job_type=JOB_TYPE, worker=worker, delete=delete)
+    loop = RawLoop(dsn, job_type=JOB_TYPE, worker=worker, delete=delete, exact=exact)
     try:
         sys.stdin.readline()
         loop.drain(batch)
@@ -152,10 +160,10 @@ def one_drain(dsn: str, dbname: str, config: str, trees: dict[str, str], args: a
     with psycopg.connect(dsn, autocommit=True) as conn, tempfile.TemporaryFile() as log:
         conn.execute("VACUUM ANALYZE jobtui.job")
         conn.execute("CHECKPOINT")
-        if config == "raw":
+        if config in RAW:
             cmds = [
                 [sys.executable, __file__, "--raw-loop", dsn, str(args.concurrency), f"raw-{i}",
-                 "delete" if args.delete_on_complete else "keep"]
+                 "delete" if args.delete_on_complete else "keep", config]
                 for i in range(args.workers)
             ]  # fmt: skip
             procs = [
@@ -176,7 +184,7 @@ def one_drain(dsn: str, dbname: str, config: str, trees: dict[str, str], args: a
             workers.sample([p.pid for p in procs])
             server.sample(own)
             background.sample(shared)
-            if config == "raw":
+            if config in RAW:
                 for p in procs:
                     assert p.stdin is not None
                     p.stdin.write(b"go\n")
@@ -217,7 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--delete-on-complete", action="store_true", help="finished jobs are deleted and tallied (raw loop too)"
     )
-    parser.add_argument("--configs", default="jobtui,raw", help="comma-separated: jobtui, raw, and the --tree names")
+    parser.add_argument(
+        "--configs",
+        default="jobtui,raw-exact,raw-minimal",
+        help="comma-separated: jobtui, raw-exact, raw-minimal, and the --tree names",
+    )
     parser.add_argument(
         "--tree", action="append", default=[], metavar="NAME=PATH", help="also run the jobtui of source tree PATH"
     )
@@ -226,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     trees = {}
     for spec in args.tree:
         name, sep, path = spec.partition("=")
-        if not sep or not (Path(path) / "jobtui" / "__init__.py").is_file() or name in ("jobtui", "raw"):
+        if not sep or not (Path(path) / "jobtui" / "__init__.py").is_file() or name in ("jobtui", *RAW):
             parser.error(f"--tree {spec!r}: write NAME=PATH, PATH a source tree holding jobtui/")
         trees[name] = str(Path(path).resolve())
     for name, tree in {"jobtui": REPOSITORY, **trees}.items():
@@ -236,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in trees:
         if name not in configs:
             configs.append(name)
-    if unknown := [c for c in configs if c not in ("jobtui", "raw", *trees)]:
+    if unknown := [c for c in configs if c not in ("jobtui", *RAW, *trees)]:
         parser.error(f"unknown configurations {unknown}")
     if not args.dbname.startswith("jobtui_bench"):
         parser.error("--dbname must start with jobtui_bench (the database is dropped at the end)")
@@ -271,9 +283,12 @@ def main(argv: list[str] | None = None) -> int:
         rate, worker, server, background = (statistics.median(col) for col in zip(*figures[config], strict=True))
         print(f"{config:<14} | {rate:>12,.0f} | {worker:>13.1f} | {server:>13.1f} | {background:>10.1f} | "
               f"{worker + server:>13.1f}")  # fmt: skip
-    if "raw" in figures and "jobtui" in figures:
-        share = statistics.median(j[0] / r[0] for j, r in zip(figures["jobtui"], figures["raw"], strict=True))
-        print(f"jobtui's drain as a share of the raw loop's, paired by round: {share:.0%}")
+    for raw in RAW:
+        if raw in figures and "jobtui" in figures:
+            pairs = list(zip(figures["jobtui"], figures[raw], strict=True))
+            share = statistics.median(j[0] / r[0] for j, r in pairs)
+            cpu = statistics.median(j[2] / r[2] for j, r in pairs)
+            print(f"jobtui against {raw}, paired by round: drain {share:.0%}, server CPU per job {cpu:.2f}x")
     for name in trees:
         if "jobtui" in figures and name in figures:
             pairs = list(zip(figures["jobtui"], figures[name], strict=True))
@@ -286,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "--raw-loop":
-        raw_loop(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] == "delete")
+    if len(sys.argv) == 7 and sys.argv[1] == "--raw-loop":
+        raw_loop(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] == "delete", sys.argv[6] == "raw-exact")
     else:
         sys.exit(main())

@@ -15,36 +15,18 @@
 -- the join. The rows come back in id order; the caller sorts them by run_at. The payload
 -- comes as text, which the worker decodes with one JSON decoder, cheaper per row than
 -- psycopg's jsonb loader.
--- Pauses and limits are read here, in queue_control, in this statement: paused queues and
--- types are left out (two one-time subqueries of that small table), and the jobs of queues
--- with a limit come from claim_limited (migration 0008), which counts what runs under a lock.
--- Without a limit set, that function finds no row and takes no lock. The jobs of queues and
--- types with a rate (or a ramp) come from claim_rated (migration 0013), which takes a token
--- of their buckets per job; without a rate set, one small subquery finds none and the function
--- is not called. The queue and the type
--- are compared as expressions (`queue || ''`), which the planner estimates by default rather
--- than from the columns' statistics: with a single queue or type in the table, those say
--- that almost no row differs from a value not known yet, and a generic plan would sort every
--- ready row instead of walking the ready index.
--- The walk for the jobs no lever holds back does not start at all when the claim's queue, or
--- each of its types, is paused, limited or rated (`aside`, a one-time filter): a worker that
--- serves only a rated queue whose bucket is spent would otherwise read that queue's whole
--- backlog at every claim, looking for jobs that cannot be there.
-WITH limited AS MATERIALIZED (
-    SELECT r.ids || {schema}.claim_limited(%(queue)s::text, %(types)s::text[], %(limit)s::int - cardinality(r.ids), r.ids)
-           AS ids
-    FROM (SELECT CASE WHEN EXISTS (SELECT 1 FROM {schema}.queue_control
-                                   WHERE rate_per_second IS NOT NULL OR ramp_until > now())
-                      THEN {schema}.claim_rated(%(queue)s::text, %(types)s::text[], %(limit)s::int)
-                      ELSE ARRAY[]::bigint[] END AS ids) AS r
-), aside AS MATERIALIZED (
-    SELECT ARRAY(SELECT name FROM {schema}.queue_control
-                 WHERE kind = 'queue' AND (paused_at IS NOT NULL OR max_running IS NOT NULL
-                       OR rate_per_second IS NOT NULL OR ramp_until > now())) AS queues,
-           ARRAY(SELECT name FROM {schema}.queue_control
-                 WHERE kind = 'type' AND (paused_at IS NOT NULL
-                       OR rate_per_second IS NOT NULL OR ramp_until > now())) AS types
-)
+-- Levers cost only the claims they can hold back. claim_levered (migration 0018) looks once
+-- at queue_control for a pause, a limit or a rate (or a ramp) of this claim's queue (every
+-- queue's, for a claim of every queue) or of one of its types. With none it returns NULL and
+-- the claim walks the ready index here, with nothing else to read; otherwise it takes the
+-- jobs itself, setting aside what the levers hold back (paused queues and types, limits
+-- counted under a lock in claim_limited, a token per job in claim_rated). The lever work
+-- lives in that function, whose plans PL/pgSQL keeps, because PostgreSQL plans this
+-- statement anew at every call (its generic plan, estimated with LIMIT unknown, never wins):
+-- the plain claim's planning is the minimal claim's. The walk runs only when the function
+-- returned NULL (COALESCE evaluates it lazily). The levers are read at every claim, in the
+-- claim's transaction, so each holds from every worker's next claim; the claim statement of
+-- the release before, which does not call the function, claims alongside as before.
 UPDATE {schema}.job AS j
 SET status = 'running',
     attempts = j.attempts + 1,
@@ -58,18 +40,15 @@ SET status = 'running',
     locked_until = now() + make_interval(secs => %(lease)s),
     heartbeat_at = now(),
     started_at = now()
-WHERE j.id = ANY((SELECT ids FROM limited) || ARRAY(
-        SELECT id FROM {schema}.job
-        WHERE status = 'ready' AND run_at <= now() AND type = ANY(%(types)s::text[])
-          AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-          AND (queue || '') <> ALL((SELECT queues FROM aside)::text[])
-          AND (type || '') <> ALL((SELECT types FROM aside)::text[])
-          AND (SELECT (%(queue)s::text IS NULL OR %(queue)s::text <> ALL(a.queues))
-                      AND EXISTS (SELECT 1 FROM unnest(%(types)s::text[]) AS t(name) WHERE t.name <> ALL(a.types))
-               FROM aside AS a)
-        ORDER BY run_at, id
-        LIMIT greatest(0, %(limit)s::int - cardinality((SELECT ids FROM limited)))
-        FOR UPDATE SKIP LOCKED))
+WHERE j.id = ANY(coalesce(
+        (SELECT {schema}.claim_levered(%(queue)s::text, %(types)s::text[], %(limit)s::int)),
+        ARRAY(
+            SELECT id FROM {schema}.job
+            WHERE status = 'ready' AND run_at <= now() AND type = ANY(%(types)s::text[])
+              AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+            ORDER BY run_at, id
+            LIMIT %(limit)s::int
+            FOR UPDATE SKIP LOCKED)))
   AND j.status = 'ready'
 RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_token,
           j.locked_until, j.created_at, j.run_at, j.uncounted, j.meta::text, j.queue;

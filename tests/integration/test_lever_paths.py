@@ -1,0 +1,145 @@
+"""The claim's two walks against real PostgreSQL: a claim that no pause, limit or rate can
+hold back takes the plain walk, and one look at queue_control in the claim's own snapshot
+switches to the levered walk as soon as a lever in its reach is set, from the next claim;
+the claim statement of the release before claims beside it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from jobtui.clients.client import Queue
+from jobtui.core import queues
+from jobtui.core.queue import claim_call
+from jobtui.kernel.db import run
+from jobtui.kernel.domain import NewJob
+from tests.integration.test_levers import count, enqueue, jobtui
+from tests.waits import wait_until
+from tests.workers import WorkerProcess
+
+Conn = psycopg.Connection[Any]
+Spawn = Callable[..., WorkerProcess]
+RELEASES = Path(__file__).resolve().parents[1] / "releases"
+
+
+def claim(conn: Conn, queue: str | None = None, limit: int = 10, types: tuple[str, ...] = ("a",)) -> list[int]:
+    return [j.id for j in run(conn, claim_call(types, worker="w", limit=limit, queue=queue))]
+
+
+def rows_read(conn: Conn) -> int:
+    """Rows of the job table this transaction read, through an index or a scan."""
+    row = conn.execute(
+        "SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0) FROM pg_stat_xact_user_tables"
+        " WHERE schemaname = 'jobtui' AND relname = 'job'"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_levers_out_of_the_claims_reach_cost_it_no_row(conn: Conn, dsn: str) -> None:
+    with Queue(dsn) as q:
+        q.enqueue_many([NewJob("a", {}) for _ in range(2000)])
+        elsewhere = q.enqueue("a", queue="elsewhere")
+    conn.execute("VACUUM ANALYZE jobtui.job")
+    queues.set_rate(conn, "queue", "elsewhere", 5.0, actor="olga")
+    queues.set_limit(conn, "capped", 1, actor="olga")
+    queues.pause(conn, "queue", "held", actor="olga")
+    queues.set_rate(conn, "type", "other", 1.0, actor="olga")
+    with conn.transaction():
+        assert len(claim(conn, "default")) == 10
+        # The walk's ten rows and the update's ten: the rated part's look ahead is not run.
+        assert rows_read(conn) <= 20
+    # A claim of every queue has the rated queue in reach, and still takes the others' jobs.
+    with conn.transaction():
+        taken = claim(conn, None, 10)
+        assert len(taken) == 10 and elsewhere not in taken
+        assert rows_read(conn) > 20
+
+
+def test_a_limit_and_a_pause_set_between_two_plain_claims_hold_from_the_next(conn: Conn, dsn: str) -> None:
+    with Queue(dsn) as q:
+        ids = [q.enqueue("a", queue="lim") for _ in range(6)]
+    assert claim(conn, "lim", 1) == ids[:1]  # no lever: the plain walk
+    queues.set_limit(conn, "lim", 2, actor="olga")
+    assert claim(conn, "lim", 10) == ids[1:2]  # one runs already, the limit leaves room for one
+    assert claim(conn, None, 10) == []
+    queues.set_limit(conn, "lim", None, actor="olga")
+    assert claim(conn, "lim", 1) == ids[2:3]  # the limit cleared: plain again
+    queues.pause(conn, "type", "a", actor="olga")
+    assert claim(conn, "lim", 10) == []
+    queues.resume(conn, "type", "a", actor="olga")
+    assert sorted(claim(conn, None, 10)) == ids[3:]
+
+
+def test_a_rate_on_another_queue_leaves_unrated_claims_whole(conn: Conn, dsn: str) -> None:
+    with Queue(dsn) as q:
+        rated = [q.enqueue("a", queue="elsewhere") for _ in range(3)]
+        free = [q.enqueue("a") for _ in range(20)]
+    queues.set_rate(conn, "queue", "elsewhere", 0.001, actor="olga")  # one token, then none for hours
+    first = claim(conn, None, 10)
+    assert len(first) == 10 and len(set(first) & set(rated)) == 1
+    assert sorted(claim(conn, "default", 10)) == free[len(first) - 1 : len(first) + 9]
+    rest = claim(conn, None, 10)
+    assert set(rest) == set(free) - set(first) - set(free[len(first) - 1 : len(first) + 9])
+    assert claim(conn, None, 10) == []  # the rated queue's bucket is spent
+
+
+def test_a_limit_set_while_a_worker_runs_holds_within_one_claim_cycle(db: Conn, app_dsn: str, spawn: Spawn) -> None:
+    spawn("A", "--no-scheduler", "--concurrency", "6")
+    ids = enqueue(app_dsn, "lim", 100, sleep=0.3)
+    wait_until(lambda: count(db, "queue = 'lim' AND status = 'running'") >= 4, 15, "the worker ran the queue at 6")
+    assert "2 running at once" in jobtui(app_dsn, "queue", "limit", "lim", "2").stdout
+    time.sleep(1.0)  # one claim cycle (the poll); the jobs claimed before the limit finish
+    samples: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        with psycopg.connect(app_dsn, autocommit=True) as conn:
+            while not stop.is_set():
+                samples.append(count(conn, "queue = 'lim' AND status = 'running'"))
+                stop.wait(0.01)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        done = count(db, "queue = 'lim' AND status = 'done'")
+        time.sleep(1.5)
+    finally:
+        stop.set()
+        sampler.join()
+    assert max(samples) <= 2, f"running jobs of the limited queue, sampled: max {max(samples)}"
+    assert count(db, "queue = 'lim' AND status = 'done'") > done, "the limited queue stalled"
+    assert jobtui(app_dsn, "queue", "limit", "lim", "none").returncode == 0
+    wait_until(lambda: count(db, "id = ANY(%s) AND status = 'done'", ids) == len(ids), 60, "the queue drained")
+
+
+def previous_claim(conn: Conn, queue: str | None, limit: int, types: tuple[str, ...] = ("a",)) -> list[int]:
+    """A claim by the statement of release 0.3.0 (recorded in tests/releases), which reads the
+    levers itself and knows no claim_levered."""
+    text = (RELEASES / "v0.3.0" / "claim.sql").read_text().replace("{schema}", '"jobtui"')
+    params = claim_call(types, worker="old", limit=limit, queue=queue).params
+    with conn.cursor(binary=True) as cur:
+        cur.execute(text.encode(), params)
+        return [int(row[0]) for row in cur.fetchall()]
+
+
+def test_a_claim_of_the_previous_release_claims_beside_this_one_under_the_same_levers(conn: Conn, dsn: str) -> None:
+    with Queue(dsn) as q:
+        free = [q.enqueue("a") for _ in range(8)]
+        limited = [q.enqueue("a", queue="lim") for _ in range(4)]
+        held = [q.enqueue("a", queue="held") for _ in range(2)]
+    queues.set_limit(conn, "lim", 2, actor="olga")
+    queues.pause(conn, "queue", "held", actor="olga")
+    taken = previous_claim(conn, None, 5) + claim(conn, None, 5) + previous_claim(conn, None, 5) + claim(conn, None, 5)
+    assert len(taken) == len(set(taken)), "a job claimed twice"
+    assert set(taken) == set(free) | set(limited[:2])  # the limit of 2 held across both, the pause too
+    assert not set(taken) & set(held)
+    queues.set_limit(conn, "lim", None, actor="olga")
+    queues.resume(conn, "queue", "held", actor="olga")
+    rest = previous_claim(conn, None, 1) + claim(conn, None, 10)
+    assert sorted(rest) == sorted(limited[2:] + held)
