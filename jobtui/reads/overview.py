@@ -146,6 +146,10 @@ def _estimated(lines: list[QueueLine], est: Row, heads: dict[str, _Head], minute
     rescale = not fresh and bool(totals["queue"] or totals["type"]) and int(est["index_estimate"] or 0) > 0
     index_estimate = int(est["index_estimate"] or 0)
     partial = {kind for kind, head in heads.items() if head.partial}
+    # With every type counted (a backlog under the type cap), the whole backlog is known: the
+    # queues' shares split it, not the planner's size (which lags a drain).
+    if "type" in heads and "type" not in partial:
+        index_estimate = sum(q.ready for q in lines if q.kind == "type")
     seen = {(q.kind, q.name) for q in lines}
     if use_minute or rescale:
         for kind in partial:

@@ -486,8 +486,11 @@ async def test_a_linked_view_goes_through_the_sign_in_and_opens_the_console_ther
         from tests.web import ProtocolConsole
 
         console = ProtocolConsole(socket, 160, 40)
-        screen = await console.wait("the Queues pane", lambda s: "oldest ready" in s and "forecast" in s)
-        assert "read-only console" in screen
+        # The panes draw before the first read fills the header: wait for both.
+        screen = await console.wait(
+            "the Queues pane, read", lambda s: "forecast" in s and "read-only console" in s and "reports" in s
+        )
+        assert "oldest ready" in screen
         await socket.close()
 
 
