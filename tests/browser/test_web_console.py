@@ -381,7 +381,7 @@ def test_the_why_view_in_the_browser_names_the_pause_and_goes_to_its_fix(
         for _ in range(12):
             if "audit row" in screen.text():
                 break
-            press(page, screen, "Down", "the next cause", lambda s: True)
+            press(page, screen, "ArrowDown", "the next cause", lambda s: True)
             page.wait_for_timeout(200)
         shown = until(page, screen, "the pause's detail", lambda s: "audit row" in s and "fix:" in s)
         assert "queue reports is paused (by ops@incident)" in shown
