@@ -336,10 +336,24 @@ def connection_options(dsn: str, within: float = DEAD_SOCKET_SECONDS) -> dict[st
     return {**connect_timeout(dsn), **tcp_bounds(dsn, within)}
 
 
+def server_words(error: str) -> str:
+    """What the server (or the network) answered, without libpq's prefix naming where it
+    connected, which the message names already and which a socket's long path would make
+    crowd out the answer.
+
+    >>> server_words('connection failed: connection to server at "db" failed: FATAL:  role "x" does not exist')
+    'FATAL: role "x" does not exist'
+    """
+    head, sep, tail = error.rpartition(" failed: ")
+    if not sep or not head.startswith("connection"):
+        return error
+    return " ".join(tail.split())
+
+
 def unavailable(dsn: str, exc: BaseException, *, waited: float | None = None) -> DatabaseUnavailable:
     """A one-line DatabaseUnavailable for `dsn`, naming the driver's first line of error (or,
     when a pool had no connection to give, how long the caller waited)."""
-    why = f"no connection within {waited:g}s" if waited is not None else first_line(exc)
+    why = f"no connection within {waited:g}s" if waited is not None else server_words(first_line(exc))
     return DatabaseUnavailable(
         f"cannot reach PostgreSQL at {describe_dsn(dsn)} ({why}); "
         "check that the server runs and --dsn / JOBTUI_DSN is right"
