@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,11 @@ def close_gate(conn: Any) -> int:
 
 def open_gate(conn: Any, key: int) -> None:
     conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
+def scheduler_started(log: str) -> bool:
+    """Whether a scheduler's log holds its start line (`scheduler NAME started`)."""
+    return re.search(r"scheduler \S+ started", log) is not None
 
 
 class WorkerProcess:

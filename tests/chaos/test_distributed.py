@@ -20,7 +20,6 @@ import contextlib
 import itertools
 import os
 import random
-import re
 import shutil
 import signal
 import socket
@@ -43,6 +42,7 @@ from jobtui.core.registry import ScheduleSpec
 from tests.apps.chaos_app import effect_key
 from tests.chaos.harness import Proc, Procs, worker_args
 from tests.waits import wait_until
+from tests.workers import scheduler_started
 
 Conn = psycopg.Connection[Any]
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
@@ -442,7 +442,7 @@ def test_schedulers_killed_at_random_fire_each_slot_once_and_count_the_missed(
         spawn(i)
     for proc in every:
         wait_until(
-            lambda p=proc: re.search(r"scheduler \S+ started", p.log()) or not p.alive(),
+            lambda p=proc: scheduler_started(p.log()) or not p.alive(),
             20,
             "schedulers to start",
             proc.log,

@@ -31,6 +31,7 @@ from tests.chaos.harness import ROOT, Procs, child_env
 from tests.chaos.partition import LEASE, run_partition
 from tests.netns import Topology
 from tests.waits import wait_until
+from tests.workers import scheduler_started
 
 Conn = psycopg.Connection[Any]
 
@@ -118,7 +119,7 @@ def test_a_scheduler_cut_off_counts_the_partitions_slots_by_policy_and_is_back_w
                 "S", ["scheduler", "-v"], env={"JOBTUI_DSN": net.dsn("postgres")}, prefix=net.exec_prefix(0)
             )
             wait_until(
-                lambda: re.search(r"scheduler \S+ started", s.log()) or not s.alive(),
+                lambda: scheduler_started(s.log()) or not s.alive(),
                 30,
                 "the scheduler to start",
                 s.log,

@@ -21,6 +21,7 @@ from jobtui.core.registry import ScheduleSpec
 from jobtui.kernel.cronslots import MAX_BACKFILL
 from tests.chaos.harness import Proc, Procs
 from tests.waits import wait_until
+from tests.workers import scheduler_started
 
 Conn = psycopg.Connection[Any]
 SECOND = timedelta(seconds=1)
@@ -74,9 +75,7 @@ def every_slot(db: Conn, schedule_id: int) -> list[datetime]:
 def start_schedulers(procs: Procs, tag: str, n: int = 2) -> list[Proc]:
     started = [procs.start(f"scheduler-{tag}{i}", ["scheduler"]) for i in range(n)]
     for p in started:
-        wait_until(
-            lambda p=p: re.search(r"scheduler \S+ started", p.log()) or not p.alive(), 30, "a scheduler to start", p.log
-        )
+        wait_until(lambda p=p: scheduler_started(p.log()) or not p.alive(), 30, "a scheduler to start", p.log)
         assert p.alive(), p.log()
     return started
 

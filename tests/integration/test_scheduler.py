@@ -30,6 +30,7 @@ from jobtui.core.scheduler import fire_due, pause, resume, slot_key, upsert
 from jobtui.kernel.cronslots import MAX_BACKFILL, spread_bound, stable_offset
 from jobtui.worker import Worker
 from tests.waits import until, wait_until
+from tests.workers import scheduler_started
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
@@ -104,7 +105,7 @@ class SchedulerProcess:
         def started() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"scheduler exited with {self.proc.returncode}:\n{self.log()}")
-            return re.search(r"scheduler \S+ started", self.log()) is not None
+            return scheduler_started(self.log())
 
         wait_until(started, timeout, "the scheduler to start")
 
