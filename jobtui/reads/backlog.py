@@ -20,11 +20,14 @@ import psycopg
 from jobtui.kernel.db import Call, Rows, run
 from jobtui.kernel.domain import DEFAULT_SCHEMA
 
-READY_EXACT_CAP = 20_000
-# The ready jobs whose rows (not only their index entries) a read on a timer may visit, and the
-# done jobs of the last minute it reads: in claim order each may sit on a page of its own, so
-# this bounds the pages such a read touches whatever the table's order.
-HEAD_SAMPLE = 1_000
+# The ready jobs a read on a timer counts exactly, in claim order. Their index entries hold the
+# type, but in a table no vacuum has reached each entry still visits its row, and in claim
+# order each next row may sit on a page of its own: the cap bounds the pages such a read
+# touches whatever the table's order. Above it, figures are estimates (ReadyEstimate).
+READY_EXACT_CAP = 1_000
+# The done jobs of the last minute a read on a timer visits (their rows too may be scattered);
+# past that, their rate over the seconds they span.
+DONE_SAMPLE = 500
 # A minute row older than this no longer describes the backlog; the planner's estimate does.
 MINUTE_ROW_FRESH = 300.0
 PLANNER = "the planner's estimate of the ready index"

@@ -1,11 +1,10 @@
 """Each queue and each job type at a glance, for `jobtui queue list`, `jobtui stats`,
 Prometheus and the console's Queues pane, read the way the header reads the backlog.
 
-Up to backlog.READY_EXACT_CAP ready jobs, every type's figures are counted, from the ready
-index alone (it holds the type); up to backlog.HEAD_SAMPLE, every queue's too (the queue is
-read from the table, a page per job at worst). Above, counting them on every read would cost
-more the bigger the backlog, so the overview reads the first entries of the ready index in
-claim order (and, for the queues, their rows) and nothing more of the ready jobs:
+Up to backlog.READY_EXACT_CAP ready jobs, every queue's and type's figures are counted, from the
+rows of the first ready jobs in claim order (a page per job at worst). Above, counting them on
+every read would cost more the bigger the backlog, so the overview reads those first rows and
+nothing more of the ready jobs:
 
 - the oldest due age of a queue or type stays exact when one of its due jobs is among those
   entries (its first one is its oldest); so does every figure of the due jobs while the last
@@ -15,7 +14,7 @@ claim order (and, for the queues, their rows) and nothing more of the ready jobs
   from the planner's estimate of the ready index, split in the shares of the entries read
   (never the planner's statistics of the column, which mix every status), and are marked as
   estimates (`QueueLine.estimated`), never below what was seen;
-- done in the last minute reads at most the newest HEAD_SAMPLE + 1 done rows; past that,
+- done in the last minute reads at most the newest backlog.DONE_SAMPLE + 1 done rows; past that,
   their rate over the seconds they span, an estimate too.
 """
 
@@ -29,7 +28,7 @@ import psycopg
 
 from jobtui.kernel.db import Call, Rows, run
 from jobtui.kernel.domain import DEFAULT_SCHEMA
-from jobtui.reads.backlog import HEAD_SAMPLE, MINUTE_ROW_FRESH, PLANNER, READY_EXACT_CAP
+from jobtui.reads.backlog import DONE_SAMPLE, MINUTE_ROW_FRESH, PLANNER, READY_EXACT_CAP
 from jobtui.reads.metrics import read_transaction
 
 Row = dict[str, Any]
@@ -97,18 +96,16 @@ def overview(
     conn: psycopg.Connection[Any],
     schema: str = DEFAULT_SCHEMA,
     cap: int | None = None,
-    sample: int = HEAD_SAMPLE,
+    sample: int = DONE_SAMPLE,
 ) -> Overview:
     """The queues and types, with their figures counted or estimated (see the module); `cap`
-    is backlog.READY_EXACT_CAP unless given."""
+    is backlog.READY_EXACT_CAP unless given, `sample` the done jobs read."""
     cap = READY_EXACT_CAP if cap is None else cap
-    sample = min(sample, cap)
-    limits = {"type": cap, "queue": sample}
     with read_transaction(conn, schema):
         rows = run(conn, Call("queue_overview", {"cap": cap, "sample": sample}, _read), schema)
         heads = {
             r["kind"]: _Head(
-                int(r["head_rows"]) > limits[r["kind"]],
+                int(r["head_rows"]) > cap,
                 int(r["head_rows"]),
                 None if r["newest_age"] is None else float(r["newest_age"]),
             )
@@ -146,10 +143,6 @@ def _estimated(lines: list[QueueLine], est: Row, heads: dict[str, _Head], minute
     rescale = not fresh and bool(totals["queue"] or totals["type"]) and int(est["index_estimate"] or 0) > 0
     index_estimate = int(est["index_estimate"] or 0)
     partial = {kind for kind, head in heads.items() if head.partial}
-    # With every type counted (a backlog under the type cap), the whole backlog is known: the
-    # queues' shares split it, not the planner's size (which lags a drain).
-    if "type" in heads and "type" not in partial:
-        index_estimate = sum(q.ready for q in lines if q.kind == "type")
     seen = {(q.kind, q.name) for q in lines}
     if use_minute or rescale:
         for kind in partial:

@@ -11,13 +11,14 @@
 SELECT set_config('lock_timeout', %(timeout)s, true), set_config('jit', 'off', true);
 
 -- name: metrics_ready
--- Ready jobs by type among the first %(cap)s + 1 entries of the ready index in claim order,
--- from the index alone (it holds the type), so the pages read do not depend on the table's
--- order: every ready job while there are at most %(cap)s; above, the first ones, which the
--- snapshot completes with estimates (backlog.estimate). A type's age counts only jobs already
--- due (a delayed job is not late) and is exact when one of its due jobs is among the entries
--- read: its first one is its oldest. `newest_age` is the age of the last entry read
--- (negative: delayed, so every due job was read).
+-- Ready jobs by type among the first %(cap)s + 1 entries of the ready index in claim order:
+-- every ready job while there are at most %(cap)s; above, the first ones, which the snapshot
+-- completes with estimates (backlog.estimate). The index holds the type, but an entry whose
+-- page the visibility map does not mark all-visible (a table no vacuum has reached yet) still
+-- visits its row, one page per entry at worst in a scattered table: the cap bounds the pages.
+-- A type's age counts only jobs already due (a delayed job is not late) and is exact when one
+-- of its due jobs is among the entries read: its first one is its oldest. `newest_age` is the
+-- age of the last entry read (negative: delayed, so every due job was read).
 SELECT type, count(*)::bigint AS ready, count(*) FILTER (WHERE run_at <= now())::bigint AS due,
        extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now()))::float8 AS oldest_age,
        extract(epoch FROM now() - max(max(run_at)) OVER ())::float8 AS newest_age

@@ -185,28 +185,28 @@ LIMIT %(limit)s;
 -- Read by column name; runs on a timer, so it touches a bounded number of pages however big
 -- the backlog and whatever the table's order (jobtui/reads/overview.py says what it makes of
 -- them):
--- * the types: the first %(cap)s + 1 entries of the ready index in claim order, from the index
---   alone (it holds the type): every ready job while there are at most %(cap)s;
--- * the queues: the first %(sample)s + 1 ready jobs in claim order, whose rows are read (the
---   index does not hold the queue; in claim order each next row may sit on another page);
---   `head_rows` says, per kind, how many entries were read. A kind's oldest age stays exact
---   when one of its due jobs is among them (its first one is its oldest), and so does every
---   figure of its due jobs while the newest entry read is delayed (`newest_age` < 0);
+-- * the queues and the types: the rows of the first %(cap)s + 1 ready jobs in claim order (the
+--   index does not hold the queue; in claim order each next row may sit on another page):
+--   every ready job while there are at most %(cap)s. `head_rows` says how many were read. A
+--   queue's or type's oldest age stays exact when one of its due jobs is among them (its first
+--   one is its oldest), and so does every figure of its due jobs while the newest one read is
+--   delayed (`newest_age` < 0);
 -- * the done jobs of the last minute: at most the newest %(sample)s + 1 (`done_span` says the
 --   seconds they span); jobs deleted at completion are counted by type only, in done_tally,
 --   and not here;
 -- * the running jobs, as many as the workers run.
-WITH type_head AS MATERIALIZED (
-    -- Grouped as read: each entry is passed over once.
+WITH head AS MATERIALIZED (
+    -- The rows of the first entries of the ready index in claim order: one page per row at
+    -- worst (the index does not hold the queue), so at most %(cap)s + 1 pages.
+    SELECT queue, type, run_at FROM {schema}.job WHERE status = 'ready' ORDER BY run_at, id LIMIT %(cap)s + 1
+), type_head AS MATERIALIZED (
     SELECT type AS name, count(*) AS ready, count(*) FILTER (WHERE run_at <= now()) AS due,
            min(run_at) FILTER (WHERE run_at <= now()) AS oldest, max(run_at) AS newest
-    FROM (SELECT type, run_at FROM {schema}.job WHERE status = 'ready' ORDER BY run_at, id LIMIT %(cap)s + 1) AS h
-    GROUP BY type
+    FROM head GROUP BY type
 ), queue_head AS MATERIALIZED (
     SELECT queue AS name, count(*) AS ready, count(*) FILTER (WHERE run_at <= now()) AS due,
            min(run_at) FILTER (WHERE run_at <= now()) AS oldest, max(run_at) AS newest
-    FROM (SELECT queue, run_at FROM {schema}.job WHERE status = 'ready' ORDER BY run_at, id LIMIT %(sample)s + 1) AS h
-    GROUP BY queue
+    FROM head GROUP BY queue
 ), recent AS MATERIALIZED (
     SELECT queue, type, finished_at FROM {schema}.job
     WHERE status = 'done' AND finished_at > now() - interval '1 minute'
