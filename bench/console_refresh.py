@@ -8,7 +8,8 @@ backend's, and key-to-screen.
 A benchmark, not a test. It creates its own database (--dbname, jobtui_bench_console by
 default) on the server of --dsn, with one schema per size, fills it with INSERT ... SELECT
 generate_series, writes the archiver's minute row (as a worker would, once a minute),
-VACUUM ANALYZEs, and measures:
+VACUUM ANALYZEs (with --no-vacuum: ANALYZEs only, autovacuum off for the table, as a backlog
+that grew faster than autovacuum), and measures:
 
 1. the console's refresh (`DataSource.fetch`: the snapshot, the running page and the queues
    and types), median and p95 over --runs refreshes;
@@ -128,8 +129,9 @@ def with_dbname(dsn: str, dbname: str) -> str:
     return make_conninfo(**params)
 
 
-def prepare(admin_dsn: str, dbname: str, sizes: list[str], reuse: bool, fleet: int = 0) -> str:
-    """The benchmark database, with a filled schema per size."""
+def prepare(admin_dsn: str, dbname: str, sizes: list[str], reuse: bool, fleet: int = 0, vacuum: bool = True) -> str:
+    """The benchmark database, with a filled schema per size; without `vacuum`, its job tables
+    only ANALYZEd, autovacuum off for them (the visibility map marks no page all-visible)."""
     dsn = with_dbname(admin_dsn, dbname)
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
         exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (dbname,)).fetchone()
@@ -144,10 +146,13 @@ def prepare(admin_dsn: str, dbname: str, sizes: list[str], reuse: bool, fleet: i
                 print(f"{size}: reusing the filled schema")
             else:
                 start = time.perf_counter()
+                job = sql.SQL("{}.job").format(sql.Identifier(size))
+                if not vacuum:
+                    conn.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = false)").format(job))
                 for text in FILL:
                     literals = {k: sql.Literal(v) for k, v in SIZES[size].items()}
                     conn.execute(sql.SQL(text).format(schema=sql.Identifier(size), **literals))  # type: ignore[arg-type]
-                conn.execute(sql.SQL("VACUUM ANALYZE {}.job").format(sql.Identifier(size)))
+                conn.execute(sql.SQL("VACUUM ANALYZE {}" if vacuum else "ANALYZE {}").format(job))
                 print(f"{size}: filled in {time.perf_counter() - start:.0f}s")
             conn.execute(sql.SQL("DELETE FROM {}.fleet").format(sql.Identifier(size)))
             if fleet:
@@ -292,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fleet", type=int, default=1000, help="processes in the fleet of each schema (1000)")
     parser.add_argument("--keep", action="store_true", help="keep the bench database afterwards")
     parser.add_argument("--reuse", action="store_true", help="measure the schemas an earlier --keep left")
+    parser.add_argument(
+        "--no-vacuum", action="store_true", help="fill without VACUUM, autovacuum off: as before any vacuum reached it"
+    )
     args = parser.parse_args(argv)
     if not args.dbname.startswith("jobtui_bench"):
         parser.error("--dbname must start with jobtui_bench (the database is dropped at the end)")
@@ -300,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     if not set(panes) <= set(KEYS):
         parser.error(f"--panes: choose among {', '.join(KEYS)}")
     print(f"python {platform.python_version()}, psycopg {psycopg.__version__}, {os.cpu_count()} CPUs")
-    dsn = prepare(args.dsn, args.dbname, sizes, args.reuse, args.fleet)
+    dsn = prepare(args.dsn, args.dbname, sizes, args.reuse, args.fleet, vacuum=not args.no_vacuum)
     met = True
     try:
         for size in sizes:
