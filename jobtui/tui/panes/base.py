@@ -90,10 +90,17 @@ class Pane(TabPane):
 
 
 class TablePane(Pane):
-    """A pane that is one table of rows from `rows`, with the columns of `render.COLUMNS`."""
+    """A pane that is one table: its `COLUMNS`, and its `rows` of a view, both defined in the
+    pane's module."""
+
+    COLUMNS: ClassVar[list[str]]
 
     def compose(self) -> ComposeResult:
-        yield KeyedTable(render.COLUMNS[self.ID], id=f"table-{self.ID}")
+        yield self.new_table()
+
+    def new_table(self) -> KeyedTable:
+        """The pane's table, for a pane that shows more than it (a caption above, a detail below)."""
+        return KeyedTable(self.COLUMNS, id=f"table-{self.ID}")
 
     @property
     def table(self) -> KeyedTable:
