@@ -33,16 +33,7 @@ from jobtui.tui.screens import ConfirmScreen, JobListScreen
 from jobtui.tui.widgets import literal
 from tests.hostile import assert_safe, hostile, visible
 
-# Each pane's columns, by the name the tests give it.
-COLUMNS = {
-    "ready": ready_pane.COLUMNS,
-    "running": running_pane.COLUMNS,
-    "dead": dead_pane.COLUMNS,
-    "expiries": expiries_pane.COLUMNS,
-    "schedules": schedules_pane.COLUMNS,
-    "ready_jobs": screens.JOB_COLUMNS["ready"],
-    "dead_jobs": screens.JOB_COLUMNS["dead"],
-}
+from . import fixtures as fx
 
 NOW = datetime(2025, 3, 14, 9, 26, 53, tzinfo=UTC)
 OUR_STYLES = {str(s) for s in STYLE.values()}
@@ -52,7 +43,7 @@ texts = st.lists(hostile(), min_size=5, max_size=5)
 def shown_row(pane: str, rows: list[render.Row]) -> dict[str, Text]:
     """The one row of `rows`, as the table shows it, by column name."""
     [(_key, cells)] = rows
-    shown = {name: literal(cell) for name, cell in zip(COLUMNS[pane], cells, strict=True)}
+    shown = {name: literal(cell) for name, cell in zip(fx.COLUMNS[pane], cells, strict=True)}
     for cell in shown.values():
         assert_safe(cell.plain)
         assert str(cell.style) in OUR_STYLES and all(str(s.style) in OUR_STYLES for s in cell.spans), cell

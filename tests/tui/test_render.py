@@ -26,17 +26,6 @@ from jobtui.tui.widgets import literal, sort_value
 
 from . import fixtures as fx
 
-# Each pane's columns, by the name the tests give it.
-COLUMNS = {
-    "ready": ready_pane.COLUMNS,
-    "running": running_pane.COLUMNS,
-    "dead": dead_pane.COLUMNS,
-    "expiries": expiries_pane.COLUMNS,
-    "schedules": schedules_pane.COLUMNS,
-    "ready_jobs": screens.JOB_COLUMNS["ready"],
-    "dead_jobs": screens.JOB_COLUMNS["dead"],
-}
-
 T = Thresholds()
 WARN, CRIT = STYLE["warn"], STYLE["crit"]
 
@@ -46,12 +35,12 @@ def plain(cell: Text | str) -> str:
 
 
 def col(pane: str, name: str) -> int:
-    return COLUMNS[pane].index(name)
+    return fx.COLUMNS[pane].index(name)
 
 
 def named(pane: str, cells: list[Text | str]) -> dict[str, str]:
     """A row's cells by column name, as plain text."""
-    return dict(zip(COLUMNS[pane], (plain(c) for c in cells), strict=True))
+    return dict(zip(fx.COLUMNS[pane], (plain(c) for c in cells), strict=True))
 
 
 def style_of(cell: Text | str) -> str:
@@ -334,7 +323,7 @@ def test_dead_rows_keys_identify_the_group() -> None:
     assert style_of(cells[0]) == CRIT
     assert style_of(rows[1][1][0]) == WARN  # failed: amber
     # What matters first is on screen at 80 columns: which error, how many, still happening.
-    assert COLUMNS["dead"][:5] == ["status", "type", "jobs", "last seen", "error fingerprint"]
+    assert fx.COLUMNS["dead"][:5] == ["status", "type", "jobs", "last seen", "error fingerprint"]
 
 
 def test_dead_rows_same_fingerprint_different_status_are_different_rows() -> None:
@@ -400,7 +389,7 @@ def test_schedule_rows_overdue_paused_and_missed() -> None:
     assert style_of(rows["heartbeat"][missed]) == ""
     assert plain(rows["billing.nightly"][nxt]) == "16h33m"
     # The schedules' health first: on screen at 80 columns.
-    assert COLUMNS["schedules"][:6] == ["name", "next", "missed", "last missed", "backfilled", "skipped"]
+    assert fx.COLUMNS["schedules"][:6] == ["name", "next", "missed", "last missed", "backfilled", "skipped"]
 
 
 def test_schedule_rows_countdown_and_grace() -> None:
@@ -420,7 +409,7 @@ def test_ready_and_dead_job_rows() -> None:
     dead = screens.dead_job_rows([DeadJob(7, "t", "dead", 3, 3, None, None, "E")])
     assert dead == [("7", ["7", "t", "dead", "3/3", "-", "-", "E"])]
     for name, cells in (("ready_jobs", rows[0][1]), ("dead_jobs", dead[0][1])):
-        assert len(cells) == len(COLUMNS[name])
+        assert len(cells) == len(fx.COLUMNS[name])
 
 
 def test_every_pane_row_matches_its_columns() -> None:
@@ -433,7 +422,7 @@ def test_every_pane_row_matches_its_columns() -> None:
     }
     for pane, rows in built.items():
         assert rows, pane
-        assert all(len(cells) == len(COLUMNS[pane]) for _, cells in rows), pane
+        assert all(len(cells) == len(fx.COLUMNS[pane]) for _, cells in rows), pane
 
 
 def test_worker_log_lines_colour_their_level() -> None:
