@@ -73,6 +73,10 @@ class Pane(TabPane):
         """Take the focus (after a switch or the filter), so the pane's keys are live."""
         self.focus()
 
+    def aim(self, kind: str, name: str) -> None:
+        """Open on `kind` `name` (a `Goto` or a link's view): a line to select, a scope. Here,
+        nothing to aim at."""
+
     def show(self, view: View) -> None:
         """Draw a read, or the same read again after the filter or the sort changed."""
 

@@ -125,6 +125,10 @@ class DeadPane(TablePane):
         if view is not None:
             self.show(view)
 
+    def aim(self, kind: str, name: str) -> None:
+        """Open on the groups of type `name` alone (until a)."""
+        self.only_type = name
+
     def action_every_type(self) -> None:
         self.of_type(None)
 

@@ -229,6 +229,10 @@ class QueuesPane(TablePane):
         self.chosen: str | None = None  # a line to select once it is read (a `queue:NAME` link, the Why pane)
         self._kept: str | None = None  # the line chosen so, which the switch to this pane keeps
 
+    def aim(self, kind: str, name: str) -> None:
+        """Select the line of queue or type `name` once it is read."""
+        self.chosen = key_of(kind, name)
+
     def show(self, view: View) -> None:
         super().show(view)
         chosen = self.chosen

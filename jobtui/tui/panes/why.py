@@ -183,7 +183,7 @@ class WhyPane(TablePane):
         event.stop()
         self._show_detail()
 
-    def scope(self, kind: str, name: str) -> None:
+    def aim(self, kind: str, name: str) -> None:
         """Show `kind` `name` alone (the Queues pane's key)."""
         self.only = (kind, name)
         view = self.console.view()
