@@ -165,19 +165,15 @@ class JobtuiApp(App[None]):
         elif view.kind == "job" and view.value is not None:
             self.push_screen(JobDetailScreen(int(view.value)))
         elif view.kind == "dead" and view.value is not None:
-            self.query_one(panes.DeadPane).only_type = view.value
+            self.query_one(panes.DeadPane).aim("type", view.value)
         elif view.kind == "queue" and view.value is not None:
-            self.query_one(panes.QueuesPane).chosen = f"queue:{view.value}"
+            self.query_one(panes.QueuesPane).aim("queue", view.value)
 
     def on_goto(self, message: panes.Goto) -> None:
         """A pane sent the console to another pane, maybe to a line in it."""
         message.stop()
-        if message.pane == "why" and message.kind is not None and message.name is not None:
-            self.query_one(panes.WhyPane).scope(message.kind, message.name)
-        elif message.pane == "queues" and message.kind is not None and message.name is not None:
-            self.query_one(panes.QueuesPane).chosen = f"{message.kind}:{message.name}"
-        elif message.pane == "dead" and message.name is not None:
-            self.query_one(panes.DeadPane).only_type = message.name
+        if message.kind is not None and message.name is not None:
+            self.query_one(f"#{message.pane}", Pane).aim(message.kind, message.name)
         self.query_one("#panes", TabbedContent).active = message.pane
 
     def on_unmount(self) -> None:

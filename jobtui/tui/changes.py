@@ -9,8 +9,8 @@ from __future__ import annotations
 from jobtui.tui.data import Actions, DataSource
 
 
-def requeue_jobs(actions: Actions, ids: list[int]) -> str:
-    return f"requeued {actions.requeue_jobs(ids)} job(s)"
+def requeue_job(actions: Actions, job_id: int) -> str:
+    return f"requeued {actions.requeue_jobs([job_id])} job(s)"
 
 
 def requeue_group_question(

@@ -2,7 +2,7 @@
 what holds the oldest wait, once it passes the warning age), and what the fleet means for the
 queue (a queue no live worker serves, a type no worker handles, more than one version running).
 
-Pure, like render.py: everything comes in as arguments.
+Pure, like the panes' rows: everything comes in as arguments.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from jobtui.reads.fleet import Finding
 from jobtui.reads.metrics import Snapshot
 from jobtui.tui import render
 from jobtui.tui.data import Where
+
+SPARK = "▁▂▃▄▅▆▇█"
 
 # A read waiting this long means the database does not answer: the header turns red, with how
 # old the figures on screen are, while the read still waits. Red within 3 s of a hang: the
@@ -85,11 +87,117 @@ def header(
     out.append_text(where_line(where, read_only, schema, refuses))
     if snap is not None:
         out.append("\n")
-        out.append_text(render.vitals(snap, history, thresholds, width=width, why=cause_piece(cause)))
+        out.append_text(vitals(snap, history, thresholds, width=width, why=cause_piece(cause)))
     fleet = [f for f in fleet if not said_by(f, cause)]
     if fleet:
         out.append("\n")
         out.append_text(findings_line(fleet, width))
+    return out
+
+
+def ready_figure(snap: Snapshot) -> str:
+    """Due ready jobs, +delayed ones; `~` and rounded when they were too many to count.
+
+    The estimate says so: an operator must not read `~1.2M` as a count.
+    """
+    due, later = snap.ready_due, snap.ready - snap.ready_due
+    if snap.ready_estimate is not None:
+        return f"~{render.compact(due)}" + (f"+{render.compact(later)}" if later > 0 else "")
+    return f"{due:,}" + (f"+{later:,}" if later > 0 else "")
+
+
+def sparkline(values: Sequence[float], width: int = 20) -> str:
+    """The last `width` values as block characters scaled to their own maximum.
+
+    >>> sparkline([0, 1, 2, 4], width=4)
+    '▁▃▅█'
+    """
+    data = list(values)[-width:]
+    if not data:
+        return ""
+    top = max(data)
+    if top <= 0:
+        return SPARK[0] * len(data)
+    return "".join(SPARK[min(len(SPARK) - 1, int(v / top * (len(SPARK) - 1) + 0.5))] for v in data)
+
+
+def vitals(
+    snap: Snapshot,
+    history: Sequence[float],
+    thresholds: render.Thresholds,
+    *,
+    width: int | None = None,
+    why: Text | None = None,
+) -> Text:
+    """The header: the figures an operator looks at first, coloured by thresholds; `why`,
+    what holds the oldest wait, beside its age.
+
+    With a `width`, figures that would overflow the line start a new one (a figure is never
+    split from its label), so a narrow terminal shows every figure on a second line.
+    """
+    t = thresholds
+    pieces: list[Text] = []
+    if snap.standby:
+        # Read on a hot standby: every figure is as old as its replay.
+        pieces.append(Text(f" {snap.standby_note} ", style="bold black on yellow"))
+    oldest = snap.oldest_ready_age
+    parts: list[tuple[str, str, str]] = [
+        ("oldest ready", render.age(oldest), t.wait_level(oldest)),
+        ("ready", ready_figure(snap), "ok"),
+        ("running", f"{snap.running_count:,}", "warn" if snap.expired_leases else "ok"),
+        ("dead", f"{snap.dead_count:,}", t.level(snap.dead_count, t.dead_warn, t.dead_crit)),
+        ("failed", f"{snap.failed_count:,}", "ok"),
+        ("done/min", f"{snap.done_last_minute:,}", "ok"),
+        (
+            "expiries 1h",
+            f"{snap.lease_expiries_last_hour:,}",
+            t.level(snap.lease_expiries_last_hour, t.expiries_warn, t.expiries_crit),
+        ),
+        ("missed slots", f"{snap.missed_slots:,}", t.level(snap.missed_slots, t.missed_warn, t.missed_crit)),
+    ]
+    ahead = snap.forecast
+    if ahead.short:
+        # When the due backlog drains, at the pace of the last minutes' flows.
+        parts.insert(2, ("backlog", ahead.short, ahead.level))
+    if snap.lock_waits:
+        # Only while sessions wait: a queue blocked on a lock (a row held by a long
+        # transaction, an ALTER TABLE) explains a backlog the other figures only show.
+        kinds = " ".join(f"{kind} {n}" for kind, n in snap.lock_waits_by_kind.items() if n)
+        # Claims taking turns under a queue's limit are the limit at work: shown, not amber.
+        level = "warn" if snap.alarming_lock_waits else "ok"
+        parts.append(
+            ("lock waits", f"{snap.lock_waits} ({kinds}, longest {render.age(snap.longest_lock_wait)})", level)
+        )
+    for i, (label, value, level) in enumerate(parts):
+        piece = Text()
+        piece.append(f"{label} ", style=render.STYLE["dim"])
+        piece.append(value, style=render.STYLE[level] or "bold")
+        if i == 0 and history:
+            piece.append(" " + sparkline(history, 16), style=render.STYLE[level] or "")
+        pieces.append(piece)
+        if i == 0 and why is not None:
+            pieces.append(why)
+    return pack(pieces, width)
+
+
+def pack(pieces: Sequence[Text], width: int | None, gap: int = 2) -> Text:
+    """`pieces` separated by `gap` spaces, on as many lines of `width` cells as they need.
+
+    >>> pack([Text("aaa"), Text("bb"), Text("cccc")], width=8).plain
+    'aaa  bb\\ncccc'
+    """
+    out = Text()
+    used = 0
+    for piece in pieces:
+        size = piece.cell_len
+        if used and width is not None and used + gap + size > width:
+            out.append("\n")
+            used = 0
+        elif used:
+            out.append(" " * gap)
+            used += gap
+        out.append_text(piece)
+        used += size
     return out
 
 
@@ -105,7 +213,7 @@ def findings_line(found: Sequence[Finding], width: int | None) -> Text:
     if len(found) > FINDINGS_SHOWN:
         more = len(found) - FINDINGS_SHOWN
         pieces.append(Text(f"and {more} more (jobtui workers)", style=render.STYLE["warn"]))
-    return render.pack(pieces, width, gap=3)
+    return pack(pieces, width, gap=3)
 
 
 def first_cause(diagnosis: Diagnosis | None, snap: Snapshot | None, thresholds: render.Thresholds) -> Cause | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Sequence
 from typing import cast
 
 from rich.text import Text
@@ -18,6 +19,7 @@ from jobtui.kernel.errors import first_line
 from jobtui.kernel.explain import explain
 from jobtui.kernel.safetext import block, line
 from jobtui.reads.backlog import READY_EXACT_CAP
+from jobtui.reads.joblists import DeadJob, ReadyJob
 from jobtui.tui import changes, render
 from jobtui.tui.console import Change, Console, change_actions
 from jobtui.tui.widgets import KeyedTable
@@ -147,6 +149,31 @@ class JobDetailScreen(Screen[None]):
             self.query_one("#detail", Static).update(Text(block(text)))
 
 
+# A drill-down list's columns, by its kind: the ready jobs of a type, the jobs of a dead group.
+JOB_COLUMNS = {
+    "ready": ["id", "type", "attempts", "waiting", "age", "last error"],
+    "dead": ["id", "type", "status", "attempts", "finished", "worker", "last error"],
+}
+
+
+def ready_job_cells(j: ReadyJob) -> list[Text | str]:
+    waiting = render.age(j.waiting) if j.waiting >= 0 else f"in {render.age(-j.waiting)}"
+    return [str(j.id), j.type, f"{j.attempts}/{j.max_attempts}", waiting, render.age(j.age), j.last_error or "-"]
+
+
+def dead_job_cells(j: DeadJob) -> list[Text | str]:
+    attempts = f"{j.attempts}/{j.max_attempts}"
+    return [str(j.id), j.type, j.status, attempts, render.when(j.finished_at), j.worker or "-", j.last_error]
+
+
+def ready_job_rows(jobs: Sequence[ReadyJob]) -> list[render.Row]:
+    return [render.row(str(j.id), ready_job_cells(j)) for j in jobs]
+
+
+def dead_job_rows(jobs: Sequence[DeadJob]) -> list[render.Row]:
+    return [render.row(str(j.id), dead_job_cells(j)) for j in jobs]
+
+
 class JobListScreen(Screen[None]):
     """A drill-down list: the ready jobs of a type, or the jobs of a dead-letter group. Keys
     typed with the one that opened it wait for its first rows (LOADS_ROWS, keys.py)."""
@@ -172,7 +199,7 @@ class JobListScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Label(Text(self.title_text), id="title")
-        yield KeyedTable(render.COLUMNS["ready_jobs" if self.kind == "ready" else "dead_jobs"], id="jobs")
+        yield KeyedTable(JOB_COLUMNS[self.kind], id="jobs")
         yield Footer()
 
     @property
@@ -202,11 +229,11 @@ class JobListScreen(Screen[None]):
         try:
             if self.kind == "ready":
                 ready = source.ready_jobs(self.job_type)
-                rows = render.ready_job_rows(ready.jobs)
+                rows = ready_job_rows(ready.jobs)
                 # A bounded read: past that many, the list says it did not look further.
                 note = f" · among the oldest {READY_EXACT_CAP:,} ready jobs" if ready.cut else ""
             else:
-                rows = render.dead_job_rows(source.dead_jobs(self.status, self.job_type, self.fingerprint))
+                rows = dead_job_rows(source.dead_jobs(self.status, self.job_type, self.fingerprint))
         except Exception as exc:  # said in the title; the next tick tries again
             why = first_line(exc)
             self.app.call_from_thread(self._title, f"{self.title_text} · cannot read: {why}")
@@ -239,25 +266,18 @@ class JobListScreen(Screen[None]):
         event.stop()  # handled: enter on a job explains it
         self.action_open()
 
-    def action_requeue(self) -> None:
+    def _ask_job(self, question: str, change: Callable[..., str]) -> None:
+        """Ask `question` of the selected job (`{job}` names it); on yes, `change` it."""
         job_id = self._selected_id()
         if job_id is not None:
-            self.console.confirm_then(
-                [f"Requeue job {job_id} ({self.job_type})?", "1 row will change."],
-                changes.requeue_jobs,
-                self.console.actions_,
-                [job_id],
-            )
+            what = question.format(job=f"job {job_id} ({self.job_type})")
+            self.console.confirm_then([what, "1 row will change."], change, self.console.actions_, job_id)
+
+    def action_requeue(self) -> None:
+        self._ask_job("Requeue {job}?", changes.requeue_job)
 
     def action_requeue_group(self) -> None:
         self.console.ask_requeue_group(self.status, self.job_type, self.fingerprint)
 
     def action_cancel(self) -> None:
-        job_id = self._selected_id()
-        if job_id is not None:
-            self.console.confirm_then(
-                [f"Cancel job {job_id} ({self.job_type})? It becomes failed.", "1 row will change."],
-                changes.cancel,
-                self.console.actions_,
-                job_id,
-            )
+        self._ask_job("Cancel {job}? It becomes failed.", changes.cancel)

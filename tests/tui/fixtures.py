@@ -3,7 +3,7 @@
 `FixedApp` is the real JobtuiApp whose DataSource returns the values below and whose clock
 stands still, so every countdown and age on screen is the same on every run. This is not a
 stand-in for the database in the SQL-backed tests (test_console.py uses a real one); it is
-fixed data for snapshot pictures, which render.py is designed to draw from plain values.
+fixed data for snapshot pictures, which the panes are designed to draw from plain values.
 The jobs search is the exception: it reads the database itself, so its pictures give
 FixedApp a real one holding fixed rows (test_snapshots.py).
 """
@@ -26,6 +26,8 @@ from jobtui.reads.scene import Scene
 from jobtui.reads.why import Claims, Expiries, Facts, Pause, Running, RunTime, Waiting
 from jobtui.tui.app import JobtuiApp
 from jobtui.tui.data import DataSource, Fetched, Where
+from jobtui.tui.panes import TABLES
+from jobtui.tui.screens import JOB_COLUMNS
 
 NOW = datetime(2025, 3, 14, 9, 26, 53, tzinfo=UTC)
 READ_AT = 1000.0  # the fixed monotonic time the data was "read"
@@ -33,6 +35,8 @@ ELAPSED = 2.0  # and how long ago, by the fixed clock
 HISTORY = [3, 4, 4, 6, 9, 14, 22, 31, 35, 38, 41, 40, 44, 52, 61, 58, 64, 71, 75]
 
 WHERE = Where("ops", "db.example.com", "5432", "app", "jobtui", server_read_only=False)
+# Each table's columns: a pane's by its id, a drill-down list's as `ready_jobs` or `dead_jobs`.
+COLUMNS = {pane.ID: pane.COLUMNS for pane in TABLES} | {f"{kind}_jobs": cols for kind, cols in JOB_COLUMNS.items()}
 EXPIRED_JOB = 4130  # the running job whose lease expired (its worker crashed)
 
 

@@ -15,9 +15,9 @@ from jobtui.clients.client import Queue
 from jobtui.core.registry import Job, Jobs
 from jobtui.kernel.domain import NewJob
 from jobtui.reads.metrics import DeadGroup
-from jobtui.tui import render
 from jobtui.tui.app import JobtuiApp
 from jobtui.tui.panes import DeadPane, LogToWidget
+from jobtui.tui.panes import dead as dead_pane
 from jobtui.tui.screens import ConfirmScreen, HelpScreen, JobDetailScreen, JobListScreen
 from jobtui.tui.widgets import KeyedTable
 from jobtui.worker import Worker
@@ -76,7 +76,7 @@ async def answer(pilot: Any, app: JobtuiApp, key: str) -> None:
     await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen), what="the dialog to close")
 
 
-BILLING_KEY = render.dead_key(DeadGroup("dead", "invoice.render", BILLING, 0, None, None, 0, 0))
+BILLING_KEY = dead_pane.dead_key(DeadGroup("dead", "invoice.render", BILLING, 0, None, None, 0, 0))
 
 
 # -- dead groups ------------------------------------------------------------------------------

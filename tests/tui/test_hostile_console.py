@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from textual.widgets import Input
 
 from jobtui.reads.metrics import DeadGroup
-from jobtui.tui import render
+from jobtui.tui.panes import dead as dead_pane
 from jobtui.tui.screens import ConfirmScreen, JobDetailScreen, JobListScreen
 from tests.hostile import Texts, assert_safe, hostile, seed, visible
 
@@ -98,7 +98,7 @@ async def test_every_pane_dialog_title_toast_and_detail_shows_hostile_rows_escap
 
         assert app.latest is not None
         group = next(g for g in app.latest.snapshot.dead if g.status == "dead")
-        await open_pane(pilot, app, "dead", render.dead_key(group))
+        await open_pane(pilot, app, "dead", dead_pane.dead_key(group))
         await pilot.press("r")
         question = await confirm_question(pilot, app)
         assert_safe(question, keep="\n")
@@ -143,4 +143,4 @@ async def test_every_pane_dialog_title_toast_and_detail_shows_hostile_rows_escap
 def test_a_dead_key_names_the_group_exactly() -> None:
     """Keys stay the exact data (rows are found by them), only what is shown is escaped."""
     group = DeadGroup("dead", HOSTILE.type, HOSTILE.error, 1, None, None, 1, 1)
-    assert render.dead_rows([group], "")[0][0] == f"dead\x1f{HOSTILE.type}\x1f{HOSTILE.error}"
+    assert dead_pane.dead_rows([group], "")[0][0] == f"dead\x1f{HOSTILE.type}\x1f{HOSTILE.error}"

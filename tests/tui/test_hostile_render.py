@@ -21,11 +21,19 @@ from jobtui.kernel.explain import explain, first_line
 from jobtui.kernel.safetext import SafeFormatter
 from jobtui.reads.joblists import DeadJob, ReadyJob, RunningJob
 from jobtui.reads.metrics import DeadGroup, LeaseExpiry, ScheduleHealth, TypeCounts
-from jobtui.tui import render
+from jobtui.tui import render, screens
+from jobtui.tui.panes import dead as dead_pane
+from jobtui.tui.panes import expiries as expiries_pane
+from jobtui.tui.panes import ready as ready_pane
+from jobtui.tui.panes import running as running_pane
+from jobtui.tui.panes import schedules as schedules_pane
+from jobtui.tui.panes import worker as worker_pane
 from jobtui.tui.render import STYLE, Thresholds
 from jobtui.tui.screens import ConfirmScreen, JobListScreen
 from jobtui.tui.widgets import literal
 from tests.hostile import assert_safe, hostile, visible
+
+from . import fixtures as fx
 
 NOW = datetime(2025, 3, 14, 9, 26, 53, tzinfo=UTC)
 OUR_STYLES = {str(s) for s in STYLE.values()}
@@ -35,7 +43,7 @@ texts = st.lists(hostile(), min_size=5, max_size=5)
 def shown_row(pane: str, rows: list[render.Row]) -> dict[str, Text]:
     """The one row of `rows`, as the table shows it, by column name."""
     [(_key, cells)] = rows
-    shown = {name: literal(cell) for name, cell in zip(render.COLUMNS[pane], cells, strict=True)}
+    shown = {name: literal(cell) for name, cell in zip(fx.COLUMNS[pane], cells, strict=True)}
     for cell in shown.values():
         assert_safe(cell.plain)
         assert str(cell.style) in OUR_STYLES and all(str(s.style) in OUR_STYLES for s in cell.spans), cell
@@ -45,17 +53,19 @@ def shown_row(pane: str, rows: list[render.Row]) -> dict[str, Text]:
 def panes(a: str, b: str, c: str, d: str, needle: str = "") -> list[tuple[str, list[render.Row], dict[str, str]]]:
     """Each pane's rows of one record whose text fields hold a, b, c, d; and what they must show."""
     return [
-        ("ready", render.ready_rows([TypeCounts(a, ready=2, ready_due=1, oldest_ready_age=9.0)], needle, Thresholds()),
+        ("ready",
+         ready_pane.ready_rows([TypeCounts(a, ready=2, ready_due=1, oldest_ready_age=9.0)], needle, Thresholds()),
          {"type": a}),
-        ("running", render.running_rows([RunningJob(1, a, b, 1, 3, 0.5, 10.0, 1.0)], needle), {"type": a, "worker": b}),
-        ("dead", render.dead_rows([DeadGroup(c, a, b, 3, NOW, NOW, 7, 2)], needle),
+        ("running", running_pane.running_rows([RunningJob(1, a, b, 1, 3, 0.5, 10.0, 1.0)], needle),
+         {"type": a, "worker": b}),
+        ("dead", dead_pane.dead_rows([DeadGroup(c, a, b, 3, NOW, NOW, 7, 2)], needle),
          {"status": c, "type": a, "error fingerprint": b}),
-        ("expiries", render.expiry_rows([LeaseExpiry(7, a, b, 1, NOW, NOW, c)], needle),
+        ("expiries", expiries_pane.expiry_rows([LeaseExpiry(7, a, b, 1, NOW, NOW, c)], needle),
          {"type": a, "worker": b, "outcome": c}),
-        ("schedules", render.schedule_rows([ScheduleHealth(a, b, c, False, NOW, NOW, 0, 0, [], 5.0)], needle),
+        ("schedules", schedules_pane.schedule_rows([ScheduleHealth(a, b, c, False, NOW, NOW, 0, 0, [], 5.0)], needle),
          {"name": a, "type": b, "cron": c}),
-        ("ready_jobs", render.ready_job_rows([ReadyJob(1, a, 0, 3, 1.0, 2.0, b)]), {"type": a, "last error": b}),
-        ("dead_jobs", render.dead_job_rows([DeadJob(1, a, c, 3, 3, NOW, b, d)]),
+        ("ready_jobs", screens.ready_job_rows([ReadyJob(1, a, 0, 3, 1.0, 2.0, b)]), {"type": a, "last error": b}),
+        ("dead_jobs", screens.dead_job_rows([DeadJob(1, a, c, 3, 3, NOW, b, d)]),
          {"type": a, "status": c, "worker": b, "last error": d}),
     ]  # fmt: skip
 
@@ -66,7 +76,9 @@ def test_every_pane_shows_its_data_escaped_and_literally(values: list[str]) -> N
         shown = shown_row(pane, rows)
         for column, value in fields.items():
             # A dead group's fingerprint is cut, with an ellipsis, after its escaping.
-            expected = render.clip(visible(value), render.FINGERPRINT_CELL) if column == "error fingerprint" else None
+            expected = (
+                render.clip(visible(value), dead_pane.FINGERPRINT_CELL) if column == "error fingerprint" else None
+            )
             assert shown[column].plain == (expected or visible(value)), (pane, column)
 
 
@@ -82,13 +94,13 @@ def test_the_filter_finds_rows_by_the_text_as_shown(values: list[str], data: st.
 
 @given(hostile(max_pieces=10), st.sampled_from([logging.INFO, logging.WARNING, logging.ERROR]))
 def test_worker_log_lines_are_escaped_with_a_traceback_kept_on_its_lines(entry: str, level: int) -> None:
-    shown = render.log_line(level, f"12:00:00 {logging.getLevelName(level)} {entry}")
+    shown = worker_pane.log_line(level, f"12:00:00 {logging.getLevelName(level)} {entry}")
     assert_safe(shown.plain, keep="\n\t")
     assert shown.plain.split("\n")[0].startswith("12:00:00 ")
     assert all(str(s.style) in OUR_STYLES for s in shown.spans)
     formatter = SafeFormatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")  # the Worker pane's
     record = logging.LogRecord("jobtui.worker", level, __file__, 1, "job 7 (%s) failed: %s", (entry, entry), None)
-    line = render.log_line(level, formatter.format(record)).plain
+    line = worker_pane.log_line(level, formatter.format(record)).plain
     assert "\n" not in line and line.endswith(f"job 7 ({visible(entry)}) failed: {visible(entry)}")
 
 

@@ -1,4 +1,5 @@
-"""render.py from fixed values: thresholds and colours, countdowns, keys, filters, sparklines."""
+"""The panes' rows and the header's vitals from fixed values: thresholds and colours, countdowns, keys,
+filters, sparklines."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ from rich.text import Text
 from jobtui.reads.backlog import ReadyEstimate
 from jobtui.reads.joblists import DeadJob, ReadyJob, RunningJob
 from jobtui.reads.metrics import DeadGroup, ScheduleHealth, Snapshot, TypeCounts
-from jobtui.tui import header, render
+from jobtui.tui import header, render, screens
+from jobtui.tui.panes import dead as dead_pane
+from jobtui.tui.panes import expiries as expiries_pane
+from jobtui.tui.panes import ready as ready_pane
+from jobtui.tui.panes import running as running_pane
+from jobtui.tui.panes import schedules as schedules_pane
+from jobtui.tui.panes import worker as worker_pane
 from jobtui.tui.render import STYLE, Thresholds
 from jobtui.tui.widgets import literal, sort_value
 
@@ -28,12 +35,12 @@ def plain(cell: Text | str) -> str:
 
 
 def col(pane: str, name: str) -> int:
-    return render.COLUMNS[pane].index(name)
+    return fx.COLUMNS[pane].index(name)
 
 
 def named(pane: str, cells: list[Text | str]) -> dict[str, str]:
     """A row's cells by column name, as plain text."""
-    return dict(zip(render.COLUMNS[pane], (plain(c) for c in cells), strict=True))
+    return dict(zip(fx.COLUMNS[pane], (plain(c) for c in cells), strict=True))
 
 
 def style_of(cell: Text | str) -> str:
@@ -73,7 +80,7 @@ def snap_with(**changes: object) -> Snapshot:
 
 
 def test_vitals_shows_every_figure() -> None:
-    line = render.vitals(fx.snapshot(), [], T)
+    line = header.vitals(fx.snapshot(), [], T)
     text = line.plain
     # oldest due job 412 s; 1,196 due of 1,248 ready; 10 running; 24 dead; 9 failed
     for figure in ("oldest ready 6m52s", "ready 1,196+52", "running 10", "dead 24", "failed 9",
@@ -84,7 +91,7 @@ def test_vitals_shows_every_figure() -> None:
 
 
 def test_vitals_colours_follow_thresholds() -> None:
-    line = render.vitals(fx.snapshot(), [], T)
+    line = header.vitals(fx.snapshot(), [], T)
     assert figure_style(line, "oldest ready") == CRIT  # 412 s >= 300 s
     assert figure_style(line, "running") == WARN  # one lease expired
     assert figure_style(line, "dead") == WARN  # 24: >= 1, < 100
@@ -94,7 +101,7 @@ def test_vitals_colours_follow_thresholds() -> None:
 
 
 def test_vitals_thresholds_are_configurable_and_a_quiet_queue_is_all_ok() -> None:
-    line = render.vitals(fx.snapshot(), [], Thresholds(missed_crit=20, oldest_ready_crit=600))
+    line = header.vitals(fx.snapshot(), [], Thresholds(missed_crit=20, oldest_ready_crit=600))
     assert figure_style(line, "missed slots") == WARN
     assert figure_style(line, "oldest ready") == WARN
     quiet = snap_with(
@@ -103,33 +110,33 @@ def test_vitals_thresholds_are_configurable_and_a_quiet_queue_is_all_ok() -> Non
         lease_expiries_per_hour=[0] * 24,
         schedules=[],
     )
-    line = render.vitals(quiet, [], T)
+    line = header.vitals(quiet, [], T)
     for label in ("oldest ready", "running", "dead", "expiries 1h", "missed slots"):
         assert figure_style(line, label) == "bold", label
     assert "ready 2 " in line.plain + " "  # nothing delayed: no "+0"
 
 
 def test_vitals_show_lock_waits_by_kind_only_while_sessions_wait() -> None:
-    assert "lock waits" not in render.vitals(fx.snapshot(), [], T).plain
+    assert "lock waits" not in header.vitals(fx.snapshot(), [], T).plain
     kinds = dict.fromkeys(("relation", "transactionid", "tuple", "advisory", "queue_limit", "other"), 0)
     waiting = snap_with(
         lock_waits=3,
         longest_lock_wait=75.0,
         lock_waits_by_kind={**kinds, "transactionid": 1, "tuple": 2},
     )
-    line = render.vitals(waiting, [], T)
+    line = header.vitals(waiting, [], T)
     assert "lock waits 3 (transactionid 1 tuple 2, longest 1m15s)" in line.plain
     assert figure_style(line, "lock waits") == WARN
 
 
 def test_vitals_dead_turns_red_at_crit() -> None:
     many = snap_with(by_type=[TypeCounts("x", dead=150)])
-    assert figure_style(render.vitals(many, [], T), "dead") == CRIT
-    assert figure_style(render.vitals(many, [], Thresholds(dead_crit=1000)), "dead") == WARN
+    assert figure_style(header.vitals(many, [], T), "dead") == CRIT
+    assert figure_style(header.vitals(many, [], Thresholds(dead_crit=1000)), "dead") == WARN
 
 
 def test_vitals_sparkline_follows_oldest_ready() -> None:
-    line = render.vitals(fx.snapshot(), [0, 5, 10], T)
+    line = header.vitals(fx.snapshot(), [0, 5, 10], T)
     assert "oldest ready 6m52s ▁▅█" in line.plain
 
 
@@ -170,14 +177,14 @@ def test_the_header_names_role_host_port_database_schema_and_read_only() -> None
 
 def test_an_estimated_backlog_is_labelled_and_rounded() -> None:
     estimated = replace(fx.snapshot(), ready_estimate=ReadyEstimate(5_000_000, 4_518_286, 3742.0, "planner", {}))
-    line = render.vitals(estimated, [], T).plain
+    line = header.vitals(estimated, [], T).plain
     assert "ready ~4.5M+482k" in line and "oldest ready 1h02m" in line
-    assert "ready 1,196+52" in render.vitals(fx.snapshot(), [], T).plain  # counted: exact
+    assert "ready 1,196+52" in header.vitals(fx.snapshot(), [], T).plain  # counted: exact
 
 
 @pytest.mark.parametrize("width", [40, 60, 80, 118, 200])
 def test_vitals_wraps_between_figures_never_inside(width: int) -> None:
-    line = render.vitals(fx.snapshot(), fx.HISTORY, T, width=width)
+    line = header.vitals(fx.snapshot(), fx.HISTORY, T, width=width)
     lines = line.plain.split("\n")
     assert all(len(text) <= width for text in lines), lines
     joined = " ".join(lines)
@@ -191,13 +198,13 @@ def test_vitals_wraps_between_figures_never_inside(width: int) -> None:
 
 
 def test_sparkline() -> None:
-    assert render.sparkline([]) == ""
-    assert render.sparkline([0, 0, 0]) == "▁▁▁"
-    assert render.sparkline([0, 1, 2, 4], width=4) == "▁▃▅█"  # linear, rounded to 8 levels
-    assert render.sparkline([5, 5]) == "██"
-    assert render.sparkline(list(range(100)), width=16) == render.sparkline(list(range(84, 100)), width=16)
-    assert len(render.sparkline(list(range(100)), width=16)) == 16
-    assert render.sparkline([-3, 0]) == "▁▁"
+    assert header.sparkline([]) == ""
+    assert header.sparkline([0, 0, 0]) == "▁▁▁"
+    assert header.sparkline([0, 1, 2, 4], width=4) == "▁▃▅█"  # linear, rounded to 8 levels
+    assert header.sparkline([5, 5]) == "██"
+    assert header.sparkline(list(range(100)), width=16) == header.sparkline(list(range(84, 100)), width=16)
+    assert len(header.sparkline(list(range(100)), width=16)) == 16
+    assert header.sparkline([-3, 0]) == "▁▁"
 
 
 def test_age() -> None:
@@ -212,7 +219,7 @@ def test_age() -> None:
 
 
 def test_ready_rows_skip_empty_types_and_colour_the_wait() -> None:
-    rows = dict(render.ready_rows(fx.by_type(), "", T))
+    rows = dict(ready_pane.ready_rows(fx.by_type(), "", T))
     assert "invoice.render" in rows  # 4 delayed, none due
     assert list(rows) == ["email.send", "image.resize", "invoice.render", "report.build", "webhook.deliver"]
     assert [plain(c) for c in rows["email.send"]] == ["email.send", "1,180", "24", "42s", "6", "-"]
@@ -220,13 +227,13 @@ def test_ready_rows_skip_empty_types_and_colour_the_wait() -> None:
     assert style_of(rows["webhook.deliver"][3]) == WARN  # 95 s
     assert style_of(rows["report.build"][3]) == CRIT  # 412 s
     assert plain(rows["invoice.render"][3]) == "-"
-    empty = render.ready_rows([TypeCounts("quiet", ready=0, running=3)], "", T)
+    empty = ready_pane.ready_rows([TypeCounts("quiet", ready=0, running=3)], "", T)
     assert empty == []
 
 
 def test_ready_rows_show_the_attempts_of_each_types_done_jobs() -> None:
     done = fx.snapshot().attempts_by_type["done"]
-    rows = {key: named("ready", cells) for key, cells in render.ready_rows(fx.by_type(), "", T, done)}
+    rows = {key: named("ready", cells) for key, cells in ready_pane.ready_rows(fx.by_type(), "", T, done)}
     assert rows["email.send"]["attempts (done 1h)"] == "1:8,950 2:200"
     assert rows["webhook.deliver"]["attempts (done 1h)"] == "1:500 2:100 3:40"
     assert rows["image.resize"]["attempts (done 1h)"] == "-"  # none done in the last hour
@@ -249,15 +256,15 @@ def test_ready_rows_show_the_attempts_of_each_types_done_jobs() -> None:
 
 
 def test_ready_rows_filter_is_case_insensitive() -> None:
-    assert [k for k, _ in render.ready_rows(fx.by_type(), "REPORT", T)] == ["report.build"]
-    assert render.ready_rows(fx.by_type(), "nothing-like-it", T) == []
+    assert [k for k, _ in ready_pane.ready_rows(fx.by_type(), "REPORT", T)] == ["report.build"]
+    assert ready_pane.ready_rows(fx.by_type(), "nothing-like-it", T) == []
 
 
 # -- running ------------------------------------------------------------------------------
 
 
 def test_running_rows_mark_expired_leases() -> None:
-    rows = dict(render.running_rows(fx.running_jobs(), ""))
+    rows = dict(running_pane.running_rows(fx.running_jobs(), ""))
     expired = rows[str(fx.EXPIRED_JOB)]
     assert plain(expired[5]) == "EXPIRED 12s ago"
     assert style_of(expired[5]) == CRIT
@@ -273,24 +280,24 @@ def test_running_rows_mark_expired_leases() -> None:
 
 def test_running_rows_count_down_with_elapsed_time() -> None:
     job = RunningJob(1, "t", None, 1, 3, heartbeat_age=1.0, lease_left=10.0, running_for=5.0)
-    ((_, cells),) = render.running_rows([job], "", elapsed=0.0)
+    ((_, cells),) = running_pane.running_rows([job], "", elapsed=0.0)
     assert (plain(cells[4]), plain(cells[5]), plain(cells[6])) == ("1s", "10s", "5s")
     assert plain(cells[2]) == "-"  # no worker recorded
-    ((_, cells),) = render.running_rows([job], "", elapsed=6.0)
+    ((_, cells),) = running_pane.running_rows([job], "", elapsed=6.0)
     assert (plain(cells[4]), plain(cells[5]), plain(cells[6])) == ("7s", "4s", "11s")
     assert style_of(cells[5]) == WARN  # under 5 s left
-    ((_, cells),) = render.running_rows([job], "", elapsed=13.0)
+    ((_, cells),) = running_pane.running_rows([job], "", elapsed=13.0)
     assert plain(cells[5]) == "EXPIRED 3s ago" and style_of(cells[5]) == CRIT
     no_heartbeat = dataclasses.replace(job, heartbeat_age=None, running_for=None)
-    ((_, cells),) = render.running_rows([no_heartbeat], "", elapsed=3.0)
+    ((_, cells),) = running_pane.running_rows([no_heartbeat], "", elapsed=3.0)
     assert (plain(cells[4]), plain(cells[6])) == ("-", "-")
 
 
 def test_running_rows_filter_by_type_worker_or_id() -> None:
     jobs = fx.running_jobs()
-    assert [k for k, _ in render.running_rows(jobs, "worker-a")] == ["4101", "4102"]
-    assert [k for k, _ in render.running_rows(jobs, "4133")] == ["4133"]
-    assert [k for k, _ in render.running_rows(jobs, "image")] == [str(fx.EXPIRED_JOB)]
+    assert [k for k, _ in running_pane.running_rows(jobs, "worker-a")] == ["4101", "4102"]
+    assert [k for k, _ in running_pane.running_rows(jobs, "4133")] == ["4133"]
+    assert [k for k, _ in running_pane.running_rows(jobs, "image")] == [str(fx.EXPIRED_JOB)]
 
 
 # -- dead ---------------------------------------------------------------------------------
@@ -298,8 +305,8 @@ def test_running_rows_filter_by_type_worker_or_id() -> None:
 
 def test_dead_rows_keys_identify_the_group() -> None:
     groups = fx.dead_groups()
-    rows = render.dead_rows(groups, "")
-    assert [k for k, _ in rows] == [render.dead_key(g) for g in groups]
+    rows = dead_pane.dead_rows(groups, "")
+    assert [k for k, _ in rows] == [dead_pane.dead_key(g) for g in groups]
     assert len({k for k, _ in rows}) == len(groups)
     key, cells = rows[0]
     assert key == "dead\x1finvoice.render\x1fKeyError: 'customer <n> has no billing address'"
@@ -316,13 +323,13 @@ def test_dead_rows_keys_identify_the_group() -> None:
     assert style_of(cells[0]) == CRIT
     assert style_of(rows[1][1][0]) == WARN  # failed: amber
     # What matters first is on screen at 80 columns: which error, how many, still happening.
-    assert render.COLUMNS["dead"][:5] == ["status", "type", "jobs", "last seen", "error fingerprint"]
+    assert fx.COLUMNS["dead"][:5] == ["status", "type", "jobs", "last seen", "error fingerprint"]
 
 
 def test_dead_rows_same_fingerprint_different_status_are_different_rows() -> None:
     a = DeadGroup("dead", "t", "E", 1, None, None, 1, 1)
     b = dataclasses.replace(a, status="failed")
-    rows = render.dead_rows([a, b], "")
+    rows = dead_pane.dead_rows([a, b], "")
     assert len({k for k, _ in rows}) == 2
     row = named("dead", rows[0][1])
     assert (row["first seen"], row["last seen"]) == ("-", "-")  # no finish times recorded
@@ -330,28 +337,28 @@ def test_dead_rows_same_fingerprint_different_status_are_different_rows() -> Non
 
 def test_dead_rows_empty_fingerprint_and_filter() -> None:
     nofp = DeadGroup("dead", "t", "", 2, None, None, 9, 3)
-    ((key, cells),) = render.dead_rows([nofp], "")
+    ((key, cells),) = dead_pane.dead_rows([nofp], "")
     assert key == "dead\x1ft\x1f" and named("dead", cells)["error fingerprint"] == "-"
-    assert [k.split("\x1f")[1] for k, _ in render.dead_rows(fx.dead_groups(), "billing")] == ["invoice.render"]
-    assert len(render.dead_rows(fx.dead_groups(), "FAILED")) == 1  # by status too
+    assert [k.split("\x1f")[1] for k, _ in dead_pane.dead_rows(fx.dead_groups(), "billing")] == ["invoice.render"]
+    assert len(dead_pane.dead_rows(fx.dead_groups(), "FAILED")) == 1  # by status too
 
 
 # -- expiries, schedules, drill-downs --------------------------------------------------------
 
 
 def test_expiry_rows() -> None:
-    rows = render.expiry_rows(fx.expiries(), "")
+    rows = expiries_pane.expiry_rows(fx.expiries(), "")
     keys = [k for k, _ in rows]
     assert len(set(keys)) == 3  # the same job twice (two attempts) is two rows
     assert [plain(c) for c in rows[0][1]] == ["03-14 09:21:53", "3990", "image.resize", "render-2", "2", "dead"]
     assert style_of(rows[0][1][5]) == CRIT and style_of(rows[1][1][5]) == ""
-    assert len(render.expiry_rows(fx.expiries(), "worker-c")) == 1
+    assert len(expiries_pane.expiry_rows(fx.expiries(), "worker-c")) == 1
     anonymous = dataclasses.replace(fx.expiries()[0], worker=None)
-    assert plain(render.expiry_rows([anonymous], "")[0][1][3]) == "-"
+    assert plain(expiries_pane.expiry_rows([anonymous], "")[0][1][3]) == "-"
 
 
 def test_schedule_rows_overdue_paused_and_missed() -> None:
-    rows = dict(render.schedule_rows(fx.schedules(), ""))
+    rows = dict(schedules_pane.schedule_rows(fx.schedules(), ""))
     assert list(rows) == [s.name for s in fx.schedules()]
     nxt, missed = col("schedules", "next"), col("schedules", "missed")
     paused = rows["digest.weekly"]
@@ -382,52 +389,52 @@ def test_schedule_rows_overdue_paused_and_missed() -> None:
     assert style_of(rows["heartbeat"][missed]) == ""
     assert plain(rows["billing.nightly"][nxt]) == "16h33m"
     # The schedules' health first: on screen at 80 columns.
-    assert render.COLUMNS["schedules"][:6] == ["name", "next", "missed", "last missed", "backfilled", "skipped"]
+    assert fx.COLUMNS["schedules"][:6] == ["name", "next", "missed", "last missed", "backfilled", "skipped"]
 
 
 def test_schedule_rows_countdown_and_grace() -> None:
     s = ScheduleHealth("s", "t", "* * * * *", False, fx.NOW, fx.NOW, 0, 0, [], 10.0)
     nxt = col("schedules", "next")
-    assert plain(render.schedule_rows([s], "", elapsed=4)[0][1][nxt]) == "6s"
-    assert plain(render.schedule_rows([s], "", elapsed=13)[0][1][nxt]) == "0s"  # due: a scheduler picks it up
-    late = render.schedule_rows([s], "", elapsed=16)[0][1][nxt]
+    assert plain(schedules_pane.schedule_rows([s], "", elapsed=4)[0][1][nxt]) == "6s"
+    assert plain(schedules_pane.schedule_rows([s], "", elapsed=13)[0][1][nxt]) == "0s"  # due: a scheduler picks it up
+    late = schedules_pane.schedule_rows([s], "", elapsed=16)[0][1][nxt]
     assert plain(late) == "overdue 6s" and style_of(late) == CRIT  # > 5 s late: no scheduler runs
-    assert [k for k, _ in render.schedule_rows(fx.schedules(), "report.build")] == ["reports.hourly"]
+    assert [k for k, _ in schedules_pane.schedule_rows(fx.schedules(), "report.build")] == ["reports.hourly"]
 
 
 def test_ready_and_dead_job_rows() -> None:
-    rows = render.ready_job_rows([ReadyJob(1, "t", 0, 3, 12.0, 20.0, ""), ReadyJob(2, "t", 1, 3, -5.0, 3.0, "boom")])
+    rows = screens.ready_job_rows([ReadyJob(1, "t", 0, 3, 12.0, 20.0, ""), ReadyJob(2, "t", 1, 3, -5.0, 3.0, "boom")])
     assert [plain(c) for c in rows[0][1]] == ["1", "t", "0/3", "12s", "20s", "-"]
     assert [plain(c) for c in rows[1][1]] == ["2", "t", "1/3", "in 5s", "3s", "boom"]
-    dead = render.dead_job_rows([DeadJob(7, "t", "dead", 3, 3, None, None, "E")])
+    dead = screens.dead_job_rows([DeadJob(7, "t", "dead", 3, 3, None, None, "E")])
     assert dead == [("7", ["7", "t", "dead", "3/3", "-", "-", "E"])]
     for name, cells in (("ready_jobs", rows[0][1]), ("dead_jobs", dead[0][1])):
-        assert len(cells) == len(render.COLUMNS[name])
+        assert len(cells) == len(fx.COLUMNS[name])
 
 
 def test_every_pane_row_matches_its_columns() -> None:
     built = {
-        "ready": render.ready_rows(fx.by_type(), "", T),
-        "running": render.running_rows(fx.running_jobs(), ""),
-        "dead": render.dead_rows(fx.dead_groups(), ""),
-        "expiries": render.expiry_rows(fx.expiries(), ""),
-        "schedules": render.schedule_rows(fx.schedules(), ""),
+        "ready": ready_pane.ready_rows(fx.by_type(), "", T),
+        "running": running_pane.running_rows(fx.running_jobs(), ""),
+        "dead": dead_pane.dead_rows(fx.dead_groups(), ""),
+        "expiries": expiries_pane.expiry_rows(fx.expiries(), ""),
+        "schedules": schedules_pane.schedule_rows(fx.schedules(), ""),
     }
     for pane, rows in built.items():
         assert rows, pane
-        assert all(len(cells) == len(render.COLUMNS[pane]) for _, cells in rows), pane
+        assert all(len(cells) == len(fx.COLUMNS[pane]) for _, cells in rows), pane
 
 
 def test_worker_log_lines_colour_their_level() -> None:
     def level_style(level: int, line: str) -> list[tuple[str, str]]:
-        text = render.log_line(level, line)
+        text = worker_pane.log_line(level, line)
         return [(text.plain[span.start : span.end], str(span.style)) for span in text.spans]
 
     assert level_style(logging.INFO, "12:00:00 INFO worker started") == []
     assert level_style(logging.WARNING, "12:00:00 WARNING job 1 will retry") == [("WARNING", WARN)]
     assert level_style(logging.ERROR, "12:00:00 ERROR job 1 is dead") == [("ERROR", CRIT)]
     assert level_style(logging.CRITICAL, "12:00:00 CRITICAL x") == [("CRITICAL", CRIT)]
-    assert render.log_line(logging.ERROR, "12:00:00 ERROR [b]1[/b]").plain == "12:00:00 ERROR [b]1[/b]"
+    assert worker_pane.log_line(logging.ERROR, "12:00:00 ERROR [b]1[/b]").plain == "12:00:00 ERROR [b]1[/b]"
 
 
 # -- cells in the table ----------------------------------------------------------------------
@@ -449,10 +456,10 @@ def test_sort_value_numbers_then_text() -> None:
 def test_a_long_fingerprint_ends_in_an_ellipsis() -> None:
     long = "ConnectionError: " + "x" * 100
     group = DeadGroup("dead", "t", long, 3, None, None, 1, 1)
-    cell = named("dead", render.dead_rows([group], "")[0][1])["error fingerprint"]
-    assert len(cell) == render.FINGERPRINT_CELL and cell.endswith("…") and long.startswith(cell[:-1])
+    cell = named("dead", dead_pane.dead_rows([group], "")[0][1])["error fingerprint"]
+    assert len(cell) == dead_pane.FINGERPRINT_CELL and cell.endswith("…") and long.startswith(cell[:-1])
     short = DeadGroup("dead", "t", "KeyError: <n>", 3, None, None, 1, 1)
-    assert named("dead", render.dead_rows([short], "")[0][1])["error fingerprint"] == "KeyError: <n>"
+    assert named("dead", dead_pane.dead_rows([short], "")[0][1])["error fingerprint"] == "KeyError: <n>"
 
 
 def test_estimates_sort_as_their_numbers() -> None:
@@ -460,10 +467,10 @@ def test_estimates_sort_as_their_numbers() -> None:
 
 
 def test_the_ready_pane_marks_estimated_counts() -> None:
-    rows = dict(render.ready_rows(fx.by_type(), "", T, estimated=True))
+    rows = dict(ready_pane.ready_rows(fx.by_type(), "", T, estimated=True))
     cells = named("ready", rows["email.send"])
     assert cells["due"].startswith("~") and cells["delayed"].startswith("~")
-    assert not named("ready", dict(render.ready_rows(fx.by_type(), "", T))["email.send"])["due"].startswith("~")
+    assert not named("ready", dict(ready_pane.ready_rows(fx.by_type(), "", T))["email.send"])["due"].startswith("~")
 
 
 async def test_a_figure_that_grows_widens_its_column_instead_of_being_cut() -> None:

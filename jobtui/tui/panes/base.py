@@ -73,6 +73,10 @@ class Pane(TabPane):
         """Take the focus (after a switch or the filter), so the pane's keys are live."""
         self.focus()
 
+    def aim(self, kind: str, name: str) -> None:
+        """Open on `kind` `name` (a `Goto` or a link's view): a line to select, a scope. Here,
+        nothing to aim at."""
+
     def show(self, view: View) -> None:
         """Draw a read, or the same read again after the filter or the sort changed."""
 
@@ -90,10 +94,17 @@ class Pane(TabPane):
 
 
 class TablePane(Pane):
-    """A pane that is one table of rows from `rows`, with the columns of `render.COLUMNS`."""
+    """A pane that is one table: its `COLUMNS`, and its `rows` of a view, both defined in the
+    pane's module."""
+
+    COLUMNS: ClassVar[list[str]]
 
     def compose(self) -> ComposeResult:
-        yield KeyedTable(render.COLUMNS[self.ID], id=f"table-{self.ID}")
+        yield self.new_table()
+
+    def new_table(self) -> KeyedTable:
+        """The pane's table, for a pane that shows more than it (a caption above, a detail below)."""
+        return KeyedTable(self.COLUMNS, id=f"table-{self.ID}")
 
     @property
     def table(self) -> KeyedTable:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -14,7 +16,56 @@ from jobtui.tui import render
 from jobtui.tui.console import Change, View
 from jobtui.tui.panes.base import TablePane
 from jobtui.tui.screens import JobListScreen
-from jobtui.tui.widgets import KeyedTable
+
+# What an operator needs first comes first, so an 80-column terminal shows it without
+# scrolling: which error, how many, still happening.
+COLUMNS = ["status", "type", "jobs", "last seen", "error fingerprint", "first seen", "latest"]
+FINGERPRINT_CELL = 60  # characters of an error fingerprint a dead group's row shows
+
+
+def dead_key(group: DeadGroup) -> str:
+    return f"{group.status}\x1f{group.type}\x1f{group.fingerprint}"
+
+
+def shown_dead_groups(
+    groups: Sequence[DeadGroup], needle: str, matched: Sequence[DeadGroup] | None = None
+) -> list[DeadGroup]:
+    """The dead groups a filter shows: a group whose type or status holds the text, whole;
+    else, when `matched` gives the groups of the jobs whose error matches it (the rows
+    `jobtui dead --error` lists, counting only those jobs), those. Without `matched`, the
+    text is looked for in the fingerprint too."""
+    if not needle:
+        return list(groups)
+    if matched is None:
+        return [g for g in groups if render.matches(needle, g.type, g.fingerprint, g.status)]
+    whole = [g for g in groups if render.matches(needle, g.type, g.status)]
+    keys = {dead_key(g) for g in whole}
+    return whole + [g for g in matched if dead_key(g) not in keys]
+
+
+def dead_rows(groups: Sequence[DeadGroup], needle: str, matched: Sequence[DeadGroup] | None = None) -> list[render.Row]:
+    """Dead and failed groups, oldest first: a stable order, so a growing group never moves
+    the row under the operator's cursor (press `s` to sort by count). With a filter, the
+    groups `shown_dead_groups` gives."""
+    rows: list[render.Row] = []
+    shown = shown_dead_groups(groups, needle, matched)
+    stable = sorted(shown, key=lambda g: (g.first_seen is None, g.first_seen or 0, dead_key(g)))
+    for g in stable:
+        rows.append(
+            render.row(
+                dead_key(g),
+                [
+                    render.styled(g.status, "crit" if g.status == "dead" else "warn"),
+                    g.type,
+                    f"{g.jobs:,}",
+                    render.when(g.last_seen),
+                    render.clip(line(g.fingerprint), FINGERPRINT_CELL) if g.fingerprint else "-",
+                    render.when(g.first_seen),
+                    str(g.latest_job_id),
+                ],
+            )
+        )
+    return rows
 
 
 class DeadPane(TablePane):
@@ -28,6 +79,7 @@ class DeadPane(TablePane):
     ID = "dead"
     KEY = "3"
     TITLE = "Dead"
+    COLUMNS = COLUMNS
     BINDINGS = [Change("r", "requeue", "Requeue"), Binding("a", "every_type", "Every type")]
     DEFAULT_CSS = """
     #dead-caption { padding: 0 1; color: $text-muted; display: none; }
@@ -40,7 +92,7 @@ class DeadPane(TablePane):
 
     def compose(self) -> ComposeResult:
         yield Label("", id="dead-caption")
-        yield KeyedTable(render.COLUMNS[self.ID], id=f"table-{self.ID}")
+        yield self.new_table()
 
     def _groups(self, view: View) -> list[DeadGroup]:
         groups = view.snapshot.dead
@@ -50,7 +102,7 @@ class DeadPane(TablePane):
         matched = view.dead_matched
         if self.only_type is not None and matched is not None:
             matched = [g for g in matched if g.type == self.only_type]
-        return render.dead_rows(self._groups(view), view.needle, matched)
+        return dead_rows(self._groups(view), view.needle, matched)
 
     def show(self, view: View) -> None:
         super().show(view)
@@ -73,6 +125,10 @@ class DeadPane(TablePane):
         if view is not None:
             self.show(view)
 
+    def aim(self, kind: str, name: str) -> None:
+        """Open on the groups of type `name` alone (until a)."""
+        self.only_type = name
+
     def action_every_type(self) -> None:
         self.of_type(None)
 
@@ -81,16 +137,16 @@ class DeadPane(TablePane):
         view = self.console.view()
         if view is None:
             return None
-        shown = render.shown_dead_groups(self._groups(view), view.needle, view.dead_matched)
-        return next((g for g in shown if render.dead_key(g) == key), None)
+        shown = shown_dead_groups(self._groups(view), view.needle, view.dead_matched)
+        return next((g for g in shown if dead_key(g) == key), None)
 
     @staticmethod
     def _filtered(group: DeadGroup, view: View) -> bool:
         """Whether `group` is shown for its jobs whose error matches the filter (not whole)."""
         if not view.needle or view.dead_matched is None:
             return False
-        whole = render.shown_dead_groups(view.snapshot.dead, view.needle, [])
-        return all(render.dead_key(g) != render.dead_key(group) for g in whole)
+        whole = shown_dead_groups(view.snapshot.dead, view.needle, [])
+        return all(dead_key(g) != dead_key(group) for g in whole)
 
     def action_requeue(self) -> None:
         key = self.selected_key

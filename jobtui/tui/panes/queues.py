@@ -4,8 +4,8 @@ queue's global limit, or a queue's or type's rate; 0 says what holds the selecte
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -27,6 +27,8 @@ from jobtui.tui import render
 from jobtui.tui.console import Change, View
 from jobtui.tui.data import Actions
 from jobtui.tui.panes.base import Goto, TablePane
+
+T = TypeVar("T")
 
 # The forecast next to the counts it is about; the levers after the figures.
 COLUMNS = ["kind", "name", "ready", "due", "running", "forecast", "oldest ready", "done/min", "limit", "rate", "paused"]
@@ -63,7 +65,7 @@ def queue_rows(
         ahead = (forecasts or {}).get((q.kind, q.name))
         if needle and needle.lower() not in q.name.lower():
             continue
-        level = thresholds.level(q.oldest_age, thresholds.oldest_ready_warn, thresholds.oldest_ready_crit)
+        level = thresholds.wait_level(q.oldest_age)
         full = q.max_running is not None and q.running >= q.max_running
         oldest = "?" if q.oldest_age is None and "oldest_age" in q.estimated else "-"
         rows.append(
@@ -213,6 +215,7 @@ class QueuesPane(TablePane):
     ID = "queues"
     KEY = "7"
     TITLE = "Queues"
+    COLUMNS = COLUMNS
     BINDINGS = [
         Change("p", "pause_queue", "Pause/resume"),
         Change("u", "ramp", "Resume with ramp"),
@@ -226,10 +229,9 @@ class QueuesPane(TablePane):
         self.chosen: str | None = None  # a line to select once it is read (a `queue:NAME` link, the Why pane)
         self._kept: str | None = None  # the line chosen so, which the switch to this pane keeps
 
-    def compose(self) -> ComposeResult:
-        from jobtui.tui.widgets import KeyedTable
-
-        yield KeyedTable(COLUMNS, id=f"table-{self.ID}")
+    def aim(self, kind: str, name: str) -> None:
+        """Select the line of queue or type `name` once it is read."""
+        self.chosen = key_of(kind, name)
 
     def show(self, view: View) -> None:
         super().show(view)
@@ -302,6 +304,22 @@ class QueuesPane(TablePane):
                 q.name,
             )
 
+    def _ask_value(self, screen: ModalScreen[str | None], parse: Callable[[str], T], then: Callable[[T], None]) -> None:
+        """Push `screen`; the text typed in it, once `parse` takes it, goes to `then`. A value
+        it refuses is said, and nothing is asked."""
+
+        def typed(text: str | None) -> None:
+            if text is None:
+                return
+            try:
+                value = parse(text)
+            except InvalidInput as exc:
+                self.app.notify(str(exc), severity="error")
+                return
+            then(value)
+
+        self.app.push_screen(screen, typed)
+
     def action_limit(self) -> None:
         q = self._line()
         if q is None:
@@ -310,18 +328,7 @@ class QueuesPane(TablePane):
             self.app.notify("limits are per queue: select a queue's row", severity="warning")
             return
         name, seen = q.name, q.max_running
-
-        def typed(text: str | None) -> None:
-            if text is None:
-                return
-            try:
-                limit = parse_limit(text)
-            except InvalidInput as exc:
-                self.app.notify(str(exc), severity="error")
-                return
-            self._ask_limit(name, limit, seen)
-
-        self.app.push_screen(LimitScreen(name, seen), typed)
+        self._ask_value(LimitScreen(name, seen), parse_limit, lambda limit: self._ask_limit(name, limit, seen))
 
     def _ask_limit(self, name: str, limit: int | None, seen: int | None) -> None:
         says = "no limit" if limit is None else f"at most {limit:,} running at once across every worker"
@@ -338,14 +345,7 @@ class QueuesPane(TablePane):
             return
         kind, name, seen = q.kind, q.name, q.rate
 
-        def typed(text: str | None) -> None:
-            if text is None:
-                return
-            try:
-                rate = parse_rate_box(text)
-            except InvalidInput as exc:
-                self.app.notify(str(exc), severity="error")
-                return
+        def ask(rate: float | None) -> None:
             says = "no rate" if rate is None else f"at most {rate_text(rate)} claimed, across every worker"
             question: list[Any] = [
                 f"Set the rate of {kind} {name} to {says}?",
@@ -356,7 +356,7 @@ class QueuesPane(TablePane):
 
         lines = [f"Jobs of {kind} {name} claimed at most, across every worker (now {rate_text(seen)})",
                  "Like 20/s, 1200/min or 30/h, or none; enter, then confirm."]  # fmt: skip
-        self.app.push_screen(ValueScreen(lines, "" if seen is None else rate_text(seen)), typed)
+        self._ask_value(ValueScreen(lines, "" if seen is None else rate_text(seen)), parse_rate_box, ask)
 
     def action_ramp(self) -> None:
         q = self._line()
@@ -370,14 +370,7 @@ class QueuesPane(TablePane):
         kind, name, ready = q.kind, q.name, q.ready
         top = rate_text(q.rate or RAMP_TOP)
 
-        def typed(text: str | None) -> None:
-            if text is None:
-                return
-            try:
-                ramp = queues.check_ramp(parse_duration(text))
-            except InvalidInput as exc:
-                self.app.notify(str(exc), severity="error")
-                return
+        def ask(ramp: float | None) -> None:
             assert ramp is not None
             question: list[Any] = [
                 f"Resume {kind} {name} with a ramp of {ramp:g}s?",
@@ -390,4 +383,4 @@ class QueuesPane(TablePane):
             f"Resume {kind} {name}: how long its rate rises, from 1/s to {top}",
             "Like 60s or 5m; enter, then confirm.",
         ]
-        self.app.push_screen(ValueScreen(lines, "60s"), typed)
+        self._ask_value(ValueScreen(lines, "60s"), lambda text: queues.check_ramp(parse_duration(text)), ask)

@@ -3,18 +3,51 @@ of one (the Workers pane's enter); kill a lease, cancel a job."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Label, TabbedContent
 
 from jobtui.kernel.safetext import line
-from jobtui.reads.joblists import RUNNING_PAGE, RunningCursor
+from jobtui.reads.joblists import RUNNING_PAGE, RunningCursor, RunningJob
 from jobtui.tui import changes, render
 from jobtui.tui.console import Change, View
 from jobtui.tui.panes.base import TablePane
 from jobtui.tui.screens import JobDetailScreen
-from jobtui.tui.widgets import KeyedTable
+
+COLUMNS = ["id", "type", "worker", "attempt", "heartbeat", "lease left", "running for", "runs in"]
+
+
+def running_rows(jobs: Sequence[RunningJob], needle: str, elapsed: float = 0.0) -> list[render.Row]:
+    """Running jobs; `elapsed` seconds since the data was read make the countdowns live."""
+    rows: list[render.Row] = []
+    for j in jobs:
+        if not render.matches(needle, j.type, j.worker, str(j.id)):
+            continue
+        left = j.lease_left - elapsed
+        if left < 0:
+            lease = render.styled(f"EXPIRED {render.age(-left)} ago", "crit")
+        else:
+            lease = render.styled(render.age(left), "warn" if left < 5 else "ok")
+        hb = None if j.heartbeat_age is None else j.heartbeat_age + elapsed
+        rows.append(
+            render.row(
+                str(j.id),
+                [
+                    str(j.id),
+                    j.type,
+                    j.worker or "-",
+                    f"{j.attempt}/{j.max_attempts}",
+                    render.age(hb),
+                    lease,
+                    render.age(None if j.running_for is None else j.running_for + elapsed),
+                    str(j.runner) if j.runner is not None else "-",
+                ],
+            )
+        )
+    return rows
 
 
 def page_caption(first: int, shown: int, total: int, more: bool, worker: str | None = None) -> str:
@@ -42,6 +75,7 @@ class RunningPane(TablePane):
     ID = "running"
     KEY = "2"
     TITLE = "Running"
+    COLUMNS = COLUMNS
     BINDINGS = [
         Change("k", "kill_lease", "Kill lease"),
         Change("c", "cancel", "Cancel"),
@@ -57,10 +91,10 @@ class RunningPane(TablePane):
 
     def compose(self) -> ComposeResult:
         yield Label("", id="running-page")
-        yield KeyedTable(render.COLUMNS[self.ID], id=f"table-{self.ID}")
+        yield self.new_table()
 
     def rows(self, view: View) -> list[render.Row]:
-        return render.running_rows(view.fetched.running, view.needle, view.elapsed)
+        return running_rows(view.fetched.running, view.needle, view.elapsed)
 
     def show(self, view: View) -> None:
         super().show(view)

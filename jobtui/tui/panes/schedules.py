@@ -2,10 +2,55 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from rich.text import Text
+
 from jobtui.reads.metrics import ScheduleHealth
 from jobtui.tui import changes, render
 from jobtui.tui.console import Change, View
 from jobtui.tui.panes.base import TablePane
+
+# Its health first (the next slot, the missed ones), so 80 columns show it; then what it is.
+COLUMNS = ["name", "next", "missed", "last missed", "backfilled", "skipped", "type", "queue", "cron", "last slot",
+           "state"]  # fmt: skip
+
+
+def schedule_rows(schedules: Sequence[ScheduleHealth], needle: str, elapsed: float = 0.0) -> list[render.Row]:
+    rows: list[render.Row] = []
+    for s in schedules:
+        if not render.matches(needle, s.name, s.job_type):
+            continue
+        left = s.next_in - elapsed
+        if s.paused:
+            nxt: Text | str = render.styled("paused", "warn")
+        elif left < -5:
+            nxt = render.styled(f"overdue {render.age(-left)}", "crit")  # no scheduler is running
+        else:
+            nxt = render.age(max(0.0, left))
+        missed = render.styled(str(s.missed), "warn" if s.missed else "ok")
+        last_missed = s.missed_slots[-1][5:19].replace("T", " ") if s.missed_slots else "-"
+        # Of the missed slots, those the policy still ran late.
+        backfilled = str(s.backfilled) if s.missed else "-"
+        rows.append(
+            render.row(
+                s.name,
+                [
+                    s.name,
+                    nxt,
+                    missed,
+                    last_missed,
+                    backfilled,
+                    str(s.skipped),
+                    s.job_type,
+                    s.queue,
+                    s.cron,
+                    render.when(s.last_slot),
+                    "paused" if s.paused else "active",
+                ],
+            )
+        )
+    return rows
 
 
 class SchedulesPane(TablePane):
@@ -14,13 +59,14 @@ class SchedulesPane(TablePane):
     ID = "schedules"
     KEY = "5"
     TITLE = "Schedules"
+    COLUMNS = COLUMNS
     BINDINGS = [
         Change("p", "pause_schedule", "Pause/resume"),
         Change("n", "run_now", "Run now"),
     ]
 
     def rows(self, view: View) -> list[render.Row]:
-        return render.schedule_rows(view.snapshot.schedules, view.needle, view.elapsed)
+        return schedule_rows(view.snapshot.schedules, view.needle, view.elapsed)
 
     def _schedule(self) -> ScheduleHealth | None:
         key = self.selected_key

@@ -51,10 +51,7 @@ def why_rows(
         due = f"~{s.due:,}" if s.estimated else f"{s.due:,}"
         if s.due <= 0:
             due = f"0 ({s.ready:,} later)"
-        oldest = render.styled(
-            render.age(s.oldest_age),
-            thresholds.level(s.oldest_age, thresholds.oldest_ready_warn, thresholds.oldest_ready_crit),
-        )
+        oldest = render.styled(render.age(s.oldest_age), thresholds.wait_level(s.oldest_age))
         ahead = render.styled(s.forecast.short, s.forecast.level) if s.forecast.short else "-"
         head: list[Text | str] = [f"{s.kind} {s.name}", due, oldest, ahead]
         if not s.causes:
@@ -141,6 +138,7 @@ class WhyPane(TablePane):
     ID = "why"
     KEY = "0"
     TITLE = "Why"
+    COLUMNS = COLUMNS
     BINDINGS = [Binding("a", "every", "Every queue")]
     DEFAULT_CSS = """
     #why-caption { padding: 0 1; color: $text-muted; }
@@ -154,7 +152,7 @@ class WhyPane(TablePane):
 
     def compose(self) -> ComposeResult:
         yield Label("", id="why-caption")
-        yield KeyedTable(COLUMNS, id=f"table-{self.ID}")
+        yield self.new_table()
         yield Static("", id="why-detail")
 
     def rows(self, view: View) -> list[render.Row]:
@@ -185,7 +183,7 @@ class WhyPane(TablePane):
         event.stop()
         self._show_detail()
 
-    def scope(self, kind: str, name: str) -> None:
+    def aim(self, kind: str, name: str) -> None:
         """Show `kind` `name` alone (the Queues pane's key)."""
         self.only = (kind, name)
         view = self.console.view()

@@ -10,10 +10,26 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import Label, RichLog
 
-from jobtui.kernel.safetext import SafeFormatter, line
+from jobtui.kernel.safetext import SafeFormatter, block, line
 from jobtui.tui import render
 from jobtui.tui.console import View
 from jobtui.tui.panes.base import Pane
+
+
+def log_line(level: int, entry: str) -> Text:
+    """A line of the embedded worker's log with its level name coloured (amber, red), escaped
+    (a traceback keeps its lines).
+
+    >>> log_line(logging.ERROR, "12:00:01 ERROR job 7 is dead").spans
+    [Span(9, 14, 'bold red3')]
+    """
+    text = Text(block(entry))
+    name = logging.getLevelName(level)
+    at = text.plain.find(f" {name} ")
+    kind = "crit" if level >= logging.ERROR else "warn" if level >= logging.WARNING else "ok"
+    if at >= 0 and render.STYLE[kind]:
+        text.stylize(render.STYLE[kind], at + 1, at + 1 + len(name))
+    return text
 
 
 class LogToWidget(logging.Handler):
@@ -83,4 +99,4 @@ class WorkerPane(Pane):
         lines, self._lines_shown = self.logs.since(self._lines_shown)
         log = self.query_one("#worker-log", RichLog)
         for level, entry in lines:
-            log.write(render.log_line(level, entry))
+            log.write(log_line(level, entry))

@@ -22,7 +22,6 @@ from jobtui.tui import render
 from jobtui.tui.console import Change, View
 from jobtui.tui.data import Actions
 from jobtui.tui.panes.base import TablePane
-from jobtui.tui.widgets import KeyedTable
 
 # What an operator needs first comes first, so that 80 columns show it: which process, where,
 # in what state, doing how much, for which queues.
@@ -227,6 +226,7 @@ class WorkersPane(TablePane):
     ID = "workers"
     KEY = "9"
     TITLE = "Workers"
+    COLUMNS = COLUMNS
     BINDINGS = [
         Change("p", "quiet", "Quiet/resume"),
         Change("x", "stop", "Stop"),
@@ -237,7 +237,7 @@ class WorkersPane(TablePane):
 
     def compose(self) -> ComposeResult:
         yield Label("", id="workers-caption")
-        yield KeyedTable(COLUMNS, id=f"table-{self.ID}")
+        yield self.new_table()
 
     def rows(self, view: View) -> list[render.Row]:
         fleet = view.fetched.fleet
