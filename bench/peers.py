@@ -49,11 +49,28 @@ processes, each with two claims:
     raw-minimal    the minimal claim of bench/core.py, with no lever work (no pause, limit
                    or rate, no queue filter): its gap to raw-exact is the server's lever work.
 
+Over each drain it also reads CPU time (utime + stime, /proc; bench/peer_cpu.py), sampled
+every 75 ms between the start of the workers and the end of the drain, and taken over the
+drain's own window (its first start to its last finish, as above), per job drained:
+    server         the backends connected to the configuration's database (pg_stat_activity,
+                   read over a connection to another database), autovacuum workers of that
+                   database included; left out are the bench's own connections to it (the
+                   parent's polls, graphile's drain.mjs), named jobtui-bench-observer, and the
+                   server's shared background processes (WAL writer, checkpointer). A backend
+                   that connects during the drain counts from zero. Needs the server on this
+                   machine (else no figure);
+    worker         the worker processes and their children (graphile: drain.mjs's forked
+                   workers, not drain.mjs);
+    jobs/s per database core   1e6 / server microseconds per job: the rate one CPU of the
+                   database would carry, with the workers on other machines.
+A worker still starting while another already drains counts, as it slows that drain.
+
 Each configuration runs --rounds times, the order of the configurations rotating from
 round to round so that noise on the shared machine spreads over all of them; the table
 shows medians (drain: median of the rounds' rates; latency: medians of the rounds' p50
-and p99). A configuration still draining after --max-drain seconds is measured on the
-jobs it finished by then (flagged), its backlog deleted before the latency phase.
+and p99; CPU: medians of the rounds' figures, in --json under "medians" too). A
+configuration still draining after --max-drain seconds is measured on the jobs it finished
+by then (flagged), its backlog deleted before the latency phase.
 """
 
 from __future__ import annotations
@@ -77,6 +94,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+from peer_cpu import OBSERVER, Sampler  # bench/ is not a package
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -242,6 +261,23 @@ DRAIN_SQL = {
                                   - min(at) FILTER (WHERE type = 'started'))
         FROM procrastinate_events""",
 }
+# The drain's window in epoch seconds, as DRAIN_SQL and drain_window read it: where the CPU
+# readings start and end.
+WINDOW_SQL = {
+    "jobtui": """
+        SELECT extract(epoch FROM min(first))::float8, extract(epoch FROM max(last))::float8
+        FROM (SELECT min(started_at) AS first, max(finished_at) AS last FROM jobtui.job WHERE status = 'done'
+              UNION ALL
+              SELECT min(first_started_at), max(last_finished_at) FROM jobtui.done_tally) AS finished""",
+    "pgqueuer": """
+        SELECT extract(epoch FROM min(created) FILTER (WHERE status = 'picked'))::float8,
+               extract(epoch FROM max(created) FILTER (WHERE status = 'successful'))::float8
+        FROM pgqueuer_log""",
+    "procrastinate": """
+        SELECT extract(epoch FROM min(at) FILTER (WHERE type = 'started'))::float8,
+               extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded'))::float8
+        FROM procrastinate_events""",
+}
 BACKLOG_DELETE_SQL = {
     "jobtui": "DELETE FROM jobtui.job WHERE status = 'ready'",
     "pgqueuer": "DELETE FROM pgqueuer WHERE status = 'queued'",
@@ -272,7 +308,7 @@ def drained_jobs(system: str, dsn: str) -> tuple[int, float]:
 
         from jobtui.cli.bench import drain_window
 
-        with psycopg.connect(dsn) as conn:
+        with psycopg.connect(dsn, application_name=OBSERVER) as conn:
             return drain_window(conn, "jobtui")
     done, span = query_one(dsn, DRAIN_SQL[system])
     return int(done or 0), float(span or 0.0)
@@ -340,7 +376,7 @@ def server_restarted(dsn: str, started: Any) -> bool:
 def query_one(dsn: str, statement: str, params: Any = None) -> Any:
     import psycopg
 
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True, application_name=OBSERVER) as conn:
         cur = conn.execute(statement, params)
         return cur.fetchone() if cur.description else None
 
@@ -357,6 +393,14 @@ class RunResult:
     p99_ms: float | None
     latency_samples: int
     load: tuple[float, float]
+    # CPU over the drain per job drained, in microseconds (None: the server is not on this machine)
+    server_us_per_job: float | None = None
+    worker_us_per_job: float | None = None
+
+    @property
+    def jobs_per_db_core(self) -> float | None:
+        """Jobs per second one of the server's CPUs would drain at this server CPU per job."""
+        return None if not self.server_us_per_job else 1e6 / self.server_us_per_job
 
 
 def helper_cmd(system: str, action: str, dsn: str, **kw: Any) -> list[str]:
@@ -373,10 +417,31 @@ def run_json(cmd: list[str], what: str, timeout: float) -> Any:
     proc = subprocess.run(
         cmd, cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, check=False
     )
-    if proc.returncode != 0:
-        raise RuntimeError(f"{what} failed:\n{proc.stderr.strip()[-3000:]}")
-    lines = proc.stdout.strip().splitlines()
+    return json_output(proc.returncode, proc.stdout, proc.stderr, what)
+
+
+def json_output(returncode: int, stdout: str, stderr: str, what: str) -> Any:
+    if returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{stderr.strip()[-3000:]}")
+    lines = stdout.strip().splitlines()
     return json.loads(lines[-1]) if lines else None
+
+
+def run_json_sampled(cmd: list[str], what: str, timeout: float, admin_dsn: str, dbname: str) -> tuple[Any, Sampler]:
+    """run_json, sampling the CPU of the backends of `dbname` and of the command's descendants."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        with Sampler(admin_dsn, dbname, [proc.pid], roots_count=False) as cpu:
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise
+        out.seek(0)
+        err.seek(0)
+        text = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+    return json_output(proc.returncode, *text, what), cpu
 
 
 def worker_cmd(cfg: Config, dsn: str, index: int) -> list[str]:
@@ -428,7 +493,7 @@ def wait_drained(cfg: Config, dsn: str, procs: list[tuple[subprocess.Popen[bytes
 
     drained_sql = DRAINED_SQL[table_of(cfg.system)]
     deadline = time.monotonic() + max_drain
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True, application_name=OBSERVER) as conn:
         while True:
             row = conn.execute(drained_sql).fetchone()
             if row is not None and not row[0]:
@@ -451,7 +516,7 @@ def measure_latency(cfg: Config, dsn: str, count: int, interval: float) -> list[
     import psycopg
 
     deadline = time.monotonic() + 30
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True, application_name=OBSERVER) as conn:
         while True:
             rows = conn.execute(statement, (ids,)).fetchall()
             if len(rows) >= len(ids) or time.monotonic() > deadline:
@@ -481,13 +546,16 @@ def run_config(cfg: Config, admin_dsn: str, args: argparse.Namespace, logdir: Pa
         query_one(dsn, "VACUUM ANALYZE")
         load_start = os.getloadavg()[0]
         procs = start_workers(cfg, dsn, logdir)
-        finished = wait_drained(cfg, dsn, procs, args.max_drain)
-        if not finished:
-            query_one(dsn, BACKLOG_DELETE_SQL[table_of(cfg.system)])
-            wait_drained(cfg, dsn, procs, 60)
-        done, span = drained_jobs(cfg.system, dsn)
-        if not done or not span:
-            raise RuntimeError(f"{cfg.key}: nothing was drained")
+        with Sampler(admin_dsn, dbname, [p.pid for p, _ in procs]) as cpu:
+            finished = wait_drained(cfg, dsn, procs, args.max_drain)
+            if not finished:
+                query_one(dsn, BACKLOG_DELETE_SQL[table_of(cfg.system)])
+                wait_drained(cfg, dsn, procs, 60)
+            done, span = drained_jobs(cfg.system, dsn)
+            if not done or not span:
+                raise RuntimeError(f"{cfg.key}: nothing was drained")
+            first, last = query_one(dsn, WINDOW_SQL[table_of(cfg.system)])
+        server_us, worker_us = cpu.per_job(first, last, int(done))
         latencies: list[float] = []
         if cfg.system != "raw":
             latencies = measure_latency(cfg, dsn, args.latency_jobs, args.interval)
@@ -499,7 +567,10 @@ def run_config(cfg: Config, admin_dsn: str, args: argparse.Namespace, logdir: Pa
         stop_workers(procs)
         drop_database(admin_dsn, dbname)
     p50, p99 = percentiles(latencies)
-    return RunResult(int(done) / float(span), int(done), not finished, p50, p99, len(latencies), (load_start, load_end))
+    return RunResult(
+        int(done) / float(span), int(done), not finished, p50, p99, len(latencies), (load_start, load_end),
+        server_us, worker_us,
+    )  # fmt: skip
 
 
 def set_queue_limit(dsn: str, limit: int) -> None:
@@ -520,6 +591,7 @@ def run_graphile(cfg: Config, admin_dsn: str, args: argparse.Namespace) -> RunRe
     started = server_start(admin_dsn)
     load_start = os.getloadavg()[0]
     out: dict[str, Any] = {}
+    cpu: Sampler | None = None
     for mode, extra in (
         ("drain", ["--jobs", str(args.jobs), "--timeout", str(args.max_drain)]),
         ("latency", ["--latency-jobs", str(args.latency_jobs), "--interval-ms", f"{args.interval * 1000:g}"]),
@@ -528,16 +600,22 @@ def run_graphile(cfg: Config, admin_dsn: str, args: argparse.Namespace) -> RunRe
         try:
             cmd = [*base, "--dsn", dsn, "--mode", mode, *extra]
             # Generous: enqueueing, VACUUM, the capped drain or the paced jobs, and stopping.
-            out[mode] = run_json(cmd, f"{cfg.key} {mode}", timeout=600 + args.max_drain)
+            timeout = 600 + args.max_drain
+            if mode == "drain":
+                out[mode], cpu = run_json_sampled(cmd, f"{cfg.key} {mode}", timeout, admin_dsn, dbname)
+            else:
+                out[mode] = run_json(cmd, f"{cfg.key} {mode}", timeout)
         finally:
             drop_database(admin_dsn, dbname)
     load_end = os.getloadavg()[0]
     if server_start(admin_dsn) != started:
         raise RestartedError(f"{cfg.key}: the server restarted during the run")
     drain, lat = out["drain"], out["latency"]
+    assert cpu is not None
+    server_us, worker_us = cpu.per_job(float(drain["first_at"]), float(drain["last_at"]), int(drain["jobs"]))
     return RunResult(
         float(drain["rate"]), int(drain["jobs"]), bool(drain["capped"]), lat["p50_ms"], lat["p99_ms"],
-        int(lat["jobs"]), (load_start, load_end),
+        int(lat["jobs"]), (load_start, load_end), server_us, worker_us,
     )  # fmt: skip
 
 
@@ -644,6 +722,41 @@ def p99_of(res: Results, key: str) -> float | None:
     return med([r.p99_ms for r in res.runs.get(key, [])])
 
 
+def cpu_of(res: Results, key: str) -> dict[str, float | None]:
+    """Medians over the rounds: drain rate, server and worker CPU per job, jobs/s per database core."""
+    runs = res.runs.get(key, [])
+    return {
+        "drain_per_s": drain_of(res, key),
+        "server_us_per_job": med([r.server_us_per_job for r in runs]),
+        "worker_us_per_job": med([r.worker_us_per_job for r in runs]),
+        "jobs_per_s_per_db_core": med([r.jobs_per_db_core for r in runs]),
+    }
+
+
+def cpu_table(res: Results) -> list[str]:
+    out = [
+        "CPU over the drain, per job drained (medians over the rounds):",
+        f"{'configuration':<22} {'drain jobs/s':>12} {'server us/job':>13} {'worker us/job':>13} "
+        f"{'jobs/s per db core':>18}",
+    ]
+    for cfg in res.configs:
+        if cfg.key not in res.runs:
+            continue
+        c = cpu_of(res, cfg.key)
+        out.append(
+            f"{cfg.key:<22} {fmt(c['drain_per_s'], '12,.0f')} {fmt(c['server_us_per_job'], '13.1f'):>13} "
+            f"{fmt(c['worker_us_per_job'], '13.1f'):>13} {fmt(c['jobs_per_s_per_db_core'], '18,.0f'):>18}"
+        )
+    return [
+        *out,
+        "",
+        "server: CPU time (utime + stime) of the backends connected to the configuration's database,",
+        "        the bench's own connections left out, over the drain's window; worker: of its worker",
+        "        processes and their children; jobs/s per db core = 1e6 / server us per job, the rate",
+        "        one CPU of the database would carry with the workers on other machines.",
+    ]
+
+
 def ratio(a: float | None, b: float | None) -> str:
     return "—" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
 
@@ -691,6 +804,8 @@ def report(res: Results) -> str:
         "           (jobtui default claims up to 10 at once, jobtui best up to 200).",
         "p50 vs jobtui: a peer's p50 / jobtui's of the same tier.",
         "* = capped at --max-drain: rate over the jobs finished by then.",
+        "",
+        *cpu_table(res),
         "",
         "Settings:",
     ]
@@ -858,7 +973,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 log(
                     f"round {rnd + 1} {cfg.key:<22} drain {r.drain_per_s:>9,.0f}/s"
                     f"{' (capped, ' + str(r.drained) + ' jobs)' if r.capped else ''}  "
-                    f"p50 {fmt(r.p50_ms, '.2f')} p99 {fmt(r.p99_ms, '.2f')} ms  load {r.load[0]:.2f}-{r.load[1]:.2f}"
+                    f"p50 {fmt(r.p50_ms, '.2f')} p99 {fmt(r.p99_ms, '.2f')} ms  load {r.load[0]:.2f}-{r.load[1]:.2f}  "
+                    f"server {fmt(r.server_us_per_job, '.1f')} worker {fmt(r.worker_us_per_job, '.1f')} us/job"
                 )
     print()
     print(report(res))
@@ -870,6 +986,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "versions": res.versions,
             "configs": {c.key: c.__dict__ for c in res.configs},
             "runs": {k: [r.__dict__ for r in v] for k, v in res.runs.items()},
+            "medians": {k: cpu_of(res, k) for k in res.runs},
         }
         args.json.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     return 0

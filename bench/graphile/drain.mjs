@@ -187,6 +187,8 @@ async function drain(o, db) {
         seconds: round(seconds, 3),
         rate: round(jobs / seconds, 1),
         capped,
+        first_at: first,
+        last_at: at,
         version: VERSION,
         settings: describe(o.workers, w),
       };
@@ -267,7 +269,9 @@ const round = (x, digits) => Math.round(x * 10 ** digits) / 10 ** digits;
 
 async function main() {
   const o = parse();
-  const db = new pg.Client({ connectionString: o.dsn });
+  // Named, so that bench/peers.py leaves this connection (its enqueues and polls) out of the
+  // server CPU it reads for the workers' backends.
+  const db = new pg.Client({ connectionString: o.dsn, application_name: "jobtui-bench-observer" });
   await db.connect();
   try {
     await prepare(o.dsn, db);
