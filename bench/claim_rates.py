@@ -45,7 +45,7 @@ from psycopg import sql
 
 from jobtui import NewJob, Queue
 from jobtui.core import queues
-from jobtui.core.queue import claim_call, complete_call
+from jobtui.core.claims import claim_call, complete_call
 from jobtui.kernel.db import Call, run, statements
 from jobtui.kernel.domain import DEFAULT_MAX_ATTEMPTS, Lease
 from jobtui.kernel.migrate import migrate
@@ -104,7 +104,7 @@ class Claims:
     """The claim text and parameters of each loop, sent the same way."""
 
     def __init__(self, base: str) -> None:
-        new = statements()["claim"].as_string(None)
+        new = statements()["claim_take"].as_string(None)
         self.texts = {"minimal": sql.SQL(RAW_CLAIM_MINIMAL), "base": sql.SQL(base), "new": sql.SQL(new)}
 
     def call(self, loop: str, batch: int) -> tuple[sql.SQL, Any]:
@@ -258,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             migrate(conn)
-            run(conn, Call("db_now", {}, lambda r: None), "jobtui")
+            run(conn, Call("server_now", {}, lambda r: None), "jobtui")
         print(f"claim + complete, jobs/s; base = the claim of {args.baseline}; medians of {args.rounds} rounds")
         print(f"plans: {args.plan}")
         print("| batch | | " + " | ".join(loops) + " |\n| ---: | --- " + "| ---: " * len(loops) + "|")

@@ -43,7 +43,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from jobtui.core import queue as core
+from jobtui.core import jobs as core
 from jobtui.kernel.db import Call, first_int, parse_statements, run, statements, without_comments
 from jobtui.kernel.domain import Lease, NewJob
 from jobtui.kernel.migrate import migrate
@@ -151,9 +151,9 @@ def statement_ab(dsn: str, old: dict[str, sql.SQL], runs: int) -> dict[str, floa
     new = statements("jobtui")
     texts = {
         "keyed/baseline": old["enqueue"],
-        "keyed/new": new["enqueue_keyed"],
+        "keyed/new": new["job_enqueue_keyed"],
         "batch/baseline": old["enqueue_many"],
-        "batch/new": new["enqueue_many_keyed"],
+        "batch/new": new["job_enqueue_many_keyed"],
     }
     times: dict[str, list[float]] = {name: [] for name in texts}
     with psycopg.connect(dsn) as conn:
@@ -233,7 +233,10 @@ def archive_round(dsn: str, batches: int, turn: int) -> dict[str, float]:
                 conn.execute(ENABLE if side == "new" else DISABLE)
                 started = time.perf_counter()
                 with conn.transaction():
-                    moved = run(conn, Call("archive_done", {"retention": 86400.0, "limit": ARCHIVE_BATCH}, first_int))
+                    moved = run(
+                        conn,
+                        Call("maintenance_archive_done", {"retention": 86400.0, "limit": ARCHIVE_BATCH}, first_int),
+                    )
                 times[case].append(time.perf_counter() - started)
                 assert moved == ARCHIVE_BATCH, moved
             order = order[1:] + order[:1]

@@ -27,8 +27,8 @@ from jobtui.clients.base import (
 )
 from jobtui.clients.reach import WAIT_SLICE, reporting_async_connection
 from jobtui.core.adapters import async_connection
+from jobtui.core.jobs import EnqueueOptions, aenqueue, aenqueue_many
 from jobtui.core.middleware import EnqueueHook, entered
-from jobtui.core.queue import EnqueueOptions, aenqueue, aenqueue_many
 from jobtui.core.registry import Jobs
 from jobtui.kernel.db import Call, arun, unavailable
 from jobtui.kernel.domain import DEFAULT_SCHEMA, NewJob

@@ -15,8 +15,8 @@ from typing import Any
 import psycopg
 
 from jobtui.clients.reach import Reach
+from jobtui.core.jobs import EnqueueOptions, enqueue_call
 from jobtui.core.middleware import EnqueueHook, as_hook, entered
-from jobtui.core.queue import EnqueueOptions, enqueue_call
 from jobtui.core.registry import Jobs
 from jobtui.kernel import migrate
 from jobtui.kernel.db import (

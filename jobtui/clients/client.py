@@ -31,21 +31,18 @@ from jobtui.clients.reach import WAIT_SLICE, reporting_connection
 from jobtui.core import actions
 from jobtui.core.adapters import sync_connection
 from jobtui.core.audit import AuditEntry, audit_list_call
-from jobtui.core.middleware import EnqueueHook, entered
-from jobtui.core.queue import (
-    EnqueueOptions,
+from jobtui.core.claims import (
     claim_call,
     complete_call,
     complete_deleting_call,
-    enqueue,
-    enqueue_many,
     fail_call,
     fail_permanently_call,
-    get_job_call,
     heartbeat_call,
     reap_call,
     release_call,
 )
+from jobtui.core.jobs import EnqueueOptions, enqueue, enqueue_many, get_job_call
+from jobtui.core.middleware import EnqueueHook, entered
 from jobtui.core.registry import Jobs
 from jobtui.kernel.db import Call, run, unavailable
 from jobtui.kernel.domain import (

@@ -117,7 +117,7 @@ def set_limit(
         "actor": check_text(actor, "actor"),
         "channel": statements(schema).channel,
     }
-    call = Call("queue_limit", params, lambda rows: LimitChange.of(rows.dicts()[0]))
+    call = Call("queue_limit_set", params, lambda rows: LimitChange.of(rows.dicts()[0]))
     return operate(
         conn,
         call,
@@ -160,7 +160,7 @@ def set_rate(
         "actor": check_text(actor, "actor"),
         "channel": statements(schema).channel,
     }
-    call = Call("queue_rate", params, lambda rows: RateChange.of(rows.dicts()[0]))
+    call = Call("queue_rate_set", params, lambda rows: RateChange.of(rows.dicts()[0]))
     return operate(
         conn,
         call,

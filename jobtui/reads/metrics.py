@@ -31,6 +31,7 @@ from jobtui.kernel.donehistory import MINUTE, DoneHistory, calendar_minute
 from jobtui.kernel.errors import JobtuiError
 from jobtui.kernel.forecast import Flows, Forecast, Span, forecast, spans
 from jobtui.kernel.migrate import _lock_key as migration_lock_key
+from jobtui.kernel.server import now_call
 from jobtui.reads.backlog import READY_EXACT_CAP, MinuteFigures, ReadyEstimate, estimate, minutes
 
 # How long a snapshot waits for a lock on a queue table before giving up (seconds).
@@ -383,7 +384,7 @@ def _snapshot(
             schema,
             [
                 ("metrics_lock_timeout", {"timeout": f"{max(1, round(lock_timeout * 1000))}ms"}),
-                ("db_now", {}),
+                (now_call().name, {}),
                 ("metrics_ready", {"cap": READY_EXACT_CAP}),
                 ("metrics_running", {}),
                 ("metrics_dead", {}),
@@ -400,7 +401,7 @@ def _snapshot(
                 ("metrics_recovery", {}),
                 ("metrics_ready_size", {"schema_name": schema}),
                 ("metrics_minutes", {}),
-                ("queue_flow_recent", {}),
+                ("metrics_flow_recent", {}),
                 ("metrics_key_window", {}),
             ],
         )
@@ -503,3 +504,28 @@ def _snapshot(
         standby=bool(recovery[0]["standby"]),
         replay_lag=None if recovery[0]["replay_lag"] is None else float(recovery[0]["replay_lag"]),
     )
+
+
+def running_groups_call() -> Call[list[RunningGroup]]:
+    """The running jobs by type and worker, as the snapshot reads them, for a reader that
+    takes no snapshot (`jobtui workers`)."""
+
+    def decode(rows: Rows) -> list[RunningGroup]:
+        return [
+            RunningGroup(
+                r["type"],
+                r["worker"],
+                int(r["jobs"]),
+                int(r["expired"]),
+                None if r["heartbeat_age"] is None else float(r["heartbeat_age"]),
+            )
+            for r in rows.dicts()
+        ]
+
+    return Call("metrics_running", {}, decode)
+
+
+def flows_call() -> Call[list[Span]]:
+    """The flow spans of the last minutes, oldest first (a handful of rows), that the drain
+    forecast reads."""
+    return Call("metrics_flow_recent", {}, lambda rows: spans(rows.dicts()))

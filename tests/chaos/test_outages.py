@@ -26,7 +26,7 @@ import psycopg
 import pytest
 
 from jobtui import AsyncQueue, DatabaseUnavailable, NewJob, Queue
-from jobtui.core.queue import enqueue, enqueue_call
+from jobtui.core.jobs import enqueue, enqueue_call
 from jobtui.kernel import migrate
 from tests.chaos.app_workers import LEASE, Start
 from tests.cluster import LocalCluster

@@ -15,7 +15,7 @@ import psycopg
 
 from jobtui.clients.client import Queue
 from jobtui.core import queues
-from jobtui.core.queue import claim_call
+from jobtui.core.claims import claim_call
 from jobtui.kernel.db import run
 from jobtui.kernel.domain import NewJob
 from tests.integration.test_levers import count, enqueue, jobtui

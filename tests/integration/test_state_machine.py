@@ -31,7 +31,7 @@ from hypothesis.stateful import (
 )
 
 from jobtui import Failure, JobStatus, Lease, NewJob, Queue
-from jobtui.core.queue import claim_call
+from jobtui.core.claims import claim_call
 from jobtui.kernel.domain import DEFAULT_MAX_ATTEMPTS
 
 TYPES = ("a", "b")

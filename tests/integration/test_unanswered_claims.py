@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from jobtui import Job, Jobs, NewJob, Queue, Worker
-from jobtui.core.queue import release_unanswered_call
+from jobtui.core.claims import release_unanswered_call
 from jobtui.core.queues import set_limit
 from tests.waits import until
 

@@ -26,8 +26,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui.core.queue import enqueue as enqueue_job
-from jobtui.core.queue import enqueue_call, get_job_call
+from jobtui.core.jobs import enqueue as enqueue_job
+from jobtui.core.jobs import enqueue_call, get_job_call
 from jobtui.core.registry import Job, Jobs, Retry
 from jobtui.kernel.db import run
 from jobtui.kernel.domain import JobRow, JobStatus

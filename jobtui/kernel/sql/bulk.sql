@@ -1,4 +1,5 @@
 -- Bulk actions in batches, resumable (core/bulk.py).
+-- noun: bulk
 --
 -- Named blocks (`-- name: NAME`), loaded with every other file of this folder by
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;

@@ -3,6 +3,7 @@
 -- console's Why pane and header, `jobtui why`), so each reads a bounded number of rows however
 -- big the backlog: a head of the ready index, the running jobs, a sample of done jobs, the
 -- recent lease expiries, the paused controls, the database's sessions.
+-- noun: why
 --
 -- Named blocks (`-- name: NAME`), loaded with every other file of this folder by
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;
