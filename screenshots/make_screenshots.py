@@ -51,8 +51,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from jobtui.cli import demo
 from jobtui.clients.client import Queue
 from jobtui.core import queues
-from jobtui.core.members import Target, give_order
 from jobtui.core.history import record_flow
+from jobtui.core.members import Target, give_order
 from jobtui.kernel import migrate
 from jobtui.kernel.domain import NewJob
 from jobtui.tui.app import JobtuiApp

@@ -17,8 +17,8 @@ from typing import Any
 
 import psycopg
 
-from jobtui.core.members import prune_call
 from jobtui.core.history import record_flow, record_minute
+from jobtui.core.members import prune_call
 from jobtui.core.registry import Job, Jobs, ScheduleSpec
 from jobtui.kernel.db import Call, Rows, run
 from jobtui.kernel.domain import DEFAULT_KEY_RETENTION, DEFAULT_SCHEMA

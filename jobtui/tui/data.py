@@ -14,8 +14,8 @@ import psycopg
 
 from jobtui.clients.client import Queue
 from jobtui.core import scheduler as schedules
-from jobtui.core.members import Action, OrderResult, Target, give_order
 from jobtui.core.jobs import get_job_call
+from jobtui.core.members import Action, OrderResult, Target, give_order
 from jobtui.kernel.db import connect, pooler_mode, run
 from jobtui.kernel.domain import JobRow
 from jobtui.kernel.donehistory import DoneHistory

@@ -10,8 +10,8 @@ import time
 from collections.abc import Sized
 from typing import Protocol
 
-from jobtui.core.members import Kind, Member, Status, refresh_interval, resident_bytes
 from jobtui.core.maintenance import ARCHIVE_TYPE
+from jobtui.core.members import Kind, Member, Status, refresh_interval, resident_bytes
 from jobtui.core.scheduler import Scheduler
 from jobtui.worker.children import ChildPool
 from jobtui.worker.slots import Slots

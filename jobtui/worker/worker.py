@@ -26,8 +26,8 @@ from typing import Any
 import psycopg
 
 from jobtui.core.claims import claim_builtin_call, claim_call, claim_session, claim_transaction, release_unanswered_call
-from jobtui.core.members import Kind, Presence
 from jobtui.core.maintenance import ARCHIVE_TYPE, BUILTIN_QUEUE, BUILTIN_TYPES, Retention
+from jobtui.core.members import Kind, Presence
 from jobtui.core.privileges import GRANTS_HINT, WORKER_NEEDS, missing_privileges_call, privilege_message
 from jobtui.core.registry import Handler, Job, Jobs
 from jobtui.core.scheduler import Scheduler

@@ -10,15 +10,7 @@
 -- the action would change now (%(scope)s: the statuses it applies to).
 SELECT count(*) AS jobs FROM {schema}.job AS j
 WHERE j.id < %(below)s AND j.id >= %(floor)s AND j.status = ANY(%(scope)s::text[])
-      AND (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))
-      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
-      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
-      AND (%(matcher)s::text IS NULL OR split_part(j.last_error, E'\n', 1) ~* %(matcher)s::text
-           OR j.error_fingerprint ~* %(matcher)s::text)
-      AND (%(payload)s::jsonb IS NULL OR j.payload @> %(payload)s::jsonb)
-      AND (%(older_than)s::float8 IS NULL OR j.created_at < coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(older_than)s::float8))
-      AND (%(newer_than)s::float8 IS NULL OR j.created_at >= coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(newer_than)s::float8))
-      AND (%(since)s::timestamptz IS NULL OR j.created_at >= %(since)s::timestamptz);
+      AND {jobfilter_predicate};
 
 -- name: bulk_run_find
 -- The newest run of this action and filter that did not end: a second run resumes it.
@@ -56,15 +48,7 @@ WITH run AS (
     SELECT j.id FROM {schema}.job AS j
     WHERE j.id < %(below)s AND j.id >= %(floor)s AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
       AND j.status IN ('dead', 'failed') AND j.finished_at < (SELECT cutoff FROM run)
-      AND (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))
-      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
-      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
-      AND (%(matcher)s::text IS NULL OR split_part(j.last_error, E'\n', 1) ~* %(matcher)s::text
-           OR j.error_fingerprint ~* %(matcher)s::text)
-      AND (%(payload)s::jsonb IS NULL OR j.payload @> %(payload)s::jsonb)
-      AND (%(older_than)s::float8 IS NULL OR j.created_at < coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(older_than)s::float8))
-      AND (%(newer_than)s::float8 IS NULL OR j.created_at >= coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(newer_than)s::float8))
-      AND (%(since)s::timestamptz IS NULL OR j.created_at >= %(since)s::timestamptz)
+      AND {jobfilter_predicate}
     ORDER BY j.id DESC
     LIMIT %(batch)s
 ), picked AS (
@@ -107,15 +91,7 @@ WITH run AS (
     SELECT j.id FROM {schema}.job AS j
     WHERE j.id < %(below)s AND j.id >= %(floor)s AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
       AND j.status IN ('dead', 'failed') AND j.finished_at < (SELECT cutoff FROM run)
-      AND (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))
-      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
-      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
-      AND (%(matcher)s::text IS NULL OR split_part(j.last_error, E'\n', 1) ~* %(matcher)s::text
-           OR j.error_fingerprint ~* %(matcher)s::text)
-      AND (%(payload)s::jsonb IS NULL OR j.payload @> %(payload)s::jsonb)
-      AND (%(older_than)s::float8 IS NULL OR j.created_at < coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(older_than)s::float8))
-      AND (%(newer_than)s::float8 IS NULL OR j.created_at >= coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(newer_than)s::float8))
-      AND (%(since)s::timestamptz IS NULL OR j.created_at >= %(since)s::timestamptz)
+      AND {jobfilter_predicate}
     ORDER BY j.id DESC
     LIMIT %(batch)s
 ), picked AS (
@@ -153,15 +129,7 @@ WITH run AS (
     SELECT j.id FROM {schema}.job AS j
     WHERE j.id < %(below)s AND j.id >= %(floor)s AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
       AND j.status IN ('ready', 'running') AND j.created_at < (SELECT cutoff FROM run)
-      AND (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))
-      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
-      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
-      AND (%(matcher)s::text IS NULL OR split_part(j.last_error, E'\n', 1) ~* %(matcher)s::text
-           OR j.error_fingerprint ~* %(matcher)s::text)
-      AND (%(payload)s::jsonb IS NULL OR j.payload @> %(payload)s::jsonb)
-      AND (%(older_than)s::float8 IS NULL OR j.created_at < coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(older_than)s::float8))
-      AND (%(newer_than)s::float8 IS NULL OR j.created_at >= coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(newer_than)s::float8))
-      AND (%(since)s::timestamptz IS NULL OR j.created_at >= %(since)s::timestamptz)
+      AND {jobfilter_predicate}
     ORDER BY j.id DESC
     LIMIT %(batch)s
 ), picked AS (

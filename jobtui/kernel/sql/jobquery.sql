@@ -33,18 +33,9 @@ LIMIT %(limit)s;
 SELECT id, type, queue, status, attempts, max_attempts, idempotency_key AS key, run_at, created_at,
        started_at, finished_at, locked_by AS worker,
        coalesce(split_part(last_error, E'\n', 1), '') AS last_error
-FROM {schema}.job
-WHERE id < %(below)s AND id >= %(floor)s
-  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
-  AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-  AND (%(matcher)s::text IS NULL OR split_part(last_error, E'\n', 1) ~* %(matcher)s::text
-       OR error_fingerprint ~* %(matcher)s::text)
-  AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
-  AND (%(older_than)s::float8 IS NULL OR created_at < now() - make_interval(secs => %(older_than)s::float8))
-  AND (%(newer_than)s::float8 IS NULL OR created_at >= now() - make_interval(secs => %(newer_than)s::float8))
-  AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
-  AND (%(error)s::text IS NULL OR last_error ~ %(error)s::text)
+FROM {schema}.job AS j
+WHERE j.id < %(below)s AND j.id >= %(floor)s
+  AND {jobfilter_predicate}
 ORDER BY id DESC
 LIMIT %(limit)s;
 
@@ -52,18 +43,9 @@ LIMIT %(limit)s;
 -- How many jobs of the filter there are among the ids of a window, by status and type (the
 -- search's count, window by window, as jobs_scan).
 SELECT status, type, count(*) AS jobs
-FROM {schema}.job
-WHERE id < %(below)s AND id >= %(floor)s
-  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
-  AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-  AND (%(matcher)s::text IS NULL OR split_part(last_error, E'\n', 1) ~* %(matcher)s::text
-       OR error_fingerprint ~* %(matcher)s::text)
-  AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
-  AND (%(older_than)s::float8 IS NULL OR created_at < now() - make_interval(secs => %(older_than)s::float8))
-  AND (%(newer_than)s::float8 IS NULL OR created_at >= now() - make_interval(secs => %(newer_than)s::float8))
-  AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
-  AND (%(error)s::text IS NULL OR last_error ~ %(error)s::text)
+FROM {schema}.job AS j
+WHERE j.id < %(below)s AND j.id >= %(floor)s
+  AND {jobfilter_predicate}
 GROUP BY status, type;
 
 -- name: jobquery_bounds
