@@ -71,8 +71,9 @@ RATIOS = (
 
 
 def baseline_claim(ref: str) -> str:
-    """The `claim` block of the statements at `ref` (sql/claims.sql, or the one queries.sql of
-    releases before the layer folders), with the schema filled in."""
+    """The claim's block of the statements at `ref` (sql/claims.sql, or the one queries.sql of
+    releases before the layer folders; named `claim_take`, or `claim` before the names began
+    with their file's noun), with the schema filled in."""
     text = ""
     for path in ("jobtui/kernel/sql/claims.sql", "jobtui/sql/queries.sql"):
         shown = subprocess.run(["git", "show", f"{ref}:{path}"], cwd=ROOT, capture_output=True, text=True)
@@ -81,7 +82,8 @@ def baseline_claim(ref: str) -> str:
             break
     if not text:
         raise SystemExit(f"no claim statement at {ref!r}")
-    body = text.split("-- name: claim\n", 1)[1].split("\n-- name: ", 1)[0]
+    head = "-- name: claim_take\n" if "-- name: claim_take\n" in text else "-- name: claim\n"
+    body = text.split(head, 1)[1].split("\n-- name: ", 1)[0]
     return body.replace("{schema}", '"jobtui"')
 
 

@@ -5,8 +5,9 @@
                                                [--loops two,pipeline,...] [--hot-fillfactor 80]
 
 A benchmark, not a test. In its own database (jobtui_bench_candidates, dropped at the end)
-it drains no-op jobs with one connection per loop, each loop running jobtui's own `claim`
-and `complete_deleting` (or `complete`, with --keep-done) of sql/claims.sql, and differing from
+it drains no-op jobs with one connection per loop, each loop running jobtui's own
+`claim_take` and `claim_complete_deleting` (or `claim_complete`, with --keep-done) of
+sql/claims.sql, and differing from
 `two` in one thing only:
 
     two        claim, then complete the batch: two statements, two round trips, two commits

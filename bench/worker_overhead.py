@@ -76,7 +76,7 @@ class InstantDatabase:
             return call.decode(Rows(rows, CLAIM_COLUMNS)), sent
         if call.name in ("claim_complete_deleting", "claim_complete", "claim_heartbeat"):
             ids = call.params["ids"]
-            if isinstance(ids, str):  # a bigint[] literal, as queue.py sends them
+            if isinstance(ids, str):  # a bigint[] literal, as core/claims.py sends them
                 ids = [int(i) for i in ids.strip("{}").split(",")] if ids != "{}" else []
             if call.name != "claim_heartbeat":
                 self._written += len(ids)

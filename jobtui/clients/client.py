@@ -289,7 +289,7 @@ class Queue(ClientBase):
         self, job_type: str, payload: Any = None, *, conn: object | None = None, **options: Unpack[EnqueueOptions]
     ) -> int:
         """Insert one job and return its id; a key that exists returns the existing job's id.
-        `options` (core/queue.EnqueueOptions): `key`, `delay`, `run_at`, `max_attempts`, and
+        `options` (core/jobs.EnqueueOptions): `key`, `delay`, `run_at`, `max_attempts`, and
         `queue` (None: its handler's declared queue, see `jobs`, else the default one).
 
         With `conn` (psycopg, or SQLAlchemy's or Django's: adapters.py), the job is part of

@@ -2,7 +2,7 @@
 levers during an incident (their figures are in overview.py).
 
 A pause, a limit or a rate is a row of `queue_control` that every worker's claim statement reads
-itself (sql/claims.sql, claim), so it holds on every worker from its next claim and across
+itself (sql/claims.sql, claim_take), so it holds on every worker from its next claim and across
 restarts. Each change runs with its audit row in one transaction (`audit.operate`).
 
     with connect(dsn) as conn:

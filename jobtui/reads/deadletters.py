@@ -30,7 +30,7 @@ def dead_matching(
 
     The one matcher behind `jobtui dead --error`, `jobtui requeue --error` (and its dry run)
     and the console's dead groups: a case-insensitive PostgreSQL regular expression on the
-    error's first line or its fingerprint (sql/actions.sql, dead_matching). Check the pattern
+    error's first line or its fingerprint (sql/deadletters.sql, deadletter_matching). Check the pattern
     with `check_regex` first for a one-line error.
     """
     if job_type is not None:

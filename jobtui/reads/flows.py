@@ -1,7 +1,7 @@
 """The flows behind the drain forecast: once a minute the archiver records what was enqueued
-and what finished since its last span, by queue and type (`queue_flow`, migration 0013);
-readers read the spans of the last minutes and forecast from them (forecast.py). The archiver
-writes the spans (core/history.py); this module reads them.
+and what finished since its last span, by queue and type (`queue_flow`, migration 0013;
+core/history.py writes them); readers read the spans of the last minutes and forecast from
+them (forecast.py). The one module that names the statements of sql/flows.sql.
 
     with connect(dsn, autocommit=True) as conn:
         lines = overview(conn).lines
@@ -11,19 +11,33 @@ writes the spans (core/history.py); this module reads them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
-from jobtui.kernel.db import Call
-from jobtui.kernel.forecast import Flows, Forecast, Span, forecast
-from jobtui.reads.metrics import flows_call
-from jobtui.reads.overview import QueueLine
+from jobtui.kernel.db import Call, Rows
+from jobtui.kernel.forecast import Flows, Forecast, Span, forecast, spans
+
+
+class Line(Protocol):
+    """A queue's or type's line of the overview (overview.QueueLine), as a forecast reads it."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def due(self) -> int: ...
+
+
+def _spans(rows: Rows) -> list[Span]:
+    return spans(rows.dicts())
 
 
 def recent_call() -> Call[list[Span]]:
     """The spans of the last minutes, oldest first (a handful of rows)."""
-    return flows_call()
+    return Call("flow_recent", {}, _spans)
 
 
-def line_forecasts(lines: Sequence[QueueLine], recent: list[Span]) -> dict[tuple[str, str], Forecast]:
+def line_forecasts(lines: Sequence[Line], recent: list[Span]) -> dict[tuple[str, str], Forecast]:
     """The forecast of each queue's and type's due backlog, by (kind, name)."""
     flows = Flows.of(recent)
     return {(q.kind, q.name): forecast(flows, q.kind, q.name, backlog=q.due) for q in lines}

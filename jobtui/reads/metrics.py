@@ -33,6 +33,7 @@ from jobtui.kernel.forecast import Flows, Forecast, Span, forecast, spans
 from jobtui.kernel.migrate import _lock_key as migration_lock_key
 from jobtui.kernel.server import now_call
 from jobtui.reads.backlog import READY_EXACT_CAP, MinuteFigures, ReadyEstimate, estimate, minutes
+from jobtui.reads.flows import recent_call
 
 # How long a snapshot waits for a lock on a queue table before giving up (seconds).
 LOCK_TIMEOUT = 2.0
@@ -401,7 +402,7 @@ def _snapshot(
                 ("metrics_recovery", {}),
                 ("metrics_ready_size", {"schema_name": schema}),
                 ("metrics_minutes", {}),
-                ("metrics_flow_recent", {}),
+                (recent_call().name, {}),
                 ("metrics_key_window", {}),
             ],
         )
@@ -418,10 +419,7 @@ def _snapshot(
             )
     running = []
     for r in running_rows:
-        hb_age = r["heartbeat_age"]
-        running.append(
-            RunningGroup(r["type"], r["worker"], r["jobs"], r["expired"], None if hb_age is None else float(hb_age))
-        )
+        running.append(_running(r))
         s = slot(r["type"])
         s["running"] = s.get("running", 0) + r["jobs"]
     dead = []
@@ -506,26 +504,12 @@ def _snapshot(
     )
 
 
+def _running(r: Row) -> RunningGroup:
+    age = r["heartbeat_age"]
+    return RunningGroup(r["type"], r["worker"], int(r["jobs"]), int(r["expired"]), None if age is None else float(age))
+
+
 def running_groups_call() -> Call[list[RunningGroup]]:
     """The running jobs by type and worker, as the snapshot reads them, for a reader that
     takes no snapshot (`jobtui workers`)."""
-
-    def decode(rows: Rows) -> list[RunningGroup]:
-        return [
-            RunningGroup(
-                r["type"],
-                r["worker"],
-                int(r["jobs"]),
-                int(r["expired"]),
-                None if r["heartbeat_age"] is None else float(r["heartbeat_age"]),
-            )
-            for r in rows.dicts()
-        ]
-
-    return Call("metrics_running", {}, decode)
-
-
-def flows_call() -> Call[list[Span]]:
-    """The flow spans of the last minutes, oldest first (a handful of rows), that the drain
-    forecast reads."""
-    return Call("metrics_flow_recent", {}, lambda rows: spans(rows.dicts()))
+    return Call("metrics_running", {}, lambda rows: [_running(r) for r in rows.dicts()])

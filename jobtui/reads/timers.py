@@ -54,7 +54,7 @@ TIMED: dict[str, str] = {
     # The queues and types: the Queues pane, `queue list`, `stats`, the scrape (overview.py).
     "overview_queues": "queue overview: counted up to backlog.READY_EXACT_CAP",
     "overview_estimate": "queue overview above the cap: the archiver's minute row, the planner",
-    "metrics_flow_recent": "the drain forecast: the archiver's flow spans of the last minutes (snapshot, queue list)",
+    "flow_recent": "the drain forecast: the archiver's flow spans of the last minutes (snapshot, queue list)",
     # The console's lists.
     "joblist_running": "console: the Running pane's page",
     "deadletter_regex_check": "console: the filter, checked",

@@ -289,7 +289,7 @@ def test_notify_wakes_an_idle_worker(db: Conn, spawn: Spawn) -> None:
 
 # The starts of the texts of the statements of the claim connection, the claim and reaping:
 # each statement sent starts with its name.
-CLAIM_TEXTS = ("-- jobtui: claim\n", "-- jobtui: reap\n")
+CLAIM_TEXTS = ("-- jobtui: claim_take\n", "-- jobtui: claim_reap\n")
 
 
 def _claim_idle(db: Conn, after: datetime | None) -> bool:

@@ -131,6 +131,7 @@ OWNERS = {
     "console": "reads/console.py",
     "deadletters": "reads/deadletters.py",
     "fleet": "reads/fleet.py",
+    "flows": "reads/flows.py",
     "history": "core/history.py",
     "jobfilter": "kernel/jobfilter.py",
     "joblists": "reads/joblists.py",

@@ -120,7 +120,7 @@ SELECT (SELECT count(*) FROM moved) AS changed, (SELECT count(*) FROM candidates
 
 -- name: bulk_cancel_batch
 -- A batch of a bulk cancel: as bulk_requeue_batch, ready and running jobs enqueued before
--- the run's cutoff become failed, as `cancel` makes them; a running job's worker hears of it
+-- the run's cutoff become failed, as `action_cancel` makes them; a running job's worker hears of it
 -- on the schema's channel ('cancel <id>'), and its heartbeat's answer says so too. A job
 -- whose handler is inside job.once()'s transaction holds its row: it is passed over as busy.
 WITH run AS (

@@ -89,7 +89,7 @@ RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_tok
 
 -- name: claim_heartbeat
 -- Extends many leases at once; the ids returned as 'held' still hold their lease, the others
--- lost it. Each id's token is looked up in `leases` (see complete). A lease
+-- lost it. Each id's token is looked up in `leases` (see claim_complete). A lease
 -- that has already expired is not extended, even when no reaper took it yet: by the
 -- database's clock it was lost, and its worker gives the attempt up (another worker may have
 -- started it). The exception is `keep`: jobs whose sync handler's thread runs on after its
@@ -134,7 +134,7 @@ RETURNING j.id;
 -- Complete by deleting: for workers started with --delete-on-complete. Only jobs without a
 -- key are deleted (a keyed job stays as a done row, so its key keeps refusing duplicates until
 -- the archiver's retention); the caller completes the ids missing from the result with
--- `complete`, which also tells a keyed job from a lost lease. Each deleted job is counted into
+-- `claim_complete`, which also tells a keyed job from a lost lease. Each deleted job is counted into
 -- done_tally in the same statement, in the finishing worker's own row (see migration 0004).
 WITH gone AS (
     DELETE FROM {schema}.job AS j
@@ -281,7 +281,7 @@ UNION ALL
 SELECT id, type, locked_by, attempts, status, expired_at, queue FROM reaped;
 
 -- name: claim_session
--- Settings of a worker's claiming connection (worker/producer.py): the claim must walk the
+-- Settings of a worker's claiming connection: the claim must walk the
 -- ready index in order, so the plans that would sort every ready row (a bitmap scan after a
 -- bulk enqueue, while statistics lag) are off; timestamps load faster in UTC than in a named
 -- zone (the same instants, shown in another zone).

@@ -8,7 +8,7 @@
 
 -- name: fleet_list
 -- Every process of the fleet, live and lost, as the Workers pane, `jobtui workers` and
--- Prometheus read it: a table of a row per process, kept small by fleet_prune.
+-- Prometheus read it: a table of a row per process, kept small by member_prune.
 -- The ages are float8 (extract gives numeric, which loads as Decimal, slower to read), and
 -- the queues their text, which the reader decodes with one JSON decoder (psycopg's jsonb loader
 -- costs several times more per row, and a console reads a thousand rows every second).

@@ -41,7 +41,7 @@ LIMIT %(limit)s;
 
 -- name: jobquery_scan_count
 -- How many jobs of the filter there are among the ids of a window, by status and type (the
--- search's count, window by window, as jobs_scan).
+-- search's count, window by window, as jobquery_scan).
 SELECT status, type, count(*) AS jobs
 FROM {schema}.job AS j
 WHERE j.id < %(below)s AND j.id >= %(floor)s

@@ -17,7 +17,7 @@ RETURNING id;
 -- One job with an idempotency key; returns its id, or the id of the job already in the queue
 -- table with that key. Returns nothing when the key belongs to a job that left the table
 -- within the key's window (or to one being enqueued at this moment, which this statement
--- waited for): the caller then reads it with enqueue_existing.
+-- waited for): the caller then reads it with job_enqueue_existing.
 --
 -- The key is claimed in job_key first, and the job inserted only with the key claimed: its
 -- primary key decides between enqueues of one key, and a key's row outlives its job (migration
@@ -62,13 +62,13 @@ ORDER BY t.ord
 RETURNING id, idempotency_key;
 
 -- name: job_enqueue_many_keyed
--- Many jobs, some with keys, as enqueue_keyed does one: each key claimed in job_key (in the
+-- Many jobs, some with keys, as job_enqueue_keyed does one: each key claimed in job_key (in the
 -- order of the keys, so that two batches sharing keys never wait for each other in a circle),
 -- a job inserted for each key claimed (the first of the batch's jobs with that key) and for
 -- each job without one. Ids are drawn in the input's order first, so that jobs due at once
 -- are claimed in that order (a job not inserted leaves a gap). Returns the new ids with their
 -- keys, in the input's order, then the jobs of the queue table that hold keys of the batch;
--- keys in neither are read with enqueue_existing_many.
+-- keys in neither are read with job_enqueue_existing_many.
 WITH t AS (
     SELECT u.*, nextval('{schema}.job_id_seq') AS id
     FROM unnest(%(types)s::text[], %(payloads)s::text[], %(keys)s::text[],
@@ -98,7 +98,7 @@ WITH t AS (
 SELECT id, idempotency_key FROM inserted UNION ALL SELECT id, idempotency_key FROM live;
 
 -- name: job_enqueue_existing_many
--- The jobs holding `keys`, as enqueue_existing reads one.
+-- The jobs holding `keys`, as job_enqueue_existing reads one.
 SELECT DISTINCT ON (held.key) held.id, held.key AS idempotency_key
 FROM (SELECT id, idempotency_key AS key, 0 AS rank FROM {schema}.job WHERE idempotency_key = ANY(%(keys)s::text[])
       UNION ALL

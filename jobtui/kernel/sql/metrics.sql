@@ -231,11 +231,3 @@ SELECT pg_is_in_recovery() AS standby,
 -- name: metrics_lease_expiry_total
 -- Every expiry ever recorded: identity values only grow, even after old rows are pruned.
 SELECT coalesce(max(id), 0) AS total FROM {schema}.lease_expiry;
-
--- name: metrics_flow_recent
--- The spans of the last 11 minutes (at most one a minute, so a handful of rows), oldest
--- first: the forecast reads the last five minutes of them, and each span's enqueues are
--- told apart from the ids drawn since the span before.
-SELECT span_start, span_end, last_id, enqueues_known, pairs FROM {schema}.queue_flow
-WHERE span_end > now() - interval '11 minutes'
-ORDER BY span_end;

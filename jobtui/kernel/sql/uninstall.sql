@@ -56,9 +56,9 @@ ORDER BY r.rolname;
 SELECT set_config('lock_timeout', %(lock_timeout)s, true);
 
 -- name: uninstall_role_to_drop
--- `jobtui uninstall`: the role role_drop drops, as a setting of this transaction only.
+-- `jobtui uninstall`: the role uninstall_role_drop drops, as a setting of this transaction only.
 SELECT set_config('jobtui.role_to_drop', %(role)s, true);
 
 -- name: uninstall_role_drop
--- DO takes no parameters: the role's name comes from the setting role_to_drop made, quoted.
+-- DO takes no parameters: the role's name comes from the setting uninstall_role_to_drop made, quoted.
 DO $$ BEGIN EXECUTE format('DROP ROLE %%I', current_setting('jobtui.role_to_drop')); END $$;
