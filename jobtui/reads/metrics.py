@@ -251,15 +251,6 @@ class Snapshot:
 Row = dict[str, Any]
 
 
-def _dicts(rows: Rows) -> list[Row]:
-    return rows.dicts()
-
-
-def _q(conn: psycopg.Connection[Any], name: str, schema: str, **params: Any) -> list[Row]:
-    """The rows of statement `name`, by column name."""
-    return run(conn, Call(name, params, _dicts), schema)
-
-
 def pipelined(conn: psycopg.Connection[Any], schema: str, calls: list[tuple[str, dict[str, Any]]]) -> list[list[Row]]:
     """Run the statements in one round trip (pipeline mode) and return each one's rows, by
     column name."""
@@ -334,9 +325,11 @@ def snapshot(
     try:
         return _snapshot(conn, schema, recent_expiries, lock_timeout, history or DoneHistory())
     except psycopg.errors.LockNotAvailable:
-        by_kind, longest_by_kind = _lock_waits(_q(conn, "metrics_lock_waits", schema, **_lock_wait_params(schema)))
+        by_kind, longest_by_kind = _lock_waits(
+            run(conn, Call("metrics_lock_waits", _lock_wait_params(schema), Rows.dicts), schema)
+        )
         waits, longest = sum(by_kind.values()), max(longest_by_kind.values())
-        oldest = _q(conn, "metrics_oldest_xact", schema)
+        oldest = run(conn, Call("metrics_oldest_xact", {}, Rows.dicts), schema)
         holder = (
             f"; the oldest open transaction is pid {oldest[0]['pid']}, open {float(oldest[0]['age']):.0f}s"
             if oldest
