@@ -1,4 +1,4 @@
-"""What `Queue` (client.py) and `AsyncQueue` (aclient.py) share: their settings and checks,
+"""What `Client` (client.py) and `AsyncClient` (aclient.py) share: their settings and checks,
 the options of their pools, and how their arguments become a `JobFilter` or an enqueue `Call`.
 Only the running differs: on a sync pool or an async one.
 """
@@ -6,6 +6,7 @@ Only the running differs: on a sync pool or an async one.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -41,7 +42,7 @@ DEFAULT_CLIENT_TIMEOUT = 10.0
 
 
 def client_settings(dsn: str | None, schema: str, timeout: float) -> tuple[str, str, float]:
-    """The checked DSN, schema and timeout of a Queue or AsyncQueue."""
+    """The checked DSN, schema and timeout of a Client or AsyncClient."""
     resolved = resolve_dsn(dsn)
     if resolved is None:
         raise InvalidInput("no database given: pass a DSN or set JOBTUI_DSN")
@@ -63,6 +64,20 @@ def check_schema(dsn: str | None = None, schema: str = DEFAULT_SCHEMA, pooler: s
     dsn, schema, _ = client_settings(dsn, schema, DEFAULT_CLIENT_TIMEOUT)
     with connect(dsn, pooler=pooler_mode(pooler)) as conn:
         return migrate.check(conn, schema)
+
+
+def renamed(module: str, name: str, renames: dict[str, type[ClientBase]]) -> type[ClientBase]:
+    """A module's `__getattr__` for the clients' old names (Queue, AsyncQueue): the class
+    itself, so `isinstance` holds, with a DeprecationWarning naming the new one."""
+    if name not in renames:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    new = renames[name]
+    warnings.warn(
+        f"{module}.{name} is deprecated and goes in the next minor release: use {module}.{new.__name__}",
+        DeprecationWarning,
+        stacklevel=3,  # the caller of the module's __getattr__
+    )
+    return new
 
 
 def reachable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
@@ -106,7 +121,7 @@ class ClientBase:
         self.registry = jobs
         self._max_connections = max_connections
         # Around every enqueue, in order (middleware.py); generator functions are made hooks.
-        # AsyncQueue runs these sync hooks on its loop.
+        # AsyncClient runs these sync hooks on its loop.
         self.middleware: list[EnqueueHook] = [as_hook(m) for m in middleware]
         # Whether the database answers; each pool serves one of its generations (reach.py).
         self._reach = Reach(self.dsn, self.pooler)

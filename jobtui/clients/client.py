@@ -1,10 +1,10 @@
-"""The clients: `Queue` (sync) and `AsyncQueue`, for applications that enqueue and for
-scripts that operate the queue. Each holds a small pool of connections that it checks before
+"""The clients: `Client` (sync) and `AsyncClient`, for applications that enqueue and for
+scripts that operate on jobs. Each holds a small pool of connections that it checks before
 use. While the database is away every call fails at once with DatabaseUnavailable, and once
 it is back a new pool serves (reach.py).
 
-    queue = Queue("postgresql://localhost/app")
-    job_id = queue.enqueue("email.send", {"user_id": 42}, key="welcome:42")
+    client = Client("postgresql://localhost/app")
+    job_id = client.enqueue("email.send", {"user_id": 42}, key="welcome:42")
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
@@ -26,6 +26,7 @@ from jobtui.clients.base import (
     job_filter,
     migrate_schema,
     reachable,
+    renamed,
 )
 from jobtui.clients.reach import WAIT_SLICE, reporting_connection
 from jobtui.core import actions
@@ -63,7 +64,7 @@ from jobtui.kernel.jobfilter import JobFilter
 from jobtui.reads.deadletters import check_regex, dead_matching, matching_ids
 from jobtui.reads.jobquery import JobCount, JobSummary, SearchResult, counts_call, jobs_call, query, search
 
-__all__ = ["DEFAULT_CLIENT_TIMEOUT", "Queue", "check_schema", "migrate_schema"]
+__all__ = ["DEFAULT_CLIENT_TIMEOUT", "Client", "check_schema", "migrate_schema"]
 
 T = TypeVar("T")
 
@@ -98,13 +99,13 @@ def _autocommitted(conn: psycopg.Connection[Any], fn: Callable[[], T]) -> T:
             conn.autocommit = False
 
 
-class Queue(ClientBase):
-    """The sync client: enqueue from application code, operate the queue from scripts.
+class Client(ClientBase):
+    """The sync client: enqueue from application code, operate on jobs from scripts.
 
-    queue = jobtui.Queue(dsn)
-    queue.enqueue("email.send", {"user_id": 42}, key="welcome:42")
-    with psycopg.connect(dsn) as conn:      # the job commits with this transaction
-        queue.enqueue("email.send", {"user_id": 43}, conn=conn)
+    client = jobtui.Client(dsn)
+    client.enqueue("email.send", {"user_id": 42}, key="welcome:42")
+    with psycopg.connect(dsn) as conn:     # the job commits with this transaction
+        client.enqueue("email.send", {"user_id": 43}, conn=conn)
     """
 
     def __init__(
@@ -180,7 +181,7 @@ class Queue(ClientBase):
         if pool is not None:
             pool.close()
 
-    def __enter__(self) -> Queue:
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -424,3 +425,11 @@ class Queue(ClientBase):
     def audit(self, limit: int = 100) -> list[AuditEntry]:
         """The newest operator actions first."""
         return self.run(audit_list_call(limit))
+
+
+if TYPE_CHECKING:
+    Queue = Client  # the name of 0.2.0, deprecated (see jobtui/__init__.py)
+else:
+
+    def __getattr__(name: str) -> type[ClientBase]:
+        return renamed(__name__, name, {"Queue": Client})

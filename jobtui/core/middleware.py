@@ -16,7 +16,7 @@ handler they run in its thread, for an async one on the worker's loop.
             log.info("%s took %.3fs", job.type, time.monotonic() - started)
 
 An enqueue hook gets the `NewJob` and may yield another one in its place (a payload with a
-tenant added, say): `Queue(dsn, middleware=[tenant])`. A worker without handler hooks or
+tenant added, say): `Client(dsn, middleware=[tenant])`. A worker without handler hooks or
 payload models runs its handlers as they are: nothing here costs it anything.
 """
 
