@@ -18,21 +18,18 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from jobtui.clients.base import (
-    DEFAULT_CLIENT_TIMEOUT,
     ClientBase,
     check_schema,
     job_filter,
     migrate_schema,
-    reachable,
     renamed,
 )
 from jobtui.clients.reach import WAIT_SLICE, reporting_async_connection
 from jobtui.core.adapters import async_connection
-from jobtui.core.middleware import EnqueueHook, entered
+from jobtui.core.middleware import entered
 from jobtui.core.queue import EnqueueOptions, aenqueue, aenqueue_many
-from jobtui.core.registry import Jobs
-from jobtui.kernel.db import Call, arun, unavailable
-from jobtui.kernel.domain import DEFAULT_SCHEMA, NewJob
+from jobtui.kernel.db import Call, arun
+from jobtui.kernel.domain import NewJob
 from jobtui.kernel.jobfilter import JobFilter
 from jobtui.reads.jobquery import JobCount, JobSummary, SearchResult, aquery, asearch, counts_call, jobs_call
 
@@ -46,26 +43,7 @@ class AsyncClient(ClientBase):
     await client.enqueue("email.send", {"user_id": 42})
     """
 
-    def __init__(
-        self,
-        dsn: str | None = None,
-        *,
-        schema: str = DEFAULT_SCHEMA,
-        max_connections: int = 4,
-        timeout: float = DEFAULT_CLIENT_TIMEOUT,
-        middleware: Sequence[EnqueueHook] = (),
-        pooler: str | None = None,
-        jobs: Jobs | None = None,
-    ) -> None:
-        super().__init__(
-            dsn,
-            schema=schema,
-            max_connections=max_connections,
-            timeout=timeout,
-            middleware=middleware,
-            pooler=pooler,
-            jobs=jobs,
-        )
+    def _no_pool(self) -> None:
         self._pool: AsyncConnectionPool[Any] | None = None
         self._closing: set[asyncio.Task[None]] = set()  # pools the database left, closing
 
@@ -96,14 +74,10 @@ class AsyncClient(ClientBase):
             self._checked_slowly(began, exc, generation)
             raise
 
-    def _lost(self, exc: BaseException, generation: int | None = None) -> None:
-        """See `Client._lost`."""
-        if generation is not None and generation != self._pool_generation:
-            return
-        if self._reach.failed(exc):
-            pool, self._pool = self._pool, None
-            if pool is not None:
-                self._close_later(pool)
+    def _drop_pool(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            self._close_later(pool)
 
     def _close_later(self, pool: AsyncConnectionPool[Any]) -> None:
         task = asyncio.get_running_loop().create_task(pool.close(), name="jobtui-pool-close")
@@ -148,10 +122,8 @@ class AsyncClient(ClientBase):
                         with contextlib.suppress(psycopg.Error):  # a broken connection is discarded anyway
                             await pooled.set_autocommit(False)
                 except psycopg.OperationalError as exc:
-                    if reachable(pooled):
-                        raise
-                    self._lost(exc, generation)
-                    raise unavailable(self.dsn, exc) from None
+                    self._failed_on(pooled, exc, generation)
+                    raise
         finally:
             await pool.putconn(pooled)
 
@@ -163,14 +135,8 @@ class AsyncClient(ClientBase):
             try:
                 got: psycopg.AsyncConnection[Any] = await pool.getconn(timeout=max(0.001, min(WAIT_SLICE, left)))
                 return got
-            except PoolTimeout as exc:
-                self._reach.check()
-                if left <= WAIT_SLICE:
-                    self._lost(exc, generation)
-                    raise unavailable(self.dsn, exc, waited=self.timeout) from None
-            except PoolClosed as exc:
-                self._reach.check()
-                raise unavailable(self.dsn, exc) from None
+            except (PoolTimeout, PoolClosed) as exc:
+                self._not_got(exc, left, generation)
 
     async def check_schema(self) -> int:
         """Raise SchemaNotMigrated unless `jobtui migrate` has been run for this code."""

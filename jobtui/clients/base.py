@@ -14,8 +14,9 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg_pool import PoolClosed, PoolTimeout
 
-from jobtui.clients.reach import Reach
+from jobtui.clients.reach import WAIT_SLICE, Reach
 from jobtui.core.middleware import EnqueueHook, as_hook, entered
 from jobtui.core.queue import EnqueueOptions, enqueue_call
 from jobtui.core.registry import Jobs
@@ -31,6 +32,7 @@ from jobtui.kernel.db import (
     resolve_dsn,
     statements,
     tcp_bounds,
+    unavailable,
 )
 from jobtui.kernel.domain import DEFAULT_SCHEMA, NewJob
 from jobtui.kernel.errors import InvalidInput
@@ -106,14 +108,14 @@ class ClientBase:
 
     def __init__(
         self,
-        dsn: str | None,
+        dsn: str | None = None,
         *,
-        schema: str,
-        max_connections: int,
-        timeout: float,
-        middleware: Sequence[EnqueueHook],
-        pooler: str | None,
-        jobs: Jobs | None,
+        schema: str = DEFAULT_SCHEMA,
+        max_connections: int = 4,
+        timeout: float = DEFAULT_CLIENT_TIMEOUT,
+        middleware: Sequence[EnqueueHook] = (),
+        pooler: str | None = None,
+        jobs: Jobs | None = None,
     ) -> None:
         self.dsn, self.schema, self.timeout = client_settings(dsn, schema, timeout)
         self.pooler = pooler_mode(pooler)  # see db.pooler_mode
@@ -126,6 +128,11 @@ class ClientBase:
         # Whether the database answers; each pool serves one of its generations (reach.py).
         self._reach = Reach(self.dsn, self.pooler)
         self._pool_generation = -1
+        self._no_pool()
+
+    def _no_pool(self) -> None:
+        """The subclass's state before its first pool."""
+        raise NotImplementedError
 
     def _pool_options(self) -> dict[str, Any]:
         """The options of the client's pool, sync or async alike: its connections end within
@@ -146,8 +153,38 @@ class ClientBase:
             self._lost(exc, generation)
 
     def _lost(self, exc: BaseException, generation: int | None = None) -> None:
-        """A call found the database unreachable (the subclass drops its pool)."""
+        """The database is unreachable: the pool goes (closed in the background, which fails
+        the calls waiting for it at once), and calls fail at once until it answers again.
+        A failure of an older pool's connection says nothing of the database now."""
+        if generation is not None and generation != self._pool_generation:
+            return
+        if self._reach.failed(exc):
+            self._drop_pool()
+
+    def _drop_pool(self) -> None:
+        """Forget the pool and close it in the background (the subclass's)."""
         raise NotImplementedError
+
+    def _not_got(self, exc: PoolTimeout | PoolClosed, left: float, generation: int) -> None:
+        """A wait of `_getconn` for a pooled connection ended without one: DatabaseUnavailable
+        once the client turned down meanwhile (the pool does not tell its waiters), the
+        client's timeout is spent, or the pool was dropped; else the caller waits again."""
+        self._reach.check()
+        if isinstance(exc, PoolClosed):  # dropped while the call waited: the database went away
+            raise unavailable(self.dsn, exc) from None
+        if left <= WAIT_SLICE:
+            self._lost(exc, generation)
+            raise unavailable(self.dsn, exc, waited=self.timeout) from None
+
+    def _failed_on(
+        self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], exc: BaseException, generation: int
+    ) -> None:
+        """A statement on a pooled connection failed: DatabaseUnavailable when the connection
+        is gone; else the error was the statement's (a deadlock, a timeout), for the caller
+        to raise as it is."""
+        if not reachable(conn):
+            self._lost(exc, generation)
+            raise unavailable(self.dsn, exc) from None
 
     def _queue_for(self, job_type: str, queue: str | None) -> str | None:
         return self.registry.queue_of(job_type) if queue is None and self.registry is not None else queue
