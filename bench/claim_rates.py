@@ -43,7 +43,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from jobtui import NewJob, Queue
+from jobtui import Client, NewJob
 from jobtui.core import queues
 from jobtui.core.claims import claim_call, complete_call
 from jobtui.kernel.db import Call, run, statements
@@ -147,7 +147,7 @@ def one_round(
     dsn: str, jobs: int, batch: int, slice_jobs: int, claims: Claims, turn: int, loops: Sequence[str], generic: bool
 ) -> dict[str, tuple[float, float]]:
     """(jobs/s, server CPU µs per job) of each loop."""
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         for start in range(0, jobs, 10_000):
             q.enqueue_many([NewJob(JOB_TYPE, {}) for _ in range(min(10_000, jobs - start))])
     with psycopg.connect(dsn, autocommit=True) as admin:
@@ -186,7 +186,7 @@ def statement_ab(dsn: str, claims: Claims, batch: int, jobs: int, runs: int) -> 
     """The claim statement alone, no lever set, each run rolled back (nothing changes),
     minimal, base and new in turns on one connection (each prepared by psycopg after its
     fifth run): median ms."""
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         q.enqueue_many([NewJob(JOB_TYPE, {}) for _ in range(jobs)])
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute("DELETE FROM jobtui.queue_control")

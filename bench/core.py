@@ -8,7 +8,7 @@ the rounds and drops the database again. Nothing else on the server is touched.
 
 Measured in one run, side by side:
 
-1. Bulk enqueue through `jobtui.Queue(dsn).enqueue_many`, in calls of --enqueue-batch jobs:
+1. Bulk enqueue through `jobtui.Client(dsn).enqueue_many`, in calls of --enqueue-batch jobs:
    without keys (the COPY path, taken at >= 1000 jobs without keys or delays) and, for
    information, with idempotency keys (the INSERT ... unnest path). Next to them, as the
    reference of what the machine allows at that moment, a raw COPY of the same rows with
@@ -19,7 +19,7 @@ Measured in one run, side by side:
      raw    handwritten SQL strings executed with psycopg on one autocommit connection;
      core   the Call layer on one autocommit connection:
             run(conn, claim_call(...)) then run(conn, complete_call(leases));
-     client Queue.claim / Queue.complete, which check out a pool connection per call
+     client Client.claim / Client.complete, which check out a pool connection per call
             (and so run each statement in its own transaction: BEGIN ... COMMIT).
    Every round fills one table with the jobs of all three, and the loops drain it taking
    turns of --slice jobs (the order of the turns rotating), each loop's clock running only
@@ -51,7 +51,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.numeric import Int8
 
-from jobtui import NewJob, Queue
+from jobtui import Client, NewJob
 from jobtui.cli.run import WORKER_GC_THRESHOLD
 from jobtui.core.claims import claim_call, complete_call
 from jobtui.kernel.db import run, statements
@@ -213,14 +213,14 @@ def enqueue_raw(conn: psycopg.Connection[Any], chunk: Sequence[NewJob]) -> list[
 def enqueue_run(dsn: str, total: int, batch: int, kind: str) -> float:
     """Jobs/s of one bulk enqueue of `total` jobs in calls of `batch`.
 
-    kind "copy" and "unnest": Queue.enqueue_many without and with keys; "raw": enqueue_raw,
-    a transaction per call like the Queue's pool. The NewJob objects are built before the
+    kind "copy" and "unnest": Client.enqueue_many without and with keys; "raw": enqueue_raw,
+    a transaction per call like the Client's pool. The NewJob objects are built before the
     clock starts (they are the caller's data); connections and the pool are opened before
     it too.
     """
     reset(dsn)
     calls = batches(new_jobs(total, keyed=kind == "unnest"), batch)
-    with Queue(dsn) as q, psycopg.connect(dsn) as conn:
+    with Client(dsn) as q, psycopg.connect(dsn) as conn:
         q.get(0)  # open the pool and its first connection
         conn.rollback()
         t0 = time.perf_counter()
@@ -237,7 +237,7 @@ def enqueue_run(dsn: str, total: int, batch: int, kind: str) -> float:
 
 def prefill(dsn: str, n: int) -> None:
     reset(dsn)
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         for chunk in batches(new_jobs(n, keyed=False), 10_000):
             q.enqueue_many(chunk)
     settle(dsn)
@@ -330,23 +330,23 @@ class CoreLoop:
 
 
 class ClientLoop:
-    """Queue.claim / Queue.complete: a pool connection and a transaction per call."""
+    """Client.claim / Client.complete: a pool connection and a transaction per call."""
 
-    label = "Queue.claim/complete (pool)"
+    label = "Client.claim/complete (pool)"
 
     def __init__(self, dsn: str) -> None:
-        self.queue = Queue(dsn)
-        self.queue.get(0)  # open the pool and its first connection before the clock runs
+        self.client = Client(dsn)
+        self.client.get(0)  # open the pool and its first connection before the clock runs
         self.types = [JOB_TYPE]
 
     def cycle(self, batch: int) -> int:
-        jobs = self.queue.claim(self.types, worker=WORKER, limit=batch, lease=LEASE_SECONDS)
+        jobs = self.client.claim(self.types, worker=WORKER, limit=batch, lease=LEASE_SECONDS)
         if not jobs:
             return 0
-        return len(self.queue.complete([j.lease for j in jobs]))
+        return len(self.client.complete([j.lease for j in jobs]))
 
     def close(self) -> None:
-        self.queue.close()
+        self.client.close()
 
 
 LOOPS: dict[str, type[RawLoop | CoreLoop | ClientLoop]] = {"raw": RawLoop, "core": CoreLoop, "client": ClientLoop}
@@ -442,7 +442,7 @@ def report(res: Results) -> str:
     ]
     if res.enqueue:
         out.append(
-            "Bulk enqueue: Queue.enqueue_many                 median jobs/s   per round"
+            "Bulk enqueue: Client.enqueue_many                 median jobs/s   per round"
             "                 vs raw (paired / of medians)"
         )
     labels = {

@@ -61,7 +61,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from jobtui import NewJob, Queue
+from jobtui import Client, NewJob
 from jobtui.kernel.db import statements
 from jobtui.kernel.domain import DEFAULT_MAX_ATTEMPTS
 from jobtui.kernel.migrate import migrate
@@ -276,9 +276,9 @@ class Loop:
 def fill(dsn: str, schema: str, jobs: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("TRUNCATE {}.job").format(sql.Identifier(schema)))
-    with Queue(dsn, schema=schema) as queue:
+    with Client(dsn, schema=schema) as client:
         for start in range(0, jobs, 10_000):
-            queue.enqueue_many([NewJob(JOB_TYPE) for _ in range(min(10_000, jobs - start))])
+            client.enqueue_many([NewJob(JOB_TYPE) for _ in range(min(10_000, jobs - start))])
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("VACUUM ANALYZE {}.job").format(sql.Identifier(schema)))
 

@@ -54,7 +54,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from jobtui import NewJob, Queue
+from jobtui import Client, NewJob
 from jobtui.cli.bench import NOOP as JOB_TYPE
 from jobtui.cli.bench import spawn_workers, stop_workers
 from jobtui.core.bench import drain_window, queue_busy
@@ -155,9 +155,9 @@ def one_drain(dsn: str, dbname: str, config: str, trees: dict[str, str], args: a
     jobs = args.jobs
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE jobtui.job, jobtui.done_tally, jobtui.queue_control")
-    with Queue(dsn) as queue:
+    with Client(dsn) as client:
         for start in range(0, jobs, 10_000):
-            queue.enqueue_many([NewJob(JOB_TYPE) for _ in range(min(10_000, jobs - start))])
+            client.enqueue_many([NewJob(JOB_TYPE) for _ in range(min(10_000, jobs - start))])
     with psycopg.connect(dsn, autocommit=True) as conn, tempfile.TemporaryFile() as log:
         conn.execute("VACUUM ANALYZE jobtui.job")
         conn.execute("CHECKPOINT")

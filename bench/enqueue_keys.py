@@ -14,7 +14,7 @@ Each round runs every loop in turns of --slice enqueues, the order rotating, eac
 clock running only in its own turns, on one connection in autocommit (statements prepared
 by psycopg after their fifth run, as a client's pooled connection does):
 
-    keyed       one job with a new key: `Queue.enqueue(..., key=...)`;
+    keyed       one job with a new key: `Client.enqueue(..., key=...)`;
     repeated    one job whose key a job in the table holds (the id comes back, nothing new);
     keyless     one job without a key;
     batch       enqueue_many of 100 jobs with new keys (per job).

@@ -37,7 +37,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from jobtui import NewJob, Queue
+from jobtui import Client, NewJob
 from jobtui.kernel.migrate import migrate
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -102,9 +102,9 @@ def measure(dsn: str, workload: str, executor: str, jobs: int, concurrency: int,
     job_type = WORKLOADS[workload]
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE jobtui.job")
-        with Queue(dsn) as queue:
+        with Client(dsn) as client:
             for start in range(0, jobs, 10_000):
-                queue.enqueue_many([NewJob(job_type) for _ in range(min(10_000, jobs - start))])
+                client.enqueue_many([NewJob(job_type) for _ in range(min(10_000, jobs - start))])
         conn.execute("VACUUM ANALYZE jobtui.job")
         env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         cmd = [
@@ -124,11 +124,11 @@ def measure(dsn: str, workload: str, executor: str, jobs: int, concurrency: int,
                 drain = jobs / float(row[1])
                 memory = pss_mib(proc.pid)
                 first = None
-                with Queue(dsn, max_connections=1) as queue:
-                    queue.enqueue(job_type)  # warm the connection
+                with Client(dsn, max_connections=1) as client:
+                    client.enqueue(job_type)  # warm the connection
                     time.sleep(0.5)
                     for _ in range(latency_jobs):
-                        job_id = queue.enqueue(job_type)
+                        job_id = client.enqueue(job_type)
                         first = first or job_id
                         time.sleep(0.02)
                 wait_idle(conn, proc, 60)

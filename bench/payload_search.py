@@ -34,7 +34,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from jobtui import JobFilter, NewJob, Queue, SearchCancelled
+from jobtui import Client, JobFilter, NewJob, SearchCancelled
 from jobtui.kernel.migrate import migrate
 from jobtui.reads.jobquery import search
 
@@ -113,7 +113,7 @@ def cancel_latency(dsn: str, after: float = 0.5) -> float:
 
 
 def enqueue_time(dsn: str, n: int) -> float:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         started = time.perf_counter()
         for start in range(0, n, 10_000):
             q.enqueue_many([NewJob("bench.enqueue", {"account": f"acct-{i}"}) for i in range(start, start + 10_000)])

@@ -1040,7 +1040,7 @@ async def apaced(count: int, interval: float, enqueue_one: Any) -> list[int]:
 def jobtui_helper(action: str, dsn: str, opts: dict[str, Any]) -> Any:
     import psycopg
 
-    from jobtui import NewJob, Queue
+    from jobtui import Client, NewJob
     from jobtui.kernel.migrate import migrate
 
     if action == "setup":
@@ -1048,14 +1048,14 @@ def jobtui_helper(action: str, dsn: str, opts: dict[str, Any]) -> Any:
             migrate(conn)
         return None
     if action == "bulk":
-        with Queue(dsn) as q:
+        with Client(dsn) as q:
             for start in range(0, opts["count"], 10_000):
                 q.enqueue_many([NewJob(JOB_TYPE) for _ in range(min(10_000, opts["count"] - start))])
         return None
     if action == "paced":
         # Keyed, so that workers deleting what they finish keep these rows to be measured.
         keys = (f"latency-{i}" for i in itertools.count())
-        with Queue(dsn, max_connections=1) as q:
+        with Client(dsn, max_connections=1) as q:
             return paced(opts["count"], opts["interval"], lambda: q.enqueue(JOB_TYPE, key=next(keys)))
     raise ValueError(action)
 

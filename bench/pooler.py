@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `tests` importable
     sys.path.insert(0, str(ROOT))
 
-from jobtui import NewJob, Queue, migrate  # noqa: E402
+from jobtui import Client, NewJob, migrate  # noqa: E402
 from jobtui.tui.data import DataSource  # noqa: E402
 from tests.topology import PgBouncer  # noqa: E402
 from tests.workers import WorkerProcess  # noqa: E402
@@ -89,9 +89,9 @@ def one_way(direct: str, dsn: str, pooled: bool, args: argparse.Namespace, logs:
     pooler = "transaction" if pooled else "none"
     os.environ["JOBTUI_POOLER"] = pooler  # for the console's refresh, as `jobtui --pooler` sets it
     started = time.perf_counter()
-    with Queue(dsn, pooler=pooler) as queue:
+    with Client(dsn, pooler=pooler) as client:
         for i in range(0, args.jobs, 10_000):
-            queue.enqueue_many([NewJob("topo.noop", {"n": n}) for n in range(i, min(args.jobs, i + 10_000))])
+            client.enqueue_many([NewJob("topo.noop", {"n": n}) for n in range(i, min(args.jobs, i + 10_000))])
     enqueue = time.perf_counter() - started
     env = {**os.environ, "JOBTUI_DSN": dsn, "JOBTUI_POOLER": pooler, "PYTHONUNBUFFERED": "1"}
     env.pop("DATABASE_URL", None)

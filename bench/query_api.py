@@ -1,11 +1,11 @@
-"""The job query API as done rows pile up: `Queue.jobs` pages and `Queue.counts`.
+"""The job query API as done rows pile up: `Client.jobs` pages and `Client.counts`.
 
     .venv/bin/python bench/query_api.py [--dsn DSN] [--sizes 10000,1000000] [--runs 15]
 
 A benchmark, not a test. For each size it creates a database of its own (jobtui_bench_query)
 on the server of --dsn, migrates it, fills it with that many done jobs plus 1,000 ready and
 20 dead ones, runs VACUUM ANALYZE, and times each call (median and max over --runs, after
-3 warm-up runs) through a real `jobtui.Queue`. Then it drops the database.
+3 warm-up runs) through a real `jobtui.Client`. Then it drops the database.
 
 The counts of ready, dead and failed jobs read their partial indexes, so they should not
 grow with the done rows; counting every status does, since the done rows are counted too.
@@ -67,12 +67,12 @@ def main() -> None:
         try:
             _fill(dsn, size)
             print(f"{size:,} done rows, 1,000 ready, 20 dead")
-            with jobtui.Queue(dsn) as queue:
+            with jobtui.Client(dsn) as client:
                 for label, (method, kwargs) in CALLS.items():
                     times = []
                     for i in range(args.runs + 3):
                         started = time.perf_counter()
-                        getattr(queue, method)(**kwargs)
+                        getattr(client, method)(**kwargs)
                         if i >= 3:
                             times.append(time.perf_counter() - started)
                     print(f"  {label:<30} median {statistics.median(times) * 1000:7.1f} ms"

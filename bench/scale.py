@@ -53,7 +53,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from jobtui import NewJob, Queue
+from jobtui import Client, NewJob
 from jobtui.cli.bench import NOOP as JOB_TYPE
 from jobtui.cli.bench import spawn_workers, stop_workers
 from jobtui.core.bench import queue_busy
@@ -202,9 +202,9 @@ def one_round(dsn: str, jobs: int, workers: int, concurrency: int) -> tuple[list
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM jobtui.job").fetchone()
         first_id = int(row[0]) if row else 1
-    with Queue(dsn) as queue:
+    with Client(dsn) as client:
         for start in range(0, jobs, 10_000):
-            queue.enqueue_many([NewJob(JOB_TYPE) for _ in range(min(10_000, jobs - start))])
+            client.enqueue_many([NewJob(JOB_TYPE) for _ in range(min(10_000, jobs - start))])
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE jobtui.job")
         settle(conn)

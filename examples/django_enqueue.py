@@ -28,14 +28,14 @@ django.setup()
 
 from django.db import connection, transaction  # noqa: E402  (after settings)
 
-queue = jobtui.Queue(dsn)
+client = jobtui.Client(dsn)
 with connection.cursor() as cur:
     cur.execute("CREATE TABLE IF NOT EXISTS app_user (name text PRIMARY KEY)")
 
 with transaction.atomic():
     with connection.cursor() as cur:
         cur.execute("INSERT INTO app_user VALUES ('ada')")
-    kept = queue.enqueue("email.welcome", {"name": "ada"}, conn=connection)
+    kept = client.enqueue("email.welcome", {"name": "ada"}, conn=connection)
 
 
 class Undo(Exception):
@@ -46,11 +46,11 @@ try:
     with transaction.atomic():
         with connection.cursor() as cur:
             cur.execute("INSERT INTO app_user VALUES ('bob')")
-        dropped = queue.enqueue("email.welcome", {"name": "bob"}, conn=connection)
+        dropped = client.enqueue("email.welcome", {"name": "bob"}, conn=connection)
         raise Undo  # the view failed: the user and the job roll back together
 except Undo:
     pass
 
-assert queue.get(kept) is not None and queue.get(dropped) is None
+assert client.get(kept) is not None and client.get(dropped) is None
 print(f"kept job {kept}, rolled back job {dropped}")
-queue.close()
+client.close()

@@ -55,9 +55,9 @@ def stamp_tenant(job: jobtui.NewJob) -> Iterator[jobtui.NewJob]:
 
 
 dsn = os.environ["JOBTUI_DSN"]
-with jobtui.Queue(dsn, middleware=[stamp_tenant]) as queue:
+with jobtui.Client(dsn, middleware=[stamp_tenant]) as client:
     TENANT.set("acme")
-    queue.enqueue("report.build", {})
-    queue.enqueue("report.build", {"broken": True})
+    client.enqueue("report.build", {})
+    client.enqueue("report.build", {"broken": True})
 drain(jobs, dsn)  # as a worker would run them
 print("\n".join(line for line in report if "took" not in line))

@@ -27,8 +27,8 @@ def send(job: jobtui.Job) -> None:
 
 dsn = os.environ["JOBTUI_DSN"]
 request = trace.get_tracer("app").start_as_current_span("POST /signup")
-with jobtui.Queue(dsn, middleware=[otel.trace_enqueue]) as queue, request:  # a span per enqueue
-    queue.enqueue("email.send", {"to": "ada@example.com"})
+with jobtui.Client(dsn, middleware=[otel.trace_enqueue]) as client, request:  # a span per enqueue
+    client.enqueue("email.send", {"to": "ada@example.com"})
 drain(jobs, dsn)  # a worker, here
 
 spans = {s.name: s for s in exporter.get_finished_spans()}

@@ -14,7 +14,7 @@ import jobtui
 dsn = os.environ["JOBTUI_DSN"]
 # Any postgresql+psycopg:// URL works; `creator` takes the DSN in jobtui's own form.
 engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn))
-queue = jobtui.Queue(dsn)
+client = jobtui.Client(dsn)
 
 with engine.begin() as conn:
     conn.execute(text("CREATE TABLE IF NOT EXISTS app_user (name text PRIMARY KEY)"))
@@ -22,14 +22,14 @@ with engine.begin() as conn:
 # A Session: the user and the job commit together.
 with Session(engine) as session, session.begin():
     session.execute(text("INSERT INTO app_user VALUES ('ada')"))
-    kept = queue.enqueue("email.welcome", {"name": "ada"}, conn=session)
+    kept = client.enqueue("email.welcome", {"name": "ada"}, conn=session)
 
 # A Connection whose transaction rolls back: neither the user nor the job is left.
 with engine.connect() as conn:
     conn.execute(text("INSERT INTO app_user VALUES ('bob')"))
-    dropped = queue.enqueue("email.welcome", {"name": "bob"}, conn=conn)
+    dropped = client.enqueue("email.welcome", {"name": "bob"}, conn=conn)
     conn.rollback()
 
-assert queue.get(kept) is not None and queue.get(dropped) is None
+assert client.get(kept) is not None and client.get(dropped) is None
 print(f"kept job {kept}, rolled back job {dropped}")
-queue.close()
+client.close()

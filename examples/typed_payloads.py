@@ -24,10 +24,10 @@ def welcome(job: jobtui.Job) -> None:
 
 
 dsn = os.environ["JOBTUI_DSN"]
-with jobtui.Queue(dsn, middleware=[jobtui.checked_payloads(jobs)]) as queue:
-    queue.enqueue("email.welcome", Welcome(user_id=1, name="ada"))
+with jobtui.Client(dsn, middleware=[jobtui.checked_payloads(jobs)]) as client:
+    client.enqueue("email.welcome", Welcome(user_id=1, name="ada"))
     try:
-        queue.enqueue("email.welcome", {"user_id": "one"})
+        client.enqueue("email.welcome", {"user_id": "one"})
     except jobtui.InvalidInput as exc:
         print(f"refused: {exc}")
 drain(jobs, dsn)

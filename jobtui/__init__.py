@@ -1,12 +1,15 @@
 """jobtui: background jobs and cron schedules on one PostgreSQL table.
 
 import jobtui
-queue = jobtui.Queue("postgresql://localhost/app")
-queue.enqueue("email.send", {"user_id": 42}, key="welcome:42")
+client = jobtui.Client("postgresql://localhost/app")
+client.enqueue("email.send", {"user_id": 42}, key="welcome:42")
 """
 
-from jobtui.clients.aclient import AsyncQueue
-from jobtui.clients.client import Queue, check_schema, migrate_schema
+from typing import TYPE_CHECKING
+
+from jobtui.clients.aclient import AsyncClient
+from jobtui.clients.base import ClientBase, renamed
+from jobtui.clients.client import Client, check_schema, migrate_schema
 from jobtui.core import otel
 from jobtui.core.registry import Job, Jobs, LeaseLost, Permanent, Retry, ScheduleSpec
 from jobtui.core.typed import checked_payloads
@@ -27,7 +30,7 @@ from jobtui.reads.jobquery import JobCount, JobSummary, SearchCancelled, SearchR
 from jobtui.worker import Worker
 
 __all__ = [
-    "AsyncQueue",
+    "AsyncClient",
     "BackoffPolicy",
     "ClaimedJob",
     "DatabaseUnavailable",
@@ -47,7 +50,7 @@ __all__ = [
     "NewJob",
     "Permanent",
     "PrivilegeMissing",
-    "Queue",
+    "Client",
     "Reaped",
     "Retry",
     "ScheduleSpec",
@@ -63,3 +66,14 @@ __all__ = [
     "otel",
     "Worker",
 ]
+
+if TYPE_CHECKING:
+    # The names of 0.2.0, kept for one release: at run time __getattr__ hands them out with a
+    # DeprecationWarning, so they stay out of __all__ and of `from jobtui import *`. Type
+    # checkers see plain aliases and no __getattr__, which would let any misspelt name pass.
+    Queue = Client
+    AsyncQueue = AsyncClient
+else:
+
+    def __getattr__(name: str) -> type[ClientBase]:
+        return renamed(__name__, name, {"Queue": Client, "AsyncQueue": AsyncClient})

@@ -49,7 +49,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobtui.cli import demo
-from jobtui.clients.client import Queue
+from jobtui.clients.client import Client
 from jobtui.core import queues
 from jobtui.core.history import record_flow
 from jobtui.core.members import Target, give_order
@@ -113,8 +113,8 @@ async def shoot(app: JobtuiApp, pilot: Any, out: Path, name: str) -> None:
 
 def pull_levers(dsn: str) -> None:
     """An incident's first moves: reports held in their own queue, webhooks paused, a limit."""
-    with Queue(dsn, schema=SCHEMA, max_connections=1) as queue:
-        queue.enqueue_many([NewJob("report.build", {"seconds": 1}, queue="reports")] * 40)
+    with Client(dsn, schema=SCHEMA, max_connections=1) as client:
+        client.enqueue_many([NewJob("report.build", {"seconds": 1}, queue="reports")] * 40)
     with psycopg.connect(dsn, autocommit=True) as conn:
         queues.pause(conn, "queue", "reports", actor="screenshots", schema=SCHEMA)
         queues.pause(conn, "type", "webhook.deliver", actor="screenshots", schema=SCHEMA)
@@ -153,9 +153,9 @@ def fleet_workers(dsn: str) -> dict[str, subprocess.Popen[bytes]]:
 
 def expire_a_lease(dsn: str) -> int:
     """A worker claims an image job and 'dies' holding it: its lease runs out unreaped."""
-    with Queue(dsn, schema=SCHEMA, max_connections=1) as queue:
-        queue.enqueue("image.resize", {"image": 4711}, max_attempts=2)
-        claimed = queue.claim(["image.resize"], worker=GHOST, lease=2)
+    with Client(dsn, schema=SCHEMA, max_connections=1) as client:
+        client.enqueue("image.resize", {"image": 4711}, max_attempts=2)
+        claimed = client.claim(["image.resize"], worker=GHOST, lease=2)
         return claimed[0].id
 
 

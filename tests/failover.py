@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 
-from jobtui import NewJob, Queue
+from jobtui import Client, NewJob
 from jobtui.kernel import migrate
 from jobtui.reads.metrics import Snapshot
 from jobtui.tui.data import DataSource
@@ -91,7 +91,7 @@ def run_failover(*, jobs: int, workers: int, concurrency: int, logs: Path, stop_
         for name in ("JOBTUI_POOLER", "DATABASE_URL"):
             env.pop(name, None)
         started = time.monotonic()
-        with Queue(dsn) as queue:
+        with Client(dsn) as queue:
             queue.enqueue_many([NewJob("topo.effect", {"key": f"failover-{i}"}) for i in range(jobs)])
         running = []
         for i in range(workers):

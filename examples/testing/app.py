@@ -10,9 +10,9 @@ jobs = jobtui.Jobs()
 sent: list[str] = []  # where the "email" goes, for the example
 
 
-def signup(conn: psycopg.Connection[Any], queue: jobtui.Queue, name: str) -> None:
+def signup(conn: psycopg.Connection[Any], client: jobtui.Client, name: str) -> None:
     conn.execute("INSERT INTO app_user (name) VALUES (%s)", (name,))
-    queue.enqueue("email.welcome", {"name": name}, conn=conn)
+    client.enqueue("email.welcome", {"name": name}, conn=conn)
 
 
 @jobs.handler("email.welcome", max_attempts=3)

@@ -25,8 +25,8 @@ def conn() -> Iterator[psycopg.Connection[Any]]:
 
 
 def test_signup_enqueues_the_welcome_in_its_transaction(conn: psycopg.Connection[Any]) -> None:
-    with jobtui.Queue(DSN) as queue:
-        signup(conn, queue, "ada")
+    with jobtui.Client(DSN) as client:
+        signup(conn, client, "ada")
     assert_enqueued(conn, "email.welcome", {"name": "ada"})
     refute_enqueued(conn, "email.welcome", {"name": "bob"})
 
@@ -40,8 +40,8 @@ def test_the_handler_runs_on_a_real_job() -> None:
 
 
 def test_drain_runs_everything_due() -> None:
-    with jobtui.Queue(DSN) as queue:
-        queue.enqueue_many([jobtui.NewJob("email.welcome", {"name": n}) for n in ("x", "y")])
+    with jobtui.Client(DSN) as client:
+        client.enqueue_many([jobtui.NewJob("email.welcome", {"name": n}) for n in ("x", "y")])
     ran = drain(jobs, DSN)
     assert {r.row.payload["name"] for r in ran} >= {"x", "y"}
     assert all(r.outcome == "complete" for r in ran)

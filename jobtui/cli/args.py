@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from jobtui.clients.client import Queue
+from jobtui.clients.client import Client
 from jobtui.kernel import migrate as migrations
 from jobtui.kernel.db import connect, describe_dsn, resolve_dsn
 from jobtui.kernel.embedded import embedded_dsn
@@ -93,11 +93,11 @@ def accept_global_options_anywhere(parser: argparse.ArgumentParser) -> None:
             accept_global_options_anywhere(sub)
 
 
-def open_queue(args: argparse.Namespace, *, check: bool = True) -> Queue:
-    queue = Queue(database_dsn(args), schema=args.schema, pooler=args.pooler)
+def open_client(args: argparse.Namespace, *, check: bool = True) -> Client:
+    client = Client(database_dsn(args), schema=args.schema, pooler=args.pooler)
     if check:
-        queue.check_schema()
-    return queue
+        client.check_schema()
+    return client
 
 
 def parse_payload(text: str) -> Any:
@@ -321,9 +321,9 @@ def with_dsn(fn: Callable[[argparse.Namespace, str], int]) -> Command:
     return command
 
 
-def with_queue(fn: Callable[[argparse.Namespace, Queue], int]) -> Command:
+def with_client(fn: Callable[[argparse.Namespace, Client], int]) -> Command:
     def command(args: argparse.Namespace) -> int:
-        with open_queue(args) as queue:
-            return fn(args, queue)
+        with open_client(args) as client:
+            return fn(args, client)
 
     return command

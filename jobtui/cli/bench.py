@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from jobtui.cli.args import database_dsn, positive_int
-from jobtui.clients.client import Queue
+from jobtui.clients.client import Client
 from jobtui.core.bench import (
     BENCH_SCHEMA,
     claim_schema,
@@ -128,7 +128,7 @@ def run(
         migrate.migrate(conn, schema)
         mark_schema(conn, schema)
     try:
-        with Queue(dsn, schema=schema, pooler=pooler) as queue:
+        with Client(dsn, schema=schema, pooler=pooler) as queue:
             t0 = time.perf_counter()
             for start in range(0, n, BATCH):
                 queue.enqueue_many([NewJob(NOOP) for _ in range(min(BATCH, n - start))])
@@ -166,7 +166,7 @@ def run(
 def _latency(conn: Any, dsn: str, schema: str, count: int, pooler: str | None) -> list[float]:
     """Enqueue `count` jobs one by one every 10 ms to idle workers; started_at - created_at.
     The jobs carry keys, so workers that delete finished jobs keep these rows."""
-    with Queue(dsn, schema=schema, max_connections=1, pooler=pooler) as queue:
+    with Client(dsn, schema=schema, max_connections=1, pooler=pooler) as queue:
         queue.enqueue(NOOP, key="latency-warm-up")  # warm the connection and the workers
         time.sleep(0.5)
         first = queue.enqueue(NOOP, key="latency-0")

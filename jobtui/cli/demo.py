@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from jobtui.cli.args import demo_dsn, positive_int
-from jobtui.clients.client import Queue
+from jobtui.clients.client import Client
 from jobtui.core import scheduler as schedules
 from jobtui.core.registry import Job, Jobs, Permanent
 from jobtui.core.uninstall import drop_schema
@@ -94,7 +94,7 @@ def prepare(dsn: str, schema: str, pooler: str | None = None) -> None:
         schedules.rewind(conn, "demo.catch-up", 15 * 60, schema)
 
 
-def enqueue_burst(queue: Queue, rng: random.Random, n: int) -> None:
+def enqueue_burst(client: Client, rng: random.Random, n: int) -> None:
     """A mix of every job type, weighted like a real application's traffic."""
     batch: list[NewJob] = []
     for i in range(n):
@@ -110,35 +110,35 @@ def enqueue_burst(queue: Queue, rng: random.Random, n: int) -> None:
             batch.append(NewJob("invoice.render", payload, max_attempts=3))
         else:
             batch.append(NewJob("image.resize", {"image": i}, max_attempts=2))
-    queue.enqueue_many(batch)
+    client.enqueue_many(batch)
 
 
 class Traffic:
     """Enqueues bursts every second in a background thread until stopped."""
 
     def __init__(self, dsn: str, schema: str, per_second: int = 6, pooler: str | None = None) -> None:
-        self.queue = Queue(dsn, schema=schema, max_connections=1, pooler=pooler)
+        self.client = Client(dsn, schema=schema, max_connections=1, pooler=pooler)
         self.per_second = per_second
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jobtui-demo-traffic", daemon=True)
 
     def start(self) -> None:
-        enqueue_burst(self.queue, random.Random(1), 60)
-        self.queue.enqueue_many([NewJob("image.resize", {"image": 0}, max_attempts=2)])
+        enqueue_burst(self.client, random.Random(1), 60)
+        self.client.enqueue_many([NewJob("image.resize", {"image": 0}, max_attempts=2)])
         self._thread.start()
 
     def _run(self) -> None:
         rng = random.Random(2)
         while not self._stop.wait(1.0):
             try:
-                enqueue_burst(self.queue, rng, rng.randint(1, self.per_second))
+                enqueue_burst(self.client, rng, rng.randint(1, self.per_second))
             except Exception:  # the database may be restarting; the next burst tries again
                 continue
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        self.queue.close()
+        self.client.close()
 
 
 class CrashWorker:

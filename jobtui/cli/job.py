@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from jobtui.cli.args import job_id, open_queue, parse_payload, positive_int
+from jobtui.cli.args import job_id, open_client, parse_payload, positive_int
 from jobtui.kernel.domain import DEFAULT_QUEUE
 from jobtui.kernel.durations import parse_duration
 from jobtui.kernel.errors import UnknownJob
@@ -35,8 +35,8 @@ def add_job_parser(sub: Any) -> None:
 def cmd_enqueue(args: argparse.Namespace) -> int:
     payload = parse_payload(args.payload)
     delay = parse_duration(args.delay)
-    with open_queue(args) as queue:
-        new_id = queue.enqueue(
+    with open_client(args) as client:
+        new_id = client.enqueue(
             args.type, payload, key=args.key, delay=delay, max_attempts=args.max_attempts, queue=args.queue
         )
     print(new_id)
@@ -44,8 +44,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def cmd_job(args: argparse.Namespace) -> int:
-    with open_queue(args) as queue:
-        job = queue.get(args.id)
+    with open_client(args) as client:
+        job = client.get(args.id)
     if job is None:
         raise UnknownJob(
             f"no job with id {args.id} in schema {args.schema!r} (finished jobs leave it when archived, or at once"

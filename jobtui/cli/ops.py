@@ -22,10 +22,10 @@ from jobtui.cli.args import (
     port_number,
     positive_int,
     positive_seconds,
+    with_client,
     with_dsn,
-    with_queue,
 )
-from jobtui.clients.client import Queue
+from jobtui.clients.client import Client
 from jobtui.core.jobs import job_statuses_call
 from jobtui.kernel.db import connect
 from jobtui.kernel.domain import JobStatus
@@ -62,20 +62,20 @@ def add_parsers(sub: Any) -> None:
     add_error_option(p, "every dead/failed job whose error matches PATTERN, the rows `dead --error PATTERN` lists")
     p.add_argument("--all", action="store_true", help="every dead/failed job")
     p.add_argument("--dry-run", action="store_true", help="count, change nothing")
-    p.set_defaults(func=with_queue(cmd_requeue))
+    p.set_defaults(func=with_client(cmd_requeue))
 
     p = sub.add_parser("kill-lease", help="return running jobs to ready now")
     p.add_argument("ids", nargs="+", type=job_id)
-    p.set_defaults(func=with_queue(cmd_kill_lease))
+    p.set_defaults(func=with_client(cmd_kill_lease))
 
     p = sub.add_parser("cancel", help="mark ready or running jobs failed")
     p.add_argument("ids", nargs="+", type=job_id)
-    p.set_defaults(func=with_queue(cmd_cancel))
+    p.set_defaults(func=with_client(cmd_cancel))
 
     p = sub.add_parser("audit", help="operator actions, newest first")
     p.add_argument("--limit", type=positive_int, default=50)
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=with_queue(cmd_audit))
+    p.set_defaults(func=with_client(cmd_audit))
 
     p = sub.add_parser("metrics", help="serve Prometheus metrics")
     p.add_argument("--port", type=port_number, required=True)
@@ -362,11 +362,11 @@ def cmd_dead(args: argparse.Namespace, dsn: str) -> int:
     return 0
 
 
-def _check_ids(queue: Queue, ids: list[int], wanted: tuple[str, ...], verb: str) -> list[int]:
+def _check_ids(client: Client, ids: list[int], wanted: tuple[str, ...], verb: str) -> list[int]:
     """The ids, when every one is in a state `verb` applies to; an unknown id, or one in
     another state, is a user mistake: one line, exit 2, nothing changed (as for requeue,
     kill-lease and cancel alike)."""
-    statuses = queue.run(job_statuses_call(ids))
+    statuses = client.run(job_statuses_call(ids))
     missing = [i for i in ids if i not in statuses]
     if missing:
         raise UnknownJob(f"no job with id {', '.join(map(str, missing))}; nothing was changed")
@@ -395,13 +395,13 @@ def wrong_state(wrong: list[int], states: dict[int, str], wanted: tuple[str, ...
     return f"{said}: nothing was changed; give only {allowed} jobs"
 
 
-def cmd_requeue(args: argparse.Namespace, queue: Queue) -> int:
+def cmd_requeue(args: argparse.Namespace, client: Client) -> int:
     by_match = bool(args.type) or args.error is not None or args.all
     if args.ids and by_match:
         raise InvalidInput("give job ids, or --type/--error/--all, not both")
     if args.ids:
-        ids = _check_ids(queue, args.ids, ("dead", "failed"), "requeue")
-        moved = queue.requeue(ids, actor=args.actor)
+        ids = _check_ids(client, args.ids, ("dead", "failed"), "requeue")
+        moved = client.requeue(ids, actor=args.actor)
         print(f"requeued {len(moved)} job(s){_left(ids, moved, 'dead or failed')}")
         return 0
     if not by_match:
@@ -410,10 +410,10 @@ def cmd_requeue(args: argparse.Namespace, queue: Queue) -> int:
         # A dry run is audited, except under --read-only, which writes nothing (and works with
         # the read-only role).
         actor = None if args.read_only else args.actor
-        ids = queue.requeueable(job_type=args.type, error=args.error, actor=actor)
+        ids = client.requeueable(job_type=args.type, error=args.error, actor=actor)
         print(f"would requeue {len(ids)} job(s){id_list(ids)} (dry run, nothing changed)")
         return 0
-    moved = queue.requeue_matching(job_type=args.type, error=args.error, actor=args.actor)
+    moved = client.requeue_matching(job_type=args.type, error=args.error, actor=args.actor)
     print(f"requeued {len(moved)} job(s)")
     return 0
 
@@ -430,10 +430,10 @@ def id_list(ids: list[int], shown: int = 50) -> str:
     return ": " + ", ".join(map(str, ids[:shown])) + more
 
 
-def cmd_kill_lease(args: argparse.Namespace, queue: Queue) -> int:
-    ids = _check_ids(queue, args.ids, ("running",), "kill")
-    killed = queue.kill_lease(ids, actor=args.actor)
-    after = queue.run(job_statuses_call(ids))
+def cmd_kill_lease(args: argparse.Namespace, client: Client) -> int:
+    ids = _check_ids(client, args.ids, ("running",), "kill")
+    killed = client.kill_lease(ids, actor=args.actor)
+    after = client.run(job_statuses_call(ids))
     dead = [i for i in killed if after.get(i) is JobStatus.DEAD]
     # Still running and not killed: its handler is inside job.once()'s transaction, which
     # holds the row until the effect commits (see the kill_lease statement).
@@ -447,9 +447,9 @@ def cmd_kill_lease(args: argparse.Namespace, queue: Queue) -> int:
     return 1 if busy and not killed else 0
 
 
-def cmd_cancel(args: argparse.Namespace, queue: Queue) -> int:
-    ids = _check_ids(queue, args.ids, ("ready", "running"), "cancel")
-    cancelled = queue.cancel(ids, actor=args.actor)
+def cmd_cancel(args: argparse.Namespace, client: Client) -> int:
+    ids = _check_ids(client, args.ids, ("ready", "running"), "cancel")
+    cancelled = client.cancel(ids, actor=args.actor)
     print(f"cancelled {len(cancelled)} job(s){_left(ids, cancelled, 'ready or running')}")
     return 0
 
@@ -460,8 +460,8 @@ def _left(asked: list[int], done: list[int], state: str) -> str:
     return f"; job(s) {', '.join(map(str, gone))} were no longer {state}" if gone else ""
 
 
-def cmd_audit(args: argparse.Namespace, queue: Queue) -> int:
-    entries = queue.audit(args.limit)
+def cmd_audit(args: argparse.Namespace, client: Client) -> int:
+    entries = client.audit(args.limit)
     if args.json:
         from dataclasses import asdict
 

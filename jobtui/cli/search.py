@@ -18,8 +18,8 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 
 from jobtui.cli import ops
-from jobtui.cli.args import job_id, positive_int, with_dsn, with_queue
-from jobtui.clients.client import Queue
+from jobtui.cli.args import job_id, positive_int, with_client, with_dsn
+from jobtui.clients.client import Client
 from jobtui.core import payloadindex
 from jobtui.core.audit import record_audit
 from jobtui.kernel.db import connect
@@ -64,21 +64,21 @@ def search_filter(args: argparse.Namespace) -> JobFilter:
     )
 
 
-def cmd_jobs(args: argparse.Namespace, queue: Queue) -> int:
+def cmd_jobs(args: argparse.Namespace, client: Client) -> int:
     """`jobtui jobs`: the query API's page, or with --payload/--payload-path the search."""
     if args.payload is None and not args.payload_path:
-        return _jobs_page(args, queue)
+        return _jobs_page(args, client)
     filt = search_filter(args)
     timeout = parse_duration(args.timeout)
-    with connect(queue.dsn, autocommit=True, pooler=queue.pooler) as conn:
+    with connect(client.dsn, autocommit=True, pooler=client.pooler) as conn:
         try:
             with progress_bar("counting" if args.count else "searching") as update:
                 if args.count:
-                    counts = search_count(conn, filt, error=args.error, schema=queue.schema, timeout=timeout,
+                    counts = search_count(conn, filt, error=args.error, schema=client.schema, timeout=timeout,
                                           progress=lambda done, n: update(done, f"{n:,} found"))  # fmt: skip
                 else:
                     found = search(conn, filt, error=args.error, limit=args.limit, before=args.before,
-                                   schema=queue.schema, timeout=timeout,
+                                   schema=client.schema, timeout=timeout,
                                    progress=lambda done, n: update(done, f"{n:,} found"))  # fmt: skip
         except KeyboardInterrupt:
             print("jobtui: the search was cancelled (Ctrl-C); nothing was changed", file=sys.stderr)
@@ -174,7 +174,7 @@ def add_jobs_parser(sub: Any) -> None:
     p.add_argument("--count", action="store_true", help="how many jobs match, by status and type")
     p.add_argument("--json", action="store_true")
     _add_search_options(p)
-    p.set_defaults(func=with_queue(cmd_jobs))
+    p.set_defaults(func=with_client(cmd_jobs))
 
 
 def _add_search_options(p: argparse.ArgumentParser) -> None:
@@ -204,11 +204,11 @@ def add_index_parser(sub: Any) -> None:
     p.set_defaults(func=with_dsn(cmd_index))
 
 
-def _jobs_page(args: argparse.Namespace, queue: Queue) -> int:
+def _jobs_page(args: argparse.Namespace, client: Client) -> int:
     """A page of jobs through the query API, or with --count their numbers."""
     statuses = args.status.split(",") if args.status else None
     if args.count:
-        counts = queue.counts(status=statuses, type=args.type, queue=args.queue)
+        counts = client.counts(status=statuses, type=args.type, queue=args.queue)
         return _print_counts(counts, as_json=args.json)
     since = None
     if args.since is not None:
@@ -217,7 +217,7 @@ def _jobs_page(args: argparse.Namespace, queue: Queue) -> int:
         from jobtui.kernel.durations import parse_duration
 
         since = datetime.now(UTC) - timedelta(seconds=parse_duration(args.since))
-    page = queue.jobs(status=statuses, type=args.type, queue=args.queue, since=since, error=args.error,
+    page = client.jobs(status=statuses, type=args.type, queue=args.queue, since=since, error=args.error,
                       limit=args.limit, before=args.before)  # fmt: skip
     if args.json:
         from dataclasses import asdict

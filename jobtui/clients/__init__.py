@@ -1,1 +1,1 @@
-"""The clients applications use: `Queue` and `AsyncQueue`, on pooled or borrowed connections."""
+"""The clients applications use: `Client` and `AsyncClient`, on pooled or borrowed connections."""

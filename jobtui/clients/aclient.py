@@ -1,8 +1,8 @@
-"""The asyncio client, `AsyncQueue`: what `Queue` (client.py) does for enqueueing and reading,
+"""The asyncio client, `AsyncClient`: what `Client` (client.py) does for enqueueing and reading,
 for async applications.
 
-    queue = AsyncQueue("postgresql://localhost/app")
-    job_id = await queue.enqueue("email.send", {"user_id": 42})
+    client = AsyncClient("postgresql://localhost/app")
+    job_id = await client.enqueue("email.send", {"user_id": 42})
 """
 
 from __future__ import annotations
@@ -12,64 +12,43 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from jobtui.clients.base import (
-    DEFAULT_CLIENT_TIMEOUT,
     ClientBase,
     check_schema,
     job_filter,
     migrate_schema,
-    reachable,
+    renamed,
 )
 from jobtui.clients.reach import WAIT_SLICE, reporting_async_connection
 from jobtui.core.adapters import async_connection
 from jobtui.core.jobs import EnqueueOptions, aenqueue, aenqueue_many
-from jobtui.core.middleware import EnqueueHook, entered
-from jobtui.core.registry import Jobs
-from jobtui.kernel.db import Call, arun, unavailable
-from jobtui.kernel.domain import DEFAULT_SCHEMA, NewJob
+from jobtui.core.middleware import entered
+from jobtui.kernel.db import Call, arun
+from jobtui.kernel.domain import NewJob
 from jobtui.kernel.jobfilter import JobFilter
 from jobtui.reads.jobquery import JobCount, JobSummary, SearchResult, aquery, asearch, counts_call, jobs_call
 
 T = TypeVar("T")
 
 
-class AsyncQueue(ClientBase):
+class AsyncClient(ClientBase):
     """The asyncio client for enqueueing from async applications.
 
-    queue = jobtui.AsyncQueue(dsn)
-    await queue.enqueue("email.send", {"user_id": 42})
+    client = jobtui.AsyncClient(dsn)
+    await client.enqueue("email.send", {"user_id": 42})
     """
 
-    def __init__(
-        self,
-        dsn: str | None = None,
-        *,
-        schema: str = DEFAULT_SCHEMA,
-        max_connections: int = 4,
-        timeout: float = DEFAULT_CLIENT_TIMEOUT,
-        middleware: Sequence[EnqueueHook] = (),
-        pooler: str | None = None,
-        jobs: Jobs | None = None,
-    ) -> None:
-        super().__init__(
-            dsn,
-            schema=schema,
-            max_connections=max_connections,
-            timeout=timeout,
-            middleware=middleware,
-            pooler=pooler,
-            jobs=jobs,
-        )
+    def _no_pool(self) -> None:
         self._pool: AsyncConnectionPool[Any] | None = None
         self._closing: set[asyncio.Task[None]] = set()  # pools the database left, closing
 
     async def _get_pool(self) -> tuple[AsyncConnectionPool[Any], int]:
-        """See `Queue._get_pool`."""
+        """See `Client._get_pool`."""
         reach = self._reach
         reach.check()
         pool, generation = self._pool, reach.generation
@@ -81,7 +60,7 @@ class AsyncQueue(ClientBase):
             self.dsn,
             **self._pool_options(),
             connection_class=reporting_async_connection(lambda exc: self._lost(exc, generation)),
-            check=lambda conn: self._check(conn, generation),  # see Queue
+            check=lambda conn: self._check(conn, generation),  # see Client
         )
         self._pool_generation = generation
         await pool.open(wait=False)
@@ -95,14 +74,10 @@ class AsyncQueue(ClientBase):
             self._checked_slowly(began, exc, generation)
             raise
 
-    def _lost(self, exc: BaseException, generation: int | None = None) -> None:
-        """See `Queue._lost`."""
-        if generation is not None and generation != self._pool_generation:
-            return
-        if self._reach.failed(exc):
-            pool, self._pool = self._pool, None
-            if pool is not None:
-                self._close_later(pool)
+    def _drop_pool(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            self._close_later(pool)
 
     def _close_later(self, pool: AsyncConnectionPool[Any]) -> None:
         task = asyncio.get_running_loop().create_task(pool.close(), name="jobtui-pool-close")
@@ -117,7 +92,7 @@ class AsyncQueue(ClientBase):
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
 
-    async def __aenter__(self) -> AsyncQueue:
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -130,7 +105,7 @@ class AsyncQueue(ClientBase):
         *,
         autocommit: bool = False,
     ) -> T:
-        """`fn` on `conn`, or on a pooled connection with the errors of `Queue._with_conn`."""
+        """`fn` on `conn`, or on a pooled connection with the errors of `Client._with_conn`."""
         if conn is not None:
             return await fn(await async_connection(conn))
         pool, generation = await self._get_pool()
@@ -147,29 +122,21 @@ class AsyncQueue(ClientBase):
                         with contextlib.suppress(psycopg.Error):  # a broken connection is discarded anyway
                             await pooled.set_autocommit(False)
                 except psycopg.OperationalError as exc:
-                    if reachable(pooled):
-                        raise
-                    self._lost(exc, generation)
-                    raise unavailable(self.dsn, exc) from None
+                    self._failed_on(pooled, exc, generation)
+                    raise
         finally:
             await pool.putconn(pooled)
 
     async def _getconn(self, pool: AsyncConnectionPool[Any], generation: int) -> psycopg.AsyncConnection[Any]:
-        """See `Queue._getconn`."""
+        """See `Client._getconn`."""
         deadline = time.monotonic() + self.timeout
         while True:
             left = deadline - time.monotonic()
             try:
                 got: psycopg.AsyncConnection[Any] = await pool.getconn(timeout=max(0.001, min(WAIT_SLICE, left)))
                 return got
-            except PoolTimeout as exc:
-                self._reach.check()
-                if left <= WAIT_SLICE:
-                    self._lost(exc, generation)
-                    raise unavailable(self.dsn, exc, waited=self.timeout) from None
-            except PoolClosed as exc:
-                self._reach.check()
-                raise unavailable(self.dsn, exc) from None
+            except (PoolTimeout, PoolClosed) as exc:
+                self._not_got(exc, left, generation)
 
     async def check_schema(self) -> int:
         """Raise SchemaNotMigrated unless `jobtui migrate` has been run for this code."""
@@ -191,7 +158,7 @@ class AsyncQueue(ClientBase):
         before: int | None = None,
         payload: dict[str, Any] | None = None,
     ) -> list[JobSummary]:
-        """See `Queue.jobs`."""
+        """See `Client.jobs`."""
         filt = job_filter(status, type, queue, since, payload)
         if payload is not None:
             found = await self.search(filt, error=error, limit=limit, before=before)
@@ -203,7 +170,7 @@ class AsyncQueue(ClientBase):
     async def search(
         self, filt: JobFilter, *, error: str | None = None, limit: int = 100, before: int | None = None
     ) -> SearchResult:
-        """See `Queue.search`; cancel the task to stop it."""
+        """See `Client.search`; cancel the task to stop it."""
         result: SearchResult = await self._with_conn(
             None, lambda c: asearch(c, filt, error=error, limit=limit, before=before, schema=self.schema)
         )
@@ -216,7 +183,7 @@ class AsyncQueue(ClientBase):
         type: str | Sequence[str] | None = None,
         queue: str | None = None,
     ) -> list[JobCount]:
-        """See `Queue.counts`."""
+        """See `Client.counts`."""
         return await self.run(counts_call(job_filter(status, type, queue)))
 
     async def count(
@@ -235,7 +202,7 @@ class AsyncQueue(ClientBase):
     async def enqueue(
         self, job_type: str, payload: Any = None, *, conn: object | None = None, **options: Unpack[EnqueueOptions]
     ) -> int:
-        """See `Queue.enqueue`."""
+        """See `Client.enqueue`."""
         with self._enqueue_entered(job_type, payload, options) as call:
             return await self._with_conn(conn, lambda c: aenqueue(c, call, self.schema), autocommit=conn is None)
 
@@ -243,3 +210,11 @@ class AsyncQueue(ClientBase):
         """Insert many jobs in one statement (COPY for large batches); ids in input order."""
         with entered(self.middleware, self._with_queues(jobs)) as batch:
             return await self._with_conn(conn, lambda c: aenqueue_many(c, batch, self.schema))
+
+
+if TYPE_CHECKING:
+    AsyncQueue = AsyncClient  # the name of 0.2.0, deprecated (see jobtui/__init__.py)
+else:
+
+    def __getattr__(name: str) -> type[ClientBase]:
+        return renamed(__name__, name, {"AsyncQueue": AsyncClient})

@@ -1,4 +1,4 @@
-"""What `Queue` (client.py) and `AsyncQueue` (aclient.py) share: their settings and checks,
+"""What `Client` (client.py) and `AsyncClient` (aclient.py) share: their settings and checks,
 the options of their pools, and how their arguments become a `JobFilter` or an enqueue `Call`.
 Only the running differs: on a sync pool or an async one.
 """
@@ -6,6 +6,7 @@ Only the running differs: on a sync pool or an async one.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -13,8 +14,9 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg_pool import PoolClosed, PoolTimeout
 
-from jobtui.clients.reach import Reach
+from jobtui.clients.reach import WAIT_SLICE, Reach
 from jobtui.core.jobs import EnqueueOptions, enqueue_call
 from jobtui.core.middleware import EnqueueHook, as_hook, entered
 from jobtui.core.registry import Jobs
@@ -30,6 +32,7 @@ from jobtui.kernel.db import (
     resolve_dsn,
     statements,
     tcp_bounds,
+    unavailable,
 )
 from jobtui.kernel.domain import DEFAULT_SCHEMA, NewJob
 from jobtui.kernel.errors import InvalidInput
@@ -41,7 +44,7 @@ DEFAULT_CLIENT_TIMEOUT = 10.0
 
 
 def client_settings(dsn: str | None, schema: str, timeout: float) -> tuple[str, str, float]:
-    """The checked DSN, schema and timeout of a Queue or AsyncQueue."""
+    """The checked DSN, schema and timeout of a Client or AsyncClient."""
     resolved = resolve_dsn(dsn)
     if resolved is None:
         raise InvalidInput("no database given: pass a DSN or set JOBTUI_DSN")
@@ -63,6 +66,20 @@ def check_schema(dsn: str | None = None, schema: str = DEFAULT_SCHEMA, pooler: s
     dsn, schema, _ = client_settings(dsn, schema, DEFAULT_CLIENT_TIMEOUT)
     with connect(dsn, pooler=pooler_mode(pooler)) as conn:
         return migrate.check(conn, schema)
+
+
+def renamed(module: str, name: str, renames: dict[str, type[ClientBase]]) -> type[ClientBase]:
+    """A module's `__getattr__` for the clients' old names (Queue, AsyncQueue): the class
+    itself, so `isinstance` holds, with a DeprecationWarning naming the new one."""
+    if name not in renames:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    new = renames[name]
+    warnings.warn(
+        f"{module}.{name} is deprecated and goes in the next minor release: use {module}.{new.__name__}",
+        DeprecationWarning,
+        stacklevel=3,  # the caller of the module's __getattr__
+    )
+    return new
 
 
 def reachable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
@@ -91,14 +108,14 @@ class ClientBase:
 
     def __init__(
         self,
-        dsn: str | None,
+        dsn: str | None = None,
         *,
-        schema: str,
-        max_connections: int,
-        timeout: float,
-        middleware: Sequence[EnqueueHook],
-        pooler: str | None,
-        jobs: Jobs | None,
+        schema: str = DEFAULT_SCHEMA,
+        max_connections: int = 4,
+        timeout: float = DEFAULT_CLIENT_TIMEOUT,
+        middleware: Sequence[EnqueueHook] = (),
+        pooler: str | None = None,
+        jobs: Jobs | None = None,
     ) -> None:
         self.dsn, self.schema, self.timeout = client_settings(dsn, schema, timeout)
         self.pooler = pooler_mode(pooler)  # see db.pooler_mode
@@ -106,11 +123,16 @@ class ClientBase:
         self.registry = jobs
         self._max_connections = max_connections
         # Around every enqueue, in order (middleware.py); generator functions are made hooks.
-        # AsyncQueue runs these sync hooks on its loop.
+        # AsyncClient runs these sync hooks on its loop.
         self.middleware: list[EnqueueHook] = [as_hook(m) for m in middleware]
         # Whether the database answers; each pool serves one of its generations (reach.py).
         self._reach = Reach(self.dsn, self.pooler)
         self._pool_generation = -1
+        self._no_pool()
+
+    def _no_pool(self) -> None:
+        """The subclass's state before its first pool."""
+        raise NotImplementedError
 
     def _pool_options(self) -> dict[str, Any]:
         """The options of the client's pool, sync or async alike: its connections end within
@@ -131,8 +153,38 @@ class ClientBase:
             self._lost(exc, generation)
 
     def _lost(self, exc: BaseException, generation: int | None = None) -> None:
-        """A call found the database unreachable (the subclass drops its pool)."""
+        """The database is unreachable: the pool goes (closed in the background, which fails
+        the calls waiting for it at once), and calls fail at once until it answers again.
+        A failure of an older pool's connection says nothing of the database now."""
+        if generation is not None and generation != self._pool_generation:
+            return
+        if self._reach.failed(exc):
+            self._drop_pool()
+
+    def _drop_pool(self) -> None:
+        """Forget the pool and close it in the background (the subclass's)."""
         raise NotImplementedError
+
+    def _not_got(self, exc: PoolTimeout | PoolClosed, left: float, generation: int) -> None:
+        """A wait of `_getconn` for a pooled connection ended without one: DatabaseUnavailable
+        once the client turned down meanwhile (the pool does not tell its waiters), the
+        client's timeout is spent, or the pool was dropped; else the caller waits again."""
+        self._reach.check()
+        if isinstance(exc, PoolClosed):  # dropped while the call waited: the database went away
+            raise unavailable(self.dsn, exc) from None
+        if left <= WAIT_SLICE:
+            self._lost(exc, generation)
+            raise unavailable(self.dsn, exc, waited=self.timeout) from None
+
+    def _failed_on(
+        self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], exc: BaseException, generation: int
+    ) -> None:
+        """A statement on a pooled connection failed: DatabaseUnavailable when the connection
+        is gone; else the error was the statement's (a deadlock, a timeout), for the caller
+        to raise as it is."""
+        if not reachable(conn):
+            self._lost(exc, generation)
+            raise unavailable(self.dsn, exc) from None
 
     def _queue_for(self, job_type: str, queue: str | None) -> str | None:
         return self.registry.queue_of(job_type) if queue is None and self.registry is not None else queue

@@ -1,10 +1,10 @@
-"""The clients: `Queue` (sync) and `AsyncQueue`, for applications that enqueue and for
-scripts that operate the queue. Each holds a small pool of connections that it checks before
+"""The clients: `Client` (sync) and `AsyncClient`, for applications that enqueue and for
+scripts that operate on jobs. Each holds a small pool of connections that it checks before
 use. While the database is away every call fails at once with DatabaseUnavailable, and once
 it is back a new pool serves (reach.py).
 
-    queue = Queue("postgresql://localhost/app")
-    job_id = queue.enqueue("email.send", {"user_id": 42}, key="welcome:42")
+    client = Client("postgresql://localhost/app")
+    job_id = client.enqueue("email.send", {"user_id": 42}, key="welcome:42")
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
@@ -25,7 +25,7 @@ from jobtui.clients.base import (
     check_schema,
     job_filter,
     migrate_schema,
-    reachable,
+    renamed,
 )
 from jobtui.clients.reach import WAIT_SLICE, reporting_connection
 from jobtui.core import actions
@@ -42,12 +42,10 @@ from jobtui.core.claims import (
     release_call,
 )
 from jobtui.core.jobs import EnqueueOptions, enqueue, enqueue_many, get_job_call
-from jobtui.core.middleware import EnqueueHook, entered
-from jobtui.core.registry import Jobs
-from jobtui.kernel.db import Call, run, unavailable
+from jobtui.core.middleware import entered
+from jobtui.kernel.db import Call, run
 from jobtui.kernel.domain import (
     DEFAULT_LEASE_SECONDS,
-    DEFAULT_SCHEMA,
     ClaimedJob,
     FailOutcome,
     Failure,
@@ -60,7 +58,7 @@ from jobtui.kernel.jobfilter import JobFilter
 from jobtui.reads.deadletters import check_regex, dead_matching, matching_ids
 from jobtui.reads.jobquery import JobCount, JobSummary, SearchResult, counts_call, jobs_call, query, search
 
-__all__ = ["DEFAULT_CLIENT_TIMEOUT", "Queue", "check_schema", "migrate_schema"]
+__all__ = ["DEFAULT_CLIENT_TIMEOUT", "Client", "check_schema", "migrate_schema"]
 
 T = TypeVar("T")
 
@@ -95,35 +93,16 @@ def _autocommitted(conn: psycopg.Connection[Any], fn: Callable[[], T]) -> T:
             conn.autocommit = False
 
 
-class Queue(ClientBase):
-    """The sync client: enqueue from application code, operate the queue from scripts.
+class Client(ClientBase):
+    """The sync client: enqueue from application code, operate on jobs from scripts.
 
-    queue = jobtui.Queue(dsn)
-    queue.enqueue("email.send", {"user_id": 42}, key="welcome:42")
-    with psycopg.connect(dsn) as conn:      # the job commits with this transaction
-        queue.enqueue("email.send", {"user_id": 43}, conn=conn)
+    client = jobtui.Client(dsn)
+    client.enqueue("email.send", {"user_id": 42}, key="welcome:42")
+    with psycopg.connect(dsn) as conn:     # the job commits with this transaction
+        client.enqueue("email.send", {"user_id": 43}, conn=conn)
     """
 
-    def __init__(
-        self,
-        dsn: str | None = None,
-        *,
-        schema: str = DEFAULT_SCHEMA,
-        max_connections: int = 4,
-        timeout: float = DEFAULT_CLIENT_TIMEOUT,
-        middleware: Sequence[EnqueueHook] = (),
-        pooler: str | None = None,
-        jobs: Jobs | None = None,
-    ) -> None:
-        super().__init__(
-            dsn,
-            schema=schema,
-            max_connections=max_connections,
-            timeout=timeout,
-            middleware=middleware,
-            pooler=pooler,
-            jobs=jobs,
-        )
+    def _no_pool(self) -> None:
         self._pool: ConnectionPool[Any] | None = None
         self._pool_lock = threading.RLock()
 
@@ -158,17 +137,11 @@ class Queue(ClientBase):
             self._checked_slowly(began, exc, generation)
             raise
 
-    def _lost(self, exc: BaseException, generation: int | None = None) -> None:
-        """The database is unreachable: the pool goes (closed in the background, which fails
-        the calls waiting for it at once), and calls fail at once until it answers again.
-        A failure of an older pool's connection says nothing of the database now."""
-        if generation is not None and generation != self._pool_generation:
-            return
-        if self._reach.failed(exc):
-            with self._pool_lock:
-                pool, self._pool = self._pool, None
-            if pool is not None:
-                _close_later(pool)
+    def _drop_pool(self) -> None:
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            _close_later(pool)
 
     def close(self) -> None:
         self._reach.close()
@@ -177,7 +150,7 @@ class Queue(ClientBase):
         if pool is not None:
             pool.close()
 
-    def __enter__(self) -> Queue:
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -193,30 +166,21 @@ class Queue(ClientBase):
                 try:
                     return fn(pooled)
                 except psycopg.OperationalError as exc:
-                    if reachable(pooled):
-                        raise  # about the statement (a deadlock, a timeout), not the server
-                    self._lost(exc, generation)
-                    raise unavailable(self.dsn, exc) from None
+                    self._failed_on(pooled, exc, generation)
+                    raise
         finally:
             pool.putconn(pooled)
 
     def _getconn(self, pool: ConnectionPool[Any], generation: int) -> psycopg.Connection[Any]:
-        """A connection of `pool` within the client's timeout; DatabaseUnavailable within
-        WAIT_SLICE of the client turning down meanwhile (the pool does not tell its waiters)."""
+        """A connection of `pool` within the client's timeout (see `_not_got`)."""
         deadline = time.monotonic() + self.timeout
         while True:
             left = deadline - time.monotonic()
             try:
                 got: psycopg.Connection[Any] = pool.getconn(timeout=max(0.001, min(WAIT_SLICE, left)))
                 return got
-            except PoolTimeout as exc:
-                self._reach.check()
-                if left <= WAIT_SLICE:
-                    self._lost(exc, generation)
-                    raise unavailable(self.dsn, exc, waited=self.timeout) from None
-            except PoolClosed as exc:  # dropped while this call waited: the database went away
-                self._reach.check()
-                raise unavailable(self.dsn, exc) from None
+            except (PoolTimeout, PoolClosed) as exc:
+                self._not_got(exc, left, generation)
 
     def run(self, call: Call[T], conn: object | None = None) -> T:
         """Run any `Call` (in `conn`'s transaction when given, else in its own)."""
@@ -421,3 +385,11 @@ class Queue(ClientBase):
     def audit(self, limit: int = 100) -> list[AuditEntry]:
         """The newest operator actions first."""
         return self.run(audit_list_call(limit))
+
+
+if TYPE_CHECKING:
+    Queue = Client  # the name of 0.2.0, deprecated (see jobtui/__init__.py)
+else:
+
+    def __getattr__(name: str) -> type[ClientBase]:
+        return renamed(__name__, name, {"Queue": Client})

@@ -1,4 +1,4 @@
-"""Whether the database answers, as a client (`Queue`, `AsyncQueue`) sees it, and its pools
+"""Whether the database answers, as a client (`Client`, `AsyncClient`) sees it, and its pools
 of connections from one outage to the next.
 
 A call that finds the database unreachable (a connection refused or reset, a socket gone

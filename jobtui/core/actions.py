@@ -2,7 +2,7 @@
 error come from `reads/deadletters.py`).
 
 Each runs on a connection through `audit.operate`: the change and its audit row in one
-transaction. The clients (`Queue.requeue` and the others), and through them the console and
+transaction. The clients (`Client.requeue` and the others), and through them the console and
 the CLI, call these.
 """
 

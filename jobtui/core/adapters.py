@@ -5,7 +5,7 @@ application's own rows. Neither library is imported unless such an object is pas
 
     with Session(engine) as session, session.begin():
         session.add(User(name="ada"))
-        queue.enqueue("email.welcome", {"name": "ada"}, conn=session)
+        client.enqueue("email.welcome", {"name": "ada"}, conn=session)
 """
 
 from __future__ import annotations

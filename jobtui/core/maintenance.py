@@ -12,7 +12,7 @@ no job can.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import psycopg
@@ -58,15 +58,7 @@ class Retention:
     key: float = DEFAULT_KEY_RETENTION
 
     def payload(self) -> dict[str, Any]:
-        return {
-            "done": self.done,
-            "dead": self.dead,
-            "archive": self.archive,
-            "delete_done": self.delete_done,
-            "effect": self.effect,
-            "audit": self.audit,
-            "key": self.key,
-        }
+        return asdict(self)
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> Retention:

@@ -5,18 +5,11 @@ manager). What comes before `yield` runs before the handler (or the insert), wha
 after runs once it returned; an exception it raised is raised at the `yield`, so a hook
 can time, set a context variable, or report errors and re-raise. The first hook registered
 is the outermost. Handler hooks are sync code for sync and async handlers alike: for a sync
-handler they run in its thread, for an async one on the worker's loop.
-
-    @jobs.middleware
-    def timed(job: jobtui.Job) -> Iterator[None]:
-        started = time.monotonic()
-        try:
-            yield
-        finally:
-            log.info("%s took %.3fs", job.type, time.monotonic() - started)
+handler they run in its thread, for an async one on the worker's loop. examples/middleware.py
+(shown in docs/integrations.md) times attempts, sets a tenant and reports errors.
 
 An enqueue hook gets the `NewJob` and may yield another one in its place (a payload with a
-tenant added, say): `Queue(dsn, middleware=[tenant])`. A worker without handler hooks or
+tenant added, say): `Client(dsn, middleware=[tenant])`. A worker without handler hooks or
 payload models runs its handlers as they are: nothing here costs it anything.
 """
 

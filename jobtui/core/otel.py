@@ -8,7 +8,7 @@
   opentelemetry is installed: a no-op until an SDK is configured.
 
     jobs = otel.instrument(jobtui.Jobs())
-    queue = jobtui.Queue(dsn, middleware=[otel.trace_enqueue])
+    client = jobtui.Client(dsn, middleware=[otel.trace_enqueue])
 
 Without the extra nothing here is imported by the worker or the clients, and an action's
 span is a `nullcontext`.

@@ -12,7 +12,7 @@ restarts. Each change runs with its audit row in one transaction (`audit.operate
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import psycopg
 
@@ -26,6 +26,7 @@ from jobtui.kernel.rates import check_rate
 Kind = Literal["queue", "type"]
 KINDS: tuple[Kind, ...] = ("queue", "type")
 MAX_LIMIT = 1_000_000  # as the table's check says
+V = TypeVar("V")
 
 
 def check_name(kind: str, name: str) -> str:
@@ -85,13 +86,33 @@ def resume(
 
 
 @dataclass(frozen=True, slots=True)
-class LimitChange:
-    changed: bool
-    was: int | None  # the limit found: the one replaced, or (not changed) the one set meanwhile
+class LeverChange(Generic[V]):
+    """A fenced change of a limit or a rate: whether it was written, and the value found (the
+    one replaced, or, not changed, the one set meanwhile)."""
 
-    @classmethod
-    def of(cls, row: dict[str, Any]) -> LimitChange:
-        return cls(bool(row["changed"]), row["was"])
+    changed: bool
+    was: V | None
+
+
+def _set_lever(
+    conn: psycopg.Connection[Any],
+    statement: str,
+    params: dict[str, Any],
+    audit: Audit,
+    detail: dict[str, Any],
+    schema: str,
+) -> LeverChange[Any]:
+    """Run a limit's or a rate's statement with its audit row, which records the value it
+    replaced beside `detail`."""
+    params = {**params, "actor": check_text(audit.actor, "actor"), "channel": statements(schema).channel}
+    call = Call(statement, params, lambda rows: _change_of(rows.dicts()[0]))
+    return operate(
+        conn, call, audit, lambda change: Recorded(int(change.changed), detail={**detail, "was": change.was}), schema
+    )
+
+
+def _change_of(row: dict[str, Any]) -> LeverChange[Any]:
+    return LeverChange(bool(row["changed"]), row["was"])
 
 
 def set_limit(
@@ -103,38 +124,15 @@ def set_limit(
     expected: int | None = None,
     fenced: bool = False,
     schema: str = DEFAULT_SCHEMA,
-) -> LimitChange:
+) -> LeverChange[int]:
     """Cap how many jobs of queue `name` run at once across every worker (None: no cap).
 
     With `fenced`, only when its limit is still `expected` (what the operator saw). Audited,
     with the limit it replaced.
     """
-    params = {
-        "name": check_queue(name),
-        "limit": check_limit(limit),
-        "expected": expected,
-        "fenced": fenced,
-        "actor": check_text(actor, "actor"),
-        "channel": statements(schema).channel,
-    }
-    call = Call("queue_limit_set", params, lambda rows: LimitChange.of(rows.dicts()[0]))
-    return operate(
-        conn,
-        call,
-        Audit(actor, "queue-limit", f"queue {name}"),
-        lambda change: Recorded(int(change.changed), detail={"limit": limit, "was": change.was}),
-        schema,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class RateChange:
-    changed: bool
-    was: float | None
-
-    @classmethod
-    def of(cls, row: dict[str, Any]) -> RateChange:
-        return cls(bool(row["changed"]), row["was"])
+    params = {"name": check_queue(name), "limit": check_limit(limit), "expected": expected, "fenced": fenced}
+    audit = Audit(actor, "queue-limit", f"queue {name}")
+    return _set_lever(conn, "queue_limit_set", params, audit, {"limit": limit}, schema)
 
 
 def set_rate(
@@ -147,24 +145,11 @@ def set_rate(
     expected: float | None = None,
     fenced: bool = False,
     schema: str = DEFAULT_SCHEMA,
-) -> RateChange:
+) -> LeverChange[float]:
     """Let at most `rate` jobs per second of queue or type `name` be claimed, across every
     worker (None: no rate). With `fenced`, only when its rate is still `expected` (what the
     operator saw). Audited."""
-    params = {
-        "kind": kind,
-        "name": check_name(kind, name),
-        "rate": check_rate(rate),
-        "expected": expected,
-        "fenced": fenced,
-        "actor": check_text(actor, "actor"),
-        "channel": statements(schema).channel,
-    }
-    call = Call("queue_rate_set", params, lambda rows: RateChange.of(rows.dicts()[0]))
-    return operate(
-        conn,
-        call,
-        Audit(actor, f"{kind}-rate", f"{kind} {name}"),
-        lambda change: Recorded(int(change.changed), detail={"rate_per_second": rate, "was": change.was}),
-        schema,
-    )
+    params = {"kind": kind, "name": check_name(kind, name), "rate": check_rate(rate)}
+    params |= {"expected": expected, "fenced": fenced}
+    audit = Audit(actor, f"{kind}-rate", f"{kind} {name}")
+    return _set_lever(conn, "queue_rate_set", params, audit, {"rate_per_second": rate}, schema)

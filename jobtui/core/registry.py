@@ -74,7 +74,7 @@ class Handler:
     # against it at enqueue and decoded into it for the handler (typed.py).
     payload: Any = None
     # The queue its jobs go to when enqueued through a client given this registry
-    # (Queue(dsn, jobs=jobs)) without a queue of their own; None: the default queue.
+    # (Client(dsn, jobs=jobs)) without a queue of their own; None: the default queue.
     queue: str | None = None
     # Where a sync handler runs (EXECUTORS); None: the worker's --executor.
     executor: str | None = None

@@ -10,7 +10,7 @@ model for the handler. Pydantic is never imported here: only the model's own
     def welcome(job: jobtui.Job) -> None:
         send(job.payload.user_id)                       # a Welcome
 
-    queue = jobtui.Queue(dsn, middleware=[jobtui.checked_payloads(jobs)])
+    client = jobtui.Client(dsn, middleware=[jobtui.checked_payloads(jobs)])
 """
 
 from __future__ import annotations

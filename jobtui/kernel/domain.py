@@ -43,7 +43,7 @@ class ClaimedJob:
 
     Treat it as read-only. It is not frozen because one is made per claimed job, and a
     frozen dataclass's __init__ costs several times as much. The worker's claims carry
-    their timestamps in UTC (its claiming session's zone), Queue.claim's in the session's.
+    their timestamps in UTC (its claiming session's zone), Client.claim's in the session's.
     """
 
     id: int
@@ -111,7 +111,7 @@ class NewJob:
     delay: float = 0.0
     max_attempts: int | None = None  # None: the handler's limit, set at the first claim
     meta: dict[str, Any] | None = None  # travels with the job to each attempt (Job.meta)
-    queue: str | None = None  # None: the handler's declared queue (Queue(jobs=...)), else DEFAULT_QUEUE
+    queue: str | None = None  # None: the handler's declared queue (Client(jobs=...)), else DEFAULT_QUEUE
 
 
 @dataclass(frozen=True, slots=True)

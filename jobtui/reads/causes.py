@@ -18,6 +18,7 @@ from jobtui.kernel.rates import rate_text
 from jobtui.reads.fleet import Process
 from jobtui.reads.metrics import TURN_KINDS
 from jobtui.reads.scene import Key, Scene, names, plural, secs
+from jobtui.reads.why import EXPIRY_WINDOW
 
 # Most likely first: what stops every claim, then what stops some, then what slows them.
 RANK = {
@@ -44,8 +45,8 @@ NOT_CLAIMING_POLLS = 10
 NOT_CLAIMING_MIN = 5.0
 # A claim running longer than this, or a lock waited for this long, holds the claims up.
 SLOW = 2.0
-# A lease expiry counts toward a crash loop for this long (why.EXPIRY_WINDOW).
-CRASH_MINUTES = 15
+# A lease expiry counts toward a crash loop as long as why.py reads them back.
+CRASH_MINUTES = round(EXPIRY_WINDOW / 60)
 # A limit or a rate suggested drains the backlog in this many minutes besides the arrivals.
 DRAIN_MINUTES = 15
 

@@ -1,10 +1,10 @@
 """The job query API: jobs by status, type, queue, age and error, newest first, a page
 at a time (keyset: pass the last id seen as `before`), and how many jobs there are by status
-and type. What `Queue.jobs` and `Queue.counts` run, and `jobtui jobs` prints.
+and type. What `Client.jobs` and `Client.counts` run, and `jobtui jobs` prints.
 
-    page = queue.jobs(status="dead", type="email.send", limit=50)
-    older = queue.jobs(status="dead", type="email.send", limit=50, before=page[-1].id)
-    depth = queue.count(status="ready", queue="email")
+    page = client.jobs(status="dead", type="email.send", limit=50)
+    older = client.jobs(status="dead", type="email.send", limit=50, before=page[-1].id)
+    depth = client.count(status="ready", queue="email")
 """
 
 from __future__ import annotations

@@ -115,12 +115,11 @@ def fleet_families(fleet: Fleet, lines: list[QueueLine], snap: Snapshot) -> Iter
     for job_type, due in sorted(unhandled_due(fleet, lines).items()):
         unhandled.add_metric([job_type], due)
     yield unhandled
-    unregistered = GaugeMetricFamily(
+    yield GaugeMetricFamily(
         "jobtui_unregistered_lease_holders",
         "Workers holding leases that never registered in the fleet (a release before the registry)",
+        value=sum(1 for h in holders(fleet, snap.running) if not h.lost),
     )
-    unregistered.add_metric([], sum(1 for h in holders(fleet, snap.running) if not h.lost))
-    yield unregistered
 
 
 def queue_families(lines: list[QueueLine]) -> Iterator[Metric]:
@@ -163,12 +162,11 @@ def queue_families(lines: list[QueueLine]) -> Iterator[Metric]:
 def forecast_families(snap: Snapshot, forecasts: dict[tuple[str, str], Forecast]) -> Iterator[Metric]:
     """Seconds until each due backlog drains, at the last minutes' pace: 0 when empty, NaN
     when it grows, holds steady, is stalled or has no flows recorded yet."""
-    every = GaugeMetricFamily(
+    yield GaugeMetricFamily(
         "jobtui_drain_seconds",
         "Seconds until the due ready jobs of every queue are gone at the last 5 minutes' pace (NaN: not draining)",
+        value=snap.forecast.seconds,
     )
-    every.add_metric([], snap.forecast.seconds)
-    yield every
     each = GaugeMetricFamily(
         "jobtui_queue_drain_seconds",
         "Seconds until the queue's or job type's due ready jobs are gone at the last 5 minutes' pace (NaN: not"
@@ -201,22 +199,21 @@ def families(snap: Snapshot) -> Iterator[Metric]:
             jobs.add_metric([status, t.type], value)
     yield age
     yield jobs
-    overall = GaugeMetricFamily("jobtui_oldest_ready_age_max_seconds", "The oldest due ready job's wait, any type")
-    overall.add_metric([], snap.oldest_ready_age or 0.0)
-    yield overall
-    exact = GaugeMetricFamily(
+    yield GaugeMetricFamily(
+        "jobtui_oldest_ready_age_max_seconds",
+        "The oldest due ready job's wait, any type",
+        value=snap.oldest_ready_age or 0.0,
+    )
+    yield GaugeMetricFamily(
         "jobtui_ready_exact",
         "1 when the ready jobs were counted; 0 when too many to count on every scrape, and jobtui_jobs{status=ready}"
         " and jobtui_queue_jobs{status=ready} are estimates",
+        value=1 if snap.ready_estimate is None else 0,
     )
-    exact.add_metric([], 1 if snap.ready_estimate is None else 0)
-    yield exact
-    done = GaugeMetricFamily("jobtui_jobs_done_estimate", "Done jobs in the queue table (planner estimate)")
-    done.add_metric([], snap.done_estimate)
-    yield done
-    per_minute = GaugeMetricFamily("jobtui_done_last_minute", "Jobs done in the last 60 seconds")
-    per_minute.add_metric([], snap.done_last_minute)
-    yield per_minute
+    yield GaugeMetricFamily(
+        "jobtui_jobs_done_estimate", "Done jobs in the queue table (planner estimate)", value=snap.done_estimate
+    )
+    yield GaugeMetricFamily("jobtui_done_last_minute", "Jobs done in the last 60 seconds", value=snap.done_last_minute)
     # The attempts distribution, per type, in the buckets `jobtui stats` shows: one per number
     # of attempts used (they are few: max_attempts bounds them, most jobs take one).
     attempts = GaugeMetricFamily(
@@ -229,12 +226,12 @@ def families(snap: Snapshot) -> Iterator[Metric]:
             for used, count in buckets.items():
                 attempts.add_metric([status, job_type, str(used)], count)
     yield attempts
-    expirations = CounterMetricFamily("jobtui_lease_expirations", "Leases the reaper found expired")
-    expirations.add_metric([], snap.lease_expirations_total)
-    yield expirations
-    expired_now = GaugeMetricFamily("jobtui_expired_leases", "Running jobs whose lease expired, not yet reaped")
-    expired_now.add_metric([], snap.expired_leases)
-    yield expired_now
+    yield CounterMetricFamily(
+        "jobtui_lease_expirations", "Leases the reaper found expired", value=snap.lease_expirations_total
+    )
+    yield GaugeMetricFamily(
+        "jobtui_expired_leases", "Running jobs whose lease expired, not yet reaped", value=snap.expired_leases
+    )
     missed = CounterMetricFamily(
         "jobtui_missed_slots",
         "Schedule slots handled past their grace (no scheduler ran), fired late or not",
@@ -266,11 +263,11 @@ def families(snap: Snapshot) -> Iterator[Metric]:
         longest.add_metric([kind], snap.longest_lock_wait_by_kind.get(kind, 0.0))
     yield waits
     yield longest
-    xact = GaugeMetricFamily(
-        "jobtui_oldest_transaction_age_seconds", "Age of the oldest open transaction (holds back vacuum)"
+    yield GaugeMetricFamily(
+        "jobtui_oldest_transaction_age_seconds",
+        "Age of the oldest open transaction (holds back vacuum)",
+        value=snap.oldest_xact_age or 0.0,
     )
-    xact.add_metric([], snap.oldest_xact_age or 0.0)
-    yield xact
     dead_tuples = GaugeMetricFamily("jobtui_table_dead_tuples", "Dead tuples awaiting vacuum", labels=["table"])
     live_tuples = GaugeMetricFamily("jobtui_table_live_tuples", "Live tuples", labels=["table"])
     for table in snap.tables:
@@ -278,15 +275,15 @@ def families(snap: Snapshot) -> Iterator[Metric]:
         live_tuples.add_metric([table.table], table.live_rows)
     yield dead_tuples
     yield live_tuples
-    standby = GaugeMetricFamily("jobtui_standby", "1 when the figures are read on a hot standby")
-    standby.add_metric([], 1 if snap.standby else 0)
-    yield standby
+    yield GaugeMetricFamily(
+        "jobtui_standby", "1 when the figures are read on a hot standby", value=1 if snap.standby else 0
+    )
     if snap.standby and snap.replay_lag is not None:
-        lag = GaugeMetricFamily(
-            "jobtui_standby_replay_lag_seconds", "How far the standby's figures are behind the primary's"
+        yield GaugeMetricFamily(
+            "jobtui_standby_replay_lag_seconds",
+            "How far the standby's figures are behind the primary's",
+            value=snap.replay_lag,
         )
-        lag.add_metric([], snap.replay_lag)
-        yield lag
 
 
 class WorkerCollector(Collector):
@@ -305,9 +302,9 @@ def pool_families(pool: Any) -> Iterator[Metric]:
     if pool is None:
         return
     counts = pool.counts
-    started = CounterMetricFamily("jobtui_worker_children_started", "Handler processes this worker started")
-    started.add_metric([], counts.started)
-    yield started
+    yield CounterMetricFamily(
+        "jobtui_worker_children_started", "Handler processes this worker started", value=counts.started
+    )
     for name, help_text, counter in (
         ("recycled", "Handler processes replaced after --max-jobs-per-child jobs or over --max-memory-per-child"
          " between jobs, by reason (jobs, memory)", counts.recycled),

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from jobtui.clients.client import Queue
+from jobtui.clients.client import Client
 from jobtui.core import jobs
 from jobtui.core.claims import claim_call
 from jobtui.core.middleware import prepared
@@ -85,20 +85,20 @@ def _handler(jobs: Jobs, job_type: str) -> Handler:
     return handler
 
 
-async def _attempt(queue: Queue, handler: Handler, claimed: ClaimedJob) -> Ran:
-    job = Job(claimed, "jobtui.testing", queue.schema)
+async def _attempt(client: Client, handler: Handler, claimed: ClaimedJob) -> Ran:
+    job = Job(claimed, "jobtui.testing", client.schema)
     flight = InFlight(job, claimed, time.monotonic(), None)
     outcome, error, delay = await run_handler(handler, flight, lambda h, j: backoff_delay(j.attempt, h.backoff))
     lease = claimed.lease
     if outcome is Outcome.COMPLETE:
-        queue.complete([lease])
+        client.complete([lease])
     elif outcome is Outcome.PERMANENT:
-        queue.fail_permanently([lease], [error])
+        client.fail_permanently([lease], [error])
     elif outcome in (Outcome.FAIL, Outcome.TIMEOUT):
-        queue.fail([Failure(lease, error, delay)])
+        client.fail([Failure(lease, error, delay)])
     else:
-        queue.release([lease], [delay], kinds=[outcome.value], reasons=[error])
-    row = queue.get(claimed.id)
+        client.release([lease], [delay], kinds=[outcome.value], reasons=[error])
+    row = client.get(claimed.id)
     assert row is not None
     return Ran(outcome.value, error, row)
 
@@ -106,14 +106,14 @@ async def _attempt(queue: Queue, handler: Handler, claimed: ClaimedJob) -> Ran:
 async def arun_job(jobs: Jobs, dsn: str, job_type: str, payload: Any = None, *, schema: str = DEFAULT_SCHEMA) -> Ran:
     """Enqueue a job, claim it and run its handler here, writing its outcome as a worker does."""
     handler = _handler(jobs, job_type)
-    with Queue(dsn, schema=schema) as queue:
-        job_id = queue.enqueue(job_type, payload, run_at=FIRST)
+    with Client(dsn, schema=schema) as client:
+        job_id = client.enqueue(job_type, payload, run_at=FIRST)
         limits = {job_type: handler.max_attempts}  # as a worker claims: the handler's limit
-        claimed = queue.run(claim_call([job_type], worker="jobtui.testing", limit=1, lease=3600, max_attempts=limits))
+        claimed = client.run(claim_call([job_type], worker="jobtui.testing", limit=1, lease=3600, max_attempts=limits))
         if [c.id for c in claimed] != [job_id]:
-            queue.release([c.lease for c in claimed])
+            client.release([c.lease for c in claimed])
             raise AssertionError(f"job {job_id} was not claimed first: another {job_type!r} job was due before 1970")
-        return await _attempt(queue, handler, claimed[0])
+        return await _attempt(client, handler, claimed[0])
 
 
 def run_job(jobs: Jobs, dsn: str, job_type: str, payload: Any = None, *, schema: str = DEFAULT_SCHEMA) -> Ran:
@@ -127,13 +127,13 @@ async def adrain(jobs: Jobs, dsn: str, *, schema: str = DEFAULT_SCHEMA, limit: i
     handlers = prepared(jobs).handlers
     limits = {t: h.max_attempts for t, h in handlers.items()}
     ran: list[Ran] = []
-    with Queue(dsn, schema=schema) as queue:
+    with Client(dsn, schema=schema) as client:
         while len(ran) < limit:
             call = claim_call(list(handlers), worker="jobtui.testing", limit=1, lease=3600, max_attempts=limits)
-            claimed = queue.run(call)
+            claimed = client.run(call)
             if not claimed:
                 break
-            ran.append(await _attempt(queue, handlers[claimed[0].type], claimed[0]))
+            ran.append(await _attempt(client, handlers[claimed[0].type], claimed[0]))
     return ran
 
 

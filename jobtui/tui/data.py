@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from jobtui.clients.client import Queue
+from jobtui.clients.client import Client
 from jobtui.core import scheduler as schedules
 from jobtui.core.jobs import get_job_call
 from jobtui.core.members import Action, OrderResult, Target, give_order
@@ -263,20 +263,20 @@ class Actions:
         self.schema = schema
         self.actor = actor
         self.pooler = pooler
-        self._queue = Queue(dsn, schema=schema, max_connections=2, pooler=pooler)
+        self._client = Client(dsn, schema=schema, max_connections=2, pooler=pooler)
 
     def requeue_jobs(self, ids: list[int]) -> int:
-        return len(self._queue.requeue(ids, actor=self.actor))
+        return len(self._client.requeue(ids, actor=self.actor))
 
     def requeue_group(self, status: str, job_type: str, fingerprint: str, ids: list[int]) -> int:
         """Requeue exactly `ids` of the group (those still in it); how many moved."""
-        return len(self._queue.requeue_dead_group(status, job_type, fingerprint or None, actor=self.actor, ids=ids))
+        return len(self._client.requeue_dead_group(status, job_type, fingerprint or None, actor=self.actor, ids=ids))
 
     def kill_lease(self, job_id: int) -> int:
-        return len(self._queue.kill_lease([job_id], actor=self.actor))
+        return len(self._client.kill_lease([job_id], actor=self.actor))
 
     def cancel(self, job_id: int) -> int:
-        return len(self._queue.cancel([job_id], actor=self.actor))
+        return len(self._client.cancel([job_id], actor=self.actor))
 
     def pause_schedule(self, name: str) -> bool:
         with self._connect() as conn:
@@ -300,4 +300,4 @@ class Actions:
         return connect(self.dsn, autocommit=True, pooler=self.pooler)
 
     def close(self) -> None:
-        self._queue.close()
+        self._client.close()

@@ -2,7 +2,7 @@
 sleeping and hoping.
 
     seen = worker.events.expect("completed", ids=[job_id])   # before what makes it happen
-    queue.enqueue(...)
+    client.enqueue(...)
     await seen.wait(10)                                        # TimeoutError naming what is missing
 
 The parts tell every event (`claimed`, `idle`, `heartbeat`, `completed`, `failed`, `dead`,

@@ -27,14 +27,13 @@ from collections.abc import Callable, Iterable
 import psycopg
 
 from jobtui.core.claims import heartbeat_beat_call
-from jobtui.kernel.db import first_line
 from jobtui.kernel.errors import DatabaseUnavailable
 from jobtui.kernel.link import Connection, Link
 from jobtui.kernel.server import now_call
 from jobtui.worker.config import Timing
 from jobtui.worker.events import Events
 from jobtui.worker.executor import ASYNC, PROCESS, THREAD, InFlight
-from jobtui.worker.producer import Denied
+from jobtui.worker.producer import Denied, round_failed
 
 log = logging.getLogger("jobtui.worker")
 
@@ -115,11 +114,8 @@ class Heartbeater:
                 await self.beat(answer=link.heartbeat_due)
             except (psycopg.OperationalError, DatabaseUnavailable):
                 continue  # the link is down: the heartbeat is due again once the database is back
-            except psycopg.errors.InsufficientPrivilege as exc:
-                self._denied(exc, "the heartbeat")
-                continue
             except psycopg.Error as exc:
-                log.warning("heartbeat failed: %s", first_line(exc))
+                round_failed(exc, self._denied, "the heartbeat")
                 continue
             link.opened(generation)
 

@@ -20,6 +20,18 @@ from jobtui.worker.events import Events
 log = logging.getLogger("jobtui.worker")
 
 Denied = Callable[[psycopg.errors.InsufficientPrivilege, str], None]
+
+
+def round_failed(exc: psycopg.Error, denied: Denied, doing: str) -> None:
+    """A statement of a loop's round failed, not for want of the database: a missing
+    privilege stops the worker (`denied`, told what it was `doing`), which will not fix itself;
+    another error is logged, and the next round tries again."""
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        denied(exc, doing)
+    else:
+        log.warning("%s failed: %s", doing, first_line(exc))
+
+
 # The shortest wait after an empty claim that followed claims that found jobs.
 QUIET_FIRST = 0.05
 
@@ -60,42 +72,33 @@ class Producer:
     def __init__(
         self, claiming: Claiming, starting: Starting, *, stopping: asyncio.Event, denied: Denied, events: Events
     ) -> None:
-        self._conn = claiming.conn
-        self._turn = claiming.turn
-        self._schema = claiming.schema
-        self._claim = claiming.claim
-        self._answered = claiming.answered
-        self._unanswered = claiming.unanswered
+        self._claiming = claiming
+        self._starting = starting
         self._answer_lost = False  # a claim was sent and its connection broke before the answer
-        self._room = starting.room
-        self._start = starting.start
-        self._lease = claiming.lease
-        self._poll_interval = claiming.poll_interval
         # How long to wait after a claim that found nothing: short right after claims that
         # found jobs, doubling up to the poll interval. A rated queue or type (migration
         # 0013) gains tokens with time and no event says so; a worker that waited the whole
         # poll after each empty claim would take at most its free slots per poll interval.
         self._quiet = claiming.poll_interval
-        self._kick = starting.kick
         self._stopping = stopping
         self._denied = denied
         self._events = events
 
     async def run(self) -> None:
         while not self._stopping.is_set():
-            free = self._room()
+            free = self._starting.room()
             if free <= 0:
-                self._kick.clear()
+                self._starting.kick.clear()
                 await self._wait_kick()
                 continue
             # Clear before claiming: a notification arriving during the claim sets it again.
-            self._kick.clear()
-            async with self._turn:
+            self._starting.kick.clear()
+            async with self._claiming.turn:
                 try:
                     if self._answer_lost:
                         await self._give_back_unanswered()
-                    claimed, sent = await self._conn.run_timed(
-                        self._claim(free), self._schema, self._stopping, retry=False
+                    claimed, sent = await self._claiming.conn.run_timed(
+                        self._claiming.claim(free), self._claiming.schema, self._stopping, retry=False
                     )
                 except psycopg.OperationalError:
                     # The claim may have committed without its answer reaching us.
@@ -111,12 +114,12 @@ class Producer:
                     failed = True
                 else:
                     failed = False
-                    if self._answered is not None:
-                        self._answered()
+                    if self._claiming.answered is not None:
+                        self._claiming.answered()
                     # The lease runs from the database's now(), which is no earlier than the send.
-                    lease_until = sent + self._lease
+                    lease_until = sent + self._claiming.lease
                     for job in claimed:
-                        self._start(job, lease_until)
+                        self._starting.start(job, lease_until)
                     if self._events.watched:
                         # "idle": the claim found nothing, the loop waits for a wake-up next.
                         self._events.tell("claimed" if claimed else "idle", [job.id for job in claimed])
@@ -124,14 +127,14 @@ class Producer:
                 await self._wait_kick()
                 continue
             if claimed:
-                self._quiet = max(QUIET_FIRST, self._poll_interval / 10)
+                self._quiet = max(QUIET_FIRST, self._claiming.poll_interval / 10)
             if len(claimed) < free:
                 await self._wait_kick(None if claimed else self._quiet)
                 if not claimed:
-                    self._quiet = min(self._poll_interval, self._quiet * 2)
+                    self._quiet = min(self._claiming.poll_interval, self._quiet * 2)
 
     async def _give_back_unanswered(self) -> None:
-        released = await self._conn.run(self._unanswered(), self._schema, self._stopping)
+        released = await self._claiming.conn.run(self._claiming.unanswered(), self._claiming.schema, self._stopping)
         self._answer_lost = False
         if released:
             log.warning(
@@ -140,4 +143,6 @@ class Producer:
 
     async def _wait_kick(self, timeout: float | None = None) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._kick.wait(), min(self._poll_interval, timeout or self._poll_interval))
+            await asyncio.wait_for(
+                self._starting.kick.wait(), min(self._claiming.poll_interval, timeout or self._claiming.poll_interval)
+            )

@@ -19,12 +19,11 @@ from datetime import datetime, timedelta
 import psycopg
 
 from jobtui.core.claims import reap_round_call
-from jobtui.kernel.db import first_line
 from jobtui.kernel.domain import FailOutcome, JobStatus
 from jobtui.kernel.link import Connection
 from jobtui.worker.config import Timing
 from jobtui.worker.events import Events
-from jobtui.worker.producer import Denied
+from jobtui.worker.producer import Denied, round_failed
 
 log = logging.getLogger("jobtui.worker")
 
@@ -70,11 +69,8 @@ class Reaper:
             call = reap_round_call(previous if ready else None, continuity, own=self._own())
             try:
                 reaped = await self._conn.run(call, self._schema)
-            except psycopg.errors.InsufficientPrivilege as exc:
-                self._denied(exc, "reaping expired leases")
-                continue
             except psycopg.Error as exc:
-                log.warning("reap failed: %s", first_line(exc))
+                round_failed(exc, self._denied, "reaping expired leases")
                 continue
             if previous is None or (reaped.at - previous).total_seconds() >= continuity:
                 in_touch_since = reaped.at

@@ -1,4 +1,4 @@
-"""An application that enqueues in a loop through `Queue` and through `AsyncQueue` at once,
+"""An application that enqueues in a loop through `Client` and through `AsyncClient` at once,
 until its stdin closes, printing one JSON line per call: which client, when the call began
 and ended (this machine's monotonic clock, the same in every network namespace), and how it
 went (the exception's type and first line when it failed).
@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from jobtui import AsyncQueue, Queue
+from jobtui import AsyncClient, Client
 
 _print_lock = threading.Lock()
 
@@ -32,28 +32,28 @@ def _say(client: str, began: float, exc: BaseException | None) -> None:
 
 
 def _sync_loop(dsn: str, gap: float, stop: threading.Event) -> None:
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         while not stop.is_set():
             began = time.monotonic()
             try:
                 queue.enqueue("client.loop", {"client": "sync"})
             except Exception as exc:
-                _say("Queue", began, exc)
+                _say("Client", began, exc)
             else:
-                _say("Queue", began, None)
+                _say("Client", began, None)
             stop.wait(gap)
 
 
 async def _async_loop(dsn: str, gap: float, stop: threading.Event) -> None:
-    async with AsyncQueue(dsn) as queue:
+    async with AsyncClient(dsn) as queue:
         while not stop.is_set():
             began = time.monotonic()
             try:
                 await queue.enqueue("client.loop", {"client": "async"})
             except Exception as exc:
-                _say("AsyncQueue", began, exc)
+                _say("AsyncClient", began, exc)
             else:
-                _say("AsyncQueue", began, None)
+                _say("AsyncClient", began, None)
             await asyncio.sleep(gap)
 
 

@@ -360,11 +360,11 @@ def test_the_why_view_in_the_browser_names_the_pause_and_goes_to_its_fix(
     """The Why pane is the console's: a link `/?open=why` opens it in the browser, it names
     what holds the queue (a pause, by whom, with its audit row) and the key that fixes it, and
     enter goes to the queue's line in the Queues pane."""
-    from jobtui import Queue
+    from jobtui import Client
     from jobtui.core import queues
 
     _, dsn = database
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         for _ in range(3):
             q.enqueue("report.build", {}, queue="reports")
     with psycopg.connect(dsn) as conn:

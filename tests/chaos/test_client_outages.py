@@ -1,4 +1,4 @@
-"""An application enqueueing through `Queue` and `AsyncQueue` in a loop (tests/apps/enqueue_loop.py)
+"""An application enqueueing through `Client` and `AsyncClient` in a loop (tests/apps/enqueue_loop.py)
 while PostgreSQL is stopped for 30 s, and while it is cut off silently: every failed enqueue is
 a DatabaseUnavailable raised within the dead-socket bound (at once while the outage is known),
 and enqueues succeed again within 2 s of the database's return, without the application doing
@@ -24,7 +24,7 @@ from tests.cluster import LocalCluster
 from tests.netns import Topology
 from tests.waits import wait_until
 
-CLIENTS = ("Queue", "AsyncQueue")
+CLIENTS = ("Client", "AsyncClient")
 BACK_WITHIN = 2.0
 # A call that finds the outage waits at most the dead-socket bound (a silent one); the load
 # of a shared machine gets a second more.

@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import AsyncQueue, DatabaseUnavailable, NewJob, Queue
+from jobtui import AsyncClient, Client, DatabaseUnavailable, NewJob
 from jobtui.core.jobs import enqueue, enqueue_call
 from jobtui.kernel import migrate
 from tests.chaos.app_workers import LEASE, Start
@@ -365,7 +365,7 @@ def test_pooled_clients_survive_the_server_dropping_their_connections(dsn: str, 
             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
 
-    with Queue(dsn, max_connections=2) as q:
+    with Client(dsn, max_connections=2) as q:
         q.enqueue("t")
         q.enqueue_many([])  # a second pooled connection may be open too
         drop_connections()
@@ -373,7 +373,7 @@ def test_pooled_clients_survive_the_server_dropping_their_connections(dsn: str, 
         assert q.enqueue("t") > 0
 
     async def async_side() -> None:
-        async with AsyncQueue(dsn, max_connections=2) as aq:
+        async with AsyncClient(dsn, max_connections=2) as aq:
             await aq.enqueue("t")
             drop_connections()
             assert await aq.enqueue("t") > 0
@@ -387,7 +387,7 @@ def test_every_client_call_fails_the_same_way_when_the_database_is_away(dsn: str
     proxy.cut()
     away = proxy.dsn(dsn)
     bulk = [NewJob("t") for _ in range(2000)]
-    with Queue(away, timeout=10) as q:
+    with Client(away, timeout=10) as q:
         for call in (lambda: q.enqueue("t"), lambda: q.enqueue_many(bulk)):
             began = time.monotonic()
             with pytest.raises(DatabaseUnavailable, match="cannot reach PostgreSQL"):
@@ -395,7 +395,7 @@ def test_every_client_call_fails_the_same_way_when_the_database_is_away(dsn: str
             assert time.monotonic() - began < 3
 
     async def async_side() -> None:
-        async with AsyncQueue(away, timeout=10) as aq:
+        async with AsyncClient(away, timeout=10) as aq:
             for call in (lambda: aq.enqueue("t"), lambda: aq.enqueue_many(bulk)):
                 began = time.monotonic()
                 with pytest.raises(DatabaseUnavailable, match="cannot reach PostgreSQL"):

@@ -28,7 +28,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import JobFilter, NewJob, Queue
+from jobtui import Client, JobFilter, NewJob
 from jobtui.core.bulk import Bulk
 from jobtui.core.jobs import enqueue, enqueue_call
 from tests.chaos.app_workers import LEASE, Start
@@ -180,7 +180,7 @@ def test_cancel_stops_a_sleeping_handler_process_within_two_seconds(
     job_id = enqueue(db, enqueue_call("sleeper", {"seconds": 60}))
     [run] = wait_until(lambda: runs(events, job_id), 15, "the handler to start", w.log)
     assert run.pid != w.pid and alive(run.pid)
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         cancelled_at = time.monotonic()
         assert queue.cancel([job_id], actor="test") == [job_id]
     wait_until(lambda: not alive(run.pid), 2, "the handler's process gone", w.log)
@@ -274,7 +274,7 @@ def test_handlers_that_kill_their_process_go_dead_with_their_reason_while_the_re
         enqueue(db, enqueue_call("hog", {"mib": 400})): "MemoryLimit: handler process went over "
         "--max-memory-per-child (",
     }
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         quick = queue.enqueue_many([NewJob("quick") for _ in range(300)])
     ids = [*deadly, *quick]
 
@@ -368,7 +368,7 @@ def test_a_job_claimed_again_waits_for_its_earlier_handler_on_the_same_worker(
     w = start("W", dsn, "--executor", executor, lease=30.0)
     job_id = enqueue(db, enqueue_call("sleeper", {"seconds": 4, "then": 0.1}))
     wait_until(lambda: runs(events, job_id), 15, "the handler to start", w.log)
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         # The job is ready again at once, and W (the only worker) claims it back at its next poll.
         assert queue.kill_lease([job_id], actor="test") == [job_id]
     wait_until(lambda: job_row(db, job_id)["status"] == "done", 30, "the job done", w.log)

@@ -14,7 +14,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import Session
 
-from jobtui import AsyncQueue, InvalidInput, NewJob, Queue
+from jobtui import AsyncClient, Client, InvalidInput, NewJob
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ def _jobs(dsn: str) -> list[tuple[str, str]]:
 
 def test_sqlalchemy_session_and_connection_share_the_transaction(dsn: str) -> None:
     engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn))
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         with Session(engine) as session:
             queue.enqueue("s", {"n": "session-rolled-back"}, conn=session)
             session.rollback()
@@ -48,7 +48,7 @@ async def test_sqlalchemy_async_connection(dsn: str) -> None:
         return await psycopg.AsyncConnection.connect(dsn)
 
     engine = create_async_engine("postgresql+psycopg://", async_creator=connect)
-    async with AsyncQueue(dsn) as queue, engine.connect() as conn:
+    async with AsyncClient(dsn) as queue, engine.connect() as conn:
         await queue.enqueue("a", {"n": "rolled-back"}, conn=conn)
         await conn.rollback()
         # Nothing but the job in this transaction: it must commit all the same.
@@ -59,10 +59,10 @@ async def test_sqlalchemy_async_connection(dsn: str) -> None:
 
 
 def test_a_connection_of_another_kind_is_one_clear_error(dsn: str) -> None:
-    with Queue(dsn) as queue, pytest.raises(InvalidInput, match="conn= takes a psycopg connection"):
+    with Client(dsn) as queue, pytest.raises(InvalidInput, match="conn= takes a psycopg connection"):
         queue.enqueue("x", {}, conn=object())
     engine = create_engine("sqlite://")
-    with engine.connect() as conn, Queue(dsn) as queue, pytest.raises(InvalidInput, match="psycopg 3"):
+    with engine.connect() as conn, Client(dsn) as queue, pytest.raises(InvalidInput, match="psycopg 3"):
         queue.enqueue("x", {}, conn=conn)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import Failure, NewJob, Queue
+from jobtui import Client, Failure, NewJob
 from jobtui.core import maintenance
 from jobtui.core.maintenance import ARCHIVE_TYPE, BATCH, Retention, Swept, sweep
 from jobtui.core.registry import Job, Jobs
@@ -50,7 +50,7 @@ def age(conn: Conn, ids: list[int], interval: str) -> None:
     )
 
 
-def make_done(q: Queue, n: int, job_type: str = "t", *, fail_first: bool = False) -> list[int]:
+def make_done(q: Client, n: int, job_type: str = "t", *, fail_first: bool = False) -> list[int]:
     ids = [q.enqueue(job_type, {"n": i, "text": "é"}, key=f"{job_type}-{i}", max_attempts=5) for i in range(n)]
     claimed = q.claim([job_type], worker="w1", limit=n)
     assert len(claimed) == n
@@ -64,11 +64,11 @@ def make_done(q: Queue, n: int, job_type: str = "t", *, fail_first: bool = False
 
 @pytest.fixture
 def queue(dsn: str) -> Any:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         yield q
 
 
-def test_sweep_archives_old_done_jobs_with_their_columns_and_leaves_the_rest(conn: Conn, queue: Queue) -> None:
+def test_sweep_archives_old_done_jobs_with_their_columns_and_leaves_the_rest(conn: Conn, queue: Client) -> None:
     old_done = make_done(queue, 3, "old") + make_done(queue, 2, "retried", fail_first=True)
     recent_done = make_done(queue, 2, "recent")
     ready = [queue.enqueue("waiting", {"i": i}) for i in range(2)]
@@ -102,7 +102,7 @@ def test_sweep_archives_old_done_jobs_with_their_columns_and_leaves_the_rest(con
     assert sweep(conn, Retention()) == Swept(0, 0, 0, 0)  # nothing left to do
 
 
-def test_delete_done_mode_deletes_instead_of_archiving(conn: Conn, queue: Queue) -> None:
+def test_delete_done_mode_deletes_instead_of_archiving(conn: Conn, queue: Client) -> None:
     old = make_done(queue, 4, "old")
     recent = make_done(queue, 1, "recent")
     age(conn, old, "25 hours")
@@ -112,7 +112,7 @@ def test_delete_done_mode_deletes_instead_of_archiving(conn: Conn, queue: Queue)
     assert ids_in(conn, "job_archive") == set()
 
 
-def test_short_retentions_and_old_archive_rows(conn: Conn, queue: Queue) -> None:
+def test_short_retentions_and_old_archive_rows(conn: Conn, queue: Client) -> None:
     done = make_done(queue, 3, "t")
     dead = [queue.enqueue("d", {}, max_attempts=1)]
     queue.fail([Failure(c.lease, "x", 0.0) for c in queue.claim(["d"], worker="w")])
@@ -152,7 +152,7 @@ def test_batches_are_bounded_and_one_run_stops_at_its_limit(conn: Conn, monkeypa
     assert newest == last
 
 
-def test_sweep_skips_locked_rows_instead_of_waiting(dsn: str, conn: Conn, queue: Queue) -> None:
+def test_sweep_skips_locked_rows_instead_of_waiting(dsn: str, conn: Conn, queue: Client) -> None:
     ids = make_done(queue, 3, "t")
     age(conn, ids, "2 days")
     conn.execute("SET lock_timeout = '5s'")
@@ -165,7 +165,7 @@ def test_sweep_skips_locked_rows_instead_of_waiting(dsn: str, conn: Conn, queue:
     assert ids_in(conn, "job_archive") == set(ids)
 
 
-def test_steady_enqueue_and_drain_keeps_the_job_table_bounded(conn: Conn, queue: Queue) -> None:
+def test_steady_enqueue_and_drain_keeps_the_job_table_bounded(conn: Conn, queue: Client) -> None:
     rounds, per_round = 15, 200
     retention = Retention(done=0.5)
     sizes, archived = [], []
@@ -184,7 +184,7 @@ def test_steady_enqueue_and_drain_keeps_the_job_table_bounded(conn: Conn, queue:
 
 
 async def test_built_in_archive_job_runs_in_a_worker(dsn: str, conn: Conn) -> None:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         ids = make_done(q, 5, "t")
     age(conn, ids, "10 seconds")
     jobs = Jobs()
@@ -215,7 +215,7 @@ async def test_built_in_archive_job_runs_in_a_worker(dsn: str, conn: Conn) -> No
     assert row[1]["done"] == 5
 
 
-def test_effects_are_pruned_once_no_retry_of_their_job_can_need_them(conn: Conn, queue: Queue) -> None:
+def test_effects_are_pruned_once_no_retry_of_their_job_can_need_them(conn: Conn, queue: Client) -> None:
     from jobtui.core.registry import Job as HandlerJob
 
     done = queue.enqueue("t")
@@ -242,7 +242,7 @@ def test_effects_are_pruned_once_no_retry_of_their_job_can_need_them(conn: Conn,
     assert sweep(conn, Retention()).deleted_effects == 0
 
 
-def test_stats_show_the_effect_and_audit_tables(conn: Conn, queue: Queue) -> None:
+def test_stats_show_the_effect_and_audit_tables(conn: Conn, queue: Client) -> None:
     import contextlib
     import io
 

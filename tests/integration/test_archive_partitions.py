@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from jobtui import NewJob, Queue
+from jobtui import Client, NewJob
 from jobtui.cli.bench import NOOP
 from jobtui.core.maintenance import ARCHIVE_TYPE, Retention, sweep
 from jobtui.core.scheduler import run_now
@@ -65,7 +65,7 @@ def archived_where(conn: Conn, ids: list[int] | None = None) -> dict[str, int]:
 
 def done_jobs(dsn: str, conn: Conn, n: int) -> list[int]:
     """`n` jobs made done at once, finished a day ago (the archiver's default retention)."""
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         ids = q.enqueue_many([NewJob("t", {"i": i}) for i in range(n)])
     conn.execute(
         "UPDATE jobtui.job SET status = 'done', attempts = 1, started_at = now() - interval '2 days',"
@@ -277,7 +277,7 @@ def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_worker_of_the_previous_release_archives_and_prunes(
     dsn: str, conn: Conn, previous_release: Path, tmp_path: Path
 ) -> None:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         ids = q.enqueue_many([NewJob(NOOP) for _ in range(40)])
     log_path = tmp_path / "previous.log"
     env = {**os.environ, "PYTHONPATH": str(previous_release)}

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import Queue
+from jobtui import Client
 from jobtui.core import history
 from jobtui.kernel import donehistory
 from jobtui.kernel.domain import NewJob
@@ -40,7 +40,7 @@ def away_from_minute_boundary(conn: Conn, margin: float = 3.0) -> None:
 def backlog_of_30(dsn: str, conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
     """30 ready jobs: 20 of `a` (5 of them delayed), 10 of `b` due for 10 minutes."""
     monkeypatch.setattr(metrics, "READY_EXACT_CAP", CAP)
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         q.enqueue_many([NewJob("a", {}) for _ in range(15)] + [NewJob("a", {}, delay=3600) for _ in range(5)])
         q.enqueue_many([NewJob("b", {}) for _ in range(10)])
     conn.execute("UPDATE jobtui.job SET run_at = now() - interval '10 minutes' WHERE type = 'b'")
@@ -57,7 +57,7 @@ def oldest_due_age(conn: Conn) -> float:
 
 def test_up_to_the_cap_every_ready_job_is_counted(dsn: str, conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(metrics, "READY_EXACT_CAP", CAP)
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         q.enqueue_many([NewJob("a", {}) for _ in range(CAP)])
     snap = snapshot(conn)
     assert snap.ready_estimate is None and snap.ready == CAP
@@ -125,7 +125,7 @@ def test_with_the_archivers_away_the_planners_size_keeps_the_last_counts_split(c
 
 def test_a_minute_row_counts_what_finished_within_its_minute(dsn: str, conn: Conn) -> None:
     away_from_minute_boundary(conn)
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         ids = q.enqueue_many([NewJob("a", {}) for _ in range(6)])
     last_minute = "date_bin('1 minute', now(), timestamptz '2000-01-01') - interval '30 seconds'"
     earlier = "date_bin('1 minute', now(), timestamptz '2000-01-01') - interval '90 seconds'"

@@ -26,7 +26,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from jobtui import Failure, InvalidInput, JobStatus, NewJob, Queue
+from jobtui import Client, Failure, InvalidInput, JobStatus, NewJob
 from jobtui.cli.main import main
 from jobtui.core import scheduler as schedules
 from jobtui.core.registry import Job, Jobs, ScheduleSpec
@@ -133,8 +133,8 @@ def quiet(quiet_dsn: str) -> Iterator[Conn]:
 
 
 @pytest.fixture
-def q(dsn: str) -> Iterator[Queue]:
-    with Queue(dsn) as queue:
+def q(dsn: str) -> Iterator[Client]:
+    with Client(dsn) as queue:
         yield queue
 
 
@@ -159,7 +159,7 @@ def test_bad_payloads_on_the_command_line(quiet_dsn: str, quiet: Conn, payload: 
     user_error(jobtui(quiet_dsn, "enqueue", "t", "--payload", payload), message)
 
 
-def test_a_payload_over_one_megabyte(dsn: str, conn: Conn, q: Queue) -> None:
+def test_a_payload_over_one_megabyte(dsn: str, conn: Conn, q: Client) -> None:
     big = "x" * 1_000_001
     with pytest.raises(InvalidInput, match="over the 1000000 limit"):
         q.enqueue("t", big)
@@ -175,7 +175,7 @@ def test_a_payload_over_one_megabyte(dsn: str, conn: Conn, q: Queue) -> None:
     assert q.get(job_id).payload == fits  # type: ignore[union-attr]
 
 
-def test_payloads_python_cannot_encode(q: Queue, conn: Conn) -> None:
+def test_payloads_python_cannot_encode(q: Client, conn: Conn) -> None:
     deep: list[Any] = []
     for _ in range(5000):
         deep = [deep]
@@ -227,7 +227,7 @@ def test_nul_characters_on_the_command_line(quiet_dsn: str, quiet: Conn) -> None
         user_error(jobtui(quiet_dsn, *args), message)
 
 
-def test_text_that_is_not_utf8_or_holds_nul_in_the_api(q: Queue, conn: Conn) -> None:
+def test_text_that_is_not_utf8_or_holds_nul_in_the_api(q: Client, conn: Conn) -> None:
     lone = "\udcff"  # how Python decodes the byte 0xff of a file name or an argv
     bad_calls: list[Callable[[], object]] = [
         lambda: q.enqueue(f"type-{lone}"),
@@ -252,7 +252,7 @@ def test_text_that_is_not_utf8_or_holds_nul_in_the_api(q: Queue, conn: Conn) -> 
     assert counts(conn) == (0, 0, 0)
 
 
-def test_error_texts_are_always_written(q: Queue) -> None:
+def test_error_texts_are_always_written(q: Client) -> None:
     """A handler's error text holding NUL or undecodable bytes cannot stop its outcome."""
     a, b = q.enqueue("t", max_attempts=3), q.enqueue("t", max_attempts=3)
     ja, jb = q.claim(["t"], worker="w", limit=2)
@@ -263,7 +263,7 @@ def test_error_texts_are_always_written(q: Queue) -> None:
     assert q.get(b).last_error == "bad \\ud800 data"  # type: ignore[union-attr]
 
 
-def test_a_handler_error_that_is_not_utf8_does_not_stall_the_worker(dsn: str, q: Queue) -> None:
+def test_a_handler_error_that_is_not_utf8_does_not_stall_the_worker(dsn: str, q: Client) -> None:
     """Found by these tests: the outcome writer died on such a text, leaving every job of the
     worker running until its lease expired, and stopping the worker."""
     jobs = Jobs()
@@ -295,7 +295,7 @@ def test_a_handler_error_that_is_not_utf8_does_not_stall_the_worker(dsn: str, q:
 # -- text that looks like SQL ----------------------------------------------------------------
 
 
-def test_sql_in_every_field_is_stored_verbatim(dsn: str, conn: Conn, q: Queue) -> None:
+def test_sql_in_every_field_is_stored_verbatim(dsn: str, conn: Conn, q: Client) -> None:
     before = tables(conn)
     payload = {SQL: SQL_TOO, "list": [SQL, {"nested": SQL_TOO}]}
     job_id = q.enqueue(SQL, payload, key=SQL_TOO)
@@ -434,7 +434,7 @@ def test_bad_numbers_on_the_command_line(quiet_dsn: str, quiet: Conn, args: list
     user_error(jobtui(quiet_dsn, *args), message)
 
 
-def test_bad_numbers_in_the_api(q: Queue, conn: Conn) -> None:
+def test_bad_numbers_in_the_api(q: Client, conn: Conn) -> None:
     job_id = q.enqueue("t", max_attempts=2)
     [job] = q.claim(["t"], worker="w")
     before = conn.execute("SELECT to_jsonb(j) FROM jobtui.job j").fetchall()
@@ -481,7 +481,7 @@ def test_unknown_job_ids(dsn: str, conn: Conn, verb: str) -> None:
     assert conn.execute("SELECT status FROM jobtui.job").fetchall() == [("ready",)]
 
 
-def test_unknown_job_ids_in_the_api(q: Queue, conn: Conn) -> None:
+def test_unknown_job_ids_in_the_api(q: Client, conn: Conn) -> None:
     assert q.get(424242) is None
     assert q.requeue([424242], actor="op") == []
     assert q.kill_lease([424242], actor="op") == []
@@ -566,7 +566,7 @@ def test_bad_dsns(dsn: str, shown: str) -> None:
     assert "s3cret" not in line
     refused = pytest.raises(InvalidInput, match="bad DSN") if "bad DSN" in shown else contextlib.nullcontext()
     with refused:
-        Queue(dsn).close()
+        Client(dsn).close()
 
 
 # -- schedules by name --------------------------------------------------------------------

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from jobtui import JobFilter, NewJob, Queue
+from jobtui import Client, JobFilter, NewJob
 from jobtui.core.bulk import Bulk
 from jobtui.kernel.errors import InvalidInput
 from tests.integration.test_levers import jobtui
@@ -31,7 +31,7 @@ Conn = psycopg.Connection[Any]
 
 
 def dead_jobs(dsn: str, conn: Conn, n: int, job_type: str = "x", **payload: Any) -> list[int]:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         ids = q.enqueue_many([NewJob(job_type, {**payload, "n": i}) for i in range(n)])
     conn.execute(
         "UPDATE jobtui.job SET status = 'dead', attempts = 3, finished_at = now() - interval '1 second',"
@@ -106,7 +106,7 @@ def test_a_stopped_run_is_resumed_and_changes_nothing_twice(conn: Conn, dsn: str
 
 def test_discard_and_cancel_and_the_busy_jobs(conn: Conn, dsn: str) -> None:
     dead = dead_jobs(dsn, conn, 30, queue_name="q")
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         ready = q.enqueue_many([NewJob("y", {"n": i}) for i in range(20)])
     job = Bulk(conn, "discard", JobFilter(error="user <n>"), actor="olga", batch=7)
     assert job.run(job.start()).changed == 30 and count(conn, "id = ANY(%s)", dead) == 0

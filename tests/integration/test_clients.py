@@ -1,4 +1,4 @@
-"""What `Queue` and `AsyncQueue` share (clients/base.py), and the one audited path of the
+"""What `Client` and `AsyncClient` share (clients/base.py), and the one audited path of the
 operator's actions (core/audit.operate), against a real database."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import AsyncQueue, InvalidInput, JobStatus, Queue
+from jobtui import AsyncClient, Client, InvalidInput, JobStatus
 from jobtui.core.actions import ids_target, requeue_call
 from jobtui.core.audit import Audit, moved, operate
 
 Conn = psycopg.Connection[Any]
 
 
-def _failed(queue: Queue, job_type: str = "t") -> int:
+def _failed(queue: Client, job_type: str = "t") -> int:
     job_id = queue.enqueue(job_type, max_attempts=1)
     [claimed] = queue.claim([job_type], worker="w1")
     queue.fail_permanently([claimed.lease], ["boom"])
@@ -31,28 +31,28 @@ async def test_both_clients_migrate_through_the_pooler_they_were_given(
 ) -> None:
     # A JOBTUI_POOLER the clients were told to ignore: a migration that read it would fail.
     monkeypatch.setenv("JOBTUI_POOLER", "no-such-pooler")
-    with Queue(dsn, pooler="none") as queue:
+    with Client(dsn, pooler="none") as queue:
         assert queue.migrate() == []
         assert queue.check_schema() > 0
-    async with AsyncQueue(dsn, pooler="none") as aqueue:
+    async with AsyncClient(dsn, pooler="none") as aqueue:
         assert await aqueue.migrate() == []
         assert await aqueue.check_schema() > 0
 
 
 async def test_both_clients_refuse_an_unknown_enqueue_option_and_write_nothing(dsn: str, conn: Conn) -> None:
-    with Queue(dsn) as queue, pytest.raises(TypeError, match="unexpected keyword argument 'delai'"):
+    with Client(dsn) as queue, pytest.raises(TypeError, match="unexpected keyword argument 'delai'"):
         queue.enqueue("t", {}, delai=5)  # type: ignore[call-arg]
-    async with AsyncQueue(dsn) as aqueue:
+    async with AsyncClient(dsn) as aqueue:
         with pytest.raises(TypeError, match="unexpected keyword argument 'delai'"):
             await aqueue.enqueue("t", {}, delai=5)  # type: ignore[call-arg]
     assert conn.execute("SELECT count(*) FROM jobtui.job").fetchone() == (0,)
 
 
 async def test_both_clients_filter_jobs_and_counts_alike(dsn: str) -> None:
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         failed = _failed(queue)
         ready = queue.enqueue("t", queue="mail")
-        async with AsyncQueue(dsn) as aqueue:
+        async with AsyncClient(dsn) as aqueue:
             for status in ("failed", JobStatus.FAILED, ["dead", "failed"]):
                 assert [j.id for j in queue.jobs(status=status)] == [failed]
                 assert [j.id for j in await aqueue.jobs(status=status)] == [failed]
@@ -67,7 +67,7 @@ async def test_both_clients_filter_jobs_and_counts_alike(dsn: str) -> None:
 
 
 def test_an_operation_whose_change_fails_leaves_neither_the_change_nor_its_audit_row(dsn: str, conn: Conn) -> None:
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         failed = _failed(queue)
 
     def requeued_then_failed(c: Conn) -> list[int]:
@@ -90,7 +90,7 @@ def test_an_operation_whose_change_fails_leaves_neither_the_change_nor_its_audit
 
 
 def test_the_clients_operator_actions_write_their_audit_rows(dsn: str, conn: Conn) -> None:
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         first, second = _failed(queue), _failed(queue, "u")
         assert queue.requeueable(job_type="t", actor="bob") == [first]
         assert queue.requeue_matching(job_type="t", actor="bob") == [first]

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobtui import InvalidInput, JobFilter, Queue
+from jobtui import Client, InvalidInput, JobFilter
 from jobtui.cli.main import main
 from jobtui.kernel.checks import MAX_PATTERN_CHARS
 from jobtui.kernel.jobfilter import parse_filter
@@ -56,7 +56,7 @@ def seeded(server_dsn: str, template_db: str) -> Iterator[tuple[str, list[int]]]
 
     name, dsn = _create_clone(server_dsn, template_db)
     ids = []
-    with Queue(dsn) as q, psycopg.connect(dsn, autocommit=True) as conn:
+    with Client(dsn) as q, psycopg.connect(dsn, autocommit=True) as conn:
         q.enqueue("email")  # ready: never matched
         for job_type, status, error in JOBS:
             job_id = q.enqueue(job_type)
@@ -195,5 +195,5 @@ def test_the_bound_holds_for_the_clients_filters_and_the_console_words(seeded: t
         JobFilter(error=long)
     with pytest.raises(InvalidInput, match="give at most 2,000 characters"):
         parse_filter(f"error:{long}")  # the console's and the web console's filter words
-    with Queue(dsn) as q, pytest.raises(InvalidInput, match="give at most 2,000 characters"):
+    with Client(dsn) as q, pytest.raises(InvalidInput, match="give at most 2,000 characters"):
         q.requeueable(error=long)

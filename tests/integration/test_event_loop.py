@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import Queue
+from jobtui import Client
 from jobtui.cli.eventloop import loop_factory
 from jobtui.kernel.errors import InvalidInput
 from tests.integration.conftest import Spawn
@@ -42,7 +42,7 @@ def test_a_worker_runs_every_kind_of_handler_and_stops_on_each_loop(
     worker = spawn("L", "--loop", loop, "--executor", executor, "--shutdown-timeout", "1s", "--poll", "0.2s")
     # uvloop is one of jobtui's dependencies: auto takes it.
     assert f"event loop {'uvloop' if loop == 'auto' else loop}" in worker.log(), worker.log()
-    with Queue(app_dsn) as q:
+    with Client(app_dsn) as q:
         sync_id = q.enqueue("effect", {"key": f"sync-{loop}"})
         async_id = q.enqueue("effect_async", {"key": f"async-{loop}"})
         failing_id = q.enqueue("permanent", {"why": "bad input"})

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import Jobs, Queue, Worker
+from jobtui import Client, Jobs, Worker
 from jobtui.core import queues
 from jobtui.core.members import Member, Status, Target, give_order, register_call
 from jobtui.kernel.db import run
@@ -41,7 +41,7 @@ def samples(dsn: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def test_findings_name_what_waits_on_nothing_and_hold_back_where_old_workers_may_serve(conn: Conn) -> None:
     register(conn, "a", queues={"default": 4}, types=["email.send"])
     register(conn, "b", queues={"reports": 2}, types=["report.build"], version="9.9.9")
-    with Queue(conn.info.dsn) as q:
+    with Client(conn.info.dsn) as q:
         q.enqueue("email.send", queue="emails")  # a queue nobody serves
         q.enqueue("pdf.render")  # a type nobody handles, in a served queue
         q.enqueue("report.build", queue="paused-q")
@@ -78,7 +78,7 @@ def test_prometheus_counts_the_fleet_by_kind_state_and_version_and_each_queues_w
     conn.execute("UPDATE jobtui.fleet SET state = 'quiet' WHERE id = %s", (quiet,))  # as it would write it
     lost = register(conn, "gone", every_queue=4)
     conn.execute("UPDATE jobtui.fleet SET seen_at = now() - interval '5 minutes' WHERE id = %s", (lost,))
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         q.enqueue("pdf.render")
         q.enqueue("pdf.render")
         q.enqueue("email.send", queue="emails")
@@ -147,7 +147,7 @@ def test_a_restarted_process_replaces_its_lost_row_and_a_live_namesake_stays(con
 
 
 def test_with_no_live_worker_at_all_one_finding_says_so(conn: Conn) -> None:
-    with Queue(conn.info.dsn) as q:
+    with Client(conn.info.dsn) as q:
         q.enqueue("email.send")
         q.enqueue("pdf.render", queue="reports")
     register(conn, "s", kind="scheduler")  # no worker: a scheduler claims nothing

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui.clients.client import Queue
+from jobtui.clients.client import Client
 from jobtui.core import queues
 from jobtui.core.history import record_flow
 from jobtui.kernel.db import run
@@ -49,7 +49,7 @@ def ready(conn: Conn) -> int:
 
 
 def enqueue_steadily(dsn: str, per_second: float, stop: threading.Event, queue: str = "fq") -> None:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         start, n = time.monotonic(), 0
         while not stop.is_set():
             due = int((time.monotonic() - start) * per_second)
@@ -62,7 +62,7 @@ def enqueue_steadily(dsn: str, per_second: float, stop: threading.Event, queue: 
 def drain_with_inflow(db: Conn, app_dsn: str, spawn: Spawn, backlog: int, seconds: float) -> None:
     """A worker drains queue fq at DRAIN jobs/s while INFLOW jobs/s come in, for `seconds`;
     a span is recorded at the start and at the end."""
-    with Queue(app_dsn) as q:
+    with Client(app_dsn) as q:
         q.enqueue_many([NewJob("quick", {}, queue="fq") for _ in range(backlog)])
     queues.set_rate(db, "queue", "fq", DRAIN, actor="olga")
     spawn("A", "--no-scheduler", "--concurrency", "50")
@@ -105,7 +105,7 @@ def test_the_forecast_reads_back_a_known_drain_and_inflow(db: Conn, app_dsn: str
 def test_a_growing_backlog_is_nan_seconds_for_prometheus(db: Conn, app_dsn: str) -> None:
     first = db_now(db)
     record_flow(db, until=first)
-    with Queue(app_dsn) as q:
+    with Client(app_dsn) as q:
         q.enqueue_many([NewJob("quick", {}, queue="fq") for _ in range(500)])
     # The next span lasts at least 0.2s by the database's clock, which the spans are cut by.
     wait_until(lambda: db_now(db) >= first + timedelta(seconds=0.2), 30, "0.2s on the database's clock")
@@ -113,7 +113,7 @@ def test_a_growing_backlog_is_nan_seconds_for_prometheus(db: Conn, app_dsn: str)
     snap = snapshot(db)
     lines = overview(db).lines
     assert snap.forecast.state == "stalled" and "nothing done" in snap.forecast.text  # nothing finished
-    with Queue(app_dsn) as q:
+    with Client(app_dsn) as q:
         done = q.claim(["quick"], worker="w", limit=100)
         q.complete([j.lease for j in done])
         q.enqueue_many([NewJob("quick", {}, queue="fq") for _ in range(500)])
@@ -131,7 +131,7 @@ def test_a_growing_backlog_is_nan_seconds_for_prometheus(db: Conn, app_dsn: str)
 def test_the_forecast_comes_true(db: Conn, app_dsn: str, spawn: Spawn) -> None:
     """The long version: the forecast made after 20 s of flows, against the time the backlog
     then takes to drain at the same pace."""
-    with Queue(app_dsn) as q:
+    with Client(app_dsn) as q:
         q.enqueue_many([NewJob("quick", {}, queue="fq") for _ in range(3000)])
     drain_with_inflow(db, app_dsn, spawn, 0, 20.0)
     lines = overview(db).lines

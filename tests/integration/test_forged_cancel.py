@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui.clients.client import Queue
+from jobtui.clients.client import Client
 from jobtui.core.bulk import Bulk
 from jobtui.kernel.domain import NewJob
 from jobtui.kernel.jobfilter import JobFilter
@@ -54,7 +54,7 @@ def test_forged_cancel_notifications_change_nothing(
     db: Conn, app_dsn: str, roles: Roles, spawn: Any
 ) -> None:  # fmt: skip
     worker: WorkerProcess = spawn("A", "--no-scheduler", "--concurrency", "4", lease="3s")
-    with Queue(app_dsn) as q:
+    with Client(app_dsn) as q:
         ids = q.enqueue_many([NewJob("nap", {"sleep": 4}), NewJob("nap_sync", {"sleep": 4, "key": "forged"})])
     wait_until(lambda: all(events(db, i) == ["start"] for i in ids), 15, "both jobs running", worker.log)
     before = {i: job_row(db, i) for i in ids}
@@ -82,10 +82,10 @@ def test_forged_cancel_notifications_change_nothing(
 
 def test_a_real_cancel_still_stops_its_job_at_once(db: Conn, app_dsn: str, roles: Roles, spawn: Any) -> None:
     worker: WorkerProcess = spawn("A", "--no-scheduler", lease="30s")  # no heartbeat for 10 s
-    with Queue(app_dsn) as q:
+    with Client(app_dsn) as q:
         job = q.enqueue("nap", {"sleep": 60})
     wait_until(lambda: events(db, job) == ["start"], 15, "the job running", worker.log)
-    with Queue(roles.worker_dsn) as q:
+    with Client(roles.worker_dsn) as q:
         assert q.cancel([job], actor="olga") == [job]
     wait_until(lambda: "cancelled" in events(db, job), 2, "the handler cancelled", worker.log)
     assert job_row(db, job)[0] == "failed"
@@ -95,7 +95,7 @@ def test_a_bulk_cancel_leaves_the_fact_a_worker_stops_on(db: Conn, app_dsn: str,
     """A bulk cancel writes in each row what `cancel` writes: its running jobs' handlers, sync
     and async, stop at the next heartbeat's answer, hinted at once by its notifications."""
     worker: WorkerProcess = spawn("A", "--no-scheduler", "--concurrency", "4", lease="30s")  # no heartbeat for 10 s
-    with Queue(app_dsn) as q:
+    with Client(app_dsn) as q:
         ids = q.enqueue_many([NewJob("nap", {"sleep": 60}), NewJob("nap_sync", {"sleep": 60, "key": "bulk"})])
     wait_until(lambda: all(events(db, i) == ["start"] for i in ids), 15, "both jobs running", worker.log)
     job = Bulk(db, "cancel", JobFilter(types=("nap", "nap_sync")), actor="olga")

@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from jobtui import Queue
+from jobtui import Client
 from jobtui.cli.main import main
 from jobtui.kernel.explain import first_line
 from jobtui.reads.metrics import snapshot
@@ -168,7 +168,7 @@ def test_errors_that_echo_an_input_cut_it_to_a_readable_length(dsn: str, args: l
 
 
 def test_worker_log_lines_are_escaped_and_cannot_be_forged(dsn: str, tmp_path: Path) -> None:
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         refused, crashed = queue.enqueue(REFUSED), queue.enqueue(CRASHES)
     env = {k: v for k, v in os.environ.items() if k not in ("JOBTUI_DSN", "DATABASE_URL")}
     env |= {"JOBTUI_DSN": dsn, "PYTHONUNBUFFERED": "1"}

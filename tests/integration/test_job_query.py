@@ -1,4 +1,4 @@
-"""The job query API: `Queue.jobs` and `Queue.counts` (and the async client's), and `jobtui
+"""The job query API: `Client.jobs` and `Client.counts` (and the async client's), and `jobtui
 jobs` built on them, against rows whose states the test sets through the queue itself."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import psycopg
 import pytest
 
 import jobtui
-from jobtui import AsyncQueue, Failure, InvalidInput, JobStatus, NewJob, Queue
+from jobtui import AsyncClient, Client, Failure, InvalidInput, JobStatus, NewJob
 from tests.integration.test_cli import jobtui as run_cli
 from tests.integration.test_cli import ok
 
 
-def _fill(queue: Queue) -> dict[str, list[int]]:
+def _fill(queue: Client) -> dict[str, list[int]]:
     """3 ready email.send and 2 ready email.bounce in the queue "mail", 1 ready sms.send and
     1 emailer in the default queue, then 2 of the email.send claimed and failed for good (one
     "smtp 550", one "smtp 421")."""
@@ -31,7 +31,7 @@ def _fill(queue: Queue) -> dict[str, list[int]]:
 
 
 def test_jobs_filter_and_page_newest_first(dsn: str) -> None:
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         made = _fill(queue)
         everything = queue.jobs()
         assert [j.id for j in everything] == sorted(made["all"], reverse=True)
@@ -56,7 +56,7 @@ def test_jobs_filter_and_page_newest_first(dsn: str) -> None:
 
 
 def test_counts_by_status_and_type(dsn: str) -> None:
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         _fill(queue)
         counts = {(c.status.value, c.type): c.jobs for c in queue.counts()}
         assert counts == {
@@ -72,7 +72,7 @@ def test_counts_by_status_and_type(dsn: str) -> None:
 
 
 def test_bad_query_input_is_one_clear_error(dsn: str) -> None:
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         with pytest.raises(InvalidInput, match="unknown status"):
             queue.jobs(status="finished")
         with pytest.raises(InvalidInput, match="it is a regular expression"):
@@ -82,17 +82,17 @@ def test_bad_query_input_is_one_clear_error(dsn: str) -> None:
 
 
 async def test_the_async_client_answers_the_same(dsn: str) -> None:
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         made = _fill(queue)
         expected = queue.jobs(status="failed")
-    async with AsyncQueue(dsn) as aqueue:
+    async with AsyncClient(dsn) as aqueue:
         assert await aqueue.jobs(status="failed") == expected
         assert await aqueue.count(status="failed") == len(made["failed"])
         assert await aqueue.check_schema() == jobtui.kernel.migrate.code_version()
 
 
 def test_claimed_job_and_handler_job_carry_their_times_and_queue(dsn: str) -> None:
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         job_id = queue.enqueue("t", {}, delay=0, queue="reports")
         claimed = queue.claim(["t"], worker="w")[0]
         row = queue.get(job_id)
@@ -116,7 +116,7 @@ def test_migrate_and_check_for_code_that_deploys_itself(empty_dsn: str) -> None:
 
 
 def test_cli_lists_and_counts_through_the_api(dsn: str) -> None:
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         made = _fill(queue)
     listed = json.loads(ok(run_cli(dsn, "jobs", "--status", "failed", "--json")))
     assert sorted(j["id"] for j in listed) == made["failed"]

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import AsyncQueue, Failure, NewJob, Queue
+from jobtui import AsyncClient, Client, Failure, NewJob
 from jobtui.core.bulk import Bulk
 from jobtui.core.maintenance import Retention, sweep
 from jobtui.core.registry import ScheduleSpec
@@ -33,11 +33,11 @@ DAY = 86400.0
 
 @pytest.fixture
 def queue(dsn: str) -> Any:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         yield q
 
 
-def finished(q: Queue, key: str, outcome: str = "done", job_type: str = "mail") -> int:
+def finished(q: Client, key: str, outcome: str = "done", job_type: str = "mail") -> int:
     """A job of `key` that ended `outcome` (done, failed or dead)."""
     job_id = q.enqueue(job_type, {"user_id": 42}, key=key, max_attempts=1)
     [claimed] = q.claim([job_type], worker="w1")
@@ -70,15 +70,15 @@ def cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def _async_enqueue(dsn: str, key: str) -> list[int]:
-    async with AsyncQueue(dsn) as aq:
+    async with AsyncClient(dsn) as aq:
         one = await aq.enqueue("mail", {"again": "async"}, key=key)
         many = await aq.enqueue_many([NewJob("mail", {"again": "async many"}, key=key)])
     return [one, *many]
 
 
-def every_enqueue_path(dsn: str, q: Queue, key: str) -> list[int]:
-    """The id each enqueue path returns for `key`: Queue.enqueue, enqueue_many (with a keyless
-    job and a repeated key in the batch), inside a caller's transaction, AsyncQueue's two, and
+def every_enqueue_path(dsn: str, q: Client, key: str) -> list[int]:
+    """The id each enqueue path returns for `key`: Client.enqueue, enqueue_many (with a keyless
+    job and a repeated key in the batch), inside a caller's transaction, AsyncClient's two, and
     `jobtui enqueue`."""
     ids = [q.enqueue("mail", {"again": True}, key=key)]
     many = q.enqueue_many([NewJob("mail", {"n": 1}), NewJob("mail", {"n": 2}, key=key), NewJob("mail", key=key)])
@@ -94,7 +94,7 @@ def every_enqueue_path(dsn: str, q: Queue, key: str) -> list[int]:
     return ids
 
 
-def test_an_archived_jobs_key_returns_its_id_on_every_enqueue_path(dsn: str, conn: Conn, queue: Queue) -> None:
+def test_an_archived_jobs_key_returns_its_id_on_every_enqueue_path(dsn: str, conn: Conn, queue: Client) -> None:
     original = finished(queue, "welcome:42")
     age(conn, [original], "2 days")
     assert sweep(conn, Retention()).archived == 1
@@ -112,7 +112,7 @@ def test_an_archived_jobs_key_returns_its_id_on_every_enqueue_path(dsn: str, con
     ],
     ids=["deleted-done", "dead-pruned", "failed-pruned"],
 )
-def test_a_deleted_jobs_key_returns_its_id(conn: Conn, queue: Queue, outcome: str, retention: Retention) -> None:
+def test_a_deleted_jobs_key_returns_its_id(conn: Conn, queue: Client, outcome: str, retention: Retention) -> None:
     original = finished(queue, f"k-{outcome}", outcome)
     age(conn, [original], "2 days")
     swept = sweep(conn, retention)
@@ -122,7 +122,7 @@ def test_a_deleted_jobs_key_returns_its_id(conn: Conn, queue: Queue, outcome: st
     assert rows_of(conn, f"k-{outcome}") == 0
 
 
-def test_a_discarded_jobs_key_returns_its_id(conn: Conn, queue: Queue) -> None:
+def test_a_discarded_jobs_key_returns_its_id(conn: Conn, queue: Client) -> None:
     original = finished(queue, "discarded", "dead")
     discard = Bulk(conn, "discard", JobFilter(types=("mail",)), actor="olga")
     assert discard.run(discard.start()).changed == 1
@@ -130,7 +130,7 @@ def test_a_discarded_jobs_key_returns_its_id(conn: Conn, queue: Queue) -> None:
     assert rows_of(conn, "discarded") == 0
 
 
-def test_the_window_counts_from_when_the_job_finished(conn: Conn, queue: Queue) -> None:
+def test_the_window_counts_from_when_the_job_finished(conn: Conn, queue: Client) -> None:
     inside = finished(queue, "inside")
     outside = finished(queue, "outside")
     age(conn, [inside], "6 days")
@@ -148,7 +148,7 @@ def test_the_window_counts_from_when_the_job_finished(conn: Conn, queue: Queue) 
     assert queue.enqueue("mail", key="inside") > inside
 
 
-def test_a_repeated_enqueue_of_a_live_key_is_unchanged(conn: Conn, queue: Queue) -> None:
+def test_a_repeated_enqueue_of_a_live_key_is_unchanged(conn: Conn, queue: Client) -> None:
     first = queue.enqueue("mail", {"n": 1}, key="live")
     ids = queue.enqueue_many([NewJob("mail", key="live"), NewJob("mail", key="new"), NewJob("mail", key="new")])
     assert ids[0] == first and ids[1] == ids[2] != first
@@ -186,7 +186,7 @@ def test_a_late_backfill_after_the_slots_job_was_archived_enqueues_nothing(dsn: 
     fired = [f for f in asyncio.run(_tick(dsn)) if f.schedule == "nightly"]
     assert [f.slot for f in fired] == [slot]
     key = slot_key(sid, slot)
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         [claimed] = q.claim(["report"], worker="w1")
         q.complete([claimed.lease])
     age(conn, [claimed.id], "2 days")
@@ -222,7 +222,7 @@ def _racing(dsn: str, key: str, n: int = 2) -> tuple[list[threading.Thread], lis
 
     def enqueue() -> None:
         try:
-            with Queue(dsn, max_connections=1) as q:
+            with Client(dsn, max_connections=1) as q:
                 results.append(q.enqueue("mail", {"raced": True}, key=key))
         except BaseException as exc:
             results.append(exc)
@@ -250,7 +250,7 @@ def _answered_or_waiting(conn: Conn, threads: list[threading.Thread], n: int) ->
 @pytest.mark.parametrize("end", ["commit", "rollback"])
 @pytest.mark.parametrize("made_by", ["this release", "the previous release"])
 def test_enqueues_racing_the_archiver_moving_the_job_get_the_original(
-    dsn: str, conn: Conn, queue: Queue, end: str, made_by: str
+    dsn: str, conn: Conn, queue: Client, end: str, made_by: str
 ) -> None:
     original = finished(queue, "raced")
     if made_by == "the previous release":  # which enqueued it with no row in job_key
@@ -271,7 +271,7 @@ def test_enqueues_racing_the_archiver_moving_the_job_get_the_original(
         assert queue.enqueue("mail", key="raced") == original
 
 
-def test_enqueues_racing_the_pruning_of_an_expired_key_make_one_new_job(dsn: str, conn: Conn, queue: Queue) -> None:
+def test_enqueues_racing_the_pruning_of_an_expired_key_make_one_new_job(dsn: str, conn: Conn, queue: Client) -> None:
     original = finished(queue, "expiring")
     age(conn, [original], "10 days")
     assert sweep(conn, Retention(key=30 * DAY)).archived == 1  # archived, its key kept
@@ -292,7 +292,7 @@ def test_enqueues_racing_the_pruning_of_an_expired_key_make_one_new_job(dsn: str
 # -- what the operator reads --------------------------------------------------------------------
 
 
-def test_stats_shows_the_key_window_with_the_tables_health(dsn: str, queue: Queue) -> None:
+def test_stats_shows_the_key_window_with_the_tables_health(dsn: str, queue: Client) -> None:
     finished(queue, "shown")
     text = cli(dsn, "stats")
     assert text.returncode == 0, text.stderr
@@ -337,7 +337,7 @@ def test_the_roles_that_could_use_the_job_table_can_use_the_keys_after_the_migra
 
 
 def test_a_key_forgotten_between_a_batchs_two_statements_makes_its_job_and_nothing_twice(
-    conn: Conn, queue: Queue
+    conn: Conn, queue: Client
 ) -> None:
     """The archiver forgets a key (its window passed) after the batch's insert found it taken
     and before the batch reads whose it is: that job is enqueued again, alone."""
@@ -357,7 +357,7 @@ def test_a_key_forgotten_between_a_batchs_two_statements_makes_its_job_and_nothi
     assert conn.execute("SELECT count(*) FROM jobtui.job WHERE type = 'mail'").fetchone() == (3,)
 
 
-def test_a_truncated_job_table_takes_its_jobs_keys_with_it(conn: Conn, queue: Queue) -> None:
+def test_a_truncated_job_table_takes_its_jobs_keys_with_it(conn: Conn, queue: Client) -> None:
     """A test suite's reset: the keys of the jobs it removed are free again; those of jobs that
     had left the table before keep their window."""
     archived = finished(queue, "left-before")

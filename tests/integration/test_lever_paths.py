@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from jobtui.clients.client import Queue
+from jobtui.clients.client import Client
 from jobtui.core import queues
 from jobtui.core.claims import claim_call
 from jobtui.kernel.db import run
@@ -42,7 +42,7 @@ def rows_read(conn: Conn) -> int:
 
 
 def test_levers_out_of_the_claims_reach_cost_it_no_row(conn: Conn, dsn: str) -> None:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         q.enqueue_many([NewJob("a", {}) for _ in range(2000)])
         elsewhere = q.enqueue("a", queue="elsewhere")
     conn.execute("VACUUM ANALYZE jobtui.job")
@@ -62,7 +62,7 @@ def test_levers_out_of_the_claims_reach_cost_it_no_row(conn: Conn, dsn: str) -> 
 
 
 def test_a_limit_and_a_pause_set_between_two_plain_claims_hold_from_the_next(conn: Conn, dsn: str) -> None:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         ids = [q.enqueue("a", queue="lim") for _ in range(6)]
     assert claim(conn, "lim", 1) == ids[:1]  # no lever: the plain walk
     queues.set_limit(conn, "lim", 2, actor="olga")
@@ -77,7 +77,7 @@ def test_a_limit_and_a_pause_set_between_two_plain_claims_hold_from_the_next(con
 
 
 def test_a_rate_on_another_queue_leaves_unrated_claims_whole(conn: Conn, dsn: str) -> None:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         rated = [q.enqueue("a", queue="elsewhere") for _ in range(3)]
         free = [q.enqueue("a") for _ in range(20)]
     queues.set_rate(conn, "queue", "elsewhere", 0.001, actor="olga")  # one token, then none for hours
@@ -129,7 +129,7 @@ def previous_claim(conn: Conn, queue: str | None, limit: int, types: tuple[str, 
 
 
 def test_a_claim_of_the_previous_release_claims_beside_this_one_under_the_same_levers(conn: Conn, dsn: str) -> None:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         free = [q.enqueue("a") for _ in range(8)]
         limited = [q.enqueue("a", queue="lim") for _ in range(4)]
         held = [q.enqueue("a", queue="held") for _ in range(2)]

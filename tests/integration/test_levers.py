@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui.clients.client import Queue
+from jobtui.clients.client import Client
 from jobtui.core import queues
 from jobtui.core.claims import claim_call
 from jobtui.core.registry import Jobs
@@ -60,7 +60,7 @@ def jobtui(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def enqueue(dsn: str, queue: str, n: int, job_type: str = "nap", **payload: Any) -> list[int]:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         return q.enqueue_many([NewJob(job_type, payload, queue=queue) for _ in range(n)])
 
 
@@ -82,7 +82,7 @@ def claim(conn: Conn, queue: str | None, limit: int = 10, types: tuple[str, ...]
 
 
 def test_a_claim_takes_its_own_queue_and_skips_paused_ones(conn: Conn, dsn: str) -> None:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         in_x = [q.enqueue("a", queue="x") for _ in range(3)]
         in_y = [q.enqueue("b", queue="y") for _ in range(3)]
         default = q.enqueue("a")
@@ -107,7 +107,7 @@ def test_a_claim_takes_its_own_queue_and_skips_paused_ones(conn: Conn, dsn: str)
 
 
 def test_a_limit_counts_what_runs_in_its_queue(conn: Conn, dsn: str) -> None:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         ids = [q.enqueue("a", queue="lim") for _ in range(6)]
         other = q.enqueue("a", queue="free")
     assert queues.set_limit(conn, "lim", 2, actor="olga").was is None
@@ -126,7 +126,7 @@ def test_a_limit_counts_what_runs_in_its_queue(conn: Conn, dsn: str) -> None:
 
 
 def test_queue_overview_counts_per_queue_and_type(conn: Conn, dsn: str) -> None:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         for _ in range(3):
             q.enqueue("a", queue="x")
         q.enqueue("b", queue="x", delay=3600)
@@ -148,12 +148,12 @@ def test_a_job_goes_to_its_handlers_declared_queue_unless_given_one(conn: Conn, 
     jobs = Jobs()
     jobs.handler("mail.send", queue="mail")(lambda job: None)
     jobs.handler("other")(lambda job: None)
-    with Queue(dsn, jobs=jobs) as q:
+    with Client(dsn, jobs=jobs) as q:
         declared = q.enqueue("mail.send")
         given = q.enqueue("mail.send", queue="urgent")
         undeclared = q.enqueue("other")
         many = q.enqueue_many([NewJob("mail.send"), NewJob("mail.send", queue="urgent"), NewJob("other")])
-    with Queue(dsn) as q:  # without the registry: the default queue
+    with Client(dsn) as q:  # without the registry: the default queue
         plain = q.enqueue("mail.send")
     rows = dict(conn.execute("SELECT id, queue FROM jobtui.job").fetchall())
     assert [rows[i] for i in (declared, given, undeclared, *many, plain)] == [

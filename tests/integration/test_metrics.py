@@ -1,7 +1,7 @@
 """The queue's measures against real PostgreSQL: `metrics.snapshot()`, the hourly summaries,
 the Prometheus endpoint and the dead-letter alert (callback, NOTIFY, log line).
 
-Each test builds its jobs with `jobtui.Queue` and moves them into place with direct SQL
+Each test builds its jobs with `jobtui.Client` and moves them into place with direct SQL
 (statuses, run_at, finished_at, attempts, errors, expired leases), then checks every figure
 exactly. Figures that depend on the clock are computed from the snapshot's own `taken_at`,
 which is the now() every one of its queries used, so a minute or hour boundary passing
@@ -28,7 +28,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
-from jobtui import FailOutcome, JobStatus, NewJob, Queue
+from jobtui import Client, FailOutcome, JobStatus, NewJob
 from jobtui.core import queues
 from jobtui.core import scheduler as sched
 from jobtui.core.maintenance import Retention, summarise_hours, sweep
@@ -95,7 +95,7 @@ def away_from_hour_boundary(conn: Conn, margin: float = 5.0) -> None:
     wait_until(far_enough, margin + 30, "the next hour on the database's clock")
 
 
-def make_done(conn: Conn, q: Queue, job_type: str, attempts: int, ago: str) -> int:
+def make_done(conn: Conn, q: Client, job_type: str, attempts: int, ago: str) -> int:
     """A done job that used `attempts` attempts and finished `ago` (an SQL interval) ago."""
     job_id = q.enqueue(job_type)
     execute(
@@ -108,7 +108,7 @@ def make_done(conn: Conn, q: Queue, job_type: str, attempts: int, ago: str) -> i
     return job_id
 
 
-def make_finished(conn: Conn, q: Queue, job_type: str, status: str, attempts: int, ago: str, error: str) -> int:
+def make_finished(conn: Conn, q: Client, job_type: str, status: str, attempts: int, ago: str, error: str) -> int:
     job_id = q.enqueue(job_type)
     execute(
         conn,
@@ -150,7 +150,7 @@ def build_world(dsn: str, conn: Conn) -> World:
     email   3 (2)        ~100 s      2 (1), worker w1   3     0
     report  1 (1)        ~30 s       1 (0), worker w2   3     1
     """
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         # Leases that expired and were reaped: the job on its last attempt goes dead.
         crash_dead = q.enqueue("crash", max_attempts=1)
         crash_ready = [q.enqueue("crash", max_attempts=5), q.enqueue("crash", max_attempts=5)]
@@ -418,7 +418,7 @@ def fake_now(conn: Conn, at: str) -> None:
     execute(conn, "SET search_path = faketime, pg_catalog, public")
 
 
-def make_done_at(conn: Conn, q: Queue, attempts: int, at: str) -> int:
+def make_done_at(conn: Conn, q: Client, attempts: int, at: str) -> int:
     job_id = q.enqueue("t")
     execute(
         conn,
@@ -432,7 +432,7 @@ def make_done_at(conn: Conn, q: Queue, attempts: int, at: str) -> int:
 
 def test_done_per_minute_counts_calendar_minutes_at_a_minute_boundary(dsn: str, conn: Conn) -> None:
     """Calendar minutes: bucket 0 is the minute now() is in; done_last_minute the 60 s before now()."""
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         expected = {
             "2024-05-01 12:05:10+00": 0,  # 49.7 s before now(), this minute
             "2024-05-01 12:04:59.9+00": 1,  # 59.8 s: the minute before, but within 60 seconds
@@ -469,7 +469,7 @@ def tally_at(
 def test_jobs_deleted_at_completion_count_in_the_done_figures(dsn: str, conn: Conn) -> None:
     """Tallied jobs add to their minute's bucket and attempts beside the done rows; in the last
     60 seconds they count by the share of their span (first start to last finish) inside them."""
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         make_done_at(conn, q, 1, "2024-05-01 12:05:10+00")
         make_done_at(conn, q, 1, "2024-05-01 12:04:30+00")
     tally_at(conn, "2024-05-01 12:05:00+00", 1, 40)  # this minute: all 40 within the last 60 s
@@ -499,7 +499,7 @@ def test_jobs_deleted_at_completion_count_in_the_done_figures(dsn: str, conn: Co
 
 def test_a_deleting_worker_shows_in_the_throughput_and_the_hourly_summary(dsn: str, conn: Conn) -> None:
     away_from_hour_boundary(conn)
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         ids = [q.enqueue("t") for _ in range(4)]
         jobs = q.claim(["t"], worker="w1", limit=4)
         assert q.complete([j.lease for j in jobs], delete=True) == set(ids)
@@ -509,7 +509,7 @@ def test_a_deleting_worker_shows_in_the_throughput_and_the_hourly_summary(dsn: s
     # Tallies two hours ago are summarised with that hour's done rows; the prune keeps a day.
     execute(conn, "UPDATE jobtui.done_tally SET minute = date_trunc('hour', now()) - interval '2 hours'")
     tally_at(conn, "2024-05-01 12:00:00+00", 1, 9)  # long ago: pruned
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         job_id = q.enqueue("t")
     execute(
         conn,
@@ -527,7 +527,7 @@ def test_a_done_history_rereads_only_the_unsettled_minutes(dsn: str, conn: Conn)
     """A reader's DoneHistory keeps the minutes that ended over UNSETTLED_MINUTES ago and reads
     only the later ones: the same figures as a full read, minus a row written into a settled
     minute behind its back (which is how the test sees that settled minutes are not read)."""
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         make_done_at(conn, q, 1, "2024-05-01 11:10:00+00")
         make_done_at(conn, q, 2, "2024-05-01 11:59:30+00")
         make_done_at(conn, q, 1, "2024-05-01 12:05:10+00")
@@ -604,7 +604,7 @@ def _waited(conn: Conn, seconds: float) -> None:
 
 
 def test_lock_waits(dsn: str, conn: Conn, holder: Conn) -> None:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         job_id = q.enqueue("t")
     # SHARE blocks writers (an UPDATE waits) but not readers, so the snapshot itself runs.
     holder.execute("LOCK TABLE jobtui.job IN SHARE MODE")
@@ -642,7 +642,7 @@ def test_row_lock_waits_are_counted_by_kind(dsn: str, conn: Conn, holder: Conn) 
     """A job row held FOR UPDATE in an open transaction: the next session wanting the row
     waits for the holder's transaction id, the one after it for the row's tuple lock. Neither
     lock names the job table; both waits are counted, each with its kind and its duration."""
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         job_id = q.enqueue("t")
     # An application table in the same database: a row lock there is not jobtui's business.
     conn.execute("CREATE TABLE app_orders (id int PRIMARY KEY)")
@@ -716,7 +716,7 @@ def test_a_claim_waiting_its_turn_under_a_queue_limit_is_its_own_kind(dsn: str, 
     from jobtui.core.claims import claim_call
     from jobtui.kernel.db import run
 
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         q.enqueue_many([NewJob("t", {}, queue="lim") for _ in range(4)])
     queues.set_limit(conn, "lim", 2, actor="olga")
     claim = claim_call(["t"], worker="w1", limit=1, queue="lim")
@@ -748,7 +748,7 @@ def test_claims_taking_their_turn_at_a_rates_bucket_are_their_own_kind(dsn: str,
     from jobtui.core.claims import claim_call
     from jobtui.kernel.db import run
 
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         q.enqueue_many([NewJob("t", {}) for _ in range(6)])
     queues.set_rate(conn, "type", "t", 1000.0, actor="olga")
     claim = claim_call(["t"], worker="w1", limit=1)
@@ -832,7 +832,7 @@ def test_oldest_transaction_after_a_select(dsn: str, conn: Conn, isolation: psyc
 def test_oldest_transaction_that_wrote(dsn: str, conn: Conn) -> None:
     """Idle after an UPDATE (READ COMMITTED): no snapshot, but its transaction id holds
     back vacuum."""
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         job_id = q.enqueue("t")
     with psycopg.connect(dsn) as other:
         other.execute("UPDATE jobtui.job SET payload = '{\"x\": 1}' WHERE id = %s", (job_id,))
@@ -848,7 +848,7 @@ def test_oldest_transaction_that_wrote(dsn: str, conn: Conn) -> None:
 def test_summarised_hours_give_the_day_distribution_and_survive_archiving(dsn: str, conn: Conn) -> None:
     away_from_hour_boundary(conn)
     hour_ago = "date_trunc('hour', now()) - interval '{} hours' + interval '{} minutes'"
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         placed = [
             ("done", 1, hour_ago.format(2, 10)),
             ("done", 1, hour_ago.format(2, 50)),
@@ -973,7 +973,7 @@ def test_prometheus_endpoint(dsn: str, conn: Conn, world: World, metrics_server:
 
 
 def test_prometheus_labels_jobs_by_queue_and_says_what_is_paused(dsn: str, conn: Conn, metrics_server: int) -> None:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         q.enqueue("t", queue="mail")
         q.enqueue("t", queue="mail")
         q.enqueue("u")
@@ -995,7 +995,7 @@ def test_prometheus_scrapes_within_a_second_share_one_snapshot(
     # Three seconds, not one: on a loaded machine two scrapes may come more than a second apart.
     monkeypatch.setattr(prometheus, "CACHE_SECONDS", 3.0)
     ready = ("jobtui_jobs", (("status", "ready"), ("type", "t")))
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         q.enqueue("t")
         shown = time.monotonic()
         first = scrape(metrics_server)[ready]
@@ -1058,7 +1058,7 @@ async def test_dead_letter_alert_when_the_last_attempt_fails(dsn: str, caplog: p
     seen: list[FailOutcome] = []
     listener = await _listen_dead(dsn)
     worker = Worker(_alert_jobs(seen), dsn, concurrency=2, scheduler=False, retention=None, poll_interval=0.1)
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         job_id = q.enqueue("alert.fail", {"order": 7}, max_attempts=1)
     task = asyncio.create_task(worker.run())
     try:
@@ -1080,7 +1080,7 @@ async def test_dead_letter_alert_when_the_last_attempt_fails(dsn: str, caplog: p
     assert ("ERROR", f"job {job_id} (alert.fail) is dead after 1 of 1 attempts") in errors
     assert ("ERROR", f"on_dead callback failed for job {job_id}") in errors
     assert worker.counts["dead"] == 1
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         row = q.get(job_id)
     assert row is not None and row.status is JobStatus.DEAD
 
@@ -1089,7 +1089,7 @@ async def test_dead_letter_alert_when_the_reaper_ends_a_crash_loop(dsn: str, cap
     caplog.set_level(logging.INFO, logger="jobtui.worker")
     seen: list[FailOutcome] = []
     listener = await _listen_dead(dsn)
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         job_id = q.enqueue("alert.crash", max_attempts=1)
         [claimed] = q.claim(["alert.crash"], worker="ghost", limit=1)
         assert claimed.id == job_id
@@ -1118,8 +1118,8 @@ async def test_dead_letter_alert_when_the_reaper_ends_a_crash_loop(dsn: str, cap
 
 
 def test_reaper_dead_notifies_without_a_worker(dsn: str) -> None:
-    """`Queue.reap` (any reaper) sends the alert: the trigger, not the worker, sends it."""
-    with psycopg.connect(dsn, autocommit=True) as listener, Queue(dsn) as q:
+    """`Client.reap` (any reaper) sends the alert: the trigger, not the worker, sends it."""
+    with psycopg.connect(dsn, autocommit=True) as listener, Client(dsn) as q:
         listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier("jobtui.dead")))
         dead = q.enqueue("crash", max_attempts=1)
         retry = q.enqueue("crash", max_attempts=2)

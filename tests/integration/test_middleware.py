@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import jobtui
-from jobtui import Job, Jobs, JobStatus, NewJob, Queue, Worker
+from jobtui import Client, Job, Jobs, JobStatus, NewJob, Worker
 from tests.waits import until
 
 TENANT: contextvars.ContextVar[str] = contextvars.ContextVar("tenant", default="-")
@@ -62,7 +62,7 @@ def tenant_hook(job: NewJob) -> Iterator[NewJob]:
     yield replace(job, payload={**(job.payload or {}), "tenant": TENANT.get()})
 
 
-async def _run_until(worker: Worker, queue: Queue, ids: list[int], timeout: float = 20) -> None:
+async def _run_until(worker: Worker, queue: Client, ids: list[int], timeout: float = 20) -> None:
     task = asyncio.create_task(worker.run())
 
     def finished() -> bool:
@@ -79,7 +79,7 @@ async def _run_until(worker: Worker, queue: Queue, ids: list[int], timeout: floa
 async def test_handler_hooks_wrap_sync_and_async_handlers_in_order(dsn: str) -> None:
     events: list[tuple[str, ...]] = []
     jobs = _app(events)
-    with Queue(dsn, middleware=[tenant_hook]) as queue:
+    with Client(dsn, middleware=[tenant_hook]) as queue:
         ids = []
         for job_type, tenant in (("sync", "acme"), ("async", "globex"), ("boom", "initech")):
             token = TENANT.set(tenant)
@@ -122,7 +122,7 @@ def test_enqueue_hooks_see_the_insert_and_its_failure(dsn: str) -> None:
             raise
         seen.append(("out", job.type))
 
-    with Queue(dsn, middleware=[timed, tenant_hook]) as queue:
+    with Client(dsn, middleware=[timed, tenant_hook]) as queue:
         queue.enqueue_many([NewJob("a", {}), NewJob("b", {})])
         with pytest.raises(jobtui.InvalidInput):
             queue.enqueue("", {})
@@ -134,7 +134,7 @@ def test_enqueue_hooks_see_the_insert_and_its_failure(dsn: str) -> None:
 
 async def test_the_archiver_counts_apart_from_the_apps_jobs(dsn: str) -> None:
     events: list[tuple[str, ...]] = []
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         ids = [queue.enqueue(jobtui.core.maintenance.ARCHIVE_TYPE, {}), queue.enqueue("sync", {"tenant": "t"})]
         worker = Worker(_app(events), dsn, scheduler=False, poll_interval=0.05)
         await _run_until(worker, queue, ids)

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from jobtui import Failure, InvalidInput, JobStatus, NewJob, Queue, SchemaNotMigrated, SchemaTooNew
+from jobtui import Client, Failure, InvalidInput, JobStatus, NewJob, SchemaNotMigrated, SchemaTooNew
 from jobtui.core.jobs import COPY_THRESHOLD
 from jobtui.kernel import migrate as migrations
 from jobtui.kernel.db import query_names, statements
@@ -178,7 +178,7 @@ def test_check_on_an_empty_database(empty_dsn: str) -> None:
         assert "missing" in str(info.value) and "jobtui migrate" in str(info.value)
         # check leaves no transaction open on the caller's connection.
         assert own.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-    with Queue(empty_dsn) as queue, pytest.raises(SchemaNotMigrated):
+    with Client(empty_dsn) as queue, pytest.raises(SchemaNotMigrated):
         queue.check_schema()
 
 
@@ -197,7 +197,7 @@ def test_bad_schema_names_are_refused(empty_conn: Conn, empty_dsn: str, bad: str
     with pytest.raises(InvalidInput, match="bad schema name"):
         migrations.migrate(empty_conn, bad)
     with pytest.raises(InvalidInput, match="bad schema name"):
-        Queue(empty_dsn, schema=bad)
+        Client(empty_dsn, schema=bad)
     assert empty_conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname NOT LIKE 'pg_%' "
                               "AND nspname NOT IN ('public', 'information_schema')").fetchone() == (0,)  # fmt: skip
 
@@ -211,7 +211,7 @@ def test_a_custom_schema(empty_dsn: str, empty_conn: Conn) -> None:
         migrations.check(empty_conn, "jobtui")
 
     empty_conn.execute('LISTEN "jobs_alt.job"')
-    with Queue(empty_dsn, schema="jobs_alt") as q:
+    with Client(empty_dsn, schema="jobs_alt") as q:
         q.check_schema()
         first = q.enqueue("t", {"n": 1}, key="k")
         assert q.enqueue("t", {"n": 2}, key="k") == first
@@ -489,7 +489,7 @@ def test_the_job_table_has_exactly_the_expected_columns(dsn: str, conn: Conn) ->
     ).fetchall()
     assert dict(rows) == expected
     # get_job reads every column it knows by position: the row decodes as a JobRow.
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         job_id = q.enqueue("t", {"x": 1}, key="k")
         row = q.get(job_id)
     assert row is not None and row.idempotency_key == "k" and row.payload == {"x": 1}

@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobtui import Queue
+from jobtui import Client
 from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +92,7 @@ class Seeded:
 
 def seed(dsn: str, conn: Conn) -> Seeded:
     """email: 1 ready (100 s late), 1 running (w1), 2 dead (KeyError); report: 1 dead, 1 failed."""
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         running = q.enqueue("email")
         assert [j.id for j in q.claim(["email"], worker="w1", limit=1)] == [running]
         ready = q.enqueue("email")
@@ -139,7 +139,7 @@ def test_stats_text(dsn: str, seeded: Seeded) -> None:
 
 
 def test_stats_text_shows_throughput_and_schedules(dsn: str, conn: Conn, seeded: Seeded) -> None:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         done = q.enqueue("email")
     conn.execute(
         "UPDATE jobtui.job SET status = 'done', attempts = 2, finished_at = now() - interval '5 seconds' WHERE id = %s",

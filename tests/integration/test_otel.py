@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from jobtui import Job, Jobs, JobStatus, Permanent, Queue, Worker
+from jobtui import Client, Job, Jobs, JobStatus, Permanent, Worker
 from jobtui.core import otel
 from tests.waits import until
 
@@ -45,7 +45,7 @@ def _named(prefix: str) -> list[ReadableSpan]:
 async def test_attempt_spans_link_to_the_span_that_enqueued_them(dsn: str) -> None:
     EXPORTER.clear()
     tracer = trace.get_tracer("app")
-    with Queue(dsn, middleware=[otel.trace_enqueue]) as queue:
+    with Client(dsn, middleware=[otel.trace_enqueue]) as queue:
         with tracer.start_as_current_span("signup request") as request:
             ok_id = queue.enqueue("ok", {}, queue="mail")
             bad_id = queue.enqueue("bad", {})
@@ -81,7 +81,7 @@ async def test_attempt_spans_link_to_the_span_that_enqueued_them(dsn: str) -> No
 
 def test_operator_actions_get_a_span(dsn: str) -> None:
     EXPORTER.clear()
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         job_id = queue.enqueue("bad", {})
         [claimed] = queue.claim(["bad"], worker="w")
         queue.fail_permanently([claimed.lease], ["no"])
@@ -115,7 +115,7 @@ def test_an_attempt_in_a_handler_process_has_its_span_middleware_and_effect(dsn:
     try:
         worker.wait_started()
         EXPORTER.clear()
-        with Queue(dsn, middleware=[otel.trace_enqueue]) as queue:
+        with Client(dsn, middleware=[otel.trace_enqueue]) as queue:
             job_id = queue.enqueue("traced", {}, queue="mail")
             wait_until(lambda: queue.get(job_id).status is JobStatus.DONE, 20, "the job done", worker.log)  # type: ignore[union-attr]
     finally:

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import Queue
+from jobtui import Client
 from jobtui.core import history
 from jobtui.kernel.domain import NewJob
 from jobtui.reads.overview import QueueLine, overview
@@ -32,7 +32,7 @@ def lines(conn: Conn, cap: int = CAP) -> dict[tuple[str, str], QueueLine]:
 def flood(dsn: str, conn: Conn) -> None:
     """30 ready jobs of `default` due for an hour, then 4 of `reports` due for a minute, behind
     them in claim order; 2 delayed jobs of `default`."""
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         q.enqueue_many([NewJob("a", {}) for _ in range(30)] + [NewJob("r", {}, queue="reports") for _ in range(4)])
         q.enqueue_many([NewJob("a", {}, delay=3600) for _ in range(2)])
     conn.execute("UPDATE jobtui.job SET run_at = now() - interval '1 hour' WHERE type = 'a' AND run_at <= now()")
@@ -79,7 +79,7 @@ def test_above_the_cap_without_a_minute_row_the_planner_estimates(conn: Conn, fl
 
 
 def test_with_every_due_job_among_the_entries_read_the_due_figures_stay_counted(dsn: str, conn: Conn) -> None:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         q.enqueue_many([NewJob("a", {}) for _ in range(5)] + [NewJob("b", {}, queue="later") for _ in range(3)])
         q.enqueue_many([NewJob("a", {}, delay=3600) for _ in range(30)])
     got = lines(conn, cap=10)

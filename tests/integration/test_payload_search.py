@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import AsyncQueue, JobFilter, Queue, SearchCancelled
+from jobtui import AsyncClient, Client, JobFilter, SearchCancelled
 from jobtui.kernel.domain import NewJob
 from jobtui.kernel.errors import InvalidInput
 from jobtui.kernel.jobfilter import parse_filter, payload_of
@@ -25,7 +25,7 @@ Conn = psycopg.Connection[Any]
 
 def mixed(dsn: str, conn: Conn) -> dict[str, list[int]]:
     """Jobs of accounts acme and other, acme's in every status."""
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         ids = q.enqueue_many(
             [
                 NewJob("a", {"account": "acme" if i % 3 == 0 else "other", "n": i, "user": {"plan": "pro"}})
@@ -51,7 +51,7 @@ def test_jobs_by_payload_over_every_status_newest_first_in_pages(
     found = mixed(dsn, conn)
     acme = found["acme"]
     monkeypatch.setattr(jobquery, "FIRST_WINDOW", 4)  # many small windows
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         page = q.jobs(payload={"account": "acme"}, limit=8)
         assert [j.id for j in page] == sorted(acme, reverse=True)[:8]
         assert {j.status.value for j in q.jobs(payload={"account": "acme"}, limit=100)} == {
@@ -78,7 +78,7 @@ def test_the_async_client_finds_the_same(conn: Conn, dsn: str) -> None:
     found = mixed(dsn, conn)
 
     async def main() -> list[int]:
-        async with AsyncQueue(dsn) as q:
+        async with AsyncClient(dsn) as q:
             return [j.id for j in await q.jobs(payload={"account": "acme"}, limit=100)]
 
     assert asyncio.run(main()) == sorted(found["acme"], reverse=True)

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from jobtui import NewJob, Queue
+from jobtui import Client, NewJob
 from jobtui.cli.main import main
 from jobtui.tui.data import DataSource
 from tests.apps.topology_app import APP_TABLES
@@ -53,7 +53,7 @@ def test_a_drain_through_pgbouncer_in_transaction_mode_loses_nothing_and_logs_no
     total = bulk + 20
     pooled = _pooled(bouncer, dsn)
     monkeypatch.setenv("JOBTUI_POOLER", "transaction")  # the console's, as `jobtui --pooler` sets it
-    with Queue(pooled, pooler="transaction") as queue:
+    with Client(pooled, pooler="transaction") as queue:
         # 1000 keyless jobs or more take the COPY path; the lone enqueues run more than five times on
         # the same pooled connections, where psycopg would otherwise prepare them.
         queue.enqueue_many([NewJob("topo.effect", {"key": f"bulk-{i}"}) for i in range(bulk)])
@@ -202,7 +202,7 @@ def test_an_order_reaches_a_worker_behind_the_pooler_at_its_next_refresh(
             assert state() == "running"
             assert main([*cli, "quiet", "P"]) == 0
             wait_until(lambda: state() == "quiet", 5, "P quiet, read at a refresh (every 1 s)", worker.log)
-            with Queue(dsn) as queue:
+            with Client(dsn) as queue:
                 queue.enqueue("topo.noop", {})
             assert main([*cli, "resume", "P"]) == 0
             done = "SELECT count(*) FROM jobtui.job WHERE type = 'topo.noop' AND status = 'done'"

@@ -26,7 +26,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from jobtui import Failure, JobStatus, NewJob, Queue
+from jobtui import Client, Failure, JobStatus, NewJob
 from jobtui.cli.main import main
 from jobtui.core.maintenance import Retention, summarise_hours, sweep
 from jobtui.core.registry import Job, Jobs
@@ -167,7 +167,7 @@ def everything(admin: Conn) -> list[Any]:
 
 
 def dead_job(admin_dsn: str, job_type: str = "priv.dead") -> int:
-    with Queue(admin_dsn) as q:
+    with Client(admin_dsn) as q:
         job_id = q.enqueue(job_type, max_attempts=1)
         [job] = q.claim([job_type], worker="w0")
         q.fail([Failure(job.lease, "RuntimeError: boom", 0)])
@@ -241,11 +241,11 @@ def test_the_worker_role_runs_workers_enqueues_and_operates(roles: Roles, admin:
     w = roles.worker
     ok_id = int(works(w, "enqueue", "priv.ok", "--payload", '{"n": 1}', "--key", "priv-1"))
     boom_id = int(works(w, "enqueue", "priv.boom"))
-    with Queue(w) as q:
+    with Client(w) as q:
         bulk = q.enqueue_many([NewJob("priv.bulk", {"i": i}) for i in range(1000)])  # COPY, ids from the sequence
         assert len(set(bulk)) == 1000
     # A job whose worker died: the worker role's reaper returns it, and its worker runs it.
-    with Queue(roles.admin) as q:
+    with Client(roles.admin) as q:
         crashed = q.enqueue("priv.ok")
         [claimed] = q.claim(["priv.ok"], worker="dead-worker", lease=300)
         assert claimed.id in (ok_id, crashed)
@@ -284,7 +284,7 @@ def test_the_worker_role_runs_workers_enqueues_and_operates(roles: Roles, admin:
     assert "requeued 1 job(s)" in works(w, "requeue", str(boom_id))
     assert "would requeue 0 job(s)" in works(w, "requeue", "--type", "priv.boom", "--dry-run")
     assert "cancelled 1 job(s)" in works(w, "cancel", str(bulk[0]))
-    with Queue(roles.admin) as q:
+    with Client(roles.admin) as q:
         [running] = q.claim(["priv.bulk"], worker="stuck-worker")
     assert "killed 1 lease(s)" in works(w, "kill-lease", str(running.id))
     assert f"Job {boom_id} (priv.boom): ready" in works(w, "job", str(boom_id))
@@ -297,7 +297,7 @@ def test_the_worker_role_runs_workers_enqueues_and_operates(roles: Roles, admin:
     works(w, "schedule", "remove", "priv.cli")
     assert "requeue" in works(w, "audit")
     # A worker started with --delete-on-complete deletes and counts what it finishes.
-    with Queue(w) as q:
+    with Client(w) as q:
         [deleted] = q.claim(["priv.bulk"], worker="deleting-worker")
         assert q.complete([deleted.lease], delete=True) == {deleted.id}
         assert q.get(deleted.id) is None
@@ -358,7 +358,7 @@ def test_the_readonly_role_reads_everything(roles: Roles, admin: Conn) -> None:
     with psycopg.connect(r, autocommit=True) as conn:
         snap = snapshot(conn)
     assert any(g.type == "priv.dead" for g in snap.dead)
-    with Queue(r) as q:
+    with Client(r) as q:
         row = q.get(dead)
         assert row is not None and row.status == JobStatus.DEAD
         assert q.count_requeueable(job_type="priv.dead") >= 1  # a dry run without an actor reads only
@@ -367,7 +367,7 @@ def test_the_readonly_role_reads_everything(roles: Roles, admin: Conn) -> None:
 def test_the_readonly_role_cannot_change_anything(roles: Roles, admin: Conn) -> None:
     r = roles.readonly
     dead = dead_job(roles.admin)
-    with Queue(roles.admin) as q:
+    with Client(roles.admin) as q:
         ready = q.enqueue("priv.ro")
         q.enqueue("priv.running")
         [running] = q.claim(["priv.running"], worker="w")
@@ -385,7 +385,7 @@ def test_the_readonly_role_cannot_change_anything(roles: Roles, admin: Conn) -> 
     refused(r, "schedule", "add", "priv.other", "--cron", "* * * * *", "--type", "t")
     refused(r, "schedule", "remove", "priv.ro-schedule")
 
-    writes: list[Callable[[Queue], object]] = [
+    writes: list[Callable[[Client], object]] = [
         lambda q: q.enqueue("priv.ro"),
         lambda q: q.enqueue_many([NewJob("priv.ro")] * 1000),
         lambda q: q.claim(["priv.ro"], worker="ro"),
@@ -397,7 +397,7 @@ def test_the_readonly_role_cannot_change_anything(roles: Roles, admin: Conn) -> 
         lambda q: q.requeue([dead], actor="ro"),
         lambda q: q.cancel([ready], actor="ro"),
     ]
-    with Queue(r) as q:
+    with Client(r) as q:
         for write in writes:
             with pytest.raises(DENIED):
                 write(q)
@@ -561,7 +561,7 @@ def test_the_readonly_role_sees_every_roles_lock_waits(roles: Roles, admin: Conn
     wait began; pg_stat_activity (database, pid) names the waiting session's database."""
     import threading
 
-    with Queue(roles.admin) as q:
+    with Client(roles.admin) as q:
         job_id = q.enqueue("t")
     with psycopg.connect(roles.admin) as holder:
         holder.execute("SELECT id FROM jobtui.job WHERE id = %s FOR UPDATE", (job_id,))

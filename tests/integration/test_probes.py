@@ -23,7 +23,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from jobtui import Queue
+from jobtui import Client
 from jobtui.kernel import migrate as migrations
 from jobtui.service.endpoints import LIVE_PATH, METRICS_PATH, READY_PATH
 from jobtui.service.prometheus import serve
@@ -201,7 +201,7 @@ def test_readiness_is_false_while_a_worker_drains(dsn: str, start: Start) -> Non
     port = free_port()
     worker = start("worker", dsn, *COMMANDS["worker"], "--shutdown-timeout", "30s", "--metrics-port", str(port))
     wait_until(lambda: probes(port) == (200, 200), 20, "ready and alive", worker.log)
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         job = q.enqueue("metrics.sleep", {"seconds": 10})
 
         def status() -> str:

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from jobtui import AsyncQueue, Failure, InvalidInput, JobStatus, Lease, NewJob, Queue
+from jobtui import AsyncClient, Client, Failure, InvalidInput, JobStatus, Lease, NewJob
 from jobtui.core.claims import claim_call, complete_call, heartbeat_beat_call
 from jobtui.core.jobs import COPY_THRESHOLD
 from jobtui.kernel.db import run, statements
@@ -26,8 +26,8 @@ Conn = psycopg.Connection[Any]
 
 
 @pytest.fixture
-def q(dsn: str) -> Iterator[Queue]:
-    with Queue(dsn) as queue:
+def q(dsn: str) -> Iterator[Client]:
+    with Client(dsn) as queue:
         yield queue
 
 
@@ -51,7 +51,7 @@ def expire(conn: Conn, job_id: int) -> None:
     conn.execute("UPDATE jobtui.job SET locked_until = now() - interval '1 second' WHERE id = %s", (job_id,))
 
 
-def make_dead(q: Queue, job_type: str, error: str) -> int:
+def make_dead(q: Client, job_type: str, error: str) -> int:
     job_id = q.enqueue(job_type, max_attempts=1)
     [job] = q.claim([job_type], worker="w1")
     assert job.id == job_id
@@ -60,7 +60,7 @@ def make_dead(q: Queue, job_type: str, error: str) -> int:
     return job_id
 
 
-def make_failed(q: Queue, job_type: str, error: str) -> int:
+def make_failed(q: Client, job_type: str, error: str) -> int:
     job_id = q.enqueue(job_type)
     [job] = q.claim([job_type], worker="w1")
     assert q.fail_permanently([job.lease], [error]) == {job_id}
@@ -70,7 +70,7 @@ def make_failed(q: Queue, job_type: str, error: str) -> int:
 # -- enqueue -------------------------------------------------------------------------------
 
 
-def test_enqueue_stores_the_job(q: Queue, conn: Conn) -> None:
+def test_enqueue_stores_the_job(q: Client, conn: Conn) -> None:
     job_id = q.enqueue("email.send", {"user_id": 42, "name": "Zoë", "tags": ["a", None, 1.5]})
     row = q.get(job_id)
     assert row is not None
@@ -88,24 +88,24 @@ def test_enqueue_stores_the_job(q: Queue, conn: Conn) -> None:
     assert count(conn) == 1
 
 
-def test_enqueue_without_payload_stores_an_empty_object(q: Queue) -> None:
+def test_enqueue_without_payload_stores_an_empty_object(q: Client) -> None:
     row = q.get(q.enqueue("t"))
     assert row is not None and row.payload == {}
 
 
-def test_enqueue_delay_puts_run_at_in_the_future_by_the_database_clock(q: Queue, conn: Conn) -> None:
+def test_enqueue_delay_puts_run_at_in_the_future_by_the_database_clock(q: Client, conn: Conn) -> None:
     job_id = q.enqueue("t", delay=90)
     assert value(conn, "SELECT run_at - created_at FROM jobtui.job WHERE id = %s", job_id) == timedelta(seconds=90)
     assert value(conn, "SELECT run_at > now() + interval '80 seconds' FROM jobtui.job WHERE id = %s", job_id)
     assert q.claim(["t"], worker="w1") == []
 
 
-def test_enqueue_fractional_delay(q: Queue, conn: Conn) -> None:
+def test_enqueue_fractional_delay(q: Client, conn: Conn) -> None:
     job_id = q.enqueue("t", delay=1.25)
     assert value(conn, "SELECT run_at - created_at FROM jobtui.job WHERE id = %s", job_id) == timedelta(seconds=1.25)
 
 
-def test_enqueue_at_a_given_time(q: Queue) -> None:
+def test_enqueue_at_a_given_time(q: Client) -> None:
     when = datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)
     row = q.get(q.enqueue("t", run_at=when))
     assert row is not None and row.run_at == when
@@ -113,12 +113,12 @@ def test_enqueue_at_a_given_time(q: Queue) -> None:
     assert row is not None and row.run_at == when + timedelta(seconds=60)
 
 
-def test_enqueue_max_attempts(q: Queue) -> None:
+def test_enqueue_max_attempts(q: Client) -> None:
     row = q.get(q.enqueue("t", max_attempts=3))
     assert row is not None and row.max_attempts == 3
 
 
-def test_duplicate_key_returns_the_existing_id_and_inserts_nothing(q: Queue, conn: Conn) -> None:
+def test_duplicate_key_returns_the_existing_id_and_inserts_nothing(q: Client, conn: Conn) -> None:
     first = q.enqueue("email.send", {"n": 1}, key="welcome:42")
     other = q.enqueue("email.send", {"n": 3}, key="welcome:43")
     second = q.enqueue("email.send", {"n": 2}, key="welcome:42", delay=500, max_attempts=2)
@@ -158,7 +158,7 @@ def test_duplicate_key_returns_the_existing_id_and_inserts_nothing(q: Queue, con
         {"max_attempts": 2.5},
     ],
 )
-def test_enqueue_rejects_bad_input_and_writes_nothing(q: Queue, conn: Conn, kwargs: dict[str, Any]) -> None:
+def test_enqueue_rejects_bad_input_and_writes_nothing(q: Client, conn: Conn, kwargs: dict[str, Any]) -> None:
     args: dict[str, Any] = {"job_type": "t", "payload": {}, **kwargs}
     job_type, payload = args.pop("job_type"), args.pop("payload")
     with pytest.raises(InvalidInput):
@@ -168,7 +168,7 @@ def test_enqueue_rejects_bad_input_and_writes_nothing(q: Queue, conn: Conn, kwar
     assert count(conn) == 0
 
 
-def test_enqueue_commits_with_the_callers_transaction(q: Queue, dsn: str, conn: Conn) -> None:
+def test_enqueue_commits_with_the_callers_transaction(q: Client, dsn: str, conn: Conn) -> None:
     with psycopg.connect(dsn) as own:
         own.execute("CREATE TABLE public.orders (id int)")
         own.execute("INSERT INTO public.orders VALUES (1)")
@@ -186,7 +186,7 @@ def test_enqueue_commits_with_the_callers_transaction(q: Queue, dsn: str, conn: 
     )
 
 
-def test_enqueue_rolls_back_with_the_callers_transaction(q: Queue, dsn: str, conn: Conn) -> None:
+def test_enqueue_rolls_back_with_the_callers_transaction(q: Client, dsn: str, conn: Conn) -> None:
     with psycopg.connect(dsn) as own:
         rolled_back = q.enqueue("order.placed", {"order": 1}, key="order:1", conn=own)
         q.enqueue_many([NewJob("bulk", {"i": i}) for i in range(COPY_THRESHOLD)], conn=own)
@@ -200,7 +200,7 @@ def test_enqueue_rolls_back_with_the_callers_transaction(q: Queue, dsn: str, con
     assert again != rolled_back and count(conn) == 1
 
 
-def test_enqueue_notifies_listeners(q: Queue, dsn: str) -> None:
+def test_enqueue_notifies_listeners(q: Client, dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as listener:
         listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(statements("jobtui").channel)))
         q.enqueue("t")
@@ -211,7 +211,7 @@ def test_enqueue_notifies_listeners(q: Queue, dsn: str) -> None:
 # -- enqueue_many --------------------------------------------------------------------------
 
 
-def test_enqueue_many_small_batch_keeps_input_order(q: Queue, conn: Conn) -> None:
+def test_enqueue_many_small_batch_keeps_input_order(q: Client, conn: Conn) -> None:
     jobs = [
         NewJob("a", {"i": 0}),
         NewJob("b", {"i": 1}, delay=30),
@@ -232,7 +232,7 @@ def test_enqueue_many_small_batch_keeps_input_order(q: Queue, conn: Conn) -> Non
     assert count(conn) == 4
 
 
-def test_enqueue_many_with_keys_and_duplicates(q: Queue, conn: Conn) -> None:
+def test_enqueue_many_with_keys_and_duplicates(q: Client, conn: Conn) -> None:
     existing = q.enqueue("t", {"old": True}, key="k1")
     jobs = [
         NewJob("t", {"i": 0}, key="k1"),  # exists already
@@ -258,7 +258,7 @@ def test_enqueue_many_with_keys_and_duplicates(q: Queue, conn: Conn) -> None:
     assert count(conn) == 7
 
 
-def test_enqueue_many_only_existing_keys(q: Queue, conn: Conn) -> None:
+def test_enqueue_many_only_existing_keys(q: Client, conn: Conn) -> None:
     a = q.enqueue("t", key="a")
     b = q.enqueue("t", key="b")
     assert q.enqueue_many([NewJob("t", key="b"), NewJob("t", key="a"), NewJob("t", key="b")]) == [b, a, b]
@@ -275,7 +275,7 @@ class RecordingCursor(psycopg.Cursor[Any]):
         return super().copy(statement, *args, **kwargs)
 
 
-def test_enqueue_many_large_batch_takes_the_copy_path(q: Queue, dsn: str, conn: Conn) -> None:
+def test_enqueue_many_large_batch_takes_the_copy_path(q: Client, dsn: str, conn: Conn) -> None:
     jobs = [NewJob(f"type{i % 3}", {"i": i, "s": "tab\there, new\nline, back\\slash"}, max_attempts=i % 7 + 1)
             for i in range(1500)]  # fmt: skip
     RecordingCursor.copies = []
@@ -294,7 +294,7 @@ def test_enqueue_many_large_batch_takes_the_copy_path(q: Queue, dsn: str, conn: 
     assert q.enqueue("after") > max(ids)
 
 
-def test_enqueue_many_large_batch_with_a_key_takes_the_unnest_path(q: Queue, dsn: str, conn: Conn) -> None:
+def test_enqueue_many_large_batch_with_a_key_takes_the_unnest_path(q: Client, dsn: str, conn: Conn) -> None:
     existing = q.enqueue("t", key="dup")
     jobs = [NewJob("t", {"i": i}) for i in range(1200)] + [NewJob("t", key="dup"), NewJob("t", delay=5)]
     RecordingCursor.copies = []
@@ -309,11 +309,11 @@ def test_enqueue_many_large_batch_with_a_key_takes_the_unnest_path(q: Queue, dsn
     assert value(conn, "SELECT payload FROM jobtui.job WHERE id = %s", ids[777]) == {"i": 777}
 
 
-# -- AsyncQueue ----------------------------------------------------------------------------
+# -- AsyncClient ----------------------------------------------------------------------------
 
 
 async def test_async_enqueue(dsn: str, conn: Conn) -> None:
-    async with AsyncQueue(dsn) as aq:
+    async with AsyncClient(dsn) as aq:
         first = await aq.enqueue("email.send", {"user_id": 1}, key="k", max_attempts=3)
         second = await aq.enqueue("email.send", {"user_id": 2}, key="k")
         delayed = await aq.enqueue("email.send", delay=60)
@@ -325,7 +325,7 @@ async def test_async_enqueue(dsn: str, conn: Conn) -> None:
 
 
 async def test_async_enqueue_many(dsn: str, conn: Conn) -> None:
-    async with AsyncQueue(dsn) as aq:
+    async with AsyncClient(dsn) as aq:
         existing = await aq.enqueue("t", key="x")
         small = await aq.enqueue_many([NewJob("t", {"i": 0}), NewJob("t", key="x"), NewJob("t", key="y"),
                                        NewJob("t", key="y"), NewJob("t", {"i": 4})])  # fmt: skip
@@ -339,7 +339,7 @@ async def test_async_enqueue_many(dsn: str, conn: Conn) -> None:
 
 
 async def test_async_enqueue_in_the_callers_transaction(dsn: str, conn: Conn) -> None:
-    async with AsyncQueue(dsn) as aq:
+    async with AsyncClient(dsn) as aq:
         async with await psycopg.AsyncConnection.connect(dsn) as own:
             await aq.enqueue("t", conn=own)
             await aq.enqueue_many([NewJob("t"), NewJob("t", key="k")], conn=own)
@@ -354,7 +354,7 @@ async def test_async_enqueue_in_the_callers_transaction(dsn: str, conn: Conn) ->
 
 
 async def test_async_enqueue_rejects_bad_input(dsn: str, conn: Conn) -> None:
-    async with AsyncQueue(dsn) as aq:
+    async with AsyncClient(dsn) as aq:
         with pytest.raises(InvalidInput):
             await aq.enqueue("t", {"x": float("nan")})
         with pytest.raises(InvalidInput):
@@ -365,7 +365,7 @@ async def test_async_enqueue_rejects_bad_input(dsn: str, conn: Conn) -> None:
 # -- claim ---------------------------------------------------------------------------------
 
 
-def test_claim_respects_the_limit_oldest_first(q: Queue, conn: Conn) -> None:
+def test_claim_respects_the_limit_oldest_first(q: Client, conn: Conn) -> None:
     ids = [q.enqueue("t", {"i": i}) for i in range(5)]
     # Make the last job the oldest: run_at order wins over id order.
     conn.execute("UPDATE jobtui.job SET run_at = run_at - interval '1 hour' WHERE id = %s", (ids[4],))
@@ -378,12 +378,12 @@ def test_claim_respects_the_limit_oldest_first(q: Queue, conn: Conn) -> None:
     assert count(conn, "status = 'running'") == 5
 
 
-def test_claim_limit_must_be_positive(q: Queue) -> None:
+def test_claim_limit_must_be_positive(q: Client) -> None:
     with pytest.raises(InvalidInput):
         q.claim(["t"], worker="w1", limit=0)
 
 
-def test_claim_filters_by_type(q: Queue) -> None:
+def test_claim_filters_by_type(q: Client) -> None:
     a = q.enqueue("a")
     b = q.enqueue("b")
     q.enqueue("c")
@@ -394,7 +394,7 @@ def test_claim_filters_by_type(q: Queue) -> None:
     assert q.claim([], worker="w1", limit=10) == []
 
 
-def test_claim_skips_jobs_not_yet_due(q: Queue, conn: Conn) -> None:
+def test_claim_skips_jobs_not_yet_due(q: Client, conn: Conn) -> None:
     later = q.enqueue("t", delay=60)
     now = q.enqueue("t")
     assert [j.id for j in q.claim(["t"], worker="w1", limit=10)] == [now]
@@ -403,7 +403,7 @@ def test_claim_skips_jobs_not_yet_due(q: Queue, conn: Conn) -> None:
     assert [j.id for j in q.claim(["t"], worker="w1", limit=10)] == [later]
 
 
-def test_claim_sets_the_lease_by_the_database_clock(q: Queue, conn: Conn) -> None:
+def test_claim_sets_the_lease_by_the_database_clock(q: Client, conn: Conn) -> None:
     job_id = q.enqueue("mail", {"to": "a@b"}, max_attempts=7)
     [job] = q.claim(["mail"], worker="host:1", lease=120)
     assert (job.id, job.type, job.payload, job.attempt, job.max_attempts, job.lease_token) == (
@@ -423,7 +423,7 @@ def test_claim_sets_the_lease_by_the_database_clock(q: Queue, conn: Conn) -> Non
     assert timedelta(seconds=110) < remaining <= timedelta(seconds=120)
 
 
-def test_the_first_claim_fills_in_the_handlers_limit(q: Queue, conn: Conn) -> None:
+def test_the_first_claim_fills_in_the_handlers_limit(q: Client, conn: Conn) -> None:
     by_handler = q.enqueue("a")
     explicit = q.enqueue("a", max_attempts=2)
     by_default = q.enqueue("b")
@@ -439,7 +439,7 @@ def test_the_first_claim_fills_in_the_handlers_limit(q: Queue, conn: Conn) -> No
     assert (again.id, again.max_attempts) == (by_handler, 4)
 
 
-def test_each_claim_increments_attempts_and_the_lease_token(q: Queue) -> None:
+def test_each_claim_increments_attempts_and_the_lease_token(q: Client) -> None:
     job_id = q.enqueue("t", max_attempts=5)
     [c1] = q.claim(["t"], worker="w1")
     assert (c1.attempt, c1.lease_token) == (1, 1)
@@ -457,7 +457,7 @@ def test_each_claim_increments_attempts_and_the_lease_token(q: Queue) -> None:
 # -- heartbeat -----------------------------------------------------------------------------
 
 
-def test_heartbeat_extends_only_held_leases(q: Queue, conn: Conn) -> None:
+def test_heartbeat_extends_only_held_leases(q: Client, conn: Conn) -> None:
     held = q.enqueue("t")
     other = q.enqueue("t")
     done = q.enqueue("t")
@@ -478,7 +478,7 @@ def test_heartbeat_extends_only_held_leases(q: Queue, conn: Conn) -> None:
     assert q.heartbeat([]) == set()
 
 
-def test_an_expired_lease_is_kept_only_for_a_thread_that_runs_on(q: Queue, conn: Conn) -> None:
+def test_an_expired_lease_is_kept_only_for_a_thread_that_runs_on(q: Client, conn: Conn) -> None:
     kept = q.enqueue("t")
     expired = q.enqueue("t")
     [k, e] = q.claim(["t"], worker="w1", limit=2, lease=60)
@@ -492,7 +492,7 @@ def test_an_expired_lease_is_kept_only_for_a_thread_that_runs_on(q: Queue, conn:
     assert row is not None and row.status is JobStatus.RUNNING and row.locked_until is not None
 
 
-def test_the_heartbeat_says_what_runs_each_job_and_readers_see_only_the_current_attempts(q: Queue, conn: Conn) -> None:
+def test_the_heartbeat_says_what_runs_each_job_and_readers_see_only_the_current_attempts(q: Client, conn: Conn) -> None:
     job_id = q.enqueue("t")
     [c] = q.claim(["t"], worker="w1")
     runner = {"token": c.lease_token, "executor": "process", "pid": 4242, "rss": 90 << 20}
@@ -519,7 +519,7 @@ def test_the_heartbeat_says_what_runs_each_job_and_readers_see_only_the_current_
 # -- complete ------------------------------------------------------------------------------
 
 
-def test_complete(q: Queue, conn: Conn) -> None:
+def test_complete(q: Client, conn: Conn) -> None:
     ids = [q.enqueue("t") for _ in range(3)]
     jobs = q.claim(["t"], worker="w1", limit=3)
     assert q.complete([j.lease for j in jobs[:2]]) == set(ids[:2])
@@ -543,7 +543,7 @@ def tally(conn: Conn) -> list[tuple[str, int, str, int]]:
     return [(r[0], r[1], r[2], r[3]) for r in rows]
 
 
-def test_complete_with_delete_removes_keyless_jobs_and_counts_them(q: Queue, conn: Conn) -> None:
+def test_complete_with_delete_removes_keyless_jobs_and_counts_them(q: Client, conn: Conn) -> None:
     keyless = [q.enqueue("t") for _ in range(3)]
     retried = q.enqueue("u", max_attempts=3)
     keyed = q.enqueue("t", key="order-42")
@@ -567,7 +567,7 @@ def test_complete_with_delete_removes_keyless_jobs_and_counts_them(q: Queue, con
     assert count(conn) == 1
 
 
-def test_complete_with_delete_is_fenced_by_the_lease(q: Queue, conn: Conn) -> None:
+def test_complete_with_delete_is_fenced_by_the_lease(q: Client, conn: Conn) -> None:
     job_id = q.enqueue("t")
     [stale] = q.claim(["t"], worker="w1", lease=60)
     expire(conn, job_id)
@@ -578,7 +578,7 @@ def test_complete_with_delete_is_fenced_by_the_lease(q: Queue, conn: Conn) -> No
     assert snapshot(conn, job_id) == before and tally(conn) == []
 
 
-def test_complete_with_delete_adds_to_the_minute_row_of_its_worker(q: Queue, conn: Conn) -> None:
+def test_complete_with_delete_adds_to_the_minute_row_of_its_worker(q: Client, conn: Conn) -> None:
     ids = q.enqueue_many([NewJob("t") for _ in range(5)])
     for worker, limit in (("w1", 2), ("w2", 2), ("w1", 1)):
         jobs = q.claim(["t"], worker=worker, limit=limit)
@@ -592,7 +592,7 @@ def test_complete_with_delete_adds_to_the_minute_row_of_its_worker(q: Queue, con
 # -- fail ----------------------------------------------------------------------------------
 
 
-def test_fail_returns_the_job_to_ready_after_the_delay(q: Queue, conn: Conn) -> None:
+def test_fail_returns_the_job_to_ready_after_the_delay(q: Client, conn: Conn) -> None:
     job_id = q.enqueue("t", max_attempts=3)
     [job] = q.claim(["t"], worker="host:7")
     [outcome] = q.fail([Failure(job.lease, "ValueError: bad\nTraceback ...", 30)])
@@ -619,7 +619,7 @@ def test_fail_returns_the_job_to_ready_after_the_delay(q: Queue, conn: Conn) -> 
     assert again.attempt == 2
 
 
-def test_fail_sends_the_job_dead_when_attempts_are_spent(q: Queue, conn: Conn) -> None:
+def test_fail_sends_the_job_dead_when_attempts_are_spent(q: Client, conn: Conn) -> None:
     job_id = q.enqueue("t", max_attempts=2)
     [first] = q.claim(["t"], worker="w1")
     [o1] = q.fail([Failure(first.lease, "e1", 0)])
@@ -640,7 +640,7 @@ def test_fail_sends_the_job_dead_when_attempts_are_spent(q: Queue, conn: Conn) -
     assert q.claim(["t"], worker="w3") == []
 
 
-def test_fail_many_at_once(q: Queue) -> None:
+def test_fail_many_at_once(q: Client) -> None:
     a = q.enqueue("t", max_attempts=1)
     b = q.enqueue("t", max_attempts=5)
     ja, jb = q.claim(["t"], worker="w1", limit=2)
@@ -649,7 +649,7 @@ def test_fail_many_at_once(q: Queue) -> None:
     assert q.get(a).last_error == "ea" and q.get(b).last_error == "eb"  # type: ignore[union-attr]
 
 
-def test_fail_clips_long_errors_and_removes_nul(q: Queue) -> None:
+def test_fail_clips_long_errors_and_removes_nul(q: Client) -> None:
     job_id = q.enqueue("t")
     [job] = q.claim(["t"], worker="w1")
     error = "HEAD" + "x" * 20_000 + "\x00" + "TAIL"
@@ -661,7 +661,7 @@ def test_fail_clips_long_errors_and_removes_nul(q: Queue) -> None:
     assert "characters cut" in row.last_error and "\x00" not in row.last_error
 
 
-def test_error_history_keeps_the_newest_fifty(q: Queue, conn: Conn) -> None:
+def test_error_history_keeps_the_newest_fifty(q: Client, conn: Conn) -> None:
     job_id = q.enqueue("t", max_attempts=100)
     for n in range(1, 56):
         [job] = q.claim(["t"], worker="w1")
@@ -674,7 +674,7 @@ def test_error_history_keeps_the_newest_fifty(q: Queue, conn: Conn) -> None:
     assert row.errors[-1].error == "error 55"
 
 
-def test_fail_permanently(q: Queue) -> None:
+def test_fail_permanently(q: Client) -> None:
     job_id = q.enqueue("t", max_attempts=10)
     [job] = q.claim(["t"], worker="w1")
     assert q.fail_permanently([job.lease], ["no such user"]) == {job_id}
@@ -690,7 +690,7 @@ def test_fail_permanently(q: Queue) -> None:
 # -- release -------------------------------------------------------------------------------
 
 
-def test_release_does_not_count_the_attempt(q: Queue, conn: Conn) -> None:
+def test_release_does_not_count_the_attempt(q: Client, conn: Conn) -> None:
     a = q.enqueue("t", max_attempts=1)
     b = q.enqueue("t", max_attempts=1)
     ja, jb = q.claim(["t"], worker="w1", limit=2)
@@ -709,7 +709,7 @@ def test_release_does_not_count_the_attempt(q: Queue, conn: Conn) -> None:
     assert (again.id, again.attempt, again.lease_token, again.uncounted) == (a, 1, 2, 0)
 
 
-def test_releases_the_job_asked_for_are_counted_in_a_row_and_an_outage_is_not(q: Queue) -> None:
+def test_releases_the_job_asked_for_are_counted_in_a_row_and_an_outage_is_not(q: Client) -> None:
     job_id = q.enqueue("t", max_attempts=3)
     seen = []
     for kind in ("retry", "db_error", "abandoned", "shutdown", "retry"):
@@ -736,7 +736,7 @@ def test_releases_the_job_asked_for_are_counted_in_a_row_and_an_outage_is_not(q:
 # -- reap ----------------------------------------------------------------------------------
 
 
-def test_reap_returns_an_expired_lease_to_ready(q: Queue, conn: Conn) -> None:
+def test_reap_returns_an_expired_lease_to_ready(q: Client, conn: Conn) -> None:
     job_id = q.enqueue("t", max_attempts=3)
     keep = q.enqueue("t")
     [job] = q.claim(["t"], worker="host:1", lease=0.05)
@@ -767,7 +767,7 @@ def test_reap_returns_an_expired_lease_to_ready(q: Queue, conn: Conn) -> None:
     assert (again.id, again.attempt, again.lease_token) == (job_id, 2, 2)
 
 
-def test_reap_sends_the_last_attempt_dead(q: Queue, conn: Conn) -> None:
+def test_reap_sends_the_last_attempt_dead(q: Client, conn: Conn) -> None:
     job_id = q.enqueue("crashy", max_attempts=2)
     for n in (1, 2):
         [job] = q.claim(["crashy"], worker=f"w{n}")
@@ -785,7 +785,7 @@ def test_reap_sends_the_last_attempt_dead(q: Queue, conn: Conn) -> None:
     assert q.claim(["crashy"], worker="w3") == []
 
 
-def test_reap_limit(q: Queue, conn: Conn) -> None:
+def test_reap_limit(q: Client, conn: Conn) -> None:
     for _ in range(5):
         q.enqueue("t")
     q.claim(["t"], worker="w1", limit=5)
@@ -799,7 +799,7 @@ def test_reap_limit(q: Queue, conn: Conn) -> None:
 # -- operator: requeue, kill-lease, cancel --------------------------------------------------
 
 
-def test_requeue_by_id(q: Queue, dsn: str) -> None:
+def test_requeue_by_id(q: Client, dsn: str) -> None:
     dead = make_dead(q, "t", "boom")
     failed = make_failed(q, "t", "nope")
     ready = q.enqueue("t")
@@ -820,7 +820,7 @@ def test_requeue_by_id(q: Queue, dsn: str) -> None:
     assert all(j.attempt == 1 for j in claimed)
 
 
-def test_requeue_matching_and_its_dry_run_count(q: Queue, conn: Conn) -> None:
+def test_requeue_matching_and_its_dry_run_count(q: Client, conn: Conn) -> None:
     a_timeout = make_dead(q, "a", "TimeoutError: upstream")
     a_value = make_failed(q, "a", "ValueError: bad")
     b_timeout = make_dead(q, "b", "timeouterror again")
@@ -842,7 +842,7 @@ def test_requeue_matching_and_its_dry_run_count(q: Queue, conn: Conn) -> None:
     assert count(conn, "status = 'ready'") == 4
 
 
-def test_kill_lease(q: Queue, conn: Conn) -> None:
+def test_kill_lease(q: Client, conn: Conn) -> None:
     job_id = q.enqueue("t")
     other = q.enqueue("t")
     [job] = q.claim(["t"], worker="w1")
@@ -860,7 +860,7 @@ def test_kill_lease(q: Queue, conn: Conn) -> None:
     assert next(j for j in reclaimed if j.id == job_id).lease_token == job.lease_token + 1
 
 
-def test_a_killed_lease_counts_as_an_attempt_and_the_last_one_goes_dead(q: Queue) -> None:
+def test_a_killed_lease_counts_as_an_attempt_and_the_last_one_goes_dead(q: Client) -> None:
     job_id = q.enqueue("t", max_attempts=2)
     for attempt in (1, 2):
         [job] = q.claim(["t"], worker="w1")
@@ -876,7 +876,7 @@ def test_a_killed_lease_counts_as_an_attempt_and_the_last_one_goes_dead(q: Queue
     assert q.requeue([job_id], actor="bob") == [job_id]
 
 
-def test_kill_lease_waits_for_an_effect_being_committed(q: Queue, dsn: str) -> None:
+def test_kill_lease_waits_for_an_effect_being_committed(q: Client, dsn: str) -> None:
     """While a handler's `once()` transaction holds the job's row, the kill is refused: the
     effect commits under the lease it was checked against."""
     from jobtui.core.registry import Job
@@ -890,7 +890,7 @@ def test_kill_lease_waits_for_an_effect_being_committed(q: Queue, dsn: str) -> N
     assert q.kill_lease([job_id], actor="bob") == [job_id]
 
 
-def test_cancel(q: Queue) -> None:
+def test_cancel(q: Client) -> None:
     ready = q.enqueue("t")
     running = q.enqueue("t", delay=0)
     done = q.enqueue("u")
@@ -914,32 +914,32 @@ def test_cancel(q: Queue) -> None:
 # -- fencing -------------------------------------------------------------------------------
 
 
-def _reaped(q: Queue, conn: Conn, job_id: int) -> None:
+def _reaped(q: Client, conn: Conn, job_id: int) -> None:
     expire(conn, job_id)
     assert [r.job_id for r in q.reap()] == [job_id]
 
 
-def _reaped_and_reclaimed(q: Queue, conn: Conn, job_id: int) -> None:
+def _reaped_and_reclaimed(q: Client, conn: Conn, job_id: int) -> None:
     _reaped(q, conn, job_id)
     [b] = q.claim(["t"], worker="B")
     assert b.id == job_id
 
 
-def _killed(q: Queue, conn: Conn, job_id: int) -> None:
+def _killed(q: Client, conn: Conn, job_id: int) -> None:
     assert q.kill_lease([job_id], actor="op") == [job_id]
 
 
-def _killed_and_reclaimed(q: Queue, conn: Conn, job_id: int) -> None:
+def _killed_and_reclaimed(q: Client, conn: Conn, job_id: int) -> None:
     _killed(q, conn, job_id)
     [b] = q.claim(["t"], worker="B")
     assert b.id == job_id
 
 
-def _cancelled(q: Queue, conn: Conn, job_id: int) -> None:
+def _cancelled(q: Client, conn: Conn, job_id: int) -> None:
     assert q.cancel([job_id], actor="op") == [job_id]
 
 
-def _reclaimed_by_the_same_worker(q: Queue, conn: Conn, job_id: int) -> None:
+def _reclaimed_by_the_same_worker(q: Client, conn: Conn, job_id: int) -> None:
     _reaped(q, conn, job_id)
     [b] = q.claim(["t"], worker="A")
     assert b.id == job_id
@@ -949,7 +949,7 @@ def _reclaimed_by_the_same_worker(q: Queue, conn: Conn, job_id: int) -> None:
     "lose",
     [_reaped, _reaped_and_reclaimed, _killed, _killed_and_reclaimed, _cancelled, _reclaimed_by_the_same_worker],
 )
-def test_a_lost_lease_cannot_write(q: Queue, conn: Conn, lose: Callable[[Queue, Conn, int], None]) -> None:
+def test_a_lost_lease_cannot_write(q: Client, conn: Conn, lose: Callable[[Client, Conn, int], None]) -> None:
     job_id = q.enqueue("t", max_attempts=5)
     [a] = q.claim(["t"], worker="A", lease=300)
     lose(q, conn, job_id)
@@ -972,7 +972,7 @@ def test_a_lost_lease_cannot_write(q: Queue, conn: Conn, lose: Callable[[Queue, 
         assert q.complete([Lease(job_id, token)]) == {job_id}
 
 
-def test_a_live_lease_among_lost_ones(q: Queue, conn: Conn) -> None:
+def test_a_live_lease_among_lost_ones(q: Client, conn: Conn) -> None:
     lost = q.enqueue("t")
     live = q.enqueue("t")
     a_lost, a_live = q.claim(["t"], worker="A", limit=2)
@@ -995,7 +995,7 @@ def test_concurrent_enqueue_of_the_same_key(dsn: str, conn: Conn) -> None:
 
     def worker(slot: int) -> None:
         try:
-            queue = Queue(dsn)
+            queue = Client(dsn)
             with psycopg.connect(dsn, autocommit=True) as own:
                 for n in range(rounds):
                     barrier.wait()
@@ -1024,7 +1024,7 @@ def _wait_until_blocked(conn: Conn, pid: int) -> None:
 
 @pytest.mark.parametrize("first_commits", [True, False])
 def test_enqueue_waits_for_an_open_transaction_holding_the_key(dsn: str, conn: Conn, first_commits: bool) -> None:
-    queue = Queue(dsn)
+    queue = Client(dsn)
     results: list[int] = []
     errors: list[BaseException] = []
     with psycopg.connect(dsn) as first, psycopg.connect(dsn, autocommit=True) as second:
@@ -1055,7 +1055,7 @@ def test_enqueue_waits_for_an_open_transaction_holding_the_key(dsn: str, conn: C
         assert only_id != first_id and by == "second"
 
 
-def test_four_concurrent_claimers_take_each_job_exactly_once(q: Queue, dsn: str, conn: Conn) -> None:
+def test_four_concurrent_claimers_take_each_job_exactly_once(q: Client, dsn: str, conn: Conn) -> None:
     total = 10_000
     enqueued = q.enqueue_many([NewJob("t", {"i": i}) for i in range(total)])
     assert len(enqueued) == total
@@ -1126,7 +1126,7 @@ def test_claim_uses_the_ready_index_on_a_large_table(dsn: str, conn: Conn) -> No
     assert "Scan using job_ready_idx" in plan or "Bitmap Index Scan on job_ready_idx" in plan, plan
     assert "Seq Scan on job" not in plan, plan
     # The claim itself still works on this table, oldest first.
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         jobs = queue.claim(["type0", "type3"], worker="w1", limit=50)
     assert len(jobs) == 50
     assert [j.run_at for j in jobs] == sorted(j.run_at for j in jobs)
@@ -1136,7 +1136,7 @@ def test_claim_uses_the_ready_index_on_a_large_table(dsn: str, conn: Conn) -> No
 
 @pytest.mark.parametrize("stale_first", [True, False])
 def test_a_batch_holding_a_stale_and_the_current_lease_of_one_job_writes_the_current(
-    q: Queue, conn: Conn, stale_first: bool
+    q: Client, conn: Conn, stale_first: bool
 ) -> None:
     """A worker can hold a job's old lease (reaped) and its new one at once: whichever comes
     first in the batch, the current lease completes the job and extends by heartbeat."""
@@ -1153,7 +1153,7 @@ def test_a_batch_holding_a_stale_and_the_current_lease_of_one_job_writes_the_cur
     assert row is not None and row.status == JobStatus.DONE and row.lease_token == 2
 
 
-def test_complete_and_heartbeat_match_each_job_to_its_own_token_past_32_bit_ids(q: Queue, conn: Conn) -> None:
+def test_complete_and_heartbeat_match_each_job_to_its_own_token_past_32_bit_ids(q: Client, conn: Conn) -> None:
     """Each row's token is looked up by its id: ids past 2**31 and tokens that differ within
     one batch are matched job by job, and a wrong token fences only its own job."""
     conn.execute("SELECT setval(pg_get_serial_sequence('jobtui.job', 'id'), 3000000000)")
@@ -1171,7 +1171,7 @@ def test_complete_and_heartbeat_match_each_job_to_its_own_token_past_32_bit_ids(
     assert q.complete([Lease(c, 1)]) == {c}
 
 
-def test_complete_and_heartbeat_of_large_batches_write_every_row(q: Queue) -> None:
+def test_complete_and_heartbeat_of_large_batches_write_every_row(q: Client) -> None:
     ids = q.enqueue_many([NewJob("t") for _ in range(2500)])  # three chunks of leases
     claimed = q.claim(["t"], worker="w", limit=2500, lease=300)
     assert len(claimed) == 2500
@@ -1181,7 +1181,7 @@ def test_complete_and_heartbeat_of_large_batches_write_every_row(q: Queue) -> No
     assert q.complete(leases) == set()  # fenced: done rows are not running
 
 
-def test_a_reaper_reaps_only_while_in_touch_and_never_its_own_jobs(q: Queue, conn: Conn) -> None:
+def test_a_reaper_reaps_only_while_in_touch_and_never_its_own_jobs(q: Client, conn: Conn) -> None:
     from jobtui.core.claims import reap_call, reap_round_call
 
     mine = q.enqueue("t")
@@ -1205,7 +1205,7 @@ def test_a_reaper_reaps_only_while_in_touch_and_never_its_own_jobs(q: Queue, con
 
 
 def test_each_history_entry_says_when_its_attempt_started(dsn: str) -> None:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         job_id = q.enqueue("history", {}, max_attempts=3)
         (first,) = q.claim(["history"], worker="w1")
         started_first = q.get(job_id).started_at  # type: ignore[union-attr]

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui.clients.client import Queue
+from jobtui.clients.client import Client
 from jobtui.core import queues
 from jobtui.core.claims import claim_call
 from jobtui.kernel.db import run
@@ -55,7 +55,7 @@ def claim_later(
 
 
 def fill(dsn: str, n: int, job_type: str = "a", queue: str = "default") -> list[int]:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         return [q.enqueue(job_type, queue=queue) for _ in range(n)]
 
 
@@ -278,7 +278,7 @@ def table_row(text: str, kind: str, name: str) -> dict[str, str]:
 
 
 def test_a_rate_shows_in_queue_list_stats_and_prometheus(conn: Conn, dsn: str) -> None:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         q.enqueue("sms.send", queue="api")
         q.enqueue("b")
     said(dsn, "queue", "rate", "api", "20/s")
@@ -340,7 +340,7 @@ def passed(conn: Conn, at: datetime) -> None:
 
 
 def two_rated_workers(conn: Conn, app_dsn: str, spawn: Spawn, jobs: int) -> None:
-    with Queue(app_dsn) as q:
+    with Client(app_dsn) as q:
         q.enqueue_many([NewJob("quick", {}) for _ in range(jobs)])
     queues.set_rate(conn, "type", "quick", 20.0, actor="olga")
     for name in ("A", "B"):
@@ -376,7 +376,7 @@ def test_two_workers_hold_to_20_per_second_over_30s_windows(db: Conn, app_dsn: s
 
 def ramp_run(db: Conn, app_dsn: str, spawn: Spawn, jobs: int, ramp: str, seconds: float) -> tuple[int, int]:
     """Jobs started in the first and in the last 5 s of a ramp of a paused queue's backlog."""
-    with Queue(app_dsn) as q:
+    with Client(app_dsn) as q:
         q.enqueue_many([NewJob("quick", {}, queue="bulk") for _ in range(jobs)])
     assert "paused" in jobtui(app_dsn, "queue", "pause", "bulk").stdout
     for name in ("A", "B"):
@@ -403,7 +403,7 @@ def test_a_30s_ramp_over_20000_ready_jobs(db: Conn, app_dsn: str, spawn: Spawn) 
 
 def test_a_rated_queue_without_due_jobs_costs_the_claim_a_few_rows(conn: Conn, dsn: str) -> None:
     """A rate elsewhere must not make every claim read the whole backlog of the others."""
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         q.enqueue_many([NewJob("a", {}) for _ in range(5000)])
     conn.execute("VACUUM ANALYZE jobtui.job")
     queues.set_rate(conn, "queue", "idle", 5.0, actor="olga")

@@ -77,7 +77,7 @@ def test_the_readmes_first_job_runs_as_written(dsn: str, tmp_path: Path, monkeyp
         try:
             job_id = int(jobtui_cli(enqueue, env, tmp_path))
             monkeypatch.setenv("JOBTUI_DSN", dsn)
-            exec(block(README, "python", "jobtui.Queue()"), {})
+            exec(block(README, "python", "jobtui.Client()"), {})
             wait_until(lambda: statuses(dsn) == {"done": 2}, 30, "both jobs done", log.read_text)
         finally:
             assert stop(worker) == 0, log.read_text()
@@ -95,10 +95,10 @@ def test_effects_once_and_a_worker_of_your_own_run_as_written(dsn: str, tmp_path
     (tmp_path / "myapp").mkdir()
     (tmp_path / "myapp" / "jobs.py").write_text(handlers)
     (tmp_path / "run.py").write_text(block(GETTING_STARTED, "python", "# run.py"))
-    queue = jobtui.Queue(dsn)
+    client = jobtui.Client(dsn)
     for job_type in ("welcome.record", "welcome.record_async"):
         for _ in range(3):
-            queue.enqueue(job_type, {"user_id": 7})
+            client.enqueue(job_type, {"user_id": 7})
     log = tmp_path / "run.log"
     with log.open("wb") as out:
         program = subprocess.Popen([sys.executable, "run.py"], cwd=tmp_path, env=env, stdout=out,
@@ -114,7 +114,7 @@ def test_effects_once_and_a_worker_of_your_own_run_as_written(dsn: str, tmp_path
 def test_the_enqueue_examples_run_as_written(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE users (id int PRIMARY KEY)")
-    code = block(GETTING_STARTED, "python", "queue.enqueue_many(")
+    code = block(GETTING_STARTED, "python", "client.enqueue_many(")
     assert EXAMPLE_DSN in code
     exec(code.replace(EXAMPLE_DSN, dsn), {})
     assert statuses(dsn) == {"ready": 10_003}

@@ -1,8 +1,8 @@
-from jobtui import Queue
+from jobtui import Client
 
 
 def test_enqueue_claim_complete(dsn: str) -> None:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         job_id = q.enqueue("t", {"a": 1})
         [job] = q.claim(["t"], worker="w1", limit=5)
         assert job.id == job_id and job.attempt == 1

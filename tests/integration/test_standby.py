@@ -17,7 +17,7 @@ from prometheus_client.core import Metric
 from psycopg.conninfo import make_conninfo
 from textual.widgets import Static
 
-from jobtui import NewJob, Queue
+from jobtui import Client, NewJob
 from jobtui.kernel import migrate
 from jobtui.reads.metrics import snapshot
 from jobtui.service.prometheus import QueueCollector
@@ -36,7 +36,7 @@ def pair() -> Iterator[tuple[LocalCluster, Standby]]:
     with LocalCluster.create(settings=PRIMARY_SETTINGS) as primary:
         with psycopg.connect(primary.dsn(), autocommit=True) as conn:
             migrate.migrate(conn)
-            with Queue(primary.dsn()) as queue:
+            with Client(primary.dsn()) as queue:
                 queue.enqueue_many([NewJob("mail.send", {"n": i}) for i in range(30)])
             conn.execute(
                 "INSERT INTO jobtui.job (type, status, attempts, max_attempts, finished_at, last_error)"

@@ -30,7 +30,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from jobtui import Failure, JobStatus, Lease, NewJob, Queue
+from jobtui import Client, Failure, JobStatus, Lease, NewJob
 from jobtui.core.claims import claim_call
 from jobtui.kernel.domain import DEFAULT_MAX_ATTEMPTS
 
@@ -89,7 +89,7 @@ class ModelJob:
 
 
 class JobMachine(RuleBasedStateMachine):
-    queue: Queue
+    queue: Client
     conn: Conn
 
     @initialize(seed=st.lists(st.tuples(st.sampled_from(TYPES), st.none() | st.integers(1, 3)), min_size=1, max_size=4))
@@ -516,7 +516,7 @@ class JobMachine(RuleBasedStateMachine):
 
 
 def test_job_state_machine(dsn: str, conn: Conn) -> None:
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         JobMachine.queue = queue
         JobMachine.conn = conn
         run_state_machine_as_test(

@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from jobtui import Job, Jobs, JobStatus, NewJob, Queue, Retry
+from jobtui import Client, Job, Jobs, JobStatus, NewJob, Retry
 from jobtui.testing import adrain, assert_enqueued, drain, refute_enqueued, run_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ def _jobs(calls: list[str]) -> Jobs:
 
 
 def test_assertions_see_the_open_transaction(dsn: str) -> None:
-    with psycopg.connect(dsn) as conn, Queue(dsn) as queue:
+    with psycopg.connect(dsn) as conn, Client(dsn) as queue:
         queue.enqueue("ok", {"n": 1, "extra": True}, conn=conn)
         assert assert_enqueued(conn, "ok", {"n": 1})["payload"] == {"n": 1, "extra": True}
         refute_enqueued(conn, "ok", {"n": 2})
@@ -71,16 +71,16 @@ def test_run_job_writes_each_outcome(dsn: str) -> None:
 def test_drain_runs_due_jobs_until_none_is_due(dsn: str) -> None:
     calls: list[str] = []
     jobs = _jobs(calls)
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         queue.enqueue_many([NewJob("ok", {"n": i}) for i in range(3)] + [NewJob("later", {})])
     ran = drain(jobs, dsn)
     assert sorted(r.outcome for r in ran) == ["complete", "complete", "complete", "retry"]
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         assert queue.count(status="done") == 3 and queue.count(status="ready", type="later") == 1
 
 
 async def test_adrain_in_async_tests(dsn: str) -> None:
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         queue.enqueue("flaky", {})
     ran = await adrain(_jobs([]), dsn)
     # Retried after its backoff, so not due again within the drain.

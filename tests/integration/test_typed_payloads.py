@@ -8,7 +8,7 @@ import pydantic
 import pytest
 
 import jobtui
-from jobtui import InvalidInput, Job, Jobs, JobStatus, Queue, Worker
+from jobtui import Client, InvalidInput, Job, Jobs, JobStatus, Worker
 from tests.waits import until
 
 
@@ -34,7 +34,7 @@ def _jobs(seen: list[object]) -> Jobs:
 async def test_payloads_are_checked_at_enqueue_and_decoded_for_the_handler(dsn: str) -> None:
     seen: list[object] = []
     jobs = _jobs(seen)
-    with Queue(dsn, middleware=[jobtui.checked_payloads(jobs)]) as queue:
+    with Client(dsn, middleware=[jobtui.checked_payloads(jobs)]) as queue:
         with pytest.raises(InvalidInput) as bad:
             queue.enqueue("email.welcome", {"user_id": "not a number"})
         message = str(bad.value)
@@ -47,7 +47,7 @@ async def test_payloads_are_checked_at_enqueue_and_decoded_for_the_handler(dsn: 
         row = queue.get(from_dict)
         assert row is not None and row.payload == {"user_id": 8, "name": "friend"}
         # A payload that skipped the check (enqueued from the shell) fails for good, at once.
-        with Queue(dsn) as unchecked:
+        with Client(dsn) as unchecked:
             stray = unchecked.enqueue("email.welcome", {"user": 1}, max_attempts=5)
         worker = Worker(jobs, dsn, concurrency=2, scheduler=False, retention=None, poll_interval=0.05)
         task = asyncio.create_task(worker.run())

@@ -10,7 +10,7 @@ import asyncio
 import psycopg
 import pytest
 
-from jobtui import Job, Jobs, NewJob, Queue, Worker
+from jobtui import Client, Job, Jobs, NewJob, Worker
 from jobtui.core.claims import release_unanswered_call
 from jobtui.core.queues import set_limit
 from tests.waits import until
@@ -19,7 +19,7 @@ Conn = psycopg.Connection[tuple[object, ...]]
 
 
 def test_jobs_of_a_lost_claim_go_back_to_ready_uncounted_and_no_others(dsn: str, conn: Conn) -> None:
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         queue.enqueue_many([NewJob("mail.send", {"n": i}) for i in range(6)])
         held = queue.claim(["mail.send"], worker="w1", limit=2)  # the worker got these
         queue.claim(["mail.send"], worker="w1", limit=2)  # the answer of this one was lost
@@ -46,7 +46,7 @@ async def test_a_claim_answered_after_its_lease_hands_its_jobs_back_unstarted(
     async def run(job: Job) -> None:
         started.append(job.attempt)
 
-    with Queue(dsn) as queue:
+    with Client(dsn) as queue:
         set_limit(conn, "limited", 5, actor="test")
         job_id = queue.enqueue("limited.job", {}, queue="limited")
     lease = 2.0

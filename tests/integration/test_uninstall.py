@@ -16,7 +16,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from jobtui.clients.client import Queue
+from jobtui.clients.client import Client
 from jobtui.core import scheduler as sched
 from jobtui.core.history import record_flow
 from jobtui.core.registry import ScheduleSpec
@@ -46,7 +46,7 @@ def installed(dsn: str) -> Iterator[tuple[str, str, str]]:
         run_grants(dsn, worker, create_role=True)
         run_grants(dsn, readonly, read_only=True, create_role=True)
         run_grants(dsn, own)  # it exists: granted, not created, so not jobtui's to drop
-        with Queue(dsn) as q:
+        with Client(dsn) as q:
             ids = [q.enqueue("email.send", {"n": n}) for n in range(5)]
             q.cancel(ids[:2], actor="olga")
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -147,7 +147,7 @@ def test_uninstall_asks_first_and_refuses_without_an_answer(dsn: str, installed:
 
 
 def test_uninstall_refuses_while_leases_live(dsn: str) -> None:
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         q.enqueue("t")
         assert q.claim(["t"], worker="w1", limit=1)
     result = jobtui(dsn, "uninstall", "--yes")

@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui.clients.client import Queue
+from jobtui.clients.client import Client
 from jobtui.kernel import migrate as migrations
 from jobtui.kernel.domain import NewJob
 from tests.waits import wait_until
@@ -129,7 +129,7 @@ def test_the_previous_release_drains_jobs_on_this_schema(
     conn.execute("CREATE TABLE ran (job_id bigint, attempt int, worker text, what text)")
     assert migrations.applied_version(conn) == migrations.code_version() >= PREVIOUS_VERSION
     # This release's producers enqueue, and so does the old release's command line.
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         ids = q.enqueue_many([NewJob("old.sync", {"n": n}) for n in range(40)])
         ids += q.enqueue_many([NewJob("old.async", {"n": n}, queue="mail") for n in range(20)])
         flaky = q.enqueue("old.flaky", key="flaky-1")
@@ -174,7 +174,7 @@ def test_the_previous_release_drains_jobs_on_this_schema(
     assert rows == [(flaky, "done", 2), (permanent, "failed", 1), (once, "done", 1)]
     assert conn.execute("SELECT count(*) FROM jobtui.effect WHERE job_id = %s", (once,)).fetchone() == (1,)
     # This release's code reads what the old one wrote.
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         job = q.get(permanent)
     assert job is not None and job.last_error is not None and "refused for good" in job.last_error
     # The old release never migrates a newer schema backwards.
@@ -200,7 +200,7 @@ def test_a_key_archived_by_the_previous_release_returns_its_job(
     """Its archiver knows nothing of job_key: the trigger keeps the key as its delete moves the
     job out, also for a job the previous release enqueued (no job_key row)."""
     folder, env = previous
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         mine = q.enqueue("t", key="by-this-release")
     old = jobtui(dsn, "enqueue", "t", "--key", "by-the-previous-release", env=env, cwd=folder)
     assert old.returncode == 0, old
@@ -213,7 +213,7 @@ def test_a_key_archived_by_the_previous_release_returns_its_job(
         [sys.executable, "-c", OLD_SWEEP, dsn], cwd=folder, env={**os.environ, **env}, capture_output=True, text=True
     )
     assert swept.returncode == 0 and swept.stdout.strip() == "2", swept
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         assert q.enqueue("t", key="by-this-release") == mine
         assert q.enqueue("t", key="by-the-previous-release") == theirs
     assert conn.execute("SELECT count(*) FROM jobtui.job").fetchone() == (0,)
@@ -227,7 +227,7 @@ def test_a_worker_of_the_previous_release_shows_by_its_leases_beside_this_ones_r
     folder, env = previous
     conn.execute("CREATE TABLE ran (job_id bigint, attempt int, worker text, what text)")
     conn.execute(APP_TABLES)
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         slow = q.enqueue("old.slow", {"sleep": 30})
     logs = []
     procs = []
@@ -255,7 +255,7 @@ def test_a_worker_of_the_previous_release_shows_by_its_leases_beside_this_ones_r
         shown = jobtui(dsn, "workers").stdout
         assert "old-0.2.0 (not registered): 1 job(s) held" in shown
         # Both drain what they handle.
-        with Queue(dsn) as q:
+        with Client(dsn) as q:
             old_ids = q.enqueue_many([NewJob("old.sync", {"n": n}) for n in range(5)])
             new_ids = q.enqueue_many([NewJob("nap", {"sleep": 0}) for _ in range(5)])
         done = "SELECT count(*) FROM jobtui.job WHERE id = ANY(%s) AND status = 'done'"

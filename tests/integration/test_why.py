@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui import NewJob, Queue
+from jobtui import Client, NewJob
 from jobtui.cli.main import main
 from jobtui.core import queues
 from jobtui.core.history import record_flow
@@ -367,7 +367,7 @@ def test_a_worker_of_the_previous_release_is_said_unseen_not_missing(
     names the worker as what it cannot see."""
     folder, env = previous
     db.execute("CREATE TABLE ran (job_id bigint, attempt int, worker text, what text)")
-    with Queue(dsn) as q:
+    with Client(dsn) as q:
         slow = q.enqueue("old.slow", {"sleep": 30})
         waiting = q.enqueue_many([NewJob("old.sync", {"n": n}) for n in range(3)])
     log = tmp_path / "old.log"

@@ -1,6 +1,6 @@
 """A real database with known jobs for the console's pilot tests, and polling helpers.
 
-`seed(dsn)` makes, through jobtui.Queue, the scheduler API and plain SQL:
+`seed(dsn)` makes, through jobtui.Client, the scheduler API and plain SQL:
 
     ready      email.send x4 due, x2 delayed; sms.send x1 due
     running    report.build x2 on worker-a:1 (long leases); image.resize x1 on ghost:9 whose
@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 
-from jobtui.clients.client import Queue
+from jobtui.clients.client import Client
 from jobtui.core import scheduler
 from jobtui.core.registry import ScheduleSpec
 from jobtui.kernel.domain import NewJob
@@ -56,7 +56,7 @@ def _dead(conn: psycopg.Connection[Any], job_type: str, error: str, status: str 
 
 
 def seed(dsn: str) -> Seeded:
-    with Queue(dsn, max_connections=1) as queue:
+    with Client(dsn, max_connections=1) as queue:
         ready = queue.enqueue_many([NewJob("email.send", {"to": f"user{i}@example.com"}) for i in range(4)])
         delayed = queue.enqueue_many([NewJob("email.send", {"to": "later@example.com"}, delay=3600)] * 2)
         sms = queue.enqueue("sms.send", {"to": "+15550100"})

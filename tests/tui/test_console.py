@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from jobtui.clients.client import Queue
+from jobtui.clients.client import Client
 from jobtui.core.registry import Job, Jobs
 from jobtui.kernel.domain import NewJob
 from jobtui.reads.metrics import DeadGroup
@@ -138,7 +138,7 @@ async def test_a_job_that_leaves_the_group_before_the_answer_is_not_counted_as_r
         await open_pane(pilot, app, "dead", BILLING_KEY)
         await pilot.press("r")
         assert "3 row(s) will change" in await confirm_question(pilot, app)
-        with Queue(dsn, max_connections=1) as queue:  # another operator requeues one of them
+        with Client(dsn, max_connections=1) as queue:  # another operator requeues one of them
             assert queue.requeue([s.dead_billing[0]], actor="someone-else") == [s.dead_billing[0]]
         await answer(pilot, app, "y")
         expected = "requeued 2 of the 3 job(s) counted: 1 left the group before you confirmed"
@@ -276,7 +276,7 @@ async def test_cancel_a_ready_job_from_the_type_list(dsn: str) -> None:
 
 async def test_the_ready_pane_shows_the_attempts_each_types_done_jobs_used(dsn: str) -> None:
     seed(dsn)
-    with Queue(dsn, max_connections=1) as queue:
+    with Client(dsn, max_connections=1) as queue:
         done = queue.enqueue_many([NewJob("email.send")] * 4 + [NewJob("pdf.render")] * 2)
     # Done in the last minutes with 1, 1, 1 and 3 attempts (email.send), 2 and 2 (pdf.render).
     for job_id, attempts in zip(done, [1, 1, 1, 3, 2, 2], strict=True):
@@ -520,7 +520,7 @@ async def test_number_keys_switch_panes_each_offering_only_its_actions(dsn: str)
 
 async def test_free_text_is_shown_as_is_not_as_markup(dsn: str) -> None:
     error = "ValueError: expected list[int], got [/oops] [bold]x"
-    with Queue(dsn, max_connections=1) as queue:
+    with Client(dsn, max_connections=1) as queue:
         job = queue.enqueue("odd[type]", {"tags": ["[b]"]}, max_attempts=1)
     query(dsn, "UPDATE jobtui.job SET status = 'dead', attempts = 1, last_error = %s, finished_at = now() "
           "WHERE id = %s RETURNING id", error, job)  # fmt: skip
@@ -611,7 +611,7 @@ def echo(job: Job) -> None:
 async def test_embedded_worker_runs_jobs_pauses_and_stops_on_quit(dsn: str) -> None:
     worker_logger = logging.getLogger("jobtui.worker")
     before = (worker_logger.level, worker_logger.propagate, list(worker_logger.handlers))
-    with Queue(dsn, max_connections=1) as queue:
+    with Client(dsn, max_connections=1) as queue:
         worker = Worker(jobs, dsn, concurrency=2, poll_interval=0.2, scheduler=False, retention=None,
                         worker_id="console-worker", shutdown_timeout=5)  # fmt: skip
         async with console(dsn, worker=worker) as (app, pilot):
@@ -651,7 +651,7 @@ async def test_embedded_worker_runs_jobs_pauses_and_stops_on_quit(dsn: str) -> N
 async def test_the_worker_pane_shows_the_embedded_workers_process_pool(dsn: str) -> None:
     from tests.apps import stoppable_app
 
-    with Queue(dsn, max_connections=1) as queue:
+    with Client(dsn, max_connections=1) as queue:
         worker = Worker(stoppable_app.jobs, dsn, concurrency=1, poll_interval=0.2, scheduler=False, retention=None,
                         worker_id="console-pool", shutdown_timeout=5, executor="process",
                         max_jobs_per_child=2)  # fmt: skip

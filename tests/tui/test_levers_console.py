@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from jobtui.clients.client import Queue
+from jobtui.clients.client import Client
 from jobtui.core import queues
 from jobtui.kernel.domain import NewJob
 from jobtui.tui.screens import ConfirmScreen, JobDetailScreen
@@ -183,7 +183,7 @@ async def test_read_only_searches_but_offers_no_bulk_action(dsn: str) -> None:
 
 
 def enqueue_accounts(dsn: str, n: int, account: str = "acme") -> list[int]:
-    with Queue(dsn, max_connections=1) as q:
+    with Client(dsn, max_connections=1) as q:
         return q.enqueue_many([NewJob("email.send", {"account": account, "n": i}) for i in range(n)])
 
 

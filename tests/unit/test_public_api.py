@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import jobtui
+import jobtui.clients.aclient
+import jobtui.clients.client
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -22,9 +26,35 @@ def names_used(page: Path) -> set[str]:
 
 def test_every_name_the_readme_uses_is_exported() -> None:
     names = names_used(README)
-    assert {"Jobs", "Job", "Queue", "AsyncQueue", "NewJob", "Permanent", "Retry"} <= names
+    assert {"Jobs", "Job", "Client", "AsyncClient", "NewJob", "Permanent", "Retry"} <= names
     missing = sorted(n for n in names if not hasattr(jobtui, n))
     assert missing == []
+
+
+@pytest.mark.parametrize(
+    ("module", "old", "new"),
+    [
+        (jobtui, "Queue", jobtui.Client),
+        (jobtui, "AsyncQueue", jobtui.AsyncClient),
+        (jobtui.clients.client, "Queue", jobtui.Client),
+        (jobtui.clients.aclient, "AsyncQueue", jobtui.AsyncClient),
+    ],
+)
+def test_the_old_client_names_still_work_and_warn(module: object, old: str, new: type) -> None:
+    # The clients' names of 0.2.0 are the same classes for one release: isinstance holds.
+    with pytest.warns(DeprecationWarning, match=rf"\.{old} is deprecated.*use .*\.{new.__name__}$"):
+        alias = getattr(module, old)
+    assert alias is new
+    assert old not in getattr(module, "__all__", ())
+
+
+def test_the_old_client_names_import_and_type_check() -> None:
+    with pytest.warns(DeprecationWarning, match="use jobtui.Client"):
+        from jobtui import Queue
+    with Queue("postgresql://localhost/app") as client:  # no connection before the first call
+        assert isinstance(client, jobtui.Client)
+    with pytest.raises(AttributeError, match="no attribute 'Queues'"):
+        jobtui.Queues  # type: ignore[attr-defined]  # noqa: B018
 
 
 def test_every_name_getting_started_uses_is_exported() -> None:
