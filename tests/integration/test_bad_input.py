@@ -37,6 +37,7 @@ from tests.waits import until
 Conn = psycopg.Connection[Any]
 
 SQL = "'); DROP TABLE jobtui.job; --"
+# Hostile text, never run: its pg_sleep would show as a stalled command were it ever executed.
 SQL_TOO = 'x" OR 1=1; DELETE FROM jobtui.audit; SELECT pg_sleep(10); --'
 REFUSED_DSN = "postgresql://postgres@127.0.0.1:1/test"
 APP = "tests.apps.worker_app:jobs"
