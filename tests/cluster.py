@@ -20,6 +20,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -127,6 +128,16 @@ class LocalCluster:
         """Until the server accepts connections; the monotonic time it first did."""
         wait_until(self.accepting, timeout, f"the cluster on port {self.port} to accept connections")
         return time.monotonic()
+
+    def start_accepting(self) -> float:
+        """Start the server; the monotonic time it first accepted a connection, which a poll
+        from this thread sees while pg_ctl still waits to report it."""
+        starting = threading.Thread(target=self.start)
+        starting.start()
+        try:
+            return self.wait_accepting()
+        finally:
+            starting.join()
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -151,3 +151,21 @@ def empty_dsn(server_dsn: str) -> Iterator[str]:
 def conn(dsn: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
     with psycopg.connect(dsn, autocommit=True) as connection:
         yield connection
+
+
+def scalar(conn: psycopg.Connection[Any], query: str, params: Any = None) -> Any:
+    """The one value `query` answers: its row's first column."""
+    row = conn.execute(query, params).fetchone()
+    assert row is not None, query
+    return row[0]
+
+
+def rows_read(conn: psycopg.Connection[Any]) -> int:
+    """Rows of the job table this transaction read, through an index or a scan."""
+    return int(
+        scalar(
+            conn,
+            "SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0) FROM pg_stat_xact_user_tables"
+            " WHERE schemaname = 'jobtui' AND relname = 'job'",
+        )
+    )

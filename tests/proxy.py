@@ -22,15 +22,22 @@ from typing import Any
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 
+def server_address(server_dsn: str) -> tuple[int, Any]:
+    """The socket family and address of the server a DSN names (a Unix socket's directory,
+    or a host)."""
+    params = conninfo_to_dict(server_dsn)
+    host = str(params.get("host") or "/var/run/postgresql")
+    port = int(params.get("port") or 5432)
+    if host.startswith("/"):
+        return (socket.AF_UNIX, f"{host}/.s.PGSQL.{port}")
+    return (socket.AF_INET, (host, port))
+
+
 class Proxy:
-    def __init__(self, server_dsn: str) -> None:
-        params = conninfo_to_dict(server_dsn)
-        host = str(params.get("host") or "/var/run/postgresql")
-        port = int(params.get("port") or 5432)
-        if host.startswith("/"):
-            self._target: tuple[int, Any] = (socket.AF_UNIX, f"{host}/.s.PGSQL.{port}")
-        else:
-            self._target = (socket.AF_INET, (host, port))
+    def __init__(self, server_dsn: str, host: str = "127.0.0.1") -> None:
+        """A proxy listening on `host` (an address of this machine) for the server of `server_dsn`."""
+        self._target = server_address(server_dsn)
+        self.host = host
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
         self._flowing = threading.Event()
@@ -46,7 +53,7 @@ class Proxy:
         """`dsn` with its host and port replaced by the proxy's."""
         params = conninfo_to_dict(dsn)
         params.pop("hostaddr", None)
-        return make_conninfo("", **{**params, "host": "127.0.0.1", "port": str(self.port)})
+        return make_conninfo("", **{**params, "host": self.host, "port": str(self.port)})
 
     def cut(self) -> None:
         """Reset every connection and refuse new ones."""
@@ -91,7 +98,7 @@ class Proxy:
     def _listen(self) -> None:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
+        listener.bind((self.host, self.port))
         listener.listen(64)
         self.port = listener.getsockname()[1]
         with self._lock:

@@ -20,7 +20,6 @@ effect), `fail_first` (the first attempt raises before its effect).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from typing import Any
@@ -30,6 +29,7 @@ import psycopg
 from jobtui.core.registry import Job, Jobs
 from jobtui.kernel.backoff import BackoffPolicy
 from jobtui.kernel.db import connection_options
+from tests.apps.work import awork, work
 
 jobs = Jobs()
 
@@ -103,13 +103,13 @@ def _effect(job: Job) -> None:
     payload = job.payload
     with psycopg.connect(_dsn(), autocommit=True, **_options()) as conn:
         conn.execute(_ATTEMPT, _attempt_row(job, "start"))
-        time.sleep(_seconds(payload.get("before"), job))
+        work(_seconds(payload.get("before"), job))
         _fail_first(job)
         with conn.transaction():
             seen = conn.execute(_SEEN, (job.id,)).fetchone()
             if job.once(conn, effect_key(job.id)):
                 conn.execute(_EFFECT, _effect_row(job, seen))
-        time.sleep(_seconds(payload.get("after"), job))
+        work(_seconds(payload.get("after"), job))
         conn.execute(_ATTEMPT, _attempt_row(job, "end"))
 
 
@@ -117,13 +117,13 @@ async def _effect_async(job: Job) -> None:
     payload = job.payload
     async with await psycopg.AsyncConnection.connect(_dsn(), autocommit=True, **_options()) as conn:
         await conn.execute(_ATTEMPT, _attempt_row(job, "start"))
-        await asyncio.sleep(_seconds(payload.get("before"), job))
+        await awork(_seconds(payload.get("before"), job))
         _fail_first(job)
         async with conn.transaction():
             seen = await (await conn.execute(_SEEN, (job.id,))).fetchone()
             if await job.once_async(conn, effect_key(job.id)):
                 await conn.execute(_EFFECT, _effect_row(job, seen))
-        await asyncio.sleep(_seconds(payload.get("after"), job))
+        await awork(_seconds(payload.get("after"), job))
         await conn.execute(_ATTEMPT, _attempt_row(job, "end"))
 
 

@@ -54,7 +54,7 @@ async def _async_loop(dsn: str, gap: float, stop: threading.Event) -> None:
                 _say("AsyncClient", began, exc)
             else:
                 _say("AsyncClient", began, None)
-            await asyncio.sleep(gap)
+            await asyncio.to_thread(stop.wait, gap)  # as the sync loop: ends at once on stop
 
 
 def main() -> None:

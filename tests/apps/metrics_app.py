@@ -3,9 +3,8 @@ test_probes.py)."""
 
 from __future__ import annotations
 
-import asyncio
-
 from jobtui.core.registry import Job, Jobs
+from tests.apps.work import awork
 
 jobs = Jobs()
 
@@ -16,6 +15,6 @@ def noop(job: Job) -> None:
 
 
 @jobs.handler("metrics.sleep")
-async def sleep(job: Job) -> None:
+async def in_flight(job: Job) -> None:
     """Sleep `seconds`: a job still in flight while its worker drains."""
-    await asyncio.sleep(float(job.payload.get("seconds", 5)))
+    await awork(float(job.payload.get("seconds", 5)))

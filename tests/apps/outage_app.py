@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import psycopg
 
 from jobtui.core.registry import Job, Jobs, LeaseLost
 from jobtui.kernel.backoff import BackoffPolicy
+from tests.apps.work import awork, note, work
 
 jobs = Jobs()
 FAST = BackoffPolicy(base=0.1, cap=0.2)
@@ -31,13 +31,7 @@ def _dsn() -> str:
 
 
 def event(job: Job, what: str) -> None:
-    line = f"{what} {job.id} {job.lease_token} {job.worker_id} {time.monotonic():.6f}\n"
-    # One write of a short line with O_APPEND: lines of several processes do not interleave.
-    fd = os.open(os.environ["JOBTUI_TEST_EVENTS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+    note(job, what)
 
 
 def _record(conn: psycopg.Connection[Any], job: Job, key: str) -> None:
@@ -52,9 +46,7 @@ async def outage_async(job: Job) -> None:
     """Work for `seconds`, then do the job's effect once."""
     event(job, "start")
     try:
-        deadline = time.monotonic() + float(job.payload["seconds"])
-        while time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await awork(float(job.payload["seconds"]))
     except asyncio.CancelledError:
         event(job, "cancelled")
         raise
@@ -71,12 +63,9 @@ async def outage_async(job: Job) -> None:
 def outage_sync(job: Job) -> None:
     """As outage.async, in a thread: it stops when `job.lost` says so, as a long handler should."""
     event(job, "start")
-    deadline = time.monotonic() + float(job.payload["seconds"])
-    while time.monotonic() < deadline:
-        if job.lost:
-            event(job, "stopped")
-            return
-        time.sleep(0.05)
+    if work(float(job.payload["seconds"]), lambda: job.lost):
+        event(job, "stopped")
+        return
     with psycopg.connect(_dsn()) as conn:
         if job.once(conn, f"outage:{job.id}"):
             _record(conn, job, f"outage:{job.id}")

@@ -15,51 +15,45 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-import time
 from typing import Any
 
 import psycopg
 
 from jobtui.core.registry import Job, Jobs
 from jobtui.kernel.backoff import BackoffPolicy
+from tests.apps.work import note, work
 
 jobs = Jobs()
 FAST = BackoffPolicy(base=0.1, cap=0.2)
 
 
 def event(job: Job, what: str) -> None:
-    line = f"{what} {job.id} {job.lease_token} {job.worker_id} {os.getpid()} {time.monotonic():.6f}\n"
-    # One write of a short line with O_APPEND: lines of several processes do not interleave.
-    fd = os.open(os.environ["JOBTUI_TEST_EVENTS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+    note(job, what, str(os.getpid()))
 
 
-def _sleep(job: Job) -> None:
+def _work(job: Job) -> None:
     event(job, "start")
     first = job.lease_token == 1
-    time.sleep(float(job.payload["seconds"] if first else job.payload.get("then", job.payload["seconds"])))
+    work(float(job.payload["seconds"] if first else job.payload.get("then", job.payload["seconds"])))
     event(job, "end")
 
 
 @jobs.handler("sleeper", backoff=FAST)
 def sleeper(job: Job) -> None:
     """Sleeps `seconds` (on later claims `then`, if given), and that is all."""
-    _sleep(job)
+    _work(job)
 
 
 @jobs.handler("sleeper.timeout", backoff=FAST, timeout=2, max_attempts=2)
 def sleeper_timeout(job: Job) -> None:
-    _sleep(job)
+    _work(job)
 
 
 @jobs.handler("sleeper.effect", backoff=FAST)
 def sleeper_effect(job: Job) -> None:
     """Sleeps, then does its effect once (effect_log, through job.once)."""
     event(job, "start")
-    time.sleep(float(job.payload["seconds"]))
+    work(float(job.payload["seconds"]))
     with psycopg.connect(os.environ["JOBTUI_DSN"]) as conn:
         if job.once(conn, f"sleeper:{job.id}"):
             conn.execute(
@@ -93,8 +87,8 @@ def hog(job: Job) -> None:
     held: list[Any] = []
     for _ in range(int(job.payload["mib"]) // 8):
         held.append(b"\x01" * (8 << 20))  # every page written, so resident
-        time.sleep(0.02)
-    time.sleep(30)
+        work(0.02)  # memory that grows over a while, as a leaking job's does
+    work(30)
     event(job, "end")
 
 
@@ -112,7 +106,7 @@ def hog_brief(job: Job) -> None:
     held = [b"\x01" * (int(job.payload["mib"]) << 20)]
 
     def release() -> None:
-        time.sleep(float(job.payload["linger"]))
+        work(float(job.payload["linger"]))
         held.clear()
 
     threading.Thread(target=release, daemon=True).start()

@@ -21,13 +21,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-import time
 from typing import Any
 
 import psycopg
 
 from jobtui.core.registry import Job, Jobs, Permanent, Retry
 from jobtui.kernel.backoff import BackoffPolicy
+from tests.apps.work import awork, work
 
 jobs = Jobs()
 # For the bad --app tests: an attribute that is not a Jobs registry.
@@ -100,7 +100,7 @@ def effect(job: Job) -> None:
     _wait_gate(job, job.payload.get("hold_before"))
     _effect(job, job.payload["key"])
     _log(job, "effect")
-    time.sleep(_seconds(job.payload.get("after"), job))
+    work(_seconds(job.payload.get("after"), job))
     _wait_gate(job, job.payload.get("hold_after"))
     _log(job, "end")
 
@@ -117,7 +117,7 @@ async def effect_async(job: Job) -> None:
                 (job.payload["key"], job.id, job.attempt, job.worker_id),
             )
     await _alog(job, "effect")
-    await asyncio.sleep(_seconds(job.payload.get("after"), job))
+    await awork(_seconds(job.payload.get("after"), job))
     await _await_gate(job, job.payload.get("hold_after"))
     await _alog(job, "end")
 
@@ -155,7 +155,7 @@ def boom(job: Job) -> None:
 @jobs.handler("slow_async", timeout=0.5, backoff=FAST)
 async def slow_async(job: Job) -> None:
     await _alog(job, "start")
-    await asyncio.sleep(float(job.payload.get("sleep", 5)))
+    await awork(float(job.payload.get("sleep", 5)))
     await _alog(job, "end")
 
 
@@ -163,7 +163,7 @@ async def slow_async(job: Job) -> None:
 def slow_sync(job: Job) -> None:
     """Runs over its timeout, then tries its effect: the helper must refuse it."""
     _log(job, "start")
-    time.sleep(float(job.payload.get("sleep", 1.5)))
+    work(float(job.payload.get("sleep", 1.5)))
     try:
         _effect(job, job.payload["key"])
     except Exception as exc:
@@ -182,7 +182,7 @@ async def nap(job: Job) -> None:
     """Sleep `sleep` seconds; logs `cancelled` if the worker cancels it meanwhile."""
     await _alog(job, "start")
     try:
-        await asyncio.sleep(float(job.payload.get("sleep", 0.1)))
+        await awork(float(job.payload.get("sleep", 0.1)))
     except asyncio.CancelledError:
         await asyncio.shield(_alog(job, "cancelled"))
         raise
@@ -194,9 +194,7 @@ def nap_sync(job: Job) -> None:
     """Sleep `sleep` seconds in steps, returning early once `job.cancelled`; then try effect
     `key`, which a cancelled job's helper must refuse."""
     _log(job, "start")
-    deadline = time.monotonic() + float(job.payload.get("sleep", 0.1))
-    while time.monotonic() < deadline and not job.cancelled:
-        time.sleep(0.02)
+    work(float(job.payload.get("sleep", 0.1)), lambda: job.cancelled)
     if job.cancelled:
         _log(job, "cancelled")
     try:

@@ -13,7 +13,9 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
+import psycopg
 import pytest
 
 from tests.proxy import Proxy
@@ -21,6 +23,46 @@ from tests.workers import WorkerProcess
 
 LEASE = 2.0
 Start = Callable[..., WorkerProcess]
+
+
+class Attempt(Protocol):
+    """An attempt as its handler's events show it: when it started, and when it surely ran no
+    more (None: not known to have stopped)."""
+
+    @property
+    def started(self) -> float: ...
+
+    @property
+    def stopped(self) -> float | None: ...
+
+
+A = TypeVar("A", bound=Attempt)
+
+
+def db_with(tables: str) -> Any:
+    """A `db` fixture for a test module: a connection to the test's database, in which
+    `tables` (those its app's handlers write) are made."""
+
+    @pytest.fixture
+    def db(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(tables)
+            yield conn
+
+    return db
+
+
+def overlapping(found: list[A]) -> list[tuple[A, A]]:
+    """Pairs of attempts that may have run at the same time (one not known to have stopped
+    runs on)."""
+    pairs = []
+    for i, a in enumerate(found):
+        for b in found[i + 1 :]:
+            a_end = a.stopped if a.stopped is not None else float("inf")
+            b_end = b.stopped if b.stopped is not None else float("inf")
+            if a.started < b_end and b.started < a_end:
+                pairs.append((a, b))
+    return pairs
 
 
 @pytest.fixture

@@ -67,7 +67,7 @@ from jobtui.core.jobs import enqueue_many  # noqa: E402
 from jobtui.kernel.domain import NewJob  # noqa: E402
 from jobtui.kernel.migrate import migrate  # noqa: E402
 from tests.apps.chaos_app import APP_TABLES, POISON_ATTEMPTS, effect_key  # noqa: E402
-from tests.waits import wait_until  # noqa: E402
+from tests.waits import hold, wait_until  # noqa: E402
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 APP = "tests.apps.chaos_app:jobs"
@@ -428,15 +428,16 @@ class Run:
 
     def retried(self, work: Callable[[Conn], T]) -> T:
         """`work` on the harness connection, again on a new one while the server restarts."""
-        for attempt in range(20):
+
+        def attempt() -> tuple[T] | None:
             try:
-                return work(self.db())
+                return (work(self.db()),)
             except psycopg.OperationalError:
                 self.forget_conn()
-                if attempt == 19:
-                    raise
-                time.sleep(0.25)
-        raise AssertionError("unreachable")
+                return None
+
+        answer: tuple[T] = wait_until(attempt, 10, "the database to answer again", every=0.25)
+        return answer[0]
 
     def query(self, statement: str, params: Any = None) -> list[Any]:
         def read(conn: Conn) -> list[Any]:
@@ -572,7 +573,7 @@ class Run:
             if now - last_report >= 10:
                 last_report = now
                 self.say(f"  {now - start:4.0f} s: {self.progress_line()}")
-            time.sleep(0.02)
+            hold(0.02, "the chaos loop's tick: its faults and enqueues fall due on the clock")
         for _, _, proc in pending:
             proc.cont()
         self.result.chaos_seconds = time.monotonic() - start
@@ -584,21 +585,23 @@ class Run:
 
     def drain(self) -> None:
         started = time.monotonic()
-        deadline = started + self.config.drain_timeout
-        while time.monotonic() < deadline:
+
+        def drained() -> bool:
             self.supervise()
             rows = self.query(
                 "SELECT count(*) FROM jobtui.job WHERE idempotency_key LIKE %s AND status IN ('ready', 'running')",
                 (KEY_PREFIX + "%",),
             )
-            if int(rows[0][0]) == 0:
-                break
-            time.sleep(0.1)
+            return int(rows[0][0]) == 0
+
+        # Not drained in time is not a failure here: the checks that follow say which jobs.
+        deadline = started + self.config.drain_timeout
+        timeout = 2 * self.config.drain_timeout
+        wait_until(lambda: drained() or time.monotonic() > deadline, timeout, "the drain or its deadline", every=0.1)
         self.result.drain_seconds = time.monotonic() - started
 
     def stop_workers(self) -> None:
-        # Woken zombies may still be finishing their handlers: let them try to write.
-        time.sleep(self.config.lease)
+        hold(self.config.lease, "woken zombies to finish their handlers and try to write")
         for proc in self.slots:
             proc.terminate(10)
 

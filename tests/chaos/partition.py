@@ -36,7 +36,7 @@ from tests.apps.chaos_app import APP_TABLES
 from tests.chaos.harness import Proc, Procs, child_env, worker_args
 from tests.netns import Topology
 from tests.topology import PgBouncer
-from tests.waits import wait_until
+from tests.waits import hold, wait_until
 
 LEASE = 3.0
 HELD = 4
@@ -174,7 +174,7 @@ def run_partition(seconds: float, executor: str, *, log_dir: Path, pooler: bool 
         result.reclaimed_after = time.monotonic() - cut
         wait_until(lambda: all(_row(db, j)["status"] == "done" for j in held), 60, "B to finish A's old jobs", b.log)
         done_by_b = {j: _row(db, j) for j in held}
-        time.sleep(max(0.0, cut + seconds - time.monotonic()))
+        hold(cut + seconds - time.monotonic(), "the rest of the partition")
 
         net.heal(0)
         healed = _db_seconds(db)
@@ -194,8 +194,7 @@ def run_partition(seconds: float, executor: str, *, log_dir: Path, pooler: bool 
         done_at = sorted(finished())
         result.back_after = done_at[0] - healed if done_at else float("inf")
         result.all_done_after = done_at[-1] - healed if len(done_at) == JOBS else float("inf")
-        # What A still had in flight from before the partition has landed by now, if it would.
-        time.sleep(2 * LEASE)
+        hold(2 * LEASE, "what A still had in flight from before the partition to land, if it would")
         result.log = a.log()
         result.handed_back = result.log.count("handed back to ready unstarted")
         _check(db, held, own, done_by_b, result)

@@ -22,7 +22,7 @@ from jobtui.kernel import migrate
 from jobtui.kernel.db import DEAD_SOCKET_SECONDS
 from tests.cluster import LocalCluster
 from tests.netns import Topology
-from tests.waits import wait_until
+from tests.waits import hold, wait_until
 
 CLIENTS = ("Client", "AsyncClient")
 BACK_WITHIN = 2.0
@@ -123,13 +123,10 @@ def test_enqueues_come_back_within_2s_of_a_restart_after_30s_down() -> None:
         try:
             wait_until(lambda: loop.succeeded_after(0), 30, "both clients to enqueue", loop.log)
             cluster.stop()
-            time.sleep(30)  # the outage
-            starting = threading.Thread(target=cluster.start)
-            starting.start()
-            back = cluster.wait_accepting()
-            starting.join()
+            hold(30, "the outage")
+            back = cluster.start_accepting()
             wait_until(lambda: loop.succeeded_after(back), 20, "enqueues after the restart", loop.log)
-            time.sleep(BACK_WITHIN)  # a failure after the recovery would show by now
+            hold(BACK_WITHIN, "a failure after the recovery, which must not come, to show")
         finally:
             loop.stop()
         _check(loop, back, "a restart after 30s down")
@@ -144,10 +141,10 @@ def test_enqueues_come_back_within_2s_of_a_silent_partitions_heal(seconds: float
         try:
             wait_until(lambda: loop.succeeded_after(0), 30, "both clients to enqueue", loop.log)
             with net.cut_off(0):
-                time.sleep(seconds)  # the partition
+                hold(seconds, "the partition")
             back = time.monotonic()
             wait_until(lambda: loop.succeeded_after(back), 20, "enqueues after the heal", loop.log)
-            time.sleep(BACK_WITHIN)
+            hold(BACK_WITHIN, "a failure after the heal, which must not come, to show")
         finally:
             loop.stop()
         _check(loop, back, f"a heal after {seconds:g}s cut off")

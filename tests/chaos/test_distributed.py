@@ -22,9 +22,7 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,7 +39,8 @@ from jobtui.core.jobs import enqueue, enqueue_call
 from jobtui.core.registry import ScheduleSpec
 from tests.apps.chaos_app import effect_key
 from tests.chaos.harness import Proc, Procs, worker_args
-from tests.waits import wait_until
+from tests.proxy import Proxy
+from tests.waits import hold, wait_until
 from tests.workers import scheduler_started
 
 Conn = psycopg.Connection[Any]
@@ -151,81 +150,18 @@ def netns() -> Iterator[Netns]:
         ip("netns", "del", ns.name)
 
 
-class Relay:
-    """A TCP relay from the host end of the veth pair to the PostgreSQL server.
-
-    The server listens on loopback only: rather than change its listen_addresses (a restart)
-    and pg_hba.conf for the test, the worker in the namespace connects here, over the veth
-    pair, and the relay forwards its bytes to the server. Cutting the link leaves both ends
-    of every connection open with nothing getting through, as a real partition does.
-    """
-
-    def __init__(self, host: str, server_dsn: str) -> None:
-        params = conninfo_to_dict(server_dsn)
-        server_host = str(params.get("host") or "/var/run/postgresql")
-        port = int(params.get("port") or 5432)
-        if server_host.startswith("/"):
-            self._target: tuple[int, Any] = (socket.AF_UNIX, f"{server_host}/.s.PGSQL.{port}")
-        else:
-            self._target = (socket.AF_INET, (server_host, port))
-        self._listener = socket.create_server((host, 0))
-        self._listener.settimeout(0.2)
-        self.port = self._listener.getsockname()[1]
-        self._sockets: list[socket.socket] = []
-        self._closed = threading.Event()
-        threading.Thread(target=self._accept, name="relay-accept", daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            client.settimeout(None)
-            upstream = socket.socket(self._target[0], socket.SOCK_STREAM)
-            try:
-                upstream.connect(self._target[1])
-            except OSError:
-                client.close()
-                continue
-            self._sockets += [client, upstream]
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), name="relay-pump", daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in (src, dst):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self._closed.set()
-        self._listener.close()
-        for sock in self._sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-
-
 @pytest.fixture
-def relay(netns: Netns, server_dsn: str) -> Iterator[Relay]:
-    forwarder = Relay(netns.host_addr, server_dsn)
-    try:
+def relay(netns: Netns, server_dsn: str) -> Iterator[Proxy]:
+    """A relay from the host end of the veth pair to the server, which listens on loopback
+    only: rather than change its listen_addresses (a restart) and pg_hba.conf for the test,
+    the worker in the namespace connects to this, over the veth pair. Cutting the link leaves
+    both ends of every connection open with nothing getting through, as a real partition does."""
+    with Proxy(server_dsn, host=netns.host_addr) as forwarder:
         yield forwarder
-    finally:
-        forwarder.close()
 
 
 def test_partitioned_worker_comes_back_to_stale_leases(
-    netns: Netns, relay: Relay, db: Conn, chaos_dsn: str, procs: Procs
+    netns: Netns, relay: Proxy, db: Conn, chaos_dsn: str, procs: Procs
 ) -> None:
     # (Fixtures in this order: the processes are killed before the relay and the namespace go.)
     params = conninfo_to_dict(chaos_dsn)
@@ -270,7 +206,7 @@ def test_partitioned_worker_comes_back_to_stale_leases(
         f"job {after} (chaos.async) attempt 1: its lease was not extended in time",
     ]
     wait_until(lambda: all(line in a.log() for line in gave_up), 40, "A to give up its stale jobs", a.log)
-    time.sleep(1)  # anything A still had in flight has arrived by now
+    hold(1, "anything A still had in flight to arrive, which must change nothing")
     for job_id in (before, after):
         now = row(db, job_id)
         assert now == done[job_id], f"job {job_id} was overwritten after it was done"
@@ -349,12 +285,13 @@ def test_workers_with_clocks_hours_off_go_by_the_database_clock(db: Conn, chaos_
     def probed() -> set[str]:
         return {str(r[0]) for r in db.execute("SELECT DISTINCT worker FROM chaos_clock")}
 
-    for _ in range(40):
+    def probe() -> bool:
         if probed() == set(workers):
-            break
+            return True
         add(db, "chaos.clock", {"after": 0.2})
-        time.sleep(0.25)
-    assert probed() == set(workers), "both workers should have run a clock probe"
+        return False
+
+    wait_until(probe, 20, "both workers to run a clock probe", every=0.25)
     for worker, local_at, db_at in db.execute("SELECT worker, local_at, db_at FROM chaos_clock"):
         assert abs((local_at - db_at) - skews[worker]) < timedelta(minutes=2), (worker, local_at, db_at)
 
@@ -485,7 +422,7 @@ def test_schedulers_killed_at_random_fire_each_slot_once_and_count_the_missed(
                 kills += 1
                 respawn[i] = now + rng.uniform(0.2, 1.5)
                 next_event = now + rng.uniform(0.3, 1.2)
-        time.sleep(0.02)
+        hold(0.02, "the loop's tick: its kills and respawns fall due on the clock")
     for i, running in enumerate(slots):
         if running is not None:
             kill(i)

@@ -15,9 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,21 +26,17 @@ import pytest
 from jobtui import AsyncClient, Client, DatabaseUnavailable, NewJob
 from jobtui.core.jobs import enqueue, enqueue_call
 from jobtui.kernel import migrate
-from tests.chaos.app_workers import LEASE, Start
+from tests.chaos.app_workers import LEASE, Start, db_with, overlapping
 from tests.cluster import LocalCluster
 from tests.proxy import Proxy
-from tests.waits import wait_until
+from tests.waits import hold, wait_until
 from tests.workers import APP_TABLES, WorkerProcess, close_gate, open_gate
 
 APP = "tests.apps.outage_app:jobs"
 Conn = psycopg.Connection[Any]
 
 
-@pytest.fixture
-def db(dsn: str) -> Iterator[Conn]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(APP_TABLES)
-        yield conn
+db = db_with(APP_TABLES)
 
 
 @dataclass(frozen=True)
@@ -73,18 +67,6 @@ def runs(events: Path, job_id: int) -> list[Run]:
         Run(token, worker, at, stops.get(token, (None, None))[1], stops.get(token, (None, None))[0])
         for token, (worker, at) in sorted(starts.items())
     ]
-
-
-def overlapping(found: list[Run]) -> list[tuple[Run, Run]]:
-    """Pairs of attempts that ran at the same time."""
-    pairs = []
-    for i, a in enumerate(found):
-        for b in found[i + 1 :]:
-            a_end = a.stopped if a.stopped is not None else float("inf")
-            b_end = b.stopped if b.stopped is not None else float("inf")
-            if a.started < b_end and b.started < a_end:
-                pairs.append((a, b))
-    return pairs
 
 
 def job_row(db: Conn, job_id: int) -> dict[str, Any]:
@@ -148,11 +130,11 @@ def _outage_trial(trial: Trial, db: Conn, dsn: str, proxy: Proxy, start: Start, 
     # Enqueued once every worker runs, so the first one may take it or not: either is fine.
     job_id = enqueue(db, enqueue_call(trial.job_type, {"seconds": 4 * LEASE}))
     wait_until(lambda: runs(events, job_id), 10, "the job to start", workers[0].log)
-    time.sleep(trial.offset)
+    hold(trial.offset, "the point in the job at which the outage begins")
     down, up = (proxy.cut, proxy.restore) if trial.mode == "cut" else (proxy.freeze, proxy.thaw)
     down()
     try:
-        time.sleep(trial.outage)
+        hold(trial.outage, "the outage")
     finally:
         up()
 
@@ -237,8 +219,7 @@ def test_a_zombie_inside_its_effect_transaction_keeps_the_job_until_it_commits(
 ) -> None:
     job_id, x, gate = _freeze_in_effect("after", db, dsn, start, tmp_path)
     try:
-        # X stays frozen for three leases: time for Y to reap and claim the job, were it able to.
-        time.sleep(3 * LEASE)
+        hold(3 * LEASE, "X frozen for three leases: time for Y to reap and claim the job, were it able to")
         # once() locked the job's row: however long X is frozen, its expired lease is not
         # reaped and nobody claims the job, so the effect cannot commit under a later claim.
         row = job_row(db, job_id)
@@ -295,7 +276,7 @@ def test_a_worker_started_while_the_database_is_away_waits_for_it(
     proxy.cut()
     w = start("W", proxy.dsn(dsn), wait=False)
     w.wait_log("waiting up to 60s for PostgreSQL", 15)
-    time.sleep(1.5)
+    hold(1.5, "a while in which the worker must not give up and exit")
     assert w.proc.poll() is None, w.log()
     proxy.restore()
     w.wait_started(20)
@@ -331,13 +312,9 @@ def test_after_a_restart_heartbeats_go_first_and_claims_are_back_within_two_seco
             long = enqueue(conn, enqueue_call("outage.async", {"seconds": 8}))
         wait_until(lambda: runs(events, long), 10, "the long job to start", w.log)
         cluster.stop()
-        time.sleep(1)
-        # Started in the background while this thread polls: the moment the server first
-        # accepts a connection, not the moment pg_ctl reports it.
-        starting = threading.Thread(target=cluster.start)
-        starting.start()
-        accepting = cluster.wait_accepting()
-        starting.join()
+        hold(1, "the server down a while, with the long job in flight")
+        # The moment the server first accepts a connection, not the moment pg_ctl reports it.
+        accepting = cluster.start_accepting()
         with psycopg.connect(app, autocommit=True) as conn:
             quick = enqueue(conn, enqueue_call("outage.async", {"seconds": 0}))
         wait_until(lambda: runs(events, quick), 10, "the job enqueued after the restart to start", w.log)

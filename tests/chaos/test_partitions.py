@@ -30,7 +30,7 @@ from tests.apps.chaos_app import APP_TABLES
 from tests.chaos.harness import ROOT, Procs, child_env
 from tests.chaos.partition import LEASE, run_partition
 from tests.netns import Topology
-from tests.waits import wait_until
+from tests.waits import hold, wait_until
 from tests.workers import scheduler_started
 
 Conn = psycopg.Connection[Any]
@@ -129,7 +129,7 @@ def test_a_scheduler_cut_off_counts_the_partitions_slots_by_policy_and_is_back_w
                 wait_until(lambda: all(len(_slots(db, i)) >= 2 for i in ids.values()), 30, "slots fired", s.log)
                 cut_at = _db_now(db)
                 with net.cut_off(0):
-                    time.sleep(seconds)  # the partition
+                    hold(seconds, "the partition")
                 healed = _db_now(db)
                 created = {p: _schedule_row(db, i)["created_at"] for p, i in ids.items()}
 
@@ -138,7 +138,7 @@ def test_a_scheduler_cut_off_counts_the_partitions_slots_by_policy_and_is_back_w
 
                 wait_until(fired_after_heal, 20, "the scheduler to fire after the heal", s.log)
                 back = min(c for i in ids.values() for c in _slots(db, i).values() if c > healed) - healed
-                time.sleep(GRACE + 1)  # slots after the heal are handled within their grace by now
+                hold(GRACE + 1, "slots after the heal to be handled within their grace")
                 rows = {p: _schedule_row(db, i) for p, i in ids.items()}
                 slots = {p: _slots(db, i) for p, i in ids.items()}
         finally:
@@ -229,7 +229,7 @@ def test_the_consoles_header_turns_red_when_cut_off_and_clears_within_2s_of_the_
                 with net.cut_off(0) as cut:
                     wait_until(lambda: _alarm(term.screen()), 10, "the red header", term.screen)
                     red_after = time.monotonic() - cut
-                    time.sleep(max(0.0, cut + 10 - time.monotonic()))  # the partition
+                    hold(cut + 10 - time.monotonic(), "the rest of the partition")
                 healed = time.monotonic()
                 wait_until(lambda: not _alarm(term.screen()), 10, "the header to clear", term.screen)
                 cleared_after = time.monotonic() - healed

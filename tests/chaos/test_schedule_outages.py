@@ -9,7 +9,6 @@ the grace it ran on time; later it was missed, and only the policy's backfill ga
 from __future__ import annotations
 
 import re
-import time
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,7 +19,7 @@ from jobtui.core import scheduler as sched
 from jobtui.core.registry import ScheduleSpec
 from jobtui.kernel.cronslots import MAX_BACKFILL
 from tests.chaos.harness import Proc, Procs
-from tests.waits import wait_until
+from tests.waits import hold, wait_until
 from tests.workers import scheduler_started
 
 Conn = psycopg.Connection[Any]
@@ -102,7 +101,7 @@ def run_outage(
             p.kill()
         else:
             p.stop()
-    time.sleep(down)
+    hold(down, "the schedulers down")
     ended = db_clock(db)
     if how == "kill":
         start_schedulers(procs, "b")

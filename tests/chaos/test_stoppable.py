@@ -31,21 +31,17 @@ import pytest
 from jobtui import Client, JobFilter, NewJob
 from jobtui.core.bulk import Bulk
 from jobtui.core.jobs import enqueue, enqueue_call
-from tests.chaos.app_workers import LEASE, Start
+from tests.chaos.app_workers import LEASE, Start, db_with, overlapping
 from tests.cluster import _free_port
 from tests.proxy import Proxy
-from tests.waits import wait_until
+from tests.waits import hold, wait_until
 from tests.workers import APP_TABLES
 
 APP = "tests.apps.stoppable_app:jobs"
 Conn = psycopg.Connection[Any]
 
 
-@pytest.fixture
-def db(dsn: str) -> Iterator[Conn]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(APP_TABLES)
-        yield conn
+db = db_with(APP_TABLES)
 
 
 @dataclass
@@ -95,7 +91,7 @@ class Deaths:
                     self.gone[fds.pop(fd)] = time.monotonic()
                     os.close(fd)
             else:
-                time.sleep(0.01)
+                self._stop.wait(0.01)  # no handler yet: read the events file again soon
 
     def close(self) -> None:
         self._stop.set()
@@ -135,18 +131,6 @@ def all_stopped(events: Path, job_id: int, deaths: Deaths, timeout: float = 5.0)
     with contextlib.suppress(AssertionError):
         wait_until(lambda: all(r.stopped is not None for r in runs(events, job_id, deaths)), timeout, "")
     return runs(events, job_id, deaths)
-
-
-def overlapping(found: list[Run]) -> list[tuple[Run, Run]]:
-    """Pairs of attempts that may have run at the same time."""
-    pairs = []
-    for i, a in enumerate(found):
-        for b in found[i + 1 :]:
-            a_end = a.stopped if a.stopped is not None else float("inf")
-            b_end = b.stopped if b.stopped is not None else float("inf")
-            if a.started < b_end and b.started < a_end:
-                pairs.append((a, b))
-    return pairs
 
 
 def job_row(db: Conn, job_id: int) -> dict[str, Any]:
@@ -457,10 +441,10 @@ def _trial(trial: Trial, db: Conn, dsn: str, proxy: Proxy, start: Start, events:
     # A later attempt (a stopped process's job, run again) is short: only the first can overlap.
     job_id = enqueue(db, enqueue_call("sleeper", {"seconds": trial.sleep, "then": 1.0}))
     wait_until(lambda: runs(events, job_id), 15, "the handler to start", w.log)
-    time.sleep(trial.offset)
+    hold(trial.offset, "the point in the job at which the outage begins")
     proxy.cut()
     try:
-        time.sleep(trial.outage)
+        hold(trial.outage, "the outage")
     finally:
         proxy.restore()
     wait_until(lambda: job_row(db, job_id)["status"] == "done", 60, "the job done after the outage", w.log)

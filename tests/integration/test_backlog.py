@@ -18,6 +18,7 @@ from jobtui.kernel import donehistory
 from jobtui.kernel.domain import NewJob
 from jobtui.reads import metrics
 from jobtui.reads.metrics import snapshot
+from tests.conftest import scalar
 from tests.waits import wait_until
 
 Conn = psycopg.Connection[Any]
@@ -47,12 +48,8 @@ def backlog_of_30(dsn: str, conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def oldest_due_age(conn: Conn) -> float:
-    row = conn.execute(
-        "SELECT extract(epoch FROM now() - min(run_at))::float8 FROM jobtui.job"
-        " WHERE status = 'ready' AND run_at <= now()"
-    ).fetchone()
-    assert row is not None
-    return float(row[0])
+    due = "SELECT min(run_at) FROM jobtui.job WHERE status = 'ready' AND run_at <= now()"
+    return float(scalar(conn, f"SELECT extract(epoch FROM now() - ({due}))::float8"))
 
 
 def test_up_to_the_cap_every_ready_job_is_counted(dsn: str, conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None:

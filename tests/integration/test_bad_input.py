@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import os
 import re
 import socket
@@ -18,7 +17,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -27,43 +25,25 @@ import pytest
 from psycopg import sql
 
 from jobtui import Client, Failure, InvalidInput, JobStatus, NewJob
-from jobtui.cli.main import main
 from jobtui.core import scheduler as schedules
 from jobtui.core.registry import Job, Jobs, ScheduleSpec
 from jobtui.kernel import migrate as migrations
 from jobtui.kernel.cronslots import check_cron
 from jobtui.worker import Worker
+from tests.cli import Ran, jobtui
 from tests.conftest import with_dbname
 from tests.waits import until
 
 Conn = psycopg.Connection[Any]
 
 SQL = "'); DROP TABLE jobtui.job; --"
+# Hostile text, never run: its pg_sleep would show as a stalled command were it ever executed.
 SQL_TOO = 'x" OR 1=1; DELETE FROM jobtui.audit; SELECT pg_sleep(10); --'
 REFUSED_DSN = "postgresql://postgres@127.0.0.1:1/test"
 APP = "tests.apps.worker_app:jobs"
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Ran:
-    code: int
-    out: str
-    err: str
-
-
-def jobtui(dsn: str, *args: str) -> Ran:
-    """`jobtui --dsn DSN ARGS`, in this process: the same entry point, without the start-up
-    time of an interpreter (and without the 128 KiB limit of one exec argument)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(["--dsn", dsn, *args])
-        except SystemExit as exc:  # argparse
-            code = exc.code if isinstance(exc.code, int) else 1
-    return Ran(code, out.getvalue(), err.getvalue())
 
 
 def jobtui_process(dsn: str, *args: str | bytes) -> Ran:

@@ -22,6 +22,7 @@ from psycopg.conninfo import conninfo_to_dict
 from jobtui import Client, JobFilter, NewJob
 from jobtui.core.bulk import Bulk
 from jobtui.kernel.errors import InvalidInput
+from tests.conftest import scalar
 from tests.integration.test_levers import jobtui
 from tests.topology import PgBouncer
 from tests.waits import wait_until
@@ -159,11 +160,8 @@ def bulk_process(dsn: str, *args: str, **env: str) -> subprocess.Popen[str]:
 
 def others(conn: Conn) -> int:
     """Client sessions of this test's database other than `conn`'s."""
-    row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
-    ).fetchone()
-    return int(row[0]) if row else 0
+    sessions = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+    return int(scalar(conn, f"{sessions} AND backend_type = 'client backend' AND pid <> pg_backend_pid()"))
 
 
 def test_a_bulk_requeue_killed_half_way_and_run_again_requeues_every_job_once(conn: Conn, dsn: str) -> None:

@@ -25,7 +25,7 @@ from jobtui.reads.metrics import snapshot
 from jobtui.reads.overview import overview
 from jobtui.service.prometheus import forecast_families
 from tests.integration.test_levers import jobtui
-from tests.waits import wait_until
+from tests.waits import hold, wait_until
 from tests.workers import WorkerProcess
 
 Conn = psycopg.Connection[Any]
@@ -74,7 +74,7 @@ def drain_with_inflow(db: Conn, app_dsn: str, spawn: Spawn, backlog: int, second
     inflow = threading.Thread(target=enqueue_steadily, args=(app_dsn, INFLOW, stop))
     inflow.start()
     try:
-        time.sleep(seconds)  # the window the drain and the inflow are measured over
+        hold(seconds, "the window the drain and the inflow are measured over")
     finally:
         stop.set()
         inflow.join()

@@ -5,7 +5,6 @@ role, forged ones change nothing, and a real cancel still stops its job at once.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +16,7 @@ from jobtui.core.bulk import Bulk
 from jobtui.kernel.domain import NewJob
 from jobtui.kernel.jobfilter import JobFilter
 from tests.roles import Roles, grant_roles
-from tests.waits import wait_until
+from tests.waits import hold, wait_until
 from tests.workers import WorkerProcess
 
 Conn = psycopg.Connection[Any]
@@ -60,7 +59,7 @@ def test_forged_cancel_notifications_change_nothing(
     before = {i: job_row(db, i) for i in ids}
     for dsn in (roles.readonly_dsn, roles.worker_dsn):
         forge(dsn, ids)
-    time.sleep(1.0)  # a forged cancel acted on reaches the handlers within a few hundred ms
+    hold(1.0, "a forged cancel, were it acted on, to reach the handlers (a few hundred ms)")
     for job_id in ids:
         assert events(db, job_id) == ["start"], worker.log()
         assert job_row(db, job_id) == before[job_id]  # still running, same lease, no error recorded

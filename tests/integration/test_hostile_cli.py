@@ -7,15 +7,12 @@ cut it; the worker's log lines cannot be forged.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,33 +21,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from jobtui import Client
-from jobtui.cli.main import main
 from jobtui.kernel.explain import first_line
 from jobtui.reads.metrics import snapshot
 from tests.apps.hostile_app import CRASHES, REFUSED
+from tests.cli import Ran, jobtui
 from tests.hostile import Texts, assert_safe, seed, texts, visible
 from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 Conn = psycopg.Connection[Any]
-
-
-@dataclass(frozen=True)
-class Ran:
-    code: int
-    out: str
-    err: str
-
-
-def jobtui(dsn: str, *args: str) -> Ran:
-    """`jobtui --dsn DSN ARGS` through the CLI's main, in this process."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(["--dsn", dsn, *args])
-        except SystemExit as exc:  # argparse
-            code = exc.code if isinstance(exc.code, int) else 1
-    return Ran(code, out.getvalue(), err.getvalue())
 
 
 def shown(dsn: str, *args: str) -> str:

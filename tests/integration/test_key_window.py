@@ -12,7 +12,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,6 +25,8 @@ from jobtui.core.registry import ScheduleSpec
 from jobtui.core.scheduler import fire_due, slot_key, upsert
 from jobtui.kernel.db import Call, run
 from jobtui.kernel.jobfilter import JobFilter
+from tests.conftest import scalar
+from tests.waits import wait_until
 
 Conn = psycopg.Connection[Any]
 DAY = 86400.0
@@ -203,17 +204,13 @@ def test_a_late_backfill_after_the_slots_job_was_archived_enqueues_nothing(dsn: 
 
 def _waiting(conn: Conn, n: int, timeout: float = 10.0) -> None:
     """Until `n` sessions of this database wait for a lock."""
-    deadline = time.monotonic() + timeout
-    query = (
-        "SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted"
-        " AND pid IN (SELECT pid FROM pg_stat_activity WHERE datname = current_database())"
-    )
-    while time.monotonic() < deadline:
-        row = conn.execute(query).fetchone()
-        if row is not None and row[0] >= n:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{n} enqueues never waited for the lock")
+    wait_until(lambda: _lock_waits(conn) >= n, timeout, f"{n} enqueues to wait for the lock")
+
+
+def _lock_waits(conn: Conn) -> int:
+    """How many sessions of this database wait for a lock."""
+    ours = "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+    return int(scalar(conn, f"SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted AND pid IN ({ours})"))
 
 
 def _racing(dsn: str, key: str, n: int = 2) -> tuple[list[threading.Thread], list[int | BaseException]]:
@@ -235,16 +232,11 @@ def _racing(dsn: str, key: str, n: int = 2) -> tuple[list[threading.Thread], lis
 
 def _answered_or_waiting(conn: Conn, threads: list[threading.Thread], n: int) -> None:
     """Until each enqueue has its answer or waits for a lock."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        waiting = conn.execute(
-            "SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted"
-            " AND pid IN (SELECT pid FROM pg_stat_activity WHERE datname = current_database())"
-        ).fetchone()
-        if sum(not t.is_alive() for t in threads) + (waiting[0] if waiting else 0) >= n:
-            return
-        time.sleep(0.02)
-    raise AssertionError("the enqueues neither answered nor waited")
+    wait_until(
+        lambda: sum(not t.is_alive() for t in threads) + _lock_waits(conn) >= n,
+        10,
+        "the enqueues to answer or wait for the lock",
+    )
 
 
 @pytest.mark.parametrize("end", ["commit", "rollback"])

@@ -5,8 +5,6 @@ the claim statement of the release before claims beside it."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,8 +16,9 @@ from jobtui.core import queues
 from jobtui.core.claims import claim_call
 from jobtui.kernel.db import run
 from jobtui.kernel.domain import NewJob
-from tests.integration.test_levers import count, enqueue, jobtui
-from tests.waits import wait_until
+from tests.conftest import rows_read
+from tests.integration.test_levers import count, enqueue, jobtui, sampled
+from tests.waits import hold, wait_until
 from tests.workers import WorkerProcess
 
 Conn = psycopg.Connection[Any]
@@ -29,16 +28,6 @@ RELEASES = Path(__file__).resolve().parents[1] / "releases"
 
 def claim(conn: Conn, queue: str | None = None, limit: int = 10, types: tuple[str, ...] = ("a",)) -> list[int]:
     return [j.id for j in run(conn, claim_call(types, worker="w", limit=limit, queue=queue))]
-
-
-def rows_read(conn: Conn) -> int:
-    """Rows of the job table this transaction read, through an index or a scan."""
-    row = conn.execute(
-        "SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0) FROM pg_stat_xact_user_tables"
-        " WHERE schemaname = 'jobtui' AND relname = 'job'"
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def test_levers_out_of_the_claims_reach_cost_it_no_row(conn: Conn, dsn: str) -> None:
@@ -94,24 +83,10 @@ def test_a_limit_set_while_a_worker_runs_holds_within_one_claim_cycle(db: Conn, 
     ids = enqueue(app_dsn, "lim", 100, sleep=0.3)
     wait_until(lambda: count(db, "queue = 'lim' AND status = 'running'") >= 4, 15, "the worker ran the queue at 6")
     assert "2 running at once" in jobtui(app_dsn, "queue", "limit", "lim", "2").stdout
-    time.sleep(1.0)  # one claim cycle (the poll); the jobs claimed before the limit finish
-    samples: list[int] = []
-    stop = threading.Event()
-
-    def sample() -> None:
-        with psycopg.connect(app_dsn, autocommit=True) as conn:
-            while not stop.is_set():
-                samples.append(count(conn, "queue = 'lim' AND status = 'running'"))
-                stop.wait(0.01)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    try:
+    hold(1.0, "one claim cycle (the poll), in which the jobs claimed before the limit finish")
+    with sampled(app_dsn, "queue = 'lim' AND status = 'running'") as samples:
         done = count(db, "queue = 'lim' AND status = 'done'")
-        time.sleep(1.5)
-    finally:
-        stop.set()
-        sampler.join()
+        hold(1.5, "the span sampled, in which the limit must hold")
     assert max(samples) <= 2, f"running jobs of the limited queue, sampled: max {max(samples)}"
     assert count(db, "queue = 'lim' AND status = 'done'") > done, "the limited queue stalled"
     assert jobtui(app_dsn, "queue", "limit", "lim", "none").returncode == 0

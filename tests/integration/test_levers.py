@@ -8,13 +8,12 @@ and `nap_sync` handlers log each start, end and cancellation to `run_log`.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,8 @@ from jobtui.core.registry import Jobs
 from jobtui.kernel.db import Call, int_list, run
 from jobtui.kernel.domain import NewJob
 from jobtui.reads.overview import overview
-from tests.waits import wait_until
+from tests.cli import clean_env, run_cli
+from tests.waits import hold, wait_until
 from tests.workers import WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,18 +45,31 @@ def spawn(spawn: Spawn) -> Spawn:
 
 
 def jobtui(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("JOBTUI_DSN", "DATABASE_URL")}
-    result = subprocess.run(
-        [sys.executable, "-m", "jobtui.cli", "--dsn", dsn, "--actor", "olga", *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_cli("--dsn", dsn, "--actor", "olga", *args, env=clean_env())
     assert "Traceback" not in result.stderr, result.stderr
     return result
+
+
+@contextlib.contextmanager
+def sampled(dsn: str, where: str) -> Iterator[list[int]]:
+    """`count(where)`, sampled about every 10 ms on a connection of its own for as long as
+    the block runs; the counts, filled in meanwhile."""
+    samples: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while not stop.is_set():
+                samples.append(count(conn, where))
+                stop.wait(0.01)  # the sampling's pace; the stop ends it at once
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        sampler.join()
 
 
 def enqueue(dsn: str, queue: str, n: int, job_type: str = "nap", **payload: Any) -> list[int]:
@@ -187,18 +200,18 @@ def test_a_paused_queue_stops_on_every_worker_while_others_flow(db: Conn, app_ds
     assert "paused" in jobtui(app_dsn, "queue", "pause", "hot").stdout
     paused = time.monotonic()
     # Within one claim cycle (the poll, 1s) no worker claims from it; running jobs finish. The
-    # sleeps are what is tested: that cycle's bound, then a while in which nothing starts.
-    time.sleep(1.0)
+    # holds are what is tested: that cycle's bound, then a while in which nothing starts.
+    hold(1.0, "one claim cycle, the bound on the pause taking hold")
     started = count(db, "queue = 'hot' AND status <> 'ready'")
     calm_before = count(db, "queue = 'calm' AND status = 'done'")
-    time.sleep(1.5)
+    hold(1.5, "a span in which no hot job may start")
     assert count(db, "queue = 'hot' AND status <> 'ready'") == started
     assert count(db, "queue = 'hot' AND status = 'running'") == 0
     assert count(db, "queue = 'calm' AND status = 'done'") > calm_before + 10, "the other queue stalled"
     assert time.monotonic() - paused < 10
     # The pause survives a restart (it is a row), and resuming drains the queue.
     spawn("C", "--queues", "hot=4")
-    time.sleep(1.2)  # a claim cycle of the new worker, in which it must not start a hot job
+    hold(1.2, "a claim cycle of the new worker, in which it must not start a hot job")
     assert count(db, "queue = 'hot' AND status <> 'ready'") == started
     assert "resumed" in jobtui(app_dsn, "queue", "resume", "hot").stdout
     wait_until(lambda: count(db, "queue = 'hot' AND status <> 'done'") == 0, 60, "the hot queue drained")
@@ -211,22 +224,8 @@ def test_a_limit_of_3_is_never_exceeded_across_two_workers(db: Conn, app_dsn: st
     spawn("A", "--queues", "lim=2,other=2")
     spawn("B", "--concurrency", "2")
     ids = enqueue(app_dsn, "lim", 40, sleep=0.1)
-    samples: list[int] = []
-    stop = threading.Event()
-
-    def sample() -> None:
-        with psycopg.connect(app_dsn, autocommit=True) as conn:
-            while not stop.is_set():
-                samples.append(count(conn, "queue = 'lim' AND status = 'running'"))
-                stop.wait(0.01)  # the sampling's pace; the stop ends it at once
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    try:
+    with sampled(app_dsn, "queue = 'lim' AND status = 'running'") as samples:
         wait_until(lambda: count(db, "id = ANY(%s) AND status = 'done'", ids) == len(ids), 60, "the limited queue done")
-    finally:
-        stop.set()
-        sampler.join()
     assert max(samples) == 3, f"running jobs of the limited queue, sampled: max {max(samples)}"
     workers = db.execute("SELECT DISTINCT locked_by FROM jobtui.job WHERE id = ANY(%s)", (ids,)).fetchall()
     assert {str(w[0]) for w in workers} == {"A", "B"}
@@ -252,7 +251,7 @@ def test_a_cancelled_running_job_stops_within_2s_on_its_worker(db: Conn, app_dsn
     # No later outcome lands: the jobs stay failed with the reason, and the worker moves on.
     [again] = enqueue(app_dsn, "default", 1, "nap", sleep=0)
     wait_until(lambda: count(db, "id = %s AND status = 'done'", again), 10, "the next job done", worker.log)
-    time.sleep(0.5)  # a while for a late outcome to land, which must not
+    hold(0.5, "a while for a late outcome to land, which must not")
     rows = db.execute(
         "SELECT status, last_error, errors -> -1 ->> 'kind' FROM jobtui.job WHERE id = ANY(%s)", (ids,)
     ).fetchall()

@@ -710,6 +710,15 @@ def test_a_migration_waiting_for_another_is_an_advisory_lock_wait(dsn: str, conn
     assert not errors and not thread.is_alive()
 
 
+def _calm_lock_waits(conn: Conn) -> tuple[Snapshot, dict[str, float]]:
+    """A snapshot, none of whose lock waits is alarming, and the lock waits by kind that
+    Prometheus is given of it."""
+    snap = snapshot(conn)
+    assert snap.alarming_lock_waits == 0
+    families = {m.name: m for m in prometheus.families(snap)}
+    return snap, {s.labels["kind"]: s.value for s in families["jobtui_lock_waits"].samples}
+
+
 def test_a_claim_waiting_its_turn_under_a_queue_limit_is_its_own_kind(dsn: str, conn: Conn, holder: Conn) -> None:
     """claim_limited counts a limited queue's running jobs under a lock the claims of that queue
     take in turn: the next claim waits for it. That wait is the limit at work, not an alarm."""
@@ -728,12 +737,9 @@ def test_a_claim_waiting_its_turn_under_a_queue_limit_is_its_own_kind(dsn: str, 
     thread.start()
     try:
         _wait_until_waiting(conn, 1)
-        snap = snapshot(conn)
+        snap, waits = _calm_lock_waits(conn)
         kinds = snap.lock_waits_by_kind
         assert (snap.lock_waits, kinds["queue_limit"], kinds["advisory"]) == (1, 1, 0)
-        assert snap.alarming_lock_waits == 0
-        families = {m.name: m for m in prometheus.families(snap)}
-        waits = {s.labels["kind"]: s.value for s in families["jobtui_lock_waits"].samples}
         assert waits["queue_limit"] == 1 and waits["advisory"] == 0
     finally:
         holder.rollback()
@@ -765,12 +771,9 @@ def test_claims_taking_their_turn_at_a_rates_bucket_are_their_own_kind(dsn: str,
         _wait_until_waiting(conn, len(threads))
     try:
         assert _waiting_kinds(conn) == ["transactionid", "tuple"]
-        snap = snapshot(conn)
+        snap, waits = _calm_lock_waits(conn)
         kinds = snap.lock_waits_by_kind
         assert (snap.lock_waits, kinds["rate_limit"], kinds["transactionid"], kinds["tuple"]) == (2, 2, 0, 0), kinds
-        assert snap.alarming_lock_waits == 0
-        families = {m.name: m for m in prometheus.families(snap)}
-        waits = {s.labels["kind"]: s.value for s in families["jobtui_lock_waits"].samples}
         assert waits["rate_limit"] == 2 and waits["transactionid"] == 0
     finally:
         holder.rollback()
@@ -1053,13 +1056,9 @@ def _alert_jobs(seen: list[FailOutcome]) -> Jobs:
     return jobs
 
 
-async def test_dead_letter_alert_when_the_last_attempt_fails(dsn: str, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="jobtui.worker")
-    seen: list[FailOutcome] = []
-    listener = await _listen_dead(dsn)
-    worker = Worker(_alert_jobs(seen), dsn, concurrency=2, scheduler=False, retention=None, poll_interval=0.1)
-    with Client(dsn) as q:
-        job_id = q.enqueue("alert.fail", {"order": 7}, max_attempts=1)
+async def _dead_notice(worker: Worker, listener: psycopg.AsyncConnection[Any], seen: list[FailOutcome]) -> Any:
+    """Run `worker` until the dead notice arrives on `listener` and the on_dead callback ran;
+    the notice's payload."""
     task = asyncio.create_task(worker.run())
     try:
         [notify] = await _notifications(listener, 1)
@@ -1069,7 +1068,17 @@ async def test_dead_letter_alert_when_the_last_attempt_fails(dsn: str, caplog: p
         await asyncio.wait_for(task, 15)
         await listener.close()
     assert notify.channel == "jobtui.dead"
-    assert json.loads(notify.payload) == {
+    return json.loads(notify.payload)
+
+
+async def test_dead_letter_alert_when_the_last_attempt_fails(dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="jobtui.worker")
+    seen: list[FailOutcome] = []
+    listener = await _listen_dead(dsn)
+    worker = Worker(_alert_jobs(seen), dsn, concurrency=2, scheduler=False, retention=None, poll_interval=0.1)
+    with Client(dsn) as q:
+        job_id = q.enqueue("alert.fail", {"order": 7}, max_attempts=1)
+    assert await _dead_notice(worker, listener, seen) == {
         "id": job_id,
         "type": "alert.fail",
         "attempts": 1,
@@ -1096,16 +1105,7 @@ async def test_dead_letter_alert_when_the_reaper_ends_a_crash_loop(dsn: str, cap
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute("UPDATE jobtui.job SET locked_until = now() - interval '1 second' WHERE id = %s", (job_id,))
     worker = Worker(_alert_jobs(seen), dsn, scheduler=False, retention=None, poll_interval=0.1, reap_interval=0.1)
-    task = asyncio.create_task(worker.run())
-    try:
-        [notify] = await _notifications(listener, 1)
-        await until(lambda: seen, 30, "the on_dead callback")
-    finally:
-        worker.stop()
-        await asyncio.wait_for(task, 15)
-        await listener.close()
-    assert notify.channel == "jobtui.dead"
-    assert json.loads(notify.payload) == {
+    assert await _dead_notice(worker, listener, seen) == {
         "id": job_id,
         "type": "alert.crash",
         "attempts": 1,

@@ -47,7 +47,7 @@ def _app(events: list[tuple[str, ...]]) -> Jobs:
 
     @jobs.handler("async")
     async def run_async(job: Job) -> None:
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a suspension, no wait: the tenant must survive the handler's await
         events.append(("handler", job.type, TENANT.get()))
 
     @jobs.handler("boom", max_attempts=1)

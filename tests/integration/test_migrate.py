@@ -75,12 +75,7 @@ def test_the_job_table_fills_its_pages(empty_conn: Conn) -> None:
 
 
 def test_migration_5_resets_the_fillfactor_and_keeps_the_operators_settings(empty_conn: Conn) -> None:
-    empty_conn.execute("CREATE SCHEMA jobtui")
-    empty_conn.execute("CREATE TABLE jobtui.migration (version integer PRIMARY KEY, name text NOT NULL,"
-                       " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
-    for m in migrations.available()[:4]:
-        empty_conn.execute(m.text("jobtui").encode())
-        empty_conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (%s, %s)", (m.version, m.name))
+    _migrated_to(empty_conn, 4)
     # As docs/operations.md advises operators to set.
     empty_conn.execute("ALTER TABLE jobtui.job SET (autovacuum_vacuum_threshold = 50000)")
     assert sorted(job_table_options(empty_conn)) == ["autovacuum_vacuum_threshold=50000", "fillfactor=80"]
@@ -89,12 +84,7 @@ def test_migration_5_resets_the_fillfactor_and_keeps_the_operators_settings(empt
 
 
 def test_migration_8_adds_the_queue_without_rewriting_or_scanning_the_job_table(empty_conn: Conn) -> None:
-    empty_conn.execute("CREATE SCHEMA jobtui")
-    empty_conn.execute("CREATE TABLE jobtui.migration (version integer PRIMARY KEY, name text NOT NULL,"
-                       " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
-    for m in migrations.available()[:7]:
-        empty_conn.execute(m.text("jobtui").encode())
-        empty_conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (%s, %s)", (m.version, m.name))
+    _migrated_to(empty_conn, 7)
     empty_conn.execute("INSERT INTO jobtui.job (type) SELECT 't' FROM generate_series(1, 1000)")
     before = empty_conn.execute("SELECT pg_relation_filenode('jobtui.job')").fetchone()
     scans = "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relid = 'jobtui.job'::regclass"
@@ -111,12 +101,7 @@ def test_migration_8_adds_the_queue_without_rewriting_or_scanning_the_job_table(
 def test_migrate_applies_only_the_missing_versions(empty_conn: Conn) -> None:
     if migrations.code_version() < 2:
         pytest.skip("needs at least two migrations")
-    first = migrations.available()[0]
-    empty_conn.execute("CREATE SCHEMA jobtui")
-    empty_conn.execute("CREATE TABLE jobtui.migration (version integer PRIMARY KEY, name text NOT NULL,"
-                       " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
-    empty_conn.execute(first.text("jobtui").encode())
-    empty_conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (1, %s)", (first.name,))
+    _migrated_to(empty_conn, 1)
     with pytest.raises(SchemaNotMigrated, match="at version 1"):
         migrations.check(empty_conn)
     applied = migrations.migrate(empty_conn)
@@ -359,13 +344,7 @@ JOB_COLUMNS_BY_VERSION: dict[int, dict[str, str]] = {
 
 
 def test_migration_10_adds_meta_without_rewriting_the_table(empty_conn: Conn) -> None:
-    before_meta = [m for m in migrations.available() if m.version < 10]
-    empty_conn.execute("CREATE SCHEMA jobtui")
-    empty_conn.execute("CREATE TABLE jobtui.migration (version integer PRIMARY KEY, name text NOT NULL,"
-                       " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
-    for m in before_meta:
-        empty_conn.execute(m.text("jobtui").encode())
-        empty_conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (%s, %s)", (m.version, m.name))
+    _migrated_to(empty_conn, 9)
     empty_conn.execute("INSERT INTO jobtui.job (type) SELECT 't' FROM generate_series(1, 5000)")
     filenode = "SELECT pg_relation_filenode('jobtui.job')"
     before = empty_conn.execute(filenode).fetchone()
@@ -380,13 +359,7 @@ def test_migration_11_gives_schedules_and_minute_rows_a_queue_while_the_previous
 ) -> None:
     """A scheduler and an archiver of the previous release name no queue: their rows take the
     defaults, and the job table is not touched."""
-    before_11 = [m for m in migrations.available() if m.version < 11]
-    empty_conn.execute("CREATE SCHEMA jobtui")
-    empty_conn.execute("CREATE TABLE jobtui.migration (version integer PRIMARY KEY, name text NOT NULL,"
-                       " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
-    for m in before_11:
-        empty_conn.execute(m.text("jobtui").encode())
-        empty_conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (%s, %s)", (m.version, m.name))
+    _migrated_to(empty_conn, 10)
     old_schedule = (
         "INSERT INTO jobtui.schedule (name, job_type, cron, next_run_at, last_slot)"
         " VALUES (%s, 't', '* * * * *', now(), now())"
@@ -409,12 +382,7 @@ def test_migration_11_gives_schedules_and_minute_rows_a_queue_while_the_previous
 
 
 def test_migration_12_adds_the_runner_without_rewriting_the_table(empty_conn: Conn) -> None:
-    empty_conn.execute("CREATE SCHEMA jobtui")
-    empty_conn.execute("CREATE TABLE jobtui.migration (version integer PRIMARY KEY, name text NOT NULL,"
-                       " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
-    for m in [m for m in migrations.available() if m.version < 12]:
-        empty_conn.execute(m.text("jobtui").encode())
-        empty_conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (%s, %s)", (m.version, m.name))
+    _migrated_to(empty_conn, 11)
     empty_conn.execute("INSERT INTO jobtui.job (type) SELECT 't' FROM generate_series(1, 5000)")
     # An archived job keeps the archive as it was (job_archive_legacy, migration 14).
     empty_conn.execute("INSERT INTO jobtui.job_archive (id, type, status) VALUES (1, 't', 'done')")
@@ -424,35 +392,20 @@ def test_migration_12_adds_the_runner_without_rewriting_the_table(empty_conn: Co
     assert empty_conn.execute(filenode).fetchone() == before  # the same file: not rewritten
     assert empty_conn.execute("SELECT count(*), count(runner) FROM jobtui.job").fetchone() == (5000, 0)
     # The archive, its day partitions and the legacy table all have it, as jsonb.
-    archives = empty_conn.execute(
-        "SELECT c.relname, format_type(a.atttypid, a.atttypmod) FROM pg_class c"
-        " JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'jobtui'"
-        " LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'runner' AND NOT a.attisdropped"
-        " WHERE c.relname LIKE 'job\\_archive%' AND c.relkind IN ('r', 'p') ORDER BY c.relname"
-    ).fetchall()
-    names = [name for name, _ in archives]
-    assert {"job_archive", "job_archive_default", "job_archive_legacy"} <= set(names), names
+    names = _runner_in_archives(empty_conn)
     assert len(names) >= 5, names  # and the days ahead
-    assert {kind for _, kind in archives} == {"jsonb"}, archives
     assert empty_conn.execute("SELECT count(*), count(runner) FROM jobtui.job_archive_legacy").fetchone() == (1, 0)
 
 
 def test_migration_12_lands_after_13_and_14(empty_conn: Conn) -> None:
     """A schema migrated by code that had 0013 and 0014 but not yet 0012 (numbers are handed out
     ahead): it is not up to date, and `migrate` applies 0012 alone, archives included."""
-    empty_conn.execute("CREATE SCHEMA jobtui")
-    empty_conn.execute("CREATE TABLE jobtui.migration (version integer PRIMARY KEY, name text NOT NULL,"
-                       " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
-
-    def apply(wanted: list[migrations.Migration]) -> None:
-        for m in wanted:
-            empty_conn.execute(m.text("jobtui").encode())
-            empty_conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (%s, %s)", (m.version, m.name))
-
-    apply([m for m in migrations.available() if m.version < 12])
+    _migrated_to(empty_conn, 11)
     empty_conn.execute("INSERT INTO jobtui.job (type) SELECT 't' FROM generate_series(1, 5000)")
     empty_conn.execute("INSERT INTO jobtui.job_archive (id, type, status) VALUES (1, 't', 'done')")
-    apply([m for m in migrations.available() if m.version > 12])
+    for m in migrations.available():
+        if m.version > 12:
+            _apply(empty_conn, m)
     runner = "SELECT count(*) FROM pg_attribute WHERE attrelid = 'jobtui.job'::regclass AND attname = 'runner'"
     assert empty_conn.execute(runner).fetchone() == (0,)
     assert migrations.applied_version(empty_conn) == migrations.code_version()
@@ -466,15 +419,7 @@ def test_migration_12_lands_after_13_and_14(empty_conn: Conn) -> None:
     assert empty_conn.execute(filenode).fetchone() == before  # the same file: not rewritten
     migrations.check(empty_conn)
     assert migrations.migrate(empty_conn) == []
-    archives = empty_conn.execute(
-        "SELECT c.relname, format_type(a.atttypid, a.atttypmod) FROM pg_class c"
-        " JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'jobtui'"
-        " LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'runner' AND NOT a.attisdropped"
-        " WHERE c.relname LIKE 'job\\_archive%' AND c.relkind IN ('r', 'p') ORDER BY c.relname"
-    ).fetchall()
-    names = [name for name, _ in archives]
-    assert {"job_archive", "job_archive_default", "job_archive_legacy"} <= set(names), names
-    assert {kind for _, kind in archives} == {"jsonb"}, archives
+    _runner_in_archives(empty_conn)
     assert empty_conn.execute("SELECT count(*), count(runner) FROM jobtui.job_archive_legacy").fetchone() == (1, 0)
 
 
@@ -504,13 +449,7 @@ def test_the_indexes_the_claim_and_reaper_rely_on(conn: Conn) -> None:
 
 
 def test_migration_13_leaves_the_job_table_and_the_previous_claim_alone(empty_conn: Conn) -> None:
-    before_levers = [m for m in migrations.available() if m.version < 13]
-    empty_conn.execute("CREATE SCHEMA jobtui")
-    empty_conn.execute("CREATE TABLE jobtui.migration (version integer PRIMARY KEY, name text NOT NULL,"
-                       " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
-    for m in before_levers:
-        empty_conn.execute(m.text("jobtui").encode())
-        empty_conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (%s, %s)", (m.version, m.name))
+    _migrated_to(empty_conn, 12)
     empty_conn.execute("INSERT INTO jobtui.job (type, queue) SELECT 't', 'lim' FROM generate_series(1, 5000)")
     empty_conn.execute(
         "INSERT INTO jobtui.queue_control (kind, name, max_running, changed_by) VALUES ('queue', 'lim', 2, 'x')"
@@ -526,13 +465,33 @@ def test_migration_13_leaves_the_job_table_and_the_previous_claim_alone(empty_co
 
 
 def _migrated_to(conn: Conn, last: int) -> None:
+    """The schema as the code of migration `last` left it: every migration up to it, recorded."""
     conn.execute("CREATE SCHEMA jobtui")
     conn.execute("CREATE TABLE jobtui.migration (version integer PRIMARY KEY, name text NOT NULL,"
                  " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
     for m in migrations.available():
         if m.version <= last:
-            conn.execute(m.text("jobtui").encode())
-            conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (%s, %s)", (m.version, m.name))
+            _apply(conn, m)
+
+
+def _apply(conn: Conn, m: migrations.Migration) -> None:
+    """Migration `m`, applied and recorded as the code of its day did."""
+    conn.execute(m.text("jobtui").encode())
+    conn.execute("INSERT INTO jobtui.migration (version, name) VALUES (%s, %s)", (m.version, m.name))
+
+
+def _runner_in_archives(conn: Conn) -> list[str]:
+    """The archive tables, each checked to have the runner column, as jsonb."""
+    archives = conn.execute(
+        "SELECT c.relname, format_type(a.atttypid, a.atttypmod) FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'jobtui'"
+        " LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'runner' AND NOT a.attisdropped"
+        " WHERE c.relname LIKE 'job\\_archive%' AND c.relkind IN ('r', 'p') ORDER BY c.relname"
+    ).fetchall()
+    names = [str(name) for name, _ in archives]
+    assert {"job_archive", "job_archive_default", "job_archive_legacy"} <= set(names), names
+    assert {kind for _, kind in archives} == {"jsonb"}, archives
+    return names
 
 
 def test_a_migration_waiting_for_a_lock_lets_the_claims_go_on_and_tries_again(empty_dsn: str, empty_conn: Conn) -> None:

@@ -68,11 +68,12 @@ def versions(conn: Conn) -> list[int]:
     return [r[0] for r in conn.execute("SELECT version FROM jobtui.migration ORDER BY version").fetchall()]
 
 
-def building(conn: Conn) -> int | None:
-    """The backend of a session building (or waiting to build) an index on the job table."""
+def building(conn: Conn, waiting: bool = False) -> int | None:
+    """The backend of a session building (or waiting to build) an index on the job table;
+    with `waiting`, only once it waits for a lock (a writer's open transaction)."""
     row = conn.execute(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        " AND query ~ 'CREATE INDEX' AND state = 'active'"
+        " AND query ~ 'CREATE INDEX' AND state = 'active'" + (" AND wait_event_type = 'Lock'" if waiting else "")
     ).fetchone()
     return None if row is None else int(row[0])
 
@@ -106,8 +107,7 @@ def test_a_build_killed_midway_blocks_nobody_and_the_next_migrate_builds_it_agai
                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             )  # fmt: skip
             try:
-                pid = wait_until(lambda: building(conn), 30, "jobtui migrate to start building the index")
-                time.sleep(0.3)
+                pid = wait_until(lambda: building(conn, waiting=True), 30, "the build to wait for the writer")
                 # Meanwhile, enqueues and claims go on as before.
                 assert timed(conn, ENQUEUE) < 1.0
                 assert timed(conn, CLAIM) < 1.0

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -102,7 +101,6 @@ def test_leftovers_of_a_killed_run_are_swept() -> None:
     stale = f"jn{gone.pid}z-router"
     assert ip("netns", "add", stale, check=False).returncode == 0
     try:
-        time.sleep(0.01)
         assert stale in sweep_stale()
         assert stale not in ip("netns", "list").stdout
     finally:

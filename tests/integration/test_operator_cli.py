@@ -8,11 +8,9 @@ print one line `jobtui: error: ...` and change nothing.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import urllib.request
 from dataclasses import dataclass
@@ -24,17 +22,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobtui import Client
+from tests.cli import clean_env, popen_cli, run_cli
 from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 Conn = psycopg.Connection[Any]
-
-
-def env_for(dsn: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("JOBTUI_DSN", "DATABASE_URL")}
-    env["JOBTUI_DSN"] = dsn
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 def sigint_as_in_a_terminal() -> None:
@@ -44,15 +36,7 @@ def sigint_as_in_a_terminal() -> None:
 
 
 def jobtui(dsn: str, *args: str, actor: str = "tester") -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "jobtui.cli", "--actor", actor, *args],
-        env=env_for(dsn),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_cli("--actor", actor, *args, env=clean_env(dsn))
     assert "Traceback" not in result.stderr, result.stderr
     return result
 
@@ -197,15 +181,7 @@ def test_stats_json(dsn: str, seeded: Seeded) -> None:
 
 
 def test_stats_watch_until_interrupted(dsn: str, seeded: Seeded) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jobtui.cli", "stats", "--json", "--watch", "0.2"],
-        env=env_for(dsn),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=sigint_as_in_a_terminal,
-    )
+    proc = popen_cli("stats", "--json", "--watch", "0.2", env=clean_env(dsn), preexec_fn=sigint_as_in_a_terminal)
     documents = threading.Semaphore(0)
     lines: list[str] = []
 
@@ -453,24 +429,26 @@ def scrape_until_up(
     return samples
 
 
-def test_metrics_command_serves_until_stopped(dsn: str, seeded: Seeded) -> None:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jobtui.cli", "metrics", "--port", str(port), "--addr", "127.0.0.1"],
-        env=env_for(dsn),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=sigint_as_in_a_terminal,
-    )
+def scraped_then_stopped(
+    port: int, proc: subprocess.Popen[str], stop: signal.Signals, timeout: float
+) -> tuple[dict[tuple[str, tuple[tuple[str, str], ...]], float], str]:
+    """What `proc` serves on `port` once it is up; then `proc` stopped by `stop`, which it must
+    take as a clean end. Its standard output, too."""
     try:
         samples = scrape_until_up(port, proc)
     finally:
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=20)
+        proc.send_signal(stop)
+        stdout, stderr = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, stderr
     assert "Traceback" not in stderr
+    return samples, stdout
+
+
+def test_metrics_command_serves_until_stopped(dsn: str, seeded: Seeded) -> None:
+    port = free_port()
+    args = ("metrics", "--port", str(port), "--addr", "127.0.0.1")
+    proc = popen_cli(*args, env=clean_env(dsn), preexec_fn=sigint_as_in_a_terminal)
+    samples, stdout = scraped_then_stopped(port, proc, signal.SIGINT, 20)
     assert stdout.startswith(f"serving Prometheus metrics on http://127.0.0.1:{port}/metrics")
     assert samples["jobtui_up", ()] == 1
     assert samples["jobtui_jobs", (("status", "dead"), ("type", "email"))] == 2
@@ -490,32 +468,8 @@ def test_metrics_on_a_port_in_use(dsn: str) -> None:
 
 def test_worker_serves_metrics(dsn: str, conn: Conn, seeded: Seeded) -> None:
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jobtui.cli",
-            "worker",
-            "--app",
-            "tests.apps.metrics_app:jobs",
-            "--metrics-port",
-            str(port),
-            "--no-scheduler",
-            "--id",
-            "metrics-worker",
-        ],
-        env=env_for(dsn),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        samples = scrape_until_up(port, proc)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=30)
-    assert proc.returncode == 0, stderr
-    assert "Traceback" not in stderr
+    app = "tests.apps.metrics_app:jobs"
+    args = ("worker", "--app", app, "--metrics-port", str(port), "--no-scheduler", "--id", "metrics-worker")
+    samples, _ = scraped_then_stopped(port, popen_cli(*args, env=clean_env(dsn)), signal.SIGTERM, 30)
     assert samples["jobtui_up", ()] == 1
     assert samples["jobtui_jobs", (("status", "dead"), ("type", "email"))] == 2

@@ -9,7 +9,7 @@ read on a real big backlog.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
@@ -19,6 +19,9 @@ from jobtui.core import history
 from jobtui.kernel.domain import NewJob
 from jobtui.reads.overview import QueueLine, overview
 from tests.integration.test_backlog import archivers_away, away_from_minute_boundary
+
+if TYPE_CHECKING:
+    from jobtui.tui.data import Fetched
 
 Conn = psycopg.Connection[Any]
 CAP = 20
@@ -189,14 +192,19 @@ def dead_types_beside_a_flood(dsn: str, conn: Conn, flood: None, monkeypatch: py
     conn.execute("VACUUM ANALYZE jobtui.job")
 
 
-def test_a_type_with_only_dead_jobs_is_given_no_ready_estimate(dsn: str, dead_types_beside_a_flood: None) -> None:
+@pytest.fixture
+def fetched(dsn: str, dead_types_beside_a_flood: None) -> Fetched:
+    """What the console reads of that database, once."""
     from jobtui.tui.data import DataSource
 
     source = DataSource(dsn, "jobtui")
     try:
-        fetched = source.fetch()
+        return source.fetch()
     finally:
         source.close()
+
+
+def test_a_type_with_only_dead_jobs_is_given_no_ready_estimate(fetched: Fetched) -> None:
     snap = fetched.snapshot
     assert snap.ready_estimate is not None and not snap.ready_estimate.by_type.get("gone"), snap.ready_estimate
     gone = {t.type: t for t in snap.by_type}["gone"]
@@ -206,14 +214,7 @@ def test_a_type_with_only_dead_jobs_is_given_no_ready_estimate(dsn: str, dead_ty
     assert {name for kind, name in shown if kind == "type"} >= {"a"}
 
 
-def test_the_oldest_wait_agrees_between_the_panes_above_the_cap(dsn: str, dead_types_beside_a_flood: None) -> None:
-    from jobtui.tui.data import DataSource
-
-    source = DataSource(dsn, "jobtui")
-    try:
-        fetched = source.fetch()
-    finally:
-        source.close()
+def test_the_oldest_wait_agrees_between_the_panes_above_the_cap(fetched: Fetched) -> None:
     snap = fetched.snapshot
     assert snap.ready_estimate is not None
     ready_pane = {t.type: t.oldest_ready_age for t in snap.by_type if t.ready}

@@ -19,6 +19,7 @@ from jobtui import Client, NewJob
 from jobtui.cli.main import main
 from jobtui.tui.data import DataSource
 from tests.apps.topology_app import APP_TABLES
+from tests.cli import run_cli
 from tests.topology import PgBouncer
 from tests.waits import wait_until
 from tests.workers import ROOT, WorkerProcess
@@ -110,14 +111,7 @@ def test_a_drain_through_pgbouncer_in_transaction_mode_loses_nothing_and_logs_no
             assert _count(db, listening) == 1
             assert _count(db, "SELECT count(*) FROM effect_log") == total
             assert _count(db, "SELECT count(DISTINCT key) FROM effect_log") == total
-        stats = subprocess.run(
-            [sys.executable, "-m", "jobtui.cli", "--pooler", "transaction", "--dsn", pooled, "stats", "--json"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        stats = run_cli("--pooler", "transaction", "--dsn", pooled, "stats", "--json", env=env)
         assert stats.returncode == 0, stats.stderr
         totals = json.loads(stats.stdout)["totals"]
         assert totals["ready"] == 0 and totals["done_last_minute"] > 0

@@ -5,7 +5,6 @@ claim, and leaves the jobs of unrated queues to the claim as it was."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,9 +21,10 @@ from jobtui.kernel.errors import InvalidInput
 from jobtui.kernel.rates import parse_rate
 from jobtui.reads.overview import overview
 from jobtui.service.prometheus import serve
+from tests.conftest import rows_read
 from tests.integration.test_levers import jobtui
 from tests.integration.test_metrics import free_port, scrape
-from tests.waits import wait_until
+from tests.waits import hold, wait_until
 from tests.workers import WorkerProcess
 
 Conn = psycopg.Connection[Any]
@@ -330,7 +330,7 @@ def started_between(conn: Conn, since: datetime, until: datetime, job_type: str 
 def rate_over(conn: Conn, seconds: float) -> float:
     """Jobs started per second over the next `seconds`, by the database's clock."""
     since = db_now(conn)
-    time.sleep(seconds)  # the window the fleet's rate is measured over: its time must pass
+    hold(seconds, "the window the fleet's rate is measured over")
     return started_between(conn, since, db_now(conn)) / seconds
 
 
@@ -369,7 +369,7 @@ def test_two_workers_hold_to_20_per_second_over_30s_windows(db: Conn, app_dsn: s
         rate = rate_over(db, 30.0)
         assert 20 * 0.9 <= rate <= 20 * 1.1, rate
     queues.set_rate(db, "type", "quick", 50.0, actor="olga")
-    time.sleep(1.5)  # each worker's next claim (one a poll, a second) takes the new rate
+    hold(1.5, "each worker's next claim (one a poll, a second), which takes the new rate")
     rate = rate_over(db, 30.0)
     assert 50 * 0.9 <= rate <= 50 * 1.1, rate
 
@@ -416,15 +416,6 @@ def test_a_rated_queue_without_due_jobs_costs_the_claim_a_few_rows(conn: Conn, d
     assert row is not None and row[0] < 200, row  # the claim's own rows and the rated part's first ones
 
 
-def _rows_read(conn: Conn) -> int:
-    row = conn.execute(
-        "SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0) FROM pg_stat_xact_user_tables"
-        " WHERE schemaname = 'jobtui' AND relname = 'job'"
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 @pytest.mark.parametrize("kind", ["type", "queue"])
 def test_a_spent_bucket_costs_its_own_workers_claims_a_few_rows_however_long_its_backlog(
     conn: Conn, dsn: str, kind: queues.Kind
@@ -438,7 +429,7 @@ def test_a_spent_bucket_costs_its_own_workers_claims_a_few_rows_however_long_its
     assert len(claim(conn, queue, types=("a",))) == 1  # the bucket's one token
     with conn.transaction():
         assert claim(conn, queue, types=("a",)) == []
-        assert _rows_read(conn) < 1000  # a few rounds over the rated part's first jobs, not 20,000
+        assert rows_read(conn) < 1000  # a few rounds over the rated part's first jobs, not 20,000
 
 
 def test_a_rated_job_is_not_held_back_by_the_backlog_of_a_paused_type_ahead_of_it(conn: Conn, dsn: str) -> None:

@@ -16,7 +16,8 @@ from psycopg import sql
 
 from jobtui.cli.args import CHANGES, READS
 from jobtui.cli.main import build_parser
-from tests.integration.test_operator_cli import ROOT, env_for, ok, seed, user_error
+from tests.cli import clean_env
+from tests.integration.test_operator_cli import ROOT, ok, seed, user_error
 
 Conn = psycopg.Connection[Any]
 APP = "tests.apps.metrics_app:jobs"
@@ -26,7 +27,7 @@ def jobtui(dsn: str, *args: str, stdin: str = "") -> subprocess.CompletedProcess
     """`jobtui --read-only ARGS` as a process of its own."""
     result = subprocess.run(
         [sys.executable, "-m", "jobtui.cli", "--actor", "tester", "--read-only", *args],
-        env=env_for(dsn), cwd=ROOT, input=stdin, capture_output=True, text=True, timeout=60, check=False,
+        env=clean_env(dsn), cwd=ROOT, input=stdin, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert "Traceback" not in result.stderr, result.stderr
     return result
@@ -74,7 +75,7 @@ def test_every_change_command_refuses_and_changes_nothing(dsn: str, conn: Conn, 
         ["queue", "pause", "paused"],
         ["type", "pause", "report"],
     ):
-        ok(subprocess.run([sys.executable, "-m", "jobtui.cli", *setup], env=env_for(dsn), cwd=ROOT,
+        ok(subprocess.run([sys.executable, "-m", "jobtui.cli", *setup], env=clean_env(dsn), cwd=ROOT,
                           capture_output=True, text=True, timeout=60, check=False))  # fmt: skip
     before = everything(conn)
     assert before["audit"] and before["schedule"] and before["queue_control"], before

@@ -29,7 +29,7 @@ from jobtui.core.registry import Job, Jobs, ScheduleSpec
 from jobtui.core.scheduler import fire_due, pause, resume, slot_key, upsert
 from jobtui.kernel.cronslots import MAX_BACKFILL, spread_bound, stable_offset
 from jobtui.worker import Worker
-from tests.waits import until, wait_until
+from tests.waits import hold, until, wait_until
 from tests.workers import scheduler_started
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -365,7 +365,7 @@ def test_pause_and_resume_take_effect_in_a_running_scheduler(dsn: str, conn: Con
     assert paused.returncode == 0 and "paused" in paused.stdout, paused.stderr
     at_pause = count()
     last_slot = schedule_row(conn, "beat")["last_slot"]
-    time.sleep(3)  # three slots in which the paused schedule must not fire
+    hold(3, "three slots in which the paused schedule must not fire")
     assert count() == at_pause, "a paused schedule fired"
     assert proc.proc.poll() is None
 

@@ -26,6 +26,7 @@ from tests.cluster import LocalCluster
 from tests.roles import run_grants
 from tests.topology import PRIMARY_SETTINGS, Standby
 from tests.tui.helpers import wait_for
+from tests.waits import wait_until
 from tests.web import ConsoleFaults, ServeProcess, open_console, signed_in, write_users
 from tests.workers import ROOT
 
@@ -82,13 +83,13 @@ def test_the_standby_lag_grows_while_it_does_not_replay(pair: tuple[LocalCluster
         try:
             writer.execute(touch)
             # Received, not replayed: behind by the time since the last transaction it replayed.
-            lags = []
-            for _ in range(100):
+            lags: list[float | None] = []
+
+            def behind() -> bool:
                 lags.append(snapshot(conn).replay_lag)
-                if lags[-1] is not None and lags[-1] >= 0.5:
-                    break
-                conn.execute("SELECT pg_sleep(0.05)")
-            assert lags[-1] is not None and lags[-1] >= 0.5, lags
+                return lags[-1] is not None and lags[-1] >= 0.5
+
+            wait_until(behind, 30, "the standby's replay lag to reach 0.5 s", lambda: str(lags))
         finally:
             conn.execute("SELECT pg_wal_replay_resume()")
     standby.wait_replayed(primary)

@@ -75,7 +75,7 @@ def permanent(job):
 def slow(job):
     import time
 
-    time.sleep(float(job.payload["sleep"]))
+    time.sleep(float(job.payload["sleep"]))  # the job's work, held by the old release through the upgrade
     record(job, "slow")
 
 

@@ -71,11 +71,10 @@ def until_why(
     seen: list[dict[str, Any]] = []
 
     def check() -> bool:
-        time.sleep(0.2)
         seen[:] = [why(capsys, dsn, *args)[1]]
         return holds(seen[0])
 
-    wait_until(check, timeout, what, lambda: json.dumps(seen[-1] if seen else {}, indent=1))
+    wait_until(check, timeout, what, lambda: json.dumps(seen[-1] if seen else {}, indent=1), every=0.2)
     return seen[0]
 
 

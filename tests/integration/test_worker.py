@@ -34,6 +34,7 @@ from jobtui.kernel.domain import JobRow, JobStatus
 from jobtui.worker import Worker
 from jobtui.worker.config import GC_THRESHOLD as WORKER_GC_THRESHOLD
 from jobtui.worker.events import Expectation
+from tests.cli import run_cli
 from tests.integration.conftest import Spawn
 from tests.waits import wait_until
 from tests.workers import close_gate, open_gate
@@ -547,15 +548,7 @@ async def test_retry_is_bounded_and_each_one_is_in_the_history(db: Conn, app_dsn
     ],
 )
 def test_bad_app_is_one_line_error(app: str, app_dsn: str) -> None:
-    env = {**os.environ, "JOBTUI_DSN": app_dsn}
-    proc = subprocess.run(
-        [sys.executable, "-m", "jobtui.cli", "worker", "--app", app],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    proc = run_cli("worker", "--app", app, env={**os.environ, "JOBTUI_DSN": app_dsn}, timeout=30)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("jobtui: error:"), proc.stderr
@@ -575,14 +568,7 @@ def test_bad_app_is_one_line_error(app: str, app_dsn: str) -> None:
 def test_an_app_that_fails_to_import_is_one_line_error(source: str, says: str, app_dsn: str, tmp_path: Path) -> None:
     (tmp_path / "badapp.py").write_text(source)
     env = {**os.environ, "JOBTUI_DSN": app_dsn, "PYTHONPATH": str(tmp_path)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "jobtui.cli", "worker", "--app", "badapp:jobs"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    proc = run_cli("worker", "--app", "badapp:jobs", env=env, timeout=30)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("jobtui: error:") and says in lines[0], proc.stderr

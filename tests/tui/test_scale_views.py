@@ -12,7 +12,7 @@ from psycopg.types.json import Jsonb
 
 from jobtui.reads.joblists import RUNNING_PAGE
 from jobtui.tui.app import JobtuiApp
-from jobtui.tui.panes.charts import NO_MINUTES, Chart
+from jobtui.tui.panes.charts import NO_MINUTES, Chart, Series
 from jobtui.tui.screens import JobDetailScreen
 
 from .helpers import wait_for
@@ -64,6 +64,15 @@ async def test_the_running_pane_says_n_of_m_and_pages(dsn: str) -> None:
         await app.action_quit()
 
 
+async def charts_drawn(app: JobtuiApp, pilot: Any) -> list[Series]:
+    """The charts of the `8` view, once each is drawn after the first read."""
+    await wait_for(pilot, lambda: app.latest is not None, what="the first read")
+    await pilot.press("8")
+    charts = list(app.query(Chart))
+    await wait_for(pilot, lambda: all(c.drawn is not None for c in charts), what="the charts drawn")
+    return [c.drawn for c in charts if c.drawn is not None]
+
+
 async def test_the_charts_show_the_hour_before_the_console_opened(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
@@ -73,11 +82,7 @@ async def test_the_charts_show_the_hour_before_the_console_opened(dsn: str) -> N
         )
     app = JobtuiApp(dsn, refresh_interval=0.25, read_only=True)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.latest is not None, what="the first read")
-        await pilot.press("8")
-        charts = list(app.query(Chart))
-        await wait_for(pilot, lambda: all(c.drawn is not None for c in charts), what="the charts drawn")
-        drawn = {c.drawn.title: c.drawn.points for c in charts if c.drawn is not None}
+        drawn = {d.title: d.points for d in await charts_drawn(app, pilot)}
         # x is in minutes before the read's own minute: one later than the insert's when a
         # minute began in between, and then every point sits one minute further back.
         ready = drawn["ready jobs"]
@@ -93,11 +98,7 @@ async def test_the_charts_show_the_hour_before_the_console_opened(dsn: str) -> N
 async def test_without_minute_rows_the_charts_say_why_they_are_empty(dsn: str) -> None:
     app = JobtuiApp(dsn, refresh_interval=0.25, read_only=True)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.latest is not None, what="the first read")
-        await pilot.press("8")
-        charts = list(app.query(Chart))
-        await wait_for(pilot, lambda: all(c.drawn is not None for c in charts), what="the charts drawn")
-        titles = [c.drawn.title for c in charts if c.drawn is not None]
+        titles = [d.title for d in await charts_drawn(app, pilot)]
         assert sum(NO_MINUTES in t for t in titles) == 4 and "done per minute" in titles
         await app.action_quit()
 

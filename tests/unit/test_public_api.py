@@ -64,20 +64,19 @@ def test_every_name_getting_started_uses_is_exported() -> None:
     assert missing == []
 
 
+def loaded(imports: str, which: str) -> str:
+    """The modules, of those the expression `which` (of `m`) picks, that `import IMPORTS`
+    loads in a fresh interpreter, as a printed sorted list."""
+    code = f"import sys, {imports}; print(sorted(m for m in sys.modules if {which}))"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
 def test_the_core_does_not_import_the_console() -> None:
-    code = (
-        "import sys, jobtui, jobtui.worker, jobtui.core.scheduler, jobtui.reads.metrics, jobtui.cli; "
-        "print(sorted(m for m in sys.modules if m == 'textual' or m.startswith('textual.')))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    core = "jobtui, jobtui.worker, jobtui.core.scheduler, jobtui.reads.metrics, jobtui.cli"
+    assert loaded(core, "m == 'textual' or m.startswith('textual.')") == "[]"
 
 
 def test_the_web_server_runs_consoles_and_does_not_import_one() -> None:
     # `jobtui serve` serves the console as processes of their own; the server never loads Textual.
-    code = (
-        "import sys, jobtui.cli.serve, jobtui.web.server; "
-        "print(sorted(m for m in sys.modules if m.startswith(('textual', 'jobtui.tui')) and m != 'textual_serve'))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    server = "jobtui.cli.serve, jobtui.web.server"
+    assert loaded(server, "m.startswith(('textual', 'jobtui.tui')) and m != 'textual_serve'") == "[]"
