@@ -45,7 +45,7 @@ from psycopg import sql
 
 from jobtui import Client, NewJob
 from jobtui.core import queues
-from jobtui.core.queue import claim_call, complete_call
+from jobtui.core.claims import claim_call, complete_call
 from jobtui.kernel.db import Call, run, statements
 from jobtui.kernel.domain import DEFAULT_MAX_ATTEMPTS, Lease
 from jobtui.kernel.migrate import migrate
@@ -71,8 +71,9 @@ RATIOS = (
 
 
 def baseline_claim(ref: str) -> str:
-    """The `claim` block of the statements at `ref` (sql/claims.sql, or the one queries.sql of
-    releases before the layer folders), with the schema filled in."""
+    """The claim's block of the statements at `ref` (sql/claims.sql, or the one queries.sql of
+    releases before the layer folders; named `claim_take`, or `claim` before the names began
+    with their file's noun), with the schema filled in."""
     text = ""
     for path in ("jobtui/kernel/sql/claims.sql", "jobtui/sql/queries.sql"):
         shown = subprocess.run(["git", "show", f"{ref}:{path}"], cwd=ROOT, capture_output=True, text=True)
@@ -81,7 +82,8 @@ def baseline_claim(ref: str) -> str:
             break
     if not text:
         raise SystemExit(f"no claim statement at {ref!r}")
-    body = text.split("-- name: claim\n", 1)[1].split("\n-- name: ", 1)[0]
+    head = "-- name: claim_take\n" if "-- name: claim_take\n" in text else "-- name: claim\n"
+    body = text.split(head, 1)[1].split("\n-- name: ", 1)[0]
     return body.replace("{schema}", '"jobtui"')
 
 
@@ -104,7 +106,7 @@ class Claims:
     """The claim text and parameters of each loop, sent the same way."""
 
     def __init__(self, base: str) -> None:
-        new = statements()["claim"].as_string(None)
+        new = statements()["claim_take"].as_string(None)
         self.texts = {"minimal": sql.SQL(RAW_CLAIM_MINIMAL), "base": sql.SQL(base), "new": sql.SQL(new)}
 
     def call(self, loop: str, batch: int) -> tuple[sql.SQL, Any]:
@@ -258,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             migrate(conn)
-            run(conn, Call("db_now", {}, lambda r: None), "jobtui")
+            run(conn, Call("server_now", {}, lambda r: None), "jobtui")
         print(f"claim + complete, jobs/s; base = the claim of {args.baseline}; medians of {args.rounds} rounds")
         print(f"plans: {args.plan}")
         print("| batch | | " + " | ".join(loops) + " |\n| ---: | --- " + "| ---: " * len(loops) + "|")

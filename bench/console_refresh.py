@@ -56,8 +56,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from jobtui.core.history import record_minute
 from jobtui.kernel.migrate import migrate
-from jobtui.reads.backlog import record_minute
 from jobtui.tui.app import JobtuiApp
 from jobtui.tui.data import DataSource
 from jobtui.tui.widgets import KeyedTable

@@ -53,7 +53,7 @@ from psycopg.types.numeric import Int8
 
 from jobtui import Client, NewJob
 from jobtui.cli.run import WORKER_GC_THRESHOLD
-from jobtui.core.queue import claim_call, complete_call
+from jobtui.core.claims import claim_call, complete_call
 from jobtui.kernel.db import run, statements
 from jobtui.kernel.domain import DEFAULT_MAX_ATTEMPTS
 from jobtui.kernel.migrate import migrate
@@ -260,9 +260,9 @@ class RawLoop:
         self.exact = exact
         self.delete = delete
         if exact:
-            self.claim: Any = statements()["claim"]
-            self.complete: Any = statements()["complete_deleting" if delete else "complete"]
-            self.complete_kept: Any = statements()["complete"]
+            self.claim: Any = statements()["claim_take"]
+            self.complete: Any = statements()["claim_complete_deleting" if delete else "claim_complete"]
+            self.complete_kept: Any = statements()["claim_complete"]
         else:
             self.claim = RAW_CLAIM_MINIMAL
             self.complete = RAW_COMPLETE_DELETING if delete else RAW_COMPLETE

@@ -5,8 +5,9 @@
                                                [--loops two,pipeline,...] [--hot-fillfactor 80]
 
 A benchmark, not a test. In its own database (jobtui_bench_candidates, dropped at the end)
-it drains no-op jobs with one connection per loop, each loop running jobtui's own `claim`
-and `complete_deleting` (or `complete`, with --keep-done) of sql/claims.sql, and differing from
+it drains no-op jobs with one connection per loop, each loop running jobtui's own
+`claim_take` and `claim_complete_deleting` (or `claim_complete`, with --keep-done) of
+sql/claims.sql, and differing from
 `two` in one thing only:
 
     two        claim, then complete the batch: two statements, two round trips, two commits
@@ -130,14 +131,16 @@ def _without_comments(text: str) -> str:
 def combined_statement(schema: str, keep_done: bool) -> str:
     """The completion of the previous batch as CTEs of the claim: one statement per batch.
     Its rows are the claimed jobs (`done` NULL), then one row per completed id."""
-    claim = _without_comments(statements(schema)["claim"].as_string(None))
+    claim = _without_comments(statements(schema)["claim_take"].as_string(None))
     limited, sep, update = claim.removeprefix("WITH limited AS MATERIALIZED (").partition("\n)\n")
     assert sep and limited != claim, "the claim no longer starts with its `limited` CTE: update this benchmark"
     update, _, returning = update.partition("RETURNING ")
     returning = returning.replace("j.payload::text", "j.payload::text AS payload").replace(
         "j.meta::text", "j.meta::text AS meta"
     )
-    complete = _without_comments(statements(schema)["complete" if keep_done else "complete_deleting"].as_string(None))
+    complete = _without_comments(
+        statements(schema)["claim_complete" if keep_done else "claim_complete_deleting"].as_string(None)
+    )
     for name in ("ids", "leases"):
         complete = complete.replace(f"%({name})s", f"%(done_{name})s")
     if keep_done:
@@ -172,7 +175,7 @@ class Loop:
         self.params = claim_params(batch, f"bench-{name}")
         self.schema = schema
         q = statements(schema)
-        self.claim = q["claim"]
+        self.claim = q["claim_take"]
         if name == "hot":
             text = self.claim.as_string(None).replace(
                 "WHERE status = 'ready' AND run_at <= now()",
@@ -191,7 +194,7 @@ class Loop:
                 [JOB_TYPE],
                 batch,
             )
-        self.complete = q["complete" if keep_done else "complete_deleting"]
+        self.complete = q["claim_complete" if keep_done else "claim_complete_deleting"]
         if name in FENCES:
             text = self.complete.as_string(None)
             assert FENCE in text, "the completion's fence changed: update this benchmark"

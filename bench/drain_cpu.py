@@ -56,7 +56,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobtui import Client, NewJob
 from jobtui.cli.bench import NOOP as JOB_TYPE
-from jobtui.cli.bench import drain_window, queue_busy, spawn_workers, stop_workers
+from jobtui.cli.bench import spawn_workers, stop_workers
+from jobtui.core.bench import drain_window, queue_busy
 from jobtui.kernel.migrate import migrate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

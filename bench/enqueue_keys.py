@@ -20,10 +20,10 @@ by psycopg after their fifth run, as a client's pooled connection does):
     batch       enqueue_many of 100 jobs with new keys (per job).
 
 `baseline` runs the statements of --baseline (read with `git show`), `new` this tree's, the
-same Python around them (core/queue.py's enqueue and enqueue_many); each enqueue commits, as
+same Python around them (core/jobs.py's enqueue and enqueue_many); each enqueue commits, as
 an application's does. Then the keyed statements alone, each run rolled back, which shows
 the database's own share without the commit. Then the archive: batches
-of 5,000 done keyed jobs moved to job_archive by archive_done, the trigger enabled (new) or
+of 5,000 done keyed jobs moved to job_archive by maintenance_archive_done, the trigger enabled (new) or
 disabled (baseline), in turns; and the same for keyless jobs, which the trigger's WHEN skips.
 Last, --delete-on-complete's completion of 100 keyless jobs with and without the trigger.
 """
@@ -43,7 +43,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from jobtui.core import queue as core
+from jobtui.core import jobs as core
 from jobtui.kernel.db import Call, first_int, parse_statements, run, statements, without_comments
 from jobtui.kernel.domain import Lease, NewJob
 from jobtui.kernel.migrate import migrate
@@ -65,7 +65,9 @@ def baseline_statements(ref: str) -> dict[str, sql.SQL]:
     blocks = parse_statements({"jobs.sql": shown.stdout})
     out = {}
     for name in ("enqueue", "enqueue_existing", "enqueue_many", "enqueue_existing_many"):
-        text = f"-- jobtui: {name}\n{without_comments(blocks[name])}"
+        # Named `job_...` since the names begin with their file's noun.
+        block = blocks[name] if name in blocks else blocks[f"job_{name}"]
+        text = f"-- jobtui: {name}\n{without_comments(block)}"
         out[name] = sql.SQL(sql.SQL(text).format(schema=sql.Identifier("jobtui")).as_string(None))  # type: ignore[arg-type]
     return out
 
@@ -151,9 +153,9 @@ def statement_ab(dsn: str, old: dict[str, sql.SQL], runs: int) -> dict[str, floa
     new = statements("jobtui")
     texts = {
         "keyed/baseline": old["enqueue"],
-        "keyed/new": new["enqueue_keyed"],
+        "keyed/new": new["job_enqueue_keyed"],
         "batch/baseline": old["enqueue_many"],
-        "batch/new": new["enqueue_many_keyed"],
+        "batch/new": new["job_enqueue_many_keyed"],
     }
     times: dict[str, list[float]] = {name: [] for name in texts}
     with psycopg.connect(dsn) as conn:
@@ -233,7 +235,10 @@ def archive_round(dsn: str, batches: int, turn: int) -> dict[str, float]:
                 conn.execute(ENABLE if side == "new" else DISABLE)
                 started = time.perf_counter()
                 with conn.transaction():
-                    moved = run(conn, Call("archive_done", {"retention": 86400.0, "limit": ARCHIVE_BATCH}, first_int))
+                    moved = run(
+                        conn,
+                        Call("maintenance_archive_done", {"retention": 86400.0, "limit": ARCHIVE_BATCH}, first_int),
+                    )
                 times[case].append(time.perf_counter() - started)
                 assert moved == ARCHIVE_BATCH, moved
             order = order[1:] + order[:1]

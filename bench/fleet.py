@@ -4,7 +4,7 @@ and the read of the whole fleet that every console refresh and scrape makes.
     .venv/bin/python bench/fleet.py [--dsn DSN] [--processes 1000] [--rounds 20] [--dbname NAME]
 
 A benchmark, not a test. In its own database (jobtui_bench_fleet, dropped afterwards) it
-registers --processes rows with the statement a process registers with (core/fleet.py), then
+registers --processes rows with the statement a process registers with (core/members.py), then
 runs --rounds rounds in which every row is refreshed once (fleet_refresh, as each process
 does every third of its lease, 10 s at most, past its first minutes), and reads:
 
@@ -34,7 +34,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from jobtui.core.fleet import Member, Status, refresh_call, register_call
+from jobtui.core.members import Member, Status, refresh_call, register_call
 from jobtui.kernel.db import run, statements
 from jobtui.kernel.migrate import migrate
 from jobtui.reads.fleet import FLEET_LIMIT, read_fleet

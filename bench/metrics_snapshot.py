@@ -81,7 +81,7 @@ SIZES = {
 # The statements snapshot() runs, in its order, with the parameters it gives them.
 SNAPSHOT_QUERIES: list[tuple[str, dict[str, Any]]] = [
     ("metrics_lock_timeout", {"timeout": "2000ms"}),
-    ("db_now", {}),
+    ("server_now", {}),
     ("metrics_ready", {}),
     ("metrics_running", {}),
     ("metrics_dead", {}),

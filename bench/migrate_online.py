@@ -51,7 +51,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from jobtui.core.queue import enqueue, enqueue_call
+from jobtui.core.jobs import enqueue, enqueue_call
 from jobtui.kernel.migrate import migrate
 
 ROOT = Path(__file__).resolve().parents[1]

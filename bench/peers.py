@@ -306,7 +306,7 @@ def drained_jobs(system: str, dsn: str) -> tuple[int, float]:
         # jobtui bench's own reading: done rows and the tallies of jobs deleted at completion.
         import psycopg
 
-        from jobtui.cli.bench import drain_window
+        from jobtui.core.bench import drain_window
 
         with psycopg.connect(dsn, application_name=OBSERVER) as conn:
             return drain_window(conn, "jobtui")

@@ -55,9 +55,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobtui import Client, NewJob
 from jobtui.cli.bench import NOOP as JOB_TYPE
-from jobtui.cli.bench import queue_busy, spawn_workers, stop_workers
+from jobtui.cli.bench import spawn_workers, stop_workers
+from jobtui.core.bench import queue_busy
+from jobtui.core.claims import claim_call, complete_call
 from jobtui.core.maintenance import Retention, prune_archive, sweep
-from jobtui.core.queue import claim_call, complete_call
 from jobtui.kernel import migrate as migrations
 from jobtui.kernel.db import run, statements
 

@@ -26,7 +26,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from jobtui.cli.bench import NOOP
-from jobtui.core.queue import claim_call, complete_call
+from jobtui.core.claims import claim_call, complete_call
 from jobtui.kernel.db import Call, _query_texts, statements
 from jobtui.kernel.domain import Lease
 from jobtui.kernel.migrate import migrate

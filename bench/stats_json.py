@@ -28,8 +28,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from jobtui.core.history import record_minute
 from jobtui.kernel.migrate import migrate
-from jobtui.reads.backlog import record_minute
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 BENCH_DB = "jobtui_bench_stats"

@@ -46,10 +46,9 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from jobtui.core.history import record_flow, record_minute
 from jobtui.kernel import db
 from jobtui.kernel.migrate import migrate
-from jobtui.reads.backlog import record_minute
-from jobtui.reads.flows import record_flow
 from jobtui.tui import data
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"

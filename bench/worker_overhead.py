@@ -66,7 +66,7 @@ class InstantDatabase:
     ) -> tuple[Any, float]:
         sent = time.monotonic()
         await asyncio.sleep(0)  # a statement always yields to the loop
-        if call.name == "claim":
+        if call.name == "claim_take":
             n = min(call.params["limit"], self._left)
             self._left -= n
             first, self._next_id = self._next_id, self._next_id + n
@@ -74,22 +74,22 @@ class InstantDatabase:
             # uncounted, meta, queue.
             rows = [(i, NOOP, "{}", 1, 25, 1, NOW, NOW, NOW, 0, None, "default") for i in range(first, first + n)]
             return call.decode(Rows(rows, CLAIM_COLUMNS)), sent
-        if call.name in ("complete_deleting", "complete", "heartbeat"):
+        if call.name in ("claim_complete_deleting", "claim_complete", "claim_heartbeat"):
             ids = call.params["ids"]
-            if isinstance(ids, str):  # a bigint[] literal, as queue.py sends them
+            if isinstance(ids, str):  # a bigint[] literal, as core/claims.py sends them
                 ids = [int(i) for i in ids.strip("{}").split(",")] if ids != "{}" else []
-            if call.name != "heartbeat":
+            if call.name != "claim_heartbeat":
                 self._written += len(ids)
                 if self._written >= self._total:
                     self._worker[0].stop()
             return set(ids), sent
-        if call.name == "reap":
+        if call.name == "claim_reap":
             return call.decode(Rows([(None, None, None, None, "open", NOW, None)], REAP_COLUMNS)), sent
         if call.name == "privileges_missing":
             return [], sent
-        if call.name in ("fleet_register", "fleet_refresh"):  # the worker's row in the fleet
+        if call.name in ("member_register", "member_refresh"):  # the worker's row in the fleet
             return call.decode(Rows([(1, "running", 0, None)], ("id", "wanted", "orders", "ordered_by"))), sent
-        if call.name == "fleet_leave":
+        if call.name == "member_leave":
             return call.decode(Rows([(1,)], ("id",))), sent
         raise AssertionError(f"unexpected statement {call.name}")
 

@@ -51,10 +51,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from jobtui.cli import demo
 from jobtui.clients.client import Client
 from jobtui.core import queues
-from jobtui.core.fleet import Target, give_order
+from jobtui.core.history import record_flow
+from jobtui.core.members import Target, give_order
 from jobtui.kernel import migrate
 from jobtui.kernel.domain import NewJob
-from jobtui.reads.flows import record_flow
 from jobtui.tui.app import JobtuiApp
 from jobtui.tui.screens import ConfirmScreen, JobDetailScreen, JobListScreen
 from jobtui.tui.search import JobSearchScreen

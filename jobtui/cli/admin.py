@@ -17,10 +17,11 @@ import psycopg
 
 from jobtui.cli.args import database_dsn, port_number, positive_seconds
 from jobtui.kernel import migrate as migrations
-from jobtui.kernel.db import Call, connect, describe_dsn, run
+from jobtui.kernel.db import connect, describe_dsn, run
 from jobtui.kernel.durations import parse_duration
 from jobtui.kernel.errors import DatabaseUnavailable, InvalidInput
 from jobtui.kernel.safetext import line
+from jobtui.kernel.server import read_only_call
 from jobtui.service.endpoints import LIVE_PATH, READY_PATH
 
 
@@ -127,7 +128,7 @@ def _database_health(args: argparse.Namespace) -> int:
     try:
         with connect(dsn, autocommit=True, connect_timeout=max(1, round(args.timeout)), pooler=args.pooler) as conn:
             version, todo = migrations.pending(conn, args.schema)
-            read_only = run(conn, Call("server_read_only", {}, lambda rows: bool(rows[0][0])), args.schema)
+            read_only = run(conn, read_only_call(), args.schema)
     except DatabaseUnavailable as exc:
         print(f"not ready: {line(str(exc))}")
         return 1

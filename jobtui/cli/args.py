@@ -173,7 +173,7 @@ def port_number(text: str) -> int:
     return value
 
 
-# What --error matches, for `dead` and `requeue` alike (sql/actions.sql, dead_matching).
+# What --error matches, for `dead` and `requeue` alike (sql/deadletters.sql, deadletter_matching).
 ERROR_MATCH = (
     "a case-insensitive PostgreSQL regular expression, matched against the first line of each job's error"
     " (exception and message, as `jobtui job` shows it) or its fingerprint (numbers masked as <n>,"

@@ -18,19 +18,26 @@ from typing import IO, Any
 
 from jobtui.cli.args import database_dsn, positive_int
 from jobtui.clients.client import Client
-from jobtui.core.queue import COPY_THRESHOLD
+from jobtui.core.bench import (
+    BENCH_SCHEMA,
+    claim_schema,
+    drain_window,
+    latencies,
+    latency_left,
+    mark_schema,
+    queue_busy,
+    vacuum,
+)
+from jobtui.core.jobs import COPY_THRESHOLD
 from jobtui.core.registry import Job, Jobs
-from jobtui.kernel import db, migrate
-from jobtui.kernel.db import Call, check_schema_name, connect
+from jobtui.core.uninstall import drop_schema
+from jobtui.kernel import migrate
+from jobtui.kernel.db import check_schema_name, connect
 from jobtui.kernel.domain import DEFAULT_SCHEMA, NewJob
-from jobtui.kernel.errors import InvalidInput
 
-BENCH_SCHEMA = "jobtui_bench"
 NOOP = "bench.noop"
 # Jobs per enqueue_many of the enqueue phase.
 BATCH = 10_000
-# Marks a schema this benchmark made (and drops when it ends): the only kind it drops.
-MARK = "jobtui bench: dropped when the benchmark ends"
 
 jobs = Jobs()
 
@@ -101,23 +108,6 @@ def stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
             p.kill()
 
 
-def _scalar(conn: Any, name: str, schema: str, **params: Any) -> Any:
-    return db.run(conn, Call(name, params, lambda rows: rows[0][0] if rows else None), schema)
-
-
-def drain_window(conn: Any, schema: str) -> tuple[int, float]:
-    """(jobs finished, seconds from the first start to the last finish), from the done rows
-    and from the tallies of jobs deleted at completion."""
-    jobs, span = db.run(conn, Call("bench_drain_window", {}, lambda rows: rows[0]), schema)
-    return int(jobs), float(span or 0.0)
-
-
-def queue_busy(conn: Any, schema: str) -> bool:
-    """Whether any job is ready or running. Asked of the ready and running indexes: a count
-    over the table would take a CPU away from the drain it is watching."""
-    return bool(_scalar(conn, "bench_queue_busy", schema))
-
-
 def run(
     dsn: str,
     *,
@@ -134,9 +124,9 @@ def run(
     check_schema_name(schema)
     with connect(dsn, autocommit=True, pooler=pooler) as conn:
         claim_schema(conn, schema)
-        db.run(conn, Call("schema_drop", {}, _nothing), schema)
+        drop_schema(conn, schema)
         migrate.migrate(conn, schema)
-        db.run(conn, Call("bench_schema_set_mark", {}, _nothing), schema)
+        mark_schema(conn, schema)
     try:
         with Client(dsn, schema=schema, pooler=pooler) as queue:
             t0 = time.perf_counter()
@@ -144,7 +134,7 @@ def run(
                 queue.enqueue_many([NewJob(NOOP) for _ in range(min(BATCH, n - start))])
             enqueue_rate = n / (time.perf_counter() - t0)
         with connect(dsn, autocommit=True, pooler=pooler) as conn, tempfile.TemporaryFile() as log:
-            db.run(conn, Call("bench_vacuum", {}, _nothing), schema)
+            vacuum(conn, schema)
             procs = spawn_workers(
                 dsn, schema, workers, concurrency, log, delete_on_complete=delete_on_complete, pooler=pooler
             )
@@ -168,21 +158,9 @@ def run(
                 stop_workers(procs)
     finally:
         with connect(dsn, autocommit=True, pooler=pooler) as conn:
-            db.run(conn, Call("schema_drop", {}, _nothing), schema)
+            drop_schema(conn, schema)
     q = statistics.quantiles(latencies, n=100, method="inclusive")
     return BenchResult(n, workers, concurrency, enqueue_rate, drain_rate, q[49], q[89], q[98], len(latencies))
-
-
-def claim_schema(conn: Any, schema: str) -> None:
-    """InvalidInput unless `schema` is free for the benchmark: missing, or left by an earlier
-    run (marked, or the default bench schema), since the benchmark drops it when it ends."""
-    found = db.run(conn, Call("bench_schema_mark", {"schema_name": schema}, list), schema)
-    if not found or found[0][0] == MARK or schema == BENCH_SCHEMA:
-        return
-    raise InvalidInput(
-        f"schema {schema!r} already exists and jobtui bench did not make it; the benchmark drops its schema"
-        " when it ends, so give one that does not exist (default jobtui_bench)"
-    )
 
 
 def _latency(conn: Any, dsn: str, schema: str, count: int, pooler: str | None) -> list[float]:
@@ -196,14 +174,9 @@ def _latency(conn: Any, dsn: str, schema: str, count: int, pooler: str | None) -
             time.sleep(0.01)
             queue.enqueue(NOOP, key=f"latency-{i}")
     deadline = time.monotonic() + 30
-    while _scalar(conn, "bench_latency_left", schema, first=first) and time.monotonic() < deadline:
+    while latency_left(conn, schema, first) and time.monotonic() < deadline:
         time.sleep(0.1)
-    rows = db.run(conn, Call("bench_latencies", {"first": first}, list), schema)
-    return [float(r[0]) for r in rows if r[0] is not None]
-
-
-def _nothing(rows: Any) -> None:
-    return None
+    return latencies(conn, schema, first)
 
 
 def _last_line(log: IO[bytes]) -> str:

@@ -26,9 +26,10 @@ from jobtui.cli.args import demo_dsn, positive_int
 from jobtui.clients.client import Client
 from jobtui.core import scheduler as schedules
 from jobtui.core.registry import Job, Jobs, Permanent
+from jobtui.core.uninstall import drop_schema
 from jobtui.kernel import migrate as migrations
 from jobtui.kernel.backoff import BackoffPolicy
-from jobtui.kernel.db import Call, check_schema_name, connect, describe_dsn, run
+from jobtui.kernel.db import check_schema_name, connect, describe_dsn
 from jobtui.kernel.domain import DEFAULT_SCHEMA, NewJob
 
 DEMO_SCHEMA = "jobtui_demo"
@@ -210,7 +211,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     with connect(dsn, autocommit=True, pooler=args.pooler) as conn:
         if args.reset:
-            run(conn, Call("schema_drop", {}, lambda rows: None), check_schema_name(schema))
+            drop_schema(conn, check_schema_name(schema))
         migrations.migrate(conn, schema)
     prepare(dsn, schema, args.pooler)
     worker = Worker(jobs, dsn, concurrency=args.demo_concurrency, types=MAIN_TYPES, lease=LEASE,

@@ -26,7 +26,7 @@ from jobtui.cli.args import (
     with_dsn,
 )
 from jobtui.clients.client import Client
-from jobtui.core.queue import job_statuses_call
+from jobtui.core.jobs import job_statuses_call
 from jobtui.kernel.db import connect
 from jobtui.kernel.domain import JobStatus
 from jobtui.kernel.donehistory import DoneHistory

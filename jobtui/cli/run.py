@@ -197,7 +197,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 class _StandaloneScheduler:
     """Gives the scheduler the worker's run/stop/started shape for the signal handling above,
     and a link of its own, which its readiness probe and its row in the fleet share
-    (health.py, core/fleet.py). Quieted in the fleet, it fires no slot until resumed."""
+    (health.py, core/members.py). Quieted in the fleet, it fires no slot until resumed."""
 
     def __init__(self, scheduler: Any, health: Health | None) -> None:
         self.scheduler = scheduler
@@ -213,7 +213,7 @@ class _StandaloneScheduler:
             self._presence.look()
 
     def _status(self) -> Any:
-        from jobtui.core.fleet import Status, resident_bytes
+        from jobtui.core.members import Status, resident_bytes
 
         state = "stopping" if self._stopping.is_set() else "quiet" if self.scheduler.quiet else "running"
         return Status(state, rss_bytes=resident_bytes())
@@ -231,7 +231,7 @@ class _StandaloneScheduler:
                 log.warning("scheduler resumed by %s", by or "an operator")
 
     async def run(self) -> None:
-        from jobtui.core.fleet import Member, Presence, default_name, refresh_interval
+        from jobtui.core.members import Member, Presence, default_name, refresh_interval
         from jobtui.kernel.link import Connection, Link
 
         dsn, pooler = self.scheduler.dsn, self.scheduler.pooler

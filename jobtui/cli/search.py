@@ -20,8 +20,9 @@ from rich.table import Table
 from jobtui.cli import ops
 from jobtui.cli.args import job_id, positive_int, with_client, with_dsn
 from jobtui.clients.client import Client
+from jobtui.core import payloadindex
 from jobtui.core.audit import record_audit
-from jobtui.kernel.db import Call, connect, run
+from jobtui.kernel.db import connect
 from jobtui.kernel.durations import parse_duration
 from jobtui.kernel.errors import InvalidInput
 from jobtui.kernel.jobfilter import JobFilter, payload_of
@@ -112,9 +113,9 @@ def cmd_index(args: argparse.Namespace, dsn: str) -> int:
     blocking enqueues or claims. It needs the role that owns the job table."""
     schema = args.schema
     with connect(dsn, autocommit=True, pooler=args.pooler) as conn:
-        state = run(conn, Call("payload_index_state", {"schema_name": schema}, lambda r: r.dicts()), schema)
+        state = payloadindex.state(conn, schema)
         if args.drop:
-            run(conn, Call("payload_index_drop", {}, lambda r: None), schema)
+            payloadindex.drop(conn, schema)
             # Not audit.operate: DROP/CREATE INDEX CONCURRENTLY cannot run in a transaction, so
             # the audit row follows the change once it is done.
             with conn.transaction():
@@ -126,7 +127,7 @@ def cmd_index(args: argparse.Namespace, dsn: str) -> int:
             return 0
         if state:  # left invalid by a build that was interrupted: it only slows writes down
             print("an interrupted build left the payload index invalid: dropping it first", file=sys.stderr)
-            run(conn, Call("payload_index_drop", {}, lambda r: None), schema)
+            payloadindex.drop(conn, schema)
         print(
             "building job_payload_idx (GIN, jsonb_path_ops) without blocking enqueues or claims; every enqueue"
             " and every change of a job's row then updates it too",
@@ -137,13 +138,13 @@ def cmd_index(args: argparse.Namespace, dsn: str) -> int:
         watcher.start()
         started = time.monotonic()
         try:
-            run(conn, Call("payload_index_create", {}, lambda r: None), schema)
+            payloadindex.create(conn, schema)
         finally:
             done.set()
             watcher.join(timeout=2)
         with conn.transaction():
             record_audit(conn, args.actor, "index-create", "index job_payload_idx", 1, schema=schema)
-        state = run(conn, Call("payload_index_state", {"schema_name": schema}, lambda r: r.dicts()), schema)
+        state = payloadindex.state(conn, schema)
     size = state[0]["bytes"] / 1e6 if state else 0.0
     print(f"the payload index is built ({size:,.0f} MB, {time.monotonic() - started:.0f}s)")
     return 0
@@ -153,7 +154,7 @@ def _watch_build(dsn: str, pooler: str, schema: str, done: threading.Event) -> N
     """The build's progress, from pg_stat_progress_create_index on a connection of its own."""
     with connect(dsn, autocommit=True, pooler=pooler) as conn, progress_bar("building the payload index") as update:
         while not done.wait(0.5):
-            rows = run(conn, Call("payload_index_progress", {"schema_name": schema}, lambda r: r.dicts()), schema)
+            rows = payloadindex.progress(conn, schema)
             if rows:
                 r = rows[0]
                 total = r["blocks_total"] or r["tuples_total"] or 0

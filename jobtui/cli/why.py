@@ -19,11 +19,12 @@ from typing import Any
 import psycopg
 
 from jobtui.cli.args import check_migrated, database_dsn
-from jobtui.kernel.db import Call, Rows, connect, first_line, pooler_mode, run
+from jobtui.kernel.db import connect, first_line, pooler_mode, run
 from jobtui.kernel.durations import parse_duration
 from jobtui.kernel.errors import DatabaseUnavailable, InvalidInput
 from jobtui.kernel.safetext import line, quote
 from jobtui.reads import causes
+from jobtui.reads.console import session_call
 from jobtui.reads.diagnosis import Diagnosis, Subject, diagnose, text_of, unanswered
 from jobtui.reads.fleet import read_fleet
 from jobtui.reads.metrics import QueueLocked, Snapshot, snapshot
@@ -59,8 +60,7 @@ def read(dsn: str, schema: str, pooler: str | None, timeout: float) -> Read:
     """Everything the diagnosis needs, on one connection whose statements time out."""
     with watched(connect(dsn, autocommit=True, pooler=pooler, connect_timeout=max(1, round(timeout))), schema) as conn:
         local = pooler_mode(pooler) == "transaction"
-        session = {"statement_timeout": f"{round(timeout * 1000)}ms", "local": local}
-        run(conn, Call("console_session", session, Rows.dicts), schema)
+        run(conn, session_call(timeout, local=local), schema)
         snap = snapshot(conn, schema)
         lines = overview(conn, schema).lines
         scene = Scene.of(snap, lines, read_fleet(conn, schema), read_facts(conn, schema))

@@ -1,6 +1,6 @@
 """`jobtui workers`: the fleet, one line per registered process (reads/fleet.py), and
 `jobtui workers quiet|resume|stop NAME|--host H|--version V`, an operator's order to the
-processes matched (core/fleet.py), audited and refused with `--read-only`. Every name from
+processes matched (core/members.py), audited and refused with `--read-only`. Every name from
 the table is printed escaped; `--json` prints it exact."""
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ from rich.text import Text
 
 from jobtui.cli.args import with_dsn
 from jobtui.cli.ops import wide_console
-from jobtui.core.fleet import ACTIONS, REFRESH, Action, Target, done_word, give_order, why_unchanged
+from jobtui.core.members import ACTIONS, REFRESH, Action, Target, done_word, give_order, why_unchanged
 from jobtui.kernel.db import connect, run
 from jobtui.kernel.errors import InvalidInput
 from jobtui.kernel.safetext import line, quote
 from jobtui.kernel.sizes import size_text
 from jobtui.kernel.version import installed_version
-from jobtui.reads.fleet import Fleet, Holder, Process, findings, holders, read_fleet, running_groups_call
+from jobtui.reads.fleet import Fleet, Holder, Process, findings, holders, read_fleet
+from jobtui.reads.metrics import running_groups_call
 from jobtui.reads.overview import overview
 from jobtui.tui.render import age
 

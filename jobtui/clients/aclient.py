@@ -26,8 +26,8 @@ from jobtui.clients.base import (
 )
 from jobtui.clients.reach import WAIT_SLICE, reporting_async_connection
 from jobtui.core.adapters import async_connection
+from jobtui.core.jobs import EnqueueOptions, aenqueue, aenqueue_many
 from jobtui.core.middleware import entered
-from jobtui.core.queue import EnqueueOptions, aenqueue, aenqueue_many
 from jobtui.kernel.db import Call, arun
 from jobtui.kernel.domain import NewJob
 from jobtui.kernel.jobfilter import JobFilter

@@ -17,8 +17,8 @@ import psycopg
 from psycopg_pool import PoolClosed, PoolTimeout
 
 from jobtui.clients.reach import WAIT_SLICE, Reach
+from jobtui.core.jobs import EnqueueOptions, enqueue_call
 from jobtui.core.middleware import EnqueueHook, as_hook, entered
-from jobtui.core.queue import EnqueueOptions, enqueue_call
 from jobtui.core.registry import Jobs
 from jobtui.kernel import migrate
 from jobtui.kernel.db import (

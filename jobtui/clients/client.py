@@ -31,21 +31,18 @@ from jobtui.clients.reach import WAIT_SLICE, reporting_connection
 from jobtui.core import actions
 from jobtui.core.adapters import sync_connection
 from jobtui.core.audit import AuditEntry, audit_list_call
-from jobtui.core.middleware import entered
-from jobtui.core.queue import (
-    EnqueueOptions,
+from jobtui.core.claims import (
     claim_call,
     complete_call,
     complete_deleting_call,
-    enqueue,
-    enqueue_many,
     fail_call,
     fail_permanently_call,
-    get_job_call,
     heartbeat_call,
     reap_call,
     release_call,
 )
+from jobtui.core.jobs import EnqueueOptions, enqueue, enqueue_many, get_job_call
+from jobtui.core.middleware import entered
 from jobtui.kernel.db import Call, run
 from jobtui.kernel.domain import (
     DEFAULT_LEASE_SECONDS,
@@ -256,7 +253,7 @@ class Client(ClientBase):
         self, job_type: str, payload: Any = None, *, conn: object | None = None, **options: Unpack[EnqueueOptions]
     ) -> int:
         """Insert one job and return its id; a key that exists returns the existing job's id.
-        `options` (core/queue.EnqueueOptions): `key`, `delay`, `run_at`, `max_attempts`, and
+        `options` (core/jobs.EnqueueOptions): `key`, `delay`, `run_at`, `max_attempts`, and
         `queue` (None: its handler's declared queue, see `jobs`, else the default one).
 
         With `conn` (psycopg, or SQLAlchemy's or Django's: adapters.py), the job is part of

@@ -20,17 +20,17 @@ from jobtui.reads.deadletters import dead_matching, matching_ids
 
 
 def requeue_call(ids: Sequence[int], actor: str) -> Call[list[int]]:
-    return Call("requeue_by_id", {"ids": list(ids), "actor": actor}, int_list)
+    return Call("action_requeue_by_id", {"ids": list(ids), "actor": actor}, int_list)
 
 
 def kill_lease_call(ids: Sequence[int], actor: str) -> Call[list[int]]:
-    return Call("kill_lease", {"ids": list(ids), "actor": actor}, int_list)
+    return Call("action_lease_kill", {"ids": list(ids), "actor": actor}, int_list)
 
 
 def cancel_call(ids: Sequence[int], actor: str, schema: str = DEFAULT_SCHEMA) -> Call[list[int]]:
     """Cancel ready or running jobs; a running job's worker is told on the schema's channel."""
     params = {"ids": list(ids), "actor": actor, "channel": statements(schema).channel}
-    return Call("cancel", params, int_list)
+    return Call("action_cancel", params, int_list)
 
 
 def requeue(
@@ -92,7 +92,7 @@ def requeue_dead_group(
             groups = dead_matching(c, schema, job_type=job_type, group=(status, fingerprint), with_ids=True)
             chosen = matching_ids(groups)
         params = {"ids": chosen, "status": status, "type": job_type, "fingerprint": fingerprint, "actor": actor}
-        return run(c, Call("dead_group_requeue", params, int_list), schema) if chosen else []
+        return run(c, Call("action_dead_group_requeue", params, int_list), schema) if chosen else []
 
     audit = Audit(actor, "requeue", f"{status} group type={job_type} error={fingerprint or '-'}")
     return operate(conn, requeued, audit, moved, schema)

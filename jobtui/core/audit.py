@@ -14,9 +14,10 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from jobtui.core.jobs import notify_ready
 from jobtui.core.otel import action_span
 from jobtui.kernel.checks import check_text
-from jobtui.kernel.db import Call, run, statements
+from jobtui.kernel.db import Call, run
 from jobtui.kernel.domain import DEFAULT_SCHEMA
 
 T = TypeVar("T")
@@ -118,7 +119,7 @@ def operate(
             schema,
         )
         if record.notify:
-            run(conn, Call("notify_ready", {"channel": statements(schema).channel}, lambda r: None), schema)
+            notify_ready(conn, schema)
         if span is not None:
             span.set_attribute("jobtui.rows", record.rows)
     return result

@@ -36,6 +36,7 @@ from jobtui.kernel.domain import DEFAULT_SCHEMA
 from jobtui.kernel.errors import InvalidInput
 from jobtui.kernel.jobfilter import JobFilter
 from jobtui.reads.deadletters import check_regex
+from jobtui.reads.jobquery import bounds_call, timeout_call
 
 Action = Literal["requeue", "discard", "cancel"]
 ACTIONS: tuple[Action, ...] = ("requeue", "discard", "cancel")
@@ -133,17 +134,16 @@ class Bulk:
 
     def _timed(self, call: Call[Any]) -> Any:
         with self.conn.transaction():
-            params = {"timeout": f"{max(1, round(self.timeout * 1000))}ms"}
-            run(self.conn, Call("search_timeout", params, lambda rows: None), self.schema)
+            run(self.conn, timeout_call(self.timeout), self.schema)
             return run(self.conn, call, self.schema)
 
     def _lowest(self) -> int:
-        bounds = self._timed(Call("jobs_bounds", {"schema_name": self.schema}, Rows.dicts))[0]
+        bounds = self._timed(bounds_call(self.schema))
         return int(bounds["lowest"] or 0)
 
     def count(self, progress: Progress | None = None, stop: threading.Event | None = None) -> int:
         """How many jobs the action would change now: the dry run, window by window."""
-        bounds = self._timed(Call("jobs_bounds", {"schema_name": self.schema}, Rows.dicts))[0]
+        bounds = self._timed(bounds_call(self.schema))
         lowest, top = int(bounds["lowest"] or 0), int(bounds["highest"] or 0) + 1
         below, total = top, 0
         params = {**self.filter.params(), "at": None, "scope": list(SCOPE[self.action])}

@@ -17,12 +17,11 @@ from typing import Any
 
 import psycopg
 
-from jobtui.core.fleet import prune_call
+from jobtui.core.history import record_flow, record_minute
+from jobtui.core.members import prune_call
 from jobtui.core.registry import Job, Jobs, ScheduleSpec
 from jobtui.kernel.db import Call, Rows, run
 from jobtui.kernel.domain import DEFAULT_KEY_RETENTION, DEFAULT_SCHEMA
-from jobtui.reads.backlog import record_minute
-from jobtui.reads.flows import record_flow
 
 ARCHIVE_TYPE = "jobtui.archive"
 # The queue of jobtui's own jobs. Every worker claims them, from any queue (a scheduler of the
@@ -115,18 +114,18 @@ def sweep(conn: psycopg.Connection[Any], retention: Retention, schema: str = DEF
     archived = deleted_done = deleted_archive = dropped_days = 0
     # The days ahead, even when this worker archives nothing: another may (of the previous
     # release, say, which makes no partition).
-    run(conn, Call("archive_partitions_add", {"days": PARTITION_DAYS_AHEAD}, _count), schema)
+    run(conn, Call("maintenance_archive_partitions_add", {"days": PARTITION_DAYS_AHEAD}, _count), schema)
     if retention.delete_done:
-        deleted_done = _batches(conn, "delete_done", retention.done, schema)
+        deleted_done = _batches(conn, "maintenance_delete_done", retention.done, schema)
     else:
-        archived = _batches(conn, "archive_done", retention.done, schema)
-    deleted_dead = _batches(conn, "delete_dead", retention.dead, schema)
+        archived = _batches(conn, "maintenance_archive_done", retention.done, schema)
+    deleted_dead = _batches(conn, "maintenance_delete_dead", retention.dead, schema)
     if retention.archive is not None:
         dropped_days, deleted_archive = prune_archive(conn, retention.archive, schema)
-    deleted_effects = _batches(conn, "prune_effect", retention.effect, schema)
-    deleted_audit = _batches(conn, "prune_audit", retention.audit, schema)
+    deleted_effects = _batches(conn, "maintenance_effect_prune", retention.effect, schema)
+    deleted_audit = _batches(conn, "maintenance_audit_prune", retention.audit, schema)
     # After the moves above, whose keys start their window now.
-    deleted_keys = _batches(conn, "job_key_prune", retention.key, schema)
+    deleted_keys = _batches(conn, "maintenance_job_key_prune", retention.key, schema)
     return Swept(
         archived,
         deleted_done,
@@ -145,7 +144,9 @@ def prune_archive(conn: psycopg.Connection[Any], retention: float, schema: str =
     while deleted < MAX_ROWS_PER_RUN:
         with conn.transaction():
             days, rows = run(
-                conn, Call("archive_prune", {"retention": retention, "limit": BATCH}, lambda r: r[0]), schema
+                conn,
+                Call("maintenance_archive_prune", {"retention": retention, "limit": BATCH}, lambda r: r[0]),
+                schema,
             )
         dropped += days
         deleted += rows
@@ -157,13 +158,13 @@ def prune_archive(conn: psycopg.Connection[Any], retention: float, schema: str =
 def summarise_hours(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> int:
     """Summarise each completed hour of the last day once (for day-long figures); returns
     the number of hours summarised. Runs before archiving, which removes their rows."""
-    hours = run(conn, Call("stats_missing_hours", {}, lambda rows: [r[0] for r in rows]), schema)
+    hours = run(conn, Call("maintenance_stats_missing_hours", {}, lambda rows: [r[0] for r in rows]), schema)
     for hour in hours:
         with conn.transaction():
-            run(conn, Call("stats_summarise_hour", {"hour": hour}, _count), schema)
-    run(conn, Call("stats_prune_hours", {}, _count), schema)
-    run(conn, Call("prune_lease_expiry", {}, _count), schema)
-    run(conn, Call("prune_done_tally", {}, _count), schema)
+            run(conn, Call("maintenance_stats_summarise_hour", {"hour": hour}, _count), schema)
+    run(conn, Call("maintenance_stats_prune_hours", {}, _count), schema)
+    run(conn, Call("maintenance_lease_expiry_prune", {}, _count), schema)
+    run(conn, Call("maintenance_done_tally_prune", {}, _count), schema)
     return len(hours)
 
 

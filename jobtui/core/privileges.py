@@ -99,7 +99,7 @@ READ_ONLY_ROLE = (
 def role_changes_call(schema: str) -> Call[list[str]]:
     """What the session's role (or a role it may SET ROLE to) may change in the schema, as
     'INSERT on jobtui.job'; empty for the read-only role of docs/grants.sql."""
-    return Call("role_changes", {"schema_name": schema}, lambda rows: [str(r[0]) for r in rows])
+    return Call("privileges_changes", {"schema_name": schema}, lambda rows: [str(r[0]) for r in rows])
 
 
 def shown(items: Sequence[str], most: int = 6) -> str:

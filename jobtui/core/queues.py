@@ -2,7 +2,7 @@
 levers during an incident (their figures are in overview.py).
 
 A pause, a limit or a rate is a row of `queue_control` that every worker's claim statement reads
-itself (sql/claims.sql, claim), so it holds on every worker from its next claim and across
+itself (sql/claims.sql, claim_take), so it holds on every worker from its next claim and across
 restarts. Each change runs with its audit row in one transaction (`audit.operate`).
 
     with connect(dsn) as conn:
@@ -132,7 +132,7 @@ def set_limit(
     """
     params = {"name": check_queue(name), "limit": check_limit(limit), "expected": expected, "fenced": fenced}
     audit = Audit(actor, "queue-limit", f"queue {name}")
-    return _set_lever(conn, "queue_limit", params, audit, {"limit": limit}, schema)
+    return _set_lever(conn, "queue_limit_set", params, audit, {"limit": limit}, schema)
 
 
 def set_rate(
@@ -152,4 +152,4 @@ def set_rate(
     params = {"kind": kind, "name": check_name(kind, name), "rate": check_rate(rate)}
     params |= {"expected": expected, "fenced": fenced}
     audit = Audit(actor, f"{kind}-rate", f"{kind} {name}")
-    return _set_lever(conn, "queue_rate", params, audit, {"rate_per_second": rate}, schema)
+    return _set_lever(conn, "queue_rate_set", params, audit, {"rate_per_second": rate}, schema)

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from jobtui.core.queue import effect_exists_call, record_effect_call
+from jobtui.core.jobs import effect_exists_call, record_effect_call
 from jobtui.kernel.backoff import DEFAULT_POLICY, BackoffPolicy
 from jobtui.kernel.checks import check_delay, check_max_attempts, check_queue, check_type
 from jobtui.kernel.cronslots import DEFAULT_GRACE_SECONDS

@@ -31,6 +31,7 @@ from jobtui.kernel.db import Call, Rows, arun, first_int, first_line, pooler_mod
 from jobtui.kernel.domain import DEFAULT_QUEUE, DEFAULT_SCHEMA
 from jobtui.kernel.errors import DatabaseUnavailable, InvalidInput, JobtuiError, PrivilegeMissing
 from jobtui.kernel.link import Connection, Link
+from jobtui.kernel.server import now_call
 
 log = logging.getLogger("jobtui.scheduler")
 T = TypeVar("T")
@@ -75,7 +76,7 @@ def _one_id(rows: Rows) -> int:
 
 
 def _now(conn: psycopg.Connection[Any], schema: str) -> datetime:
-    now: datetime = run(conn, Call("db_now", {}, lambda rows: rows.dicts()[0]["now"]), schema)
+    now = run(conn, now_call(), schema)
     return now
 
 

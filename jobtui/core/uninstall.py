@@ -139,12 +139,12 @@ def drop(conn: psycopg.Connection[object], contents: Contents) -> Dropped:
     kept: list[tuple[str, str]] = []
     with conn.transaction():
         run(conn, Call("uninstall_lock_timeout", {"lock_timeout": LOCK_TIMEOUT}, _none), schema)
-        run(conn, Call("schema_drop", {}, _none), schema)
+        drop_schema(conn, schema)
         for role in contents.roles_dropped:
             try:
                 with conn.transaction():  # a savepoint: a role that stays keeps the rest
-                    run(conn, Call("role_to_drop", {"role": role}, _none), schema)
-                    run(conn, Call("role_drop", {}, _none), schema)
+                    run(conn, Call("uninstall_role_to_drop", {"role": role}, _none), schema)
+                    run(conn, Call("uninstall_role_drop", {}, _none), schema)
                 dropped.append(role)
             except psycopg.errors.DependentObjectsStillExist as exc:
                 detail = (exc.diag.message_detail or "").replace("\n", "; ")
@@ -153,6 +153,12 @@ def drop(conn: psycopg.Connection[object], contents: Contents) -> Dropped:
                 why = exc.diag.message_primary or "permission denied"
                 kept.append((role, f"{why}: a role with CREATEROLE drops it"))
     return Dropped(dropped, kept)
+
+
+def drop_schema(conn: psycopg.Connection[object], schema: str) -> None:
+    """Drop `schema` whole, if it exists, in `conn`'s transaction: `jobtui uninstall`, and the
+    schemas of `jobtui demo --reset` and `jobtui bench`, their own."""
+    run(conn, Call("uninstall_schema_drop", {}, _none), schema)
 
 
 def _none(rows: Rows) -> None:

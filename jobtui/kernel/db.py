@@ -2,12 +2,14 @@
 are read (by column name), connecting, and what a connection failure looks like.
 
 Every runtime statement is a named block (`-- name: NAME`) of one of the files of sql/, one
-file per area (claims.sql, schedules.sql, ...); a name is unique across them all.
+file per owning module (claims.sql, core/claims.py); a name is unique across them all. A
+fragment (`-- fragment: NAME`), text that several statements share, is written into each
+statement that names it as `{NAME}`.
 
 Nothing here imports another jobtui module but `domain` and `errors`: everything that runs
 SQL builds on it.
 
-    call = Call("db_now", {}, lambda rows: rows[0][0])
+    call = Call("server_now", {}, lambda rows: rows[0][0])
     with connect(dsn) as conn:
         now = run(conn, call)
 """
@@ -109,7 +111,7 @@ class Call(Generic[T]):
     binary: bool = False
 
 
-_NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_BLOCK_LINE = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
@@ -120,20 +122,25 @@ def check_schema_name(schema: str) -> str:
     return schema
 
 
-def parse_statements(files: dict[str, str]) -> dict[str, str]:
-    """The named blocks of each file's text, by name; RuntimeError naming both files when a
-    name is defined twice."""
-    queries: dict[str, str] = {}
+def parse_blocks(files: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The statements and the fragments of each file's text, by name; RuntimeError naming both
+    files when a name is defined twice."""
+    blocks: tuple[dict[str, str], dict[str, str]] = ({}, {})
     defined_in: dict[str, str] = {}
     for file, text in files.items():
-        parts = _NAME_LINE.split(text)
-        # parts = [preamble, name1, body1, name2, body2, ...]
-        for name, body in zip(parts[1::2], parts[2::2], strict=True):
-            if name in queries:
+        parts = _BLOCK_LINE.split(text)
+        # parts = [preamble, kind1, name1, body1, kind2, name2, body2, ...]
+        for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
+            if name in defined_in:
                 raise RuntimeError(f"{file} defines statement {name!r}, which {defined_in[name]} defines already")
-            queries[name] = body.strip()
+            blocks[kind == "fragment"][name] = body.strip()
             defined_in[name] = file
-    return queries
+    return blocks
+
+
+def parse_statements(files: dict[str, str]) -> dict[str, str]:
+    """The statements of each file's text, by name (see parse_blocks)."""
+    return parse_blocks(files)[0]
 
 
 _DOLLAR_TAG = re.compile(r"\$(?:[A-Za-z_]\w*)?\$")
@@ -198,10 +205,14 @@ def _quoted_end(text: str, start: int, *, escapes: bool) -> int:
 
 
 @cache
-def _query_texts() -> dict[str, str]:
+def _blocks() -> tuple[dict[str, str], dict[str, str]]:
     folder = resources.files("jobtui.kernel").joinpath("sql")
     files = sorted((f for f in folder.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name)
-    return parse_statements({f"sql/{f.name}": f.read_text(encoding="utf-8") for f in files})
+    return parse_blocks({f"sql/{f.name}": f.read_text(encoding="utf-8") for f in files})
+
+
+def _query_texts() -> dict[str, str]:
+    return _blocks()[0]
 
 
 def query_names() -> list[str]:
@@ -212,7 +223,7 @@ def query_names() -> list[str]:
 class Statements:
     """The named statements of sql/, bound to one schema.
 
-    >>> Statements("jobtui")["claim"]  # doctest: +SKIP
+    >>> Statements("jobtui")["claim_take"]  # doctest: +SKIP
     """
 
     def __init__(self, schema: str = DEFAULT_SCHEMA) -> None:
@@ -230,9 +241,11 @@ class Statements:
         if compiled is None:
             # Its name first, for whoever reads pg_stat_activity or pg_stat_statements.
             text = f"-- jobtui: {name}\n{without_comments(_query_texts()[name])}"
-            # {schema} is the schema, {channel} its LISTEN/NOTIFY channel (an identifier too).
+            # {schema} is the schema, {channel} its LISTEN/NOTIFY channel (an identifier too),
+            # {NAME} a fragment's text, as if written out where it stands (planned as such).
             channel = sql.Identifier(self.channel)
-            composed = sql.SQL(text).format(schema=self._identifier, channel=channel)  # type: ignore[arg-type,unused-ignore]
+            fragments = {k: sql.SQL(without_comments(v)) for k, v in _blocks()[1].items()}  # type: ignore[arg-type,unused-ignore]
+            composed = sql.SQL(text).format(schema=self._identifier, channel=channel, **fragments)  # type: ignore[arg-type,unused-ignore]
             # Rendered once (the identifier quoted now): executing a plain SQL object costs
             # one encode, where a Composed would be composed again on every execution.
             compiled = sql.SQL(composed.as_string(None))  # type: ignore[arg-type,unused-ignore]

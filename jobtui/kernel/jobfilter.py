@@ -71,7 +71,9 @@ class JobFilter:
         return self == JobFilter()
 
     def params(self) -> dict[str, Any]:
-        """The statements' parameters (sql/search.sql: jobs_scan, sql/bulk.sql: bulk_*): NULL for a field not given."""
+        """The parameters of sql/jobfilter.sql's predicate, in the statements of sql/jobquery.sql
+        and sql/bulk.sql: NULL for a field not given. `error` (the whole error, `jobtui jobs`)
+        and `at` (when ages count from, a bulk run's) are the statement's to set."""
         return {
             "statuses": list(self.statuses) or None,
             "types": list(self.types) or None,
@@ -81,6 +83,8 @@ class JobFilter:
             "older_than": self.older_than,
             "newer_than": self.newer_than,
             "since": self.since,
+            "error": None,
+            "at": None,
         }
 
     def to_json(self) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from jobtui.kernel.db import (
     tcp_bounds,
 )
 from jobtui.kernel.errors import DatabaseUnavailable
+from jobtui.kernel.server import now_call
 
 T = TypeVar("T")
 log = logging.getLogger("jobtui.db")
@@ -75,7 +76,7 @@ async def answers(dsn: str, *, pooler: str | None, within: float, deadline: floa
             conn = await aconnect(dsn, autocommit=True, pooler=pooler, **tcp_bounds(dsn, within))
     except TimeoutError:
         raise DatabaseUnavailable(f"no connection within {deadline:g}s") from None
-    statement = asyncio.ensure_future(arun(conn, Call("db_now", {}, _nothing)))
+    statement = asyncio.ensure_future(arun(conn, now_call()))
     try:
         done, _ = await asyncio.wait((statement,), timeout=deadline)
         if not done:

@@ -148,18 +148,24 @@ def _migration_table_exists(conn: psycopg.Connection[Any], schema: str) -> bool:
     return bool(exists and exists[0])
 
 
+def versions_call() -> Call[set[int]]:
+    """Every applied migration's version (numbers may land out of order)."""
+    return Call("migration_versions", {}, int_set)
+
+
 def applied_version(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> int | None:
     """The newest applied version, or None when the schema has no migration table."""
     if not _migration_table_exists(conn, schema):
         return None
-    return max(run(conn, Call("schema_versions", {}, int_set), schema), default=0)
+    versions = run(conn, versions_call(), schema)
+    return max(versions, default=0)
 
 
 def applied_versions(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> set[int]:
     """Every version applied to `schema` (empty without a migration table)."""
     if not _migration_table_exists(conn, schema):
         return set()
-    return run(conn, Call("schema_versions", {}, int_set), schema)
+    return run(conn, versions_call(), schema)
 
 
 def check(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> int:

@@ -15,11 +15,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import psycopg
-
-from jobtui.kernel.db import Call, Rows, run
-from jobtui.kernel.domain import DEFAULT_SCHEMA
-
 # The ready jobs a read on a timer counts exactly, in claim order. Their index entries hold the
 # type, but in a table no vacuum has reached each entry still visits its row, and in claim
 # order each next row may sit on a page of its own: the cap bounds the pages such a read
@@ -149,15 +144,3 @@ def estimate(
         for t, (r, d, age) in head.items()
     }
     return ReadyEstimate(ready, ready, oldest, f"{PLANNER}, split as the first ready jobs in claim order", split)
-
-
-def _count(rows: Rows) -> int:
-    return len(rows)
-
-
-def record_minute(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> bool:
-    """Write the row of the minute that just ended (once, whoever asks) and prune rows older
-    than a day; True when this call wrote it."""
-    wrote = run(conn, Call("queue_minute_record", {}, _count), schema) > 0
-    run(conn, Call("queue_minute_prune", {}, _count), schema)
-    return wrote

@@ -30,7 +30,7 @@ def dead_matching(
 
     The one matcher behind `jobtui dead --error`, `jobtui requeue --error` (and its dry run)
     and the console's dead groups: a case-insensitive PostgreSQL regular expression on the
-    error's first line or its fingerprint (sql/actions.sql, dead_matching). Check the pattern
+    error's first line or its fingerprint (sql/deadletters.sql, deadletter_matching). Check the pattern
     with `check_regex` first for a one-line error.
     """
     if job_type is not None:
@@ -47,7 +47,7 @@ def dead_matching(
         "with_ids": with_ids,
     }
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(statements(schema)["dead_matching"], params)
+        cur.execute(statements(schema)["deadletter_matching"], params)
         return cur.fetchall()
 
 
@@ -64,7 +64,7 @@ def check_regex(conn: psycopg.Connection[Any], pattern: str | None, schema: str 
     if not pattern:
         raise InvalidInput("--error '' matches every job: give a pattern, or --all for every dead/failed job")
     try:
-        run(conn, Call("check_regex", {"pattern": pattern}, lambda rows: None), schema)
+        run(conn, Call("deadletter_regex_check", {"pattern": pattern}, lambda rows: None), schema)
     except psycopg.errors.InvalidRegularExpression as exc:
         first = first_line(exc)
         raise InvalidInput(f"bad --error pattern {quote(pattern)}: {first}; it is a regular expression") from None

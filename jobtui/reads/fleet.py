@@ -1,4 +1,4 @@
-"""The fleet as readers see it: every registered process, live or lost (core/fleet.py writes
+"""The fleet as readers see it: every registered process, live or lost (core/members.py writes
 the rows), the workers that hold leases without a row of their own (those of a release
 before the registry), and what the fleet means for the queue: a queue with due jobs that no
 live worker serves, a job type with due jobs that no live worker's app handles, more than
@@ -200,25 +200,6 @@ def fleet_call(limit: int = FLEET_LIMIT) -> Call[Fleet]:
 def read_fleet(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA) -> Fleet:
     """Every process of the fleet, live and lost (one small read, whatever the backlog)."""
     return run(conn, fleet_call(), schema)
-
-
-def running_groups_call() -> Call[list[RunningGroup]]:
-    """The running jobs by type and worker, as the snapshot reads them, for a reader that
-    takes no snapshot (`jobtui workers`)."""
-
-    def decode(rows: Rows) -> list[RunningGroup]:
-        return [
-            RunningGroup(
-                r["type"],
-                r["worker"],
-                int(r["jobs"]),
-                int(r["expired"]),
-                None if r["heartbeat_age"] is None else float(r["heartbeat_age"]),
-            )
-            for r in rows.dicts()
-        ]
-
-    return Call("metrics_running", {}, decode)
 
 
 def holders(fleet: Fleet, running: Iterable[RunningGroup]) -> list[Holder]:

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 import psycopg
 
-from jobtui.kernel.db import Call, first_line, int_set
+from jobtui.kernel.db import first_line
 from jobtui.kernel.domain import DEFAULT_SCHEMA
 from jobtui.kernel.errors import DatabaseUnavailable
 from jobtui.kernel.link import Connection, Link
-from jobtui.kernel.migrate import Migration, available, lacking
+from jobtui.kernel.migrate import Migration, available, lacking, versions_call
 
 log = logging.getLogger("jobtui.health")
 
@@ -48,10 +48,6 @@ class Verdict:
 
     ok: bool
     text: str
-
-
-def schema_versions_call() -> Call[set[int]]:
-    return Call("schema_versions", {}, int_set)
 
 
 class Health:
@@ -136,7 +132,7 @@ class Health:
 
     async def _probe(self, conn: Connection, stopping: asyncio.Event) -> None:
         try:
-            applied = await conn.run(schema_versions_call(), self.schema, stopping, retry=False)
+            applied = await conn.run(versions_call(), self.schema, stopping, retry=False)
         except (psycopg.OperationalError, DatabaseUnavailable):
             return  # the connection told the link; readiness says so
         except psycopg.Error as exc:  # the schema or its migration table is gone, a privilege revoked

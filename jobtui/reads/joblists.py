@@ -93,7 +93,7 @@ def running_jobs(
     from the job after `after` (a previous page's last `cursor`) on; with `worker`, only
     the jobs that worker holds."""
     until, job_id = after if after is not None else (None, None)
-    rows = _rows(conn, "list_running", schema, limit=limit, after_until=until, after_id=job_id, worker=worker)
+    rows = _rows(conn, "joblist_running", schema, limit=limit, after_until=until, after_id=job_id, worker=worker)
     return [
         RunningJob(
             **{**_floats(r, "heartbeat_age", "lease_left", "running_for"), "runner": Runner.decoded(r["runner"])}
@@ -108,7 +108,7 @@ def ready_jobs(
     """Ready jobs of `job_type` in the order workers will claim them, among the oldest
     READY_EXACT_CAP + 1 ready jobs of every type (a bounded read, however big the backlog)."""
     with read_transaction(conn, schema):
-        rows = _rows(conn, "list_ready", schema, type=job_type, limit=limit, scan=READY_EXACT_CAP)
+        rows = _rows(conn, "joblist_ready", schema, type=job_type, limit=limit, scan=READY_EXACT_CAP)
     jobs = [
         ReadyJob(**_floats({k: v for k, v in r.items() if k != "cut"}, "waiting", "age"))
         for r in rows
@@ -127,7 +127,7 @@ def dead_jobs(
 ) -> list[DeadJob]:
     """The jobs of one dead-letter group, newest first."""
     rows = _rows(
-        conn, "list_dead_group", schema, status=status, type=job_type, fingerprint=fingerprint or None, limit=limit
+        conn, "joblist_dead_group", schema, status=status, type=job_type, fingerprint=fingerprint or None, limit=limit
     )
     return [DeadJob(**r) for r in rows]
 

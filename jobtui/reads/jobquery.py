@@ -81,7 +81,7 @@ def jobs_call(
         "before": before,
         "limit": limit,
     }
-    return Call("jobs_page", params, _summaries)
+    return Call("jobquery_page", params, _summaries)
 
 
 def _check_page(limit: int, before: int | None) -> None:
@@ -97,7 +97,7 @@ def counts_call(filt: JobFilter) -> Call[list[JobCount]]:
     if filt.since is not None:
         raise ValueError("the job counts do not filter by since")
     decode = lambda rows: [JobCount(JobStatus(d["status"]), d["type"], d["jobs"]) for d in rows.dicts()]  # noqa: E731
-    return Call("jobs_count", _filters(filt), decode)
+    return Call("jobquery_count", _filters(filt), decode)
 
 
 def _bad_pattern(call: Call[Any], exc: psycopg.errors.InvalidRegularExpression) -> InvalidInput:
@@ -208,8 +208,10 @@ def _scan_params(filt: JobFilter, error: str | None, floor: int, below: int, lim
     return {**filt.params(), "error": error, "floor": floor, "below": below, "limit": limit}
 
 
-def _timeout_params(timeout: float) -> dict[str, Any]:
-    return {"timeout": f"{max(1, round(timeout * 1000))}ms"}
+def timeout_call(timeout: float) -> Call[None]:
+    """For the rest of its transaction, the server cancels each statement after `timeout`
+    seconds (a search's, a bulk action's; nothing outlives the transaction behind a pooler)."""
+    return Call("jobquery_timeout", {"timeout": f"{max(1, round(timeout * 1000))}ms"}, lambda rows: None)
 
 
 def _stopped(exc: psycopg.errors.QueryCanceled, windows: Windows, timeout: float) -> SearchCancelled:
@@ -225,7 +227,7 @@ def _stopped(exc: psycopg.errors.QueryCanceled, windows: Windows, timeout: float
 def _timed(conn: psycopg.Connection[Any], call: Call[T], schema: str, timeout: float) -> T:
     """`call` in a transaction of its own that the server ends after `timeout` seconds."""
     with conn.transaction():
-        run(conn, Call("search_timeout", _timeout_params(timeout), lambda rows: None), schema)
+        run(conn, timeout_call(timeout), schema)
         result: T = query(conn, call, schema)
         return result
 
@@ -234,13 +236,14 @@ def _windows(
     conn: psycopg.Connection[Any], schema: str, before: int | None, filt: JobFilter, timeout: float
 ) -> Windows:
     try:
-        return Windows.of(_timed(conn, _bounds_call(schema), schema, timeout), before, filt)
+        return Windows.of(_timed(conn, bounds_call(schema), schema, timeout), before, filt)
     except psycopg.errors.QueryCanceled as exc:
         raise _stopped(exc, Windows(0, 0, False), timeout) from None
 
 
-def _bounds_call(schema: str) -> Call[dict[str, Any]]:
-    return Call("jobs_bounds", {"schema_name": schema}, lambda rows: rows.dicts()[0])
+def bounds_call(schema: str) -> Call[dict[str, Any]]:
+    """The lowest and highest job id, and whether the payload index is there and valid."""
+    return Call("jobquery_bounds", {"schema_name": schema}, lambda rows: rows.dicts()[0])
 
 
 def search(
@@ -267,7 +270,7 @@ def search(
         if stop is not None and stop.is_set():
             raise SearchCancelled(f"the search was cancelled at {windows.scanned:.0%} of the table", windows.scanned)
         asked = limit + 1 - len(found)
-        call = Call("jobs_scan", _scan_params(filt, error, *window, asked), _summaries)
+        call = Call("jobquery_scan", _scan_params(filt, error, *window, asked), _summaries)
         try:
             got = _timed(conn, call, schema, timeout)
         except psycopg.errors.QueryCanceled as exc:
@@ -295,7 +298,7 @@ def search_count(
     while (window := windows.next()) is not None:
         if stop is not None and stop.is_set():
             raise SearchCancelled(f"the count was cancelled at {windows.scanned:.0%} of the table", windows.scanned)
-        call = Call("jobs_scan_count", _scan_params(filt, error, *window, 0), Rows.dicts)
+        call = Call("jobquery_scan_count", _scan_params(filt, error, *window, 0), Rows.dicts)
         try:
             rows = _timed(conn, call, schema, timeout)
         except psycopg.errors.QueryCanceled as exc:
@@ -321,17 +324,17 @@ async def asearch(
     """Async counterpart of `search` (without progress: cancel the task to stop it)."""
     _check_page(limit, before)
     async with conn.transaction():
-        await arun(conn, Call("search_timeout", _timeout_params(timeout), lambda rows: None), schema)
-        bounds = await arun(conn, _bounds_call(schema), schema)
+        await arun(conn, timeout_call(timeout), schema)
+        bounds = await arun(conn, bounds_call(schema), schema)
     windows = Windows.of(bounds, before, filt)
     found: list[JobSummary] = []
     cut = False
     while len(found) <= limit and (window := windows.next()) is not None:
         asked = limit + 1 - len(found)
-        call = Call("jobs_scan", _scan_params(filt, error, *window, asked), _summaries)
+        call = Call("jobquery_scan", _scan_params(filt, error, *window, asked), _summaries)
         try:
             async with conn.transaction():
-                await arun(conn, Call("search_timeout", _timeout_params(timeout), lambda rows: None), schema)
+                await arun(conn, timeout_call(timeout), schema)
                 got = await aquery(conn, call, schema)
         except psycopg.errors.QueryCanceled as exc:
             raise _stopped(exc, windows, timeout) from None

@@ -31,7 +31,9 @@ from jobtui.kernel.donehistory import MINUTE, DoneHistory, calendar_minute
 from jobtui.kernel.errors import JobtuiError
 from jobtui.kernel.forecast import Flows, Forecast, Span, forecast, spans
 from jobtui.kernel.migrate import _lock_key as migration_lock_key
+from jobtui.kernel.server import now_call
 from jobtui.reads.backlog import READY_EXACT_CAP, MinuteFigures, ReadyEstimate, estimate, minutes
+from jobtui.reads.flows import recent_call
 
 # How long a snapshot waits for a lock on a queue table before giving up (seconds).
 LOCK_TIMEOUT = 2.0
@@ -249,15 +251,6 @@ class Snapshot:
 Row = dict[str, Any]
 
 
-def _dicts(rows: Rows) -> list[Row]:
-    return rows.dicts()
-
-
-def _q(conn: psycopg.Connection[Any], name: str, schema: str, **params: Any) -> list[Row]:
-    """The rows of statement `name`, by column name."""
-    return run(conn, Call(name, params, _dicts), schema)
-
-
 def pipelined(conn: psycopg.Connection[Any], schema: str, calls: list[tuple[str, dict[str, Any]]]) -> list[list[Row]]:
     """Run the statements in one round trip (pipeline mode) and return each one's rows, by
     column name."""
@@ -332,9 +325,11 @@ def snapshot(
     try:
         return _snapshot(conn, schema, recent_expiries, lock_timeout, history or DoneHistory())
     except psycopg.errors.LockNotAvailable:
-        by_kind, longest_by_kind = _lock_waits(_q(conn, "metrics_lock_waits", schema, **_lock_wait_params(schema)))
+        by_kind, longest_by_kind = _lock_waits(
+            run(conn, Call("metrics_lock_waits", _lock_wait_params(schema), Rows.dicts), schema)
+        )
         waits, longest = sum(by_kind.values()), max(longest_by_kind.values())
-        oldest = _q(conn, "metrics_oldest_xact", schema)
+        oldest = run(conn, Call("metrics_oldest_xact", {}, Rows.dicts), schema)
         holder = (
             f"; the oldest open transaction is pid {oldest[0]['pid']}, open {float(oldest[0]['age']):.0f}s"
             if oldest
@@ -383,7 +378,7 @@ def _snapshot(
             schema,
             [
                 ("metrics_lock_timeout", {"timeout": f"{max(1, round(lock_timeout * 1000))}ms"}),
-                ("db_now", {}),
+                (now_call().name, {}),
                 ("metrics_ready", {"cap": READY_EXACT_CAP}),
                 ("metrics_running", {}),
                 ("metrics_dead", {}),
@@ -400,7 +395,7 @@ def _snapshot(
                 ("metrics_recovery", {}),
                 ("metrics_ready_size", {"schema_name": schema}),
                 ("metrics_minutes", {}),
-                ("queue_flow_recent", {}),
+                (recent_call().name, {}),
                 ("metrics_key_window", {}),
             ],
         )
@@ -417,10 +412,7 @@ def _snapshot(
             )
     running = []
     for r in running_rows:
-        hb_age = r["heartbeat_age"]
-        running.append(
-            RunningGroup(r["type"], r["worker"], r["jobs"], r["expired"], None if hb_age is None else float(hb_age))
-        )
+        running.append(_running(r))
         s = slot(r["type"])
         s["running"] = s.get("running", 0) + r["jobs"]
     dead = []
@@ -503,3 +495,14 @@ def _snapshot(
         standby=bool(recovery[0]["standby"]),
         replay_lag=None if recovery[0]["replay_lag"] is None else float(recovery[0]["replay_lag"]),
     )
+
+
+def _running(r: Row) -> RunningGroup:
+    age = r["heartbeat_age"]
+    return RunningGroup(r["type"], r["worker"], int(r["jobs"]), int(r["expired"]), None if age is None else float(age))
+
+
+def running_groups_call() -> Call[list[RunningGroup]]:
+    """The running jobs by type and worker, as the snapshot reads them, for a reader that
+    takes no snapshot (`jobtui workers`)."""
+    return Call("metrics_running", {}, lambda rows: [_running(r) for r in rows.dicts()])

@@ -102,7 +102,7 @@ def overview(
     is backlog.READY_EXACT_CAP unless given, `sample` the done jobs read."""
     cap = READY_EXACT_CAP if cap is None else cap
     with read_transaction(conn, schema):
-        rows = run(conn, Call("queue_overview", {"cap": cap, "sample": sample}, _read), schema)
+        rows = run(conn, Call("overview_queues", {"cap": cap, "sample": sample}, _read), schema)
         heads = {
             r["kind"]: _Head(
                 int(r["head_rows"]) > cap,
@@ -112,7 +112,7 @@ def overview(
             for r in rows
         }
         est = (
-            run(conn, Call("queue_overview_estimate", {"schema_name": schema}, _read), schema)[0]
+            run(conn, Call("overview_estimate", {"schema_name": schema}, _read), schema)[0]
             if any(h.partial for h in heads.values())
             else None
         )

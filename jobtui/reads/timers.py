@@ -33,7 +33,7 @@ TIMED: dict[str, str] = {
     "console_session": "the console: its statement timeout, and who and where it reads",
     # The snapshot: stats, the console's header and panes, the Prometheus scrape.
     "metrics_lock_timeout": "snapshot",
-    "db_now": "snapshot",
+    "server_now": "snapshot",
     "metrics_ready": "snapshot: ready jobs by type, counted up to backlog.READY_EXACT_CAP",
     "metrics_ready_size": "snapshot: the capped count, the oldest age and the planner's estimate",
     "metrics_minutes": "snapshot: the archiver's minute rows of the last hour",
@@ -52,16 +52,16 @@ TIMED: dict[str, str] = {
     "metrics_oldest_xact": "snapshot",
     "metrics_recovery": "snapshot",
     # The queues and types: the Queues pane, `queue list`, `stats`, the scrape (overview.py).
-    "queue_overview": "queue overview: counted up to backlog.READY_EXACT_CAP",
-    "queue_overview_estimate": "queue overview above the cap: the archiver's minute row, the planner",
-    "queue_flow_recent": "the drain forecast: the archiver's flow spans of the last minutes (snapshot, queue list)",
+    "overview_queues": "queue overview: counted up to backlog.READY_EXACT_CAP",
+    "overview_estimate": "queue overview above the cap: the archiver's minute row, the planner",
+    "flow_recent": "the drain forecast: the archiver's flow spans of the last minutes (snapshot, queue list)",
     # The console's lists.
-    "list_running": "console: the Running pane's page",
-    "check_regex": "console: the filter, checked",
-    "dead_matching": "console: the dead groups the filter matches; a group's ids before a requeue",
-    "list_ready": "console: a type's ready jobs (drill-down)",
-    "list_dead_group": "console: a dead group's jobs (drill-down)",
-    "get_job": "console: one job explained (detail)",
+    "joblist_running": "console: the Running pane's page",
+    "deadletter_regex_check": "console: the filter, checked",
+    "deadletter_matching": "console: the dead groups the filter matches; a group's ids before a requeue",
+    "joblist_ready": "console: a type's ready jobs (drill-down)",
+    "joblist_dead_group": "console: a dead group's jobs (drill-down)",
+    "job_get": "console: one job explained (detail)",
     # The fleet: the Workers pane, the header's findings, the scrape (reads/fleet.py).
     "fleet_list": "the fleet's processes: the Workers pane and the header (console), the scrape",
     # Why the backlog grows: the console's Why pane and header (while the oldest wait is past
@@ -73,7 +73,7 @@ TIMED: dict[str, str] = {
     "why_pauses": "why: the paused queues and types, with their audit rows",
     "why_claims": "why: the claims the database runs now",
     # Every worker, every poll, whatever queues it serves.
-    "claim_builtin": "worker: the slot for jobtui's own jobs (the archiver's), through their own index",
+    "claim_take_builtin": "worker: the slot for jobtui's own jobs (the archiver's), through their own index",
 }
 
 

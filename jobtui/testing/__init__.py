@@ -25,12 +25,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from jobtui.clients.client import Client
+from jobtui.core import jobs
+from jobtui.core.claims import claim_call
 from jobtui.core.middleware import prepared
-from jobtui.core.queue import claim_call
 from jobtui.core.registry import Handler, Job, Jobs
 from jobtui.kernel.backoff import delay as backoff_delay
-from jobtui.kernel.checks import encode_payload
-from jobtui.kernel.db import Call, Rows, run
 from jobtui.kernel.domain import DEFAULT_SCHEMA, ClaimedJob, Failure, JobRow
 from jobtui.kernel.errors import InvalidInput
 from jobtui.worker.executor import InFlight, run_handler
@@ -45,8 +44,7 @@ def enqueued(conn: Any, job_type: str, payload: Any = None, *, schema: str = DEF
     holds `payload` (JSON containment: the keys given, with these values)."""
     from jobtui.core.adapters import sync_connection
 
-    params = {"type": job_type, "payload": None if payload is None else encode_payload(payload)}
-    return run(sync_connection(conn), Call("testing_enqueued", params, Rows.dicts), schema)
+    return jobs.enqueued(sync_connection(conn), job_type, payload, schema)
 
 
 def assert_enqueued(conn: Any, job_type: str, payload: Any = None, *, schema: str = DEFAULT_SCHEMA) -> dict[str, Any]:

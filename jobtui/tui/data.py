@@ -14,13 +14,14 @@ import psycopg
 
 from jobtui.clients.client import Client
 from jobtui.core import scheduler as schedules
-from jobtui.core.fleet import Action, OrderResult, Target, give_order
-from jobtui.core.queue import get_job_call
-from jobtui.kernel.db import Call, Rows, connect, pooler_mode, run
+from jobtui.core.jobs import get_job_call
+from jobtui.core.members import Action, OrderResult, Target, give_order
+from jobtui.kernel.db import connect, pooler_mode, run
 from jobtui.kernel.domain import JobRow
 from jobtui.kernel.donehistory import DoneHistory
 from jobtui.kernel.errors import DatabaseUnavailable, InvalidInput
 from jobtui.reads import joblists, metrics
+from jobtui.reads.console import session_call
 from jobtui.reads.deadletters import check_regex
 from jobtui.reads.diagnosis import Diagnosis, diagnose
 from jobtui.reads.fleet import Fleet, read_fleet
@@ -120,10 +121,8 @@ class DataSource:
             conn = watched(
                 connect(self.dsn, autocommit=True, pooler=self.pooler, connect_timeout=CONNECT_TIMEOUT), self.schema
             )
-            timeout = f"{round(STATEMENT_TIMEOUT * 1000)}ms"
             local = pooler_mode(self.pooler) == "transaction"
-            session = Call("console_session", {"statement_timeout": timeout, "local": local}, Rows.dicts)
-            identity = run(conn, session, self.schema)[0]
+            identity = run(conn, session_call(STATEMENT_TIMEOUT, local=local), self.schema)
             self._where = Where(
                 identity["role"],
                 conn.info.host,

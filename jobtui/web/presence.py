@@ -1,4 +1,4 @@
-"""`jobtui serve` in the fleet (core/fleet.py): its row, with the consoles it has open as its
+"""`jobtui serve` in the fleet (core/members.py): its row, with the consoles it has open as its
 work in flight and its address; an operator's stop ends it as SIGTERM does."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from jobtui.core.fleet import Member, Presence, Status, default_name, refresh_interval, resident_bytes
+from jobtui.core.members import Member, Presence, Status, default_name, refresh_interval, resident_bytes
 from jobtui.kernel.link import Connection, Link
 from jobtui.kernel.safetext import line, quote, shorten
 
@@ -15,7 +15,7 @@ log = logging.getLogger("jobtui.serve")
 
 
 class Registered:
-    """`jobtui serve` in the fleet (core/fleet.py): its row, with the consoles it has open as
+    """`jobtui serve` in the fleet (core/members.py): its row, with the consoles it has open as
     its work in flight; an operator's stop ends it as SIGTERM does. It serves whether or not
     its row can be written (a database away, a role that may only read)."""
 

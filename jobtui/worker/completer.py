@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from jobtui.core.queue import complete_call, complete_deleting_call, fail_call, fail_permanently_call, release_call
+from jobtui.core.claims import complete_call, complete_deleting_call, fail_call, fail_permanently_call, release_call
 from jobtui.kernel.db import first_line
 from jobtui.kernel.domain import FailOutcome, Failure, JobStatus, Lease
 from jobtui.kernel.link import Connection

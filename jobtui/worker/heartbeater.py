@@ -26,10 +26,10 @@ from collections.abc import Callable, Iterable
 
 import psycopg
 
-from jobtui.core.queue import heartbeat_beat_call
-from jobtui.kernel.db import Call
+from jobtui.core.claims import heartbeat_beat_call
 from jobtui.kernel.errors import DatabaseUnavailable
 from jobtui.kernel.link import Connection, Link
+from jobtui.kernel.server import now_call
 from jobtui.worker.config import Timing
 from jobtui.worker.events import Events
 from jobtui.worker.executor import ASYNC, PROCESS, THREAD, InFlight
@@ -132,7 +132,7 @@ class Heartbeater:
         flights = [f for f in self._flights() if beats(f, now)]
         if not flights:
             if answer:
-                await self._conn.run(Call("db_now", {}, _nothing), self._schema, retry=False)
+                await self._conn.run(now_call(), self._schema, retry=False)
             return
         # Threads given up or over their timeout run on: their leases are kept even if expired.
         keep = [f.claimed.id for f in flights if f.job.marked_lost]

@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from jobtui.kernel.db import statements
+from jobtui.core import claims
 from jobtui.kernel.link import Connection, Link
 
 log = logging.getLogger("jobtui.worker")
@@ -28,7 +28,7 @@ def subscriber(schema: str) -> Callable[[psycopg.AsyncConnection[Any]], Awaitabl
     """What the listener's connection runs whenever it connects."""
 
     async def subscribe(conn: psycopg.AsyncConnection[Any]) -> None:
-        await conn.execute(statements(schema)["listen"])
+        await claims.subscribe(conn, schema)
 
     return subscribe
 

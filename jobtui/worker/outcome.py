@@ -8,7 +8,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, assert_never
 
-from jobtui.core.queue import RELEASE_KINDS
+from jobtui.core.claims import RELEASE_KINDS
 from jobtui.core.registry import Permanent, Retry
 from jobtui.kernel.db import is_connection_error
 from jobtui.kernel.logformat import job_fields

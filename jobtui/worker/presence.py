@@ -1,4 +1,4 @@
-"""A worker in the fleet (core/fleet.py): what it says of itself when it registers, what it
+"""A worker in the fleet (core/members.py): what it says of itself when it registers, what it
 writes at each refresh (its state, its jobs in flight, when its last claim was answered), and
 how it obeys an operator's order read from its row: quiet stops its claims (the jobs in
 flight finish), resume starts them again, stop stops it as SIGTERM does."""
@@ -10,8 +10,8 @@ import time
 from collections.abc import Sized
 from typing import Protocol
 
-from jobtui.core.fleet import Kind, Member, Status, refresh_interval, resident_bytes
 from jobtui.core.maintenance import ARCHIVE_TYPE
+from jobtui.core.members import Kind, Member, Status, refresh_interval, resident_bytes
 from jobtui.core.scheduler import Scheduler
 from jobtui.worker.children import ChildPool
 from jobtui.worker.slots import Slots

@@ -8,11 +8,10 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import psycopg
 
-from jobtui.kernel.db import Call, first_line, statements
+from jobtui.kernel.db import Call, first_line
 from jobtui.kernel.domain import ClaimedJob
 from jobtui.kernel.errors import DatabaseUnavailable
 from jobtui.kernel.link import Connection
@@ -147,20 +146,3 @@ class Producer:
             await asyncio.wait_for(
                 self._starting.kick.wait(), min(self._claiming.poll_interval, timeout or self._claiming.poll_interval)
             )
-
-
-async def claim_session(conn: psycopg.AsyncConnection[Any]) -> None:
-    """Settings of the claiming connection: the claim must walk the ready index in order,
-    and its rows should cost the worker little to read.
-
-    After a bulk enqueue, statistics lag (autovacuum analyzes later) and the planner may
-    choose a bitmap scan that sorts every ready row to take the first few hundred; on this
-    connection, which runs nothing but claims, those plans are switched off.
-    """
-    await conn.execute(statements()["claim_session"])
-
-
-async def claim_transaction(conn: psycopg.AsyncConnection[Any]) -> None:
-    """`claim_session`'s planner settings for one claim's transaction only, behind a
-    transaction pooler."""
-    await conn.execute(statements()["claim_transaction"])

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 
 import psycopg
 
-from jobtui.core.queue import reap_round_call
+from jobtui.core.claims import reap_round_call
 from jobtui.kernel.domain import FailOutcome, JobStatus
 from jobtui.kernel.link import Connection
 from jobtui.worker.config import Timing

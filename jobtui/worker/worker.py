@@ -7,7 +7,7 @@ One asyncio loop per process, and parts that each do one thing, wired here: the 
 (one per pool of slots, slots.py) claim, the executor runs handlers, the completer writes
 outcomes in batches, the heartbeater keeps leases (and gives up those it could not keep), the
 reaper takes back other workers' expired leases, the listener wakes the producers and
-passes cancels on, and the worker's presence keeps its row in the fleet (core/fleet.py) and
+passes cancels on, and the worker's presence keeps its row in the fleet (core/members.py) and
 obeys the orders given there (quiet, resume, stop). The jobs in flight and what becomes of them are in flights.py. With
 delete_on_complete, a finished job without a key is deleted and counted per minute in
 done_tally instead of kept as a done row: no second row version or done-index entry per job.
@@ -25,10 +25,10 @@ from typing import Any
 
 import psycopg
 
-from jobtui.core.fleet import Kind, Presence
+from jobtui.core.claims import claim_builtin_call, claim_call, claim_session, claim_transaction, release_unanswered_call
 from jobtui.core.maintenance import ARCHIVE_TYPE, BUILTIN_QUEUE, BUILTIN_TYPES, Retention
+from jobtui.core.members import Kind, Presence
 from jobtui.core.privileges import GRANTS_HINT, WORKER_NEEDS, missing_privileges_call, privilege_message
-from jobtui.core.queue import claim_builtin_call, claim_call, release_unanswered_call
 from jobtui.core.registry import Handler, Job, Jobs
 from jobtui.core.scheduler import Scheduler
 from jobtui.kernel.backoff import delay as backoff_delay
@@ -58,7 +58,7 @@ from jobtui.worker.flights import Flights
 from jobtui.worker.heartbeater import Heartbeater
 from jobtui.worker.listener import listen, listener_connection
 from jobtui.worker.presence import member_of, obey, status_of
-from jobtui.worker.producer import Claiming, Producer, Starting, claim_session, claim_transaction
+from jobtui.worker.producer import Claiming, Producer, Starting
 from jobtui.worker.reaper import Reaper
 from jobtui.worker.shutdown import drain
 from jobtui.worker.slots import Slots, describe

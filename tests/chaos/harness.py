@@ -62,7 +62,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: make `tests.apps.chaos_app` importable
     sys.path.insert(0, str(ROOT))
 
-from jobtui.core.queue import RELEASE_KINDS, enqueue_many  # noqa: E402
+from jobtui.core.claims import RELEASE_KINDS  # noqa: E402
+from jobtui.core.jobs import enqueue_many  # noqa: E402
 from jobtui.kernel.domain import NewJob  # noqa: E402
 from jobtui.kernel.migrate import migrate  # noqa: E402
 from tests.apps.chaos_app import APP_TABLES, POISON_ATTEMPTS, effect_key  # noqa: E402

@@ -30,7 +30,7 @@ from typing import Any
 
 import psycopg
 
-from jobtui.core.queue import enqueue, enqueue_call
+from jobtui.core.jobs import enqueue, enqueue_call
 from jobtui.kernel import migrate
 from tests.apps.chaos_app import APP_TABLES
 from tests.chaos.harness import Proc, Procs, child_env, worker_args

@@ -35,7 +35,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobtui.core import scheduler as sched
-from jobtui.core.queue import enqueue, enqueue_call
+from jobtui.core.jobs import enqueue, enqueue_call
 from jobtui.core.registry import ScheduleSpec
 from tests.apps.chaos_app import effect_key
 from tests.chaos.harness import Proc, Procs, worker_args

@@ -15,7 +15,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui.core.queue import claim_call, complete_call, enqueue, enqueue_call, reap_call, record_effect_call
+from jobtui.core.claims import claim_call, complete_call, reap_call
+from jobtui.core.jobs import enqueue, enqueue_call, record_effect_call
 from jobtui.core.registry import Job, LeaseLost
 from jobtui.kernel.db import run
 from jobtui.kernel.domain import ClaimedJob, Lease

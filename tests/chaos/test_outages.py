@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from jobtui import AsyncClient, Client, DatabaseUnavailable, NewJob
-from jobtui.core.queue import enqueue, enqueue_call
+from jobtui.core.jobs import enqueue, enqueue_call
 from jobtui.kernel import migrate
 from tests.chaos.app_workers import LEASE, Start, db_with, overlapping
 from tests.cluster import LocalCluster

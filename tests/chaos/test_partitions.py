@@ -23,7 +23,7 @@ import psycopg
 import pytest
 
 from jobtui.core import scheduler as sched
-from jobtui.core.queue import enqueue, enqueue_call
+from jobtui.core.jobs import enqueue, enqueue_call
 from jobtui.core.registry import ScheduleSpec
 from jobtui.kernel import migrate
 from tests.apps.chaos_app import APP_TABLES

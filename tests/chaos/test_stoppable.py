@@ -30,7 +30,7 @@ import pytest
 
 from jobtui import Client, JobFilter, NewJob
 from jobtui.core.bulk import Bulk
-from jobtui.core.queue import enqueue, enqueue_call
+from jobtui.core.jobs import enqueue, enqueue_call
 from tests.chaos.app_workers import LEASE, Start, db_with, overlapping
 from tests.cluster import _free_port
 from tests.proxy import Proxy

@@ -13,9 +13,10 @@ import psycopg
 import pytest
 
 from jobtui import Client
+from jobtui.core import history
 from jobtui.kernel import donehistory
 from jobtui.kernel.domain import NewJob
-from jobtui.reads import backlog, metrics
+from jobtui.reads import metrics
 from jobtui.reads.metrics import snapshot
 from tests.conftest import scalar
 from tests.waits import wait_until
@@ -81,8 +82,8 @@ def test_above_the_cap_the_planner_estimates_and_the_age_stays_exact(conn: Conn,
 
 def test_the_archivers_minute_row_gives_the_split_by_type(conn: Conn, backlog_of_30: None) -> None:
     away_from_minute_boundary(conn)
-    assert backlog.record_minute(conn) is True
-    assert backlog.record_minute(conn) is False  # once per minute, whoever asks
+    assert history.record_minute(conn) is True
+    assert history.record_minute(conn) is False  # once per minute, whoever asks
     snap = snapshot(conn)
     est = snap.ready_estimate
     assert est is not None and est.source.endswith("by the archiver")
@@ -96,7 +97,7 @@ def archivers_away(conn: Conn) -> None:
     """The archiver's count of the minute, then no worker (so no archiver) for ten minutes,
     and a type with only done jobs, which the planner's statistics (every status) count."""
     away_from_minute_boundary(conn)
-    assert backlog.record_minute(conn)
+    assert history.record_minute(conn)
     conn.execute("UPDATE jobtui.queue_minute SET recorded_at = recorded_at - interval '10 minutes'")
     conn.execute(
         "INSERT INTO jobtui.job (type, status, finished_at)"
@@ -133,7 +134,7 @@ def test_a_minute_row_counts_what_finished_within_its_minute(dsn: str, conn: Con
         f" VALUES (%s, 'a', 1, {last_minute}, {last_minute}, 'ready')",
         (ids[5],),
     )
-    assert backlog.record_minute(conn)
+    assert history.record_minute(conn)
     snap = snapshot(conn)
     (row,) = snap.minutes
     assert (row.ready, row.done, row.dead, row.lease_expiries) == (1, 3, 1, 1)
@@ -145,6 +146,6 @@ def test_minute_rows_older_than_a_day_are_pruned(conn: Conn) -> None:
         "INSERT INTO jobtui.queue_minute (minute, ready, ready_due, done, dead, lease_expiries)"
         " VALUES (now() - interval '25 hours', 1, 1, 0, 0, 0), (now() - interval '23 hours', 2, 2, 0, 0, 0)"
     )
-    backlog.record_minute(conn)
+    history.record_minute(conn)
     row = conn.execute("SELECT array_agg(ready ORDER BY minute) FROM jobtui.queue_minute").fetchone()
     assert row is not None and row[0] == [2, 0]

@@ -11,6 +11,7 @@ import threading
 import psycopg
 
 from jobtui.cli import bench
+from jobtui.core import bench as core_bench
 
 
 def test_bench_drains_its_jobs_with_worker_processes_and_cleans_up(dsn: str) -> None:
@@ -19,7 +20,9 @@ def test_bench_drains_its_jobs_with_worker_processes_and_cleans_up(dsn: str) -> 
     assert result.enqueue_per_s > 0 and result.drain_per_s > 0
     assert 0 < result.latency_p50_ms <= result.latency_p90_ms <= result.latency_p99_ms
     with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (bench.BENCH_SCHEMA,)).fetchone()
+        row = conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = %s", (core_bench.BENCH_SCHEMA,)
+        ).fetchone()
     assert row == (0,)
 
 

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from jobtui.cli.main import main
-from jobtui.core.fleet import Target, give_order, prune_call
+from jobtui.core.members import Target, give_order, prune_call
 from jobtui.kernel.db import run
 from jobtui.kernel.errors import InvalidInput
 from jobtui.kernel.version import installed_version

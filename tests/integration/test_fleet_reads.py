@@ -12,10 +12,11 @@ import pytest
 
 from jobtui import Client, Jobs, Worker
 from jobtui.core import queues
-from jobtui.core.fleet import Member, Status, Target, give_order, register_call
+from jobtui.core.members import Member, Status, Target, give_order, register_call
 from jobtui.kernel.db import run
 from jobtui.kernel.errors import InvalidInput
-from jobtui.reads.fleet import findings, holders, read_fleet, running_groups_call
+from jobtui.reads.fleet import findings, holders, read_fleet
+from jobtui.reads.metrics import running_groups_call
 from jobtui.reads.overview import overview
 from jobtui.service.prometheus import QueueCollector
 from tests.waits import until
@@ -125,7 +126,7 @@ def test_quiet_is_not_for_a_server(conn: Conn) -> None:
 
 
 def test_a_restarted_process_replaces_its_lost_row_and_a_live_namesake_stays(conn: Conn) -> None:
-    from jobtui.core.fleet import refresh_call
+    from jobtui.core.members import refresh_call
 
     old = register(conn, "fixed-id")
     conn.execute("UPDATE jobtui.fleet SET started_at = now() - interval '1 hour' WHERE id = %s", (old,))

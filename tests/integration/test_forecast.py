@@ -17,9 +17,10 @@ import pytest
 
 from jobtui.clients.client import Client
 from jobtui.core import queues
+from jobtui.core.history import record_flow
 from jobtui.kernel.db import run
 from jobtui.kernel.domain import NewJob
-from jobtui.reads.flows import line_forecasts, recent_call, record_flow
+from jobtui.reads.flows import line_forecasts, recent_call
 from jobtui.reads.metrics import snapshot
 from jobtui.reads.overview import overview
 from jobtui.service.prometheus import forecast_families

@@ -250,7 +250,7 @@ def test_enqueues_racing_the_archiver_moving_the_job_get_the_original(
     age(conn, [original], "2 days")
     with psycopg.connect(dsn) as mover:
         # The archiver's batch has moved the row out of the queue table and not committed.
-        moved = run(mover, Call("archive_done", {"retention": DAY, "limit": 10}, lambda rows: rows[0][0]))
+        moved = run(mover, Call("maintenance_archive_done", {"retention": DAY, "limit": 10}, lambda rows: rows[0][0]))
         assert moved == 1
         threads, results = _racing(dsn, "raced")
         _answered_or_waiting(conn, threads, 2)
@@ -268,7 +268,9 @@ def test_enqueues_racing_the_pruning_of_an_expired_key_make_one_new_job(dsn: str
     age(conn, [original], "10 days")
     assert sweep(conn, Retention(key=30 * DAY)).archived == 1  # archived, its key kept
     with psycopg.connect(dsn) as pruner:
-        pruned = run(pruner, Call("job_key_prune", {"retention": 7 * DAY, "limit": 10}, lambda rows: rows[0][0]))
+        pruned = run(
+            pruner, Call("maintenance_job_key_prune", {"retention": 7 * DAY, "limit": 10}, lambda rows: rows[0][0])
+        )
         assert pruned == 1
         threads, results = _racing(dsn, "expiring", 3)
         _waiting(conn, 3)

@@ -13,7 +13,7 @@ import psycopg
 
 from jobtui.clients.client import Client
 from jobtui.core import queues
-from jobtui.core.queue import claim_call
+from jobtui.core.claims import claim_call
 from jobtui.kernel.db import run
 from jobtui.kernel.domain import NewJob
 from tests.conftest import rows_read

@@ -22,7 +22,7 @@ import pytest
 
 from jobtui.clients.client import Client
 from jobtui.core import queues
-from jobtui.core.queue import claim_call
+from jobtui.core.claims import claim_call
 from jobtui.core.registry import Jobs
 from jobtui.kernel.db import Call, int_list, run
 from jobtui.kernel.domain import NewJob
@@ -264,7 +264,7 @@ def test_a_lost_cancel_notification_is_caught_by_the_heartbeat(db: Conn, app_dsn
     [job] = enqueue(app_dsn, "default", 1, "nap", sleep=60)
     wait_until(lambda: events(db, job) == ["start"], 15, "the job running", worker.log)
     # The cancel statement itself, its notification sent to a channel no worker listens on.
-    call = Call("cancel", {"ids": [job], "actor": "olga", "channel": "nobody.listens"}, int_list)
+    call = Call("action_cancel", {"ids": [job], "actor": "olga", "channel": "nobody.listens"}, int_list)
     assert run(db, call) == [job]
     # The heartbeat runs every third of the 3s lease; its answer says the job was cancelled.
     wait_until(lambda: "cancelled" in events(db, job), 3, "the handler cancelled by the heartbeat", worker.log)

@@ -722,7 +722,7 @@ def _calm_lock_waits(conn: Conn) -> tuple[Snapshot, dict[str, float]]:
 def test_a_claim_waiting_its_turn_under_a_queue_limit_is_its_own_kind(dsn: str, conn: Conn, holder: Conn) -> None:
     """claim_limited counts a limited queue's running jobs under a lock the claims of that queue
     take in turn: the next claim waits for it. That wait is the limit at work, not an alarm."""
-    from jobtui.core.queue import claim_call
+    from jobtui.core.claims import claim_call
     from jobtui.kernel.db import run
 
     with Client(dsn) as q:
@@ -731,7 +731,7 @@ def test_a_claim_waiting_its_turn_under_a_queue_limit_is_its_own_kind(dsn: str, 
     claim = claim_call(["t"], worker="w1", limit=1, queue="lim")
     assert len(run(holder, claim)) == 1  # the holder's claim keeps the queue's lock until it commits
     errors = list[BaseException]()
-    statement = statements("jobtui")["claim"].as_string(None)
+    statement = statements("jobtui")["claim_take"].as_string(None)
     params = {**claim.params, "worker": "w2"}
     thread = threading.Thread(target=_blocked_claim, args=(dsn, statement, params, errors))
     thread.start()
@@ -751,7 +751,7 @@ def test_claims_taking_their_turn_at_a_rates_bucket_are_their_own_kind(dsn: str,
     """claim_rated locks a rated type's token bucket until its claim commits: the next claims of
     that type wait for it, the first for the holder's transaction, the others for the row's
     tuple. Those waits are the rate at work, not an alarm."""
-    from jobtui.core.queue import claim_call
+    from jobtui.core.claims import claim_call
     from jobtui.kernel.db import run
 
     with Client(dsn) as q:
@@ -760,7 +760,7 @@ def test_claims_taking_their_turn_at_a_rates_bucket_are_their_own_kind(dsn: str,
     claim = claim_call(["t"], worker="w1", limit=1)
     assert len(run(holder, claim)) == 1  # the holder's claim keeps the bucket's row until it commits
     errors = list[BaseException]()
-    statement = statements("jobtui")["claim"].as_string(None)
+    statement = statements("jobtui")["claim_take"].as_string(None)
     threads = []
     for worker in ("w2", "w3"):
         thread = threading.Thread(
@@ -1127,6 +1127,6 @@ def test_reaper_dead_notifies_without_a_worker(dsn: str) -> None:
         listener.execute("UPDATE jobtui.job SET locked_until = now() - interval '1 second'")
         assert {r.job_id: r.status for r in q.reap()} == {dead: JobStatus.DEAD, retry: JobStatus.READY}
         # A marker sent after the reap committed: every alert of the reap arrives before it.
-        q.run(Call("notify_ready", {"channel": "jobtui.dead"}, lambda rows: None))
+        q.run(Call("job_notify_ready", {"channel": "jobtui.dead"}, lambda rows: None))
         got = list(listener.notifies(timeout=10, stop_after=2))
     assert [n.payload and json.loads(n.payload)["id"] for n in got] == [dead, ""]

@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 
 from jobtui import Client, Failure, InvalidInput, JobStatus, NewJob, SchemaNotMigrated, SchemaTooNew
-from jobtui.core.queue import COPY_THRESHOLD
+from jobtui.core.jobs import COPY_THRESHOLD
 from jobtui.kernel import migrate as migrations
 from jobtui.kernel.db import query_names, statements
 from jobtui.kernel.errors import MigrationLockTimeout
@@ -243,8 +243,8 @@ _PLACEHOLDER = re.compile(r"%%|%\((\w+)\)[sbt]|%[sbt]")  # psycopg: s = any form
 # jobtui uninstall).
 _UTILITY = re.compile(r"^(\s*--[^\n]*\n)*\s*(COPY|LISTEN|DROP|COMMENT|VACUUM|CREATE|DO)\b", re.IGNORECASE)
 UTILITY_STATEMENTS = {
-    "copy_jobs", "listen", "schema_drop", "bench_schema_set_mark", "bench_vacuum",
-    "payload_index_create", "payload_index_drop", "role_drop",
+    "job_copy", "claim_listen", "uninstall_schema_drop", "bench_schema_set_mark", "bench_vacuum",
+    "payload_index_create", "payload_index_drop", "uninstall_role_drop",
 }  # fmt: skip
 
 
@@ -273,7 +273,15 @@ def test_every_named_statement_prepares_against_the_migrated_schema(dsn: str, sc
     without running anything. A parameter whose type cannot be inferred fails here as it
     fails when psycopg binds a str (sent untyped)."""
     names = query_names()
-    assert {"enqueue", "claim", "heartbeat", "complete", "fail", "reap", "copy_jobs"} <= set(names)
+    assert {
+        "job_enqueue",
+        "claim_take",
+        "claim_heartbeat",
+        "claim_complete",
+        "claim_fail",
+        "claim_reap",
+        "job_copy",
+    } <= set(names)
     failures = []
     skipped = []
     with psycopg.connect(dsn, autocommit=True) as own:
@@ -296,9 +304,9 @@ def test_every_named_statement_prepares_against_the_migrated_schema(dsn: str, sc
 def test_copy_statement_matches_the_table(conn: Conn) -> None:
     """COPY cannot be prepared: run it for real with one row, inside a rolled-back transaction."""
     with conn.transaction(force_rollback=True), conn.cursor() as cur:
-        cur.execute(statements("jobtui")["reserve_ids"], {"table": '"jobtui".job', "n": 1})
+        cur.execute(statements("jobtui")["job_ids_reserve"], {"table": '"jobtui".job', "n": 1})
         [(job_id,)] = cur.fetchall()
-        with cur.copy(statements("jobtui")["copy_jobs"]) as copy:
+        with cur.copy(statements("jobtui")["job_copy"]) as copy:
             copy.write_row((job_id, "t", '{"a": 1}', 3, '{"traceparent": "x"}', "q"))
         cur.execute("SELECT type, payload, max_attempts, status, meta, queue FROM jobtui.job WHERE id = %s", (job_id,))
         assert cur.fetchone() == ("t", {"a": 1}, 3, "ready", {"traceparent": "x"}, "q")

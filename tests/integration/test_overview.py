@@ -15,8 +15,8 @@ import psycopg
 import pytest
 
 from jobtui import Client
+from jobtui.core import history
 from jobtui.kernel.domain import NewJob
-from jobtui.reads import backlog
 from jobtui.reads.overview import QueueLine, overview
 from tests.integration.test_backlog import archivers_away, away_from_minute_boundary
 
@@ -53,7 +53,7 @@ def test_up_to_the_cap_every_figure_is_counted(conn: Conn, flood: None) -> None:
 
 def test_above_the_cap_the_archivers_row_gives_each_queue_and_the_ages_stay_honest(conn: Conn, flood: None) -> None:
     away_from_minute_boundary(conn)
-    assert backlog.record_minute(conn)  # the archiver's count, once a minute
+    assert history.record_minute(conn)  # the archiver's count, once a minute
     seen = overview(conn, cap=CAP)
     assert not seen.counted and seen.source.endswith("by the archiver")
     default, reports = lines(conn)[("queue", "default")], lines(conn)[("queue", "reports")]
@@ -130,7 +130,7 @@ def test_estimates_are_marked_in_stats_above_the_cap(
     assert type_cells(counted, "a")[1:3] == ["32", "30"]
     monkeypatch.setattr(metrics, "READY_EXACT_CAP", CAP)
     away_from_minute_boundary(conn)
-    assert backlog.record_minute(conn)  # the archiver's count, once a minute
+    assert history.record_minute(conn)  # the archiver's count, once a minute
     text = stats_text(dsn)
     assert "ready ~36 (~34 due)" in text, text
     # The oldest ready age of every queue stays exact: the first entry of the ready index.
@@ -164,7 +164,7 @@ def test_a_previous_archivers_row_without_queues_leaves_the_queues_to_the_planne
     queues' sizes then come from the planner's size, split as the entries read (never from the
     planner's statistics of the column, which count every status)."""
     away_from_minute_boundary(conn)
-    assert backlog.record_minute(conn)
+    assert history.record_minute(conn)
     conn.execute("UPDATE jobtui.queue_minute SET by_queue = '{}'")
     conn.execute("VACUUM ANALYZE jobtui.job")
     default = lines(conn)[("queue", "default")]

@@ -15,7 +15,8 @@ import pytest
 from psycopg import sql
 
 from jobtui import AsyncClient, Client, Failure, InvalidInput, JobStatus, Lease, NewJob
-from jobtui.core.queue import COPY_THRESHOLD, claim_call, complete_call, heartbeat_beat_call
+from jobtui.core.claims import claim_call, complete_call, heartbeat_beat_call
+from jobtui.core.jobs import COPY_THRESHOLD
 from jobtui.kernel.db import run, statements
 from jobtui.kernel.domain import DEFAULT_MAX_ATTEMPTS, Runner
 from jobtui.reads.joblists import running_jobs
@@ -1119,7 +1120,7 @@ def test_claim_uses_the_ready_index_on_a_large_table(dsn: str, conn: Conn) -> No
     assert count(conn, "status = 'ready'") == 1200
     params = claim_call(["type0", "type3"], worker="w1", limit=50, max_attempts={"type0": 3}).params
     with conn.transaction(force_rollback=True), conn.cursor() as cur:
-        cur.execute(sql.SQL("EXPLAIN ") + statements("jobtui")["claim"], params)
+        cur.execute(sql.SQL("EXPLAIN ") + statements("jobtui")["claim_take"], params)
         plan = "\n".join(r[0] for r in cur.fetchall())
     assert "job_ready_idx" in plan, plan
     assert "Scan using job_ready_idx" in plan or "Bitmap Index Scan on job_ready_idx" in plan, plan
@@ -1181,7 +1182,7 @@ def test_complete_and_heartbeat_of_large_batches_write_every_row(q: Client) -> N
 
 
 def test_a_reaper_reaps_only_while_in_touch_and_never_its_own_jobs(q: Client, conn: Conn) -> None:
-    from jobtui.core.queue import reap_call, reap_round_call
+    from jobtui.core.claims import reap_call, reap_round_call
 
     mine = q.enqueue("t")
     theirs = q.enqueue("t")

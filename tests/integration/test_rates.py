@@ -14,7 +14,7 @@ import pytest
 
 from jobtui.clients.client import Client
 from jobtui.core import queues
-from jobtui.core.queue import claim_call
+from jobtui.core.claims import claim_call
 from jobtui.kernel.db import run
 from jobtui.kernel.domain import NewJob
 from jobtui.kernel.errors import InvalidInput

@@ -188,7 +188,7 @@ async def test_serve_on_a_standby_gives_viewers_the_read_only_role(
 async def test_a_console_on_a_standby_shows_the_fleet_and_gives_no_order(pair: tuple[LocalCluster, Standby]) -> None:
     from textual.widgets import DataTable
 
-    from jobtui.core.fleet import Member, Status, register_call
+    from jobtui.core.members import Member, Status, register_call
     from jobtui.kernel.db import run
 
     primary, standby = pair

@@ -31,7 +31,7 @@ from hypothesis.stateful import (
 )
 
 from jobtui import Client, Failure, JobStatus, Lease, NewJob
-from jobtui.core.queue import claim_call
+from jobtui.core.claims import claim_call
 from jobtui.kernel.domain import DEFAULT_MAX_ATTEMPTS
 
 TYPES = ("a", "b")

@@ -34,10 +34,9 @@ from jobtui.cli import main as cli
 from jobtui.cli import ops as cli_ops
 from jobtui.cli import queues as cli_queues
 from jobtui.cli import why as cli_why
+from jobtui.core.history import record_flow, record_minute
 from jobtui.core.maintenance import BUILTIN_QUEUE
 from jobtui.kernel import db, migrate
-from jobtui.reads.backlog import record_minute
-from jobtui.reads.flows import record_flow
 from jobtui.service import prometheus
 from jobtui.tui import data
 from tests.conftest import with_dbname

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from jobtui import Client, Job, Jobs, NewJob, Worker
-from jobtui.core.queue import release_unanswered_call
+from jobtui.core.claims import release_unanswered_call
 from jobtui.core.queues import set_limit
 from tests.waits import until
 
@@ -57,7 +57,7 @@ async def test_a_claim_answered_after_its_lease_hands_its_jobs_back_unstarted(
         holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ('"jobtui".queue_limit.limited',))
         task = asyncio.create_task(worker.run())
         waiting = (
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%jobtui: claim%'"
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%jobtui: claim_take%'"
         )
         await until(lambda: conn.execute(waiting).fetchone() == (1,), 10, "the claim to wait for the lock")
         await asyncio.sleep(lease + 0.5)  # the claim waits past its lease

@@ -18,8 +18,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from jobtui.clients.client import Client
 from jobtui.core import scheduler as sched
+from jobtui.core.history import record_flow
 from jobtui.core.registry import ScheduleSpec
-from jobtui.reads.flows import record_flow
 from tests.roles import drop_roles, role_names, run_grants
 from tests.workers import ROOT
 

@@ -27,7 +27,7 @@ import pytest
 from jobtui import Client, NewJob
 from jobtui.cli.main import main
 from jobtui.core import queues
-from jobtui.reads.flows import record_flow
+from jobtui.core.history import record_flow
 from tests.integration.conftest import Spawn
 from tests.integration.test_upgrades import previous  # noqa: F401 (the previous release, unpacked)
 from tests.integration.test_worker import enqueue, runs, statuses

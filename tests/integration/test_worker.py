@@ -26,8 +26,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobtui.core.queue import enqueue as enqueue_job
-from jobtui.core.queue import enqueue_call, get_job_call
+from jobtui.core.jobs import enqueue as enqueue_job
+from jobtui.core.jobs import enqueue_call, get_job_call
 from jobtui.core.registry import Job, Jobs, Retry
 from jobtui.kernel.db import run
 from jobtui.kernel.domain import JobRow, JobStatus
@@ -290,7 +290,7 @@ def test_notify_wakes_an_idle_worker(db: Conn, spawn: Spawn) -> None:
 
 # The starts of the texts of the statements of the claim connection, the claim and reaping:
 # each statement sent starts with its name.
-CLAIM_TEXTS = ("-- jobtui: claim\n", "-- jobtui: reap\n")
+CLAIM_TEXTS = ("-- jobtui: claim_take\n", "-- jobtui: claim_reap\n")
 
 
 def _claim_idle(db: Conn, after: datetime | None) -> bool:

@@ -1,7 +1,7 @@
 """The Workers pane and the fleet's findings, driven by Textual's pilot on a real database.
 
 The fleet's rows are written with the statement a process writes its own with
-(core/fleet.register_call); what a process does with an order is tested with real worker
+(core/members.register_call); what a process does with an order is tested with real worker
 processes in tests/integration/test_fleet.py.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 from textual.widgets import Input
 
-from jobtui.core.fleet import Member, Status, register_call
+from jobtui.core.members import Member, Status, register_call
 from jobtui.kernel.db import run
 from jobtui.kernel.views import parse_view
 from jobtui.reads.fleet import read_fleet

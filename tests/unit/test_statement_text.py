@@ -6,7 +6,7 @@ import re
 
 from psycopg import _queries
 
-from jobtui.kernel.db import _query_texts, query_names, statements, without_comments
+from jobtui.kernel.db import _blocks, query_names, statements, without_comments
 
 
 def test_comments_are_cut_and_quoted_text_is_kept() -> None:
@@ -46,9 +46,11 @@ def test_an_unclosed_quote_keeps_the_rest() -> None:
 
 def test_every_statement_keeps_its_placeholders() -> None:
     placeholder = re.compile(r"%\((\w+)\)s")
-    for name, text in _query_texts().items():
+    texts, fragments = _blocks()
+    for name, text in texts.items():
         sent = statements()[name].as_string(None)
-        assert set(placeholder.findall(sent)) == set(placeholder.findall(text)), name
+        written = text + "".join(body for fragment, body in fragments.items() if f"{{{fragment}}}" in text)
+        assert set(placeholder.findall(sent)) == set(placeholder.findall(written)), name
         head, body = sent.split("\n", 1)
         assert head == f"-- jobtui: {name}", name
         assert "--" not in re.sub(r"'(?:[^']|'')*'", "", body), name
@@ -59,3 +61,13 @@ def test_every_statement_fits_psycopgs_parse_cache() -> None:
     for name in query_names():
         sent = statements()[name].as_string(None).encode()
         assert len(sent) <= _queries.MAX_CACHED_STATEMENT_LENGTH, (name, len(sent))
+
+
+def test_each_fragment_is_written_into_the_statements_that_name_it() -> None:
+    texts, fragments = _blocks()
+    for fragment, body in fragments.items():
+        naming = [name for name, text in texts.items() if f"{{{fragment}}}" in text]
+        assert naming, f"no statement names the fragment {fragment}"
+        for name in naming:
+            sent = statements()[name].as_string(None)
+            assert without_comments(body) in sent and f"{{{fragment}}}" not in sent, name

@@ -1,11 +1,11 @@
--- An operator's actions on jobs, the dead letters they pick from, and the audit log
--- (core/actions.py, core/audit.py, reads/deadletters.py).
+-- An operator's actions on jobs: requeue, kill a lease, cancel (core/actions.py).
+-- noun: action
 --
 -- Named blocks (`-- name: NAME`), loaded with every other file of this folder by
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;
 -- values are always bound parameters; time is always the database's now().
 
--- name: requeue_by_id
+-- name: action_requeue_by_id
 -- Operator: dead or failed jobs back to ready now with a fresh set of attempts.
 UPDATE {schema}.job AS j
 SET status = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
@@ -16,38 +16,7 @@ SET status = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status IN ('dead', 'failed')
 RETURNING j.id;
 
--- name: check_regex
--- Compiles the pattern once, so a bad one is an error even when no row would be compared.
-SELECT '' ~* %(pattern)s;
-
--- name: dead_matching
--- The one definition of the dead and failed jobs an operator names by type and error:
--- `jobtui dead`, `jobtui requeue --type/--error/--all` (its dry run counts the same rows),
--- the console's dead groups and their filter. Read by column name. Grouped like the dead
--- pane (status, type, error fingerprint), each group with its ids when %(with_ids)s.
--- The error pattern is a case-insensitive PostgreSQL regular expression, matched against the
--- error's first line (the exception and its message, as `jobtui job` shows it) or its
--- fingerprint (that line with numbers, hex ids and UUIDs masked, as `jobtui dead` shows
--- it); never against the traceback below it, whose file and module names would match by
--- accident. With %(in_group)s, only the group of %(fingerprint)s (NULL: no error).
-SELECT g.status, g.type, g.fingerprint, g.jobs, g.first_seen, g.last_seen, g.latest_id AS latest_job_id,
-       j.attempts AS latest_attempts, coalesce(g.ids, ARRAY[]::bigint[]) AS job_ids
-FROM (SELECT status, type, coalesce(error_fingerprint, '') AS fingerprint, count(*) AS jobs,
-             min(finished_at) AS first_seen, max(finished_at) AS last_seen, max(id) AS latest_id,
-             array_agg(id ORDER BY id) FILTER (WHERE %(with_ids)s) AS ids
-      FROM {schema}.job
-      WHERE status IN ('dead', 'failed')
-        AND (%(status)s::text IS NULL OR status = %(status)s::text)
-        AND (%(type)s::text IS NULL OR type = %(type)s::text)
-        AND (NOT %(in_group)s OR error_fingerprint IS NOT DISTINCT FROM %(fingerprint)s::text)
-        AND (%(error)s::text IS NULL
-             OR split_part(last_error, E'\n', 1) ~* %(error)s::text
-             OR error_fingerprint ~* %(error)s::text)
-      GROUP BY status, type, error_fingerprint) AS g
-JOIN {schema}.job AS j ON j.id = g.latest_id
-ORDER BY g.jobs DESC, g.status, g.type, g.fingerprint;
-
--- name: dead_group_requeue
+-- name: action_dead_group_requeue
 -- Operator: the given jobs of one dead-letter group (those the console counted and the
 -- operator confirmed) back to ready with a fresh set of attempts; a job that left the group
 -- since (requeued, cancelled, or dead again with another error) is left alone.
@@ -61,7 +30,7 @@ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = %(status)s AND j.type = %(typ
   AND j.error_fingerprint IS NOT DISTINCT FROM %(fingerprint)s
 RETURNING j.id;
 
--- name: kill_lease
+-- name: action_lease_kill
 -- Operator: a running job returns to ready now, or goes dead when the killed attempt was its
 -- last: a killed attempt counts, as an expired one does. Its worker's late outcome is
 -- rejected because the status (and later the lease token) no longer match. The row lock is
@@ -86,7 +55,7 @@ WHERE j.id IN (SELECT id FROM {schema}.job
   AND j.status = 'running'
 RETURNING j.id;
 
--- name: cancel
+-- name: action_cancel
 -- Operator: a ready or running job becomes failed; it will not run again unless requeued.
 -- A running job's worker hears of it at once on the schema's channel ('cancel <id>'), and
 -- its heartbeat's answer says so too, should the notification be lost; its late outcome is
@@ -105,12 +74,3 @@ WITH cancelled AS (
 SELECT id, CASE WHEN locked_by IS NOT NULL
                 THEN pg_notify(%(channel)s::text, 'cancel ' || id) END AS told
 FROM cancelled;
-
--- name: audit_insert
-INSERT INTO {schema}.audit (actor, action, target, job_ids, rows, detail)
-VALUES (%(actor)s, %(action)s, %(target)s, %(job_ids)s, %(rows)s, %(detail)s)
-RETURNING id;
-
--- name: audit_list
-SELECT id, at, actor, action, target, job_ids, rows, detail FROM {schema}.audit
-ORDER BY id DESC LIMIT %(limit)s;

@@ -1,4 +1,5 @@
--- `jobtui bench` (cli/bench.py).
+-- `jobtui bench` (core/bench.py).
+-- noun: bench
 --
 -- Named blocks (`-- name: NAME`), loaded with every other file of this folder by
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;

@@ -1,4 +1,5 @@
 -- Bulk actions in batches, resumable (core/bulk.py).
+-- noun: bulk
 --
 -- Named blocks (`-- name: NAME`), loaded with every other file of this folder by
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;
@@ -9,15 +10,7 @@
 -- the action would change now (%(scope)s: the statuses it applies to).
 SELECT count(*) AS jobs FROM {schema}.job AS j
 WHERE j.id < %(below)s AND j.id >= %(floor)s AND j.status = ANY(%(scope)s::text[])
-      AND (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))
-      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
-      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
-      AND (%(matcher)s::text IS NULL OR split_part(j.last_error, E'\n', 1) ~* %(matcher)s::text
-           OR j.error_fingerprint ~* %(matcher)s::text)
-      AND (%(payload)s::jsonb IS NULL OR j.payload @> %(payload)s::jsonb)
-      AND (%(older_than)s::float8 IS NULL OR j.created_at < coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(older_than)s::float8))
-      AND (%(newer_than)s::float8 IS NULL OR j.created_at >= coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(newer_than)s::float8))
-      AND (%(since)s::timestamptz IS NULL OR j.created_at >= %(since)s::timestamptz);
+      AND {jobfilter_predicate};
 
 -- name: bulk_run_find
 -- The newest run of this action and filter that did not end: a second run resumes it.
@@ -55,15 +48,7 @@ WITH run AS (
     SELECT j.id FROM {schema}.job AS j
     WHERE j.id < %(below)s AND j.id >= %(floor)s AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
       AND j.status IN ('dead', 'failed') AND j.finished_at < (SELECT cutoff FROM run)
-      AND (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))
-      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
-      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
-      AND (%(matcher)s::text IS NULL OR split_part(j.last_error, E'\n', 1) ~* %(matcher)s::text
-           OR j.error_fingerprint ~* %(matcher)s::text)
-      AND (%(payload)s::jsonb IS NULL OR j.payload @> %(payload)s::jsonb)
-      AND (%(older_than)s::float8 IS NULL OR j.created_at < coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(older_than)s::float8))
-      AND (%(newer_than)s::float8 IS NULL OR j.created_at >= coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(newer_than)s::float8))
-      AND (%(since)s::timestamptz IS NULL OR j.created_at >= %(since)s::timestamptz)
+      AND {jobfilter_predicate}
     ORDER BY j.id DESC
     LIMIT %(batch)s
 ), picked AS (
@@ -106,15 +91,7 @@ WITH run AS (
     SELECT j.id FROM {schema}.job AS j
     WHERE j.id < %(below)s AND j.id >= %(floor)s AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
       AND j.status IN ('dead', 'failed') AND j.finished_at < (SELECT cutoff FROM run)
-      AND (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))
-      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
-      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
-      AND (%(matcher)s::text IS NULL OR split_part(j.last_error, E'\n', 1) ~* %(matcher)s::text
-           OR j.error_fingerprint ~* %(matcher)s::text)
-      AND (%(payload)s::jsonb IS NULL OR j.payload @> %(payload)s::jsonb)
-      AND (%(older_than)s::float8 IS NULL OR j.created_at < coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(older_than)s::float8))
-      AND (%(newer_than)s::float8 IS NULL OR j.created_at >= coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(newer_than)s::float8))
-      AND (%(since)s::timestamptz IS NULL OR j.created_at >= %(since)s::timestamptz)
+      AND {jobfilter_predicate}
     ORDER BY j.id DESC
     LIMIT %(batch)s
 ), picked AS (
@@ -143,7 +120,7 @@ SELECT (SELECT count(*) FROM moved) AS changed, (SELECT count(*) FROM candidates
 
 -- name: bulk_cancel_batch
 -- A batch of a bulk cancel: as bulk_requeue_batch, ready and running jobs enqueued before
--- the run's cutoff become failed, as `cancel` makes them; a running job's worker hears of it
+-- the run's cutoff become failed, as `action_cancel` makes them; a running job's worker hears of it
 -- on the schema's channel ('cancel <id>'), and its heartbeat's answer says so too. A job
 -- whose handler is inside job.once()'s transaction holds its row: it is passed over as busy.
 WITH run AS (
@@ -152,15 +129,7 @@ WITH run AS (
     SELECT j.id FROM {schema}.job AS j
     WHERE j.id < %(below)s AND j.id >= %(floor)s AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
       AND j.status IN ('ready', 'running') AND j.created_at < (SELECT cutoff FROM run)
-      AND (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))
-      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
-      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
-      AND (%(matcher)s::text IS NULL OR split_part(j.last_error, E'\n', 1) ~* %(matcher)s::text
-           OR j.error_fingerprint ~* %(matcher)s::text)
-      AND (%(payload)s::jsonb IS NULL OR j.payload @> %(payload)s::jsonb)
-      AND (%(older_than)s::float8 IS NULL OR j.created_at < coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(older_than)s::float8))
-      AND (%(newer_than)s::float8 IS NULL OR j.created_at >= coalesce(%(at)s::timestamptz, now()) - make_interval(secs => %(newer_than)s::float8))
-      AND (%(since)s::timestamptz IS NULL OR j.created_at >= %(since)s::timestamptz)
+      AND {jobfilter_predicate}
     ORDER BY j.id DESC
     LIMIT %(batch)s
 ), picked AS (

@@ -1,12 +1,13 @@
--- Claims, leases and outcomes: what a worker runs (core/queue.py, worker/). Every transition
+-- Claims, leases and outcomes: what a worker runs (core/claims.py). Every transition
 -- names the status and lease token it expects: zero rows updated means the lease was lost
 -- and the write must not be retried.
+-- noun: claim
 --
 -- Named blocks (`-- name: NAME`), loaded with every other file of this folder by
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;
 -- values are always bound parameters; time is always the database's now().
 
--- name: claim
+-- name: claim_take
 -- Up to `limit` ready jobs of the given types, oldest run_at first, from `queue` (NULL: from
 -- every queue). SKIP LOCKED lets any number of workers claim at once without waiting on each
 -- other or taking the same row.
@@ -53,7 +54,7 @@ WHERE j.id = ANY(coalesce(
 RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_token,
           j.locked_until, j.created_at, j.run_at, j.uncounted, j.meta::text, j.queue;
 
--- name: claim_builtin
+-- name: claim_take_builtin
 -- jobtui's own jobs (the archiver's), claimed by the slot every worker keeps for them
 -- whatever queues it serves. They are in the queue 'jobtui.builtin', found through its own
 -- small partial index (migration 0015): that queue named here as a constant, so the planner
@@ -86,9 +87,9 @@ WHERE j.id = ANY(ARRAY(
 RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_token,
           j.locked_until, j.created_at, j.run_at, j.uncounted, j.meta::text, j.queue;
 
--- name: heartbeat
+-- name: claim_heartbeat
 -- Extends many leases at once; the ids returned as 'held' still hold their lease, the others
--- lost it. Each id's token is looked up in `leases` (see complete). A lease
+-- lost it. Each id's token is looked up in `leases` (see claim_complete). A lease
 -- that has already expired is not extended, even when no reaper took it yet: by the
 -- database's clock it was lost, and its worker gives the attempt up (another worker may have
 -- started it). The exception is `keep`: jobs whose sync handler's thread runs on after its
@@ -116,7 +117,7 @@ WHERE (SELECT count(*) FROM held) < cardinality(%(ids)s::bigint[])
   AND j.lease_token = (%(leases)s::jsonb ->> j.id::text)::bigint
   AND j.errors -> -1 ->> 'kind' = 'cancelled';
 
--- name: complete
+-- name: claim_complete
 -- Fenced by status and lease token, like every transition. The ids are matched with
 -- = ANY (the primary key's index), and each one's token looked up in `leases`, a jsonb object
 -- of id -> token: a binary search of its keys per row. Not array_position in an array of
@@ -129,11 +130,11 @@ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'running'
   AND j.lease_token = (%(leases)s::jsonb ->> j.id::text)::bigint
 RETURNING j.id;
 
--- name: complete_deleting
+-- name: claim_complete_deleting
 -- Complete by deleting: for workers started with --delete-on-complete. Only jobs without a
 -- key are deleted (a keyed job stays as a done row, so its key keeps refusing duplicates until
 -- the archiver's retention); the caller completes the ids missing from the result with
--- `complete`, which also tells a keyed job from a lost lease. Each deleted job is counted into
+-- `claim_complete`, which also tells a keyed job from a lost lease. Each deleted job is counted into
 -- done_tally in the same statement, in the finishing worker's own row (see migration 0004).
 WITH gone AS (
     DELETE FROM {schema}.job AS j
@@ -154,7 +155,7 @@ WITH gone AS (
 )
 SELECT id FROM gone;
 
--- name: fail
+-- name: claim_fail
 -- A counted failure: back to ready after the given delay, or dead once attempts are spent.
 -- The error joins the row's history (the newest 50 entries are kept).
 UPDATE {schema}.job AS j
@@ -174,7 +175,7 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(delays)s::float8[], %(err
 WHERE j.id = t.id AND j.status = 'running' AND j.lease_token = t.token
 RETURNING j.id, j.status, j.type, j.attempts, j.max_attempts, j.locked_by, j.queue;
 
--- name: fail_permanently
+-- name: claim_fail_permanently
 -- The handler decided the job can never succeed: failed at once, whatever attempts remain.
 UPDATE {schema}.job AS j
 SET status = 'failed', locked_until = NULL, finished_at = now(), last_error = t.error,
@@ -186,7 +187,7 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(errors)s::text[]) AS t(id
 WHERE j.id = t.id AND j.status = 'running' AND j.lease_token = t.token
 RETURNING j.id;
 
--- name: release
+-- name: claim_release
 -- Back to ready without counting the attempt, with an entry in the history saying why:
 --   retry      the handler raised Retry;
 --   db_error   the handler's own database work failed on the connection, not on the job;
@@ -208,7 +209,7 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(delays)s::float8[], %(kin
 WHERE j.id = t.id AND j.status = 'running' AND j.lease_token = t.token
 RETURNING j.id;
 
--- name: release_unanswered
+-- name: claim_release_unanswered
 -- After a claim whose answer never came (its connection broke during it; a failover, a
 -- restart): the jobs it may have taken run under this worker's name with tokens the worker
 -- never saw, and would wait for their leases to expire and be counted. They go back to ready
@@ -223,7 +224,7 @@ SET status = 'ready', attempts = j.attempts - 1, locked_until = NULL,
 WHERE j.status = 'running' AND j.locked_by = %(worker)s AND NOT (j.id = ANY(%(held)s::bigint[]))
 RETURNING j.id;
 
--- name: reap
+-- name: claim_reap
 -- Running jobs whose lease expired go back to ready (their lease was their delay), or dead
 -- when the attempt that expired was the last one: a job that keeps crashing its worker
 -- ends dead instead of taking workers down forever. Each expiry is recorded.
@@ -280,7 +281,7 @@ UNION ALL
 SELECT id, type, locked_by, attempts, status, expired_at, queue FROM reaped;
 
 -- name: claim_session
--- Settings of a worker's claiming connection (worker/producer.py): the claim must walk the
+-- Settings of a worker's claiming connection: the claim must walk the
 -- ready index in order, so the plans that would sort every ready row (a bitmap scan after a
 -- bulk enqueue, while statistics lag) are off; timestamps load faster in UTC than in a named
 -- zone (the same instants, shown in another zone).
@@ -294,6 +295,6 @@ SELECT set_config('enable_bitmapscan', 'off', false), set_config('enable_seqscan
 SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),
        set_config('jit', 'off', true);
 
--- name: listen
+-- name: claim_listen
 -- A worker's wake-ups: every insert into the job table notifies this channel.
 LISTEN {channel};

@@ -1,10 +1,11 @@
--- Enqueueing jobs and reading one job (core/queue.py, clients/, testing/).
+-- Enqueueing jobs, reading one job, and the effects a job records (core/jobs.py).
+-- noun: job
 --
 -- Named blocks (`-- name: NAME`), loaded with every other file of this folder by
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;
 -- values are always bound parameters; time is always the database's now().
 
--- name: enqueue
+-- name: job_enqueue
 -- One job without an idempotency key.
 INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts, meta, queue)
 VALUES (%(type)s, %(payload)s, %(key)s,
@@ -12,11 +13,11 @@ VALUES (%(type)s, %(payload)s, %(key)s,
         %(max_attempts)s, %(meta)s::jsonb, %(queue)s)
 RETURNING id;
 
--- name: enqueue_keyed
+-- name: job_enqueue_keyed
 -- One job with an idempotency key; returns its id, or the id of the job already in the queue
 -- table with that key. Returns nothing when the key belongs to a job that left the table
 -- within the key's window (or to one being enqueued at this moment, which this statement
--- waited for): the caller then reads it with enqueue_existing.
+-- waited for): the caller then reads it with job_enqueue_existing.
 --
 -- The key is claimed in job_key first, and the job inserted only with the key claimed: its
 -- primary key decides between enqueues of one key, and a key's row outlives its job (migration
@@ -43,14 +44,14 @@ WITH live AS (
 )
 SELECT id FROM inserted UNION ALL SELECT id FROM live;
 
--- name: enqueue_existing
+-- name: job_enqueue_existing
 -- The job holding `key`: the one in the queue table, else the one job_key remembers.
 SELECT id FROM (SELECT id, 0 AS rank FROM {schema}.job WHERE idempotency_key = %(key)s
                 UNION ALL
                 SELECT job_id, 1 FROM {schema}.job_key WHERE key = %(key)s) AS held
 ORDER BY rank LIMIT 1;
 
--- name: enqueue_many
+-- name: job_enqueue_many
 -- Many jobs without keys in one statement. Returns the new ids in the input's order.
 INSERT INTO {schema}.job (type, payload, idempotency_key, run_at, max_attempts, meta, queue)
 SELECT t.type, t.payload::jsonb, t.key, now() + make_interval(secs => t.delay), t.max_attempts, t.meta::jsonb, t.queue
@@ -60,14 +61,14 @@ FROM unnest(%(types)s::text[], %(payloads)s::text[], %(keys)s::text[],
 ORDER BY t.ord
 RETURNING id, idempotency_key;
 
--- name: enqueue_many_keyed
--- Many jobs, some with keys, as enqueue_keyed does one: each key claimed in job_key (in the
+-- name: job_enqueue_many_keyed
+-- Many jobs, some with keys, as job_enqueue_keyed does one: each key claimed in job_key (in the
 -- order of the keys, so that two batches sharing keys never wait for each other in a circle),
 -- a job inserted for each key claimed (the first of the batch's jobs with that key) and for
 -- each job without one. Ids are drawn in the input's order first, so that jobs due at once
 -- are claimed in that order (a job not inserted leaves a gap). Returns the new ids with their
 -- keys, in the input's order, then the jobs of the queue table that hold keys of the batch;
--- keys in neither are read with enqueue_existing_many.
+-- keys in neither are read with job_enqueue_existing_many.
 WITH t AS (
     SELECT u.*, nextval('{schema}.job_id_seq') AS id
     FROM unnest(%(types)s::text[], %(payloads)s::text[], %(keys)s::text[],
@@ -96,37 +97,37 @@ WITH t AS (
 )
 SELECT id, idempotency_key FROM inserted UNION ALL SELECT id, idempotency_key FROM live;
 
--- name: enqueue_existing_many
--- The jobs holding `keys`, as enqueue_existing reads one.
+-- name: job_enqueue_existing_many
+-- The jobs holding `keys`, as job_enqueue_existing reads one.
 SELECT DISTINCT ON (held.key) held.id, held.key AS idempotency_key
 FROM (SELECT id, idempotency_key AS key, 0 AS rank FROM {schema}.job WHERE idempotency_key = ANY(%(keys)s::text[])
       UNION ALL
       SELECT job_id, key, 1 FROM {schema}.job_key WHERE key = ANY(%(keys)s::text[])) AS held
 ORDER BY held.key, held.rank;
 
--- name: reserve_ids
+-- name: job_ids_reserve
 -- Ids for a COPY of many jobs, drawn from the table's own sequence. The sequence is looked
 -- up once (an InitPlan), not once per id, which would cost more than the COPY's own parsing.
 SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id')::regclass)) FROM generate_series(1, %(n)s);
 
--- name: copy_jobs
+-- name: job_copy
 -- Bulk insert without keys or delays: run_at takes its default, the database's now().
 COPY {schema}.job (id, type, payload, max_attempts, meta, queue) FROM STDIN;
 
 -- name: job_statuses
 SELECT id, status FROM {schema}.job WHERE id = ANY(%(ids)s::bigint[]);
 
--- name: get_job
+-- name: job_get
 SELECT id, type, queue, payload, idempotency_key, status, run_at, attempts, max_attempts,
        locked_by, locked_until, lease_token, heartbeat_at, last_error, errors,
        lease_expirations, created_at, started_at, finished_at, now() AS db_now,
        CASE WHEN status = 'running' AND runner -> 'token' = to_jsonb(lease_token) THEN runner END AS runner
 FROM {schema}.job WHERE id = %(id)s;
 
--- name: notify_ready
+-- name: job_notify_ready
 SELECT pg_notify(%(channel)s, '');
 
--- name: effect_record
+-- name: job_effect_record
 -- Records effect `key` as done; inserts nothing when an earlier attempt already did. With a
 -- lease token, only while that lease is the job's current one: a worker that froze or was cut
 -- off past its lease (the job reaped, re-claimed or finished meanwhile) must not do effects.
@@ -152,10 +153,10 @@ WITH lease AS (
 )
 SELECT (SELECT held FROM lease), EXISTS (SELECT 1 FROM recorded);
 
--- name: effect_exists
+-- name: job_effect_exists
 SELECT EXISTS (SELECT 1 FROM {schema}.effect WHERE key = %(key)s);
 
--- name: testing_enqueued
+-- name: job_enqueued_matching
 -- jobtui.testing: the jobs of a type whose payload holds the given keys and values, as the
 -- caller's connection sees them (its own open transaction included).
 SELECT id, type, payload, idempotency_key AS key, status, run_at, created_at

@@ -1,10 +1,11 @@
 -- The archiver and pruning (core/maintenance.py).
+-- noun: maintenance
 --
 -- Named blocks (`-- name: NAME`), loaded with every other file of this folder by
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;
 -- values are always bound parameters; time is always the database's now().
 
--- name: archive_done
+-- name: maintenance_archive_done
 -- Moves done jobs past their retention to job_archive, a bounded batch at a time; SKIP
 -- LOCKED lets several archivers share the work.
 WITH moved AS (
@@ -28,7 +29,7 @@ WITH moved AS (
 )
 SELECT count(*) FROM archived;
 
--- name: delete_done
+-- name: maintenance_delete_done
 WITH gone AS (
     DELETE FROM {schema}.job
     WHERE id IN (SELECT id FROM {schema}.job
@@ -40,7 +41,7 @@ WITH gone AS (
 )
 SELECT count(*) FROM gone;
 
--- name: delete_dead
+-- name: maintenance_delete_dead
 -- Dead and failed jobs nobody acted on within their (longer) retention.
 WITH gone AS (
     DELETE FROM {schema}.job
@@ -54,7 +55,7 @@ WITH gone AS (
 )
 SELECT count(*) FROM gone;
 
--- name: job_key_prune
+-- name: maintenance_job_key_prune
 -- Keys whose job left the queue table more than their window ago (migration 0017), oldest
 -- first; a key whose job is still in the table has no finished_at and stays. An enqueue of a
 -- key being pruned waits for this batch, then makes a new job.
@@ -69,23 +70,23 @@ WITH gone AS (
 )
 SELECT count(*) FROM gone;
 
--- name: archive_partitions_add
+-- name: maintenance_archive_partitions_add
 -- The archive's partitions for today and the next `days` days, made where missing (migration
 -- 0014): before the archiver moves rows in, days ahead of their use.
 SELECT {schema}.archive_partitions_add(%(days)s);
 
--- name: archive_prune
+-- name: maintenance_archive_prune
 -- Archived jobs past their retention: whole days dropped as partitions, and up to `limit`
 -- rows deleted from the default partition and the legacy archive (migration 0014).
 SELECT dropped, deleted FROM {schema}.archive_prune(make_interval(secs => %(retention)s), %(limit)s);
 
--- name: stats_missing_hours
+-- name: maintenance_stats_missing_hours
 -- Completed hours of the last day that have no summary yet.
 SELECT h FROM generate_series(date_trunc('hour', now()) - interval '24 hours',
                               date_trunc('hour', now()) - interval '1 hour', interval '1 hour') AS h
 WHERE NOT EXISTS (SELECT 1 FROM {schema}.stats_hourly s WHERE s.hour = h);
 
--- name: stats_summarise_hour
+-- name: maintenance_stats_summarise_hour
 -- One completed hour's finished jobs by type, status and attempts, plus a marker row so an
 -- hour with no jobs is not summarised again.
 INSERT INTO {schema}.stats_hourly (hour, type, status, attempts, jobs)
@@ -113,23 +114,23 @@ UNION ALL
 SELECT %(hour)s::timestamptz, '', 'summarised', 0, 0
 ON CONFLICT DO NOTHING;
 
--- name: stats_prune_hours
+-- name: maintenance_stats_prune_hours
 DELETE FROM {schema}.stats_hourly WHERE hour < now() - interval '8 days';
 
--- name: prune_done_tally
+-- name: maintenance_done_tally_prune
 -- Minutes older than the day the hourly summaries cover, once their hours are summarised.
 DELETE FROM {schema}.done_tally
 WHERE minute < date_trunc('hour', now()) - interval '25 hours';
 
--- name: prune_lease_expiry
+-- name: maintenance_lease_expiry_prune
 DELETE FROM {schema}.lease_expiry WHERE reaped_at < now() - interval '8 days';
 
--- name: prune_audit
+-- name: maintenance_audit_prune
 -- Through the schema owner's function (migration 0006): the worker role may not delete audit
 -- rows itself, and the function keeps every row younger than 30 days whatever it is asked.
 SELECT {schema}.prune_audit(make_interval(secs => %(retention)s), %(limit)s);
 
--- name: prune_effect
+-- name: maintenance_effect_prune
 -- Effects older than their retention, unless their job may still run (it is in the queue
 -- and not done): a requeued dead job must find the effects of its earlier attempts. No row
 -- lock first (it would need UPDATE on the table): two archivers at once wait on each other's

@@ -1,4 +1,5 @@
 -- The snapshot of the queue's measures (reads/metrics.py).
+-- noun: metrics
 --
 -- Named blocks (`-- name: NAME`), loaded with every other file of this folder by
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;

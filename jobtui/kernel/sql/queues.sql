@@ -1,4 +1,5 @@
 -- Pauses, limits and rates of queues and job types (core/queues.py).
+-- noun: queue
 --
 -- Named blocks (`-- name: NAME`), loaded with every other file of this folder by
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;
@@ -33,7 +34,7 @@ WITH resumed AS (
 )
 SELECT name, pg_notify(%(channel)s::text, '') AS woken FROM resumed;
 
--- name: queue_limit
+-- name: queue_limit_set
 -- Operator: set (or with NULL clear) how many jobs of a queue run at once across every
 -- worker, from each one's next claim. Fenced by the limit the operator saw (`expected`,
 -- compared with IS NOT DISTINCT FROM) when `fenced`; returns the limit it found and whether it
@@ -60,14 +61,14 @@ SELECT a.was, c.name IS NOT NULL AS changed,
        CASE WHEN c.name IS NOT NULL THEN pg_notify(%(channel)s::text, '') END AS woken
 FROM allowed AS a LEFT JOIN changed AS c ON true;
 
--- name: queue_rate
+-- name: queue_rate_set
 -- Operator: set (or with NULL clear) how many jobs of a queue or job type are claimed per
 -- second across every worker, from each one's next claim. Fenced by the rate the operator
--- saw, as queue_limit is; returns the rate before, and whether it changed (not when the rate
+-- saw, as queue_limit_set is; returns the rate before, and whether it changed (not when the rate
 -- had changed meanwhile: `was` then says what it is).
 -- The bucket keeps what it held at the old rate (up to two seconds' worth of the new one), so
 -- that a change takes effect at the next claim, without a burst. Wakes the workers.
--- The rate before is read once, in `allowed`, as in queue_limit.
+-- The rate before is read once, in `allowed`, as in queue_limit_set.
 WITH before AS MATERIALIZED (
     SELECT rate_per_second FROM {schema}.queue_control
     WHERE kind = %(kind)s AND name = %(name)s

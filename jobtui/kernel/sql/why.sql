@@ -3,6 +3,7 @@
 -- console's Why pane and header, `jobtui why`), so each reads a bounded number of rows however
 -- big the backlog: a head of the ready index, the running jobs, a sample of done jobs, the
 -- recent lease expiries, the paused controls, the database's sessions.
+-- noun: why
 --
 -- Named blocks (`-- name: NAME`), loaded with every other file of this folder by
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;
@@ -104,12 +105,15 @@ ORDER BY c.kind, c.name;
 -- how many, how many wait for a lock, how long the longest has run. And how many sessions of
 -- this database this role may not see the statements of (without pg_read_all_stats, another
 -- role's show as '<insufficient privilege>'): their claims are not counted.
+-- A claim is known by its first line, its statement's name: claim_take or claim_take_builtin,
+-- or claim and claim_builtin as workers of releases before these names sent them.
 SELECT count(*) FILTER (WHERE claim) AS claims,
        count(*) FILTER (WHERE claim AND wait_event_type = 'Lock') AS waiting,
        coalesce(max(extract(epoch FROM clock_timestamp() - query_start)) FILTER (WHERE claim), 0)::float8 AS longest,
        count(*) FILTER (WHERE query = '<insufficient privilege>') AS hidden
 FROM (SELECT query, query_start, wait_event_type,
-             state = 'active' AND split_part(query, E'\n', 1) IN ('-- jobtui: claim', '-- jobtui: claim_builtin')
+             state = 'active' AND split_part(query, E'\n', 1) IN ('-- jobtui: claim_take', '-- jobtui: claim_take_builtin',
+                                                           '-- jobtui: claim', '-- jobtui: claim_builtin')
              AND strpos(query, %(table)s) > 0 AS claim
       FROM pg_stat_activity
       WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend') AS a;

@@ -2,7 +2,7 @@
 state, queues and slots, jobs in flight, executor and memory; lost ones in red with how long
 ago they were seen, and the workers holding leases without a live row (a release before the
 registry). Enter shows the jobs a worker holds under Running; quiet, resume or stop one, or
-every process the filter shows (core/fleet.py), each asked first."""
+every process the filter shows (core/members.py), each asked first."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import Label
 
-from jobtui.core.fleet import LOST_AFTER_REFRESHES, REFRESH, Action, Target, done_word, why_unchanged
+from jobtui.core.members import LOST_AFTER_REFRESHES, REFRESH, Action, Target, done_word, why_unchanged
 from jobtui.kernel.safetext import line
 from jobtui.kernel.sizes import size_text
 from jobtui.kernel.version import installed_version

@@ -1,5 +1,6 @@
-"""The fleet: the row every long-running jobtui process keeps of itself in the database, and
-operators' orders to it (migration 0016; reads/fleet.py reads it).
+"""The fleet's members: the row every long-running jobtui process keeps of itself in the
+database, and operators' orders to it (migration 0016; reads/fleet.py reads the rows). The one
+module that names the statements of sql/members.sql.
 
 A worker, a standalone scheduler, the console's embedded worker and `jobtui serve` each run a
 `Presence`: it writes the process's row when it starts, refreshes it on a slow timer of its
@@ -155,7 +156,7 @@ def register_call(member: Member, status: Status) -> Call[tuple[int, Answer]]:
         assert answer is not None
         return int(rows.dicts()[0]["id"]), answer
 
-    return Call("fleet_register", params, decode)
+    return Call("member_register", params, decode)
 
 
 def _status(status: Status) -> dict[str, Any]:
@@ -171,16 +172,16 @@ def _status(status: Status) -> dict[str, Any]:
 def refresh_call(row: int, status: Status, replacing: bool = True) -> Call[Answer | None]:
     """A refresh of row `row`; `replacing`: also delete this name's rows of before a restart,
     lost now (a process's first refreshes; the statement then costs a little more)."""
-    return Call("fleet_refresh", {"id": row, "replacing": replacing, **_status(status)}, Answer.of)
+    return Call("member_refresh", {"id": row, "replacing": replacing, **_status(status)}, Answer.of)
 
 
 def leave_call(row: int) -> Call[int]:
-    return Call("fleet_leave", {"id": row}, len)
+    return Call("member_leave", {"id": row}, len)
 
 
 def prune_call(keep: float = PRUNE_AFTER, most: int = PRUNE_MOST) -> Call[int]:
     """Delete the rows lost for longer than `keep` seconds, and lost ones past the newest `most`."""
-    return Call("fleet_prune", {"keep": keep, "most": most}, lambda rows: int(rows[0][0]))
+    return Call("member_prune", {"keep": keep, "most": most}, lambda rows: int(rows[0][0]))
 
 
 Obey = Callable[[str, str | None], None]
@@ -376,7 +377,7 @@ def order_call(action: Action, target: Target, actor: str, schema: str) -> Call[
     def decode(rows: Rows) -> OrderResult:
         return OrderResult(action, [Matched(**{f: r[f] for f in fields}) for r in rows.dicts()])
 
-    return Call("fleet_order", params, decode)
+    return Call("member_order", params, decode)
 
 
 def give_order(

@@ -1,4 +1,5 @@
 -- Cron schedules (core/scheduler.py).
+-- noun: schedule
 --
 -- Named blocks (`-- name: NAME`), loaded with every other file of this folder by
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;
@@ -43,7 +44,7 @@ FOR UPDATE SKIP LOCKED;
 -- name: schedule_enqueue
 -- One slot's job, in the schedule's queue; its slot key makes a second enqueue of the same
 -- slot do nothing (return nothing), also once the slot's job left the queue table, for the
--- key's window: as enqueue_keyed (jobs.sql), the key is claimed in job_key first.
+-- key's window: as job_enqueue_keyed (jobs.sql), the key is claimed in job_key first.
 WITH live AS (
     SELECT id FROM {schema}.job WHERE idempotency_key = %(key)s
 ), keyed AS (

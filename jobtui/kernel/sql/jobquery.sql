@@ -1,11 +1,11 @@
--- The job query API and the jobs search, window by window, and the payload index
--- (reads/jobquery.py, cli/search.py).
+-- The job query API and the jobs search, window by window (reads/jobquery.py).
+-- noun: jobquery
 --
 -- Named blocks (`-- name: NAME`), loaded with every other file of this folder by
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;
 -- values are always bound parameters; time is always the database's now().
 
--- name: jobs_page
+-- name: jobquery_page
 -- The job query API's page: jobs matching every filter given (a NULL filter is off), newest
 -- first, ids below %(before)s (keyset: the last id of the page before). Walks the primary key
 -- backwards, or one of the partial status indexes when the planner finds that cheaper.
@@ -22,7 +22,7 @@ WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
 ORDER BY id DESC
 LIMIT %(limit)s;
 
--- name: jobs_scan
+-- name: jobquery_scan
 -- A page of the jobs search (jobquery.search): the jobs of the filter (jobfilter.py) among
 -- the ids from %(floor)s up to below %(below)s, newest first. The search walks the table
 -- down in such windows of the primary key, each one short, so that it shows its progress,
@@ -33,40 +33,22 @@ LIMIT %(limit)s;
 SELECT id, type, queue, status, attempts, max_attempts, idempotency_key AS key, run_at, created_at,
        started_at, finished_at, locked_by AS worker,
        coalesce(split_part(last_error, E'\n', 1), '') AS last_error
-FROM {schema}.job
-WHERE id < %(below)s AND id >= %(floor)s
-  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
-  AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-  AND (%(matcher)s::text IS NULL OR split_part(last_error, E'\n', 1) ~* %(matcher)s::text
-       OR error_fingerprint ~* %(matcher)s::text)
-  AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
-  AND (%(older_than)s::float8 IS NULL OR created_at < now() - make_interval(secs => %(older_than)s::float8))
-  AND (%(newer_than)s::float8 IS NULL OR created_at >= now() - make_interval(secs => %(newer_than)s::float8))
-  AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
-  AND (%(error)s::text IS NULL OR last_error ~ %(error)s::text)
+FROM {schema}.job AS j
+WHERE j.id < %(below)s AND j.id >= %(floor)s
+  AND {jobfilter_predicate}
 ORDER BY id DESC
 LIMIT %(limit)s;
 
--- name: jobs_scan_count
+-- name: jobquery_scan_count
 -- How many jobs of the filter there are among the ids of a window, by status and type (the
--- search's count, window by window, as jobs_scan).
+-- search's count, window by window, as jobquery_scan).
 SELECT status, type, count(*) AS jobs
-FROM {schema}.job
-WHERE id < %(below)s AND id >= %(floor)s
-  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
-  AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-  AND (%(matcher)s::text IS NULL OR split_part(last_error, E'\n', 1) ~* %(matcher)s::text
-       OR error_fingerprint ~* %(matcher)s::text)
-  AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
-  AND (%(older_than)s::float8 IS NULL OR created_at < now() - make_interval(secs => %(older_than)s::float8))
-  AND (%(newer_than)s::float8 IS NULL OR created_at >= now() - make_interval(secs => %(newer_than)s::float8))
-  AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
-  AND (%(error)s::text IS NULL OR last_error ~ %(error)s::text)
+FROM {schema}.job AS j
+WHERE j.id < %(below)s AND j.id >= %(floor)s
+  AND {jobfilter_predicate}
 GROUP BY status, type;
 
--- name: jobs_bounds
+-- name: jobquery_bounds
 -- The lowest and highest job id (two ends of the primary key), and whether the payload's GIN
 -- index exists and is valid (an interrupted CREATE INDEX CONCURRENTLY leaves it invalid).
 SELECT (SELECT min(id) FROM {schema}.job) AS lowest, (SELECT max(id) FROM {schema}.job) AS highest,
@@ -74,31 +56,12 @@ SELECT (SELECT min(id) FROM {schema}.job) AS lowest, (SELECT max(id) FROM {schem
                WHERE i.indexrelid = to_regclass(format('%%I.job_payload_idx', %(schema_name)s::text))
                  AND i.indisvalid) AS payload_index;
 
--- name: search_timeout
+-- name: jobquery_timeout
 -- For one statement of a search or a bulk action, in its own transaction: the server cancels
 -- it after this long (a transaction's setting: nothing outlives it behind a pooler).
 SELECT set_config('statement_timeout', %(timeout)s, true), set_config('jit', 'off', true);
 
--- name: payload_index_state
--- The payload's GIN index: absent (no row), valid, or left invalid by an interrupted build.
-SELECT i.indisvalid AS valid, pg_relation_size(i.indexrelid) AS bytes
-FROM pg_index i
-WHERE i.indexrelid = to_regclass(format('%%I.job_payload_idx', %(schema_name)s::text));
-
--- name: payload_index_create
--- `jobtui index payload`: outside a transaction, without blocking enqueues or claims.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS job_payload_idx ON {schema}.job USING gin (payload jsonb_path_ops);
-
--- name: payload_index_drop
-DROP INDEX CONCURRENTLY IF EXISTS {schema}.job_payload_idx;
-
--- name: payload_index_progress
--- How far a CREATE INDEX CONCURRENTLY of the job table is (from another session).
-SELECT phase, blocks_done, blocks_total, tuples_done, tuples_total
-FROM pg_stat_progress_create_index
-WHERE relid = to_regclass(format('%%I.job', %(schema_name)s::text));
-
--- name: jobs_count
+-- name: jobquery_count
 -- How many jobs there are, by status and type, among those matching the filters. One branch
 -- per status, each with its status written out, so that each reads its own partial index
 -- (ready, running, dead and failed: the live queue, whatever the history) even under a
