@@ -5,14 +5,19 @@
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;
 -- values are always bound parameters; time is always the database's now().
 
+-- fragment: action_requeue_set
+-- An operator's requeue of a job `j` of the job table: back to ready now with a fresh set of
+-- attempts, the requeue recorded in its errors (the oldest dropped past 50).
+status = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
+errors = (j.errors || jsonb_build_array(jsonb_build_object(
+             'at', now(), 'started', j.started_at, 'attempt', j.attempts, 'worker', %(actor)s::text,
+             'kind', 'requeued', 'error', format('requeued from %%s by %%s', j.status, %(actor)s::text))))
+         - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
+
 -- name: action_requeue_by_id
 -- Operator: dead or failed jobs back to ready now with a fresh set of attempts.
 UPDATE {schema}.job AS j
-SET status = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
-    errors = (j.errors || jsonb_build_array(jsonb_build_object(
-                 'at', now(), 'started', j.started_at, 'attempt', j.attempts, 'worker', %(actor)s::text,
-                 'kind', 'requeued', 'error', format('requeued from %%s by %%s', j.status, %(actor)s::text))))
-             - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
+SET {action_requeue_set}
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status IN ('dead', 'failed')
 RETURNING j.id;
 
@@ -21,11 +26,7 @@ RETURNING j.id;
 -- operator confirmed) back to ready with a fresh set of attempts; a job that left the group
 -- since (requeued, cancelled, or dead again with another error) is left alone.
 UPDATE {schema}.job AS j
-SET status = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
-    errors = (j.errors || jsonb_build_array(jsonb_build_object(
-                 'at', now(), 'started', j.started_at, 'attempt', j.attempts, 'worker', %(actor)s::text,
-                 'kind', 'requeued', 'error', format('requeued from %%s by %%s', j.status, %(actor)s::text))))
-             - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
+SET {action_requeue_set}
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = %(status)s AND j.type = %(type)s
   AND j.error_fingerprint IS NOT DISTINCT FROM %(fingerprint)s
 RETURNING j.id;

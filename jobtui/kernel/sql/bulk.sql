@@ -34,6 +34,32 @@ SET state = %(state)s, updated_at = now(), finished_at = CASE WHEN %(state)s = '
 WHERE id = %(run)s
 RETURNING changed;
 
+-- fragment: bulk_run_locked
+-- The run of a batch statement (its `run`), locked while the batch goes on: none when it is no
+-- longer running (stopped by its operator), and the batch then changes nothing.
+SELECT id, cutoff FROM {schema}.bulk_run WHERE id = %(run)s AND state = 'running' FOR UPDATE
+
+-- fragment: bulk_progress
+-- A batch statement's `progress`, from its `run`, `candidates` (the window's jobs of the
+-- filter) and `moved` (those it changed): the count, where the next batch starts (the same
+-- place when retrying the busy ids) and the ids passed over as busy, to be tried at the end.
+UPDATE {schema}.bulk_run AS r
+SET changed = r.changed + (SELECT count(*) FROM moved),
+    next_id = CASE WHEN %(ids)s::bigint[] IS NOT NULL THEN r.next_id
+                   WHEN (SELECT count(*) FROM candidates) >= %(batch)s THEN (SELECT min(id) FROM candidates)
+                   ELSE %(floor)s END,
+    busy_ids = CASE WHEN %(ids)s::bigint[] IS NOT NULL THEN ARRAY[]::bigint[] ELSE r.busy_ids END
+               || ARRAY(SELECT id FROM candidates EXCEPT SELECT id FROM moved),
+    updated_at = now()
+WHERE r.id = (SELECT id FROM run)
+RETURNING r.next_id
+
+-- fragment: bulk_batch_columns
+-- What a batch statement returns (bulk.py reads it by these names).
+(SELECT count(*) FROM moved) AS changed, (SELECT count(*) FROM candidates) AS candidates,
+(SELECT next_id FROM progress) AS next_id, EXISTS (SELECT 1 FROM run) AS running,
+ARRAY(SELECT id FROM candidates EXCEPT SELECT id FROM moved ORDER BY 1) AS busy
+
 -- name: bulk_requeue_batch
 -- A batch of a bulk requeue (bulk.py): at most %(batch)s dead or failed jobs of the filter
 -- among the ids from %(floor)s up to below %(below)s (or among %(ids)s, the jobs passed over
@@ -42,9 +68,7 @@ RETURNING changed;
 -- SKIP LOCKED (a job another transaction holds is passed over and tried again at the end).
 -- Only jobs that finished before the run's cutoff: a job the run requeued that failed again
 -- since is not requeued twice, by this run or by its resumption. Wakes the workers.
-WITH run AS (
-    SELECT id, cutoff FROM {schema}.bulk_run WHERE id = %(run)s AND state = 'running' FOR UPDATE
-), candidates AS (
+WITH run AS ({bulk_run_locked}), candidates AS (
     SELECT j.id FROM {schema}.job AS j
     WHERE j.id < %(below)s AND j.id >= %(floor)s AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
       AND j.status IN ('dead', 'failed') AND j.finished_at < (SELECT cutoff FROM run)
@@ -65,29 +89,14 @@ WITH run AS (
                  - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
     WHERE j.id IN (SELECT id FROM picked) AND j.status IN ('dead', 'failed')
     RETURNING j.id
-), progress AS (
-    UPDATE {schema}.bulk_run AS r
-    SET changed = r.changed + (SELECT count(*) FROM moved),
-        next_id = CASE WHEN %(ids)s::bigint[] IS NOT NULL THEN r.next_id
-                       WHEN (SELECT count(*) FROM candidates) >= %(batch)s THEN (SELECT min(id) FROM candidates)
-                       ELSE %(floor)s END,
-        busy_ids = CASE WHEN %(ids)s::bigint[] IS NOT NULL THEN ARRAY[]::bigint[] ELSE r.busy_ids END
-                   || ARRAY(SELECT id FROM candidates EXCEPT SELECT id FROM moved),
-        updated_at = now()
-    WHERE r.id = (SELECT id FROM run)
-    RETURNING r.next_id
-)
-SELECT (SELECT count(*) FROM moved) AS changed, (SELECT count(*) FROM candidates) AS candidates,
-       (SELECT next_id FROM progress) AS next_id, EXISTS (SELECT 1 FROM run) AS running,
-       ARRAY(SELECT id FROM candidates EXCEPT SELECT id FROM moved ORDER BY 1) AS busy,
+), progress AS ({bulk_progress})
+SELECT {bulk_batch_columns},
        CASE WHEN EXISTS (SELECT 1 FROM moved) THEN pg_notify(%(channel)s::text, '') END AS woken;
 
 -- name: bulk_discard_batch
 -- A batch of a bulk discard: as bulk_requeue_batch, the dead or failed jobs deleted. Their
 -- recorded effects go with the archiver's pruning.
-WITH run AS (
-    SELECT id, cutoff FROM {schema}.bulk_run WHERE id = %(run)s AND state = 'running' FOR UPDATE
-), candidates AS (
+WITH run AS ({bulk_run_locked}), candidates AS (
     SELECT j.id FROM {schema}.job AS j
     WHERE j.id < %(below)s AND j.id >= %(floor)s AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
       AND j.status IN ('dead', 'failed') AND j.finished_at < (SELECT cutoff FROM run)
@@ -102,30 +111,15 @@ WITH run AS (
     DELETE FROM {schema}.job AS j
     WHERE j.id IN (SELECT id FROM picked) AND j.status IN ('dead', 'failed')
     RETURNING j.id
-), progress AS (
-    UPDATE {schema}.bulk_run AS r
-    SET changed = r.changed + (SELECT count(*) FROM moved),
-        next_id = CASE WHEN %(ids)s::bigint[] IS NOT NULL THEN r.next_id
-                       WHEN (SELECT count(*) FROM candidates) >= %(batch)s THEN (SELECT min(id) FROM candidates)
-                       ELSE %(floor)s END,
-        busy_ids = CASE WHEN %(ids)s::bigint[] IS NOT NULL THEN ARRAY[]::bigint[] ELSE r.busy_ids END
-                   || ARRAY(SELECT id FROM candidates EXCEPT SELECT id FROM moved),
-        updated_at = now()
-    WHERE r.id = (SELECT id FROM run)
-    RETURNING r.next_id
-)
-SELECT (SELECT count(*) FROM moved) AS changed, (SELECT count(*) FROM candidates) AS candidates,
-       (SELECT next_id FROM progress) AS next_id, EXISTS (SELECT 1 FROM run) AS running,
-       ARRAY(SELECT id FROM candidates EXCEPT SELECT id FROM moved ORDER BY 1) AS busy;
+), progress AS ({bulk_progress})
+SELECT {bulk_batch_columns};
 
 -- name: bulk_cancel_batch
 -- A batch of a bulk cancel: as bulk_requeue_batch, ready and running jobs enqueued before
 -- the run's cutoff become failed, as `action_cancel` makes them; a running job's worker hears of it
 -- on the schema's channel ('cancel <id>'), and its heartbeat's answer says so too. A job
 -- whose handler is inside job.once()'s transaction holds its row: it is passed over as busy.
-WITH run AS (
-    SELECT id, cutoff FROM {schema}.bulk_run WHERE id = %(run)s AND state = 'running' FOR UPDATE
-), candidates AS (
+WITH run AS ({bulk_run_locked}), candidates AS (
     SELECT j.id FROM {schema}.job AS j
     WHERE j.id < %(below)s AND j.id >= %(floor)s AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
       AND j.status IN ('ready', 'running') AND j.created_at < (SELECT cutoff FROM run)
@@ -146,18 +140,5 @@ WITH run AS (
                  - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
     WHERE j.id IN (SELECT id FROM picked) AND j.status IN ('ready', 'running')
     RETURNING j.id, CASE WHEN j.locked_by IS NOT NULL THEN pg_notify(%(channel)s::text, 'cancel ' || j.id) END AS told
-), progress AS (
-    UPDATE {schema}.bulk_run AS r
-    SET changed = r.changed + (SELECT count(*) FROM moved),
-        next_id = CASE WHEN %(ids)s::bigint[] IS NOT NULL THEN r.next_id
-                       WHEN (SELECT count(*) FROM candidates) >= %(batch)s THEN (SELECT min(id) FROM candidates)
-                       ELSE %(floor)s END,
-        busy_ids = CASE WHEN %(ids)s::bigint[] IS NOT NULL THEN ARRAY[]::bigint[] ELSE r.busy_ids END
-                   || ARRAY(SELECT id FROM candidates EXCEPT SELECT id FROM moved),
-        updated_at = now()
-    WHERE r.id = (SELECT id FROM run)
-    RETURNING r.next_id
-)
-SELECT (SELECT count(*) FROM moved) AS changed, (SELECT count(*) FROM candidates) AS candidates,
-       (SELECT next_id FROM progress) AS next_id, EXISTS (SELECT 1 FROM run) AS running,
-       ARRAY(SELECT id FROM candidates EXCEPT SELECT id FROM moved ORDER BY 1) AS busy;
+), progress AS ({bulk_progress})
+SELECT {bulk_batch_columns};
