@@ -11,19 +11,12 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
-from jobtui.clients.base import (
-    ClientBase,
-    check_schema,
-    job_filter,
-    migrate_schema,
-    renamed,
-)
+from jobtui.clients.base import ClientBase, JobsQuery, check_schema, job_filter, jobs_query, migrate_schema, renamed
 from jobtui.clients.reach import WAIT_SLICE, reporting_async_connection
 from jobtui.core.adapters import async_connection
 from jobtui.core.jobs import EnqueueOptions, aenqueue, aenqueue_many
@@ -146,24 +139,13 @@ class AsyncClient(ClientBase):
         """Apply the migrations the schema lacks (what `jobtui migrate` does); their names."""
         return await asyncio.to_thread(migrate_schema, self.dsn, self.schema, self.pooler)
 
-    async def jobs(
-        self,
-        *,
-        status: str | Sequence[str] | None = None,
-        type: str | Sequence[str] | None = None,
-        queue: str | None = None,
-        since: datetime | None = None,
-        error: str | None = None,
-        limit: int = 100,
-        before: int | None = None,
-        payload: dict[str, Any] | None = None,
-    ) -> list[JobSummary]:
+    async def jobs(self, **options: Unpack[JobsQuery]) -> list[JobSummary]:
         """See `Client.jobs`."""
-        filt = job_filter(status, type, queue, since, payload)
-        if payload is not None:
-            found = await self.search(filt, error=error, limit=limit, before=before)
+        filt, page = jobs_query(options)
+        if filt.payload is not None:
+            found = await self.search(filt, **page)
             return found.jobs
-        call = jobs_call(filt, error=error, limit=limit, before=before)
+        call = jobs_call(filt, **page)
         result: list[JobSummary] = await self._with_conn(None, lambda c: aquery(c, call, self.schema))
         return result
 

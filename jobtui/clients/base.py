@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
 from psycopg_pool import PoolClosed, PoolTimeout
@@ -101,6 +101,42 @@ def job_filter(
         return () if value is None else (str(value),) if isinstance(value, str) else tuple(str(v) for v in value)
 
     return JobFilter(statuses=many(status), types=many(type), queue=queue, since=since, payload=payload)
+
+
+class JobsQuery(TypedDict, total=False):
+    """The keywords of `Client.jobs` and `AsyncClient.jobs`, each left out by default: the
+    filter (`status`, `type`, `queue`, `since`, `payload`) and the page (`error`, `limit`,
+    100 when left out, and `before`)."""
+
+    status: str | Sequence[str] | None
+    type: str | Sequence[str] | None
+    queue: str | None
+    since: datetime | None
+    error: str | None
+    limit: int
+    before: int | None
+    payload: dict[str, Any] | None
+
+
+JOBS_QUERY = frozenset(JobsQuery.__annotations__)
+
+
+class JobsPage(TypedDict):
+    """The page keywords of `jobs_call` and `search`."""
+
+    error: str | None
+    limit: int
+    before: int | None
+
+
+def jobs_query(q: JobsQuery) -> tuple[JobFilter, JobsPage]:
+    """The keywords of `jobs()` as the filter and the page it reads; a payload filter is
+    read by `search`, window by window, the others by `jobs_call`."""
+    unknown = q.keys() - JOBS_QUERY
+    if unknown:  # as a signature of its own would refuse it
+        raise TypeError(f"jobs() got an unexpected keyword argument {min(unknown)!r}")
+    filt = job_filter(q.get("status"), q.get("type"), q.get("queue"), q.get("since"), q.get("payload"))
+    return filt, {"error": q.get("error"), "limit": q.get("limit", 100), "before": q.get("before")}
 
 
 class ClientBase:

@@ -13,7 +13,6 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 import psycopg
@@ -22,8 +21,10 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 from jobtui.clients.base import (
     DEFAULT_CLIENT_TIMEOUT,
     ClientBase,
+    JobsQuery,
     check_schema,
     job_filter,
+    jobs_query,
     migrate_schema,
     renamed,
 )
@@ -194,26 +195,15 @@ class Client(ClientBase):
         """Apply the migrations the schema lacks (what `jobtui migrate` does); their names."""
         return migrate_schema(self.dsn, self.schema, self.pooler)
 
-    def jobs(
-        self,
-        *,
-        status: str | Sequence[str] | None = None,
-        type: str | Sequence[str] | None = None,
-        queue: str | None = None,
-        since: datetime | None = None,
-        error: str | None = None,
-        limit: int = 100,
-        before: int | None = None,
-        payload: dict[str, Any] | None = None,
-    ) -> list[JobSummary]:
-        """Jobs matching every filter given, newest first; the next page is
+    def jobs(self, **options: Unpack[JobsQuery]) -> list[JobSummary]:
+        """Jobs matching every filter given (base.JobsQuery), newest first; the next page is
         `jobs(..., before=page[-1].id)`. `queue` is a queue's name, `since` the oldest
         creation time, `error` a regular expression, `payload` a JSON object the payload
         contains (`{"account": "acme"}`; see `search` for the scan behind it)."""
-        filt = job_filter(status, type, queue, since, payload)
-        if payload is not None:
-            return self.search(filt, error=error, limit=limit, before=before).jobs
-        call = jobs_call(filt, error=error, limit=limit, before=before)
+        filt, page = jobs_query(options)
+        if filt.payload is not None:
+            return self.search(filt, **page).jobs
+        call = jobs_call(filt, **page)
         return self._with_conn(None, lambda c: query(c, call, self.schema))
 
     def search(

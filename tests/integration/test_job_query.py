@@ -79,6 +79,8 @@ def test_bad_query_input_is_one_clear_error(dsn: str) -> None:
             queue.jobs(error="(unclosed")
         with pytest.raises(InvalidInput, match="from 1 to 1000"):
             queue.jobs(limit=0)
+        with pytest.raises(TypeError, match="unexpected keyword argument 'statuses'"):
+            queue.jobs(statuses="ready")  # type: ignore[call-arg]
 
 
 async def test_the_async_client_answers_the_same(dsn: str) -> None:
