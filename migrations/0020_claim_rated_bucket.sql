@@ -1,11 +1,121 @@
--- A rated claim costs what its token bucket needs. claim_rated (migration 0013) reads a
--- look-ahead of the ready jobs, reads them again to find the buckets they need, then walks
+-- A rated claim costs what its token bucket needs. claim_rated (migration 0013) read a
+-- look-ahead of the ready jobs, read them again to find the buckets they need, then walked
 -- them again under lock, whatever the claim: a claim whose every job is under the same
--- buckets (the claim's queue is rated, or its one type is, or both; no pause or limit in
--- its reach) now locks those buckets, takes as many jobs as their tokens allow with the
--- plain walk of the ready index, and writes each bucket once. Every other claim takes the
--- general path, unchanged. The same signature, replaced in place: the claims of the release
--- before call it as they did.
+-- buckets (the claim's queue is rated, or its one type is, or both; no pause or limit in its
+-- reach) now locks those buckets, takes as many jobs as their tokens allow with the plain
+-- walk of the ready index, and writes each bucket once. Every other claim takes the general
+-- path, unchanged. The lever functions also keep one plan per statement (plan_cache_mode):
+-- left to choose, PostgreSQL planned most of their statements anew at every call (a generic
+-- plan's estimate, with a LIMIT or a NULL test unknown, never wins), which cost a rated claim
+-- more than all its statements' work. Every function keeps its signature and is replaced in
+-- place: the claims of the release before call them as they did.
+
+-- control_rate (migration 0013) as one expression, the same arithmetic: a SQL function whose
+-- body reads FROM a subquery is planned at each call, and a claim's bucket refill calls it
+-- twice per bucket; one without is inlined into the statement that calls it.
+CREATE OR REPLACE FUNCTION {schema}.control_rate(p_rate float8, p_from timestamptz, p_until timestamptz, p_at timestamptz)
+RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN p_until IS NULL OR p_at >= p_until THEN p_rate
+        ELSE power(least(1.0, coalesce(p_rate, 10000.0)),
+                   1 - greatest(0.0, least(1.0, extract(epoch FROM p_at - p_from)::float8
+                                                / greatest(extract(epoch FROM p_until - p_from)::float8, 0.001))))
+             * power(coalesce(p_rate, 10000.0),
+                     greatest(0.0, least(1.0, extract(epoch FROM p_at - p_from)::float8
+                                              / greatest(extract(epoch FROM p_until - p_from)::float8, 0.001))))
+    END
+$$;
+
+-- The jobs of a rated claim whose every job is under the same token buckets: no pause or
+-- limit in its reach, its queue rated (not every queue's), its one type rated, or both. Each
+-- job takes a token of every one of those buckets, so the claim locks them (in kind and name
+-- order, as claim_rated does), takes as many jobs as the emptiest allows with the plain walk
+-- of the ready index and writes each bucket once. NULL for any other claim: claim_rated's
+-- general path takes it. Its statements read small tables by key, so each keeps one plan
+-- (plan_cache_mode); the walk, whose plan depends on its LIMIT, is planned at each call with
+-- its values, as the claim statement's own walk is.
+CREATE FUNCTION {schema}.claim_bucketed(p_queue text, p_types text[], p_want integer)
+RETURNS bigint[] LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    c record;
+    j record;
+    held boolean;
+    rated_queues text[];
+    rated_types text[];
+    b_kind text[] := ARRAY[]::text[];
+    b_name text[] := ARRAY[]::text[];
+    b_tokens float8[] := ARRAY[]::float8[];
+    got bigint[] := ARRAY[]::bigint[];
+    have float8;
+    qi integer;
+BEGIN
+    -- One read of the levers in reach: when none pauses or limits, and every job the claim
+    -- can take is under the same buckets (its queue's, and its only type's), the bucket alone
+    -- decides how many it takes.
+    SELECT coalesce(bool_or(paused_at IS NOT NULL OR (kind = 'queue' AND max_running IS NOT NULL)), false),
+           coalesce(array_agg(name) FILTER (WHERE kind = 'queue' AND (rate_per_second IS NOT NULL OR ramp_until > now())), ARRAY[]::text[]),
+           coalesce(array_agg(name) FILTER (WHERE kind = 'type' AND (rate_per_second IS NOT NULL OR ramp_until > now())), ARRAY[]::text[])
+    INTO held, rated_queues, rated_types
+    FROM {schema}.queue_control
+    WHERE kind = 'queue' AND (p_queue IS NULL OR name = p_queue) OR kind = 'type' AND name = ANY(p_types);
+    IF held OR (cardinality(rated_queues) = 0 AND cardinality(rated_types) = 0)
+       OR (cardinality(rated_queues) > 0 AND p_queue IS NULL)
+       OR (cardinality(rated_types) > 0 AND NOT (cardinality(rated_types) = 1 AND p_types <@ rated_types)) THEN
+        RETURN NULL;
+    END IF;
+    -- A spent bucket (by a read without a lock): nothing to take, no turn to wait for.
+    FOR c IN SELECT qc.kind, qc.name, qc.rate_per_second, qc.ramp_from, qc.ramp_until,
+                    {schema}.bucket_tokens(b.tokens, b.refilled_at, qc.rate_per_second, qc.ramp_from,
+                                           qc.ramp_until) AS tokens
+             FROM {schema}.queue_control AS qc LEFT JOIN {schema}.rate_bucket AS b USING (kind, name)
+             WHERE qc.kind = 'queue' AND qc.name = ANY(rated_queues) OR qc.kind = 'type' AND qc.name = ANY(rated_types)
+             ORDER BY qc.kind, qc.name
+    LOOP
+        IF c.tokens < 1 THEN
+            RETURN got;
+        END IF;
+        b_kind := b_kind || c.kind;
+        b_name := b_name || c.name;
+    END LOOP;
+    -- The buckets under lock, in kind and name order, refilled.
+    FOR qi IN 1 .. cardinality(b_kind) LOOP
+        SELECT b.tokens, b.refilled_at, qc.rate_per_second, qc.ramp_from, qc.ramp_until INTO j
+        FROM {schema}.rate_bucket AS b JOIN {schema}.queue_control AS qc USING (kind, name)
+        WHERE b.kind = b_kind[qi] AND b.name = b_name[qi]
+        FOR UPDATE OF b;
+        IF NOT FOUND THEN
+            INSERT INTO {schema}.rate_bucket (kind, name, tokens, refilled_at) VALUES (b_kind[qi], b_name[qi], 0, now())
+            ON CONFLICT (kind, name) DO NOTHING;
+            SELECT b.tokens, b.refilled_at, qc.rate_per_second, qc.ramp_from, qc.ramp_until INTO j
+            FROM {schema}.rate_bucket AS b JOIN {schema}.queue_control AS qc USING (kind, name)
+            WHERE b.kind = b_kind[qi] AND b.name = b_name[qi]
+            FOR UPDATE OF b;
+        END IF;
+        b_tokens := b_tokens || {schema}.bucket_tokens(j.tokens, j.refilled_at, j.rate_per_second, j.ramp_from, j.ramp_until);
+    END LOOP;
+    have := least(p_want, floor((SELECT min(t) FROM unnest(b_tokens) AS t)));
+    IF cardinality(b_tokens) = 0 OR have < 1 THEN
+        RETURN got;
+    END IF;
+    -- Every job in reach takes a token of each bucket: the walk of the plain claim.
+    EXECUTE 'SELECT ARRAY(SELECT id FROM {schema}.job
+                          WHERE status = ''ready'' AND run_at <= now() AND type = ANY($2)
+                            AND ($1::text IS NULL OR queue = $1::text)
+                          ORDER BY run_at, id
+                          LIMIT $3
+                          FOR UPDATE SKIP LOCKED)'
+    INTO got USING p_queue, p_types, have::integer;
+    IF cardinality(got) > 0 THEN
+        FOR qi IN 1 .. cardinality(b_kind) LOOP
+            UPDATE {schema}.rate_bucket
+            SET tokens = greatest(0.0, b_tokens[qi] - cardinality(got)), refilled_at = greatest(refilled_at, now())
+            WHERE kind = b_kind[qi] AND name = b_name[qi];
+        END LOOP;
+    END IF;
+    RETURN got;
+END;
+$$;
+
 CREATE OR REPLACE FUNCTION {schema}.claim_rated(p_queue text, p_types text[], p_want integer)
 RETURNS bigint[] LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -35,73 +145,16 @@ DECLARE
     ti integer;
     li integer;
     passed boolean;
-    held boolean;
 BEGIN
     IF p_want <= 0 THEN
         RETURN got;
     END IF;
-    -- One read of the levers in reach: when none pauses or limits, and every job the claim
-    -- can take is under the same buckets (its queue's, and its only type's), the bucket alone
-    -- decides how many it takes.
-    SELECT coalesce(bool_or(paused_at IS NOT NULL OR (kind = 'queue' AND max_running IS NOT NULL)), false),
-           coalesce(array_agg(name) FILTER (WHERE kind = 'queue' AND (rate_per_second IS NOT NULL OR ramp_until > now())), ARRAY[]::text[]),
-           coalesce(array_agg(name) FILTER (WHERE kind = 'type' AND (rate_per_second IS NOT NULL OR ramp_until > now())), ARRAY[]::text[])
-    INTO held, rated_queues, rated_types
-    FROM {schema}.queue_control
-    WHERE kind = 'queue' AND (p_queue IS NULL OR name = p_queue) OR kind = 'type' AND name = ANY(p_types);
-    IF NOT held AND (cardinality(rated_queues) > 0 OR cardinality(rated_types) > 0)
-       AND (cardinality(rated_queues) = 0 OR p_queue IS NOT NULL)
-       AND (cardinality(rated_types) = 0 OR (cardinality(rated_types) = 1 AND p_types <@ rated_types)) THEN
-        -- A spent bucket (by a read without a lock): nothing to take, no turn to wait for.
-        FOR c IN SELECT qc.kind, qc.name, qc.rate_per_second, qc.ramp_from, qc.ramp_until,
-                        {schema}.bucket_tokens(b.tokens, b.refilled_at, qc.rate_per_second, qc.ramp_from,
-                                               qc.ramp_until) AS tokens
-                 FROM {schema}.queue_control AS qc LEFT JOIN {schema}.rate_bucket AS b USING (kind, name)
-                 WHERE qc.kind = 'queue' AND qc.name = ANY(rated_queues) OR qc.kind = 'type' AND qc.name = ANY(rated_types)
-                 ORDER BY qc.kind, qc.name
-        LOOP
-            IF c.tokens < 1 THEN
-                RETURN got;
-            END IF;
-            b_kind := b_kind || c.kind;
-            b_name := b_name || c.name;
-        END LOOP;
-        -- The buckets under lock, in kind and name order as below, refilled.
-        FOR qi IN 1 .. cardinality(b_kind) LOOP
-            SELECT b.tokens, b.refilled_at, qc.rate_per_second, qc.ramp_from, qc.ramp_until INTO j
-            FROM {schema}.rate_bucket AS b JOIN {schema}.queue_control AS qc USING (kind, name)
-            WHERE b.kind = b_kind[qi] AND b.name = b_name[qi]
-            FOR UPDATE OF b;
-            IF NOT FOUND THEN
-                INSERT INTO {schema}.rate_bucket (kind, name, tokens, refilled_at) VALUES (b_kind[qi], b_name[qi], 0, now())
-                ON CONFLICT (kind, name) DO NOTHING;
-                SELECT b.tokens, b.refilled_at, qc.rate_per_second, qc.ramp_from, qc.ramp_until INTO j
-                FROM {schema}.rate_bucket AS b JOIN {schema}.queue_control AS qc USING (kind, name)
-                WHERE b.kind = b_kind[qi] AND b.name = b_name[qi]
-                FOR UPDATE OF b;
-            END IF;
-            b_tokens := b_tokens || {schema}.bucket_tokens(j.tokens, j.refilled_at, j.rate_per_second, j.ramp_from, j.ramp_until);
-        END LOOP;
-        have := least(p_want, floor((SELECT min(t) FROM unnest(b_tokens) AS t)));
-        IF cardinality(b_tokens) = 0 OR have < 1 THEN
-            RETURN got;
-        END IF;
-        -- Every job in reach takes a token of each bucket: the walk of the plain claim.
-        got := ARRAY(SELECT id FROM {schema}.job
-                     WHERE status = 'ready' AND run_at <= now() AND type = ANY(p_types)
-                       AND (p_queue IS NULL OR queue = p_queue)
-                     ORDER BY run_at, id
-                     LIMIT have::integer
-                     FOR UPDATE SKIP LOCKED);
-        IF cardinality(got) > 0 THEN
-            FOR qi IN 1 .. cardinality(b_kind) LOOP
-                UPDATE {schema}.rate_bucket
-                SET tokens = greatest(0.0, b_tokens[qi] - cardinality(got)), refilled_at = greatest(refilled_at, now())
-                WHERE kind = b_kind[qi] AND name = b_name[qi];
-            END LOOP;
-        END IF;
+    -- A claim whose every job is under the same buckets takes them there.
+    got := {schema}.claim_bucketed(p_queue, p_types, p_want);
+    IF got IS NOT NULL THEN
         RETURN got;
     END IF;
+    got := ARRAY[]::bigint[];
     rated_queues := ARRAY(SELECT name FROM {schema}.queue_control
                           WHERE kind = 'queue' AND (rate_per_second IS NOT NULL OR ramp_until > now())
                             AND paused_at IS NULL AND (p_queue IS NULL OR name = p_queue));
@@ -241,6 +294,61 @@ BEGIN
             WHERE kind = b_kind[qi] AND name = b_name[qi];
         END IF;
     END LOOP;
+    RETURN got;
+END;
+$$;
+
+-- claim_levered (migration 0018) with one read of the levers in reach instead of two, and
+-- the walk's aside lists read only when the jobs taken so far leave room for it: a claim
+-- that its rated (or limited) jobs filled reads queue_control no further.
+CREATE OR REPLACE FUNCTION {schema}.claim_levered(p_queue text, p_types text[], p_want integer)
+RETURNS bigint[] LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    got bigint[] := ARRAY[]::bigint[];
+    aside_queues text[];
+    aside_types text[];
+    levered boolean;
+    rated boolean;
+BEGIN
+    SELECT coalesce(bool_or(paused_at IS NOT NULL OR rate_per_second IS NOT NULL OR ramp_until > now()
+                            OR (kind = 'queue' AND max_running IS NOT NULL)), false),
+           coalesce(bool_or(rate_per_second IS NOT NULL OR ramp_until > now()), false)
+    INTO levered, rated
+    FROM {schema}.queue_control
+    WHERE kind = 'queue' AND (p_queue IS NULL OR name = p_queue) OR kind = 'type' AND name = ANY(p_types);
+    IF NOT levered THEN
+        RETURN NULL;
+    END IF;
+    IF rated THEN
+        got := {schema}.claim_rated(p_queue, p_types, p_want);
+    END IF;
+    IF cardinality(got) < p_want AND EXISTS (
+            SELECT 1 FROM {schema}.queue_control
+            WHERE kind = 'queue' AND max_running IS NOT NULL AND paused_at IS NULL
+              AND (p_queue IS NULL OR name = p_queue)) THEN
+        got := got || {schema}.claim_limited(p_queue, p_types, p_want - cardinality(got), got);
+    END IF;
+    IF cardinality(got) >= p_want THEN
+        RETURN got;
+    END IF;
+    aside_queues := ARRAY(SELECT name FROM {schema}.queue_control
+                          WHERE kind = 'queue' AND (paused_at IS NOT NULL OR max_running IS NOT NULL
+                                OR rate_per_second IS NOT NULL OR ramp_until > now()));
+    aside_types := ARRAY(SELECT name FROM {schema}.queue_control
+                         WHERE kind = 'type' AND (paused_at IS NOT NULL
+                               OR rate_per_second IS NOT NULL OR ramp_until > now()));
+    IF (p_queue IS NULL OR p_queue <> ALL(aside_queues))
+       AND EXISTS (SELECT 1 FROM unnest(p_types) AS t(name) WHERE t.name <> ALL(aside_types)) THEN
+        got := got || ARRAY(
+            SELECT id FROM {schema}.job
+            WHERE status = 'ready' AND run_at <= now() AND type = ANY(p_types)
+              AND (p_queue IS NULL OR queue = p_queue)
+              AND (queue || '') <> ALL(aside_queues)
+              AND (type || '') <> ALL(aside_types)
+            ORDER BY run_at, id
+            LIMIT p_want - cardinality(got)
+            FOR UPDATE SKIP LOCKED);
+    END IF;
     RETURN got;
 END;
 $$;
