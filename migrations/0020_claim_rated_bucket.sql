@@ -31,9 +31,9 @@ $$;
 -- job takes a token of every one of those buckets, so the claim locks them (in kind and name
 -- order, as claim_rated does), takes as many jobs as the emptiest allows with the plain walk
 -- of the ready index and writes each bucket once. NULL for any other claim: claim_rated's
--- general path takes it. Its statements read small tables by key, so each keeps one plan
--- (plan_cache_mode); the walk, whose plan depends on its LIMIT, is planned at each call with
--- its values, as the claim statement's own walk is.
+-- general path takes it. Each of its statements keeps one plan (plan_cache_mode): they read
+-- small tables by key, and the walk's only ordered path is the ready index, which its plan
+-- takes whatever the LIMIT (left to choose, PostgreSQL would plan each anew at every call).
 CREATE FUNCTION {schema}.claim_bucketed(p_queue text, p_types text[], p_want integer)
 RETURNS bigint[] LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
@@ -49,6 +49,7 @@ DECLARE
     have float8;
     qi integer;
 BEGIN
+    have := p_want;
     -- One read of the levers in reach: when none pauses or limits, and every job the claim
     -- can take is under the same buckets (its queue's, and its only type's), the bucket alone
     -- decides how many it takes.
@@ -92,19 +93,18 @@ BEGIN
             FOR UPDATE OF b;
         END IF;
         b_tokens := b_tokens || {schema}.bucket_tokens(j.tokens, j.refilled_at, j.rate_per_second, j.ramp_from, j.ramp_until);
+        have := least(have, floor(b_tokens[qi]));
     END LOOP;
-    have := least(p_want, floor((SELECT min(t) FROM unnest(b_tokens) AS t)));
-    IF cardinality(b_tokens) = 0 OR have < 1 THEN
+    IF cardinality(b_kind) = 0 OR have < 1 THEN
         RETURN got;
     END IF;
     -- Every job in reach takes a token of each bucket: the walk of the plain claim.
-    EXECUTE 'SELECT ARRAY(SELECT id FROM {schema}.job
-                          WHERE status = ''ready'' AND run_at <= now() AND type = ANY($2)
-                            AND ($1::text IS NULL OR queue = $1::text)
-                          ORDER BY run_at, id
-                          LIMIT $3
-                          FOR UPDATE SKIP LOCKED)'
-    INTO got USING p_queue, p_types, have::integer;
+    got := ARRAY(SELECT id FROM {schema}.job
+                 WHERE status = 'ready' AND run_at <= now() AND type = ANY(p_types)
+                   AND (p_queue IS NULL OR queue = p_queue)
+                 ORDER BY run_at, id
+                 LIMIT have::integer
+                 FOR UPDATE SKIP LOCKED);
     IF cardinality(got) > 0 THEN
         FOR qi IN 1 .. cardinality(b_kind) LOOP
             UPDATE {schema}.rate_bucket
