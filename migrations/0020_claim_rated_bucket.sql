@@ -31,11 +31,14 @@ $$;
 -- job takes a token of every one of those buckets, so the claim locks them (in kind and name
 -- order, as claim_rated does), takes as many jobs as the emptiest allows with the plain walk
 -- of the ready index and writes each bucket once. NULL for any other claim: claim_rated's
--- general path takes it. Each of its statements keeps one plan (plan_cache_mode): they read
--- small tables by key, and the walk's only ordered path is the ready index, which its plan
--- takes whatever the LIMIT (left to choose, PostgreSQL would plan each anew at every call).
+-- general path takes it. Each of its statements keeps one plan (plan_cache_mode): left to
+-- choose, PostgreSQL would plan each anew at every call. They read small tables by key, and
+-- the walk takes the ready index in order whatever the LIMIT, with the planner settings of
+-- the worker's claim session (sql/claims.sql, claim_session) that keep it from a sort of
+-- every ready row, set here for the function's own statements.
 CREATE FUNCTION {schema}.claim_bucketed(p_queue text, p_types text[], p_want integer)
-RETURNS bigint[] LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
+RETURNS bigint[] LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off AS $$
 DECLARE
     c record;
     j record;
@@ -319,10 +322,15 @@ BEGIN
     IF NOT levered THEN
         RETURN NULL;
     END IF;
+    -- A claim its rated jobs filled returns at once: a condition that holds a subquery is a
+    -- statement of its own, planned at each call.
     IF rated THEN
         got := {schema}.claim_rated(p_queue, p_types, p_want);
+        IF cardinality(got) >= p_want THEN
+            RETURN got;
+        END IF;
     END IF;
-    IF cardinality(got) < p_want AND EXISTS (
+    IF EXISTS (
             SELECT 1 FROM {schema}.queue_control
             WHERE kind = 'queue' AND max_running IS NOT NULL AND paused_at IS NULL
               AND (p_queue IS NULL OR name = p_queue)) THEN
