@@ -447,3 +447,24 @@ def test_a_rated_job_is_not_held_back_by_another_rated_types_spent_backlog(conn:
     rated = fill(dsn, 5, "b")
     queues.set_rate(conn, "type", "b", 1000.0, actor="olga")
     assert sorted(claim_later(conn, 0.05, limit=10)) == rated
+
+
+def test_a_claim_under_the_same_buckets_throughout_takes_what_the_emptiest_allows(conn: Conn, dsn: str) -> None:
+    """Every job of a claim of the rated queue `api` for the rated type `a` takes a token of
+    both buckets: the claim takes as many as the emptier holds, charges both, and reads no
+    more jobs than it takes."""
+    conn.execute("INSERT INTO jobtui.job (type, queue, payload) SELECT 'a', 'api', '{}' FROM generate_series(1, 5000)")
+    conn.execute("VACUUM ANALYZE jobtui.job")
+    oldest = [int(r[0]) for r in conn.execute("SELECT id FROM jobtui.job ORDER BY id LIMIT 2")]  # one run_at
+    queues.set_rate(conn, "queue", "api", 3.0, actor="olga")
+    queues.set_rate(conn, "type", "a", 2.0, actor="olga")
+    conn.execute(
+        "INSERT INTO jobtui.rate_bucket (kind, name, tokens, refilled_at) VALUES"
+        " ('queue', 'api', 0, now()), ('type', 'a', 0, now())"
+        " ON CONFLICT (kind, name) DO UPDATE SET tokens = 0"
+    )
+    with conn.transaction():
+        assert sorted(claim_later(conn, 1.0, "api", types=("a",))) == oldest  # 3 and 2 tokens: 2 jobs
+        assert rows_read(conn) < 50
+    left = dict(conn.execute("SELECT kind, tokens FROM jobtui.rate_bucket").fetchall())
+    assert left == {"queue": pytest.approx(1.0), "type": pytest.approx(0.0)}
