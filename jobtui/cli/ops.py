@@ -38,8 +38,8 @@ from jobtui.kernel.safetext import line
 from jobtui.reads.deadletters import check_regex
 from jobtui.reads.flows import line_forecasts
 from jobtui.reads.joblists import dead_groups
-from jobtui.reads.metrics import Snapshot, TypeCounts, snapshot
-from jobtui.reads.overview import QueueLine, overview
+from jobtui.reads.metrics import Snapshot, TypeCounts
+from jobtui.reads.overview import QueueLine, read_with_snapshot
 from jobtui.reads.timers import watched
 from jobtui.tui.render import age
 
@@ -321,8 +321,8 @@ def cmd_stats(args: argparse.Namespace, dsn: str) -> int:
     history = DoneHistory()
     while True:
         with watched(connect(dsn, autocommit=True, pooler=args.pooler), args.schema) as conn:
-            snap = snapshot(conn, args.schema, history=history)
-            lines = overview(conn, args.schema).lines
+            view, snap = read_with_snapshot(conn, args.schema, history=history)
+            lines = view.lines
         forecasts = line_forecasts(lines, snap.flows)
         if args.json:
             print(json.dumps({**snap.to_json(), "queues": queue_json(lines, forecasts)}, default=str, indent=2))

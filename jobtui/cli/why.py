@@ -27,8 +27,8 @@ from jobtui.reads import causes
 from jobtui.reads.console import session_call
 from jobtui.reads.diagnosis import Diagnosis, Subject, diagnose, text_of, unanswered
 from jobtui.reads.fleet import read_fleet
-from jobtui.reads.metrics import QueueLocked, Snapshot, snapshot
-from jobtui.reads.overview import QueueLine, overview
+from jobtui.reads.metrics import QueueLocked, Snapshot
+from jobtui.reads.overview import QueueLine, read_with_snapshot
 from jobtui.reads.scene import Scene
 from jobtui.reads.timers import watched
 from jobtui.reads.why import read_facts
@@ -61,8 +61,8 @@ def read(dsn: str, schema: str, pooler: str | None, timeout: float) -> Read:
     with watched(connect(dsn, autocommit=True, pooler=pooler, connect_timeout=max(1, round(timeout))), schema) as conn:
         local = pooler_mode(pooler) == "transaction"
         run(conn, session_call(timeout, local=local), schema)
-        snap = snapshot(conn, schema)
-        lines = overview(conn, schema).lines
+        view, snap = read_with_snapshot(conn, schema)
+        lines = view.lines
         scene = Scene.of(snap, lines, read_fleet(conn, schema), read_facts(conn, schema))
     return Read(diagnose(scene), known_names(snap, lines, scene))
 

@@ -55,6 +55,17 @@ class ReadyEstimate:
     by_type: dict[str, tuple[int, int, float | None]]
 
 
+@dataclass(frozen=True, slots=True)
+class ReadyByType:
+    """The ready jobs of each type as a queue overview read them (ready, due, oldest due age),
+    for a snapshot taken beside it: the snapshot then does not read the ready index's head a
+    second time, and both say the same of every type."""
+
+    by_type: dict[str, tuple[int, int, float | None]]
+    counted: bool  # every ready job was read; else the figures are estimates
+    source: str  # where the estimates come from, in words ('' when counted)
+
+
 def minutes(rows: list[Row]) -> list[MinuteFigures]:
     """The minute rows, oldest first."""
     return [

@@ -32,7 +32,7 @@ from jobtui.kernel.errors import JobtuiError
 from jobtui.kernel.forecast import Flows, Forecast, Span, forecast, spans
 from jobtui.kernel.migrate import _lock_key as migration_lock_key
 from jobtui.kernel.server import now_call
-from jobtui.reads.backlog import READY_EXACT_CAP, MinuteFigures, ReadyEstimate, estimate, minutes
+from jobtui.reads.backlog import READY_EXACT_CAP, MinuteFigures, ReadyByType, ReadyEstimate, estimate, minutes
 from jobtui.reads.flows import recent_call
 
 # How long a snapshot waits for a lock on a queue table before giving up (seconds).
@@ -315,15 +315,18 @@ def snapshot(
     recent_expiries: int = 50,
     lock_timeout: float = LOCK_TIMEOUT,
     history: DoneHistory | None = None,
+    ready: ReadyByType | None = None,
 ) -> Snapshot:
     """Take a snapshot; read-only, safe with a role that can only SELECT.
 
     Raises QueueLocked, naming the waiting sessions, when a queue table stays locked for
     `lock_timeout` seconds, instead of waiting behind the lock for as long as it is held.
-    Pass the same `history` to every snapshot of a reader that repeats them.
+    Pass the same `history` to every snapshot of a reader that repeats them, and a queue
+    overview's `ready` when one was just read (overview.read_with_snapshot): the ready jobs by
+    type are then its figures, not a second read of the ready index's head.
     """
     try:
-        return _snapshot(conn, schema, recent_expiries, lock_timeout, history or DoneHistory())
+        return _snapshot(conn, schema, recent_expiries, lock_timeout, history or DoneHistory(), ready)
     except psycopg.errors.LockNotAvailable:
         by_kind, longest_by_kind = _lock_waits(
             run(conn, Call("metrics_lock_waits", _lock_wait_params(schema), Rows.dicts), schema)
@@ -343,73 +346,66 @@ def snapshot(
 
 
 def _snapshot(
-    conn: psycopg.Connection[Any], schema: str, recent_expiries: int, lock_timeout: float, history: DoneHistory
+    conn: psycopg.Connection[Any],
+    schema: str,
+    recent_expiries: int,
+    lock_timeout: float,
+    history: DoneHistory,
+    ready: ReadyByType | None,
 ) -> Snapshot:
     counts: dict[str, dict[str, Any]] = {}
 
     def slot(job_type: str) -> dict[str, Any]:
         return counts.setdefault(job_type, {"type": job_type})
 
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("metrics_lock_timeout", {"timeout": f"{max(1, round(lock_timeout * 1000))}ms"}),
+        (now_call().name, {}),
+        ("metrics_running", {}),
+        ("metrics_dead", {}),
+        ("metrics_done_minutes", {"since": history.read_from}),
+        ("metrics_dead_attempts", {}),
+        ("metrics_day", {}),
+        ("metrics_lease_expiries", {}),
+        ("metrics_lease_expiry_total", {}),
+        ("metrics_recent_expiries", {"limit": recent_expiries}),
+        ("metrics_schedules", {}),
+        ("metrics_tables", {"schema_name": schema}),
+        ("metrics_lock_waits", _lock_wait_params(schema)),
+        ("metrics_oldest_xact", {}),
+        ("metrics_recovery", {}),
+        ("metrics_ready_size", {"schema_name": schema}),
+        ("metrics_minutes", {}),
+        (recent_call().name, {}),
+        ("metrics_key_window", {}),
+    ]
+    if ready is None:
+        calls.append(("metrics_ready", {"cap": READY_EXACT_CAP}))
     with conn.transaction():
         # One transaction for the round of reads, so lock_timeout applies to all of them.
-        (
-            _,
-            now_rows,
-            ready_rows,
-            running_rows,
-            dead_rows,
-            done_rows,
-            dead_attempt_rows,
-            day_rows,
-            expiry_rows,
-            total_rows,
-            recent_rows,
-            schedule_rows,
-            table_rows,
-            wait_rows,
-            oldest,
-            recovery,
-            size_rows,
-            minute_rows,
-            flow_rows,
-            key_rows,
-        ) = pipelined(
-            conn,
-            schema,
-            [
-                ("metrics_lock_timeout", {"timeout": f"{max(1, round(lock_timeout * 1000))}ms"}),
-                (now_call().name, {}),
-                ("metrics_ready", {"cap": READY_EXACT_CAP}),
-                ("metrics_running", {}),
-                ("metrics_dead", {}),
-                ("metrics_done_minutes", {"since": history.read_from}),
-                ("metrics_dead_attempts", {}),
-                ("metrics_day", {}),
-                ("metrics_lease_expiries", {}),
-                ("metrics_lease_expiry_total", {}),
-                ("metrics_recent_expiries", {"limit": recent_expiries}),
-                ("metrics_schedules", {}),
-                ("metrics_tables", {"schema_name": schema}),
-                ("metrics_lock_waits", _lock_wait_params(schema)),
-                ("metrics_oldest_xact", {}),
-                ("metrics_recovery", {}),
-                ("metrics_ready_size", {"schema_name": schema}),
-                ("metrics_minutes", {}),
-                (recent_call().name, {}),
-                ("metrics_key_window", {}),
-            ],
-        )
+        got = dict(zip([name for name, _ in calls], pipelined(conn, schema, calls), strict=True))
+    now_rows = got[now_call().name]
+    running_rows = got["metrics_running"]
+    dead_rows = got["metrics_dead"]
+    done_rows = got["metrics_done_minutes"]
+    dead_attempt_rows = got["metrics_dead_attempts"]
+    day_rows = got["metrics_day"]
+    expiry_rows = got["metrics_lease_expiries"]
+    total_rows = got["metrics_lease_expiry_total"]
+    recent_rows = got["metrics_recent_expiries"]
+    schedule_rows = got["metrics_schedules"]
+    table_rows = got["metrics_tables"]
+    wait_rows = got["metrics_lock_waits"]
+    oldest = got["metrics_oldest_xact"]
+    recovery = got["metrics_recovery"]
+    minute_rows = got["metrics_minutes"]
+    flow_rows = got[recent_call().name]
+    key_rows = got["metrics_key_window"]
+    size = got["metrics_ready_size"][0]
     taken_at = now_rows[0]["now"]
-    ready_estimate = estimate(size_rows[0], ready_rows, minute_rows, taken_at, READY_EXACT_CAP)
-    if ready_estimate is not None:
-        for job_type, (ready, due, age) in ready_estimate.by_type.items():
-            slot(job_type).update(ready=ready, ready_due=due, oldest_ready_age=age)
-    else:
-        for r in ready_rows:
-            age = r["oldest_age"]
-            slot(r["type"]).update(
-                ready=r["ready"], ready_due=r["due"], oldest_ready_age=None if age is None else float(age)
-            )
+    ready_estimate, by_ready_type = _ready(ready, got.get("metrics_ready", []), size, minute_rows, taken_at)
+    for job_type, (ready_jobs, due, age) in by_ready_type.items():
+        slot(job_type).update(ready=ready_jobs, ready_due=due, oldest_ready_age=age)
     running = []
     for r in running_rows:
         running.append(_running(r))
@@ -495,6 +491,27 @@ def _snapshot(
         standby=bool(recovery[0]["standby"]),
         replay_lag=None if recovery[0]["replay_lag"] is None else float(recovery[0]["replay_lag"]),
     )
+
+
+def _ready(
+    given: ReadyByType | None, head_rows: list[Row], size: Row, minute_rows: list[Row], taken_at: datetime
+) -> tuple[ReadyEstimate | None, dict[str, tuple[int, int, float | None]]]:
+    """The ready jobs' estimate (None when counted) and their figures by type: a queue
+    overview's when `given`, else those of the snapshot's own read of the ready index's head."""
+    if given is not None:
+        if given.counted:
+            return None, given.by_type
+        oldest = None if size["oldest_age"] is None else float(size["oldest_age"])
+        ready = sum(r for r, _, _ in given.by_type.values())
+        due = sum(d for _, d, _ in given.by_type.values())
+        return ReadyEstimate(ready, due, oldest, given.source, given.by_type), given.by_type
+    est = estimate(size, head_rows, minute_rows, taken_at, READY_EXACT_CAP)
+    if est is not None:
+        return est, est.by_type
+    return None, {
+        str(r["type"]): (int(r["ready"]), int(r["due"]), None if r["oldest_age"] is None else float(r["oldest_age"]))
+        for r in head_rows
+    }
 
 
 def _running(r: Row) -> RunningGroup:

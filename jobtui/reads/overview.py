@@ -28,8 +28,9 @@ import psycopg
 
 from jobtui.kernel.db import Call, Rows, run
 from jobtui.kernel.domain import DEFAULT_SCHEMA
-from jobtui.reads.backlog import DONE_SAMPLE, MINUTE_ROW_FRESH, PLANNER, READY_EXACT_CAP
-from jobtui.reads.metrics import read_transaction
+from jobtui.kernel.donehistory import DoneHistory
+from jobtui.reads.backlog import DONE_SAMPLE, MINUTE_ROW_FRESH, PLANNER, READY_EXACT_CAP, ReadyByType
+from jobtui.reads.metrics import Snapshot, read_transaction, snapshot
 
 Row = dict[str, Any]
 LINE_FIELDS = ("kind", "name", "ready", "due", "running", "done_last_minute", "oldest_age", "max_running",
@@ -71,6 +72,14 @@ class Overview:
     lines: list[QueueLine]
     counted: bool = True  # every ready job was counted
     source: str = ""  # where the estimates come from, in words ('' when counted)
+
+    def ready_by_type(self) -> ReadyByType:
+        """The types' ready figures, for a snapshot taken beside this overview."""
+        return ReadyByType(
+            {q.name: (q.ready, q.due, q.oldest_age) for q in self.lines if q.kind == "type" and q.ready > 0},
+            self.counted,
+            self.source,
+        )
 
 
 def _read(rows: Rows) -> list[Row]:
@@ -130,6 +139,16 @@ def overview(
         return Overview(lines)
     minute_age = None if est["minute_age"] is None else float(est["minute_age"])
     return _estimated(lines, est, heads, minute_age)
+
+
+def read_with_snapshot(
+    conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, history: DoneHistory | None = None
+) -> tuple[Overview, Snapshot]:
+    """The queue overview and a snapshot, for a reader that shows both (the console, `stats`,
+    `why`, the Prometheus scrape): the ready index's head is read once, by the overview, and
+    the snapshot's ready jobs by type are its type lines, so the Ready and Queues panes agree."""
+    view = overview(conn, schema)
+    return view, snapshot(conn, schema, history=history, ready=view.ready_by_type())
 
 
 def _estimated(lines: list[QueueLine], est: Row, heads: dict[str, _Head], minute_age: float | None) -> Overview:

@@ -14,7 +14,7 @@ named in TIMED, so a statement cannot run on a timer without the guard measuring
 one, add its name to TIMED, with who runs it; that is all the guard needs.
 
     with watched(connect(dsn, autocommit=True), schema) as conn:
-        snap = metrics.snapshot(conn, schema)
+        view, snap = overview.read_with_snapshot(conn, schema)
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ TIMED: dict[str, str] = {
     # The snapshot: stats, the console's header and panes, the Prometheus scrape.
     "metrics_lock_timeout": "snapshot",
     "server_now": "snapshot",
-    "metrics_ready": "snapshot: ready jobs by type, counted up to backlog.READY_EXACT_CAP",
-    "metrics_ready_size": "snapshot: the capped count, the oldest age and the planner's estimate",
+    # (Its ready jobs by type are the queue overview's, read beside it: overview.read_with_snapshot.)
+    "metrics_ready_size": "snapshot: the oldest age and the planner's estimate",
     "metrics_minutes": "snapshot: the archiver's minute rows of the last hour",
     "metrics_running": "snapshot",
     "metrics_dead": "snapshot",
@@ -52,7 +52,7 @@ TIMED: dict[str, str] = {
     "metrics_oldest_xact": "snapshot",
     "metrics_recovery": "snapshot",
     # The queues and types: the Queues pane, `queue list`, `stats`, the scrape (overview.py).
-    "overview_queues": "queue overview: counted up to backlog.READY_EXACT_CAP",
+    "overview_queues": "queue overview, and the snapshot's ready jobs by type: counted up to backlog.READY_EXACT_CAP",
     "overview_estimate": "queue overview above the cap: the archiver's minute row, the planner",
     "flow_recent": "the drain forecast: the archiver's flow spans of the last minutes (snapshot, queue list)",
     # The console's lists.

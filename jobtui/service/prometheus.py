@@ -22,8 +22,8 @@ from jobtui.kernel.forecast import Forecast
 from jobtui.reads.fleet import Fleet, holders, read_fleet, unhandled_due
 from jobtui.reads.flows import line_forecasts
 from jobtui.reads.health import Health
-from jobtui.reads.metrics import Snapshot, snapshot
-from jobtui.reads.overview import QueueLine, overview
+from jobtui.reads.metrics import Snapshot
+from jobtui.reads.overview import QueueLine, read_with_snapshot
 from jobtui.reads.timers import watched
 from jobtui.service.endpoints import EVERY_ADDRESS, Listener, start
 
@@ -46,8 +46,8 @@ class QueueCollector(Collector):
             if self._cached and time.monotonic() - self._cached[0] < CACHE_SECONDS:
                 return self._cached[1], self._cached[2], self._cached[3]
             with watched(connect(self.dsn, autocommit=True, pooler=self.pooler), self.schema) as conn:
-                snap = snapshot(conn, self.schema, history=self._history)
-                lines = overview(conn, self.schema).lines
+                view, snap = read_with_snapshot(conn, self.schema, history=self._history)
+                lines = view.lines
                 fleet = read_fleet(conn, self.schema)
             self._cached = (time.monotonic(), snap, lines, fleet)
             return snap, lines, fleet

@@ -20,14 +20,14 @@ from jobtui.kernel.db import connect, pooler_mode, run
 from jobtui.kernel.domain import JobRow
 from jobtui.kernel.donehistory import DoneHistory
 from jobtui.kernel.errors import DatabaseUnavailable, InvalidInput
-from jobtui.reads import joblists, metrics
+from jobtui.reads import joblists
 from jobtui.reads.console import session_call
 from jobtui.reads.deadletters import check_regex
 from jobtui.reads.diagnosis import Diagnosis, diagnose
 from jobtui.reads.fleet import Fleet, read_fleet
 from jobtui.reads.joblists import DeadJob, ReadyJobs, RunningCursor, RunningJob
 from jobtui.reads.metrics import DeadGroup, Snapshot
-from jobtui.reads.overview import Overview, QueueLine, overview
+from jobtui.reads.overview import QueueLine, read_with_snapshot
 from jobtui.reads.scene import Scene
 from jobtui.reads.timers import watched
 from jobtui.reads.why import read_facts
@@ -182,10 +182,9 @@ class DataSource:
         return fetched
 
     def _fetch(self, conn: psycopg.Connection[Any], needle: str) -> Fetched:
-        snap = metrics.snapshot(conn, self.schema, history=self._history)
+        view, snap = read_with_snapshot(conn, self.schema, history=self._history)
         after, worker = self.running_after, self.running_worker
         running = joblists.running_jobs(conn, self.schema, after=after, worker=worker)
-        view: Overview = overview(conn, self.schema)
         fleet = read_fleet(conn, self.schema)
         late = self.why_after is not None and (snap.oldest_ready_age or 0.0) >= self.why_after
         diagnosis = None

@@ -123,12 +123,13 @@ def type_cells(text: str, job_type: str) -> list[str]:
 def test_estimates_are_marked_in_stats_above_the_cap(
     dsn: str, conn: Conn, flood: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from jobtui.reads import metrics
+    from jobtui.reads import overview as overview_module
 
-    counted = stats_text(dsn)  # below the snapshot's cap: every figure counted, none marked
+    counted = stats_text(dsn)  # below the cap: every figure counted, none marked
     assert "ready 36 (34 due)" in counted and "~" not in counted, counted
     assert type_cells(counted, "a")[1:3] == ["32", "30"]
-    monkeypatch.setattr(metrics, "READY_EXACT_CAP", CAP)
+    # The overview's cap: stats reads the ready jobs by type once, for both of its tables.
+    monkeypatch.setattr(overview_module, "READY_EXACT_CAP", CAP)
     away_from_minute_boundary(conn)
     assert history.record_minute(conn)  # the archiver's count, once a minute
     text = stats_text(dsn)
@@ -226,3 +227,43 @@ def test_the_oldest_wait_agrees_between_the_panes_above_the_cap(fetched: Fetched
     header = snap.oldest_ready_age
     oldest_queue = max(q.oldest_age for q in fetched.queues if q.kind == "queue" and q.oldest_age is not None)
     assert header is not None and header == pytest.approx(oldest_queue, abs=1.0)
+
+
+class Recording(psycopg.Cursor[Any]):
+    """A cursor that notes the name of every statement of jobtui's it executes."""
+
+    sent: list[str] = []
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        from jobtui.reads.timers import statement_name
+
+        Recording.sent.append(statement_name(query, "jobtui") or "?")
+        return super().execute(query, params, **kwargs)
+
+
+def test_a_console_refresh_reads_the_head_of_the_ready_jobs_once(
+    dsn: str, dead_types_beside_a_flood: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The header, the Ready pane and the Queues pane all come from one read of the first ready
+    jobs in claim order (overview_queues), not one for the snapshot and another for the queues."""
+    from jobtui.kernel import db
+    from jobtui.tui import data
+
+    def recording(*args: Any, **kwargs: Any) -> Conn:
+        conn = db.connect(*args, **kwargs)
+        conn.cursor_factory = Recording
+        return conn
+
+    monkeypatch.setattr(data, "connect", recording)
+    source = data.DataSource(dsn, "jobtui")
+    try:
+        source.fetch()  # the first: the connection's session too
+        Recording.sent = []
+        fetched = source.fetch()
+    finally:
+        source.close()
+    assert Recording.sent.count("overview_queues") == 1, Recording.sent
+    assert "metrics_ready" not in Recording.sent, Recording.sent
+    # And what it read is shown: the flood's type, estimated above the lowered cap.
+    a = {t.type: t for t in fetched.snapshot.by_type}["a"]
+    assert a.ready >= 32 and a.oldest_ready_age is not None and a.oldest_ready_age >= 3600, a
