@@ -155,3 +155,27 @@ def estimate(
         for t, (r, d, age) in head.items()
     }
     return ReadyEstimate(ready, ready, oldest, f"{PLANNER}, split as the first ready jobs in claim order", split)
+
+
+def ready_figures(
+    given: ReadyByType | None,
+    head_rows: list[Row],
+    size: Row,
+    minute_rows: list[Row],
+    taken_at: datetime,
+    cap: int = READY_EXACT_CAP,
+) -> tuple[ReadyEstimate | None, dict[str, tuple[int, int, float | None]]]:
+    """The ready jobs' estimate (None when counted) and their figures by type: a queue
+    overview's when `given`, else those of the snapshot's own read of the ready index's head
+    (the first `cap` + 1 entries)."""
+    if given is not None:
+        if given.counted:
+            return None, given.by_type
+        oldest = None if size["oldest_age"] is None else float(size["oldest_age"])
+        ready = sum(r for r, _, _ in given.by_type.values())
+        due = sum(d for _, d, _ in given.by_type.values())
+        return ReadyEstimate(ready, due, oldest, given.source, given.by_type), given.by_type
+    est = estimate(size, head_rows, minute_rows, taken_at, cap)
+    if est is not None:
+        return est, est.by_type
+    return None, _head(head_rows)[0]

@@ -32,7 +32,7 @@ from jobtui.kernel.errors import JobtuiError
 from jobtui.kernel.forecast import Flows, Forecast, Span, forecast, spans
 from jobtui.kernel.migrate import _lock_key as migration_lock_key
 from jobtui.kernel.server import now_call
-from jobtui.reads.backlog import READY_EXACT_CAP, MinuteFigures, ReadyByType, ReadyEstimate, estimate, minutes
+from jobtui.reads.backlog import READY_EXACT_CAP, MinuteFigures, ReadyByType, ReadyEstimate, minutes, ready_figures
 from jobtui.reads.flows import recent_call
 
 # How long a snapshot waits for a lock on a queue table before giving up (seconds).
@@ -403,7 +403,9 @@ def _snapshot(
     key_rows = got["metrics_key_window"]
     size = got["metrics_ready_size"][0]
     taken_at = now_rows[0]["now"]
-    ready_estimate, by_ready_type = _ready(ready, got.get("metrics_ready", []), size, minute_rows, taken_at)
+    ready_estimate, by_ready_type = ready_figures(
+        ready, got.get("metrics_ready", []), size, minute_rows, taken_at, READY_EXACT_CAP
+    )
     for job_type, (ready_jobs, due, age) in by_ready_type.items():
         slot(job_type).update(ready=ready_jobs, ready_due=due, oldest_ready_age=age)
     running = []
@@ -491,27 +493,6 @@ def _snapshot(
         standby=bool(recovery[0]["standby"]),
         replay_lag=None if recovery[0]["replay_lag"] is None else float(recovery[0]["replay_lag"]),
     )
-
-
-def _ready(
-    given: ReadyByType | None, head_rows: list[Row], size: Row, minute_rows: list[Row], taken_at: datetime
-) -> tuple[ReadyEstimate | None, dict[str, tuple[int, int, float | None]]]:
-    """The ready jobs' estimate (None when counted) and their figures by type: a queue
-    overview's when `given`, else those of the snapshot's own read of the ready index's head."""
-    if given is not None:
-        if given.counted:
-            return None, given.by_type
-        oldest = None if size["oldest_age"] is None else float(size["oldest_age"])
-        ready = sum(r for r, _, _ in given.by_type.values())
-        due = sum(d for _, d, _ in given.by_type.values())
-        return ReadyEstimate(ready, due, oldest, given.source, given.by_type), given.by_type
-    est = estimate(size, head_rows, minute_rows, taken_at, READY_EXACT_CAP)
-    if est is not None:
-        return est, est.by_type
-    return None, {
-        str(r["type"]): (int(r["ready"]), int(r["due"]), None if r["oldest_age"] is None else float(r["oldest_age"]))
-        for r in head_rows
-    }
 
 
 def _running(r: Row) -> RunningGroup:
