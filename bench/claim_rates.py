@@ -46,7 +46,7 @@ from psycopg import sql
 from jobtui import Client, NewJob
 from jobtui.core import queues
 from jobtui.core.claims import claim_call, complete_call
-from jobtui.kernel.db import Call, run, statements
+from jobtui.kernel.db import Call, parse_blocks, run, statements, with_fragments
 from jobtui.kernel.domain import DEFAULT_MAX_ATTEMPTS, Lease
 from jobtui.kernel.migrate import migrate
 
@@ -73,7 +73,7 @@ RATIOS = (
 def baseline_claim(ref: str) -> str:
     """The claim's block of the statements at `ref` (sql/claims.sql, or the one queries.sql of
     releases before the layer folders; named `claim_take`, or `claim` before the names began
-    with their file's noun), with the schema filled in."""
+    with their file's noun), with the fragments it names written out and the schema filled in."""
     text = ""
     for path in ("jobtui/kernel/sql/claims.sql", "jobtui/sql/queries.sql"):
         shown = subprocess.run(["git", "show", f"{ref}:{path}"], cwd=ROOT, capture_output=True, text=True)
@@ -82,9 +82,9 @@ def baseline_claim(ref: str) -> str:
             break
     if not text:
         raise SystemExit(f"no claim statement at {ref!r}")
-    head = "-- name: claim_take\n" if "-- name: claim_take\n" in text else "-- name: claim\n"
-    body = text.split(head, 1)[1].split("\n-- name: ", 1)[0]
-    return body.replace("{schema}", '"jobtui"')
+    texts, fragments = parse_blocks({path: text})
+    body = texts["claim_take"] if "claim_take" in texts else texts["claim"]
+    return with_fragments(body, fragments).replace("{schema}", '"jobtui"')
 
 
 def with_dbname(dsn: str, name: str) -> str:

@@ -4,7 +4,8 @@ are read (by column name), connecting, and what a connection failure looks like.
 Every runtime statement is a named block (`-- name: NAME`) of one of the files of sql/, one
 file per owning module (claims.sql, core/claims.py); a name is unique across them all. A
 fragment (`-- fragment: NAME`), text that several statements share, is written into each
-statement that names it as `{NAME}` ({schema} and {channel} in it filled in as in statements).
+statement (or fragment) that names it as `{NAME}` ({schema} and {channel} in it filled in as
+in statements).
 
 Nothing here imports another jobtui module but `domain` and `errors`: everything that runs
 SQL builds on it.
@@ -215,6 +216,17 @@ def _query_texts() -> dict[str, str]:
     return _blocks()[0]
 
 
+_FRAGMENT_FIELD = re.compile(r"\{(\w+)\}")
+
+
+def with_fragments(text: str, fragments: dict[str, str]) -> str:
+    """`text` with each of `fragments` it names (`{NAME}`) written out, comments cut, and so
+    the fragments those name in turn; {schema}, {channel} and other fields are left as they are."""
+    return _FRAGMENT_FIELD.sub(
+        lambda m: with_fragments(without_comments(fragments[m[1]]), fragments) if m[1] in fragments else m[0], text
+    )
+
+
 def query_names() -> list[str]:
     """The names of every statement of sql/."""
     return list(_query_texts())
@@ -242,14 +254,9 @@ class Statements:
             # Its name first, for whoever reads pg_stat_activity or pg_stat_statements.
             text = f"-- jobtui: {name}\n{without_comments(_query_texts()[name])}"
             # {schema} is the schema, {channel} its LISTEN/NOTIFY channel (an identifier too),
-            # {NAME} a fragment's text, as if written out where it stands (planned as such); a
-            # fragment may write {schema} and {channel} too, but no other fragment.
+            # {NAME} a fragment's text, as if written out where it stands (planned as such).
             channel = sql.Identifier(self.channel)
-            fragments = {
-                k: sql.SQL(without_comments(v)).format(schema=self._identifier, channel=channel)  # type: ignore[arg-type,unused-ignore]
-                for k, v in _blocks()[1].items()
-            }
-            composed = sql.SQL(text).format(schema=self._identifier, channel=channel, **fragments)  # type: ignore[arg-type,unused-ignore]
+            composed = sql.SQL(with_fragments(text, _blocks()[1])).format(schema=self._identifier, channel=channel)  # type: ignore[arg-type,unused-ignore]
             # Rendered once (the identifier quoted now): executing a plain SQL object costs
             # one encode, where a Composed would be composed again on every execution.
             compiled = sql.SQL(composed.as_string(None))  # type: ignore[arg-type,unused-ignore]

@@ -6,7 +6,7 @@ import re
 
 from psycopg import _queries
 
-from jobtui.kernel.db import _blocks, query_names, statements, without_comments
+from jobtui.kernel.db import _blocks, query_names, statements, with_fragments, without_comments
 
 
 def test_comments_are_cut_and_quoted_text_is_kept() -> None:
@@ -44,12 +44,18 @@ def test_an_unclosed_quote_keeps_the_rest() -> None:
     assert without_comments("SELECT 'a -- b") == "SELECT 'a -- b"
 
 
+def named_fragments(text: str, fragments: dict[str, str]) -> list[str]:
+    """The fragments `text` names, and those they name in turn."""
+    named = [fragment for fragment in fragments if f"{{{fragment}}}" in text]
+    return named + [inner for fragment in named for inner in named_fragments(fragments[fragment], fragments)]
+
+
 def test_every_statement_keeps_its_placeholders() -> None:
     placeholder = re.compile(r"%\((\w+)\)s")
     texts, fragments = _blocks()
     for name, text in texts.items():
         sent = statements()[name].as_string(None)
-        written = text + "".join(body for fragment, body in fragments.items() if f"{{{fragment}}}" in text)
+        written = text + "".join(fragments[fragment] for fragment in named_fragments(text, fragments))
         assert set(placeholder.findall(sent)) == set(placeholder.findall(written)), name
         head, body = sent.split("\n", 1)
         assert head == f"-- jobtui: {name}", name
@@ -66,10 +72,18 @@ def test_every_statement_fits_psycopgs_parse_cache() -> None:
 def test_each_fragment_is_written_into_the_statements_that_name_it() -> None:
     texts, fragments = _blocks()
     for fragment, body in fragments.items():
-        naming = [name for name, text in texts.items() if f"{{{fragment}}}" in text]
+        naming = [name for name, text in texts.items() if fragment in named_fragments(text, fragments)]
         assert naming, f"no statement names the fragment {fragment}"
         for name in naming:
             sent = statements()[name].as_string(None)
-            # A fragment's {schema} and {channel} are filled in as the statement's are.
+            # A fragment's {schema} and {channel} are filled in as the statement's are, and
+            # the fragments it names are written out in it (checked here where they stand alone).
             written = without_comments(body).replace("{schema}", '"jobtui"').replace("{channel}", '"jobtui.job"')
-            assert written in sent and f"{{{fragment}}}" not in sent, name
+            for part in re.split(r"\{\w+\}", written):
+                assert part in sent, (name, part)
+            assert f"{{{fragment}}}" not in sent, name
+
+
+def test_a_fragment_may_name_another() -> None:
+    fragments = {"a_outer": "x IN (SELECT {a_inner}) -- why", "a_inner": "1 -- one\n"}
+    assert with_fragments("SELECT {a_outer} FROM {schema}.t", fragments) == "SELECT x IN (SELECT 1) FROM {schema}.t"

@@ -60,15 +60,12 @@ RETURNING r.next_id
 (SELECT next_id FROM progress) AS next_id, EXISTS (SELECT 1 FROM run) AS running,
 ARRAY(SELECT id FROM candidates EXCEPT SELECT id FROM moved ORDER BY 1) AS busy
 
--- name: bulk_requeue_batch
--- A batch of a bulk requeue (bulk.py): at most %(batch)s dead or failed jobs of the filter
--- among the ids from %(floor)s up to below %(below)s (or among %(ids)s, the jobs passed over
--- as busy), newest first, back to ready with a fresh set of attempts, and the run's progress,
--- in one statement: its own short transaction, holding at most a batch of row locks, taken
--- SKIP LOCKED (a job another transaction holds is passed over and tried again at the end).
--- Only jobs that finished before the run's cutoff: a job the run requeued that failed again
--- since is not requeued twice, by this run or by its resumption. Wakes the workers.
-WITH run AS ({bulk_run_locked}), candidates AS (
+-- fragment: bulk_finished_picked
+-- The `candidates` and `picked` of a batch statement over finished jobs (requeue, discard):
+-- the window's dead or failed jobs of the filter that finished before the run's cutoff, newest
+-- first, at most a batch of them (or those of %(ids)s, passed over as busy), and those of them
+-- locked now, SKIP LOCKED.
+candidates AS (
     SELECT j.id FROM {schema}.job AS j
     WHERE j.id < %(below)s AND j.id >= %(floor)s AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
       AND j.status IN ('dead', 'failed') AND j.finished_at < (SELECT cutoff FROM run)
@@ -79,7 +76,17 @@ WITH run AS ({bulk_run_locked}), candidates AS (
     SELECT j.id FROM {schema}.job AS j
     WHERE j.id IN (SELECT id FROM candidates) AND j.status IN ('dead', 'failed')
     FOR UPDATE SKIP LOCKED
-), moved AS (
+)
+
+-- name: bulk_requeue_batch
+-- A batch of a bulk requeue (bulk.py): at most %(batch)s dead or failed jobs of the filter
+-- among the ids from %(floor)s up to below %(below)s (or among %(ids)s, the jobs passed over
+-- as busy), newest first, back to ready with a fresh set of attempts, and the run's progress,
+-- in one statement: its own short transaction, holding at most a batch of row locks, taken
+-- SKIP LOCKED (a job another transaction holds is passed over and tried again at the end).
+-- Only jobs that finished before the run's cutoff: a job the run requeued that failed again
+-- since is not requeued twice, by this run or by its resumption. Wakes the workers.
+WITH run AS ({bulk_run_locked}), {bulk_finished_picked}, moved AS (
     UPDATE {schema}.job AS j
     SET status = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
         errors = (j.errors || jsonb_build_array(jsonb_build_object(
@@ -96,18 +103,7 @@ SELECT {bulk_batch_columns},
 -- name: bulk_discard_batch
 -- A batch of a bulk discard: as bulk_requeue_batch, the dead or failed jobs deleted. Their
 -- recorded effects go with the archiver's pruning.
-WITH run AS ({bulk_run_locked}), candidates AS (
-    SELECT j.id FROM {schema}.job AS j
-    WHERE j.id < %(below)s AND j.id >= %(floor)s AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
-      AND j.status IN ('dead', 'failed') AND j.finished_at < (SELECT cutoff FROM run)
-      AND {jobfilter_predicate}
-    ORDER BY j.id DESC
-    LIMIT %(batch)s
-), picked AS (
-    SELECT j.id FROM {schema}.job AS j
-    WHERE j.id IN (SELECT id FROM candidates) AND j.status IN ('dead', 'failed')
-    FOR UPDATE SKIP LOCKED
-), moved AS (
+WITH run AS ({bulk_run_locked}), {bulk_finished_picked}, moved AS (
     DELETE FROM {schema}.job AS j
     WHERE j.id IN (SELECT id FROM picked) AND j.status IN ('dead', 'failed')
     RETURNING j.id

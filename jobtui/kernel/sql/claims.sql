@@ -7,6 +7,22 @@
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;
 -- values are always bound parameters; time is always the database's now().
 
+-- fragment: claim_started
+-- What a claim sets on each job it takes (claim_take, claim_take_builtin): running, its next
+-- attempt, under a new lease token held by %(worker)s for %(lease)s seconds.
+SET status = 'running',
+    attempts = j.attempts + 1,
+    lease_token = j.lease_token + 1,
+    -- A job enqueued without a limit takes its handler's (or the default) at first claim.
+    max_attempts = coalesce(
+        j.max_attempts,
+        (%(max_attempts)s::int[])[array_position(%(types)s::text[], j.type)],
+        %(default_max_attempts)s),
+    locked_by = %(worker)s,
+    locked_until = now() + make_interval(secs => %(lease)s),
+    heartbeat_at = now(),
+    started_at = now()
+
 -- name: claim_take
 -- Up to `limit` ready jobs of the given types, oldest run_at first, from `queue` (NULL: from
 -- every queue). SKIP LOCKED lets any number of workers claim at once without waiting on each
@@ -29,18 +45,7 @@
 -- claim's transaction, so each holds from every worker's next claim; the claim statement of
 -- the release before, which does not call the function, claims alongside as before.
 UPDATE {schema}.job AS j
-SET status = 'running',
-    attempts = j.attempts + 1,
-    lease_token = j.lease_token + 1,
-    -- A job enqueued without a limit takes its handler's (or the default) at first claim.
-    max_attempts = coalesce(
-        j.max_attempts,
-        (%(max_attempts)s::int[])[array_position(%(types)s::text[], j.type)],
-        %(default_max_attempts)s),
-    locked_by = %(worker)s,
-    locked_until = now() + make_interval(secs => %(lease)s),
-    heartbeat_at = now(),
-    started_at = now()
+{claim_started}
 WHERE j.id = ANY(coalesce(
         (SELECT {schema}.claim_levered(%(queue)s::text, %(types)s::text[], %(limit)s::int)),
         ARRAY(
@@ -62,17 +67,7 @@ RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_tok
 -- once a poll on every worker: a read that grows with the backlog. A pause of the queue or of
 -- a type holds them back as it holds any job.
 UPDATE {schema}.job AS j
-SET status = 'running',
-    attempts = j.attempts + 1,
-    lease_token = j.lease_token + 1,
-    max_attempts = coalesce(
-        j.max_attempts,
-        (%(max_attempts)s::int[])[array_position(%(types)s::text[], j.type)],
-        %(default_max_attempts)s),
-    locked_by = %(worker)s,
-    locked_until = now() + make_interval(secs => %(lease)s),
-    heartbeat_at = now(),
-    started_at = now()
+{claim_started}
 WHERE j.id = ANY(ARRAY(
         SELECT id FROM {schema}.job
         WHERE status = 'ready' AND queue = 'jobtui.builtin' AND run_at <= now()

@@ -13,6 +13,20 @@ VALUES (%(type)s, %(payload)s, %(key)s,
         %(max_attempts)s, %(meta)s::jsonb, %(queue)s)
 RETURNING id;
 
+-- fragment: job_key_claim
+-- The `live` and `keyed` of an enqueue of one key (%(key)s), job_enqueue_keyed's and the
+-- scheduler's (schedule_enqueue): `live`, the job of the queue table holding the key; `keyed`,
+-- the id drawn for the new job, when this statement claimed the key in job_key (none when a
+-- job holds it, in the table or within the key's window).
+live AS (
+    SELECT id FROM {schema}.job WHERE idempotency_key = %(key)s
+), keyed AS (
+    INSERT INTO {schema}.job_key (key, job_id)
+    SELECT %(key)s, nextval('{schema}.job_id_seq') WHERE NOT EXISTS (SELECT FROM live)
+    ON CONFLICT (key) DO NOTHING
+    RETURNING job_id
+)
+
 -- name: job_enqueue_keyed
 -- One job with an idempotency key; returns its id, or the id of the job already in the queue
 -- table with that key. Returns nothing when the key belongs to a job that left the table
@@ -25,14 +39,7 @@ RETURNING id;
 -- A job the snapshot sees holding the key is returned without claiming it: a job of the
 -- previous release (no job_key row yet) being archived would otherwise have this statement
 -- wait for the archiver while the archiver's trigger waits for this key.
-WITH live AS (
-    SELECT id FROM {schema}.job WHERE idempotency_key = %(key)s
-), keyed AS (
-    INSERT INTO {schema}.job_key (key, job_id)
-    SELECT %(key)s, nextval('{schema}.job_id_seq') WHERE NOT EXISTS (SELECT FROM live)
-    ON CONFLICT (key) DO NOTHING
-    RETURNING job_id
-), inserted AS (
+WITH {job_key_claim}, inserted AS (
     INSERT INTO {schema}.job (id, type, payload, idempotency_key, run_at, max_attempts, meta, queue)
     SELECT keyed.job_id, %(type)s::text, %(payload)s::jsonb, %(key)s::text,
            coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s),

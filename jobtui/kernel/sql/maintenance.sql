@@ -5,16 +5,21 @@
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;
 -- values are always bound parameters; time is always the database's now().
 
+-- fragment: maintenance_done_batch
+-- The ids of a batch of done jobs past their retention, oldest first, locked; SKIP LOCKED lets
+-- several archivers share the work. Its status a constant, for the partial index of done
+-- jobs (job_finished_idx).
+SELECT id FROM {schema}.job
+WHERE status = 'done' AND finished_at < now() - make_interval(secs => %(retention)s)
+ORDER BY finished_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
 -- name: maintenance_archive_done
--- Moves done jobs past their retention to job_archive, a bounded batch at a time; SKIP
--- LOCKED lets several archivers share the work.
+-- Moves done jobs past their retention to job_archive, a bounded batch at a time.
 WITH moved AS (
     DELETE FROM {schema}.job
-    WHERE id IN (SELECT id FROM {schema}.job
-                 WHERE status = 'done' AND finished_at < now() - make_interval(secs => %(retention)s)
-                 ORDER BY finished_at
-                 LIMIT %(limit)s
-                 FOR UPDATE SKIP LOCKED)
+    WHERE id IN ({maintenance_done_batch})
     RETURNING *
 ), archived AS (
     INSERT INTO {schema}.job_archive
@@ -30,13 +35,10 @@ WITH moved AS (
 SELECT count(*) FROM archived;
 
 -- name: maintenance_delete_done
+-- Deletes done jobs past their retention, a batch at a time (when the archive is off).
 WITH gone AS (
     DELETE FROM {schema}.job
-    WHERE id IN (SELECT id FROM {schema}.job
-                 WHERE status = 'done' AND finished_at < now() - make_interval(secs => %(retention)s)
-                 ORDER BY finished_at
-                 LIMIT %(limit)s
-                 FOR UPDATE SKIP LOCKED)
+    WHERE id IN ({maintenance_done_batch})
     RETURNING 1
 )
 SELECT count(*) FROM gone;

@@ -44,15 +44,9 @@ FOR UPDATE SKIP LOCKED;
 -- name: schedule_enqueue
 -- One slot's job, in the schedule's queue; its slot key makes a second enqueue of the same
 -- slot do nothing (return nothing), also once the slot's job left the queue table, for the
--- key's window: as job_enqueue_keyed (jobs.sql), the key is claimed in job_key first.
-WITH live AS (
-    SELECT id FROM {schema}.job WHERE idempotency_key = %(key)s
-), keyed AS (
-    INSERT INTO {schema}.job_key (key, job_id)
-    SELECT %(key)s, nextval('{schema}.job_id_seq') WHERE NOT EXISTS (SELECT FROM live)
-    ON CONFLICT (key) DO NOTHING
-    RETURNING job_id
-)
+-- key's window: as job_enqueue_keyed (jobs.sql), the key is claimed in job_key first
+-- (job_key_claim).
+WITH {job_key_claim}
 INSERT INTO {schema}.job (id, type, payload, idempotency_key, run_at, max_attempts, queue)
 SELECT keyed.job_id, %(type)s::text, %(payload)s::jsonb, %(key)s::text, %(run_at)s::timestamptz,
        %(max_attempts)s::integer, %(queue)s::text
