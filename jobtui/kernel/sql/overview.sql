@@ -27,44 +27,29 @@ WITH head AS MATERIALIZED (
     -- The rows of the first entries of the ready index in claim order: one page per row at
     -- worst (the index does not hold the queue), so at most %(cap)s + 1 pages.
     SELECT queue, type, run_at FROM {schema}.job WHERE status = 'ready' ORDER BY run_at, id LIMIT %(cap)s + 1
-), type_head AS MATERIALIZED (
-    SELECT type AS name, count(*) AS ready, count(*) FILTER (WHERE run_at <= now()) AS due,
-           min(run_at) FILTER (WHERE run_at <= now()) AS oldest, max(run_at) AS newest
-    FROM head GROUP BY type
-), queue_head AS MATERIALIZED (
-    SELECT queue AS name, count(*) AS ready, count(*) FILTER (WHERE run_at <= now()) AS due,
-           min(run_at) FILTER (WHERE run_at <= now()) AS oldest, max(run_at) AS newest
-    FROM head GROUP BY queue
 ), recent AS MATERIALIZED (
     SELECT queue, type, finished_at FROM {schema}.job
     WHERE status = 'done' AND finished_at > now() - interval '1 minute'
     ORDER BY finished_at DESC
     LIMIT %(sample)s + 1
-), running AS MATERIALIZED (
-    SELECT queue, type, count(*) AS jobs FROM {schema}.job WHERE status = 'running' GROUP BY queue, type
 ), grouped AS (
-    SELECT 'queue' AS kind, name, sum(ready) AS ready, sum(due) AS due, min(oldest) AS oldest, max(newest) AS newest,
+    -- Each queue and each type: one grouping set apiece over the same rows.
+    SELECT CASE WHEN GROUPING(queue) = 0 THEN 'queue' ELSE 'type' END AS kind,
+           CASE WHEN GROUPING(queue) = 0 THEN queue ELSE type END AS name,
+           sum(ready) AS ready, sum(due) AS due, min(oldest) AS oldest,
            sum(running) AS running, sum(done) AS done, min(done_since) AS done_since
-    FROM (SELECT name, ready, due, oldest, newest, 0 AS running, 0 AS done, NULL::timestamptz AS done_since
-          FROM queue_head
+    FROM (SELECT queue, type, 1 AS ready, (run_at <= now())::int AS due,
+                 CASE WHEN run_at <= now() THEN run_at END AS oldest,
+                 0 AS running, 0 AS done, NULL::timestamptz AS done_since
+          FROM head
           UNION ALL
-          SELECT queue, 0, 0, NULL, NULL, jobs, 0, NULL FROM running
+          SELECT queue, type, 0, 0, NULL, count(*), 0, NULL
+          FROM {schema}.job WHERE status = 'running' GROUP BY queue, type
           UNION ALL
-          SELECT queue, 0, 0, NULL, NULL, 0, count(*), min(finished_at) FROM recent GROUP BY queue) AS q
-    GROUP BY name
-    UNION ALL
-    SELECT 'type', name, sum(ready), sum(due), min(oldest), max(newest), sum(running), sum(done), min(done_since)
-    FROM (SELECT name, ready, due, oldest, newest, 0 AS running, 0 AS done, NULL::timestamptz AS done_since
-          FROM type_head
-          UNION ALL
-          SELECT type, 0, 0, NULL, NULL, jobs, 0, NULL FROM running
-          UNION ALL
-          SELECT type, 0, 0, NULL, NULL, 0, count(*), min(finished_at) FROM recent GROUP BY type) AS t
-    GROUP BY name
+          SELECT queue, type, 0, 0, NULL, 0, count(*), min(finished_at) FROM recent GROUP BY queue, type) AS counted
+    GROUP BY GROUPING SETS ((queue), (type))
 ), heads AS (
-    SELECT 'queue' AS kind, coalesce(sum(ready), 0) AS head_rows, max(newest) AS newest FROM queue_head
-    UNION ALL
-    SELECT 'type', coalesce(sum(ready), 0), max(newest) FROM type_head
+    SELECT count(*) AS head_rows, max(run_at) AS newest FROM head
 )
 SELECT coalesce(g.kind, c.kind) AS kind, coalesce(g.name, c.name) AS name,
        coalesce(g.ready, 0)::bigint AS ready, coalesce(g.due, 0)::bigint AS due,
@@ -78,7 +63,7 @@ SELECT coalesce(g.kind, c.kind) AS kind, coalesce(g.name, c.name) AS name,
        extract(epoch FROM now() - g.done_since)::float8 AS done_span
 FROM grouped AS g
 FULL JOIN {schema}.queue_control AS c ON c.kind = g.kind AND c.name = g.name
-JOIN heads AS h ON h.kind = coalesce(g.kind, c.kind)
+CROSS JOIN heads AS h
 WHERE g.name IS NOT NULL OR c.paused_at IS NOT NULL OR c.max_running IS NOT NULL
    OR c.rate_per_second IS NOT NULL OR c.ramp_until > now()
 ORDER BY 1, 2;
