@@ -99,6 +99,23 @@ class WorkerProcess:
             self.log,
         )
 
+    def claims(self, pool: str = "every queue") -> int:
+        """How many claims of `pool`'s producer (a queue, or "every queue") its log tells were
+        answered: the DEBUG lines of a worker started with --verbose. A change committed before
+        this count was read is seen by claim count + 2 on: claim count + 1 may have been sent
+        before, but each next claim is sent after the previous one's line was written."""
+        told = re.findall(rf"producer {re.escape(pool)}: claim (\d+) answered", self.log())
+        return int(told[-1]) if told else 0
+
+    def wait_claims(self, count: int, timeout: float, pool: str = "every queue") -> None:
+        """Until `pool`'s producer has had `count` claims answered (see `claims`)."""
+        wait_until(
+            lambda: self.claims(pool) >= count,
+            timeout,
+            f"claim {count} of {pool} by worker {self.name}",
+            self.log,
+        )
+
     def signal(self, signum: int) -> None:
         os.kill(self.pid, signum)
 
