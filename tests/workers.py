@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,15 @@ def close_gate(conn: Any) -> int:
 
 def open_gate(conn: Any, key: int) -> None:
     conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
+def nothing_in_flight(conn: Any, name: str) -> Callable[[], bool]:
+    """Whether worker `name`'s row in the fleet, refreshed after this call, counts no job in
+    flight: each attempt it had has ended, and its outcome was written or refused (a job
+    leaves `in_flight` only then). For a worker that claims nothing meanwhile."""
+    since = conn.execute("SELECT clock_timestamp()").fetchone()[0]
+    query = "SELECT in_flight = 0 FROM jobtui.fleet WHERE name = %s AND seen_at > %s"
+    return lambda: conn.execute(query, (name, since)).fetchone() == (True,)
 
 
 def scheduler_started(log: str) -> bool:
