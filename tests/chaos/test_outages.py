@@ -308,7 +308,8 @@ def test_after_a_restart_heartbeats_go_first_and_claims_are_back_within_two_seco
             long = enqueue(conn, enqueue_call("outage.async", {"seconds": 8}))
         wait_until(lambda: runs(events, long), 10, "the long job to start", w.log)
         cluster.stop()
-        hold(1, "the server down a while, with the long job in flight")
+        # The worker has seen the server gone, with the long job in flight.
+        w.wait_log("database unreachable", 15)
         # The moment the server first accepts a connection, not the moment pg_ctl reports it.
         accepting = cluster.start_accepting()
         with psycopg.connect(app, autocommit=True) as conn:
