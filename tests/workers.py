@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,15 @@ def close_gate(conn: Any) -> int:
 
 def open_gate(conn: Any, key: int) -> None:
     conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
+def nothing_in_flight(conn: Any, name: str) -> Callable[[], bool]:
+    """Whether worker `name`'s row in the fleet, refreshed after this call, counts no job in
+    flight: each attempt it had has ended, and its outcome was written or refused (a job
+    leaves `in_flight` only then). For a worker that claims nothing meanwhile."""
+    since = conn.execute("SELECT clock_timestamp()").fetchone()[0]
+    query = "SELECT in_flight = 0 FROM jobtui.fleet WHERE name = %s AND seen_at > %s"
+    return lambda: conn.execute(query, (name, since)).fetchone() == (True,)
 
 
 def scheduler_started(log: str) -> bool:
@@ -96,6 +106,23 @@ class WorkerProcess:
             lambda: any(line in self.log() for line in lines),
             timeout,
             f"worker {self.name} to give up job {job_id}",
+            self.log,
+        )
+
+    def claims(self, pool: str = "every queue") -> int:
+        """How many claims of `pool`'s producer (a queue, or "every queue") its log tells were
+        answered: the DEBUG lines of a worker started with --verbose. A change committed before
+        this count was read is seen by claim count + 2 on: claim count + 1 may have been sent
+        before, but each next claim is sent after the previous one's line was written."""
+        told = re.findall(rf"producer {re.escape(pool)}: claim (\d+) answered", self.log())
+        return int(told[-1]) if told else 0
+
+    def wait_claims(self, count: int, timeout: float, pool: str = "every queue") -> None:
+        """Until `pool`'s producer has had `count` claims answered (see `claims`)."""
+        wait_until(
+            lambda: self.claims(pool) >= count,
+            timeout,
+            f"claim {count} of {pool} by worker {self.name}",
             self.log,
         )
 

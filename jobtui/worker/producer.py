@@ -70,8 +70,19 @@ class Producer:
     """The claim loop of one pool of slots."""
 
     def __init__(
-        self, claiming: Claiming, starting: Starting, *, stopping: asyncio.Event, denied: Denied, events: Events
+        self,
+        claiming: Claiming,
+        starting: Starting,
+        *,
+        name: str,
+        stopping: asyncio.Event,
+        denied: Denied,
+        events: Events,
     ) -> None:
+        self.name = name  # its pool's, for the log: a queue, or "every queue"
+        # Claims answered so far (found jobs or not), each told in a DEBUG line: a claim sent
+        # after that line sees every change committed before it was written.
+        self.claims = 0
         self._claiming = claiming
         self._starting = starting
         self._answer_lost = False  # a claim was sent and its connection broke before the answer
@@ -114,6 +125,8 @@ class Producer:
                     failed = True
                 else:
                     failed = False
+                    self.claims += 1
+                    log.debug("producer %s: claim %d answered with %d job(s)", self.name, self.claims, len(claimed))
                     if self._claiming.answered is not None:
                         self._claiming.answered()
                     # The lease runs from the database's now(), which is no earlier than the send.

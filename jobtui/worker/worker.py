@@ -304,6 +304,7 @@ class Worker(Flights):
                     answered=None if pool == BUILTIN_QUEUE and self._builtin_slot else self._claim_answered,
                 ),
                 Starting(partial(self.slots.room, pool), partial(self._start, pool), self.slots.kicks[pool]),
+                name="every queue" if pool is None else pool,
                 stopping=stopping,
                 denied=self._denied,
                 events=self.events,

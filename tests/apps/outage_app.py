@@ -72,7 +72,7 @@ def outage_sync(job: Job) -> None:
     event(job, "end")
 
 
-def _hold(marker: Path, gate: int) -> None:
+def _wait_at_gate(marker: Path, gate: int) -> None:
     """Create `marker`, then wait until the test opens `gate` (tests.workers.close_gate: an
     advisory lock the test holds, shared here once the test let it go)."""
     marker.touch()
@@ -91,7 +91,7 @@ def hold_effect(job: Job) -> None:
     with psycopg.connect(_dsn()) as conn:
         conn.execute("SELECT 1")  # the transaction has begun
         if first and job.payload["mode"] == "before":
-            _hold(marker, int(job.payload["gate"]))
+            _wait_at_gate(marker, int(job.payload["gate"]))
         try:
             fresh = job.once(conn, f"hold:{job.id}")
         except LeaseLost:
@@ -100,7 +100,7 @@ def hold_effect(job: Job) -> None:
         if fresh:
             _record(conn, job, f"hold:{job.id}")
             if first and job.payload["mode"] == "after":
-                _hold(marker, int(job.payload["gate"]))
+                _wait_at_gate(marker, int(job.payload["gate"]))
     event(job, "end")
 
 

@@ -601,7 +601,9 @@ class Run:
         self.result.drain_seconds = time.monotonic() - started
 
     def stop_workers(self) -> None:
-        hold(self.config.lease, "woken zombies to finish their handlers and try to write")
+        """Stop each worker cleanly: its handlers, woken zombies' included, finish within the
+        shutdown timeout (5 s, within terminate's 10) and it writes, or tries to, what they
+        did; once it has exited, nothing more of it can land."""
         for proc in self.slots:
             proc.terminate(10)
 

@@ -34,9 +34,11 @@ from jobtui.core.jobs import enqueue, enqueue_call
 from jobtui.kernel import migrate
 from tests.apps.chaos_app import APP_TABLES
 from tests.chaos.harness import Proc, Procs, child_env, worker_args
+from tests.chaos.outages import cut_off_for
 from tests.netns import Topology
 from tests.topology import PgBouncer
-from tests.waits import hold, wait_until
+from tests.waits import wait_until
+from tests.workers import nothing_in_flight
 
 LEASE = 3.0
 HELD = 4
@@ -167,16 +169,12 @@ def run_partition(seconds: float, executor: str, *, log_dir: Path, pooler: bool 
         held = [enqueue(db, enqueue_call("chaos.sync", {"before": [LEASE + 1, 0]})) for _ in range(HELD)]
         wait_until(lambda: all(_starts(db, j) == ["A"] for j in held), 30, "A to start its jobs", a.log)
 
-        net.cut(0)
-        cut = time.monotonic()
-        b = _worker(world, "B", executor, f"default={HELD}", remote=False)
-        wait_until(lambda: all(_starts(db, j)[1:] == ["B"] for j in held), 60, "B to re-claim A's jobs", b.log)
-        result.reclaimed_after = time.monotonic() - cut
-        wait_until(lambda: all(_row(db, j)["status"] == "done" for j in held), 60, "B to finish A's old jobs", b.log)
-        done_by_b = {j: _row(db, j) for j in held}
-        hold(cut + seconds - time.monotonic(), "the rest of the partition")
-
-        net.heal(0)
+        with cut_off_for(net, 0, seconds) as cut:
+            b = _worker(world, "B", executor, f"default={HELD}", remote=False)
+            wait_until(lambda: all(_starts(db, j)[1:] == ["B"] for j in held), 60, "B to re-claim A's jobs", b.log)
+            result.reclaimed_after = time.monotonic() - cut
+            wait_until(lambda: all(_row(db, j)["status"] == "done" for j in held), 60, "B to finish A's jobs", b.log)
+            done_by_b = {j: _row(db, j) for j in held}
         healed = _db_seconds(db)
         own = [enqueue(db, enqueue_call("chaos.sync", {}, queue=OWN)) for _ in range(JOBS)]
 
@@ -194,7 +192,8 @@ def run_partition(seconds: float, executor: str, *, log_dir: Path, pooler: bool 
         done_at = sorted(finished())
         result.back_after = done_at[0] - healed if done_at else float("inf")
         result.all_done_after = done_at[-1] - healed if len(done_at) == JOBS else float("inf")
-        hold(2 * LEASE, "what A still had in flight from before the partition to land, if it would")
+        # What A still had in flight from before the partition has ended and tried to write.
+        wait_until(nothing_in_flight(db, "A"), 30, "A's row in the fleet: nothing in flight", a.log)
         result.log = a.log()
         result.handed_back = result.log.count("handed back to ready unstarted")
         _check(db, held, own, done_by_b, result)

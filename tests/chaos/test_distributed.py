@@ -41,7 +41,7 @@ from tests.apps.chaos_app import effect_key
 from tests.chaos.harness import Proc, Procs, worker_args
 from tests.proxy import Proxy
 from tests.waits import hold, wait_until
-from tests.workers import scheduler_started
+from tests.workers import nothing_in_flight, scheduler_started
 
 Conn = psycopg.Connection[Any]
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
@@ -206,7 +206,8 @@ def test_partitioned_worker_comes_back_to_stale_leases(
         f"job {after} (chaos.async) attempt 1: its lease was not extended in time",
     ]
     wait_until(lambda: all(line in a.log() for line in gave_up), 40, "A to give up its stale jobs", a.log)
-    hold(1, "anything A still had in flight to arrive, which must change nothing")
+    # Anything A still had in flight has ended and tried to write, which must change nothing.
+    wait_until(nothing_in_flight(db, "A"), 20, "A's row in the fleet: nothing in flight", a.log)
     for job_id in (before, after):
         now = row(db, job_id)
         assert now == done[job_id], f"job {job_id} was overwritten after it was done"

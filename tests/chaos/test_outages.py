@@ -27,6 +27,7 @@ from jobtui import AsyncClient, Client, DatabaseUnavailable, NewJob
 from jobtui.core.jobs import enqueue, enqueue_call
 from jobtui.kernel import migrate
 from tests.chaos.app_workers import LEASE, Start, db_with, overlapping
+from tests.chaos.outages import outage_into_a_job
 from tests.cluster import LocalCluster
 from tests.proxy import Proxy
 from tests.waits import hold, wait_until
@@ -130,13 +131,8 @@ def _outage_trial(trial: Trial, db: Conn, dsn: str, proxy: Proxy, start: Start, 
     # Enqueued once every worker runs, so the first one may take it or not: either is fine.
     job_id = enqueue(db, enqueue_call(trial.job_type, {"seconds": 4 * LEASE}))
     wait_until(lambda: runs(events, job_id), 10, "the job to start", workers[0].log)
-    hold(trial.offset, "the point in the job at which the outage begins")
     down, up = (proxy.cut, proxy.restore) if trial.mode == "cut" else (proxy.freeze, proxy.thaw)
-    down()
-    try:
-        hold(trial.outage, "the outage")
-    finally:
-        up()
+    outage_into_a_job(trial.offset, trial.outage, down, up)
 
     def logs() -> str:
         return "\n".join(f"--- {w.name} ---\n{w.log()}" for w in workers)
@@ -312,7 +308,8 @@ def test_after_a_restart_heartbeats_go_first_and_claims_are_back_within_two_seco
             long = enqueue(conn, enqueue_call("outage.async", {"seconds": 8}))
         wait_until(lambda: runs(events, long), 10, "the long job to start", w.log)
         cluster.stop()
-        hold(1, "the server down a while, with the long job in flight")
+        # The worker has seen the server gone, with the long job in flight.
+        w.wait_log("database unreachable", 15)
         # The moment the server first accepts a connection, not the moment pg_ctl reports it.
         accepting = cluster.start_accepting()
         with psycopg.connect(app, autocommit=True) as conn:

@@ -28,9 +28,10 @@ from jobtui.core.registry import ScheduleSpec
 from jobtui.kernel import migrate
 from tests.apps.chaos_app import APP_TABLES
 from tests.chaos.harness import ROOT, Procs, child_env
+from tests.chaos.outages import cut_off_for
 from tests.chaos.partition import LEASE, run_partition
 from tests.netns import Topology
-from tests.waits import hold, wait_until
+from tests.waits import wait_until
 from tests.workers import scheduler_started
 
 Conn = psycopg.Connection[Any]
@@ -128,8 +129,8 @@ def test_a_scheduler_cut_off_counts_the_partitions_slots_by_policy_and_is_back_w
             with psycopg.connect(dsn, autocommit=True) as db:
                 wait_until(lambda: all(len(_slots(db, i)) >= 2 for i in ids.values()), 30, "slots fired", s.log)
                 cut_at = _db_now(db)
-                with net.cut_off(0):
-                    hold(seconds, "the partition")
+                with cut_off_for(net, 0, seconds):
+                    pass
                 healed = _db_now(db)
                 created = {p: _schedule_row(db, i)["created_at"] for p, i in ids.items()}
 
@@ -138,7 +139,18 @@ def test_a_scheduler_cut_off_counts_the_partitions_slots_by_policy_and_is_back_w
 
                 wait_until(fired_after_heal, 20, "the scheduler to fire after the heal", s.log)
                 back = min(c for i in ids.values() for c in _slots(db, i).values() if c > healed) - healed
-                hold(GRACE + 1, "slots after the heal to be handled within their grace")
+                # Slots past the heal's grace handled: the partition's misses end before them.
+                past = healed + timedelta(seconds=GRACE + 1)
+
+                def handled(i: int) -> bool:
+                    return datetime.fromisoformat(_schedule_row(db, i)["last_slot"]) >= past
+
+                wait_until(
+                    lambda: all(handled(i) for i in ids.values()),
+                    20,
+                    "the scheduler to handle the slots past the heal's grace",
+                    s.log,
+                )
                 rows = {p: _schedule_row(db, i) for p, i in ids.items()}
                 slots = {p: _slots(db, i) for p, i in ids.items()}
         finally:
@@ -226,10 +238,9 @@ def test_the_consoles_header_turns_red_when_cut_off_and_clears_within_2s_of_the_
                 wait_until(
                     lambda: "ready" in term.screen() and not _alarm(term.screen()), 20, "a calm header", term.screen
                 )
-                with net.cut_off(0) as cut:
+                with cut_off_for(net, 0, 10) as cut:
                     wait_until(lambda: _alarm(term.screen()), 10, "the red header", term.screen)
                     red_after = time.monotonic() - cut
-                    hold(cut + 10 - time.monotonic(), "the rest of the partition")
                 healed = time.monotonic()
                 wait_until(lambda: not _alarm(term.screen()), 10, "the header to clear", term.screen)
                 cleared_after = time.monotonic() - healed

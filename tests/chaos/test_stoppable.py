@@ -32,9 +32,10 @@ from jobtui import Client, JobFilter, NewJob
 from jobtui.core.bulk import Bulk
 from jobtui.core.jobs import enqueue, enqueue_call
 from tests.chaos.app_workers import LEASE, Start, db_with, overlapping
+from tests.chaos.outages import outage_into_a_job
 from tests.cluster import _free_port
 from tests.proxy import Proxy
-from tests.waits import hold, wait_until
+from tests.waits import wait_until
 from tests.workers import APP_TABLES
 
 APP = "tests.apps.stoppable_app:jobs"
@@ -441,12 +442,7 @@ def _trial(trial: Trial, db: Conn, dsn: str, proxy: Proxy, start: Start, events:
     # A later attempt (a stopped process's job, run again) is short: only the first can overlap.
     job_id = enqueue(db, enqueue_call("sleeper", {"seconds": trial.sleep, "then": 1.0}))
     wait_until(lambda: runs(events, job_id), 15, "the handler to start", w.log)
-    hold(trial.offset, "the point in the job at which the outage begins")
-    proxy.cut()
-    try:
-        hold(trial.outage, "the outage")
-    finally:
-        proxy.restore()
+    outage_into_a_job(trial.offset, trial.outage, proxy.cut, proxy.restore)
     wait_until(lambda: job_row(db, job_id)["status"] == "done", 60, "the job done after the outage", w.log)
     found = all_stopped(events, job_id, deaths)
     row = job_row(db, job_id)

@@ -16,7 +16,7 @@ from jobtui.core.bulk import Bulk
 from jobtui.kernel.domain import NewJob
 from jobtui.kernel.jobfilter import JobFilter
 from tests.roles import Roles, grant_roles
-from tests.waits import hold, wait_until
+from tests.waits import wait_until
 from tests.workers import WorkerProcess
 
 Conn = psycopg.Connection[Any]
@@ -55,11 +55,18 @@ def test_forged_cancel_notifications_change_nothing(
     worker: WorkerProcess = spawn("A", "--no-scheduler", "--concurrency", "4", lease="3s")
     with Client(app_dsn) as q:
         ids = q.enqueue_many([NewJob("nap", {"sleep": 4}), NewJob("nap_sync", {"sleep": 4, "key": "forged"})])
-    wait_until(lambda: all(events(db, i) == ["start"] for i in ids), 15, "both jobs running", worker.log)
+        [sentinel] = q.enqueue_many([NewJob("nap", {"sleep": 60})])
+    running = [*ids, sentinel]
+    wait_until(lambda: all(events(db, i) == ["start"] for i in running), 15, "the jobs running", worker.log)
     before = {i: job_row(db, i) for i in ids}
     for dsn in (roles.readonly_dsn, roles.worker_dsn):
         forge(dsn, ids)
-    hold(1.0, "a forged cancel, were it acted on, to reach the handlers (a few hundred ms)")
+    # A real cancel, sent after the forged ones: notifications reach the listener in commit
+    # order and it hands each on before it reads the next, so once this one has stopped its
+    # job the forged ones were handed on before it.
+    with Client(app_dsn) as q:
+        assert q.cancel([sentinel], actor="olga") == [sentinel]
+    wait_until(lambda: "cancelled" in events(db, sentinel), 5, "the real cancel acted on", worker.log)
     for job_id in ids:
         assert events(db, job_id) == ["start"], worker.log()
         assert job_row(db, job_id) == before[job_id]  # still running, same lease, no error recorded
@@ -76,7 +83,8 @@ def test_forged_cancel_notifications_change_nothing(
     rows = db.execute("SELECT attempts, errors FROM jobtui.job WHERE id = ANY(%s)", (ids,)).fetchall()
     assert rows == [(1, [])] * 2
     assert db.execute("SELECT count(*) FROM effect_log WHERE key = 'forged'").fetchone() == (1,)
-    assert "cancelled" not in worker.log()
+    told = [line for line in worker.log().splitlines() if "cancelled" in line]
+    assert told and all(f"job {sentinel} " in line for line in told), told  # the real cancel only
 
 
 def test_a_real_cancel_still_stops_its_job_at_once(db: Conn, app_dsn: str, roles: Roles, spawn: Any) -> None:

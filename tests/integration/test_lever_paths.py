@@ -18,7 +18,7 @@ from jobtui.kernel.db import run
 from jobtui.kernel.domain import NewJob
 from tests.conftest import rows_read
 from tests.integration.test_levers import count, enqueue, jobtui, sampled
-from tests.waits import hold, wait_until
+from tests.waits import wait_until
 from tests.workers import WorkerProcess
 
 Conn = psycopg.Connection[Any]
@@ -79,14 +79,18 @@ def test_a_rate_on_another_queue_leaves_unrated_claims_whole(conn: Conn, dsn: st
 
 
 def test_a_limit_set_while_a_worker_runs_holds_within_one_claim_cycle(db: Conn, app_dsn: str, spawn: Spawn) -> None:
-    spawn("A", "--no-scheduler", "--concurrency", "6")
+    worker = spawn("A", "--no-scheduler", "--concurrency", "6", "--verbose")
     ids = enqueue(app_dsn, "lim", 100, sleep=0.3)
     wait_until(lambda: count(db, "queue = 'lim' AND status = 'running'") >= 4, 15, "the worker ran the queue at 6")
     assert "2 running at once" in jobtui(app_dsn, "queue", "limit", "lim", "2").stdout
-    hold(1.0, "one claim cycle (the poll), in which the jobs claimed before the limit finish")
+    # The limit holds from the worker's next claim on (see WorkerProcess.claims); the jobs
+    # claimed before it finish.
+    worker.wait_claims(worker.claims() + 2, 10)
+    wait_until(lambda: count(db, "queue = 'lim' AND status = 'running'") <= 2, 10, "the jobs claimed before the limit")
     with sampled(app_dsn, "queue = 'lim' AND status = 'running'") as samples:
         done = count(db, "queue = 'lim' AND status = 'done'")
-        hold(1.5, "the span sampled, in which the limit must hold")
+        # Sampled over the next ten claims, each with room for more than the limit.
+        worker.wait_claims(worker.claims() + 10, 20)
     assert max(samples) <= 2, f"running jobs of the limited queue, sampled: max {max(samples)}"
     assert count(db, "queue = 'lim' AND status = 'done'") > done, "the limited queue stalled"
     assert jobtui(app_dsn, "queue", "limit", "lim", "none").returncode == 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import subprocess
 import threading
 import time
@@ -28,7 +29,7 @@ from jobtui.kernel.db import Call, int_list, run
 from jobtui.kernel.domain import NewJob
 from jobtui.reads.overview import overview
 from tests.cli import clean_env, run_cli
-from tests.waits import hold, wait_until
+from tests.waits import wait_until
 from tests.workers import WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -192,26 +193,33 @@ def test_queue_limit_says_and_audits_what_it_replaced(app_dsn: str, conn: Conn) 
 
 
 def test_a_paused_queue_stops_on_every_worker_while_others_flow(db: Conn, app_dsn: str, spawn: Spawn) -> None:
-    for name in ("A", "B"):
-        spawn(name, "--queues", "hot=2,calm=2")
+    workers = [spawn(name, "--queues", "hot=2,calm=2", "--verbose") for name in ("A", "B")]
     enqueue(app_dsn, "hot", 120, sleep=0.05)
     enqueue(app_dsn, "calm", 300, sleep=0.05)
     wait_until(lambda: count(db, "queue = 'hot' AND status = 'done'") >= 10, 15, "hot jobs done")
     assert "paused" in jobtui(app_dsn, "queue", "pause", "hot").stdout
     paused = time.monotonic()
-    # Within one claim cycle (the poll, 1s) no worker claims from it; running jobs finish. The
-    # holds are what is tested: that cycle's bound, then a while in which nothing starts.
-    hold(1.0, "one claim cycle, the bound on the pause taking hold")
+    # The pause takes hold at each worker's next claim of the queue (at most a poll, 1s, away):
+    # from then on no worker claims from it, and the jobs it runs finish.
+    marks = [w.claims("hot") for w in workers]
+    for worker, mark in zip(workers, marks, strict=True):
+        worker.wait_claims(mark + 2, 10, "hot")
+    wait_until(lambda: count(db, "queue = 'hot' AND status = 'running'") == 0, 10, "the hot jobs in flight done")
     started = count(db, "queue = 'hot' AND status <> 'ready'")
+    assert started < 120, "the hot queue drained: the pause did not take hold"
+    # Three more claims of the queue by each worker, while the other queue flows on: none
+    # may start a hot job.
+    marks = [w.claims("hot") for w in workers]
     calm_before = count(db, "queue = 'calm' AND status = 'done'")
-    hold(1.5, "a span in which no hot job may start")
+    wait_until(lambda: count(db, "queue = 'calm' AND status = 'done'") > calm_before + 10, 10, "the other queue")
+    for worker, mark in zip(workers, marks, strict=True):
+        worker.wait_claims(mark + 3, 10, "hot")
     assert count(db, "queue = 'hot' AND status <> 'ready'") == started
     assert count(db, "queue = 'hot' AND status = 'running'") == 0
-    assert count(db, "queue = 'calm' AND status = 'done'") > calm_before + 10, "the other queue stalled"
     assert time.monotonic() - paused < 10
     # The pause survives a restart (it is a row), and resuming drains the queue.
-    spawn("C", "--queues", "hot=4")
-    hold(1.2, "a claim cycle of the new worker, in which it must not start a hot job")
+    fresh = spawn("C", "--queues", "hot=4", "--verbose")
+    fresh.wait_claims(2, 10, "hot")  # each after the pause: claims that must not start a hot job
     assert count(db, "queue = 'hot' AND status <> 'ready'") == started
     assert "resumed" in jobtui(app_dsn, "queue", "resume", "hot").stdout
     wait_until(lambda: count(db, "queue = 'hot' AND status <> 'done'") == 0, 60, "the hot queue drained")
@@ -251,7 +259,9 @@ def test_a_cancelled_running_job_stops_within_2s_on_its_worker(db: Conn, app_dsn
     # No later outcome lands: the jobs stay failed with the reason, and the worker moves on.
     [again] = enqueue(app_dsn, "default", 1, "nap", sleep=0)
     wait_until(lambda: count(db, "id = %s AND status = 'done'", again), 10, "the next job done", worker.log)
-    hold(0.5, "a while for a late outcome to land, which must not")
+    # Its clean stop writes what it still would: after it, nothing of this worker may land.
+    worker.signal(signal.SIGTERM)
+    assert worker.wait_exit(30) == 0, worker.log()
     rows = db.execute(
         "SELECT status, last_error, errors -> -1 ->> 'kind' FROM jobtui.job WHERE id = ANY(%s)", (ids,)
     ).fetchall()

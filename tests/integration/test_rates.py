@@ -339,13 +339,13 @@ def passed(conn: Conn, at: datetime) -> None:
     wait_until(lambda: db_now(conn) > at, (at - db_now(conn)).total_seconds() + 30, f"the database's clock at {at}")
 
 
-def two_rated_workers(conn: Conn, app_dsn: str, spawn: Spawn, jobs: int) -> None:
+def two_rated_workers(conn: Conn, app_dsn: str, spawn: Spawn, jobs: int) -> list[WorkerProcess]:
     with Client(app_dsn) as q:
         q.enqueue_many([NewJob("quick", {}) for _ in range(jobs)])
     queues.set_rate(conn, "type", "quick", 20.0, actor="olga")
-    for name in ("A", "B"):
-        spawn(name, "--no-scheduler", "--concurrency", "20")
+    workers = [spawn(name, "--no-scheduler", "--concurrency", "20", "--verbose") for name in ("A", "B")]
     wait_until(lambda: started_between(conn, db_now(conn) - timedelta(seconds=5), db_now(conn)) >= 20, 20, "jobs run")
+    return workers
 
 
 def test_two_workers_hold_to_20_per_second_and_to_50_from_the_next_claim(db: Conn, app_dsn: str, spawn: Spawn) -> None:
@@ -364,12 +364,13 @@ def test_two_workers_hold_to_20_per_second_and_to_50_from_the_next_claim(db: Con
 
 @pytest.mark.slow
 def test_two_workers_hold_to_20_per_second_over_30s_windows(db: Conn, app_dsn: str, spawn: Spawn) -> None:
-    two_rated_workers(db, app_dsn, spawn, 3000)
+    workers = two_rated_workers(db, app_dsn, spawn, 3000)
     for _ in range(2):
         rate = rate_over(db, 30.0)
         assert 20 * 0.9 <= rate <= 20 * 1.1, rate
     queues.set_rate(db, "type", "quick", 50.0, actor="olga")
-    hold(1.5, "each worker's next claim (one a poll, a second), which takes the new rate")
+    for worker, mark in [(w, w.claims()) for w in workers]:
+        worker.wait_claims(mark + 2, 10)  # a claim that takes the new rate (WorkerProcess.claims)
     rate = rate_over(db, 30.0)
     assert 50 * 0.9 <= rate <= 50 * 1.1, rate
 

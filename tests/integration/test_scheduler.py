@@ -29,7 +29,7 @@ from jobtui.core.registry import Job, Jobs, ScheduleSpec
 from jobtui.core.scheduler import fire_due, pause, resume, slot_key, upsert
 from jobtui.kernel.cronslots import MAX_BACKFILL, spread_bound, stable_offset
 from jobtui.worker import Worker
-from tests.waits import hold, until, wait_until
+from tests.waits import until, wait_until
 from tests.workers import scheduler_started
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -356,6 +356,8 @@ def test_pause_and_resume_take_effect_in_a_running_scheduler(dsn: str, conn: Con
     proc = spawn(dsn)
     proc.wait_started()
     sid = add(conn, "beat", "* * * * * *")
+    # The same slots, never paused: what it fires says which slots the scheduler has handled.
+    witness = add(conn, "witness", "* * * * * *")
 
     def count() -> int:
         return len(slot_jobs(conn, sid))
@@ -364,8 +366,13 @@ def test_pause_and_resume_take_effect_in_a_running_scheduler(dsn: str, conn: Con
     paused = cli(dsn, "schedule", "pause", "beat")
     assert paused.returncode == 0 and "paused" in paused.stdout, paused.stderr
     at_pause = count()
-    last_slot = schedule_row(conn, "beat")["last_slot"]
-    hold(3, "three slots in which the paused schedule must not fire")
+    row = schedule_row(conn, "beat")
+    last_slot, paused_at = row["last_slot"], row["paused_at"]
+    wait_until(
+        lambda: len([s for s, *_ in slot_jobs(conn, witness) if s > paused_at]) >= 3,
+        15,
+        "three slots after the pause handled, in which the paused schedule must not fire",
+    )
     assert count() == at_pause, "a paused schedule fired"
     assert proc.proc.poll() is None
 
