@@ -123,14 +123,19 @@ async def run_handler(
             return await _in_child(handler, flight, backoff, children)
         return await _in_thread(handler, flight, backoff)
     job = flight.job
+    # With a timeout, the handler runs in the job's own task under a deadline that says whether
+    # it fired: a TimeoutError is the timeout's only when it did (comparing clocks is not
+    # enough: uvloop's timers fire on its cached millisecond time, up to a millisecond early).
+    deadline = None if handler.timeout is None else asyncio.timeout(flight.started + handler.timeout - time.monotonic())
     try:
-        if handler.timeout is None:
+        if deadline is None:
             await handler.fn(job)
         else:
-            await asyncio.wait_for(handler.fn(job), handler.timeout)
+            async with deadline:
+                await handler.fn(job)
         return Outcome.COMPLETE, "", 0.0
     except TimeoutError as exc:
-        if handler.timeout is not None and time.monotonic() >= flight.started + handler.timeout:
+        if deadline is not None and deadline.expired():
             return Outcome.TIMEOUT, _over(handler), backoff(handler, job)
         return _judged(exc, handler, job, backoff)  # the handler's own TimeoutError
     except asyncio.CancelledError:
