@@ -82,7 +82,7 @@ SIZES = {
 SNAPSHOT_QUERIES: list[tuple[str, dict[str, Any]]] = [
     ("metrics_lock_timeout", {"timeout": "2000ms"}),
     ("server_now", {}),
-    ("metrics_ready", {}),
+    ("metrics_ready", {"cap": 1000}),
     ("metrics_running", {}),
     ("metrics_dead", {}),
     ("metrics_done_minutes", {"since": None}),

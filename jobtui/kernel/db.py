@@ -123,6 +123,10 @@ def check_schema_name(schema: str) -> str:
     return schema
 
 
+# The fields filled in after the fragments: no fragment may take their names.
+FIELDS = ("schema", "channel")
+
+
 def parse_blocks(files: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """The statements and the fragments of each file's text, by name; RuntimeError naming both
     files when a name is defined twice."""
@@ -134,6 +138,8 @@ def parse_blocks(files: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]
         for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
             if name in defined_in:
                 raise RuntimeError(f"{file} defines statement {name!r}, which {defined_in[name]} defines already")
+            if kind == "fragment" and name in FIELDS:
+                raise RuntimeError(f"{file} names a fragment {name!r}, the name of a field filled in after fragments")
             blocks[kind == "fragment"][name] = body.strip()
             defined_in[name] = file
     return blocks
@@ -216,15 +222,25 @@ def _query_texts() -> dict[str, str]:
     return _blocks()[0]
 
 
-_FRAGMENT_FIELD = re.compile(r"\{(\w+)\}")
+# `{NAME}`, not inside doubled braces (`{{...}}`, a literal brace for psycopg's format()).
+_FRAGMENT_FIELD = re.compile(r"(?<!\{)\{(\w+)\}(?!\})")
 
 
-def with_fragments(text: str, fragments: dict[str, str]) -> str:
+def with_fragments(text: str, fragments: dict[str, str], within: tuple[str, ...] = ()) -> str:
     """`text` with each of `fragments` it names (`{NAME}`) written out, comments cut, and so
-    the fragments those name in turn; {schema}, {channel} and other fields are left as they are."""
-    return _FRAGMENT_FIELD.sub(
-        lambda m: with_fragments(without_comments(fragments[m[1]]), fragments) if m[1] in fragments else m[0], text
-    )
+    the fragments those name in turn; {schema}, {channel} and other fields are left as they are.
+    `within`: the fragments being written out around this text (a fragment naming itself,
+    directly or not, is a defect of sql/)."""
+
+    def written(m: re.Match[str]) -> str:
+        name = m[1]
+        if name not in fragments:
+            return m[0]
+        if name in within:
+            raise ValueError(f"sql/ fragment {name!r} names itself (through {' -> '.join(within)})")
+        return with_fragments(without_comments(fragments[name]), fragments, (*within, name))
+
+    return _FRAGMENT_FIELD.sub(written, text)
 
 
 def query_names() -> list[str]:

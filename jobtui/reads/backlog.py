@@ -51,7 +51,7 @@ class ReadyEstimate:
     ready_due: int
     oldest_ready_age: float | None  # exact: read from the ready index
     source: str  # where `ready` comes from, in words
-    # Per type (ready, due, oldest age), as counted at the newest minute row; empty without one.
+    # Per type (ready, due, oldest age), estimated as `source` says (ready_figures).
     by_type: dict[str, tuple[int, int, float | None]]
 
 

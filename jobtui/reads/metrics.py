@@ -325,8 +325,16 @@ def snapshot(
     overview's `ready` when one was just read (overview.read_with_snapshot): the ready jobs by
     type are then its figures, not a second read of the ready index's head.
     """
-    try:
+    with queue_locked(conn, schema, lock_timeout):
         return _snapshot(conn, schema, recent_expiries, lock_timeout, history or DoneHistory(), ready)
+
+
+@contextmanager
+def queue_locked(conn: psycopg.Connection[Any], schema: str, lock_timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
+    """A read whose lock timeout (`lock_timeout` seconds) ran out on a queue table raises
+    QueueLocked, naming the sessions that wait and the oldest open transaction."""
+    try:
+        yield
     except psycopg.errors.LockNotAvailable:
         by_kind, longest_by_kind = _lock_waits(
             run(conn, Call("metrics_lock_waits", _lock_wait_params(schema), Rows.dicts), schema)

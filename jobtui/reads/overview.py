@@ -30,7 +30,7 @@ from jobtui.kernel.db import Call, Rows, run
 from jobtui.kernel.domain import DEFAULT_SCHEMA
 from jobtui.kernel.donehistory import DoneHistory
 from jobtui.reads.backlog import DONE_SAMPLE, MINUTE_ROW_FRESH, PLANNER, READY_EXACT_CAP, ReadyByType
-from jobtui.reads.metrics import Snapshot, read_transaction, snapshot
+from jobtui.reads.metrics import Snapshot, queue_locked, read_transaction, snapshot
 
 Row = dict[str, Any]
 LINE_FIELDS = ("kind", "name", "ready", "due", "running", "done_last_minute", "oldest_age", "max_running",
@@ -146,8 +146,10 @@ def read_with_snapshot(
 ) -> tuple[Overview, Snapshot]:
     """The queue overview and a snapshot, for a reader that shows both (the console, `stats`,
     `why`, the Prometheus scrape): the ready index's head is read once, by the overview, and
-    the snapshot's ready jobs by type are its type lines, so the Ready and Queues panes agree."""
-    view = overview(conn, schema)
+    the snapshot's ready jobs by type are its type lines, so the Ready and Queues panes agree.
+    Raises QueueLocked, as the snapshot does, when a queue table stays locked."""
+    with queue_locked(conn, schema):
+        view = overview(conn, schema)
     return view, snapshot(conn, schema, history=history, ready=view.ready_by_type())
 
 

@@ -122,10 +122,19 @@ async def run_handler(
             assert children is not None
             return await _in_child(handler, flight, backoff, children)
         return await _in_thread(handler, flight, backoff)
+    return await _in_task(handler, flight, backoff)
+
+
+async def _in_task(handler: Handler, flight: InFlight, backoff: Backoff) -> tuple[Outcome, str, float]:
+    """Run an async handler in the job's own task.
+
+    With a timeout, under a deadline that says whether it fired: a TimeoutError is the
+    timeout's only when it did (comparing clocks is not enough: uvloop's timers fire on its
+    cached millisecond time, up to a millisecond early). When the attempt is given up (its
+    lease lost, a shutdown) the task is cancelled; a handler that swallows that still ends
+    the attempt as cancelled, so what it returned is not written beside the give-up's release.
+    """
     job = flight.job
-    # With a timeout, the handler runs in the job's own task under a deadline that says whether
-    # it fired: a TimeoutError is the timeout's only when it did (comparing clocks is not
-    # enough: uvloop's timers fire on its cached millisecond time, up to a millisecond early).
     deadline = None if handler.timeout is None else asyncio.timeout(flight.started + handler.timeout - time.monotonic())
     try:
         if deadline is None:
@@ -133,17 +142,20 @@ async def run_handler(
         else:
             async with deadline:
                 await handler.fn(job)
-        return Outcome.COMPLETE, "", 0.0
+        ended = Outcome.COMPLETE, "", 0.0
     except TimeoutError as exc:
         if deadline is not None and deadline.expired():
-            return Outcome.TIMEOUT, _over(handler), backoff(handler, job)
-        return _judged(exc, handler, job, backoff)  # the handler's own TimeoutError
-    except asyncio.CancelledError:
-        raise
+            ended = Outcome.TIMEOUT, _over(handler), backoff(handler, job)
+        else:
+            ended = _judged(exc, handler, job, backoff)  # the handler's own TimeoutError
     except Exception as exc:
-        return _judged(exc, handler, job, backoff)
+        ended = _judged(exc, handler, job, backoff)
     finally:
         flight.handler_stopped()
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+    return ended
 
 
 def _over(handler: Handler, stopped: str = "") -> str:

@@ -36,6 +36,7 @@ from jobtui.core.registry import Job, Jobs, ScheduleSpec
 from jobtui.kernel.db import Call, statements
 from jobtui.kernel.donehistory import DoneHistory
 from jobtui.reads.metrics import LOCK_KINDS, QueueLocked, Snapshot, snapshot
+from jobtui.reads.overview import read_with_snapshot
 from jobtui.service import prometheus
 from jobtui.service.prometheus import serve
 from jobtui.worker import Worker
@@ -814,6 +815,27 @@ def test_snapshot_gives_up_behind_an_access_exclusive_lock(dsn: str, conn: Conn,
     assert snapshot(conn).lock_waits == 0
     row = conn.execute("SHOW lock_timeout").fetchone()
     assert row is not None and row[0] == "0"
+
+
+def test_the_overview_and_snapshot_together_give_up_behind_the_lock_too(dsn: str, conn: Conn, holder: Conn) -> None:
+    """What the console, `stats`, `why` and the scrape read (the queue overview, then the
+    snapshot) says QueueLocked as the snapshot alone does, not a bare lock timeout."""
+    holder.execute("LOCK TABLE jobtui.job IN ACCESS EXCLUSIVE MODE")
+    started, errors = threading.Event(), list[BaseException]()
+    thread = threading.Thread(target=_blocked_session, args=(dsn, "SELECT count(*) FROM jobtui.job", started, errors))
+    thread.start()
+    try:
+        _wait_until_waiting(conn, 1)
+        with pytest.raises(QueueLocked) as caught:
+            read_with_snapshot(conn)
+        assert "1 session(s) wait for locks on it" in str(caught.value), caught.value
+        assert f"the oldest open transaction is pid {holder.info.backend_pid}" in str(caught.value)
+    finally:
+        holder.rollback()
+        thread.join(10)
+    assert not errors and not thread.is_alive()
+    view, snap = read_with_snapshot(conn)
+    assert view.counted and snap.lock_waits == 0
 
 
 @pytest.mark.parametrize("isolation", [psycopg.IsolationLevel.READ_COMMITTED, psycopg.IsolationLevel.REPEATABLE_READ])

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from psycopg import _queries
 
-from jobtui.kernel.db import _blocks, query_names, statements, with_fragments, without_comments
+from jobtui.kernel.db import _blocks, parse_blocks, query_names, statements, with_fragments, without_comments
 
 
 def test_comments_are_cut_and_quoted_text_is_kept() -> None:
@@ -87,3 +88,18 @@ def test_each_fragment_is_written_into_the_statements_that_name_it() -> None:
 def test_a_fragment_may_name_another() -> None:
     fragments = {"a_outer": "x IN (SELECT {a_inner}) -- why", "a_inner": "1 -- one\n"}
     assert with_fragments("SELECT {a_outer} FROM {schema}.t", fragments) == "SELECT x IN (SELECT 1) FROM {schema}.t"
+
+
+def test_doubled_braces_stay_literal_beside_a_fragment_of_their_name() -> None:
+    """`{{f}}` is a literal `{f}` for psycopg's format(), not the fragment f."""
+    assert with_fragments("SELECT '{{f}}', {f}", {"f": "1"}) == "SELECT '{{f}}', 1"
+
+
+def test_a_fragment_that_names_itself_is_refused() -> None:
+    with pytest.raises(ValueError, match="fragment 'a' names itself"):
+        with_fragments("SELECT {a}", {"a": "{b}", "b": "{a}"})
+
+
+def test_a_fragment_may_not_take_a_fields_name() -> None:
+    with pytest.raises(RuntimeError, match="names a fragment 'schema'"):
+        parse_blocks({"sql/x.sql": "-- fragment: schema\nx\n"})

@@ -1,9 +1,10 @@
 """How an async handler's attempt ends around its timeout, on asyncio's loop and on uvloop
-(the worker's `--loop auto`), where no database is involved."""
+(the worker's `--loop auto`), and when it is given up, where no database is involved."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
@@ -53,7 +54,7 @@ def test_a_handler_past_its_timeout_times_out_every_time(new_loop: Callable[[], 
     its cached millisecond time, which can be before the deadline by the clock."""
 
     async def slow(job: Job) -> None:
-        await asyncio.sleep(1)
+        await asyncio.sleep(1)  # the handler's work, longer than its timeout
 
     ends = [attempt(slow, new_loop) for _ in range(200)]
     wrong = [(o, e[:60]) for o, e in ends if o is not Outcome.TIMEOUT]
@@ -67,3 +68,28 @@ def test_a_handlers_own_timeout_error_is_its_failure_not_the_timeout() -> None:
 
     outcome, error = attempt(gives_up)
     assert outcome is Outcome.FAIL and "the mail server did not answer" in error, (outcome, error)
+
+
+def test_a_given_up_attempt_stays_given_up_when_its_handler_swallows_the_cancel() -> None:
+    """The worker cancels the job's task when it gives the attempt up (a lost lease, a
+    shutdown) and hands the job back; a handler that catches that and returns must not have
+    its return written as the job's outcome beside the release."""
+    started = asyncio.Event()
+
+    async def stubborn(job: Job) -> None:
+        started.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()  # the handler's work, until it is cancelled
+
+    async def give_up() -> None:
+        handler = Handler("t", stubborn, True, 3, None, BackoffPolicy())
+        claimed = ClaimedJob(1, "t", None, 1, 3, 1, NOW, NOW, NOW)
+        flight = InFlight(Job(claimed, "w", "jobtui"), claimed, time.monotonic(), None, executor=ASYNC)
+        task = asyncio.ensure_future(run_handler(handler, flight, lambda h, j: 1.0))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert flight.handler_done
+
+    asyncio.run(give_up())
