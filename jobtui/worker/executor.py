@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("jobtui.worker")
 
 ASYNC, THREAD, PROCESS = "async", "thread", "process"
+COMPLETED: tuple[Outcome, str, float] = (Outcome.COMPLETE, "", 0.0)
 # A job whose handler process could not be started is released (uncounted, bounded like a
 # Retry) and due again this much later.
 NO_CHILD_DELAY = 1.0
@@ -116,24 +117,20 @@ def settled(flight: InFlight, outcome: Outcome, error: str) -> tuple[Outcome, st
 async def run_handler(
     handler: Handler, flight: InFlight, backoff: Backoff, children: ChildPool | None = None
 ) -> tuple[Outcome, str, float]:
-    """Run the handler of `flight`; return (outcome, error text or reason, delay)."""
-    if not handler.is_async:
-        if flight.executor == PROCESS:
-            assert children is not None
-            return await _in_child(handler, flight, backoff, children)
-        return await _in_thread(handler, flight, backoff)
-    return await _in_task(handler, flight, backoff)
+    """Run the handler of `flight`; return (outcome, error text or reason, delay).
 
-
-async def _in_task(handler: Handler, flight: InFlight, backoff: Backoff) -> tuple[Outcome, str, float]:
-    """Run an async handler in the job's own task.
-
+    An async handler runs in the job's own task (one coroutine deep: this is once per job).
     With a timeout, under a deadline that says whether it fired: a TimeoutError is the
     timeout's only when it did (comparing clocks is not enough: uvloop's timers fire on its
     cached millisecond time, up to a millisecond early). When the attempt is given up (its
     lease lost, a shutdown) the task is cancelled; a handler that swallows that still ends
     the attempt as cancelled, so what it returned is not written beside the give-up's release.
     """
+    if not handler.is_async:
+        if flight.executor == PROCESS:
+            assert children is not None
+            return await _in_child(handler, flight, backoff, children)
+        return await _in_thread(handler, flight, backoff)
     job = flight.job
     deadline = None if handler.timeout is None else asyncio.timeout(flight.started + handler.timeout - time.monotonic())
     try:
@@ -142,7 +139,7 @@ async def _in_task(handler: Handler, flight: InFlight, backoff: Backoff) -> tupl
         else:
             async with deadline:
                 await handler.fn(job)
-        ended = Outcome.COMPLETE, "", 0.0
+        ended = COMPLETED
     except TimeoutError as exc:
         if deadline is not None and deadline.expired():
             ended = Outcome.TIMEOUT, _over(handler), backoff(handler, job)
