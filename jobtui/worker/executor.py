@@ -149,8 +149,9 @@ async def run_handler(
         ended = _judged(exc, handler, job, backoff)
     finally:
         flight.handler_stopped()
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
+    # The flight's task is the one running this (set once the task exists: none can cancel it
+    # before, as during an eager start); asking the loop for it would cost four calls a job.
+    if flight.task is not None and flight.task.cancelling():
         raise asyncio.CancelledError
     return ended
 

@@ -85,7 +85,11 @@ def test_a_given_up_attempt_stays_given_up_when_its_handler_swallows_the_cancel(
         handler = Handler("t", stubborn, True, 3, None, BackoffPolicy())
         claimed = ClaimedJob(1, "t", None, 1, 3, 1, NOW, NOW, NOW)
         flight = InFlight(Job(claimed, "w", "jobtui"), claimed, time.monotonic(), None, executor=ASYNC)
-        task = asyncio.ensure_future(run_handler(handler, flight, lambda h, j: 1.0))
+
+        async def execute() -> None:  # the job's task, as the worker runs it
+            await run_handler(handler, flight, lambda h, j: 1.0)
+
+        task = flight.task = asyncio.ensure_future(execute())
         await started.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
