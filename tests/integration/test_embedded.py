@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,8 @@ def data_dir() -> Iterator[Path]:
     path = base / "pg"
     assert len(str(path)) < 80
     yield path
+    if _postmaster_alive(path):  # a test that failed with the server up: not left running
+        os.kill(int((path / "postmaster.pid").read_text().split()[0]), signal.SIGQUIT)
     shutil.rmtree(base, ignore_errors=True)
 
 
@@ -86,3 +89,36 @@ def test_the_demo_ignores_a_dsn_from_the_environment(data_dir: Path, empty_dsn: 
             " OR (n.nspname = 'public' AND c.oid IS NOT NULL)"
         ).fetchone()
     assert made == (0,), "the demo wrote into the database the environment named"
+
+
+def _postmaster_alive(data_dir: Path) -> bool:
+    pid_file = data_dir / "postmaster.pid"
+    if not pid_file.exists():
+        return False
+    pid = int(pid_file.read_text().split()[0])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_process_killed_on_the_way_does_not_keep_the_server_for_good(data_dir: Path) -> None:
+    """A console whose terminal was closed (or a kill -9) never says it is done with the
+    server; the next process to use it must still stop it when it exits."""
+    env = {k: v for k, v in os.environ.items() if k not in ("JOBTUI_DSN", "DATABASE_URL")}
+    env["JOBTUI_DATA_DIR"] = str(data_dir)
+    killed = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom jobtui.kernel.embedded import embedded_dsn\n"
+         "embedded_dsn(); print('up', flush=True); time.sleep(600)"],
+        env=env, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert killed.stdout is not None and killed.stdout.readline().strip() == "up"
+        assert _postmaster_alive(data_dir)
+    finally:
+        killed.kill()
+        killed.wait(30)
+    migrated = jobtui(data_dir, "--embedded", "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    assert not _postmaster_alive(data_dir), "the embedded server outlived the last process that used it"
