@@ -75,6 +75,11 @@ def test_three_hosts_one_cut_off_shows_lost_its_job_returns_and_it_comes_back(tm
             ]
             holders = "SELECT id, locked_by FROM jobtui.job WHERE status = 'running'"
             wait_until(lambda: len(db.execute(holders).fetchall()) == 3, 30, "a job held on each host", text)
+            # At the gate, past its effect: a cut inside job.once()'s transaction would leave its
+            # row locked on the server until the server gives the connection up, and the reapers
+            # pass a locked row over (SKIP LOCKED) for as long.
+            effects = "SELECT count(DISTINCT job_id) FROM run_log WHERE event = 'effect'"
+            wait_until(lambda: db.execute(effects).fetchone() == (3,), 30, "each job past its effect", text)
             cut_job = next(job for job, worker in db.execute(holders).fetchall() if worker == "w0")
 
             with net.cut_off(0):
