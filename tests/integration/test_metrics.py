@@ -19,6 +19,7 @@ import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -791,15 +792,28 @@ def _blocked_claim(dsn: str, statement: str, params: dict[str, Any], errors: lis
         errors.append(exc)
 
 
-def test_snapshot_gives_up_behind_an_access_exclusive_lock(dsn: str, conn: Conn, holder: Conn) -> None:
-    """An ALTER TABLE or VACUUM FULL stuck behind a long transaction blocks every reader:
-    the snapshot says so after its lock timeout instead of waiting with them."""
+@contextmanager
+def locked_out(dsn: str, conn: Conn, holder: Conn) -> Iterator[None]:
+    """The job table held in ACCESS EXCLUSIVE mode by `holder`'s open transaction, with a
+    reader queued behind it, as an ALTER TABLE or VACUUM FULL stuck behind a long transaction
+    leaves every reader; released at the end, the queued reader finished."""
     holder.execute("LOCK TABLE jobtui.job IN ACCESS EXCLUSIVE MODE")
     started, errors = threading.Event(), list[BaseException]()
     thread = threading.Thread(target=_blocked_session, args=(dsn, "SELECT count(*) FROM jobtui.job", started, errors))
     thread.start()
     try:
         _wait_until_waiting(conn, 1)
+        yield
+    finally:
+        holder.rollback()
+        thread.join(10)
+    assert not errors and not thread.is_alive()
+
+
+def test_snapshot_gives_up_behind_an_access_exclusive_lock(dsn: str, conn: Conn, holder: Conn) -> None:
+    """An ALTER TABLE or VACUUM FULL stuck behind a long transaction blocks every reader:
+    the snapshot says so after its lock timeout instead of waiting with them."""
+    with locked_out(dsn, conn, holder):
         began = time.monotonic()
         with pytest.raises(QueueLocked) as caught:
             snapshot(conn, lock_timeout=0.3)
@@ -807,10 +821,6 @@ def test_snapshot_gives_up_behind_an_access_exclusive_lock(dsn: str, conn: Conn,
         message = str(caught.value)
         assert "stayed locked for over 0.3s: 1 session(s) wait for locks on it" in message
         assert f"the oldest open transaction is pid {holder.info.backend_pid}" in message
-    finally:
-        holder.rollback()
-        thread.join(10)
-    assert not errors and not thread.is_alive()
     # The connection is usable again and the lock timeout did not outlive the snapshot.
     assert snapshot(conn).lock_waits == 0
     row = conn.execute("SHOW lock_timeout").fetchone()
@@ -820,20 +830,10 @@ def test_snapshot_gives_up_behind_an_access_exclusive_lock(dsn: str, conn: Conn,
 def test_the_overview_and_snapshot_together_give_up_behind_the_lock_too(dsn: str, conn: Conn, holder: Conn) -> None:
     """What the console, `stats`, `why` and the scrape read (the queue overview, then the
     snapshot) says QueueLocked as the snapshot alone does, not a bare lock timeout."""
-    holder.execute("LOCK TABLE jobtui.job IN ACCESS EXCLUSIVE MODE")
-    started, errors = threading.Event(), list[BaseException]()
-    thread = threading.Thread(target=_blocked_session, args=(dsn, "SELECT count(*) FROM jobtui.job", started, errors))
-    thread.start()
-    try:
-        _wait_until_waiting(conn, 1)
-        with pytest.raises(QueueLocked) as caught:
-            read_with_snapshot(conn)
-        assert "1 session(s) wait for locks on it" in str(caught.value), caught.value
-        assert f"the oldest open transaction is pid {holder.info.backend_pid}" in str(caught.value)
-    finally:
-        holder.rollback()
-        thread.join(10)
-    assert not errors and not thread.is_alive()
+    with locked_out(dsn, conn, holder), pytest.raises(QueueLocked) as caught:
+        read_with_snapshot(conn)
+    assert "1 session(s) wait for locks on it" in str(caught.value), caught.value
+    assert f"the oldest open transaction is pid {holder.info.backend_pid}" in str(caught.value)
     view, snap = read_with_snapshot(conn)
     assert view.counted and snap.lock_waits == 0
 
