@@ -84,6 +84,9 @@ def test_every_text_output_shows_hostile_rows_escaped_and_literally(
     assert "cancelled 1 job(s)" in shown(dsn, "cancel", str(ids.running))
     # The cancelled job is failed now: three to requeue.
     assert "requeued 3 job(s)" in shown(dsn, "--actor", t.actor, "requeue", "--type", t.type)
+    if not t.type.strip():  # a blank name (a lone "\r") is no type to enqueue: one line says so
+        assert "bad job type" in error_line(jobtui(dsn, "enqueue", t.type, "--key", t.key + "2"))
+        return
     enqueued = shown(dsn, "enqueue", t.type, "--key", t.key + "2")
     assert enqueued.strip().isdigit()
 
