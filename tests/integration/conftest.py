@@ -33,6 +33,14 @@ def db(app_dsn: str) -> Iterator[Conn]:
 
 
 @pytest.fixture
+def holder(dsn: str) -> Iterator[Conn]:
+    """A connection whose open transaction the test takes locks in; rolled back at the end."""
+    with psycopg.connect(dsn) as connection:
+        yield connection
+        connection.rollback()
+
+
+@pytest.fixture
 def spawn(app_dsn: str, tmp_path: Path) -> Iterator[Spawn]:
     """Start worker processes; every one is killed at the end of the test."""
     started: list[WorkerProcess] = []

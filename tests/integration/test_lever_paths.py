@@ -5,6 +5,7 @@ the claim statement of the release before claims beside it."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -122,3 +123,119 @@ def test_a_claim_of_the_previous_release_claims_beside_this_one_under_the_same_l
     queues.resume(conn, "queue", "held", actor="olga")
     rest = previous_claim(conn, None, 1) + claim(conn, None, 10)
     assert sorted(rest) == sorted(limited[2:] + held)
+
+
+def bucket_locked(dsn: str, kind: str, name: str) -> bool:
+    """Whether another transaction holds the row of this bucket (asked from a connection of
+    its own, which does not wait)."""
+    with psycopg.connect(dsn, autocommit=True) as other:
+        try:
+            other.execute(
+                "SELECT 1 FROM jobtui.rate_bucket WHERE kind = %s AND name = %s FOR UPDATE NOWAIT", (kind, name)
+            )
+        except psycopg.errors.LockNotAvailable:
+            return True
+    return False
+
+
+def test_a_claim_of_every_queue_locks_a_rated_bucket_only_when_it_meets_a_rated_job(conn: Conn, dsn: str) -> None:
+    with Client(dsn) as q:
+        free = [q.enqueue("a") for _ in range(12)]
+        rated = q.enqueue("a", queue="elsewhere")
+    queues.set_rate(conn, "queue", "elsewhere", 1000.0, actor="olga")
+    with conn.transaction():
+        assert claim(conn, None, 10) == free[:10]
+        assert not bucket_locked(dsn, "queue", "elsewhere")  # no rated job among the ten
+    with conn.transaction():
+        assert sorted(claim(conn, None, 10)) == sorted([*free[10:], rated])
+        assert bucket_locked(dsn, "queue", "elsewhere")
+    assert not bucket_locked(dsn, "queue", "elsewhere")  # released at the claim's commit
+
+
+def test_one_walk_takes_rated_and_unrated_jobs_in_claim_order_and_charges_the_bucket_once(conn: Conn, dsn: str) -> None:
+    """Rated jobs ahead of unrated ones: the walk takes the bucket's two tokens' worth, passes
+    over the rest of the rated queue and walks on for the unrated jobs behind, in one claim."""
+    with Client(dsn) as q:
+        rated = [q.enqueue("a", queue="slow") for _ in range(6)]
+        free = [q.enqueue("a") for _ in range(6)]
+    queues.set_rate(conn, "queue", "slow", 2.0, actor="olga")
+    conn.execute("UPDATE jobtui.rate_bucket SET tokens = 2, refilled_at = now() + interval '1 hour'")
+    updates = "SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relid = 'jobtui.rate_bucket'::regclass"
+    with conn.transaction():
+        before = conn.execute(updates).fetchone()  # this backend's counts not yet sent
+        taken = claim(conn, None, 6)
+        after = conn.execute(updates).fetchone()
+    assert before is not None and after is not None and after[0] - before[0] == 1
+    assert sorted(taken) == sorted([*rated[:2], *free[:4]])
+    assert conn.execute("SELECT tokens FROM jobtui.rate_bucket").fetchone() == (0.0,)
+    # The passed-over rated jobs were locked by that claim only while it ran.
+    assert sorted(claim(conn, "slow", 10)) == []  # no token
+    assert sorted(claim(conn, None, 10)) == sorted(free[4:])
+
+
+def test_a_rated_type_beside_a_spent_one_takes_its_own_tokens(conn: Conn, dsn: str) -> None:
+    """A claim of types a and b, both rated, a's bucket spent: b's jobs come by b's tokens
+    alone, not held to the spent bucket's."""
+    with Client(dsn) as q:
+        q.enqueue_many([NewJob("a", {}) for _ in range(5)])
+        b = [q.enqueue("b") for _ in range(5)]
+    queues.set_rate(conn, "type", "a", 0.001, actor="olga")
+    queues.set_rate(conn, "type", "b", 1.0, actor="olga")
+    conn.execute(  # no refill while the test runs
+        "UPDATE jobtui.rate_bucket SET tokens = CASE name WHEN 'a' THEN 0 ELSE 2 END,"
+        " refilled_at = now() + interval '1 hour'"
+    )
+    assert sorted(claim(conn, "default", 10, ("a", "b"))) == b[:2]
+
+
+def test_a_single_bucket_spent_by_another_claim_since_the_read_gives_only_what_it_holds(
+    conn: Conn, dsn: str, holder: Conn
+) -> None:
+    """The claim reads the bucket's tokens without a lock and walks that far; a claim that
+    took tokens meanwhile leaves it fewer, and it takes only those."""
+    with Client(dsn) as q:
+        ids = [q.enqueue("a") for _ in range(8)]
+    queues.set_rate(conn, "type", "a", 10.0, actor="olga")
+    conn.execute("UPDATE jobtui.rate_bucket SET tokens = 5, refilled_at = now() + interval '1 hour'")  # no refill
+    # The holder's transaction spends three tokens after this claim has read five.
+    holder.execute("UPDATE jobtui.rate_bucket SET tokens = tokens - 3")
+    taken: list[int] = []
+
+    def claim_aside() -> None:
+        with psycopg.connect(dsn, autocommit=True) as other:
+            taken.extend(claim(other, None, 10))
+
+    thread = threading.Thread(target=claim_aside)
+    thread.start()
+    try:
+        wait_until(
+            lambda: (
+                conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%claim_take%'"
+                ).fetchone()
+                == (1,)
+            ),
+            10,
+            "the claim waiting on the bucket's row",
+        )
+    finally:
+        holder.commit()
+        thread.join(10)
+    assert sorted(taken) == ids[:2]
+    assert conn.execute("SELECT tokens FROM jobtui.rate_bucket").fetchone() == (0.0,)
+
+
+def test_claim_levered_takes_claim_picks_jobs_for_the_statement_that_walked_after_it(conn: Conn, dsn: str) -> None:
+    """The claim statement before migration 0021 walked the ready index itself when
+    claim_levered returned NULL (no lever); claim_levered now always returns the jobs, levers
+    or none, held to the same levers as this code's claim."""
+    with Client(dsn) as q:
+        free = [q.enqueue("a") for _ in range(4)]
+        held = q.enqueue("a", queue="held")
+    with conn.transaction(force_rollback=True):
+        row = conn.execute("SELECT jobtui.claim_levered(NULL, ARRAY['a'], 3)").fetchone()
+        assert row is not None and row[0] == free[:3]
+    queues.pause(conn, "queue", "held", actor="olga")
+    with conn.transaction(force_rollback=True):
+        row = conn.execute("SELECT jobtui.claim_levered(NULL, ARRAY['a'], 10)").fetchone()
+        assert row is not None and sorted(row[0]) == free and held not in row[0]

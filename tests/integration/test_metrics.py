@@ -570,14 +570,6 @@ def _blocked_session(dsn: str, statement: str, started: threading.Event, errors:
         errors.append(exc)
 
 
-@pytest.fixture
-def holder(dsn: str) -> Iterator[Conn]:
-    """A connection whose open transaction the test takes locks in; rolled back at the end."""
-    with psycopg.connect(dsn) as connection:
-        yield connection
-        connection.rollback()
-
-
 def _wait_until_waiting(conn: Conn, count: int) -> None:
     """Wait until `count` locks are waited for by sessions of this database (a transaction
     id's lock names no database, so the sessions say whose it is)."""

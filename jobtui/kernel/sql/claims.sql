@@ -27,34 +27,23 @@ SET status = 'running',
 -- Up to `limit` ready jobs of the given types, oldest run_at first, from `queue` (NULL: from
 -- every queue). SKIP LOCKED lets any number of workers claim at once without waiting on each
 -- other or taking the same row.
--- The ids come from an ARRAY(...) subquery rather than a join (UPDATE ... FROM picked):
--- a joined relation costs a whole-row copy of each of its rows, kept for rechecks, and
--- the join. The rows come back in id order; the caller sorts them by run_at. The payload
--- comes as text, which the worker decodes with one JSON decoder, cheaper per row than
--- psycopg's jsonb loader.
--- Levers cost only the claims they can hold back. claim_levered (migration 0018) looks once
--- at queue_control for a pause, a limit or a rate (or a ramp) of this claim's queue (every
--- queue's, for a claim of every queue) or of one of its types. With none it returns NULL and
--- the claim walks the ready index here, with nothing else to read; otherwise it takes the
--- jobs itself, setting aside what the levers hold back (paused queues and types, limits
--- counted under a lock in claim_limited, a token per job in claim_rated). The lever work
--- lives in that function, whose plans PL/pgSQL keeps, because PostgreSQL plans this
--- statement anew at every call (its generic plan, estimated with LIMIT unknown, never wins):
--- the plain claim's planning is the minimal claim's. The walk runs only when the function
--- returned NULL (COALESCE evaluates it lazily). The levers are read at every claim, in the
--- claim's transaction, so each holds from every worker's next claim; the claim statement of
--- the release before, which does not call the function, claims alongside as before.
+-- The ids come from claim_pick (migration 0021), which reads the levers in the claim's reach
+-- once (queue_control, with the tokens of rated queues' and types' buckets) and walks the
+-- ready index: the plain walk when no pause, limit or rate (or ramp) applies to the claim's
+-- queue (every queue's, for a claim of every queue) or to one of its types; otherwise one
+-- walk that sets paused, limited and spent queues and types aside and takes a token per
+-- rated job (claim_paced, and claim_limited for limited queues). The walk lives in the
+-- function, whose plans PL/pgSQL keeps: written here, it was planned anew at every claim (a
+-- generic plan, estimated with an unknown LIMIT, never won); here is left only the call and
+-- the update by id. The levers are read at every claim, in the claim's
+-- transaction, so each holds from every worker's next claim. An array rather than a join
+-- (UPDATE ... FROM picked): a joined relation costs a whole-row copy of each of its rows,
+-- kept for rechecks, and the join. The rows come back in id order; the caller sorts them by
+-- run_at. The payload comes as text, which the worker decodes with one JSON decoder, cheaper
+-- per row than psycopg's jsonb loader.
 UPDATE {schema}.job AS j
 {claim_started}
-WHERE j.id = ANY(coalesce(
-        (SELECT {schema}.claim_levered(%(queue)s::text, %(types)s::text[], %(limit)s::int)),
-        ARRAY(
-            SELECT id FROM {schema}.job
-            WHERE status = 'ready' AND run_at <= now() AND type = ANY(%(types)s::text[])
-              AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-            ORDER BY run_at, id
-            LIMIT %(limit)s::int
-            FOR UPDATE SKIP LOCKED)))
+WHERE j.id = ANY((SELECT {schema}.claim_pick(%(queue)s::text, %(types)s::text[], %(limit)s::int))::bigint[])
   AND j.status = 'ready'
 RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_token,
           j.locked_until, j.created_at, j.run_at, j.uncounted, j.meta::text, j.queue;

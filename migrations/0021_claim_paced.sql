@@ -1,0 +1,318 @@
+-- The claim's walk moves into one function, and a rate costs a claim what its buckets need.
+-- The claim statement (migration 0018) walked the ready index itself after a call of
+-- claim_levered, so PostgreSQL planned that walk at every claim; it now calls claim_pick,
+-- whose walks keep their plans. And a claim with a rate in reach went to claim_rated, which
+-- read the levers again, read a look-ahead of the ready jobs, read those jobs again to find
+-- the buckets they need and walked them a third time under lock; claim_levered then read the
+-- levers a third time and walked the index again for the unrated jobs: a claim of every
+-- queue with a rate on one queue paid all of it at every claim, with no rated job due. Now
+-- claim_pick reads the levers and their buckets' tokens once and, unless a limit and a rate
+-- are both in reach, hands the claim to claim_paced: one walk that takes rated and unrated
+-- jobs in claim order and locks only the buckets of the rated jobs it found. claim_levered
+-- keeps its signature for the claim statement before this one, still running in a fleet
+-- being upgraded; claim_rated, claim_bucketed and claim_limited stay as they are for the
+-- claim statements before that.
+
+-- The jobs of a claim with a rate or a pause in reach (and no rate where a limit is): ready,
+-- due jobs of p_types in p_queue (every queue when NULL), in claim order, up to p_want, none
+-- of p_taken, none of the queues and types set aside (paused, limited: claim_limited takes
+-- those; rated with a spent bucket, by claim_pick's read without a lock). A job of a
+-- queue or type in p_rated_* takes a token of its bucket.
+-- - When every job the claim can take is under the same buckets (its queue is the rated
+--   one, its one type the rated one, or both), it locks them first, in kind and name order,
+--   and walks only as far as the emptiest allows: a spent bucket costs no job row.
+-- - Otherwise it walks first, locking the jobs (SKIP LOCKED, as the plain claim does), and
+--   locks only the buckets of the rated jobs among them, in kind and name order: a claim that
+--   meets no rated job locks no bucket. A rated job whose bucket has no token left is passed
+--   over and its queue or type set aside; the next round walks on for the rest. Each round
+--   sets one aside at least, so the rounds end; a bucket a later round would need is not
+--   locked then (it would break the order) and its jobs wait for the next claim.
+-- Every claim waits on the buckets' rows in one order and on no job row, so claims never
+-- deadlock; rows passed over stay locked (not taken) until the claim commits. Each bucket
+-- that gave tokens is written once. p_fresh: a rated bucket has no row yet; it gets one
+-- before any lock. Called by claim_pick, under its planner settings.
+CREATE FUNCTION {schema}.claim_paced(p_queue text, p_types text[], p_want integer, p_taken bigint[],
+                                     p_aside_queues text[], p_aside_types text[],
+                                     p_rated_queues text[], p_rated_types text[], p_tokens float8,
+                                     p_fresh boolean)
+RETURNS bigint[] LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    c record;
+    got bigint[] := ARRAY[]::bigint[];
+    aside_queues text[] := p_aside_queues;
+    aside_types text[] := p_aside_types;
+    live_types text[];
+    w_id bigint[];
+    w_queue text[];
+    w_type text[];
+    w_rated boolean;
+    b_kind text[] := ARRAY[]::text[];
+    b_name text[] := ARRAY[]::text[];
+    b_key text[] := ARRAY[]::text[];
+    b_tokens float8[] := ARRAY[]::float8[];
+    b_taken boolean[] := ARRAY[]::boolean[];
+    locked boolean := false;
+    one boolean;
+    passed boolean;
+    have float8;
+    want integer;
+    qi integer;
+    ti integer;
+    i integer;
+BEGIN
+    live_types := p_types;
+    IF cardinality(aside_types) > 0 THEN
+        live_types := ARRAY(SELECT t FROM unnest(p_types) AS t WHERE t <> ALL(aside_types));
+    END IF;
+    IF p_want <= 0 OR p_queue = ANY(aside_queues) OR cardinality(live_types) = 0 THEN
+        RETURN got;
+    END IF;
+    IF p_fresh THEN
+        INSERT INTO {schema}.rate_bucket (kind, name, tokens, refilled_at)
+        SELECT 'queue', q, 0, now() FROM unnest(p_rated_queues) AS q
+        UNION ALL SELECT 'type', t, 0, now() FROM unnest(p_rated_types) AS t
+        ON CONFLICT (kind, name) DO NOTHING;
+    END IF;
+    -- Under the same buckets throughout: as many jobs as the emptiest allows.
+    IF cardinality(p_rated_queues) + cardinality(p_rated_types) > 0
+       AND (cardinality(p_rated_queues) = 0 OR p_rated_queues = ARRAY[p_queue])
+       AND (cardinality(p_rated_types) = 0 OR live_types = p_rated_types) THEN
+        one := NOT p_fresh AND cardinality(p_rated_queues) + cardinality(p_rated_types) = 1;
+        IF one THEN
+            -- One bucket: claim_pick's read bounds the walk, and one update charges it below.
+            have := least(p_want, floor(p_tokens));
+            b_kind := ARRAY[CASE WHEN cardinality(p_rated_queues) = 1 THEN 'queue' ELSE 'type' END];
+            b_name := ARRAY[coalesce(p_rated_queues[1], p_rated_types[1])];
+        ELSE
+            have := p_want;
+            FOR c IN SELECT b.kind, b.name,
+                            {schema}.bucket_tokens(b.tokens, b.refilled_at, qc.rate_per_second, qc.ramp_from,
+                                                   qc.ramp_until) AS tokens
+                     FROM {schema}.rate_bucket AS b JOIN {schema}.queue_control AS qc USING (kind, name)
+                     WHERE b.kind = 'queue' AND b.name = ANY(p_rated_queues) OR b.kind = 'type' AND b.name = ANY(p_rated_types)
+                     ORDER BY b.kind, b.name
+                     FOR UPDATE OF b
+            LOOP
+                b_kind := b_kind || c.kind;
+                b_name := b_name || c.name;
+                b_tokens := b_tokens || c.tokens;
+                have := least(have, floor(c.tokens));
+            END LOOP;
+            -- A rate cleared since claim_pick's read leaves its bucket out: the next claim sees it.
+            IF cardinality(b_kind) < cardinality(p_rated_queues) + cardinality(p_rated_types) OR have < 1 THEN
+                RETURN got;
+            END IF;
+        END IF;
+        got := ARRAY(SELECT id FROM {schema}.job
+                     WHERE status = 'ready' AND run_at <= now() AND type = ANY(live_types)
+                       AND (p_queue IS NULL OR queue = p_queue)
+                       AND NOT (id = ANY(p_taken))
+                     ORDER BY run_at, id
+                     LIMIT have::integer
+                     FOR UPDATE SKIP LOCKED);
+        IF cardinality(got) = 0 THEN
+            RETURN got;
+        END IF;
+        IF one THEN
+            UPDATE {schema}.rate_bucket AS b
+            SET tokens = {schema}.bucket_tokens(b.tokens, b.refilled_at, qc.rate_per_second, qc.ramp_from, qc.ramp_until)
+                         - cardinality(got),
+                refilled_at = greatest(b.refilled_at, now())
+            FROM {schema}.queue_control AS qc
+            WHERE b.kind = b_kind[1] AND b.name = b_name[1] AND qc.kind = b.kind AND qc.name = b.name
+              AND {schema}.bucket_tokens(b.tokens, b.refilled_at, qc.rate_per_second, qc.ramp_from,
+                                         qc.ramp_until) >= cardinality(got);
+            IF FOUND THEN
+                RETURN got;
+            END IF;
+            -- Claims since the read took tokens (or the rate was cleared): under the bucket's
+            -- lock, as many jobs as it holds now; the rest stay locked, untaken, until commit.
+            SELECT {schema}.bucket_tokens(b.tokens, b.refilled_at, qc.rate_per_second, qc.ramp_from, qc.ramp_until)
+            INTO have
+            FROM {schema}.rate_bucket AS b JOIN {schema}.queue_control AS qc USING (kind, name)
+            WHERE b.kind = b_kind[1] AND b.name = b_name[1]
+            FOR UPDATE OF b;
+            got := got[1 : coalesce(floor(have), 0)::integer];
+            b_tokens := ARRAY[have];
+        END IF;
+        IF cardinality(got) > 0 THEN
+            UPDATE {schema}.rate_bucket AS b
+            SET tokens = greatest(0.0, t.tokens - cardinality(got)), refilled_at = greatest(b.refilled_at, now())
+            FROM unnest(b_kind, b_name, b_tokens) AS t(kind, name, tokens)
+            WHERE b.kind = t.kind AND b.name = t.name;
+        END IF;
+        RETURN got;
+    END IF;
+    LOOP
+        want := p_want - cardinality(got);
+        -- The aggregates take the walk's rows in the order its subquery gives them, claim order
+        -- (the ready index, in order, under the lock); an ORDER BY in each would sort them
+        -- three times over at every claim.
+        SELECT coalesce(array_agg(w.id), ARRAY[]::bigint[]),
+               coalesce(array_agg(w.queue), ARRAY[]::text[]),
+               coalesce(array_agg(w.type), ARRAY[]::text[]),
+               coalesce(bool_or(w.queue = ANY(p_rated_queues) OR w.type = ANY(p_rated_types)), false)
+        INTO w_id, w_queue, w_type, w_rated
+        FROM (SELECT id, queue, type, run_at FROM {schema}.job
+              WHERE status = 'ready' AND run_at <= now() AND type = ANY(live_types)
+                AND (p_queue IS NULL OR queue = p_queue)
+                AND (queue || '') <> ALL(aside_queues) AND (type || '') <> ALL(aside_types)
+                AND NOT (id = ANY(p_taken)) AND NOT (id = ANY(got))
+              ORDER BY run_at, id
+              LIMIT want
+              FOR UPDATE SKIP LOCKED) AS w;
+        IF NOT w_rated THEN
+            got := got || w_id;
+            EXIT;
+        END IF;
+        -- The buckets of the rated jobs found, once, in kind and name order.
+        IF NOT locked THEN
+            FOR c IN SELECT b.kind, b.name,
+                            {schema}.bucket_tokens(b.tokens, b.refilled_at, qc.rate_per_second, qc.ramp_from,
+                                                   qc.ramp_until) AS tokens
+                     FROM {schema}.rate_bucket AS b JOIN {schema}.queue_control AS qc USING (kind, name)
+                     WHERE b.kind = 'queue' AND b.name = ANY(p_rated_queues) AND b.name = ANY(w_queue)
+                        OR b.kind = 'type' AND b.name = ANY(p_rated_types) AND b.name = ANY(w_type)
+                     ORDER BY b.kind, b.name
+                     FOR UPDATE OF b
+            LOOP
+                b_kind := b_kind || c.kind;
+                b_name := b_name || c.name;
+                b_key := b_key || (c.kind || ':' || c.name);
+                b_tokens := b_tokens || c.tokens;
+                b_taken := b_taken || false;
+            END LOOP;
+            locked := true;
+        END IF;
+        passed := false;
+        FOR i IN 1 .. cardinality(w_id) LOOP
+            qi := array_position(b_key, 'queue:' || w_queue[i]);
+            ti := array_position(b_key, 'type:' || w_type[i]);
+            IF w_queue[i] = ANY(aside_queues) OR w_type[i] = ANY(aside_types) THEN
+                passed := true;
+                CONTINUE;
+            END IF;
+            IF w_queue[i] = ANY(p_rated_queues) AND (qi IS NULL OR b_tokens[qi] < 1) THEN
+                aside_queues := aside_queues || w_queue[i];
+                passed := true;
+                CONTINUE;
+            END IF;
+            IF w_type[i] = ANY(p_rated_types) AND (ti IS NULL OR b_tokens[ti] < 1) THEN
+                aside_types := aside_types || w_type[i];
+                passed := true;
+                CONTINUE;
+            END IF;
+            got := got || w_id[i];
+            IF qi IS NOT NULL THEN
+                b_tokens[qi] := b_tokens[qi] - 1;
+                b_taken[qi] := true;
+            END IF;
+            IF ti IS NOT NULL THEN
+                b_tokens[ti] := b_tokens[ti] - 1;
+                b_taken[ti] := true;
+            END IF;
+        END LOOP;
+        -- Done when nothing was passed over (the walk took what there was) or the claim is full.
+        EXIT WHEN NOT passed OR cardinality(w_id) < want OR cardinality(got) >= p_want;
+    END LOOP;
+    IF true = ANY(b_taken) THEN
+        UPDATE {schema}.rate_bucket AS b
+        SET tokens = greatest(0.0, t.tokens), refilled_at = greatest(b.refilled_at, now())
+        FROM unnest(b_kind, b_name, b_tokens, b_taken) AS t(kind, name, tokens, taken)
+        WHERE t.taken AND b.kind = t.kind AND b.name = t.name;
+    END IF;
+    RETURN got;
+END;
+$$;
+
+-- The ids a claim takes: the claim statement's whole walk, so that the statement, which
+-- PostgreSQL plans at every call (a custom plan each time: its generic plan's estimate of an
+-- unknown LIMIT never wins), holds nothing to plan but this call and its update by id. One
+-- read of the levers in the claim's reach, with their buckets' tokens (read without a lock,
+-- to set a spent bucket aside before any walk); no lever: the plain walk of the ready index.
+-- A limit and a rate both in reach: claim_rated counts both, claim_limited takes the rest of
+-- the limited queues' jobs and claim_paced the others, as migration 0020 did. Otherwise
+-- claim_limited takes the jobs of limited queues, if any, and claim_paced the rest. Every
+-- statement here and in the functions it calls keeps one plan (plan_cache_mode), with the
+-- planner settings of the worker's claim session set here too, so the walks take the ready
+-- index in order whatever the LIMIT, on any connection.
+CREATE FUNCTION {schema}.claim_pick(p_queue text, p_types text[], p_want integer)
+RETURNS bigint[] LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off AS $$
+DECLARE
+    got bigint[] := ARRAY[]::bigint[];
+    paused_queues text[];
+    paused_types text[];
+    limited_queues text[];
+    rated_queues text[];
+    rated_types text[];
+    spent_queues text[];
+    spent_types text[];
+    tokens float8;
+    fresh boolean;
+BEGIN
+    SELECT coalesce(array_agg(qc.name) FILTER (WHERE qc.kind = 'queue' AND qc.paused_at IS NOT NULL), ARRAY[]::text[]),
+           coalesce(array_agg(qc.name) FILTER (WHERE qc.kind = 'type' AND qc.paused_at IS NOT NULL), ARRAY[]::text[]),
+           coalesce(array_agg(qc.name) FILTER (WHERE qc.kind = 'queue' AND qc.paused_at IS NULL
+                                                 AND qc.max_running IS NOT NULL), ARRAY[]::text[]),
+           coalesce(array_agg(qc.name) FILTER (WHERE qc.kind = 'queue' AND qc.paused_at IS NULL
+                                                 AND (qc.rate_per_second IS NOT NULL OR qc.ramp_until > now())), ARRAY[]::text[]),
+           coalesce(array_agg(qc.name) FILTER (WHERE qc.kind = 'type' AND qc.paused_at IS NULL
+                                                 AND (qc.rate_per_second IS NOT NULL OR qc.ramp_until > now())), ARRAY[]::text[]),
+           coalesce(array_agg(qc.name) FILTER (WHERE qc.kind = 'queue' AND qc.paused_at IS NULL
+                                                 AND (qc.rate_per_second IS NOT NULL OR qc.ramp_until > now())
+                                                 AND {schema}.bucket_tokens(b.tokens, b.refilled_at, qc.rate_per_second,
+                                                                            qc.ramp_from, qc.ramp_until) < 1), ARRAY[]::text[]),
+           coalesce(array_agg(qc.name) FILTER (WHERE qc.kind = 'type' AND qc.paused_at IS NULL
+                                                 AND (qc.rate_per_second IS NOT NULL OR qc.ramp_until > now())
+                                                 AND {schema}.bucket_tokens(b.tokens, b.refilled_at, qc.rate_per_second,
+                                                                            qc.ramp_from, qc.ramp_until) < 1), ARRAY[]::text[]),
+           min({schema}.bucket_tokens(b.tokens, b.refilled_at, qc.rate_per_second, qc.ramp_from, qc.ramp_until))
+               FILTER (WHERE qc.paused_at IS NULL AND (qc.rate_per_second IS NOT NULL OR qc.ramp_until > now())
+                             AND {schema}.bucket_tokens(b.tokens, b.refilled_at, qc.rate_per_second,
+                                                        qc.ramp_from, qc.ramp_until) >= 1),
+           coalesce(bool_or(qc.paused_at IS NULL AND (qc.rate_per_second IS NOT NULL OR qc.ramp_until > now())
+                            AND b.kind IS NULL), false)
+    INTO paused_queues, paused_types, limited_queues, rated_queues, rated_types, spent_queues, spent_types, tokens, fresh
+    FROM {schema}.queue_control AS qc LEFT JOIN {schema}.rate_bucket AS b USING (kind, name)
+    WHERE qc.kind = 'queue' AND (p_queue IS NULL OR qc.name = p_queue) OR qc.kind = 'type' AND qc.name = ANY(p_types);
+    IF cardinality(paused_queues) + cardinality(paused_types) + cardinality(limited_queues)
+       + cardinality(rated_queues) + cardinality(rated_types) = 0 THEN
+        RETURN ARRAY(SELECT id FROM {schema}.job
+                     WHERE status = 'ready' AND run_at <= now() AND type = ANY(p_types)
+                       AND (p_queue IS NULL OR queue = p_queue)
+                     ORDER BY run_at, id
+                     LIMIT p_want
+                     FOR UPDATE SKIP LOCKED);
+    END IF;
+    IF cardinality(limited_queues) > 0 AND cardinality(rated_queues) + cardinality(rated_types) > 0 THEN
+        got := {schema}.claim_rated(p_queue, p_types, p_want);
+        IF cardinality(got) < p_want THEN
+            got := got || {schema}.claim_limited(p_queue, p_types, p_want - cardinality(got), got);
+        END IF;
+        RETURN got || {schema}.claim_paced(p_queue, p_types, p_want - cardinality(got), got,
+                                           paused_queues || limited_queues || rated_queues, paused_types || rated_types,
+                                           ARRAY[]::text[], ARRAY[]::text[], NULL, false);
+    END IF;
+    IF cardinality(limited_queues) > 0 THEN
+        got := {schema}.claim_limited(p_queue, p_types, p_want, got);
+    END IF;
+    IF cardinality(spent_queues) > 0 THEN
+        rated_queues := ARRAY(SELECT q FROM unnest(rated_queues) AS q WHERE q <> ALL(spent_queues));
+    END IF;
+    IF cardinality(spent_types) > 0 THEN
+        rated_types := ARRAY(SELECT t FROM unnest(rated_types) AS t WHERE t <> ALL(spent_types));
+    END IF;
+    RETURN got || {schema}.claim_paced(p_queue, p_types, p_want - cardinality(got), got,
+                                       paused_queues || limited_queues || spent_queues, paused_types || spent_types,
+                                       rated_queues, rated_types, tokens, fresh);
+END;
+$$;
+
+-- The claim statement before this one (migration 0018) calls claim_levered and walks the
+-- ready index itself only when it returns NULL: it now takes claim_pick's ids, levers or
+-- none, so the workers that send it claim as these do.
+CREATE OR REPLACE FUNCTION {schema}.claim_levered(p_queue text, p_types text[], p_want integer)
+RETURNS bigint[] LANGUAGE sql VOLATILE AS $$
+    SELECT {schema}.claim_pick(p_queue, p_types, p_want)
+$$;
