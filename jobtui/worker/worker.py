@@ -303,7 +303,12 @@ class Worker(Flights):
                     claim=partial(self._claim_call, pool),
                     answered=None if pool == BUILTIN_QUEUE and self._builtin_slot else self._claim_answered,
                 ),
-                Starting(partial(self.slots.room, pool), partial(self._start, pool), self.slots.kicks[pool]),
+                Starting(
+                    partial(self.slots.room, pool),
+                    partial(self._start, pool),
+                    self.slots.kicks[pool],
+                    self.slots.sizes[pool],
+                ),
                 name="every queue" if pool is None else pool,
                 stopping=stopping,
                 denied=self._denied,

@@ -177,6 +177,12 @@ async def quick(job: Job) -> None:
     """Nothing: a job whose start time is all a test reads (rates, ramps)."""
 
 
+@jobs.handler("brief")
+async def brief(job: Job) -> None:
+    """Work `sleep` seconds, writing nothing: a job whose only cost is its slot's time."""
+    await awork(float(job.payload["sleep"]))
+
+
 @jobs.handler("nap")
 async def nap(job: Job) -> None:
     """Sleep `sleep` seconds; logs `cancelled` if the worker cancels it meanwhile."""
