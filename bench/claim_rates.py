@@ -25,7 +25,10 @@ drain rate, and the server's CPU per job (the claiming backend's time on a CPU d
 loop's turns, from /proc/PID/schedstat: the server must be on this machine), which the load
 of other work on the machine moves far less than the rate. Ratios are the median of the
 per-round ratios. Then the claim statement alone, without a lever: minimal,
-base and new in turns, each run rolled back, which resolves smaller differences.
+base and new in turns, each run rolled back, which resolves smaller differences; and the
+statement alone under each lever state, every lever set at once on a table of two types
+(`new` claims the default queue, out of every lever's reach; `new+other` every queue, a
+rated queue in reach; `new+rated` the rated type), with the server's CPU of each run.
 """
 
 from __future__ import annotations
@@ -211,6 +214,64 @@ def statement_ab(dsn: str, claims: Claims, batch: int, jobs: int, runs: int) -> 
     return {name: statistics.median(times[name][skip:]) * 1000 for name in names}
 
 
+RATED_TYPE = "bench.rated"
+# The statement under each lever state, all set at once on one table (levers_ab): the claim
+# of `new` takes the default queue, which no lever reaches; `new+other` every queue, with
+# the rated queue `elsewhere` (no job) in reach; `new+rated` the rated type's jobs.
+LEVER_STATES = ("minimal", "new", "new+other", "new+rated")
+
+
+def levers_ab(dsn: str, claims: Claims, batch: int, jobs: int, runs: int) -> dict[str, tuple[float, float]]:
+    """The claim statement alone under each lever state, every lever set once and left so:
+    a table of two types interleaved, a rate on another queue and one on the second type; each
+    run rolled back (nothing changes but the bucket's dead row versions), the states in turns
+    on one connection with the claim session. (median ms, median server µs) per run."""
+    with Client(dsn) as q:
+        q.enqueue_many([NewJob(JOB_TYPE if i % 2 else RATED_TYPE, {}) for i in range(jobs)])
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("DELETE FROM jobtui.queue_control")
+        queues.set_rate(admin, "queue", "elsewhere", 5.0, actor="bench")
+        queues.set_rate(admin, "type", RATED_TYPE, 1_000_000.0, actor="bench")
+        admin.execute("VACUUM ANALYZE jobtui.job")
+    calls = {
+        "minimal": claims.call("minimal", batch),
+        "new": (
+            claims.texts["new"],
+            claim_call([JOB_TYPE], worker="bench", limit=batch, lease=30.0, queue="default").params,
+        ),
+        "new+other": (claims.texts["new"], claim_call([JOB_TYPE], worker="bench", limit=batch, lease=30.0).params),
+        "new+rated": (
+            claims.texts["new"],
+            claim_call([RATED_TYPE], worker="bench", limit=batch, lease=30.0, queue="default").params,
+        ),
+    }
+    times: dict[str, list[float]] = {name: [] for name in LEVER_STATES}
+    server: dict[str, list[float]] = {name: [] for name in LEVER_STATES}
+    names = list(LEVER_STATES)
+    with psycopg.connect(dsn) as conn:
+        claim_session(conn, False)
+        conn.commit()
+        pid = conn.info.backend_pid
+        for i in range(runs):
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                text, params = calls[name]
+                started, cpu = time.perf_counter(), backend_cpu(pid)
+                with conn.cursor(binary=True) as cur:
+                    cur.execute(text, params)
+                    assert len(cur.fetchall()) == batch, name
+                conn.rollback()
+                times[name].append(time.perf_counter() - started)
+                server[name].append(backend_cpu(pid) - cpu)
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("DELETE FROM jobtui.job")
+        admin.execute("DELETE FROM jobtui.queue_control")
+    skip = runs // 10
+    return {
+        name: (statistics.median(times[name][skip:]) * 1000, statistics.median(server[name][skip:]) * 1e6)
+        for name in names
+    }
+
+
 def planning_ab(dsn: str, claims: Claims, batch: int, runs: int) -> dict[str, float]:
     """What planning each claim costs: `EXPLAIN` of minimal, base and new in turns, on the
     claim session, never prepared (PostgreSQL plans the claim at every call anyway: it never
@@ -302,6 +363,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"| {ms['base'] / ms['minimal'] - 1:+.1%} | {ms['new'] / ms['minimal'] - 1:+.1%} |",
                 flush=True,
             )
+        print(f"\nthe claim statement alone under each lever state, all set at once, rolled back, {runs} runs each")
+        print("in turns: median ms and median server µs per run, and the server's against `new`")
+        print(
+            "| batch | "
+            + " | ".join(LEVER_STATES)
+            + " | "
+            + " | ".join(f"{s} vs new" for s in LEVER_STATES if s != "new")
+            + " |"
+        )
+        print("| ---: " + "| ---: " * (2 * len(LEVER_STATES) - 1) + "|")
+        for batch in (int(b) for b in args.batches.split(",")):
+            got = levers_ab(dsn, claims, batch, 20_000, args.statement_runs)
+            cells = [f"{got[s][0]:.3f} ms, {got[s][1]:.0f} µs" for s in LEVER_STATES]
+            cells += [f"{got[s][1] / got['new'][1] - 1:+.1%}" for s in LEVER_STATES if s != "new"]
+            print(f"| {batch} | " + " | ".join(cells) + " |", flush=True)
         ms = planning_ab(dsn, claims, 10, max(100, runs // 2))
         print(f"\nplanning alone (EXPLAIN, a round trip each), {max(100, runs // 2)} runs each in turns, median ms")
         print("| minimal | base | new | base vs minimal | new vs minimal |\n| ---: | ---: | ---: | ---: | ---: |")
