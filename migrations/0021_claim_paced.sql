@@ -19,14 +19,16 @@
 -- those; rated with a spent bucket, by claim_pick's read without a lock). A job of a
 -- queue or type in p_rated_* takes a token of its bucket.
 -- - When every job the claim can take is under the same buckets (its queue is the rated
---   one, its one type the rated one, or both), it locks them first, in kind and name order,
---   and walks only as far as the emptiest allows: a spent bucket costs no job row.
+--   one, its one type the rated one, or both; queues set aside stay aside), it walks only as
+--   far as the emptiest allows: a spent bucket costs no job row. One bucket is charged by
+--   one update; several are locked first, in kind and name order.
 -- - Otherwise it walks first, locking the jobs (SKIP LOCKED, as the plain claim does), and
 --   locks only the buckets of the rated jobs among them, in kind and name order: a claim that
 --   meets no rated job locks no bucket. A rated job whose bucket has no token left is passed
 --   over and its queue or type set aside; the next round walks on for the rest. Each round
 --   sets one aside at least, so the rounds end; a bucket a later round would need is not
---   locked then (it would break the order) and its jobs wait for the next claim.
+--   locked then (it would break the order): its jobs wait for a claim whose first round
+--   meets them, as those behind a look-ahead did before.
 -- Every claim waits on the buckets' rows in one order and on no job row, so claims never
 -- deadlock; rows passed over stay locked (not taken) until the claim commits. Each bucket
 -- that gave tokens is written once. p_fresh: a rated bucket has no row yet; it gets one
@@ -69,8 +71,10 @@ BEGIN
     END IF;
     IF p_fresh THEN
         INSERT INTO {schema}.rate_bucket (kind, name, tokens, refilled_at)
-        SELECT 'queue', q, 0, now() FROM unnest(p_rated_queues) AS q
-        UNION ALL SELECT 'type', t, 0, now() FROM unnest(p_rated_types) AS t
+        SELECT kind, name, 0, now()
+        FROM (SELECT 'queue' AS kind, q AS name FROM unnest(p_rated_queues) AS q
+              UNION ALL SELECT 'type', t FROM unnest(p_rated_types) AS t) AS fresh
+        ORDER BY kind, name
         ON CONFLICT (kind, name) DO NOTHING;
     END IF;
     -- Under the same buckets throughout: as many jobs as the emptiest allows.
@@ -106,6 +110,7 @@ BEGIN
         got := ARRAY(SELECT id FROM {schema}.job
                      WHERE status = 'ready' AND run_at <= now() AND type = ANY(live_types)
                        AND (p_queue IS NULL OR queue = p_queue)
+                       AND (queue || '') <> ALL(aside_queues)
                        AND NOT (id = ANY(p_taken))
                      ORDER BY run_at, id
                      LIMIT have::integer

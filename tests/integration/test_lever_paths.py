@@ -239,3 +239,22 @@ def test_claim_levered_takes_claim_picks_jobs_for_the_statement_that_walked_afte
     with conn.transaction(force_rollback=True):
         row = conn.execute("SELECT jobtui.claim_levered(NULL, ARRAY['a'], 10)").fetchone()
         assert row is not None and sorted(row[0]) == free and held not in row[0]
+
+
+def test_a_claim_of_every_queue_for_a_rated_type_leaves_paused_and_spent_queues_alone(conn: Conn, dsn: str) -> None:
+    """Every job such a claim can take is under the type's bucket, so it walks as far as that
+    bucket allows: still past the jobs of a paused queue and of a rated queue whose bucket is
+    spent."""
+    with Client(dsn) as q:
+        q.enqueue("a", queue="held")
+        q.enqueue("a", queue="slow")
+        free = [q.enqueue("a") for _ in range(3)]
+    queues.set_rate(conn, "type", "a", 10.0, actor="olga")
+    queues.set_rate(conn, "queue", "slow", 0.001, actor="olga")
+    queues.pause(conn, "queue", "held", actor="olga")
+    conn.execute(  # the type's bucket holds 10, the queue's none; no refill while the test runs
+        "UPDATE jobtui.rate_bucket SET tokens = CASE kind WHEN 'type' THEN 10 ELSE 0 END,"
+        " refilled_at = now() + interval '1 hour'"
+    )
+    assert sorted(claim(conn, None, 10)) == free
+    assert conn.execute("SELECT tokens FROM jobtui.rate_bucket WHERE kind = 'type'").fetchone() == (7.0,)
