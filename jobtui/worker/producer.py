@@ -107,6 +107,8 @@ class Producer:
             free = self._starting.room()
             if self._backlog and 0 < free < self._starting.size // 2:
                 free = await self._gather()
+                if self._stopping.is_set():
+                    continue  # a stop during the gathering: no claim after it
             if free <= 0:
                 self._starting.kick.clear()
                 await self._wait_kick()
