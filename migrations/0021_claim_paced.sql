@@ -35,7 +35,8 @@
 -- before any lock. Called by claim_pick, under its planner settings.
 CREATE FUNCTION {schema}.claim_paced(p_queue text, p_types text[], p_want integer, p_taken bigint[],
                                      p_aside_queues text[], p_aside_types text[],
-                                     p_rated_queues text[], p_rated_types text[], p_tokens float8,
+                                     p_rated_queues text[], p_rated_types text[],
+                                     p_tokens float8, p_rate float8, p_ramp_from timestamptz, p_ramp_until timestamptz,
                                      p_fresh boolean)
 RETURNS bigint[] LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -119,14 +120,14 @@ BEGIN
             RETURN got;
         END IF;
         IF one THEN
+            -- The rate and ramp as claim_pick read them, without a second read: a rate changed
+            -- in between holds from the next claim, as one changed during a claim always has.
             UPDATE {schema}.rate_bucket AS b
-            SET tokens = {schema}.bucket_tokens(b.tokens, b.refilled_at, qc.rate_per_second, qc.ramp_from, qc.ramp_until)
+            SET tokens = {schema}.bucket_tokens(b.tokens, b.refilled_at, p_rate, p_ramp_from, p_ramp_until)
                          - cardinality(got),
                 refilled_at = greatest(b.refilled_at, now())
-            FROM {schema}.queue_control AS qc
-            WHERE b.kind = b_kind[1] AND b.name = b_name[1] AND qc.kind = b.kind AND qc.name = b.name
-              AND {schema}.bucket_tokens(b.tokens, b.refilled_at, qc.rate_per_second, qc.ramp_from,
-                                         qc.ramp_until) >= cardinality(got);
+            WHERE b.kind = b_kind[1] AND b.name = b_name[1]
+              AND {schema}.bucket_tokens(b.tokens, b.refilled_at, p_rate, p_ramp_from, p_ramp_until) >= cardinality(got);
             IF FOUND THEN
                 RETURN got;
             END IF;
@@ -245,44 +246,69 @@ CREATE FUNCTION {schema}.claim_pick(p_queue text, p_types text[], p_want integer
 RETURNS bigint[] LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off AS $$
 DECLARE
+    c record;
     got bigint[] := ARRAY[]::bigint[];
-    paused_queues text[];
-    paused_types text[];
-    limited_queues text[];
-    rated_queues text[];
-    rated_types text[];
-    spent_queues text[];
-    spent_types text[];
-    tokens float8;
-    fresh boolean;
+    paused_queues text[] := ARRAY[]::text[];
+    paused_types text[] := ARRAY[]::text[];
+    limited_queues text[] := ARRAY[]::text[];
+    rated_queues text[] := ARRAY[]::text[];
+    rated_types text[] := ARRAY[]::text[];
+    spent_queues text[] := ARRAY[]::text[];
+    spent_types text[] := ARRAY[]::text[];
+    one_tokens float8;
+    one_rate float8;
+    one_from timestamptz;
+    one_until timestamptz;
+    fresh boolean := false;
 BEGIN
-    SELECT coalesce(array_agg(qc.name) FILTER (WHERE qc.kind = 'queue' AND qc.paused_at IS NOT NULL), ARRAY[]::text[]),
-           coalesce(array_agg(qc.name) FILTER (WHERE qc.kind = 'type' AND qc.paused_at IS NOT NULL), ARRAY[]::text[]),
-           coalesce(array_agg(qc.name) FILTER (WHERE qc.kind = 'queue' AND qc.paused_at IS NULL
-                                                 AND qc.max_running IS NOT NULL), ARRAY[]::text[]),
-           coalesce(array_agg(qc.name) FILTER (WHERE qc.kind = 'queue' AND qc.paused_at IS NULL
-                                                 AND (qc.rate_per_second IS NOT NULL OR qc.ramp_until > now())), ARRAY[]::text[]),
-           coalesce(array_agg(qc.name) FILTER (WHERE qc.kind = 'type' AND qc.paused_at IS NULL
-                                                 AND (qc.rate_per_second IS NOT NULL OR qc.ramp_until > now())), ARRAY[]::text[]),
-           coalesce(array_agg(qc.name) FILTER (WHERE qc.kind = 'queue' AND qc.paused_at IS NULL
-                                                 AND (qc.rate_per_second IS NOT NULL OR qc.ramp_until > now())
-                                                 AND {schema}.bucket_tokens(b.tokens, b.refilled_at, qc.rate_per_second,
-                                                                            qc.ramp_from, qc.ramp_until) < 1), ARRAY[]::text[]),
-           coalesce(array_agg(qc.name) FILTER (WHERE qc.kind = 'type' AND qc.paused_at IS NULL
-                                                 AND (qc.rate_per_second IS NOT NULL OR qc.ramp_until > now())
-                                                 AND {schema}.bucket_tokens(b.tokens, b.refilled_at, qc.rate_per_second,
-                                                                            qc.ramp_from, qc.ramp_until) < 1), ARRAY[]::text[]),
-           min({schema}.bucket_tokens(b.tokens, b.refilled_at, qc.rate_per_second, qc.ramp_from, qc.ramp_until))
-               FILTER (WHERE qc.paused_at IS NULL AND (qc.rate_per_second IS NOT NULL OR qc.ramp_until > now())
-                             AND {schema}.bucket_tokens(b.tokens, b.refilled_at, qc.rate_per_second,
-                                                        qc.ramp_from, qc.ramp_until) >= 1),
-           coalesce(bool_or(qc.paused_at IS NULL AND (qc.rate_per_second IS NOT NULL OR qc.ramp_until > now())
-                            AND b.kind IS NULL), false)
-    INTO paused_queues, paused_types, limited_queues, rated_queues, rated_types, spent_queues, spent_types, tokens, fresh
-    FROM {schema}.queue_control AS qc LEFT JOIN {schema}.rate_bucket AS b USING (kind, name)
-    WHERE qc.kind = 'queue' AND (p_queue IS NULL OR qc.name = p_queue) OR qc.kind = 'type' AND qc.name = ANY(p_types);
+    -- Each lever in reach (a few rows at most), with its bucket's tokens refilled to now. A
+    -- rated queue or type whose bucket holds no token is spent; the others are rated. For a
+    -- claim under one bucket, that bucket's tokens, rate and ramp go to claim_paced.
+    FOR c IN SELECT qc.kind, qc.name, qc.paused_at IS NOT NULL AS paused, qc.max_running,
+                    qc.rate_per_second IS NOT NULL OR coalesce(qc.ramp_until > now(), false) AS rated,
+                    qc.rate_per_second, qc.ramp_from, qc.ramp_until, b.kind IS NULL AS no_bucket,
+                    {schema}.bucket_tokens(b.tokens, b.refilled_at, qc.rate_per_second, qc.ramp_from,
+                                           qc.ramp_until) AS tokens
+             FROM {schema}.queue_control AS qc LEFT JOIN {schema}.rate_bucket AS b USING (kind, name)
+             WHERE qc.kind = 'queue' AND (p_queue IS NULL OR qc.name = p_queue)
+                OR qc.kind = 'type' AND qc.name = ANY(p_types)
+    LOOP
+        IF c.paused THEN
+            IF c.kind = 'queue' THEN
+                paused_queues := paused_queues || c.name;
+            ELSE
+                paused_types := paused_types || c.name;
+            END IF;
+            CONTINUE;
+        END IF;
+        IF c.kind = 'queue' AND c.max_running IS NOT NULL THEN
+            limited_queues := limited_queues || c.name;
+        END IF;
+        IF NOT c.rated THEN
+            CONTINUE;
+        ELSIF NOT c.no_bucket AND c.tokens < 1 THEN
+            IF c.kind = 'queue' THEN
+                spent_queues := spent_queues || c.name;
+            ELSE
+                spent_types := spent_types || c.name;
+            END IF;
+        ELSE
+            IF c.kind = 'queue' THEN
+                rated_queues := rated_queues || c.name;
+            ELSE
+                rated_types := rated_types || c.name;
+            END IF;
+            fresh := fresh OR c.no_bucket;
+            IF one_tokens IS NULL OR c.tokens < one_tokens THEN
+                one_tokens := c.tokens;
+                one_rate := c.rate_per_second;
+                one_from := c.ramp_from;
+                one_until := c.ramp_until;
+            END IF;
+        END IF;
+    END LOOP;
     IF cardinality(paused_queues) + cardinality(paused_types) + cardinality(limited_queues)
-       + cardinality(rated_queues) + cardinality(rated_types) = 0 THEN
+       + cardinality(rated_queues) + cardinality(rated_types) + cardinality(spent_queues) + cardinality(spent_types) = 0 THEN
         RETURN ARRAY(SELECT id FROM {schema}.job
                      WHERE status = 'ready' AND run_at <= now() AND type = ANY(p_types)
                        AND (p_queue IS NULL OR queue = p_queue)
@@ -290,27 +316,23 @@ BEGIN
                      LIMIT p_want
                      FOR UPDATE SKIP LOCKED);
     END IF;
-    IF cardinality(limited_queues) > 0 AND cardinality(rated_queues) + cardinality(rated_types) > 0 THEN
+    IF cardinality(limited_queues) > 0
+       AND cardinality(rated_queues) + cardinality(rated_types) + cardinality(spent_queues) + cardinality(spent_types) > 0 THEN
         got := {schema}.claim_rated(p_queue, p_types, p_want);
         IF cardinality(got) < p_want THEN
             got := got || {schema}.claim_limited(p_queue, p_types, p_want - cardinality(got), got);
         END IF;
         RETURN got || {schema}.claim_paced(p_queue, p_types, p_want - cardinality(got), got,
-                                           paused_queues || limited_queues || rated_queues, paused_types || rated_types,
-                                           ARRAY[]::text[], ARRAY[]::text[], NULL, false);
+                                           paused_queues || limited_queues || rated_queues || spent_queues,
+                                           paused_types || rated_types || spent_types,
+                                           ARRAY[]::text[], ARRAY[]::text[], NULL, NULL, NULL, NULL, false);
     END IF;
     IF cardinality(limited_queues) > 0 THEN
         got := {schema}.claim_limited(p_queue, p_types, p_want, got);
     END IF;
-    IF cardinality(spent_queues) > 0 THEN
-        rated_queues := ARRAY(SELECT q FROM unnest(rated_queues) AS q WHERE q <> ALL(spent_queues));
-    END IF;
-    IF cardinality(spent_types) > 0 THEN
-        rated_types := ARRAY(SELECT t FROM unnest(rated_types) AS t WHERE t <> ALL(spent_types));
-    END IF;
     RETURN got || {schema}.claim_paced(p_queue, p_types, p_want - cardinality(got), got,
                                        paused_queues || limited_queues || spent_queues, paused_types || spent_types,
-                                       rated_queues, rated_types, tokens, fresh);
+                                       rated_queues, rated_types, one_tokens, one_rate, one_from, one_until, fresh);
 END;
 $$;
 

@@ -258,3 +258,16 @@ def test_a_claim_of_every_queue_for_a_rated_type_leaves_paused_and_spent_queues_
     )
     assert sorted(claim(conn, None, 10)) == free
     assert conn.execute("SELECT tokens FROM jobtui.rate_bucket WHERE kind = 'type'").fetchone() == (7.0,)
+
+
+def test_a_rated_type_whose_bucket_row_is_gone_gets_one_and_its_tokens(conn: Conn, dsn: str) -> None:
+    """A rate whose bucket has no row (set by a release that wrote none, or the row deleted)
+    starts an empty bucket at the first claim, which then fills at the rate."""
+    with Client(dsn) as q:
+        ids = [q.enqueue("a") for _ in range(3)]
+    queues.set_rate(conn, "type", "a", 1.0, actor="olga")
+    conn.execute("DELETE FROM jobtui.rate_bucket")
+    assert claim(conn, None, 10) == []  # the row is made, empty
+    assert conn.execute("SELECT tokens FROM jobtui.rate_bucket").fetchone() == (0.0,)
+    conn.execute("UPDATE jobtui.rate_bucket SET refilled_at = refilled_at - interval '2 seconds'")
+    assert sorted(claim(conn, None, 10)) == ids[:2]  # two seconds at 1/s
