@@ -55,6 +55,8 @@ from typing import Any
 
 import pytest
 
+from jobtui.kernel.embedded import pid_alive
+
 from .cluster import LocalCluster
 
 _PREFIX = "jn"  # every name made here starts with it, then the pid, then a letter
@@ -328,16 +330,6 @@ def _kill_in(netns: str) -> None:
             os.kill(int(pid), signal.SIGKILL)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 _OURS = re.compile(rf"^{_PREFIX}(\d+)[a-z]-")
 
 
@@ -351,7 +343,7 @@ def sweep_stale() -> list[str]:
     links = re.findall(rf"^\d+: ({_PREFIX}\d+[a-z]-u0)[@:]", ip("-o", "link", "show", check=False).stdout, re.M)
     for name in [*names, *links]:
         match = _OURS.match(name)
-        if match is None or _alive(int(match.group(1))):
+        if match is None or pid_alive(int(match.group(1))):
             continue
         if name in names:
             _kill_in(name)

@@ -73,12 +73,13 @@ def _forget_dead_handles(package: Any, path: Path) -> None:
             return
         if not isinstance(pids, list):
             return
-        alive = [pid for pid in pids if isinstance(pid, int) and _alive(pid)]
+        alive = [pid for pid in pids if isinstance(pid, int) and pid_alive(pid)]
         if alive != pids:
             handles.write_text(json.dumps(alive))
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this id runs (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
