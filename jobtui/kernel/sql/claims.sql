@@ -35,8 +35,8 @@ SET status = 'running',
 -- rated job (claim_paced, and claim_limited for limited queues). The walk lives in the
 -- function, whose plans PL/pgSQL keeps: written here, it was planned anew at every claim (a
 -- generic plan, estimated with an unknown LIMIT, never won); here is left only the call and
--- the update by id. The levers are read at every claim, in the claim's
--- transaction, so each holds from every worker's next claim. An array rather than a join
+-- the update by id. The levers are read at every claim, in the claim's transaction, so each
+-- holds from every worker's next claim. An array rather than a join
 -- (UPDATE ... FROM picked): a joined relation costs a whole-row copy of each of its rows,
 -- kept for rechecks, and the join. The rows come back in id order; the caller sorts them by
 -- run_at. The payload comes as text, which the worker decodes with one JSON decoder, cheaper
