@@ -41,7 +41,8 @@ def test_under_a_backlog_claims_gather_free_slots_not_one_per_ended_job(db: Conn
 
 
 def test_with_no_backlog_a_job_is_claimed_at_once(db: Conn, app_dsn: str, spawn: Spawn) -> None:
-    worker = spawn("A", "--concurrency", "20", "--verbose", "--no-scheduler")
+    # A poll of 10 s: only the enqueue's wake-up can start the job within the second.
+    worker = spawn("A", "--concurrency", "20", "--poll", "10s", "--verbose", "--no-scheduler")
     with Client(app_dsn) as q:
         job = q.enqueue("brief", {"sleep": 0.0})
     wait_until(lambda: count(db, "id = %s AND status = 'done'", job) == 1, 10, "the job done", worker.log)
