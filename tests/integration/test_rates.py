@@ -158,6 +158,34 @@ def test_a_ramp_starts_slow_and_ends_at_the_rate(conn: Conn, dsn: str) -> None:
     assert detail == ({"ramp_seconds": 2.0},)
 
 
+def test_the_rate_of_a_bucket_is_worked_out_inside_the_claims_own_statements(conn: Conn) -> None:
+    # A rated claim works a bucket's tokens out twice or three times (bucket_tokens, which
+    # calls control_rate twice); each call of an SQL function PostgreSQL cannot inline runs
+    # a query of its own. The plan names no function: all of it is inlined.
+    plan = conn.execute(
+        "EXPLAIN (VERBOSE) SELECT jobtui.bucket_tokens(b.tokens, b.refilled_at, 5.0,"
+        " now() - interval '1 minute', now() + interval '1 minute') FROM jobtui.rate_bucket AS b"
+    ).fetchall()
+    output = " ".join(row[0] for row in plan)
+    assert "power(" in output and "control_rate" not in output and "ramp_share" not in output
+    # The rate as migration 0013 defined it: from 1 job/s (or the rate, when lower) up tenfold
+    # in equal steps to the rate (10,000/s without one), the rate itself outside the ramp.
+    ramp = "timestamptz '2026-01-01', timestamptz '2026-01-01 00:10:00'"
+    cases = {
+        f"100, {ramp}, timestamptz '2025-12-31'": 1.0,
+        f"100, {ramp}, timestamptz '2026-01-01 00:05:00'": 10.0,
+        f"100, {ramp}, timestamptz '2026-01-01 00:10:00'": 100.0,
+        f"0.25, {ramp}, timestamptz '2026-01-01 00:05:00'": 0.25,
+        f"NULL, {ramp}, timestamptz '2026-01-01 00:05:00'": 100.0,
+        f"NULL, {ramp}, timestamptz '2026-01-01 00:10:00'": None,
+        "7, NULL, NULL, now()": 7.0,
+    }
+    for args, rate in cases.items():
+        got = conn.execute(f"SELECT jobtui.control_rate({args})").fetchone()
+        assert got is not None
+        assert got[0] == pytest.approx(rate) if rate is not None else got[0] is None, (args, got)
+
+
 def test_bad_rates_are_refused_in_one_line(conn: Conn) -> None:
     for text in ("fast", "20", "20/week", "-1/s", "0/s", "2000000/s"):
         with pytest.raises(InvalidInput) as err:
