@@ -66,8 +66,11 @@ def _lease_map(leases: Sequence[Lease]) -> dict[str, Any]:
     """The ids as a bigint[] literal and `leases`, a JSON object of id -> token: the params
     of the statements that look each row's token up (complete, complete_deleting, heartbeat).
     One lease per job (`_newest_leases`): a JSON object keeps the last of a repeated key."""
-    tokens = ",".join([f'"{int(lease.job_id)}":{int(lease.token)}' for lease in leases])
-    return {"ids": _bigints([lease.job_id for lease in leases]), "leases": "{" + tokens + "}"}
+    # %d takes numbers only, as int() did, and formats a Lease (a tuple) in one step: half
+    # the cost of an f-string's two fields with their :d checks, once per job.
+    ids = ",".join(["%d" % lease.job_id for lease in leases])  # noqa: UP031
+    tokens = ",".join(['"%d":%d' % lease for lease in leases])  # noqa: UP031
+    return {"ids": "{" + ids + "}", "leases": "{" + tokens + "}"}
 
 
 _CLAIMED = ("id", "type", "payload", "attempts", "max_attempts", "lease_token", "locked_until", "created_at")
@@ -79,20 +82,21 @@ def _claimed(rows: Rows) -> list[ClaimedJob]:
     r_at, n, meta, q = rows.columns("run_at", "uncounted", "meta", "queue")
     # jsonb's text has no white space around the value: raw_decode skips decode's two scans for it.
     decode = _JSON_DECODER.raw_decode
+    # Positional: a dataclass's __init__ takes keywords at about half again the cost.
     return [
         ClaimedJob(
-            id=r[i],
-            type=r[t],
-            payload=decode(r[p])[0],
-            attempt=r[a],
-            max_attempts=r[m],
-            lease_token=r[k],
-            locked_until=r[u],
-            created_at=r[c],
-            run_at=r[r_at],
-            uncounted=r[n],
-            meta=None if r[meta] is None else decode(r[meta])[0],
-            queue=r[q],
+            r[i],
+            r[t],
+            decode(r[p])[0],
+            r[a],
+            r[m],
+            r[k],
+            r[u],
+            r[c],
+            r[r_at],
+            r[n],
+            None if r[meta] is None else decode(r[meta])[0],
+            r[q],
         )
         for r in sorted(rows, key=itemgetter(r_at, i))
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 DEFAULT_SCHEMA = "jobtui"
 DEFAULT_MAX_ATTEMPTS = 25
@@ -29,8 +29,7 @@ class JobStatus(enum.StrEnum):
     DEAD = "dead"
 
 
-@dataclass(frozen=True, slots=True)
-class Lease:
+class Lease(NamedTuple):
     """What a worker must show to write a job's outcome: the id and the claim's token."""
 
     job_id: int

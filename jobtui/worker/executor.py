@@ -46,13 +46,13 @@ class InFlight:
     # Until when (time.monotonic()) the lease surely holds: the moment its claim or its last
     # successful heartbeat was sent, plus the lease the database granted from its own now().
     lease_until: float = 0.0
+    # The claim slots it takes (the queue its producer claims from; None: every queue).
+    pool: str | None = None
+    executor: str = THREAD  # ASYNC, THREAD or PROCESS
     task: asyncio.Task[None] | None = None
     # Set when the outcome is handed to the writer: from then on the row may leave
     # `running` at any moment, and the write itself tells whether the lease held.
     writing: bool = False
-    # The claim slots it takes (the queue its producer claims from; None: every queue).
-    pool: str | None = None
-    executor: str = THREAD  # ASYNC, THREAD or PROCESS
     # The handler stopped for real: the task ended, the thread returned, the child is gone
     # or back in the pool. A later claim of the same job waits for it (worker.py).
     handler_done: bool = False

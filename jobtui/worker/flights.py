@@ -43,7 +43,10 @@ if sys.version_info >= (3, 12):
         return asyncio.Task(work, loop=asyncio.get_running_loop(), eager_start=True)
 
 else:
-    job_task = asyncio.create_task
+
+    def job_task(work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        # The loop's own create_task: asyncio.create_task adds a call to name the task.
+        return asyncio.get_running_loop().create_task(work)
 
 
 class Flights:
@@ -76,7 +79,7 @@ class Flights:
             return
         handler = self.jobs.handlers[claimed.type]
         deadline = now + handler.timeout if handler.timeout else None
-        flight = InFlight(job, claimed, now, deadline, lease_until, pool=pool, executor=executor)
+        flight = InFlight(job, claimed, now, deadline, lease_until, pool, executor)  # positional: cheaper
         older = self.in_flight.get(claimed.id)
         if older is not None:  # an older attempt of the job, still being written or given up
             self.slots.held[older.pool] -= 1
@@ -145,10 +148,7 @@ class Flights:
                     flight.deadline = flight.started + handler.timeout if handler.timeout else None
                 outcome, error, delay = await run_handler(handler, flight, self._backoff, self.children)
             finally:
-                # The handler is finished: its slot is free while the outcome is written, so
-                # the next claim overlaps this write instead of waiting for it.
-                self.slots.busy[flight.pool] -= 1
-                self.slots.wake()
+                self.slots.handler_ended(flight.pool)
             judged = settled(flight, outcome, error)
             if judged is None:
                 self._lost(job, "its lease was lost while it ran")
@@ -187,8 +187,11 @@ class Flights:
                 # before any watch or heartbeat gave the attempt up: nothing was said yet.
                 self._lost(job, "its lease was lost (an effect of its handler was refused)")
             return
-        counts = self.builtin_counts if job.type == ARCHIVE_TYPE else self.counts
-        count_outcome(counts, outcome, job, error, flight.claimed.uncounted)
+        if outcome is Outcome.COMPLETE and job.type != ARCHIVE_TYPE:
+            self.counts["done"] += 1  # most outcomes: counted here without a call
+        else:
+            counts = self.builtin_counts if job.type == ARCHIVE_TYPE else self.counts
+            count_outcome(counts, outcome, job, error, flight.claimed.uncounted)
         if delay:
             # Wake up to claim it again when it is due, instead of at the next poll.
             asyncio.get_running_loop().call_later(delay, self.slots.wake)
@@ -198,8 +201,7 @@ class Flights:
         # a lease lost and the job claimed back): that flight is not this one's to remove.
         if self.in_flight.get(flight.job.id) is flight:
             del self.in_flight[flight.job.id]
-            self.slots.held[flight.pool] -= 1
-        self.slots.wake()
+            self.slots.outcome_settled(flight.pool)
 
     def _lost(self, job: Job, why: str) -> None:
         (self.builtin_counts if job.type == ARCHIVE_TYPE else self.counts)["lost"] += 1

@@ -38,6 +38,19 @@ class Slots:
         size = self.sizes[pool]
         return min(size - self.busy[pool], 2 * size - self.held[pool])
 
+    def handler_ended(self, pool: str | None) -> None:
+        """A handler of `pool` stopped: its slot is free while the outcome is written, so the
+        pool's next claim overlaps that write instead of waiting for it."""
+        self.busy[pool] -= 1
+        self.kicks[pool].set()
+
+    def outcome_settled(self, pool: str | None) -> None:
+        """A job of `pool` left the worker (its outcome written, or given up). Its producer is
+        woken only when that makes room: when outcomes being written bounded it."""
+        self.held[pool] -= 1
+        if self.held[pool] >= self.sizes[pool] + self.busy[pool]:
+            self.kicks[pool].set()
+
     def wake(self) -> None:
         """Every producer claims again (a job finished, a notification, a resume)."""
         for kick in self.kicks.values():
