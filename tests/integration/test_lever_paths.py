@@ -225,6 +225,43 @@ def test_a_single_bucket_spent_by_another_claim_since_the_read_gives_only_what_i
     assert conn.execute("SELECT tokens FROM jobtui.rate_bucket").fetchone() == (0.0,)
 
 
+def test_a_claim_under_one_bucket_is_walked_and_charged_by_claim_pick_alone(conn: Conn, dsn: str) -> None:
+    """Its queue rated, or its one type: claim_pick walks as far as the tokens and charges
+    the bucket itself, without a call of claim_paced; a claim of two types, one rated, needs
+    claim_paced's walk."""
+    with Client(dsn) as q:
+        q.enqueue_many([NewJob("a", {}, queue=queue) for queue in ("slow", "default") for _ in range(6)])
+        q.enqueue_many([NewJob("b", {}) for _ in range(3)])
+    queues.set_rate(conn, "queue", "slow", 2.0, actor="olga")
+    queues.set_rate(conn, "type", "a", 1000.0, actor="olga")
+    conn.execute("UPDATE jobtui.rate_bucket SET tokens = 4, refilled_at = now() + interval '1 hour'")  # no refill
+    conn.execute("SET track_functions = 'pl'")
+    calls = (
+        "SELECT coalesce(sum(calls) FILTER (WHERE funcname = 'claim_pick'), 0),"
+        " coalesce(sum(calls) FILTER (WHERE funcname = 'claim_paced'), 0)"
+        " FROM pg_stat_xact_user_functions WHERE schemaname = 'jobtui'"
+    )
+
+    def claimed_with_calls(queue: str | None, types: tuple[str, ...]) -> tuple[int, tuple[int, int]]:
+        with conn.transaction():
+            before = conn.execute(calls).fetchone()
+            taken = claim(conn, queue, 10, types)
+            after = conn.execute(calls).fetchone()
+        assert before is not None and after is not None
+        return len(taken), (after[0] - before[0], after[1] - before[1])
+
+    # The type's bucket alone (the queue's bucket is not in the reach of a claim of "default").
+    assert claimed_with_calls("default", ("a",)) == (4, (1, 0))
+    queues.set_rate(conn, "type", "a", None, actor="olga")
+    # The queue's bucket alone: its four tokens.
+    assert claimed_with_calls("slow", ("a",)) == (4, (1, 0))
+    conn.execute("UPDATE jobtui.rate_bucket SET tokens = 4")
+    # A claim of two types in the rated queue: b's jobs are under the queue's bucket too, so
+    # still one bucket; a claim of every queue meets unrated jobs as well: claim_paced.
+    assert claimed_with_calls("slow", ("a", "b")) == (2, (1, 0))
+    assert claimed_with_calls(None, ("a", "b"))[1] == (1, 1)
+
+
 def test_claim_levered_takes_claim_picks_jobs_for_the_statement_that_walked_after_it(conn: Conn, dsn: str) -> None:
     """The claim statement before migration 0021 walked the ready index itself when
     claim_levered returned NULL (no lever); claim_levered now always returns the jobs, levers
