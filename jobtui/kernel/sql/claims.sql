@@ -32,15 +32,15 @@ SET status = 'running',
 -- ready index: the plain walk when no pause, limit or rate (or ramp) applies to the claim's
 -- queue (every queue's, for a claim of every queue) or to one of its types; otherwise one
 -- walk that sets paused, limited and spent queues and types aside and takes a token per
--- rated job (claim_paced, and claim_limited for limited queues). The walk lives in the
--- function, whose plans PL/pgSQL keeps: written here, it was planned anew at every claim (a
--- generic plan, estimated with an unknown LIMIT, never won); here is left only the call and
--- the update by id. The levers are read at every claim, in the claim's transaction, so each
--- holds from every worker's next claim. An array rather than a join
--- (UPDATE ... FROM picked): a joined relation costs a whole-row copy of each of its rows,
--- kept for rechecks, and the join. The rows come back in id order; the caller sorts them by
--- run_at. The payload comes as text, which the worker decodes with one JSON decoder, cheaper
--- per row than psycopg's jsonb loader.
+-- rated job (claim_pick itself under one bucket, else claim_paced; claim_limited for limited
+-- queues). The walk lives in the function, whose plans PL/pgSQL keeps: written here, it was
+-- planned anew at every claim (a generic plan, estimated with an unknown LIMIT, never won);
+-- here is left only the call and the update by id. The levers are read at every claim, in
+-- the claim's transaction, so each holds from every worker's next claim. An array rather
+-- than a join (UPDATE ... FROM picked): a joined relation costs a whole-row copy of each of
+-- its rows, kept for rechecks, and the join. The rows come back in id order; the caller
+-- sorts them by run_at. The payload comes as text, which the worker decodes with one JSON
+-- decoder, cheaper per row than psycopg's jsonb loader.
 UPDATE {schema}.job AS j
 {claim_started}
 WHERE j.id = ANY((SELECT {schema}.claim_pick(%(queue)s::text, %(types)s::text[], %(limit)s::int))::bigint[])

@@ -167,7 +167,8 @@ SELECT (payload ->> 'key')::float8 AS key_retention FROM {schema}.schedule WHERE
 -- queue's global limit (claim_limited's lock, keyed by the schema and the queue, as in
 -- migration 0008) is its own kind, queue_limit: that wait is the limit working, not a lock
 -- held too long. So is a claim of a rated queue or type waiting for the claim before it to
--- commit its token bucket (claim_paced locks the bucket's row, migration 0021): rate_limit.
+-- commit its token bucket (claim_pick's update of the bucket's row, or claim_paced's lock of
+-- it, migrations 0021 and 0022): rate_limit.
 -- That wait is for the bucket's row: for its tuple lock (queued behind the first waiter), or
 -- for the holder's transaction id while holding that tuple lock (the first waiter). An
 -- advisory key of 64 bits is shown in pg_locks as classid (its high half) and objid (its low
