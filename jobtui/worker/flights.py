@@ -176,6 +176,11 @@ class Flights:
     def _written(self, flight: InFlight, outcome: Outcome, error: str, delay: float, written: bool) -> None:
         """The writer wrote the job's outcome (or found its lease lost)."""
         self._finished(flight)
+        if not delay and (outcome is not Outcome.COMPLETE or not written):
+            # The job may be ready now (a Retry or a failure without delay, a release, a lease
+            # reaped): claim again at once. The claim its handler's end woke may have run
+            # before this write, found the job still running, and gone to wait.
+            self.slots.wake()
         job = flight.job
         if self.events.watched:
             self.events.tell(OUTCOME_EVENTS[outcome.value] if written else "lost", (job.id,))

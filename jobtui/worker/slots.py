@@ -52,7 +52,7 @@ class Slots:
             self.kicks[pool].set()
 
     def wake(self) -> None:
-        """Every producer claims again (a job finished, a notification, a resume)."""
+        """Every producer claims again (a notification, a resume, a job that may be ready)."""
         for kick in self.kicks.values():
             kick.set()
 

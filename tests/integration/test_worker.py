@@ -534,6 +534,30 @@ async def test_retry_is_bounded_and_each_one_is_in_the_history(db: Conn, app_dsn
     assert row.last_error is not None and "25 releases in a row without an attempt counted" in row.last_error
 
 
+async def test_a_retry_without_delay_is_claimed_again_at_once_not_at_the_next_poll(db: Conn, app_dsn: str) -> None:
+    """One slot: the handler's end frees it while the release is still to be written, so the
+    claim it wakes finds the job running and nothing else; the release written wakes the
+    producer again, well before its wait after that empty claim (a tenth of a 30 s poll)."""
+    jobs = Jobs()
+    starts: list[float] = []
+
+    @jobs.handler("again")
+    async def again(job: Job) -> None:
+        starts.append(time.monotonic())
+        if job.attempt == 1 and len(starts) == 1:
+            await asyncio.sleep(0.2)
+            raise Retry()
+
+    job_id = enqueue(db, "again")
+    worker = Worker(
+        jobs, app_dsn, concurrency=1, lease=30, poll_interval=30, worker_id="inproc", scheduler=False, retention=None
+    )
+    await run_until(worker, [worker.events.expect("completed", ids=[job_id])], lambda: statuses(db, [job_id]))
+    assert len(starts) == 2
+    # The first attempt ran 0.2 s; the second started after a claim or two, not a 3 s wait.
+    assert starts[1] - starts[0] < 1.5, starts
+
+
 # -- bad --app ------------------------------------------------------------------------------
 
 
