@@ -66,8 +66,9 @@ def _lease_map(leases: Sequence[Lease]) -> dict[str, Any]:
     """The ids as a bigint[] literal and `leases`, a JSON object of id -> token: the params
     of the statements that look each row's token up (complete, complete_deleting, heartbeat).
     One lease per job (`_newest_leases`): a JSON object keeps the last of a repeated key."""
-    # %d takes numbers only, as int() did, and formats a Lease (a tuple) in one step: half
-    # the cost of an f-string's two fields with their :d checks, once per job.
+    # %d formats a Lease (a tuple of two ints) in one step: half the cost of an f-string's
+    # two fields with their :d checks, once per job. It refuses what is not a number, a
+    # string of digits included (int() took those).
     ids = ",".join(["%d" % lease.job_id for lease in leases])  # noqa: UP031
     tokens = ",".join(['"%d":%d' % lease for lease in leases])  # noqa: UP031
     return {"ids": "{" + ids + "}", "leases": "{" + tokens + "}"}
