@@ -6,12 +6,10 @@
 -- update that claim_pick can make itself. claim_pick now does; claim_paced, which it still
 -- calls for every other claim with a rate or pause in reach, and when the bucket's tokens ran
 -- out between the read and the update, no longer takes the tokens read: under the same
--- buckets throughout it locks them first. Its signature changes, so it is dropped and made
--- again; claim_pick is its only caller. The claim statements of earlier releases call
--- claim_pick (through claim_levered) as they did.
-
-DROP FUNCTION {schema}.claim_paced(text, text[], integer, bigint[], text[], text[], text[], text[],
-                                   float8, float8, timestamptz, timestamptz, boolean);
+-- buckets throughout it locks them first. Both are replaced in place, signatures unchanged:
+-- their grants stay, and a claim under way when this migration commits finds the functions
+-- it calls. The claim statements of earlier releases call claim_pick (through
+-- claim_levered) as they did.
 
 -- The jobs of a claim with a rate or a pause in reach (and no rate where a limit is), but the
 -- claim under one bucket whose tokens held (claim_pick's): ready, due jobs of p_types in
@@ -32,11 +30,13 @@ DROP FUNCTION {schema}.claim_paced(text, text[], integer, bigint[], text[], text
 -- Every claim waits on the buckets' rows in one order and on no job row, so claims never
 -- deadlock; rows passed over stay locked (not taken) until the claim commits. Each bucket
 -- that gave tokens is written once. p_fresh: a rated bucket has no row yet; it gets one
--- before any lock. Called by claim_pick, under its planner settings.
-
-CREATE FUNCTION {schema}.claim_paced(p_queue text, p_types text[], p_want integer, p_taken bigint[],
-                                     p_aside_queues text[], p_aside_types text[],
-                                     p_rated_queues text[], p_rated_types text[], p_fresh boolean)
+-- before any lock. p_tokens, p_rate, p_ramp_from and p_ramp_until are no longer read (the
+-- signature of migration 0021, kept). Called by claim_pick, under its planner settings.
+CREATE OR REPLACE FUNCTION {schema}.claim_paced(p_queue text, p_types text[], p_want integer, p_taken bigint[],
+                                                p_aside_queues text[], p_aside_types text[],
+                                                p_rated_queues text[], p_rated_types text[],
+                                                p_tokens float8, p_rate float8, p_ramp_from timestamptz,
+                                                p_ramp_until timestamptz, p_fresh boolean)
 RETURNS bigint[] LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     c record;
@@ -109,12 +109,10 @@ BEGIN
         IF cardinality(got) = 0 THEN
             RETURN got;
         END IF;
-        IF cardinality(got) > 0 THEN
-            UPDATE {schema}.rate_bucket AS b
-            SET tokens = greatest(0.0, t.tokens - cardinality(got)), refilled_at = greatest(b.refilled_at, now())
-            FROM unnest(b_kind, b_name, b_tokens) AS t(kind, name, tokens)
-            WHERE b.kind = t.kind AND b.name = t.name;
-        END IF;
+        UPDATE {schema}.rate_bucket AS b
+        SET tokens = greatest(0.0, t.tokens - cardinality(got)), refilled_at = greatest(b.refilled_at, now())
+        FROM unnest(b_kind, b_name, b_tokens) AS t(kind, name, tokens)
+        WHERE b.kind = t.kind AND b.name = t.name;
         RETURN got;
     END IF;
     LOOP
@@ -200,11 +198,11 @@ END;
 $$;
 
 -- As in migration 0021, but for a claim under one bucket, which claim_pick walks and charges
--- itself, and the shorter call of claim_paced. The ids a claim takes: the claim statement's
--- whole walk. One read of the levers in the claim's reach, with their buckets' tokens (read
--- without a lock, to set a spent bucket aside before any walk); no lever: the plain walk of
--- the ready index. Every statement here and in the functions it calls keeps one plan
--- (plan_cache_mode), with the planner settings of the worker's claim session.
+-- itself. The ids a claim takes: the claim statement's whole walk. One read of the levers in
+-- the claim's reach, with their buckets' tokens (read without a lock, to set a spent bucket
+-- aside before any walk); no lever: the plain walk of the ready index. Every statement here
+-- and in the functions it calls keeps one plan (plan_cache_mode), with the planner settings
+-- of the worker's claim session.
 CREATE OR REPLACE FUNCTION {schema}.claim_pick(p_queue text, p_types text[], p_want integer)
 RETURNS bigint[] LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off AS $$
@@ -318,13 +316,13 @@ BEGIN
         RETURN got || {schema}.claim_paced(p_queue, p_types, p_want - cardinality(got), got,
                                            paused_queues || limited_queues || rated_queues || spent_queues,
                                            paused_types || rated_types || spent_types,
-                                           ARRAY[]::text[], ARRAY[]::text[], false);
+                                           ARRAY[]::text[], ARRAY[]::text[], NULL, NULL, NULL, NULL, false);
     END IF;
     IF cardinality(limited_queues) > 0 THEN
         got := {schema}.claim_limited(p_queue, p_types, p_want, got);
     END IF;
     RETURN got || {schema}.claim_paced(p_queue, p_types, p_want - cardinality(got), got,
                                        paused_queues || limited_queues || spent_queues, paused_types || spent_types,
-                                       rated_queues, rated_types, fresh);
+                                       rated_queues, rated_types, NULL, NULL, NULL, NULL, fresh);
 END;
 $$;
