@@ -112,6 +112,7 @@ class Flights:
         def written(ok: bool) -> None:
             if ok:
                 (self.builtin_counts if job.type == ARCHIVE_TYPE else self.counts)["abandoned"] += 1
+            self.slots.wake()  # ready again (or another worker's): claim again at once
             if self.events.watched:
                 self.events.tell("released" if ok else "lost", (job.id,))
 
@@ -176,9 +177,9 @@ class Flights:
     def _written(self, flight: InFlight, outcome: Outcome, error: str, delay: float, written: bool) -> None:
         """The writer wrote the job's outcome (or found its lease lost)."""
         self._finished(flight)
-        if not delay and (outcome is not Outcome.COMPLETE or not written):
-            # The job may be ready now (a Retry or a failure without delay, a release, a lease
-            # reaped): claim again at once. The claim its handler's end woke may have run
+        if not written or (not delay and outcome is not Outcome.COMPLETE):
+            # The job may be ready now (its lease reaped, a Retry or a failure without delay, a
+            # release): claim again at once. The claim its handler's end woke may have run
             # before this write, found the job still running, and gone to wait.
             self.slots.wake()
         job = flight.job
