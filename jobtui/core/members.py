@@ -22,7 +22,6 @@ connect may send one, so it only makes the process read its row.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -40,6 +39,7 @@ from jobtui.kernel.db import Call, Rows, first_line, run, statements
 from jobtui.kernel.domain import DEFAULT_SCHEMA
 from jobtui.kernel.errors import DatabaseUnavailable, InvalidInput
 from jobtui.kernel.link import Connection
+from jobtui.kernel.timeouts import wait_event
 from jobtui.kernel.version import installed_version
 
 log = logging.getLogger("jobtui.fleet")
@@ -240,8 +240,7 @@ class Presence:
             if self.id is None:
                 await self.register()
             while True:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._hinted.wait(), self.member.interval)
+                await wait_event(self._hinted, self.member.interval)
                 await asyncio.sleep(max(0.0, self._last + HINT_GAP - time.monotonic()))
                 self._hinted.clear()
                 await self.refresh()

@@ -11,7 +11,6 @@ slot arithmetic starts from the database's now(), never from this machine's cloc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from jobtui.kernel.domain import DEFAULT_QUEUE, DEFAULT_SCHEMA
 from jobtui.kernel.errors import DatabaseUnavailable, InvalidInput, JobtuiError, PrivilegeMissing
 from jobtui.kernel.link import Connection, Link
 from jobtui.kernel.server import now_call
+from jobtui.kernel.timeouts import wait_event
 
 log = logging.getLogger("jobtui.scheduler")
 T = TypeVar("T")
@@ -370,8 +370,7 @@ class Scheduler:
                 live = None
                 try:
                     if self.quiet:
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(stopping.wait(), wait)
+                        await wait_event(stopping, wait)
                         continue
                     live = await conn.get(stopping)
                     async with conn.busy():  # the link watches how long the tick waits
@@ -392,8 +391,7 @@ class Scheduler:
                     ) from None
                 except psycopg.Error as exc:
                     log.error("scheduler tick failed: %s", first_line(exc))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), wait)
+                await wait_event(stopping, wait)
         finally:
             await conn.close()
 

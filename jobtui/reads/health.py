@@ -18,7 +18,6 @@ network only by that age), and true at the first answer after it is back.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
@@ -31,6 +30,7 @@ from jobtui.kernel.domain import DEFAULT_SCHEMA
 from jobtui.kernel.errors import DatabaseUnavailable
 from jobtui.kernel.link import Connection, Link
 from jobtui.kernel.migrate import Migration, available, lacking, versions_call
+from jobtui.kernel.timeouts import wait_event
 
 log = logging.getLogger("jobtui.health")
 
@@ -123,8 +123,7 @@ class Health:
             while not stopping.is_set():
                 if probe is None or probe.done():
                     probe = asyncio.create_task(self._probe(conn, stopping), name="jobtui-health-probe")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), PROBE_EVERY)
+                await wait_event(stopping, PROBE_EVERY)
         finally:
             if probe is not None and not probe.done():
                 probe.cancel()

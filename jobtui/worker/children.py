@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from jobtui.core.registry import Job
 from jobtui.kernel.domain import ClaimedJob
 from jobtui.kernel.errors import JobtuiError
+from jobtui.kernel.timeouts import within
 from jobtui.worker import child as child_side
 from jobtui.worker.child import Attempt, Result, Settings
 from jobtui.worker.template import NoChild, Template, gone
@@ -292,7 +293,7 @@ class ChildPool:
                     result = await self._result(child, flight)
                 else:
                     left = max(0.0, flight.started + timeout - time.monotonic())
-                    result = await asyncio.wait_for(self._result(child, flight), left)
+                    result = await within(self._result(child, flight), left)
             except TimeoutError:
                 await self._stop(child, "timeout")
                 raise HandlerTimedOut() from None
@@ -396,7 +397,7 @@ class ChildPool:
         if pid in self._early_exits:
             self._exited(pid, self._early_exits.pop(pid))
         try:
-            header = await asyncio.wait_for(reader.readexactly(child_side.HEADER.size), START_TIMEOUT)
+            header = await within(reader.readexactly(child_side.HEADER.size), START_TIMEOUT)
             pickle.loads(await reader.readexactly(child_side.HEADER.unpack(header)[0]))
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
             await self._stop(child, "shutdown")
@@ -462,11 +463,11 @@ class ChildPool:
             child.control.send(_TOLD.get(reason, child_side.LOST))
         self._signal(child, signal.SIGTERM)
 
-    async def _wait_gone(self, child: Child, within: float) -> None:
-        """Until the child is gone, SIGKILL after `within` seconds; cancelled meanwhile, it
+    async def _wait_gone(self, child: Child, patience: float) -> None:
+        """Until the child is gone, SIGKILL after `patience` seconds; cancelled meanwhile, it
         kills at once, still waits, and re-raises."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + within
+        deadline = loop.time() + patience
         cancelled = False
         while not child.gone.is_set():
             left = deadline - loop.time()
@@ -474,7 +475,7 @@ class ChildPool:
                 self._signal(child, signal.SIGKILL)
             try:
                 timeout = None if child.killed_hard else max(left, 0.01)
-                await asyncio.wait_for(asyncio.shield(child.gone.wait()), timeout)
+                await within(asyncio.shield(child.gone.wait()), timeout)
             except TimeoutError:
                 continue
             except asyncio.CancelledError:

@@ -17,6 +17,8 @@ import asyncio
 import threading
 from collections.abc import Collection, Iterable
 
+from jobtui.kernel.timeouts import within
+
 # What an outcome written tells (outcome.Outcome's value): completed, failed (counted, retried
 # or dead), released (back to ready, uncounted).
 OUTCOME_EVENTS = {
@@ -79,7 +81,7 @@ class Expectation:
         if self._done.is_set():  # done before the future was there to be told
             _settle(future)
         try:
-            await asyncio.wait_for(future, timeout)
+            await within(future, timeout)
         except TimeoutError:
             self._events.forget(self)
             raise TimeoutError(self._why(timeout)) from None

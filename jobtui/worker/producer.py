@@ -4,7 +4,6 @@ finished, a retry due) or the poll interval says there may be work, and starts e
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from jobtui.kernel.db import Call, first_line
 from jobtui.kernel.domain import ClaimedJob
 from jobtui.kernel.errors import DatabaseUnavailable
 from jobtui.kernel.link import Connection
+from jobtui.kernel.timeouts import wait_event
 from jobtui.worker.events import Events
 
 log = logging.getLogger("jobtui.worker")
@@ -167,8 +167,7 @@ class Producer:
             if left <= 0:
                 break
             self._starting.kick.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._starting.kick.wait(), left)
+            await wait_event(self._starting.kick, left)
         return free
 
     async def _give_back_unanswered(self) -> None:
@@ -180,7 +179,6 @@ class Producer:
             )
 
     async def _wait_kick(self, timeout: float | None = None) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(
-                self._starting.kick.wait(), min(self._claiming.poll_interval, timeout or self._claiming.poll_interval)
-            )
+        await wait_event(
+            self._starting.kick, min(self._claiming.poll_interval, timeout or self._claiming.poll_interval)
+        )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from jobtui.kernel.timeouts import within
 from jobtui.worker.completer import OutcomeWriter
 from jobtui.worker.events import Events
 from jobtui.worker.executor import PROCESS, InFlight
@@ -44,7 +45,7 @@ async def drain(in_flight: dict[int, InFlight], writer: OutcomeWriter, timeout: 
     delay = {id(f): 0.0 if f.handler_done else THREAD_RELEASE_DELAY for f in left}
     releases = asyncio.gather(*(writer.write(Outcome.SHUTDOWN, f.claimed.lease, reason, delay[id(f)]) for f in left))
     try:
-        written = await asyncio.wait_for(releases, timeout)
+        written = await within(releases, timeout)
     except TimeoutError:
         log.error("could not release %d unfinished job(s): the database did not answer; their leases will expire",
                   len(left))  # fmt: skip

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+from jobtui.kernel.timeouts import within
 from jobtui.worker.child import Settings
 
 log = logging.getLogger("jobtui.worker")
@@ -67,7 +68,7 @@ class Template:
         asyncio.get_running_loop().add_reader(reports.fileno(), template._on_reports)
         requests.send(pickle.dumps({"settings": settings, "sys_path": list(sys.path)}))
         try:
-            broken = await asyncio.wait_for(asyncio.shield(template._ready), timeout)
+            broken = await within(asyncio.shield(template._ready), timeout)
             if broken is not None:
                 broken = f"the handler processes cannot load the app {settings.app}: {broken}"
         except TimeoutError:
@@ -91,7 +92,7 @@ class Template:
             del self._forks[number]
             raise NoChild(f"could not ask for a handler process: {exc}") from None
         try:
-            return await asyncio.wait_for(forked, timeout)
+            return await within(forked, timeout)
         except TimeoutError:
             raise NoChild(f"no handler process within {timeout:.0f}s") from None
         finally:

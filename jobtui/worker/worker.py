@@ -38,6 +38,7 @@ from jobtui.kernel.domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA, ClaimedJ
 from jobtui.kernel.errors import InvalidInput, JobtuiError, PrivilegeMissing
 from jobtui.kernel.link import Connection, Link
 from jobtui.kernel.logformat import job_fields
+from jobtui.kernel.timeouts import within
 from jobtui.reads.health import Health
 from jobtui.worker.child import Settings
 from jobtui.worker.children import ChildPool, memory_available
@@ -396,7 +397,7 @@ class Worker(Flights):
             finally:
                 stopped_writing.set()
                 try:
-                    await asyncio.wait_for(asyncio.shield(background[0]), timeout=self.shutdown_timeout + 5)
+                    await within(asyncio.shield(background[0]), self.shutdown_timeout + 5)
                 except TimeoutError:
                     log.error("could not write the last outcomes: the database did not answer")
                 for task in background:

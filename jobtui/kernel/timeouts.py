@@ -1,0 +1,30 @@
+"""Waits with a time limit that never lose a cancellation.
+
+On Python 3.11, `asyncio.wait_for` returns the awaited result when a cancellation arrives in
+the same turn of the loop as that result: the task that was cancelled runs on, and a loop
+that ends only by cancellation (a process's fleet row refreshing) never ends, so a process
+told to stop waits forever for it. `asyncio.timeout` keeps the cancellation; these wrap it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def within(awaitable: Awaitable[T], timeout: float | None) -> T:
+    """`awaitable`'s result; TimeoutError after `timeout` seconds (None: no limit)."""
+    async with asyncio.timeout(timeout):
+        return await awaitable
+
+
+async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
+    """Until `event` is set or `timeout` seconds passed: whether it is set."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    return event.is_set()
