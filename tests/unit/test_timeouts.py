@@ -64,3 +64,14 @@ async def test_a_result_that_comes_with_the_cancellation_does_not_swallow_it() -
     task.cancel()
     await asyncio.wait([task], timeout=2)
     assert task.cancelled() and not ran_on
+
+
+async def test_a_future_answered_as_its_time_runs_out_gives_its_answer() -> None:
+    """The answer and the deadline in one turn (answer first): the answer, not TimeoutError."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[int] = loop.create_future()
+    loop.call_soon(future.set_result, 4242)  # before the deadline's own callback, in its turn
+    assert await within(future, 0) == 4242
+    unanswered: asyncio.Future[int] = loop.create_future()
+    with pytest.raises(TimeoutError):
+        await within(unanswered, 0)
