@@ -12,9 +12,10 @@ import pytest
 
 from jobtui import Client, Jobs, Worker
 from jobtui.core import queues
-from jobtui.core.members import Member, Status, Target, give_order, register_call
+from jobtui.core.members import Member, Presence, Status, Target, give_order, register_call
 from jobtui.kernel.db import run
 from jobtui.kernel.errors import InvalidInput
+from jobtui.kernel.link import Connection
 from jobtui.reads.fleet import findings, holders, read_fleet
 from jobtui.reads.metrics import running_groups_call
 from jobtui.reads.overview import overview
@@ -116,6 +117,25 @@ async def test_an_embedded_worker_registers_leaves_and_registers_again_after_a_p
         worker.stop()
         await asyncio.wait_for(task, 15)
         assert read_fleet(conn).processes == []
+
+
+async def test_a_row_hinted_and_cancelled_in_one_turn_stops_refreshing(dsn: str) -> None:
+    """A process's stop hints its row (the state changed) and cancels the row's refresh loop in
+    the same turn of the loop: the loop ends, and the process's exit is not held up by it."""
+    conn = Connection(dsn, "fleet")
+    presence = Presence(conn, "jobtui", Member("hinted", "scheduler", 60.0, scheduler=True),
+                        status=lambda: Status("stopping"), obey=lambda wanted, by: None)  # fmt: skip
+    await presence.register()
+    refreshing = asyncio.create_task(presence.run())
+    await asyncio.sleep(0)  # one turn: the loop reaches its wait for a hint or its interval
+    presence.look()
+    refreshing.cancel()
+    done, _ = await asyncio.wait([refreshing], timeout=5)
+    assert refreshing in done and refreshing.cancelled(), f"refreshing on ({presence.refreshes} refreshes)"
+    await presence.leave()
+    await conn.close()
+    with psycopg.connect(dsn, autocommit=True) as check:
+        assert read_fleet(check).processes == []
 
 
 def test_quiet_is_not_for_a_server(conn: Conn) -> None:
