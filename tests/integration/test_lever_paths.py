@@ -308,3 +308,47 @@ def test_a_rated_type_whose_bucket_row_is_gone_gets_one_and_its_tokens(conn: Con
     assert conn.execute("SELECT tokens FROM jobtui.rate_bucket").fetchone() == (0.0,)
     conn.execute("UPDATE jobtui.rate_bucket SET refilled_at = refilled_at - interval '2 seconds'")
     assert sorted(claim(conn, None, 10)) == ids[:2]  # two seconds at 1/s
+
+
+def test_a_bucket_written_by_another_claim_since_the_read_is_charged_from_what_it_holds(
+    conn: Conn, dsn: str, holder: Conn
+) -> None:
+    """The charge of a claim under one bucket is fenced by the row as the claim read it: a
+    claim that wrote the row in between (here it left more tokens, as a refill would) makes
+    the charge start from the row as it is now, not from what was read; the claim keeps the
+    jobs it walked, without claim_paced."""
+    with Client(dsn) as q:
+        ids = [q.enqueue("a") for _ in range(8)]
+    queues.set_rate(conn, "type", "a", 10.0, actor="olga")
+    conn.execute("UPDATE jobtui.rate_bucket SET tokens = 5, refilled_at = now() + interval '1 hour'")  # no refill
+    holder.execute("UPDATE jobtui.rate_bucket SET tokens = 7")  # after this claim has read five
+    taken: list[int] = []
+
+    def claim_aside() -> None:
+        with psycopg.connect(dsn, autocommit=True) as other:
+            other.execute("SET track_functions = 'pl'")
+            with other.transaction():  # the function counts of this transaction
+                taken.extend(claim(other, None, 10))
+                [paced] = other.execute(
+                    "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions WHERE funcname = 'claim_paced'"
+                ).fetchone() or [None]
+            taken.append(-int(paced))
+
+    thread = threading.Thread(target=claim_aside)
+    thread.start()
+    try:
+        wait_until(
+            lambda: (
+                conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%claim_take%'"
+                ).fetchone()
+                == (1,)
+            ),
+            10,
+            "the claim waiting on the bucket's row",
+        )
+    finally:
+        holder.commit()
+        thread.join(10)
+    assert sorted(taken[:-1]) == ids[:5] and taken[-1] == 0  # five jobs, no call of claim_paced
+    assert conn.execute("SELECT tokens FROM jobtui.rate_bucket").fetchone() == (2.0,)  # 7 - 5, not 5 - 5
