@@ -6,7 +6,8 @@
 -- update; with a claim of 10 jobs under a rate they were a third of what the rate added to
 -- the server's CPU. Now the update is fenced by the row as it was read, its tokens and its
 -- refill time: while they are unchanged, the tokens now are the ones read, written less the
--- jobs taken. Only when another claim wrote the row in between does the update of 0022 run.
+-- jobs taken. Only when the row was written in between (by another claim, or an operator's
+-- rate or resume) does the update of 0022 run.
 -- claim_pick is replaced in place, its signature unchanged: its grants stay, and a claim
 -- under way when this migration commits finds the function it calls.
 
@@ -100,11 +101,11 @@ BEGIN
     -- still holds them (with the rate and ramp read above: a rate changed in between holds
     -- from the next claim, as one changed during a claim always has). While the bucket's row
     -- is as read (its tokens and refill time), its tokens now are the ones read: the update
-    -- writes them less the jobs, fenced by that row. Another claim wrote it since: the
-    -- update refills it to now again and charges it if it holds enough. Neither: claims
-    -- since the read took the tokens (or the rate was cleared): claim_paced below takes the
-    -- bucket's lock and as many jobs as it holds now; the ones locked here and not taken
-    -- stay locked until commit.
+    -- writes them less the jobs, fenced by that row. Written since (by another claim, or an
+    -- operator's rate or resume): the update refills it to now again and charges it if it
+    -- holds enough. Neither: claims since the read took the tokens (or the row is gone):
+    -- claim_paced below takes the bucket's lock and as many jobs as it holds now; the ones
+    -- locked here and not taken stay locked until commit.
     IF NOT fresh AND cardinality(rated_queues) + cardinality(rated_types) = 1
        AND (rated_queues = ARRAY[p_queue] OR rated_types = p_types)
        AND cardinality(paused_queues) + cardinality(paused_types) + cardinality(limited_queues)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from jobtui.clients.client import Client
 from jobtui.core import queues
@@ -211,7 +212,8 @@ def test_a_single_bucket_spent_by_another_claim_since_the_read_gives_only_what_i
         wait_until(
             lambda: (
                 conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%claim_take%'"
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock' AND query LIKE '%claim_take%'"
                 ).fetchone()
                 == (1,)
             ),
@@ -310,18 +312,27 @@ def test_a_rated_type_whose_bucket_row_is_gone_gets_one_and_its_tokens(conn: Con
     assert sorted(claim(conn, None, 10)) == ids[:2]  # two seconds at 1/s
 
 
-def test_a_bucket_written_by_another_claim_since_the_read_is_charged_from_what_it_holds(
-    conn: Conn, dsn: str, holder: Conn
+@pytest.mark.parametrize(
+    ("write", "left"),
+    [
+        # More tokens than were read (as an operator's resume or a new rate writes them).
+        ("SET tokens = 7", lambda tokens: tokens == 2.0),
+        # The same tokens, refilled from a second ago at 10/s: at least 15 now, 5 of them taken.
+        ("SET refilled_at = now() - interval '1 second'", lambda tokens: 10.0 <= tokens <= 15.0),
+    ],
+    ids=["tokens", "refill-time"],
+)
+def test_a_bucket_written_since_the_read_is_charged_from_what_it_holds(
+    conn: Conn, dsn: str, holder: Conn, write: str, left: Callable[[float], bool]
 ) -> None:
-    """The charge of a claim under one bucket is fenced by the row as the claim read it: a
-    claim that wrote the row in between (here it left more tokens, as a refill would) makes
-    the charge start from the row as it is now, not from what was read; the claim keeps the
-    jobs it walked, without claim_paced."""
+    """The charge of a claim under one bucket is fenced by the row as the claim read it, its
+    tokens and its refill time: a write in between makes the charge start from the row as it
+    is now, not from what was read; the claim keeps the jobs it walked, without claim_paced."""
     with Client(dsn) as q:
         ids = [q.enqueue("a") for _ in range(8)]
     queues.set_rate(conn, "type", "a", 10.0, actor="olga")
     conn.execute("UPDATE jobtui.rate_bucket SET tokens = 5, refilled_at = now() + interval '1 hour'")  # no refill
-    holder.execute("UPDATE jobtui.rate_bucket SET tokens = 7")  # after this claim has read five
+    holder.execute(f"UPDATE jobtui.rate_bucket {write}")  # committed after this claim read five
     taken: list[int] = []
 
     def claim_aside() -> None:
@@ -329,10 +340,11 @@ def test_a_bucket_written_by_another_claim_since_the_read_is_charged_from_what_i
             other.execute("SET track_functions = 'pl'")
             with other.transaction():  # the function counts of this transaction
                 taken.extend(claim(other, None, 10))
-                [paced] = other.execute(
+                row = other.execute(
                     "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions WHERE funcname = 'claim_paced'"
-                ).fetchone() or [None]
-            taken.append(-int(paced))
+                ).fetchone()
+            assert row is not None
+            taken.append(-int(row[0]))
 
     thread = threading.Thread(target=claim_aside)
     thread.start()
@@ -340,7 +352,8 @@ def test_a_bucket_written_by_another_claim_since_the_read_is_charged_from_what_i
         wait_until(
             lambda: (
                 conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%claim_take%'"
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock' AND query LIKE '%claim_take%'"
                 ).fetchone()
                 == (1,)
             ),
@@ -351,4 +364,5 @@ def test_a_bucket_written_by_another_claim_since_the_read_is_charged_from_what_i
         holder.commit()
         thread.join(10)
     assert sorted(taken[:-1]) == ids[:5] and taken[-1] == 0  # five jobs, no call of claim_paced
-    assert conn.execute("SELECT tokens FROM jobtui.rate_bucket").fetchone() == (2.0,)  # 7 - 5, not 5 - 5
+    [tokens] = conn.execute("SELECT tokens FROM jobtui.rate_bucket").fetchone() or [None]
+    assert left(tokens), tokens  # not 5 - 5, what the row as read would give

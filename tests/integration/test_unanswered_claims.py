@@ -57,7 +57,8 @@ async def test_a_claim_answered_after_its_lease_hands_its_jobs_back_unstarted(
         holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ('"jobtui".queue_limit.limited',))
         task = asyncio.create_task(worker.run())
         waiting = (
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%jobtui: claim_take%'"
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND query LIKE '%jobtui: claim_take%'"
         )
         await until(lambda: conn.execute(waiting).fetchone() == (1,), 10, "the claim to wait for the lock")
         await asyncio.sleep(lease + 0.5)  # the claim waits past its lease
