@@ -1,6 +1,6 @@
-"""Where a rated claim's extra server CPU goes: `claim_pick` of this tree for 10 jobs, each call
-its own transaction, with no lever and with its type rated, in turns with variants of it made
-from its own text on a scratch database.
+"""Where a rated claim's extra server CPU goes: `claim_pick` for 10 jobs, each call its own
+transaction, with no lever and with its type rated, in turns with migration 0022's
+`claim_pick` and variants of it, on a scratch database.
 
     .venv/bin/python bench/rated_claim_parts.py [--dsn DSN] [--calls 1000] [--rounds 7]
 
@@ -8,13 +8,18 @@ A benchmark, not a test: it creates its own database (--dbname) on the server of
 migrates it with this tree's migrations, fills it with --jobs ready jobs of two types (one
 rated far above what the loop reaches, so every call takes tokens), measures and drops it.
 The server's CPU per call comes from /proc/PID/schedstat of the calling backend (the server
-must be on this machine). The variants, each `claim_pick_<name>`, say what each part costs;
-the first two would not charge the bucket right and are for attribution only:
+must be on this machine). The loops: `no lever` and `rated`, this tree's `claim_pick`;
+`0022`, the function of migration 0022 (read from its file), whose bucket charge refilled
+the bucket twice in its update; and variants of 0022's, each `claim_pick_<name>`, which say
+what each part costs (the first two would not charge the bucket right: attribution only):
 
-    no-update    the rated claim without the bucket's update
-    no-expr      the update without its two bucket_tokens expressions
-    fenced       the update skipping those expressions while the bucket's row is unchanged
-                 since the claim's unlocked read (its raw tokens and refill time)
+    no-update     0022's rated claim without the bucket's update
+    no-expr       its update without its two bucket_tokens expressions
+    fenced        its update skipping those expressions while the bucket's row is unchanged
+                  since the claim's unlocked read (its raw tokens and refill time), in one
+                  statement with a CASE
+    fenced-first  a first update fenced by the row as read, without the expressions; 0022's
+                  update only when it changed (what migration 0023 does)
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,9 +35,9 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from jobtui.kernel.migrate import migrate
 
+ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 TOKENS = "jobtui.bucket_tokens(b.tokens, b.refilled_at, one_rate, one_from, one_until)"
 WHERE = (
@@ -108,6 +112,7 @@ def fenced_first(body: str) -> str:
 
 
 VARIANTS: dict[str, Callable[[str], str]] = {
+    "0022": lambda body: body,
     "no-update": no_update,
     "no-expr": no_expr,
     "fenced": fenced,
@@ -132,10 +137,9 @@ def prepare(conn: psycopg.Connection[Any], jobs: int) -> None:
         "INSERT INTO jobtui.queue_control (kind, name, rate_per_second, changed_by)"
         " VALUES ('type', 'rated', 1e6, 'bench')"
     )
-    [body] = conn.execute(
-        "SELECT pg_get_functiondef('jobtui.claim_pick(text, text[], integer)'::regprocedure)"
-    ).fetchone() or [""]
-    body = body.replace('"jobtui".', "jobtui.")
+    migration = (ROOT / "migrations" / "0022_claim_one_bucket.sql").read_text()
+    body = migration[migration.index("CREATE OR REPLACE FUNCTION {schema}.claim_pick(") :]
+    body = body[: body.index("\n$$;") + 4].replace("{schema}.", "jobtui.")
     for name, make in VARIANTS.items():
         variant = make(body).replace("jobtui.claim_pick(", f"jobtui.claim_pick_{name.replace('-', '_')}(", 1)
         conn.execute(sql.SQL(variant))
