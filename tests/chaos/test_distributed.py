@@ -278,7 +278,6 @@ def test_workers_with_clocks_hours_off_go_by_the_database_clock(db: Conn, chaos_
     started = db_now(db)
     tick = add_schedule(chaos_dsn, "skewed-tick")
 
-    long = [add(db, "chaos.sync", {"after": 5}) for _ in range(2)]  # 2.5 leases: heartbeats must hold them
     flaky = add(db, "chaos.async", {"fail_first": True})  # retried after a backoff of 0.15-0.25 s
     poison = add(db, "chaos.poison")  # 3 attempts, backoff 0.075-0.2 s, then dead
 
@@ -295,6 +294,10 @@ def test_workers_with_clocks_hours_off_go_by_the_database_clock(db: Conn, chaos_
     wait_until(probe, 20, "both workers to run a clock probe", every=0.25)
     for worker, local_at, db_at in db.execute("SELECT worker, local_at, db_at FROM chaos_clock"):
         assert abs((local_at - db_at) - skews[worker]) < timedelta(minutes=2), (worker, local_at, db_at)
+
+    # 2.5 leases: heartbeats must hold them. Enqueued now: the probes above may take longer
+    # than the jobs run, and their heartbeats are read while they run.
+    long = [add(db, "chaos.sync", {"after": 5}) for _ in range(2)]
 
     # While the long jobs run, their leases run by the database's clock: neither expired at
     # once (-3h) nor hours long (+5h).
