@@ -27,15 +27,17 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from jobtui.kernel.migrate import migrate
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from claim_rates import backend_cpu
+from core import create_database, drop_database
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -120,13 +122,7 @@ VARIANTS: dict[str, Callable[[str], str]] = {
 }
 
 
-def backend_cpu(pid: int) -> float:
-    with open(f"/proc/{pid}/schedstat") as f:
-        return int(f.read().split()[0]) / 1e9
-
-
 def prepare(conn: psycopg.Connection[Any], jobs: int) -> None:
-    migrate(conn)
     conn.execute(
         "INSERT INTO jobtui.job (type, payload) SELECT CASE WHEN g %% 2 = 0 THEN 'rated' ELSE 'plain' END, '{}'"
         " FROM generate_series(1, %s) AS g",
@@ -153,10 +149,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=1000, help="calls of each loop in a round")
     p.add_argument("--rounds", type=int, default=7)
     args = p.parse_args()
-    with psycopg.connect(args.dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(args.dbname)))
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(args.dbname)))
-    dsn = make_conninfo("", **{**conninfo_to_dict(args.dsn), "dbname": args.dbname})
+    dsn = create_database(args.dsn, args.dbname, "server")  # migrated with this tree's migrations
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             prepare(conn, args.jobs)
@@ -178,8 +171,7 @@ def main() -> None:
                         conn.execute(sql.SQL(statement))
                     per_call[name].append((backend_cpu(pid) - before) / args.calls * 1e6)
     finally:
-        with psycopg.connect(args.dsn, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(args.dbname)))
+        drop_database(args.dsn, args.dbname)
     base = statistics.median(per_call["no lever"])
     print(f"claim_pick of 10 jobs, each call its own transaction; server µs per call, medians of {args.rounds} rounds")
     print("| loop | µs per call | against no lever | rounds |")
