@@ -45,6 +45,7 @@ from jobtui.tui.screens import ConfirmScreen, HelpScreen, JobDetailScreen
 from jobtui.tui.search import JobSearchScreen
 
 HISTORY = 120  # samples of the oldest ready age kept for the sparkline
+WHY_ROWS = ("why", "rows")  # what the keys typed as the Why pane opens wait for (keys.py)
 PANE_ACTIONS: frozenset[str] = frozenset().union(*(pane.actions() for pane in panes.ALL))
 
 
@@ -174,7 +175,7 @@ class JobtuiApp(App[None]):
         message.stop()
         if message.kind is not None and message.name is not None:
             self.query_one(f"#{message.pane}", Pane).aim(message.kind, message.name)
-        self.query_one("#panes", TabbedContent).active = message.pane
+        self.action_pane(message.pane)  # the keys after it wait for that pane, as after its key
 
     def on_unmount(self) -> None:
         self._release_logs()
@@ -212,6 +213,7 @@ class JobtuiApp(App[None]):
         self.connected = False
         self.last_error = message
         self.tick()
+        self.keys.ready(WHY_ROWS)  # the Why pane says the database is not answering
 
     def _apply(self, fetched: Fetched) -> None:
         self.connected = True
@@ -222,6 +224,8 @@ class JobtuiApp(App[None]):
         self._server_refusal(fetched)
         self.history.append(fetched.snapshot.oldest_ready_age or 0.0)
         self.render_panes()
+        if fetched.diagnosis is not None:
+            self.keys.ready(WHY_ROWS)
 
     def _server_refusal(self, fetched: Fetched) -> None:
         """Read-only by itself while the server takes no change: the snapshot asks each read
@@ -350,6 +354,7 @@ class JobtuiApp(App[None]):
         # The Why pane's refreshes read the diagnosis; opened, it reads at once.
         self.source.why_open = pane.ID == "why"
         if self.source.why_open and (self.latest is None or self.latest.diagnosis is None):
+            self.keys.hold(WHY_ROWS)  # its rows come with the diagnosis: the keys wait for them
             self.refresh_data()
         view = self.view()
         if view is not None:
@@ -399,6 +404,12 @@ class JobtuiApp(App[None]):
             box.value = line(box.value)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        try:
+            self._submitted(event)
+        finally:
+            self.keys.ready(("submitted", event.input))  # the keys typed after enter go on
+
+    def _submitted(self, event: Input.Submitted) -> None:
         if is_search(event.value):
             # `payload:account=acme status:dead ...`: the jobs search, on a screen of its own.
             try:
@@ -422,6 +433,8 @@ class JobtuiApp(App[None]):
             event.prevent_default()
             event.stop()
             return
+        if event.key == "enter" and isinstance(self.focused, Input):
+            self.keys.submitting(self.focused)  # its binding submits the box next
         box = self.query_one("#filter", Input)
         if event.key == "escape" and box.has_class("visible"):
             self.needle = ""

@@ -9,11 +9,13 @@ there (r finds no job, and nothing says so).
 
 So the app passes a key on only once the one before has come back up to it, and holds every
 key while what a key opened is not ready: a screen until its first frame is drawn (and a
-list until its first rows are shown), a pane until its table has the focus, a question until
-it is asked (a dead group is counted first). The keys held then go on, in order, each
-waiting for the one before. Escape does not wait behind what is not ready: it drops the keys
-held before it and goes at once, so a screen whose rows do not come can be left. Nothing
-waits longer than HOLD_LIMIT: a screen still not ready by then gets its keys as it is.
+list until its first rows are shown), a pane until its table has the focus (the Why pane
+until its first diagnosis is read), a question until it is asked (a dead group is counted
+first), an input box's enter until what it submits is done (the filter applied, the search
+or the question opened). The keys held then go on, in order, each waiting for the one
+before. Escape does not wait behind what is not ready: it drops the keys held before it and
+goes at once, so a screen whose rows do not come can be left. Nothing waits longer than
+HOLD_LIMIT: a screen still not ready by then gets its keys as it is.
 """
 
 from __future__ import annotations
@@ -108,6 +110,13 @@ class KeyGate:
         """Hold the keys to come until `ready(reason)` (or HOLD_LIMIT)."""
         self.waiting.setdefault(reason, self.clock())
 
+    def submitting(self, box: MessagePump) -> None:
+        """Enter went to the input box `box`: the keys after it wait until its submission is
+        handled (`ready(("submitted", box))`) or a screen comes or goes (a dialog's box closes
+        with it). Else they land in the box as it is emptied or closed: enter only posts the
+        submission, which reaches the app after the key's own trail."""
+        self.hold(("submitted", box))
+
     def ready(self, reason: Hashable) -> None:
         if self.waiting.pop(reason, None) is not None:
             self._next()
@@ -119,6 +128,8 @@ class KeyGate:
         for reason in [r for r in self.waiting if isinstance(r, tuple) and isinstance(r[0], Screen)]:
             if reason[0] not in stack:
                 del self.waiting[reason]
+        for reason in [r for r in self.waiting if isinstance(r, tuple) and r[0] == "submitted"]:
+            del self.waiting[reason]  # the submission opened or closed a screen, which holds them now
         if not screen.is_mounted and (screen, "mounted") not in self.waiting:
             self.hold((screen, "mounted"))
             if getattr(screen, "LOADS_ROWS", False):

@@ -10,10 +10,11 @@ from textual import events
 from jobtui.tui.app import JobtuiApp
 from jobtui.tui.screens import ConfirmScreen, JobListScreen
 
-from .helpers import audit, seed, wait_for
-from .test_console import console
+from .helpers import audit, query, seed, wait_for
+from .test_console import console, keys, table
+from .test_queues_pane import control
 
-CHARACTERS = {"enter": "\r", "escape": "\x1b", "slash": "/"}
+CHARACTERS = {"enter": "\r", "escape": "\x1b", "slash": "/", "colon": ":"}
 
 
 def burst(app: JobtuiApp, *keys: str) -> None:
@@ -38,6 +39,58 @@ async def test_a_filter_typed_with_its_slash_goes_into_the_box(dsn: str) -> None
     async with console(dsn) as (app, pilot):
         burst(app, "slash", "s", "m", "s", "enter")
         await wait_for(pilot, lambda: app.needle == "sms", what="the filter")
+
+
+async def test_a_key_after_a_filter_goes_to_the_pane_not_into_the_box(dsn: str) -> None:
+    """enter in the filter box closes it; the key typed after it is the pane's (3: the dead
+    pane), not one more letter of the filter."""
+    seed(dsn)
+    async with console(dsn) as (app, pilot):
+        burst(app, "slash", "s", "m", "s", "enter", "3")
+        await wait_for(pilot, lambda: app.pane == "dead", what="the dead pane")
+        assert app.needle == "sms"
+
+
+async def test_a_search_and_its_bulk_key_in_one_read(dsn: str) -> None:
+    """The search words and enter open the jobs search; r typed with them asks about its jobs
+    (it would land in the filter box, which the search empties)."""
+    seed(dsn)
+    async with console(dsn) as (app, pilot):
+        burst(app, "slash", *"status", "colon", *"dead", "enter", "r")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the bulk question")
+        assert [type(s).__name__ for s in app.screen_stack[-2:]] == ["JobSearchScreen", "ConfirmScreen"]
+
+
+async def test_a_limit_typed_with_its_answer_in_one_read(dsn: str) -> None:
+    """A limit's value, enter and y in one read: the y answers the question the value opens (it
+    would land in the limit's box as it closes, and the question would wait unanswered)."""
+    seed(dsn)
+    async with console(dsn, actor="olga") as (app, pilot):
+        await pilot.press("7")
+        await wait_for(pilot, lambda: "queue:default" in keys(table(app, "queues")), what="the default queue")
+        t = table(app, "queues")
+        t.move_cursor(row=keys(t).index("queue:default"))
+        await pilot.pause(0.05)
+        burst(app, "l", "5", "enter", "y")
+        await wait_for(pilot, lambda: control(dsn) == [("queue", "default", None, 5)], what="the limit")
+    assert [(a[1], a[4]) for a in audit(dsn)] == [("queue-limit", 1)]
+
+
+async def test_a_rate_typed_with_its_answer_in_one_read(dsn: str) -> None:
+    seed(dsn)
+    async with console(dsn, actor="olga") as (app, pilot):
+        await pilot.press("7")
+        await wait_for(pilot, lambda: "queue:default" in keys(table(app, "queues")), what="the default queue")
+        t = table(app, "queues")
+        t.move_cursor(row=keys(t).index("queue:default"))
+        await pilot.pause(0.05)
+        burst(app, "t", "2", "0", "slash", "s", "enter", "y")
+        await wait_for(
+            pilot,
+            lambda: query(dsn, "SELECT rate_per_second FROM jobtui.queue_control") == [(20.0,)],
+            what="the rate",
+        )
+    assert [(a[1], a[4]) for a in audit(dsn)] == [("queue-rate", 1)]
 
 
 async def test_escape_leaves_a_list_whose_rows_do_not_come_and_drops_the_keys_before_it(dsn: str) -> None:

@@ -17,7 +17,8 @@ from jobtui.tui.widgets import KeyedTable
 class Goto(Message):
     """A pane sends the console to another pane: `kind` and `name` say where in it (a queue's
     or a type's line in Queues, a type's dead letters, the Why pane on one queue or type).
-    The app moves the focus, so panes never import each other."""
+    The app moves the focus, so panes never import each other. Posted to the app itself, so
+    that the keys typed after the one that sent it wait for the pane it opens (keys.py)."""
 
     def __init__(self, pane: str, kind: str | None = None, name: str | None = None) -> None:
         super().__init__()

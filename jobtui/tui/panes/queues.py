@@ -275,7 +275,8 @@ class QueuesPane(TablePane):
     def action_why(self) -> None:
         """What holds the selected queue or type (the Why pane, on it alone)."""
         q = self._line()
-        self.post_message(Goto("why") if q is None else Goto("why", q.kind, q.name))
+        # To the app at once, as the Why pane's enter does (keys.py).
+        self.app.post_message(Goto("why") if q is None else Goto("why", q.kind, q.name))
 
     def action_pause_queue(self) -> None:
         q = self._line()
