@@ -5,6 +5,9 @@ the diagnosis says what it cannot see (diagnosis.py).
 
 A cause is about a queue, a type, or the database; the diagnosis gives it to every queue and
 type whose due jobs it holds.
+
+Names in the commands a cause suggests are quoted for a POSIX shell: a queue named
+`a; rm -rf ~` is a name to paste, not a second command.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from shlex import quote
 from typing import Any
 
 from jobtui.kernel.rates import rate_text
@@ -92,7 +96,7 @@ def paused(s: Scene, kind: str, name: str) -> Cause | None:
     return Cause(
         "paused", (kind, name), f"{kind} {name} is paused (by {by})", "crit", tuple(evidence),
         "resume it on every worker (u: with a ramp) once what it was paused for is fixed",
-        key="7 p", command=f"jobtui {kind} resume {name}", goto=f"{kind}:{name}",
+        key="7 p", command=f"jobtui {kind} resume {quote(name)}", goto=f"{kind}:{name}",
         figures={"paused_by": by, "paused_seconds_ago": ago, "audit_id": pause.audit_id if pause else None},
     )  # fmt: skip
 
@@ -132,14 +136,14 @@ def serving(s: Scene, queue: str) -> list[Cause]:
         return [Cause(
             "workers_quiet", ("queue", queue), f"every live worker serving queue {queue} is quiet", "crit",
             (*said, due), "resume them (9, then p on each), or start a worker for the queue",
-            key="9 p", command=f"jobtui workers resume {quiet[0].name}", goto="workers",
+            key="9 p", command=f"jobtui workers resume {quote(quiet[0].name)}", goto="workers",
             figures={"workers": [p.name for p in quiet]},
         )]  # fmt: skip
     if stopping:
         said = [f"{p.name} on {p.host}: stopping, {p.in_flight} in flight" for p in stopping]
         return [Cause(
             "workers_stopping", ("queue", queue), f"every live worker serving queue {queue} is stopping", "crit",
-            (*said, due), f"start a worker that serves it: jobtui worker --app APP --queues {queue}=N",
+            (*said, due), f"start a worker that serves it: jobtui worker --app APP --queues {quote(queue + '=N')}",
             goto="workers", figures={"workers": [p.name for p in stopping]},
         )]  # fmt: skip
     if lost:
@@ -147,9 +151,9 @@ def serving(s: Scene, queue: str) -> list[Cause]:
     return [Cause(
         "no_live_worker", ("queue", queue), f"no live worker serves queue {queue}", "crit",
         (due, _serving_text(s)),
-        f"start a worker that serves it (jobtui worker --app APP --queues {queue}=N; no --queues serves every"
-        " queue), or add it to a worker's --queues",
-        command=f"jobtui worker --app APP --queues {queue}=10", goto="workers",
+        f"start a worker that serves it (jobtui worker --app APP --queues {quote(queue + '=N')};"
+        " no --queues serves every queue), or add it to a worker's --queues",
+        command=f"jobtui worker --app APP --queues {quote(queue + '=10')}", goto="workers",
     )]  # fmt: skip
 
 
@@ -202,7 +206,7 @@ def not_claiming(s: Scene, queue: str) -> list[Cause]:
              f" (it polls every {secs(p.poll)})",
              f"it has {free} of {p.slots_for(queue)} slots free for queue {queue}"),
             "a claim stuck (see the database), or a producer that stopped: stop it (9, then x) and let it restart",
-            key="9 x", command=f"jobtui workers stop {p.name}", goto="workers",
+            key="9 x", command=f"jobtui workers stop {quote(p.name)}", goto="workers",
             figures={"worker": p.name, "claim_gap_seconds": p.claim_gap, "poll_seconds": p.poll, "free_slots": free},
         ))  # fmt: skip
     return found
@@ -237,7 +241,7 @@ def saturated(s: Scene, queue: str) -> Cause | None:
     figures: dict[str, Any] = {"slots": capacity, "run_seconds_now": took,
                                "run_seconds_hour": hour[0] if hour else None}  # fmt: skip
     action = (
-        f"give it more slots: more workers serving it (jobtui worker --app APP --queues {queue}=N),"
+        f"give it more slots: more workers serving it (jobtui worker --app APP --queues {quote(queue + '=N')}),"
         " or more --concurrency"
     )
     if pace is not None:
@@ -293,7 +297,7 @@ def limit(s: Scene, queue: str) -> Cause | None:
         action = (f"raise the limit to {wanted} (7, then l on its line): at that pace it keeps up"
                   f"{' with the arrivals' if pace is not None else ''} and drains the {line.due:,} due in"
                   f" ~{DRAIN_MINUTES} min")  # fmt: skip
-        command = f"jobtui queue limit {queue} {wanted}"
+        command = f"jobtui queue limit {quote(queue)} {wanted}"
     text = f"the limit of {cap:,} running at once holds queue {queue}" if cap else f"a limit of 0 holds queue {queue}"
     return Cause("concurrency_limit", ("queue", queue), text, "warn", tuple(evidence), action, key="7 l",
                  command=command, goto=f"queue:{queue}", figures=figures)  # fmt: skip
@@ -331,7 +335,7 @@ def rated(s: Scene, kind: str, name: str) -> Cause | None:
     if ramp_left is not None:
         action = (f"wait: the ramp lets the backlog back in slowly, by design, for {secs(ramp_left)} more; set a rate"
                   " (7, then t) to hold it after")  # fmt: skip
-    command = None if ramp_left is not None else f"jobtui {kind} rate {name} {rate_text(wanted)}"
+    command = None if ramp_left is not None else f"jobtui {kind} rate {quote(name)} {rate_text(wanted)}"
     return Cause(
         "rate_limit", (kind, name), f"the rate of {rate_text(now)} holds {kind} {name}", "warn", tuple(evidence),
         action, key="7 t", command=command, goto=f"{kind}:{name}",
@@ -354,7 +358,8 @@ def unhandled(s: Scene, job_type: str) -> Cause | None:
         "no_handler", ("type", job_type), f"no live worker's app handles type {job_type}", "crit",
         (f"{_due_text(line.due, 'due' in line.estimated)} due, the oldest {secs(line.oldest_age)}",
          f"the live workers handle {names(types, 6)}" if types else "no live worker is registered"),
-        f"deploy workers whose app registers {job_type}, or cancel its jobs (jobtui bulk cancel --type {job_type})",
+        f"deploy workers whose app registers {job_type}, or cancel its jobs"
+        f" (jobtui bulk cancel --type {quote(job_type)})",
         goto="workers",
     )  # fmt: skip
 
@@ -393,7 +398,7 @@ def crash_loop(s: Scene, job_type: str) -> Cause | None:
         "crash_loop", ("type", job_type), f"type {job_type} is in a crash loop: its workers die running it", "crit",
         tuple(evidence),
         "pause the type (7, then p on its line) and look at its jobs; cancel the one that kills its worker",
-        key="7 p", command=f"jobtui type pause {job_type}", goto=f"type:{job_type}",
+        key="7 p", command=f"jobtui type pause {quote(job_type)}", goto=f"type:{job_type}",
         figures={"expiries": e.expiries, "jobs": e.jobs, "workers": e.worker_names, "latest_seconds_ago": e.latest_ago},
     )  # fmt: skip
 
@@ -466,7 +471,7 @@ def not_due(s: Scene, kind: str, name: str) -> Cause | None:
     return Cause(
         "not_due", (kind, name), f"not a backlog: {plural(line.ready, 'job')} of {kind} {name} {wait} for {whose} time",
         "info", tuple(evidence), "nothing to do: they come due by themselves",
-        command=f"jobtui jobs --{kind} {name} --status ready",
+        command=f"jobtui jobs --{kind} {quote(name)} --status ready",
     )  # fmt: skip
 
 

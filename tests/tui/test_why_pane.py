@@ -10,19 +10,28 @@ After an intended change, look at the report, then:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from rich.text import Text
 
-from jobtui.reads.diagnosis import unanswered
+from jobtui.reads.diagnosis import diagnose, unanswered
+from jobtui.reads.fleet import Fleet
+from jobtui.reads.overview import QueueLine
+from jobtui.reads.scene import Scene
+from jobtui.reads.why import Facts, Running, Waiting
 from jobtui.tui import header, render
+from jobtui.tui.data import Fetched
 from jobtui.tui.panes.queues import QueuesPane
 from jobtui.tui.panes.why import WhyPane, detail, why_rows
+from jobtui.tui.screens import ConfirmScreen
 from jobtui.tui.widgets import KeyedTable
+from tests.hostile import assert_safe
 
 from . import fixtures as fx
 from .helpers import wait_for
+from .test_key_gate import burst
 from .test_snapshots import SIZE, after
 
 Compare = Callable[..., bool]
@@ -78,6 +87,26 @@ async def test_enter_goes_where_the_fix_is_and_a_shows_every_queue() -> None:
         assert {"queue:emails", "queue:default", "type:email.send"} <= shown
 
 
+async def test_keys_typed_as_the_why_pane_opens_wait_for_its_rows_and_follow_enter() -> None:
+    """0, enter and p in one read: enter takes the first row (the paused queue) to its line in
+    Queues once the rows are there, and p asks there to resume it."""
+    app = fx.FixedApp()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.latest is not None, what="the first read")
+        read, gate = app.source.fetch, threading.Event()
+
+        def slow(needle: str = "") -> Fetched:
+            gate.wait(5)  # the diagnosis is still being read while the keys come
+            return read(needle)
+
+        app.source.fetch = slow  # type: ignore[method-assign]
+        burst(app, "0", "enter", "p")
+        await wait_for(pilot, lambda: app.pane == "why" and len(app.keys.held) == 2, what="enter and p held")
+        gate.set()
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
+        assert app.pane == "queues" and app.query_one(QueuesPane).selected_key == "queue:emails"
+
+
 async def test_the_database_not_answering_comes_first() -> None:
     app = fx.FixedApp()
     async with app.run_test(size=SIZE) as pilot:
@@ -103,6 +132,27 @@ def test_rows_and_detail_escape_what_comes_from_the_database() -> None:
     assert "\x1b" not in told and "\\x1b[31m[red]x[/red]" in told
     # Every subject with jobs waiting has a row; the one whose oldest wait is longest first.
     assert why_rows(d, None, "", render.Thresholds())[0][0] == "queue:emails#0"
+
+
+def test_a_cause_of_part_of_a_queues_jobs_escapes_the_names_it_gives() -> None:
+    """A paused type holds some of a queue's due jobs: the detail says of which queue, the
+    queue's name and the type's from the database, shown and never acted on."""
+    queue, paused = "q\x1b]8;;http://x\x07click\x1b]8;;\x07\x1b[2J\u202e", "t\x9b2J[red]x[/red]"
+    worker = fx.process("w1", "worker", "h", 1, every_queue=1, types=[paused, "b"])
+    facts = Facts(
+        waiting=[Waiting(True, queue, paused, False, 3, 9.0, 1.0), Waiting(True, queue, "b", False, 2, 9.0, 1.0)],
+        due_seen=5,
+        running=[Running("w1", queue, "b", 1, 0, 2.0, 2.0)],
+    )
+    lines = [
+        QueueLine("queue", queue, 5, 5, 1, 0, 30.0, None, None, None),
+        QueueLine("type", paused, 3, 3, 0, 0, 30.0, None, fx.NOW, "ops"),
+        QueueLine("type", "b", 2, 2, 0, 0, 30.0, None, None, None),
+    ]
+    d = diagnose(Scene.of(fx.snapshot(), lines, Fleet([worker]), facts))
+    told = detail(d, f"queue:{queue}#0").plain
+    assert "of the due jobs of queue" in told
+    assert_safe(told, keep="\n")
 
 
 def test_the_header_names_the_first_cause_once_the_oldest_wait_is_late() -> None:

@@ -5,6 +5,7 @@ hold the wording and the order, and the cases a real fleet is slow to reach."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import replace
 from typing import Any
 
@@ -96,6 +97,19 @@ def test_a_paused_queue_is_named_alone_and_a_paused_type_before_the_full_slots()
     # The queue itself paused: what would slow its claims is beside the point.
     d = diagnose(scene([replace(lines[0], paused_at=fx.NOW, paused_by="ops"), *lines[1:]], Fleet([worker]), facts))
     assert causes(d, "queue", "q") == ["paused", "paused"]
+
+
+def test_the_commands_a_cause_suggests_name_each_queue_as_one_word_of_the_shell() -> None:
+    """A name is pasted, not run: `a; touch /tmp/pwned` stays one argument."""
+    name = "a; touch /tmp/pwned $(id)"
+    d = diagnose(scene([line("queue", name, 5, paused_at=fx.NOW, paused_by="ops")]))
+    [paused] = next(s for s in d.subjects if s.name == name).causes
+    assert paused.command is not None and shlex.split(paused.command) == ["jobtui", "queue", "resume", name]
+    d = diagnose(scene([line("queue", name, 5)], Fleet([])))
+    [nobody] = next(s for s in d.subjects if s.name == name).causes
+    assert nobody.cause == "no_live_worker" and nobody.command is not None
+    assert shlex.split(nobody.command)[-2:] == ["--queues", f"{name}=10"]
+    assert shlex.quote(f"{name}=N") in nobody.action
 
 
 def test_the_database_not_answering_is_all_it_says() -> None:

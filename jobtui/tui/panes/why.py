@@ -94,7 +94,8 @@ def detail(d: Diagnosis, key: str | None, read_only: bool = False) -> Text:
     if cause is not None:
         out.append(line(cause.text), style=render.STYLE[LEVEL[cause.level]] or "bold")
         if subject is not None and cause.jobs is not None and cause.jobs < subject.due:
-            out.append(f"  ({cause.jobs:,} of the due jobs of {subject.kind} {subject.name} seen)", style="dim")
+            of = f"{line(subject.kind)} {line(subject.name)}"
+            out.append(f"  ({cause.jobs:,} of the due jobs of {of} seen)", style="dim")
         for e in cause.evidence:
             out.append(f"\n  · {line(e)}")
         out.append("\n  fix: ", style="bold")
@@ -205,9 +206,11 @@ class WhyPane(TablePane):
             self.app.notify("the fix of this one is outside the console: see below", severity="warning")
             return
         where, _, name = cause.goto.partition(":")
+        # To the app at once, not up through the pane's queue: a key typed after enter, on
+        # its way up behind it, must find the pane switch begun (and wait for it, keys.py).
         if where in ("queue", "type"):
-            self.post_message(Goto("queues", where, name))
+            self.app.post_message(Goto("queues", where, name))
         elif where == "dead":
-            self.post_message(Goto("dead", "type", name))
+            self.app.post_message(Goto("dead", "type", name))
         else:
-            self.post_message(Goto(where))
+            self.app.post_message(Goto(where))
