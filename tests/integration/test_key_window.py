@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from jobtui import AsyncClient, Client, Failure, NewJob
 from jobtui.core.bulk import Bulk
@@ -324,6 +325,12 @@ def test_the_roles_that_could_use_the_job_table_can_use_the_keys_after_the_migra
         assert {(r, p) for r, p, ok in granted if ok} == {
             (worker, p) for p in ("SELECT", "INSERT", "UPDATE", "DELETE")
         } | {(reader, "SELECT")}
+        # A keyed enqueue draws its id from the sequence (migration 0024 grants it): the role
+        # enqueued keyed jobs before the upgrade, and still does, one by one and in a batch.
+        with Client(make_conninfo(empty_dsn, user=worker)) as as_worker:
+            first = as_worker.enqueue("mail", key="granted-by-hand")
+            batch = [NewJob("mail", key="granted-by-hand"), NewJob("mail", key="other")]
+            assert as_worker.enqueue_many(batch)[0] == first
     finally:
         drop_roles(empty_dsn, worker, reader)
 
@@ -347,6 +354,25 @@ def test_a_key_forgotten_between_a_batchs_two_statements_makes_its_job_and_nothi
     assert ids[1] not in (old, ids[0], ids[2])
     assert rows_of(conn, "forgotten") == 1 and rows_of(conn, "new") == 1
     assert conn.execute("SELECT count(*) FROM jobtui.job WHERE type = 'mail'").fetchone() == (3,)
+
+
+def test_a_truncate_that_restarts_the_ids_forgets_every_key(conn: Conn, queue: Client) -> None:
+    """TRUNCATE ... RESTART IDENTITY gives the ids out again: a key kept for a job that left
+    before would return whichever new job drew its id. Every key goes with the restart."""
+    archived = finished(queue, "left-before")
+    age(conn, [archived], "2 days")
+    sweep(conn, Retention())
+    conn.execute("TRUNCATE jobtui.job RESTART IDENTITY")
+    drawn = 0
+    while drawn < archived:  # new jobs draw the ids again, up to the one the key kept
+        drawn = queue.enqueue("billing", {"amount": 100})
+    assert drawn == archived
+    again = queue.enqueue("mail", key="left-before")
+    assert again != archived
+    assert conn.execute("SELECT type, idempotency_key FROM jobtui.job WHERE id = %s", (again,)).fetchone() == (
+        "mail",
+        "left-before",
+    )
 
 
 def test_a_truncated_job_table_takes_its_jobs_keys_with_it(conn: Conn, queue: Client) -> None:

@@ -219,6 +219,40 @@ def test_a_key_archived_by_the_previous_release_returns_its_job(
     assert conn.execute("SELECT count(*) FROM jobtui.job").fetchone() == (0,)
 
 
+OLD_SCHEDULES = """
+import sys, psycopg
+from jobtui.maintenance import Retention, with_builtins
+from jobtui.registry import Jobs
+from jobtui.scheduler import sync
+jobs = with_builtins(Jobs(), sys.argv[1], "jobtui", Retention())
+with psycopg.connect(sys.argv[1], autocommit=True) as conn:
+    sync(conn, list(jobs.schedules.values()), "jobtui")
+"""
+
+
+def test_a_worker_of_the_previous_release_starting_keeps_the_key_window(
+    dsn: str, conn: Conn, previous: tuple[Path, dict[str, str]]
+) -> None:
+    """Each worker writes the archiver's schedule as it starts; one of the previous release
+    knows no key window, and its payload must not put this release's (--key-retention 30d)
+    back to the default: keys between 7 and 30 days old would be forgotten."""
+    from jobtui.core.maintenance import ARCHIVE_TYPE, Retention, with_builtins
+    from jobtui.core.registry import Jobs
+    from jobtui.core.scheduler import sync
+
+    month = 30 * 86400.0
+    sync(conn, list(with_builtins(Jobs(), dsn, "jobtui", Retention(key=month, done=3600.0)).schedules.values()))
+    folder, env = previous
+    old = subprocess.run(
+        [sys.executable, "-c", OLD_SCHEDULES, dsn],
+        cwd=folder, env={**os.environ, **env}, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert old.returncode == 0, old
+    [payload] = conn.execute("SELECT payload FROM jobtui.schedule WHERE name = %s", (ARCHIVE_TYPE,)).fetchone() or [{}]
+    assert payload["done"] == 86400.0  # the previous release's own settings are written ...
+    assert Retention.from_payload(payload).key == month  # ... and the window it cannot say stays
+
+
 def test_a_worker_of_the_previous_release_shows_by_its_leases_beside_this_ones_registered_workers(
     dsn: str, conn: Conn, previous: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:
