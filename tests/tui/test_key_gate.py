@@ -11,8 +11,8 @@ from jobtui.tui.app import JobtuiApp
 from jobtui.tui.screens import ConfirmScreen, JobListScreen
 
 from .helpers import audit, query, seed, wait_for
-from .test_console import console, keys, table
-from .test_queues_pane import control
+from .test_console import console
+from .test_queues_pane import control, on_default_queue
 
 CHARACTERS = {"enter": "\r", "escape": "\x1b", "slash": "/", "colon": ":"}
 
@@ -66,11 +66,7 @@ async def test_a_limit_typed_with_its_answer_in_one_read(dsn: str) -> None:
     would land in the limit's box as it closes, and the question would wait unanswered)."""
     seed(dsn)
     async with console(dsn, actor="olga") as (app, pilot):
-        await pilot.press("7")
-        await wait_for(pilot, lambda: "queue:default" in keys(table(app, "queues")), what="the default queue")
-        t = table(app, "queues")
-        t.move_cursor(row=keys(t).index("queue:default"))
-        await pilot.pause(0.05)
+        await on_default_queue(app, pilot)
         burst(app, "l", "5", "enter", "y")
         await wait_for(pilot, lambda: control(dsn) == [("queue", "default", None, 5)], what="the limit")
     assert [(a[1], a[4]) for a in audit(dsn)] == [("queue-limit", 1)]
@@ -79,11 +75,7 @@ async def test_a_limit_typed_with_its_answer_in_one_read(dsn: str) -> None:
 async def test_a_rate_typed_with_its_answer_in_one_read(dsn: str) -> None:
     seed(dsn)
     async with console(dsn, actor="olga") as (app, pilot):
-        await pilot.press("7")
-        await wait_for(pilot, lambda: "queue:default" in keys(table(app, "queues")), what="the default queue")
-        t = table(app, "queues")
-        t.move_cursor(row=keys(t).index("queue:default"))
-        await pilot.pause(0.05)
+        await on_default_queue(app, pilot)
         burst(app, "t", "2", "0", "slash", "s", "enter", "y")
         await wait_for(
             pilot,

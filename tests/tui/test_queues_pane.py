@@ -10,6 +10,7 @@ from typing import Any
 
 from jobtui.tui.panes.queues import QueuesPane
 from jobtui.tui.screens import ConfirmScreen
+from jobtui.tui.widgets import KeyedTable
 
 from .helpers import audit, query, seed, stays, wait_for
 from .test_console import answer, confirm_question, console, keys, open_pane, table
@@ -17,6 +18,16 @@ from .test_console import answer, confirm_question, console, keys, open_pane, ta
 
 def control(dsn: str) -> list[tuple[Any, ...]]:
     return query(dsn, "SELECT kind, name, paused_by, max_running FROM jobtui.queue_control ORDER BY kind, name")
+
+
+async def on_default_queue(app: Any, pilot: Any) -> KeyedTable:
+    """The Queues pane, its cursor on the default queue's line: its table."""
+    await pilot.press("7")
+    await wait_for(pilot, lambda: "queue:default" in keys(table(app, "queues")), what="the default queue")
+    t = table(app, "queues")
+    t.move_cursor(row=keys(t).index("queue:default"))
+    await pilot.pause(0.05)
+    return t
 
 
 async def test_a_type_is_paused_from_the_ready_pane_in_three_keys_and_resumed(dsn: str) -> None:
@@ -46,11 +57,7 @@ async def test_a_type_is_paused_from_the_ready_pane_in_three_keys_and_resumed(ds
 async def test_a_queue_limit_is_typed_then_confirmed(dsn: str) -> None:
     seed(dsn)
     async with console(dsn, actor="olga") as (app, pilot):
-        await pilot.press("7")
-        await wait_for(pilot, lambda: "queue:default" in keys(table(app, "queues")), what="the default queue")
-        t = table(app, "queues")
-        t.move_cursor(row=keys(t).index("queue:default"))
-        await pilot.pause(0.05)
+        t = await on_default_queue(app, pilot)
         await pilot.press("l")
         await wait_for(pilot, lambda: app.screen.__class__.__name__ == "LimitScreen", what="the limit box")
         await pilot.press("x", "enter")  # not a number: says so, changes nothing
