@@ -1,19 +1,21 @@
 -- Three edges of the keys kept after their jobs (migration 0017).
---
--- A TRUNCATE of `job` with RESTART IDENTITY (a test suite's reset) starts the job ids again
--- from 1: a key kept for a job that left before would return the id of whichever new job
--- draws it. After a restart the sequence has not been drawn from (its last value reads NULL):
--- every key goes then. Only a sequence's owner can restart it, and only a role that may read
--- it is asked; a TRUNCATE by another role keeps, as before, the keys of the jobs that had left.
-CREATE OR REPLACE FUNCTION {schema}.job_key_truncated() RETURNS trigger LANGUAGE plpgsql AS $$
+
+-- A TRUNCATE of `job` with RESTART IDENTITY (a test suite's reset) starts the job ids again:
+-- a key kept for a job that left before would return the id of whichever new job draws it.
+-- The truncate now also forgets every kept key whose id the sequence will give out again (all
+-- of them after a restart; none otherwise, the ids drawn so far being below the next). It
+-- runs with its owner's rights, so that a role that may truncate `job` need not read the
+-- sequence or delete from job_key itself (it could not truncate without that before). A
+-- trigger function cannot be called but as a trigger.
+CREATE OR REPLACE FUNCTION {schema}.job_key_truncated() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog AS $$
 DECLARE
     ids regclass := pg_get_serial_sequence('{schema}.job', 'id')::regclass;
+    next_id bigint;
 BEGIN
-    IF has_sequence_privilege(ids, 'SELECT, USAGE') AND pg_sequence_last_value(ids) IS NULL THEN
-        DELETE FROM {schema}.job_key;
-    ELSE
-        DELETE FROM {schema}.job_key WHERE finished_at IS NULL;
-    END IF;
+    SELECT coalesce(pg_sequence_last_value(ids) + s.seqincrement, s.seqstart) INTO next_id
+    FROM pg_sequence AS s WHERE s.seqrelid = ids;
+    DELETE FROM {schema}.job_key WHERE finished_at IS NULL OR job_id >= next_id;
     RETURN NULL;
 END;
 $$;
@@ -21,17 +23,20 @@ $$;
 -- A keyed enqueue draws its job's id from the sequence itself (it claims the key first, in
 -- job_key), which takes USAGE on the sequence where the table's identity default did not. A
 -- role granted INSERT on `job` by hand before migration 0017 enqueued keyed jobs then; it
--- keeps doing so.
+-- keeps doing so, and may grant it on as it may grant INSERT.
 DO $$
 DECLARE
     g record;
 BEGIN
-    FOR g IN SELECT DISTINCT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END AS who
+    FOR g IN SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END AS who,
+                    bool_or(a.is_grantable) AS grantable
              FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) AS a
              LEFT JOIN pg_roles r ON r.oid = a.grantee
              WHERE c.oid = '{schema}.job'::regclass AND a.grantee <> c.relowner AND a.privilege_type = 'INSERT'
+             GROUP BY 1
     LOOP
-        EXECUTE format('GRANT USAGE ON SEQUENCE %s TO %s', pg_get_serial_sequence('{schema}.job', 'id'), g.who);
+        EXECUTE format('GRANT USAGE ON SEQUENCE %s TO %s%s', pg_get_serial_sequence('{schema}.job', 'id'), g.who,
+                       CASE WHEN g.grantable THEN ' WITH GRANT OPTION' ELSE '' END);
     END LOOP;
 END;
 $$;

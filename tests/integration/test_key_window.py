@@ -301,6 +301,7 @@ def test_the_roles_that_could_use_the_job_table_can_use_the_keys_after_the_migra
     from tests.roles import drop_roles, role_names
 
     worker, reader = role_names()
+    delegate = f"{worker}_delegate"
     try:
         with psycopg.connect(empty_dsn, autocommit=True) as admin:
             for statement in migrations._bootstrap("jobtui"):
@@ -313,6 +314,8 @@ def test_the_roles_that_could_use_the_job_table_can_use_the_keys_after_the_migra
                 admin.execute(f'CREATE ROLE "{role}" LOGIN')
                 admin.execute(f'GRANT USAGE ON SCHEMA jobtui TO "{role}"')
             admin.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON jobtui.job TO "{worker}"')
+            admin.execute(f'CREATE ROLE "{delegate}"')
+            admin.execute(f'GRANT INSERT ON jobtui.job TO "{delegate}" WITH GRANT OPTION')
             admin.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA jobtui TO "{reader}"')
             assert [m.version for m in migrations.migrate(admin)] == [
                 m.version for m in migrations.available() if m.version >= 17
@@ -322,17 +325,26 @@ def test_the_roles_that_could_use_the_job_table_can_use_the_keys_after_the_migra
                 " unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE']) AS p ORDER BY 1, 2",
                 ([worker, reader],),
             ).fetchall()
+            # A keyed enqueue draws its id from the sequence (migration 0024 grants it, with
+            # the grant option where INSERT has it).
+            sequence = admin.execute(
+                "SELECT has_sequence_privilege(%s, pg_get_serial_sequence('jobtui.job', 'id'), 'USAGE'),"
+                " has_sequence_privilege(%s, pg_get_serial_sequence('jobtui.job', 'id'), 'USAGE WITH GRANT OPTION'),"
+                " has_sequence_privilege(%s, pg_get_serial_sequence('jobtui.job', 'id'), 'USAGE')",
+                (worker, delegate, reader),
+            ).fetchone()
         assert {(r, p) for r, p, ok in granted if ok} == {
             (worker, p) for p in ("SELECT", "INSERT", "UPDATE", "DELETE")
         } | {(reader, "SELECT")}
-        # A keyed enqueue draws its id from the sequence (migration 0024 grants it): the role
-        # enqueued keyed jobs before the upgrade, and still does, one by one and in a batch.
+        assert sequence == (True, True, False)
+        # The role enqueued keyed jobs before the upgrade, and still does, one by one and in a
+        # batch.
         with Client(make_conninfo(empty_dsn, user=worker)) as as_worker:
             first = as_worker.enqueue("mail", key="granted-by-hand")
             batch = [NewJob("mail", key="granted-by-hand"), NewJob("mail", key="other")]
             assert as_worker.enqueue_many(batch)[0] == first
     finally:
-        drop_roles(empty_dsn, worker, reader)
+        drop_roles(empty_dsn, worker, reader, delegate)
 
 
 def test_a_key_forgotten_between_a_batchs_two_statements_makes_its_job_and_nothing_twice(
@@ -373,6 +385,30 @@ def test_a_truncate_that_restarts_the_ids_forgets_every_key(conn: Conn, queue: C
         "mail",
         "left-before",
     )
+
+
+def test_a_role_that_may_truncate_the_job_table_truncates_it_and_the_kept_keys_stay(
+    dsn: str, conn: Conn, queue: Client
+) -> None:
+    """TRUNCATE on `job` alone is enough: the trigger forgets the keys with its owner's rights.
+    Without a restart the kept keys stay, the ids below the sequence's next."""
+    from tests.roles import drop_roles, role_names
+
+    role, _ = role_names("keys")
+    archived = finished(queue, "left-before")
+    age(conn, [archived], "2 days")
+    sweep(conn, Retention())
+    live = queue.enqueue("mail", key="in-the-table")
+    try:
+        conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        conn.execute(f'GRANT USAGE ON SCHEMA jobtui TO "{role}"')
+        conn.execute(f'GRANT TRUNCATE ON jobtui.job TO "{role}"')
+        with psycopg.connect(make_conninfo(dsn, user=role), autocommit=True) as truncater:
+            truncater.execute("TRUNCATE jobtui.job")
+        assert queue.enqueue("mail", key="left-before") == archived
+        assert queue.enqueue("mail", key="in-the-table") != live
+    finally:
+        drop_roles(dsn, role)
 
 
 def test_a_truncated_job_table_takes_its_jobs_keys_with_it(conn: Conn, queue: Client) -> None:

@@ -537,6 +537,36 @@ def test_a_worker_whose_grant_is_revoked_stops_with_one_line(roles: Roles, admin
         admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(ident))
 
 
+def test_the_start_check_asks_no_execute_on_trigger_functions(dsn: str) -> None:
+    """A trigger fires whoever may call its function: where PUBLIC may not execute the schema's
+    functions, a worker role without EXECUTE on a trigger function (one a later migration
+    added) starts, and its deletes still keep their keys."""
+    from jobtui.core.privileges import WORKER_NEEDS, missing_privileges_call
+    from jobtui.kernel.db import run
+    from tests.roles import grant_roles
+
+    with psycopg.connect(dsn, autocommit=True) as admin, grant_roles(dsn) as granted:
+        admin.execute("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA jobtui FROM PUBLIC")
+        triggers = [
+            str(row[0])
+            for row in admin.execute(
+                "SELECT p.oid::regprocedure FROM pg_proc p"
+                " WHERE p.pronamespace = 'jobtui'::regnamespace AND p.prorettype = 'trigger'::regtype"
+            )
+        ]
+        assert "jobtui.schedule_key_window_kept()" in triggers
+        for function in triggers:
+            revoke = sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM {}")
+            admin.execute(revoke.format(sql.SQL(function), sql.Identifier(granted.worker)))
+        with psycopg.connect(granted.worker_dsn, autocommit=True) as conn:
+            assert run(conn, missing_privileges_call("jobtui", WORKER_NEEDS), "jobtui") == []
+        with Client(granted.worker_dsn) as q:
+            job_id = q.enqueue("t", key="kept")
+        with psycopg.connect(granted.worker_dsn, autocommit=True) as conn:
+            conn.execute("DELETE FROM jobtui.job WHERE id = %s", (job_id,))
+        assert admin.execute("SELECT job_id FROM jobtui.job_key WHERE key = 'kept'").fetchone() == (job_id,)
+
+
 def test_the_worker_role_prunes_old_audit_rows_only_through_the_owners_function(roles: Roles, admin: Conn) -> None:
     admin.execute(
         "INSERT INTO jobtui.audit (at, actor, action, rows) VALUES"

@@ -8,7 +8,8 @@
 -- name: privileges_missing
 -- Which of the given privileges the session's role lacks: table privileges as (table,
 -- privilege) pairs, plus USAGE on the schema, USAGE on its sequences and EXECUTE on its
--- functions. Reads the catalog only. The schema's sequences are listed first (MATERIALIZED):
+-- functions (not its trigger functions: a trigger fires whoever may call it). Reads the
+-- catalog only. The schema's sequences are listed first (MATERIALIZED):
 -- the privilege check fails on a relation that is not a sequence, wherever the planner put it.
 WITH sequences AS MATERIALIZED (
     SELECT c.oid, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -26,7 +27,8 @@ FROM sequences s WHERE NOT has_sequence_privilege(s.oid, 'USAGE')
 UNION ALL
 SELECT format('EXECUTE on function %%s', p.oid::regprocedure)
 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-WHERE %(functions)s AND n.nspname = %(schema_name)s AND NOT has_function_privilege(p.oid, 'EXECUTE');
+WHERE %(functions)s AND n.nspname = %(schema_name)s AND p.prorettype <> 'trigger'::regtype
+  AND NOT has_function_privilege(p.oid, 'EXECUTE');
 
 -- name: privileges_changes
 -- What the session's role, or a role it may become with SET ROLE, may change in the schema:
