@@ -43,6 +43,7 @@ from jobtui.tui.keys import KeyGate
 from jobtui.tui.panes import LogToWidget, Pane, WorkerPane
 from jobtui.tui.screens import ConfirmScreen, HelpScreen, JobDetailScreen
 from jobtui.tui.search import JobSearchScreen
+from jobtui.tui.widgets import SubmitBox
 
 HISTORY = 120  # samples of the oldest ready age kept for the sparkline
 WHY_ROWS = ("why", "rows")  # what the keys typed as the Why pane opens wait for (keys.py)
@@ -129,7 +130,7 @@ class JobtuiApp(App[None]):
                     yield pane()
                 elif self._log_handler is not None:
                     yield WorkerPane(self.embedded_worker, self._log_handler)
-        yield Input(
+        yield SubmitBox(
             placeholder="filter by type or text, or search jobs: payload:account=acme status:dead; enter, escape",
             id="filter",
         )
@@ -356,6 +357,8 @@ class JobtuiApp(App[None]):
         if self.source.why_open and (self.latest is None or self.latest.diagnosis is None):
             self.keys.hold(WHY_ROWS)  # its rows come with the diagnosis: the keys wait for them
             self.refresh_data()
+        elif not self.source.why_open:
+            self.keys.ready(WHY_ROWS)  # left before its rows came: the reads bring none now
         view = self.view()
         if view is not None:
             with contextlib.suppress(NoMatches):
@@ -433,7 +436,7 @@ class JobtuiApp(App[None]):
             event.prevent_default()
             event.stop()
             return
-        if event.key == "enter" and isinstance(self.focused, Input):
+        if event.key == "enter" and isinstance(self.focused, SubmitBox):
             self.keys.submitting(self.focused)  # its binding submits the box next
         box = self.query_one("#filter", Input)
         if event.key == "escape" and box.has_class("visible"):

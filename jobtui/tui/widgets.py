@@ -1,4 +1,5 @@
-"""A DataTable that is updated by row key, so refreshes never flicker or lose the cursor."""
+"""The console's own widgets: a DataTable that is updated by row key, so refreshes never
+flicker or lose the cursor, and the input box whose enter the console acts on."""
 
 from __future__ import annotations
 
@@ -6,10 +7,17 @@ import re
 from typing import Any
 
 from rich.text import Text
-from textual.widgets import DataTable
+from textual.widgets import DataTable, Input
 
 from jobtui.kernel.safetext import line
 from jobtui.tui.render import Row
+
+
+class SubmitBox(Input):
+    """An input box whose enter the console acts on (the filter, a limit, a rate, a ramp): the
+    keys typed after the enter wait until what it submits is done (keys.py). Textual's own
+    boxes (the command palette's) submit to Textual, which says nothing back."""
+
 
 _NUMBER = re.compile(r"^~?(-?[\d,]+(\.\d+)?)$")  # `~`: an estimate, sorted as its number
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import psycopg
 from textual import events
+from textual.command import CommandPalette
 
 from jobtui.tui.app import JobtuiApp
 from jobtui.tui.screens import ConfirmScreen, JobListScreen
@@ -83,6 +84,19 @@ async def test_a_rate_typed_with_its_answer_in_one_read(dsn: str) -> None:
             what="the rate",
         )
     assert [(a[1], a[4]) for a in audit(dsn)] == [("queue-rate", 1)]
+
+
+async def test_enter_in_the_command_palette_holds_no_key(dsn: str) -> None:
+    """Textual's own boxes submit to Textual, which tells the console nothing: enter there
+    holds no key (the keys after it would wait HOLD_LIMIT for a submission never seen)."""
+    seed(dsn)
+    async with console(dsn) as (app, pilot):
+        await pilot.press("ctrl+p")
+        await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette), what="the palette")
+        await pilot.press(*"zzzz", "enter")
+        await pilot.pause()
+        assert isinstance(app.screen, CommandPalette)  # nothing matched: it stays open
+        assert not app.keys.waiting and not app.keys.held
 
 
 async def test_escape_leaves_a_list_whose_rows_do_not_come_and_drops_the_keys_before_it(dsn: str) -> None:

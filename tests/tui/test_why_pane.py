@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.text import Text
+from textual.widgets import TabbedContent
 
 from jobtui.reads.diagnosis import diagnose, unanswered
 from jobtui.reads.fleet import Fleet
@@ -22,6 +23,7 @@ from jobtui.reads.overview import QueueLine
 from jobtui.reads.scene import Scene
 from jobtui.reads.why import Facts, Running, Waiting
 from jobtui.tui import header, render
+from jobtui.tui.app import WHY_ROWS
 from jobtui.tui.data import Fetched
 from jobtui.tui.panes.queues import QueuesPane
 from jobtui.tui.panes.why import WhyPane, detail, why_rows
@@ -105,6 +107,26 @@ async def test_keys_typed_as_the_why_pane_opens_wait_for_its_rows_and_follow_ent
         gate.set()
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
         assert app.pane == "queues" and app.query_one(QueuesPane).selected_key == "queue:emails"
+
+
+async def test_the_why_pane_left_before_its_rows_came_holds_no_key() -> None:
+    """Left by a click (no key) while its diagnosis is read: the reads bring none from then on,
+    and the keys typed on the pane it went to must not wait for one."""
+    app = fx.FixedApp()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.latest is not None, what="the first read")
+        read, gate = app.source.fetch, threading.Event()
+
+        def slow(needle: str = "") -> Fetched:
+            gate.wait(5)
+            return read(needle)
+
+        app.source.fetch = slow  # type: ignore[method-assign]
+        await pilot.press("0")
+        await wait_for(pilot, lambda: WHY_ROWS in app.keys.waiting, what="the Why pane's keys held")
+        app.query_one("#panes", TabbedContent).active = "ready"
+        await wait_for(pilot, lambda: not app.keys.waiting, timeout=2.0, what="nothing held on the Ready pane")
+        gate.set()
 
 
 async def test_the_database_not_answering_comes_first() -> None:

@@ -27,6 +27,7 @@ from jobtui.tui import render
 from jobtui.tui.console import Change, View
 from jobtui.tui.data import Actions
 from jobtui.tui.panes.base import Goto, TablePane
+from jobtui.tui.widgets import SubmitBox
 
 T = TypeVar("T")
 
@@ -148,7 +149,7 @@ class LimitScreen(ModalScreen[str | None]):
         with Vertical(id="limit-dialog"):
             yield Label(Text(line(f"Jobs of queue {self.queue_name} running at once, across every worker (now {now})")))
             yield Label(Text("A number (0 holds the queue), or none; enter, then confirm."))
-            yield Input(value="" if self.current is None else str(self.current), id="limit-input")
+            yield SubmitBox(value="" if self.current is None else str(self.current), id="limit-input")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
@@ -199,7 +200,7 @@ class ValueScreen(ModalScreen[str | None]):
         with Vertical(id="value-dialog"):
             for text in self.lines:
                 yield Label(Text(line(text)))
-            yield Input(value=self.value, id="value-input")
+            yield SubmitBox(value=self.value, id="value-input")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
