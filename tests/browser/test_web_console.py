@@ -325,6 +325,28 @@ def test_a_screens_key_typed_with_the_key_that_opens_it_arrives_every_time(
     assert statuses(dsn, [int(r[0]) for r in job_ids(dsn, "burst.send")]) == ["ready"] * times
 
 
+def test_a_search_typed_with_its_bulk_key_in_one_input_asks_about_its_jobs(
+    context: Any, server: ServeProcess, database: tuple[str, str]
+) -> None:
+    """The filter box's search words, enter and r as one input of the page's terminal: r asks
+    about the search's jobs (before, it landed in the box, which the search then emptied)."""
+    _, dsn = database
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobtui.job (type, status, attempts, max_attempts, last_error, started_at, finished_at)"
+            " SELECT 'oneinput.send', 'dead', 3, 3, 'OneInputError', now(), now() FROM generate_series(1, 3)"
+        )
+    page = context.new_page()
+    screen, _ = watch_browser_socket(page)
+    sign_in(page, server.url, "alice")
+    until(page, screen, "the console", lambda s: "updated" in s)
+    page.evaluate(TYPE_AT_ONCE, "/type:oneinput.send status:dead\rr")
+    until(page, screen, "the question", lambda s: "3 row(s) will change" in s)
+    page.keyboard.press("n")
+    until(page, screen, "the search again", lambda s: "row(s) will change" not in s)
+    assert statuses(dsn, [int(r[0]) for r in job_ids(dsn, "oneinput.send")]) == ["dead"] * 3
+
+
 def job_ids(dsn: str, job_type: str) -> list[tuple[int]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         return conn.execute("SELECT id FROM jobtui.job WHERE type = %s ORDER BY id", (job_type,)).fetchall()
