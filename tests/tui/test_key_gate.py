@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import psycopg
 from textual import events
-from textual.command import CommandPalette
+from textual.command import CommandInput, CommandList, CommandPalette
 
 from jobtui.tui.app import JobtuiApp
 from jobtui.tui.screens import ConfirmScreen, JobListScreen
@@ -93,7 +93,12 @@ async def test_enter_in_the_command_palette_holds_no_key(dsn: str) -> None:
     async with console(dsn) as (app, pilot):
         await pilot.press("ctrl+p")
         await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette), what="the palette")
-        await pilot.press(*"0000", "enter")  # no command has a 0: at no point is one there to run
+        await pilot.press(*"0000")  # no command has a 0: at no point is one there to run
+        box, found = app.screen.query_one(CommandInput), app.screen.query_one(CommandList)
+        await wait_for(
+            pilot, lambda: box.value == "0000" and app.focused is box and found.option_count == 0, what="no match"
+        )
+        await pilot.press("enter")
         await pilot.pause()
         assert isinstance(app.screen, CommandPalette)  # nothing ran: it stays open
         assert not app.keys.waiting and not app.keys.held
