@@ -410,7 +410,7 @@ class JobtuiApp(App[None]):
         try:
             self._submitted(event)
         finally:
-            self.keys.ready(("submitted", event.input))  # the keys typed after enter go on
+            self.keys.submitted(event.input)  # the keys typed after enter go on
 
     def _submitted(self, event: Input.Submitted) -> None:
         if is_search(event.value):

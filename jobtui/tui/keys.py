@@ -112,10 +112,13 @@ class KeyGate:
 
     def submitting(self, box: MessagePump) -> None:
         """Enter went to the input box `box`: the keys after it wait until its submission is
-        handled (`ready(("submitted", box))`) or a screen comes or goes (a dialog's box closes
-        with it). Else they land in the box as it is emptied or closed: enter only posts the
-        submission, which reaches the app after the key's own trail."""
+        handled (`submitted`) or a screen comes or goes (a dialog's box closes with it). Else
+        they land in the box as it is emptied or closed: enter only posts the submission,
+        which reaches the app after the key's own trail."""
         self.hold(("submitted", box))
+
+    def submitted(self, box: MessagePump) -> None:
+        self.ready(("submitted", box))
 
     def ready(self, reason: Hashable) -> None:
         if self.waiting.pop(reason, None) is not None:
