@@ -6,19 +6,25 @@
 -- of them after a restart; none otherwise, the ids drawn so far being below the next). It
 -- runs with its owner's rights, so that a role that may truncate `job` need not read the
 -- sequence or delete from job_key itself (it could not truncate without that before). A
--- trigger function cannot be called but as a trigger.
+-- trigger function cannot be called but as a trigger, yet a role that may execute it could
+-- make it the trigger of a table of its own: it refuses any table but `job`, and PUBLIC may
+-- not execute it (a trigger fires whoever truncates).
 CREATE OR REPLACE FUNCTION {schema}.job_key_truncated() RETURNS trigger LANGUAGE plpgsql
-SECURITY DEFINER SET search_path = pg_catalog AS $$
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     ids regclass := pg_get_serial_sequence('{schema}.job', 'id')::regclass;
     next_id bigint;
 BEGIN
+    IF TG_RELID <> '{schema}.job'::regclass THEN
+        RAISE EXCEPTION 'job_key_truncated is the trigger of {schema}.job only';
+    END IF;
     SELECT coalesce(pg_sequence_last_value(ids) + s.seqincrement, s.seqstart) INTO next_id
-    FROM pg_sequence AS s WHERE s.seqrelid = ids;
+    FROM pg_catalog.pg_sequence AS s WHERE s.seqrelid = ids;
     DELETE FROM {schema}.job_key WHERE finished_at IS NULL OR job_id >= next_id;
     RETURN NULL;
 END;
 $$;
+REVOKE EXECUTE ON FUNCTION {schema}.job_key_truncated() FROM PUBLIC;
 
 -- A keyed enqueue draws its job's id from the sequence itself (it claims the key first, in
 -- job_key), which takes USAGE on the sequence where the table's identity default did not. A

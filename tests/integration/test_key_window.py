@@ -411,6 +411,29 @@ def test_a_role_that_may_truncate_the_job_table_truncates_it_and_the_kept_keys_s
         drop_roles(dsn, role)
 
 
+ATTACH = "CREATE TRIGGER steal AFTER TRUNCATE ON mine FOR EACH STATEMENT EXECUTE FUNCTION jobtui.job_key_truncated()"
+
+
+def test_no_role_makes_the_truncate_trigger_forget_keys_from_a_table_of_its_own(dsn: str, queue: Client) -> None:
+    """The truncate's trigger runs with its owner's rights: PUBLIC may not make it the trigger
+    of a table of its own (a read-only role's temporary one), and it refuses any table but
+    `job` for a role that may execute it."""
+    from tests.roles import grant_roles
+
+    kept = queue.enqueue("mail", key="still-here")
+    with grant_roles(dsn) as roles:
+        with psycopg.connect(roles.readonly_dsn, autocommit=True) as viewer:
+            viewer.execute("CREATE TEMP TABLE mine (x int)")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                viewer.execute(ATTACH)
+        with psycopg.connect(roles.worker_dsn, autocommit=True) as worker:
+            worker.execute("CREATE TEMP TABLE mine (x int)")
+            worker.execute(ATTACH)
+            with pytest.raises(psycopg.errors.RaiseException, match="trigger of"):
+                worker.execute("TRUNCATE mine")
+    assert queue.enqueue("mail", key="still-here") == kept
+
+
 def test_a_truncated_job_table_takes_its_jobs_keys_with_it(conn: Conn, queue: Client) -> None:
     """A test suite's reset: the keys of the jobs it removed are free again; those of jobs that
     had left the table before keep their window."""

@@ -35,8 +35,7 @@ WHERE %(functions)s AND n.nspname = %(schema_name)s AND p.prorettype <> 'trigger
 -- one line each, 'INSERT on jobtui.audit', ' (as ROLE)' when through another role, inserts
 -- first. A viewer's console (`jobtui serve --viewer-dsn`) needs none of it. Reads the catalog
 -- only, so it answers on a standby too, whose grants a promotion would make good. The
--- sequence check goes behind CASE: it fails on a relation that is not a sequence. A trigger
--- function with its owner's rights is no lever: it runs only as its table's trigger.
+-- sequence check goes behind CASE: it fails on a relation that is not a sequence.
 WITH roles AS MATERIALIZED (
     SELECT oid, rolname FROM pg_roles WHERE pg_has_role(current_user, oid, 'MEMBER')
 ), relations AS MATERIALIZED (
@@ -54,8 +53,7 @@ WITH roles AS MATERIALIZED (
     UNION ALL
     SELECT r.rolname, 'EXECUTE', format('function %%s', f.oid::regprocedure)
     FROM roles r CROSS JOIN pg_proc f JOIN pg_namespace n ON n.oid = f.pronamespace
-    WHERE n.nspname = %(schema_name)s AND f.prosecdef AND f.prorettype <> 'trigger'::regtype
-      AND has_function_privilege(r.oid, f.oid, 'EXECUTE')
+    WHERE n.nspname = %(schema_name)s AND f.prosecdef AND has_function_privilege(r.oid, f.oid, 'EXECUTE')
     UNION ALL
     SELECT r.rolname, 'CREATE', format('schema %%I', %(schema_name)s::text)
     FROM roles r WHERE has_schema_privilege(r.oid, %(schema_name)s::text, 'CREATE')
