@@ -17,8 +17,7 @@ from jobtui.tui.widgets import KeyedTable
 class Goto(Message):
     """A pane sends the console to another pane: `kind` and `name` say where in it (a queue's
     or a type's line in Queues, a type's dead letters, the Why pane on one queue or type).
-    The app moves the focus, so panes never import each other. Posted to the app itself, so
-    that the keys typed after the one that sent it wait for the pane it opens (keys.py)."""
+    The app moves the focus, so panes never import each other (Pane.goto sends it)."""
 
     def __init__(self, pane: str, kind: str | None = None, name: str | None = None) -> None:
         super().__init__()
@@ -51,6 +50,12 @@ class Pane(TabPane):
     @property
     def console(self) -> Console:
         return cast(Console, self.app)
+
+    def goto(self, pane: str, kind: str | None = None, name: str | None = None) -> None:
+        """Send the console to `pane` (at `kind` `name`). To the app at once, not up through
+        this pane's queue: a key typed after the one that sent it, on its way up behind it,
+        must find the pane switch begun and wait for it (keys.py)."""
+        self.app.post_message(Goto(pane, kind, name))
 
     @classmethod
     def actions(cls) -> frozenset[str]:

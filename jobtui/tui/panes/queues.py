@@ -26,7 +26,7 @@ from jobtui.reads.overview import QueueLine
 from jobtui.tui import render
 from jobtui.tui.console import Change, View
 from jobtui.tui.data import Actions
-from jobtui.tui.panes.base import Goto, TablePane
+from jobtui.tui.panes.base import TablePane
 from jobtui.tui.widgets import SubmitBox
 
 T = TypeVar("T")
@@ -276,8 +276,10 @@ class QueuesPane(TablePane):
     def action_why(self) -> None:
         """What holds the selected queue or type (the Why pane, on it alone)."""
         q = self._line()
-        # To the app at once, as the Why pane's enter does (keys.py).
-        self.app.post_message(Goto("why") if q is None else Goto("why", q.kind, q.name))
+        if q is None:
+            self.goto("why")
+        else:
+            self.goto("why", q.kind, q.name)
 
     def action_pause_queue(self) -> None:
         q = self._line()

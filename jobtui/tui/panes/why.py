@@ -21,7 +21,7 @@ from jobtui.reads.diagnosis import Diagnosis, Subject
 from jobtui.reads.scene import secs
 from jobtui.tui import render
 from jobtui.tui.console import View
-from jobtui.tui.panes.base import Goto, TablePane
+from jobtui.tui.panes.base import TablePane
 from jobtui.tui.widgets import KeyedTable
 
 COLUMNS = ["queue or type", "due", "oldest", "forecast", "fix", "cause"]
@@ -206,11 +206,9 @@ class WhyPane(TablePane):
             self.app.notify("the fix of this one is outside the console: see below", severity="warning")
             return
         where, _, name = cause.goto.partition(":")
-        # To the app at once, not up through the pane's queue: a key typed after enter, on
-        # its way up behind it, must find the pane switch begun (and wait for it, keys.py).
         if where in ("queue", "type"):
-            self.app.post_message(Goto("queues", where, name))
+            self.goto("queues", where, name)
         elif where == "dead":
-            self.app.post_message(Goto("dead", "type", name))
+            self.goto("dead", "type", name)
         else:
-            self.app.post_message(Goto(where))
+            self.goto(where)
