@@ -364,9 +364,13 @@ class Client(ClientBase):
             ),
         )
 
-    def kill_lease(self, ids: Sequence[int], *, actor: str) -> list[int]:
-        """Return running jobs to ready now; their workers' late outcomes are rejected. Audited."""
-        return self._with_conn(None, lambda c: actions.kill_lease(c, ids, actor=actor, schema=self.schema))
+    def kill_lease(self, ids: Sequence[int], *, actor: str, tokens: Sequence[int] | None = None) -> list[int]:
+        """Return running jobs to ready now (dead after their last attempt); their workers' late
+        outcomes are rejected. With `tokens` (each id's lease token, as a list of running jobs
+        shows it), an attempt that ended since is left alone, and so is the one after it. Audited."""
+        return self._with_conn(
+            None, lambda c: actions.kill_lease(c, ids, actor=actor, schema=self.schema, tokens=tokens)
+        )
 
     def cancel(self, ids: Sequence[int], *, actor: str) -> list[int]:
         """Mark ready or running jobs failed. Audited."""

@@ -16,6 +16,7 @@ import psycopg
 from jobtui.core.audit import Audit, Recorded, changed_jobs, moved, operate
 from jobtui.kernel.db import Call, int_list, run, statements
 from jobtui.kernel.domain import DEFAULT_SCHEMA
+from jobtui.kernel.errors import InvalidInput
 from jobtui.reads.deadletters import dead_matching, matching_ids
 
 
@@ -23,8 +24,12 @@ def requeue_call(ids: Sequence[int], actor: str) -> Call[list[int]]:
     return Call("action_requeue_by_id", {"ids": list(ids), "actor": actor}, int_list)
 
 
-def kill_lease_call(ids: Sequence[int], actor: str) -> Call[list[int]]:
-    return Call("action_lease_kill", {"ids": list(ids), "actor": actor}, int_list)
+def kill_lease_call(ids: Sequence[int], actor: str, tokens: Sequence[int] | None = None) -> Call[list[int]]:
+    """With `tokens` (each id's lease token), only the attempts holding them are killed."""
+    if tokens is not None and len(tokens) != len(ids):
+        raise InvalidInput("kill_lease: give one lease token per id")
+    params = {"ids": list(ids), "actor": actor, "tokens": None if tokens is None else list(tokens)}
+    return Call("action_lease_kill", params, int_list)
 
 
 def cancel_call(ids: Sequence[int], actor: str, schema: str = DEFAULT_SCHEMA) -> Call[list[int]]:
@@ -99,10 +104,17 @@ def requeue_dead_group(
 
 
 def kill_lease(
-    conn: psycopg.Connection[Any], ids: Sequence[int], *, actor: str, schema: str = DEFAULT_SCHEMA
+    conn: psycopg.Connection[Any],
+    ids: Sequence[int],
+    *,
+    actor: str,
+    schema: str = DEFAULT_SCHEMA,
+    tokens: Sequence[int] | None = None,
 ) -> list[int]:
-    """Return running jobs to ready now; their workers' late outcomes are rejected. Audited."""
-    return operate(conn, kill_lease_call(ids, actor), Audit(actor, "kill-lease", ids_target(ids)), moved, schema)
+    """Return running jobs to ready now (dead after their last attempt); their workers' late
+    outcomes are rejected. With `tokens`, only the attempts holding them. Audited."""
+    call = kill_lease_call(ids, actor, tokens)
+    return operate(conn, call, Audit(actor, "kill-lease", ids_target(ids)), moved, schema)
 
 
 def cancel(conn: psycopg.Connection[Any], ids: Sequence[int], *, actor: str, schema: str = DEFAULT_SCHEMA) -> list[int]:

@@ -35,6 +35,7 @@ class RunningJob:
     running_for: float | None
     locked_until: datetime | None = None  # with the id, where the next page starts
     runner: Runner | None = None  # what runs it, as its worker's last heartbeat said
+    lease_token: int | None = None  # the attempt's token: a kill of it spares a later attempt
 
     @property
     def cursor(self) -> RunningCursor:

@@ -6,6 +6,7 @@ Panes and drill-downs ask the question; `JobtuiApp.confirm_then` asks it and run
 
 from __future__ import annotations
 
+from jobtui.kernel.domain import JobStatus
 from jobtui.tui.data import Actions, DataSource
 
 
@@ -60,9 +61,33 @@ def requeue_group(
     return message
 
 
-def kill_lease(actions: Actions, job_id: int) -> str:
-    n = actions.kill_lease(job_id)
-    return f"lease of job {job_id} killed; it is ready again" if n else f"job {job_id} was no longer running"
+def kill_lease_question(what: str, attempt: int, max_attempts: int) -> list[str]:
+    """The question before a lease is killed: what becomes of the job, and that only this
+    attempt is killed."""
+    after = (
+        f"It was its last attempt ({attempt} of {max_attempts}): it becomes dead."
+        if attempt >= max_attempts
+        else f"It returns to ready now (attempt {attempt} of {max_attempts} counts)."
+    )
+    return [f"Kill the lease of {what}?", after, "Only this attempt: 1 row will change."]
+
+
+def kill_lease(actions: Actions, job_id: int, token: int | None) -> str:
+    """Kill the attempt the question named, then say what became of the job."""
+    killed, row = actions.kill_lease(job_id, token)
+    if killed:
+        dead = row is not None and row.status is JobStatus.DEAD
+        return f"lease of job {job_id} killed; " + ("it was its last attempt: it is dead" if dead else "it is ready again")
+    if row is None:
+        return f"job {job_id} is gone (deleted or archived): nothing killed"
+    if row.status is not JobStatus.RUNNING:
+        return f"job {job_id} was no longer running (it is {row.status.value}): nothing killed"
+    if token is not None and row.lease_token != token:
+        return (
+            f"job {job_id} was not killed: the attempt you saw ended, and attempt {row.attempts} now runs"
+            f" on {row.locked_by or '-'} (press k again for it)"
+        )
+    return f"job {job_id} is committing an effect (job.once()): not killed; try again in a moment"
 
 
 def cancel(actions: Actions, job_id: int) -> str:

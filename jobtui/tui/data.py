@@ -271,8 +271,12 @@ class Actions:
         """Requeue exactly `ids` of the group (those still in it); how many moved."""
         return len(self._client.requeue_dead_group(status, job_type, fingerprint or None, actor=self.actor, ids=ids))
 
-    def kill_lease(self, job_id: int) -> int:
-        return len(self._client.kill_lease([job_id], actor=self.actor))
+    def kill_lease(self, job_id: int, token: int | None) -> tuple[bool, JobRow | None]:
+        """Kill the lease of the attempt holding `token` (None: whichever runs); whether it was
+        killed, and the job's row after it."""
+        tokens = None if token is None else [token]
+        killed = bool(self._client.kill_lease([job_id], actor=self.actor, tokens=tokens))
+        return killed, self._client.get(job_id)
 
     def cancel(self, job_id: int) -> int:
         return len(self._client.cancel([job_id], actor=self.actor))

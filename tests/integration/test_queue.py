@@ -876,6 +876,21 @@ def test_a_killed_lease_counts_as_an_attempt_and_the_last_one_goes_dead(q: Clien
     assert q.requeue([job_id], actor="bob") == [job_id]
 
 
+def test_kill_lease_with_tokens_kills_only_the_attempts_named(q: Client) -> None:
+    """A kill asked of one attempt (its lease token, as a list of running jobs showed it)
+    leaves the job alone once that attempt has ended and another one runs."""
+    job_id = q.enqueue("t")
+    [first] = q.claim(["t"], worker="w1")
+    assert q.kill_lease([job_id], actor="bob", tokens=[first.lease_token]) == [job_id]
+    [second] = q.claim(["t"], worker="w2")
+    assert q.kill_lease([job_id], actor="bob", tokens=[first.lease_token]) == []
+    row = q.get(job_id)
+    assert row is not None and (row.status, row.locked_by, row.attempts) == (JobStatus.RUNNING, "w2", 2)
+    assert q.kill_lease([job_id], actor="bob", tokens=[second.lease_token]) == [job_id]
+    with pytest.raises(InvalidInput, match="one lease token per id"):
+        q.kill_lease([job_id], actor="bob", tokens=[])
+
+
 def test_kill_lease_waits_for_an_effect_being_committed(q: Client, dsn: str) -> None:
     """While a handler's `once()` transaction holds the job's row, the kill is refused: the
     effect commits under the lease it was checked against."""

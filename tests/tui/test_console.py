@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import psycopg
+
 from jobtui.clients.client import Client
 from jobtui.core.registry import Job, Jobs
 from jobtui.kernel.domain import NewJob
@@ -310,6 +312,70 @@ async def test_kill_lease_returns_the_job_to_ready(dsn: str) -> None:
     assert statuses(dsn, [s.running[1]]) == {s.running[1]: "running"}
     assert query(dsn, "SELECT locked_until FROM jobtui.job WHERE id = %s", job) == [(None,)]
     assert audit(dsn) == [("console", "kill-lease", f"jobs {job}", [job], 1)]
+
+
+def _toasted(app: JobtuiApp, expected: str) -> bool:
+    return any(expected in str(n.message) for n in app._notifications)
+
+
+async def test_kill_lease_spares_the_attempt_after_the_one_asked_about(dsn: str) -> None:
+    """The question names one attempt; if it ends while the question is open and another
+    worker claims the job again, yes kills nothing, and the toast says why."""
+    s = seed(dsn)
+    job = s.running[0]
+    async with console(dsn) as (app, pilot):
+        await open_pane(pilot, app, "running", str(job))
+        await pilot.press("k")
+        question = await confirm_question(pilot, app)
+        assert "It returns to ready now (attempt 1 of 25 counts)." in question
+        with Client(dsn, max_connections=1) as queue:  # worker-a's attempt ends; worker-b takes the job
+            ended = "UPDATE jobtui.job SET status = 'ready', locked_until = NULL WHERE id = %s RETURNING id"
+            assert query(dsn, ended, job) == [(job,)]
+            assert [c.id for c in queue.claim(["report.build"], worker="worker-b:1", lease=600)] == [job]
+        await answer(pilot, app, "y")
+        expected = f"job {job} was not killed: the attempt you saw ended, and attempt 2 now runs on worker-b:1"
+        await wait_for(pilot, lambda: _toasted(app, expected), what="the toast")
+    assert query(dsn, "SELECT status, attempts, locked_by FROM jobtui.job WHERE id = %s", job) == [
+        ("running", 2, "worker-b:1")
+    ]
+
+
+async def test_kill_lease_of_a_last_attempt_says_the_job_goes_dead(dsn: str) -> None:
+    s = seed(dsn)
+    job = s.running[0]
+    assert query(dsn, "UPDATE jobtui.job SET max_attempts = 1 WHERE id = %s RETURNING id", job) == [(job,)]
+    async with console(dsn) as (app, pilot):
+        await open_pane(pilot, app, "running", str(job))
+        await wait_for(pilot, lambda: _running_attempts(app, job) == "1/1", what="the row's new limit")
+        await pilot.press("k")
+        assert "It was its last attempt (1 of 1): it becomes dead." in await confirm_question(pilot, app)
+        await answer(pilot, app, "y")
+        expected = f"lease of job {job} killed; it was its last attempt: it is dead"
+        await wait_for(pilot, lambda: _toasted(app, expected), what="the toast")
+    assert statuses(dsn, [job]) == {job: "dead"}
+
+
+async def test_kill_lease_while_an_effect_commits_says_try_again(dsn: str) -> None:
+    """A job inside `job.once()`'s transaction is not killed yet: the toast says so, rather
+    than that the job stopped running."""
+    s = seed(dsn)
+    job = s.running[0]
+    async with console(dsn) as (app, pilot):
+        await open_pane(pilot, app, "running", str(job))
+        await pilot.press("k")
+        await confirm_question(pilot, app)
+        with psycopg.connect(dsn) as held:  # the row lock a handler's once() holds
+            held.execute("SELECT 1 FROM jobtui.job WHERE id = %s FOR UPDATE", (job,))
+            await answer(pilot, app, "y")
+            expected = f"job {job} is committing an effect (job.once()): not killed; try again in a moment"
+            await wait_for(pilot, lambda: _toasted(app, expected), what="the toast")
+    assert statuses(dsn, [job]) == {job: "running"}
+    assert audit(dsn) == [("console", "kill-lease", f"jobs {job}", [], 0)]
+
+
+def _running_attempts(app: JobtuiApp, job: int) -> str:
+    running = table(app, "running")
+    return str(running.get_cell(str(job), "attempt")) if str(job) in keys(running) else ""
 
 
 async def test_cancel_a_running_job(dsn: str) -> None:

@@ -37,7 +37,8 @@ RETURNING j.id;
 -- rejected because the status (and later the lease token) no longer match. The row lock is
 -- taken first and skips a job whose handler is inside `job.once()`'s transaction (which
 -- holds the row): its effect commits under the lease it was checked against, and the kill
--- is refused for now.
+-- is refused for now. With `tokens` (each id's lease token, in the order of `ids`), only the
+-- attempts that hold them are killed: a question asked of one attempt never kills the next.
 UPDATE {schema}.job AS j
 SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END,
     run_at = now(), locked_until = NULL,
@@ -52,8 +53,12 @@ SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END
              - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
 WHERE j.id IN (SELECT id FROM {schema}.job
                WHERE id = ANY(%(ids)s::bigint[]) AND status = 'running'
+                 AND (%(tokens)s::bigint[] IS NULL
+                      OR lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], id)])
                FOR UPDATE SKIP LOCKED)
   AND j.status = 'running'
+  AND (%(tokens)s::bigint[] IS NULL
+       OR j.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], j.id)])
 RETURNING j.id;
 
 -- name: action_cancel

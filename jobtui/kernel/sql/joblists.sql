@@ -10,11 +10,12 @@
 -- time, each after the (locked_until, id) of the previous page's last job (NULL: the first).
 -- `runner` is what the worker's heartbeat said runs the job, only when it describes this attempt
 -- (its token is the row's): compared as jsonb, so that no text in it can fail a cast.
+-- `lease_token` names the attempt, so that a kill asked of it spares the attempt after it.
 -- With a `worker`, only the jobs it holds (the Workers pane's enter): still a walk of the
 -- running jobs' index, whose size the fleet's slots bound, not the backlog.
 SELECT id, type, locked_by AS worker, attempts AS attempt, max_attempts,
        extract(epoch FROM now() - heartbeat_at) AS heartbeat_age, extract(epoch FROM locked_until - now()) AS lease_left,
-       extract(epoch FROM now() - started_at) AS running_for, locked_until,
+       extract(epoch FROM now() - started_at) AS running_for, locked_until, lease_token,
        CASE WHEN runner -> 'token' = to_jsonb(lease_token) THEN runner END AS runner
 FROM {schema}.job
 WHERE status = 'running'

@@ -150,30 +150,32 @@ class RunningPane(TablePane):
         if key is not None:
             self.app.push_screen(JobDetailScreen(int(key)))
 
-    def _job(self) -> tuple[int, str] | None:
-        """The selected job's id and how the questions name it."""
+    def _job(self) -> tuple[RunningJob, str] | None:
+        """The selected job and how the questions name it."""
         key = self.selected_key
         view = self.console.view()
         if key is None or view is None:
             return None
         job = next((j for j in view.fetched.running if str(j.id) == key), None)
-        return None if job is None else (job.id, f"job {job.id} ({job.type}) on {job.worker}")
+        return None if job is None else (job, f"job {job.id} ({job.type}) on {job.worker}")
 
     def action_kill_lease(self) -> None:
         found = self._job()
         if found:
-            job_id, what = found
+            job, what = found
             self.console.confirm_then(
-                [f"Kill the lease of {what}?", "It returns to ready now; 1 row will change."],
+                changes.kill_lease_question(what, job.attempt, job.max_attempts),
                 changes.kill_lease,
                 self.console.actions_,
-                job_id,
+                job.id,
+                job.lease_token,
             )
 
     def action_cancel(self) -> None:
         found = self._job()
         if found:
-            job_id, what = found
+            job, what = found
+            job_id = job.id
             self.console.confirm_then(
                 [
                     f"Cancel {what}? It becomes failed.",
