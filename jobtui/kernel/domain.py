@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -160,6 +161,29 @@ class ErrorEntry:
     kind: str
     error: str
     started: str | None = None  # when that attempt started (entries written before it was kept have none)
+
+    @classmethod
+    def decoded(cls, entry: object) -> ErrorEntry:
+        """An entry as the `errors` column holds it. Anything a hand edit may have left there (a
+        string, a number, an object in place of a name) is kept as text, never an exception:
+        the screens that show a job's history must open on whatever the row holds."""
+        if not isinstance(entry, dict):
+            return cls(at="", attempt=0, worker=None, kind="error", error=_as_text(entry))
+        attempt = entry.get("attempt")
+        worker, started = entry.get("worker"), entry.get("started")
+        return cls(
+            at=_as_text(entry.get("at", "")),
+            attempt=attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 0,
+            worker=None if worker is None else _as_text(worker),
+            kind=_as_text(entry.get("kind", "error")),
+            error=_as_text(entry.get("error", "")),
+            started=None if started is None else _as_text(started),
+        )
+
+
+def _as_text(value: object) -> str:
+    """A JSON value as text: a string as it is, anything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,10 +136,9 @@ class JobDetailScreen(Screen[None]):
     def load(self) -> None:
         try:
             job = cast(Console, self.app).source.job(self.job_id)
-        except Exception as exc:  # shown in place; the next tick tries again
-            text = f"Cannot read job {self.job_id}: {first_line(exc)}"
-        else:
             text = f"No job {self.job_id} (archived or deleted)." if job is None else "\n".join(explain(job, full=True))
+        except Exception as exc:  # shown in place (never the end of the console); the next tick tries again
+            text = f"Cannot read job {self.job_id}: {first_line(exc)}"
         self.app.call_from_thread(self._show, text)
 
     def _show(self, text: str) -> None:
