@@ -99,17 +99,8 @@ def _job_row(rows: Rows) -> JobRow | None:
     if not rows:
         return None
     row = rows.dicts()[0]
-    errors = [
-        ErrorEntry(
-            at=str(e.get("at", "")),
-            attempt=int(e.get("attempt") or 0),
-            worker=e.get("worker"),
-            kind=str(e.get("kind", "error")),
-            error=str(e.get("error", "")),
-            started=None if e.get("started") is None else str(e["started"]),
-        )
-        for e in (row.pop("errors") or [])
-    ]
+    held = row.pop("errors") or []
+    errors = [ErrorEntry.decoded(e) for e in (held if isinstance(held, list) else [held])]
     return JobRow(
         **{**row, "status": JobStatus(row["status"]), "runner": Runner.decoded(row.get("runner"))}, errors=errors
     )
