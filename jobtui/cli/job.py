@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict
 from typing import Any
 
 from jobtui.cli.args import job_id, open_client, parse_payload, positive_int
+from jobtui.cli.output import print_json
 from jobtui.kernel.domain import DEFAULT_QUEUE
 from jobtui.kernel.durations import parse_duration
 from jobtui.kernel.errors import UnknownJob
@@ -52,7 +52,7 @@ def cmd_job(args: argparse.Namespace) -> int:
             " with workers started with --delete-on-complete); list jobs with `jobtui stats`"
         )
     if args.json:
-        print(json.dumps(_job_json(job), default=str, indent=2))
+        print_json(_job_json(job))
     else:
         print("\n".join(explain(job)))
     return 0

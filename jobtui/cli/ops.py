@@ -7,7 +7,6 @@ never markup."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from typing import Any
@@ -25,6 +24,7 @@ from jobtui.cli.args import (
     with_client,
     with_dsn,
 )
+from jobtui.cli.output import print_json
 from jobtui.clients.client import Client
 from jobtui.core.jobs import job_statuses_call
 from jobtui.kernel.db import connect
@@ -325,7 +325,7 @@ def cmd_stats(args: argparse.Namespace, dsn: str) -> int:
             lines = view.lines
         forecasts = line_forecasts(lines, snap.flows)
         if args.json:
-            print(json.dumps({**snap.to_json(), "queues": queue_json(lines, forecasts)}, default=str, indent=2))
+            print_json({**snap.to_json(), "queues": queue_json(lines, forecasts)})
         else:
             if args.watch:
                 console.clear()
@@ -353,7 +353,7 @@ def cmd_dead(args: argparse.Namespace, dsn: str) -> int:
     if args.json:
         from dataclasses import asdict
 
-        print(json.dumps([asdict(g) for g in groups], default=str, indent=2))
+        print_json([asdict(g) for g in groups])
     elif groups:
         render_dead(None, wide_console(), groups)
         print(f"{sum(g.jobs for g in groups)} job(s) in {len(groups)} group(s)")
@@ -465,7 +465,7 @@ def cmd_audit(args: argparse.Namespace, client: Client) -> int:
     if args.json:
         from dataclasses import asdict
 
-        print(json.dumps([asdict(e) for e in entries], default=str, indent=2))
+        print_json([asdict(e) for e in entries])
         return 0
     table = Table("when", "who", "action", "target", "rows", title="Operator actions (newest first)")
     for e in entries:

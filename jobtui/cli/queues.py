@@ -5,11 +5,11 @@ with `--read-only`; names are printed escaped."""
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from jobtui.cli.args import with_dsn
 from jobtui.cli.ops import queue_json, queue_table, wide_console
+from jobtui.cli.output import print_json
 from jobtui.core import queues
 from jobtui.kernel.db import connect, run
 from jobtui.kernel.durations import parse_duration
@@ -39,7 +39,7 @@ def cmd_list(args: argparse.Namespace, dsn: str) -> int:
         view = overview(conn, args.schema)
         forecasts = line_forecasts(view.lines, run(conn, recent_call(), args.schema))
     if args.json:
-        print(json.dumps(queue_json(view.lines, forecasts), default=str, indent=2))
+        print_json(queue_json(view.lines, forecasts))
         return 0
     console = wide_console()
     console.print(queue_table(view.lines, forecasts))

@@ -4,12 +4,12 @@ jobtui/core/scheduler.py from the shell; each change is audited."""
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict
 from typing import Any
 
 from jobtui.cli import ops
 from jobtui.cli.args import database_dsn, parse_payload, positive_int
+from jobtui.cli.output import print_json
 from jobtui.core.registry import ScheduleSpec, load_app
 from jobtui.kernel import migrate as migrations
 from jobtui.kernel.db import connect
@@ -105,7 +105,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 def _print_schedules(rows: list[Any], *, as_json: bool) -> None:
     if as_json:
-        print(json.dumps([asdict(r) for r in rows], default=str, indent=2))
+        print_json([asdict(r) for r in rows])
         return
     from rich.table import Table
 

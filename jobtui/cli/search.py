@@ -19,6 +19,7 @@ from rich.table import Table
 
 from jobtui.cli import ops
 from jobtui.cli.args import job_id, positive_int, with_client, with_dsn
+from jobtui.cli.output import print_json
 from jobtui.clients.client import Client
 from jobtui.core import payloadindex
 from jobtui.core.audit import record_audit
@@ -89,8 +90,7 @@ def cmd_jobs(args: argparse.Namespace, client: Client) -> int:
         return _print_counts(counts, as_json=args.json)
     if args.json:
         jobs = [{**asdict(j), "status": j.status.value} for j in found.jobs]
-        print(json.dumps({"jobs": jobs, "more": found.more, "matched": found.matched, "complete": found.complete},
-                         default=str, indent=2))  # fmt: skip
+        print_json({"jobs": jobs, "more": found.more, "matched": found.matched, "complete": found.complete})
         return 0
     title = f"Jobs whose payload contains {json.dumps(filt.payload, ensure_ascii=False)} (newest first)"
     table = Table("id", "type", "queue", "status", "attempts", "created", "worker", "last error", title=title)
@@ -222,7 +222,7 @@ def _jobs_page(args: argparse.Namespace, client: Client) -> int:
     if args.json:
         from dataclasses import asdict
 
-        print(json.dumps([{**asdict(j), "status": j.status.value} for j in page], default=str, indent=2))
+        print_json([{**asdict(j), "status": j.status.value} for j in page])
         return 0
     table = Table("id", "type", "status", "attempts", "created", "worker", "last error", title="Jobs (newest first)")
     for j in page:
@@ -238,7 +238,7 @@ def _jobs_page(args: argparse.Namespace, client: Client) -> int:
 def _print_counts(counts: list[JobCount], *, as_json: bool) -> int:
     """`jobtui jobs --count`: jobs by status and type, as a table or as JSON."""
     if as_json:
-        print(json.dumps([{"status": c.status.value, "type": c.type, "jobs": c.jobs} for c in counts], indent=2))
+        print_json([{"status": c.status.value, "type": c.type, "jobs": c.jobs} for c in counts])
         return 0
     table = Table("status", "type", "jobs", title="Jobs by status and type")
     for c in counts:

@@ -11,7 +11,6 @@ prints them exact (docs/operations.md, "Why is the backlog growing").
 from __future__ import annotations
 
 import argparse
-import json
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import psycopg
 
 from jobtui.cli.args import check_migrated, database_dsn
+from jobtui.cli.output import print_json
 from jobtui.kernel.db import connect, first_line, pooler_mode, run
 from jobtui.kernel.durations import parse_duration
 from jobtui.kernel.errors import DatabaseUnavailable, InvalidInput
@@ -124,7 +124,7 @@ def cmd_why(args: argparse.Namespace) -> int:
     except (psycopg.OperationalError, DatabaseUnavailable) as exc:
         d, code = unanswered(first_line(exc)), NOT_ANSWERING
     if args.json:
-        print(json.dumps({**d.to_json(), "nothing_waits": quiet}, default=str, indent=2))
+        print_json({**d.to_json(), "nothing_waits": quiet})
         return code
     shown = quiet + list(text_of(d))
     if not shown:

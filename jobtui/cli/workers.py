@@ -6,7 +6,6 @@ the table is printed escaped; `--json` prints it exact."""
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict
 from typing import Any
 
@@ -15,6 +14,7 @@ from rich.text import Text
 
 from jobtui.cli.args import with_dsn
 from jobtui.cli.ops import wide_console
+from jobtui.cli.output import print_json
 from jobtui.core.members import ACTIONS, REFRESH, Action, Target, done_word, give_order, why_unchanged
 from jobtui.kernel.db import connect, run
 from jobtui.kernel.errors import InvalidInput
@@ -118,7 +118,7 @@ def cmd_list(args: argparse.Namespace, dsn: str) -> int:
             "lease_holders_without_a_live_row": [asdict(h) for h in held],
             "findings": [asdict(f) for f in found],
         }
-        print(json.dumps(out, default=str, indent=2))
+        print_json(out)
         return 0
     console = wide_console()
     if processes:

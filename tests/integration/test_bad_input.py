@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import socket
@@ -566,3 +567,36 @@ def test_schedule_names_that_cannot_exist(dsn: str, conn: Conn) -> None:
     user_error(jobtui(dsn, "schedule", "pause", "nope"), "no schedule named 'nope'")
     user_error(jobtui(dsn, "schedule", "add", "s", "--cron", "* * * * *", "--type", "t", "--timezone", "Mars/Base"))
     user_error(jobtui(dsn, "schedule"), "the following arguments are required")
+
+
+# -- rows a hand edit left malformed ------------------------------------------------------
+
+
+def test_a_hand_edited_history_still_shows(dsn: str, conn: Conn) -> None:
+    """Entries of a job's `errors` that no worker writes (a string, an object where a name goes,
+    an attempt that is no number, escapes) are shown as text: `jobtui job` and its `--json`
+    neither fail nor pass the escapes on."""
+    with Client(dsn) as q:
+        job_id = q.enqueue("t")
+    history = ["\x1b]0;title\x07plain", {"worker": {"a": "\x1b[2J"}, "attempt": "two", "at": 5, "error": "e"}]
+    conn.execute("UPDATE jobtui.job SET errors = %s::jsonb WHERE id = %s", (json.dumps(history), job_id))
+    out = succeeded(jobtui_process(dsn, "job", str(job_id)))
+    assert "plain" in out and '{"a": "' in out
+    assert "\x1b" not in out and "\x07" not in out
+    shown = json.loads(succeeded(jobtui_process(dsn, "job", str(job_id), "--json")))
+    assert [e["error"] for e in shown["errors"]] == ["\x1b]0;title\x07plain", "e"]
+    assert shown["errors"][1]["worker"] == '{"a": "\\u001b[2J"}' and shown["errors"][1]["attempt"] == 0
+
+
+def test_json_output_has_no_nan(dsn: str, conn: Conn) -> None:
+    """A float column holding NaN or infinity (a check that `NaN >= 0` passes) prints as null:
+    `--json` stays JSON that strict parsers read."""
+    with psycopg.connect(dsn, autocommit=True) as own:
+        schedules.upsert(own, ScheduleSpec("nightly", "0 3 * * *", "t"), source="cli")
+    conn.execute("UPDATE jobtui.schedule SET offset_seconds = 'NaN' WHERE name = 'nightly'")
+
+    def refuse(constant: str) -> Any:
+        raise AssertionError(f"{constant} in --json output")
+
+    rows = json.loads(succeeded(jobtui_process(dsn, "schedule", "list", "--json")), parse_constant=refuse)
+    assert [(r["name"], r["offset_seconds"]) for r in rows] == [("nightly", None)]
