@@ -26,7 +26,7 @@ from jobtui.kernel.checks import (
     check_type,
     encode_payload,
 )
-from jobtui.kernel.db import Call, Rows, arun, first_int, run, statements
+from jobtui.kernel.db import SERVER_TCP_SETTINGS, Call, Rows, arun, first_int, run, statements, tcp_bounds
 from jobtui.kernel.domain import (
     DEFAULT_QUEUE,
     DEFAULT_SCHEMA,
@@ -247,7 +247,15 @@ def record_effect_call(key: str, job_id: int | None, token: int | None = None) -
     nothing is recorded unless job `job_id` still runs under that lease."""
     if not key or "\x00" in key:
         raise InvalidInput("an effect key must be a non-empty string without NUL")
-    params = {"key": key, "job_id": job_id, "token": token}
+    # The server's end of the connection gives up on a silent client as jobtui's own do (the
+    # statement says why); the bounds of tcp_bounds, for a DSN that sets none of its own.
+    bounds = tcp_bounds("")
+    params = {
+        "key": key,
+        "job_id": job_id,
+        "token": token,
+        **{name: str(bounds[name]) for name in SERVER_TCP_SETTINGS},
+    }
     return Call("job_effect_record", params, lambda rows: (bool(rows[0][0]), bool(rows[0][1])))
 
 

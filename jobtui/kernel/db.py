@@ -340,6 +340,9 @@ def connect_timeout(dsn: str) -> dict[str, Any]:
 # TCP's retransmissions (about 15 minutes on Linux). docs/scaling.md says why and how.
 DEAD_SOCKET_SECONDS = 5.0
 TCP_PARAMETERS = ("keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout")
+# Those the server has too (as tcp_keepalives_idle and so on, set by any role), for its end of
+# a connection whose loss would hold a lock (job_effect_record).
+SERVER_TCP_SETTINGS = ("keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout")
 
 
 def tcp_bounds(dsn: str, within: float = DEAD_SOCKET_SECONDS) -> dict[str, Any]:

@@ -891,6 +891,28 @@ def test_kill_lease_with_tokens_kills_only_the_attempts_named(q: Client) -> None
         q.kill_lease([job_id], actor="bob", tokens=[])
 
 
+def test_an_effects_transaction_bounds_the_servers_wait_on_a_silent_client(q: Client, dsn: str) -> None:
+    """While `once()`'s row lock is held, the server's end of the handler's connection gives up
+    within seconds of the client going silent (a network that drops packets would otherwise
+    leave the job ready but skipped for hours); after the transaction, its own settings."""
+    from jobtui.core.registry import Job
+
+    job_id = q.enqueue("t")
+    [claimed] = q.claim(["t"], worker="w1")
+    settings = "SELECT current_setting('tcp_keepalives_idle'), current_setting('tcp_user_timeout')"
+    with psycopg.connect(dsn) as tx:
+        before = tx.execute(settings).fetchone()
+        tx.commit()
+        assert Job(claimed, "w1", "jobtui").once(tx, "k-bounded") is True
+        if tx.info.host.startswith("/"):  # a Unix socket has no TCP settings: they read 0
+            assert tx.execute(settings).fetchone() == ("0", "0")
+        else:
+            assert tx.execute(settings).fetchone() == ("2", "5000")
+        tx.commit()
+        assert tx.execute(settings).fetchone() == before
+    assert q.kill_lease([job_id], actor="bob") == [job_id]
+
+
 def test_kill_lease_waits_for_an_effect_being_committed(q: Client, dsn: str) -> None:
     """While a handler's `once()` transaction holds the job's row, the kill is refused: the
     effect commits under the lease it was checked against."""

@@ -146,6 +146,13 @@ SELECT pg_notify(%(channel)s, '');
 -- checked against, or (checked after a re-claim) is refused. Heartbeats and outcomes take a
 -- weaker lock (FOR NO KEY UPDATE) that does not conflict, so they go on meanwhile. An expired
 -- lease counts as lost, by the database's clock at the moment of the check.
+--
+-- That lock lasts as long as the caller's session: a handler cut off by a network that drops
+-- packets silently would leave it to the server's TCP keepalive (about two hours by default),
+-- the job ready but skipped by every claim. So, for the rest of the transaction (set_config's
+-- `true`), the server's end of the connection gives up within seconds of its client going
+-- silent, as jobtui's own connections do from their end (db.tcp_bounds). Local to the
+-- transaction, so a pooler's shared connection keeps its own settings afterwards.
 WITH lease AS (
     SELECT %(token)s::bigint IS NULL
            OR EXISTS (SELECT 1 FROM {schema}.job
@@ -158,7 +165,11 @@ WITH lease AS (
     ON CONFLICT (key) DO NOTHING
     RETURNING key
 )
-SELECT (SELECT held FROM lease), EXISTS (SELECT 1 FROM recorded);
+SELECT (SELECT held FROM lease), EXISTS (SELECT 1 FROM recorded),
+       set_config('tcp_keepalives_idle', %(keepalives_idle)s::text, true),
+       set_config('tcp_keepalives_interval', %(keepalives_interval)s::text, true),
+       set_config('tcp_keepalives_count', %(keepalives_count)s::text, true),
+       set_config('tcp_user_timeout', %(tcp_user_timeout)s::text, true);
 
 -- name: job_effect_exists
 SELECT EXISTS (SELECT 1 FROM {schema}.effect WHERE key = %(key)s);
