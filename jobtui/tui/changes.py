@@ -77,7 +77,9 @@ def kill_lease(actions: Actions, job_id: int, token: int | None) -> str:
     killed, row = actions.kill_lease(job_id, token)
     if killed:
         dead = row is not None and row.status is JobStatus.DEAD
-        return f"lease of job {job_id} killed; " + ("it was its last attempt: it is dead" if dead else "it is ready again")
+        return f"lease of job {job_id} killed; " + (
+            "it was its last attempt: it is dead" if dead else "it is ready again"
+        )
     if row is None:
         return f"job {job_id} is gone (deleted or archived): nothing killed"
     if row.status is not JobStatus.RUNNING:
