@@ -21,7 +21,7 @@ from jobtui.clients.reach import WAIT_SLICE, reporting_async_connection
 from jobtui.core.adapters import async_connection
 from jobtui.core.jobs import EnqueueOptions, aenqueue, aenqueue_many
 from jobtui.core.middleware import entered
-from jobtui.kernel.db import Call, arun
+from jobtui.kernel.db import Call, abound_server_end, arun
 from jobtui.kernel.domain import NewJob
 from jobtui.kernel.jobfilter import JobFilter
 from jobtui.reads.jobquery import JobCount, JobSummary, SearchResult, aquery, asearch, counts_call, jobs_call
@@ -54,10 +54,15 @@ class AsyncClient(ClientBase):
             **self._pool_options(),
             connection_class=reporting_async_connection(lambda exc: self._lost(exc, generation)),
             check=lambda conn: self._check(conn, generation),  # see Client
+            configure=self._configure,
         )
         self._pool_generation = generation
         await pool.open(wait=False)
         return pool, generation
+
+    async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """See Client._configure."""
+        await abound_server_end(conn, self.dsn, self._pool_options()["kwargs"], self.pooler)
 
     async def _check(self, conn: psycopg.AsyncConnection[Any], generation: int) -> None:
         began = time.monotonic()

@@ -44,7 +44,7 @@ from jobtui.core.claims import (
 )
 from jobtui.core.jobs import EnqueueOptions, enqueue, enqueue_many, get_job_call
 from jobtui.core.middleware import entered
-from jobtui.kernel.db import Call, run
+from jobtui.kernel.db import Call, bound_server_end, run
 from jobtui.kernel.domain import (
     DEFAULT_LEASE_SECONDS,
     ClaimedJob,
@@ -125,10 +125,15 @@ class Client(ClientBase):
                 # A connection the server dropped (a restart) is found out and replaced
                 # when it is handed out, not by the caller's statement failing.
                 check=lambda conn: self._check(conn, generation),
+                configure=self._configure,
             )
             self._pool_generation = generation
         pool.open(wait=False)
         return pool, generation
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        """A new pooled connection's server end is bounded as jobtui's own are (db.connect)."""
+        bound_server_end(conn, self.dsn, self._pool_options()["kwargs"], self.pooler)
 
     def _check(self, conn: psycopg.Connection[Any], generation: int) -> None:
         began = time.monotonic()

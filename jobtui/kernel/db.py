@@ -434,15 +434,61 @@ def pooler_options(pooler: str | None = None) -> dict[str, Any]:
     return {"prepare_threshold": None} if transaction_pooled(pooler) else {}
 
 
+def server_bound_call(dsn: str, options: dict[str, Any], pooler: str | None = None) -> Call[None] | None:
+    """The statement that bounds the server's end of a new session as its client's end is
+    bounded (the DSN's TCP parameters, else `options`', else tcp_bounds'); None behind a
+    transaction pooler, whose server connections other clients share, or when the DSN turns
+    keepalives off."""
+    given = conninfo_to_dict(dsn)
+    if transaction_pooled(pooler) or str(given.get("keepalives", options.get("keepalives", 1))) == "0":
+        return None
+    defaults = tcp_bounds("")
+    params = {k: str(given.get(k, options.get(k, defaults[k]))) for k in SERVER_TCP_SETTINGS}
+    return Call("server_tcp_bound", params, lambda rows: None)
+
+
+def bound_server_end(
+    conn: psycopg.Connection[Any], dsn: str, options: dict[str, Any], pooler: str | None = None
+) -> None:
+    """Run server_bound_call's statement on a new connection, leaving it idle."""
+    call = server_bound_call(dsn, options, pooler)
+    if call is None:
+        return
+    run(conn, call)
+    if not conn.autocommit:
+        conn.commit()
+
+
+async def abound_server_end(
+    conn: psycopg.AsyncConnection[Any], dsn: str, options: dict[str, Any], pooler: str | None = None
+) -> None:
+    """Async counterpart of `bound_server_end`."""
+    call = server_bound_call(dsn, options, pooler)
+    if call is None:
+        return
+    await arun(conn, call)
+    if not conn.autocommit:
+        await conn.commit()
+
+
 def connect(dsn: str, *, autocommit: bool = False, pooler: str | None = None, **kwargs: Any) -> psycopg.Connection[Any]:
     """A new connection, or DatabaseUnavailable with a message that says what to check.
     `pooler` defaults to JOBTUI_POOLER (see pooler_mode). Its TCP bounds (tcp_bounds) are the
-    defaults; `kwargs` override them."""
+    defaults; `kwargs` override them. The server's end is bounded alike (server_bound_call)."""
     options = {**connection_options(dsn), **pooler_options(pooler), **kwargs}
     try:
-        return psycopg.connect(dsn, autocommit=autocommit, **options)
+        conn = psycopg.connect(dsn, autocommit=autocommit, **options)
     except psycopg.OperationalError as exc:
         raise unavailable(dsn, exc) from None
+    try:
+        bound_server_end(conn, dsn, options, pooler)
+    except psycopg.OperationalError as exc:
+        conn.close()
+        raise unavailable(dsn, exc) from None
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 async def aconnect(
@@ -451,9 +497,18 @@ async def aconnect(
     """Async counterpart of `connect`."""
     options = {**connection_options(dsn), **pooler_options(pooler), **kwargs}
     try:
-        return await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit, **options)
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit, **options)
     except psycopg.OperationalError as exc:
         raise unavailable(dsn, exc) from None
+    try:
+        await abound_server_end(conn, dsn, options, pooler)
+    except psycopg.OperationalError as exc:
+        await conn.close()
+        raise unavailable(dsn, exc) from None
+    except BaseException:
+        await conn.close()
+        raise
+    return conn
 
 
 def migrations_dir() -> Path:
