@@ -444,7 +444,7 @@ def server_bound_call(dsn: str, options: dict[str, Any], pooler: str | None = No
         return None
     defaults = tcp_bounds("")
     params = {k: str(given.get(k, options.get(k, defaults[k]))) for k in SERVER_TCP_SETTINGS}
-    return Call("server_tcp_bound", params, lambda rows: None)
+    return Call("connection_tcp_bound", params, lambda rows: None)
 
 
 def bound_server_end(

@@ -128,6 +128,7 @@ OWNERS = {
     "bench": "core/bench.py",
     "bulk": "core/bulk.py",
     "claims": "core/claims.py",
+    "db": "kernel/db.py",
     "console": "reads/console.py",
     "deadletters": "reads/deadletters.py",
     "fleet": "reads/fleet.py",

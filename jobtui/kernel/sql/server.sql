@@ -11,14 +11,3 @@ SELECT current_setting('transaction_read_only') = 'on' OR pg_is_in_recovery() AS
 
 -- name: server_now
 SELECT now();
-
--- name: server_tcp_bound
--- The server's end of this session gives up on a client gone silent (a network that drops
--- packets) within the bounds the client's end has (kernel/db.py tcp_bounds): otherwise the
--- server keeps the session, its locks and its connection slot until its TCP keepalive, about
--- two hours by default, long after the client reconnected. Any role may set these; on a Unix
--- socket they do nothing.
-SELECT set_config('tcp_keepalives_idle', %(keepalives_idle)s::text, false),
-       set_config('tcp_keepalives_interval', %(keepalives_interval)s::text, false),
-       set_config('tcp_keepalives_count', %(keepalives_count)s::text, false),
-       set_config('tcp_user_timeout', %(tcp_user_timeout)s::text, false);
