@@ -12,7 +12,7 @@ import asyncio
 import logging
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from functools import partial
 from typing import Any
 
@@ -62,12 +62,18 @@ class Flights:
     builtin_counts: dict[str, int]
     _executors: dict[str, str]
     _writer: OutcomeWriter
-    _backoff: Callable[[Handler, Job], float]
-    _spawn: Callable[[Coroutine[Any, Any, None]], None]
     events: Events
     lease: float
     lease_margin: float
     stop_grace: float
+
+    # Worker's own: methods here rather than attributes, so that a compiled build (mypyc) can
+    # make the two one class.
+    def _backoff(self, handler: Handler, job: Job) -> float:
+        raise NotImplementedError
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        raise NotImplementedError
 
     def _start(self, pool: str | None, claimed: ClaimedJob, lease_until: float) -> None:
         job = Job(claimed, self.worker_id, self.schema)

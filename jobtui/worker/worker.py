@@ -20,6 +20,7 @@ import logging
 import random
 import time
 from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import fields
 from functools import partial
 from typing import Any
 
@@ -130,10 +131,9 @@ class Worker(Flights):
 
     @classmethod
     def with_settings(cls, jobs: Jobs, settings: WorkerSettings, *, health: Health | None = None) -> Worker:
-        """A worker of `settings` made once (as `jobtui worker` does), rather than of keywords."""
-        worker = cls.__new__(cls)
-        worker._set_up(jobs, settings, health)
-        return worker
+        """A worker of `settings` (as `jobtui worker` makes it), rather than of keywords."""
+        given = {f.name: getattr(settings, f.name) for f in fields(settings)}
+        return cls(jobs, **given, health=health)
 
     def _set_up(self, jobs: Jobs, settings: WorkerSettings, health: Health | None) -> None:
         self.settings = settings
