@@ -375,6 +375,19 @@ class ProtocolConsole:
         return self.socket.close_code
 
 
+def console_started(screen: str) -> bool:
+    """The console is up: the Dead pane's tab and a refresh's time are on its screen."""
+    return "3 Dead" in screen and "updated" in screen
+
+
+async def started_console(
+    client: aiohttp.ClientSession, url: str, what: str = "the console"
+) -> tuple[ProtocolConsole, str]:
+    """A console over the socket, once it is up; and its screen then."""
+    console = await open_console(client, url)
+    return console, await console.wait(what, console_started)
+
+
 async def open_console(
     client: aiohttp.ClientSession, url: str, *, origin: str | None = None, width: int = 160, height: int = 40
 ) -> ProtocolConsole:

@@ -10,12 +10,20 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.web import write_users
 from tests.workers import APP_TABLES, WorkerProcess
 
 APP = "tests.apps.worker_app:jobs"
 
 Conn = psycopg.Connection[Any]
 Spawn = Callable[..., WorkerProcess]
+
+
+@pytest.fixture
+def users(tmp_path: Path) -> Path:
+    """`jobtui serve`'s users file: alice an operator, bob a viewer."""
+    write_users(tmp_path / "users")
+    return tmp_path / "users"
 
 
 @pytest.fixture

@@ -26,26 +26,22 @@ from jobtui.core import queues
 from tests.waits import wait_until
 from tests.web import (
     PASSWORDS,
+    ProtocolConsole,
     ServeProcess,
     audit_rows,
     console_connections,
+    console_started,
     open_console,
     openssl_cert,
     read_only_role,
     seed_dead,
     signed_in,
+    started_console,
     statuses,
-    write_users,
 )
 from tests.workers import ROOT
 
 DEAD_PANE = "3 Dead"
-
-
-@pytest.fixture
-def users(tmp_path: Path) -> Path:
-    write_users(tmp_path / "users")
-    return tmp_path / "users"
 
 
 @pytest.fixture
@@ -62,31 +58,32 @@ def server(dsn: str, users: Path, viewer_dsn: str) -> Iterator[ServeProcess]:
     serve.stop()
 
 
-def started(screen: str) -> bool:
-    return DEAD_PANE in screen and "updated" in screen
+async def viewer_changed_nothing(console: ProtocolConsole, dsn: str, ids: list[int]) -> None:
+    """The keys sent so far were read (the help shows only after them: the keys are read in
+    order), none of them left a question open, and the dead jobs `ids` and the audit log
+    are as they were."""
+    await console.keys("?")
+    screen = await console.wait("the help", lambda s: "this help" in s)
+    assert "row(s) will change" not in screen
+    assert statuses(dsn, ids) == ["dead"] * len(ids)
+    assert audit_rows(dsn) == []
 
 
 async def test_a_viewer_cannot_force_a_change_down_the_socket(dsn: str, server: ServeProcess) -> None:
     ids = seed_dead(dsn)
     async with await signed_in(server.url, "bob") as client:
-        console = await open_console(client, server.url)
-        screen = await console.wait("the console", started)
+        console, screen = await started_console(client, server.url)
         assert "read-only console" in screen
         await console.keys("3")
         await console.wait("the dead group", lambda s: "SMTPError" in s)
         # What a key press cannot do, the same bytes sent straight down the socket cannot either:
         # requeue the group, answer yes, requeue one job from the group's list, yes again.
         await console.keys("r", "y", "\r", "r", "y", "R", "y", "\x1b", "\x1b")
-        await console.keys("?")  # the keys are read in order: the help shows once the ones before were
-        screen = await console.wait("the help", lambda s: "this help" in s)
-        assert "row(s) will change" not in screen
-    assert statuses(dsn, ids) == ["dead"] * len(ids)
-    assert audit_rows(dsn) == []
+        await viewer_changed_nothing(console, dsn, ids)
 
     # The same keys from an operator do change the queue: the refusal above is the viewer's.
     async with await signed_in(server.url, "alice") as client:
-        console = await open_console(client, server.url)
-        await console.wait("the console", started)
+        console, _ = await started_console(client, server.url)
         await console.keys("3")
         await console.wait("the dead group", lambda s: "SMTPError" in s)
         await console.keys("r")
@@ -104,8 +101,7 @@ async def test_the_jobs_search_and_its_bulk_keys_in_the_browser_console(dsn: str
     ids = seed_dead(dsn, 4, "sms.send")
     search = "type:sms.send status:dead\r"
     async with await signed_in(server.url, "bob") as client:
-        console = await open_console(client, server.url)
-        await console.wait("the console", started)
+        console, _ = await started_console(client, server.url)
         await console.keys("/")
         await console.wait("the filter box", lambda s: "search jobs: payload:" in s)
         await console.keys(*search)
@@ -113,15 +109,10 @@ async def test_the_jobs_search_and_its_bulk_keys_in_the_browser_console(dsn: str
         assert "Requeue all" not in console.screen.text()
         await console.keys("r", "y", "y", "\x1b")
         await console.keys("7", "t", "5", "/", "s", "\r", "y", "\x1b")
-        await console.keys("?")
-        screen = await console.wait("the help", lambda s: "this help" in s)
-        assert "row(s) will change" not in screen
-    assert statuses(dsn, ids) == ["dead"] * len(ids)
-    assert audit_rows(dsn) == []
+        await viewer_changed_nothing(console, dsn, ids)
 
     async with await signed_in(server.url, "alice") as client:
-        console = await open_console(client, server.url)
-        await console.wait("the console", started)
+        console, _ = await started_console(client, server.url)
         await console.keys("/")
         await console.wait("the filter box", lambda s: "search jobs: payload:" in s)
         await console.keys(*search)
@@ -157,8 +148,7 @@ async def test_a_viewer_sends_every_lever_and_bulk_key_and_changes_nothing(dsn: 
     audited, levers = audit_rows(dsn), queue_control(dsn)
     assert len(audited) == 3 and len(levers) == 2, (audited, levers)
     async with await signed_in(server.url, "bob") as client:
-        console = await open_console(client, server.url)
-        await console.wait("the console", started)
+        console, _ = await started_console(client, server.url)
         await console.keys("7")
         await console.wait("the paused queue", lambda s: "by setup" in s)
         # The pane opens on the Ready pane's type; up is the queue's row.
@@ -180,8 +170,7 @@ async def test_a_viewer_sends_every_lever_and_bulk_key_and_changes_nothing(dsn: 
     assert queue_control(dsn) == levers
 
     async with await signed_in(server.url, "alice") as client:
-        console = await open_console(client, server.url)
-        await console.wait("the console", started)
+        console, _ = await started_console(client, server.url)
         await console.keys("7")
         await console.wait("the paused queue", lambda s: "by setup" in s)
         await console.keys(UP, "u")
@@ -199,7 +188,7 @@ async def test_each_console_process_ends_with_its_socket(dsn: str, server: Serve
         first = await open_console(client, server.url)
         second = await open_console(client, server.url)
         for console in (first, second):
-            await console.wait("the console", started)
+            await console.wait("the console", console_started)
         assert len(server.consoles()) == 2
         # One connection for the panes' reads (the operator's changes open theirs when used).
         assert wait_until(lambda: console_connections(dsn, "alice") == 2, 10, "a connection per console")
@@ -246,8 +235,7 @@ async def test_a_page_of_another_origin_opens_no_console(server: ServeProcess) -
         for path, data in (("/login", form), ("/logout", {})):
             async with client.post(f"{server.url}{path}", data=data, headers={"Origin": "http://evil.example"}) as r:
                 assert r.status == 403
-        console = await open_console(client, server.url)  # the session was not signed out
-        await console.wait("the console", started)
+        await started_console(client, server.url)  # the session was not signed out
     assert server.said("Origin 'http://127.0.0.1:1' is not")
 
 
@@ -276,8 +264,7 @@ async def test_an_idle_session_is_signed_out_and_its_console_closed(dsn: str, us
     server = ServeProcess(dsn, users, "--idle-timeout", "2s", viewer_dsn=viewer_dsn)
     try:
         async with await signed_in(server.url, "alice") as client:
-            console = await open_console(client, server.url)
-            await console.wait("the console", started)
+            console, _ = await started_console(client, server.url)
             # Left alone, with the console refreshing on its own, the session ends.
             assert await console.until_closed(timeout=15) == 4001
             async with client.get(f"{server.url}/", allow_redirects=False) as page:
@@ -295,8 +282,7 @@ async def test_consoles_past_the_limit_are_refused(dsn: str, users: Path, viewer
     server = ServeProcess(dsn, users, "--max-sessions", "1", viewer_dsn=viewer_dsn)
     try:
         async with await signed_in(server.url, "alice") as client, await signed_in(server.url, "bob") as other:
-            first = await open_console(client, server.url)
-            await first.wait("the console", started)
+            first, _ = await started_console(client, server.url)
             refused = await open_console(other, server.url)
             assert await refused.until_closed() == 4002
             assert "consoles are open, the most this server runs at once" in refused.screen.text()
@@ -304,8 +290,7 @@ async def test_consoles_past_the_limit_are_refused(dsn: str, users: Path, viewer
             await first.keys("q")  # quit: the console ends, and its socket with it
             assert await first.until_closed() == 1000
             wait_until(lambda: server.consoles() == [], 15, "the console process to end", server.log)
-            again = await open_console(other, server.url)
-            await again.wait("a console again", started)
+            await started_console(other, server.url, "a console again")
     finally:
         server.stop()
 
@@ -434,8 +419,7 @@ async def test_consoles_end_when_their_server_is_killed(dsn: str, users: Path, v
     server = ServeProcess(dsn, users, viewer_dsn=viewer_dsn)
     try:
         async with await signed_in(server.url, "bob") as client:
-            console = await open_console(client, server.url)
-            await console.wait("the console", started)
+            _console, _ = await started_console(client, server.url)
             pids = server.consoles()
             assert len(pids) == 1
             server.proc.kill()  # no chance to ask its consoles to quit

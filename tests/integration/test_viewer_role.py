@@ -34,6 +34,7 @@ from tests.web import (
     read_only_role,
     seed_dead,
     signed_in,
+    started_console,
     statuses,
     write_users,
 )
@@ -42,27 +43,15 @@ from tests.workers import ROOT
 DENIED = "42501 permission denied for table"
 
 
-@pytest.fixture
-def users(tmp_path: Path) -> Path:
-    write_users(tmp_path / "users")  # alice an operator, bob a viewer
-    return tmp_path / "users"
-
-
-def started(screen: str) -> bool:
-    return "3 Dead" in screen and "updated" in screen
-
-
 async def faults_of_both_roles(
     server: ServeProcess, faults: ConsoleFaults
 ) -> tuple[dict[str, str], dict[str, str], str]:
     """bob's console, then alice's: what each one's fault got, and bob's screen."""
     async with await signed_in(server.url, "bob") as client:
-        console = await open_console(client, server.url)
-        screen = await console.wait("the viewer's console", started)
+        _console, screen = await started_console(client, server.url, "the viewer's console")
         viewer = faults.next()
     async with await signed_in(server.url, "alice") as client:
-        console = await open_console(client, server.url)
-        await console.wait("the operator's console", started)
+        _console, _ = await started_console(client, server.url, "the operator's console")
         operator = faults.next()
     return viewer, operator, screen
 
