@@ -450,13 +450,26 @@ def server_bound_call(dsn: str, options: dict[str, Any], pooler: str | None = No
 def bound_server_end(
     conn: psycopg.Connection[Any], dsn: str, options: dict[str, Any], pooler: str | None = None
 ) -> None:
-    """Run server_bound_call's statement on a new connection, leaving it idle."""
+    """Run server_bound_call's statement on a new, long-lived connection, leaving it idle.
+
+    Its callers run it where a statement that waits is watched as any other (the worker's
+    link, the console's first read, a pool's new connection); `connect` does not, so that
+    its `connect_timeout` bounds it alone. A server that refuses it (set_config revoked) only
+    loses the bound, never the connection."""
     call = server_bound_call(dsn, options, pooler)
     if call is None:
         return
-    run(conn, call)
+    try:
+        run(conn, call)
+    except psycopg.OperationalError:
+        raise
+    except psycopg.Error as exc:
+        _unbounded(exc)
     if not conn.autocommit:
-        conn.commit()
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+            conn.rollback()
+        else:
+            conn.commit()
 
 
 async def abound_server_end(
@@ -466,29 +479,42 @@ async def abound_server_end(
     call = server_bound_call(dsn, options, pooler)
     if call is None:
         return
-    await arun(conn, call)
+    try:
+        await arun(conn, call)
+    except psycopg.OperationalError:
+        raise
+    except psycopg.Error as exc:
+        _unbounded(exc)
     if not conn.autocommit:
-        await conn.commit()
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+            await conn.rollback()
+        else:
+            await conn.commit()
+
+
+_told_unbounded = False
+
+
+def _unbounded(exc: psycopg.Error) -> None:
+    global _told_unbounded
+    if not _told_unbounded:
+        _told_unbounded = True
+        log.warning(
+            "the server refused to bound its end of jobtui's connections (%s): a client cut off by "
+            "the network keeps its session until the server's TCP keepalive ends it",
+            first_line(exc),
+        )
 
 
 def connect(dsn: str, *, autocommit: bool = False, pooler: str | None = None, **kwargs: Any) -> psycopg.Connection[Any]:
     """A new connection, or DatabaseUnavailable with a message that says what to check.
     `pooler` defaults to JOBTUI_POOLER (see pooler_mode). Its TCP bounds (tcp_bounds) are the
-    defaults; `kwargs` override them. The server's end is bounded alike (server_bound_call)."""
+    defaults; `kwargs` override them."""
     options = {**connection_options(dsn), **pooler_options(pooler), **kwargs}
     try:
-        conn = psycopg.connect(dsn, autocommit=autocommit, **options)
+        return psycopg.connect(dsn, autocommit=autocommit, **options)
     except psycopg.OperationalError as exc:
         raise unavailable(dsn, exc) from None
-    try:
-        bound_server_end(conn, dsn, options, pooler)
-    except psycopg.OperationalError as exc:
-        conn.close()
-        raise unavailable(dsn, exc) from None
-    except BaseException:
-        conn.close()
-        raise
-    return conn
 
 
 async def aconnect(
@@ -497,18 +523,9 @@ async def aconnect(
     """Async counterpart of `connect`."""
     options = {**connection_options(dsn), **pooler_options(pooler), **kwargs}
     try:
-        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit, **options)
+        return await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit, **options)
     except psycopg.OperationalError as exc:
         raise unavailable(dsn, exc) from None
-    try:
-        await abound_server_end(conn, dsn, options, pooler)
-    except psycopg.OperationalError as exc:
-        await conn.close()
-        raise unavailable(dsn, exc) from None
-    except BaseException:
-        await conn.close()
-        raise
-    return conn
 
 
 def migrations_dir() -> Path:

@@ -34,6 +34,7 @@ import psycopg
 from jobtui.kernel.db import (
     DEAD_SOCKET_SECONDS,
     Call,
+    abound_server_end,
     aconnect,
     arun,
     first_line,
@@ -76,19 +77,28 @@ async def answers(dsn: str, *, pooler: str | None, within: float, deadline: floa
             conn = await aconnect(dsn, autocommit=True, pooler=pooler, **tcp_bounds(dsn, within))
     except TimeoutError:
         raise DatabaseUnavailable(f"no connection within {deadline:g}s") from None
-    statement = asyncio.ensure_future(arun(conn, now_call()))
     try:
-        done, _ = await asyncio.wait((statement,), timeout=deadline)
-        if not done:
-            raise DatabaseUnavailable(f"no answer to a statement within {deadline:g}s")
-        statement.result()
+        await within_deadline(conn, arun(conn, now_call()), deadline)
     finally:
-        if not statement.done():
-            abort(conn)  # not a cancel: psycopg would wait to cancel it on the server
-            with contextlib.suppress(BaseException):
-                await statement
         with contextlib.suppress(Exception):
             await conn.close()
+
+
+async def within_deadline(conn: psycopg.AsyncConnection[Any], work: Awaitable[Any], deadline: float) -> None:
+    """Run `work` (statements on `conn`); DatabaseUnavailable when it has not ended within
+    `deadline` seconds, the connection aborted then (not a cancel: psycopg would wait to
+    cancel the statement on the server, which may not answer)."""
+    task = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait((task,), timeout=deadline)
+        if not done:
+            raise DatabaseUnavailable(f"no answer to a statement within {deadline:g}s")
+        task.result()
+    finally:
+        if not task.done():
+            abort(conn)
+            with contextlib.suppress(BaseException):
+                await task
 
 
 def attempt_deadline(within: float) -> float:
@@ -372,6 +382,10 @@ class Connection:
                 self.lost(exc)
                 continue
             try:
+                # The server's end bounded as this end is; watched by its own deadline, as the
+                # link's watch sees only statements of a connection `get` gave out.
+                bound = abound_server_end(conn, self.dsn, tcp_bounds(self.dsn, self.link.within), self._pooler)
+                await within_deadline(conn, bound, attempt_deadline(self.link.within))
                 if self._on_connect is not None:
                     await self._on_connect(conn)
             except BaseException as exc:

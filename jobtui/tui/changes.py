@@ -76,10 +76,15 @@ def kill_lease(actions: Actions, job_id: int, token: int | None) -> str:
     """Kill the attempt the question named, then say what became of the job."""
     killed, row = actions.kill_lease(job_id, token)
     if killed:
-        dead = row is not None and row.status is JobStatus.DEAD
-        return f"lease of job {job_id} killed; " + (
-            "it was its last attempt: it is dead" if dead else "it is ready again"
-        )
+        if row is None:
+            after = "it has left the table since"
+        elif row.status is JobStatus.DEAD:
+            after = "it was its last attempt: it is dead"
+        elif row.status is JobStatus.READY:
+            after = "it is ready again"
+        else:  # read after the kill: another worker may have claimed it meanwhile
+            after = f"it is {row.status.value} again since (attempt {row.attempts}, {row.locked_by or '-'})"
+        return f"lease of job {job_id} killed; {after}"
     if row is None:
         return f"job {job_id} is gone (deleted or archived): nothing killed"
     if row.status is not JobStatus.RUNNING:
@@ -89,7 +94,10 @@ def kill_lease(actions: Actions, job_id: int, token: int | None) -> str:
             f"job {job_id} was not killed: the attempt you saw ended, and attempt {row.attempts} now runs"
             f" on {row.locked_by or '-'} (press k again for it)"
         )
-    return f"job {job_id} is committing an effect (job.once()): not killed; try again in a moment"
+    return (
+        f"job {job_id} was not killed: a change holds its row now (an effect committing in job.once(),"
+        " a heartbeat or an outcome being written); try again in a moment"
+    )
 
 
 def cancel(actions: Actions, job_id: int) -> str:

@@ -16,7 +16,7 @@ from jobtui.clients.client import Client
 from jobtui.core import scheduler as schedules
 from jobtui.core.jobs import get_job_call
 from jobtui.core.members import Action, OrderResult, Target, give_order
-from jobtui.kernel.db import connect, pooler_mode, run
+from jobtui.kernel.db import bound_server_end, connect, pooler_mode, run, tcp_bounds
 from jobtui.kernel.domain import JobRow
 from jobtui.kernel.donehistory import DoneHistory
 from jobtui.kernel.errors import DatabaseUnavailable, InvalidInput
@@ -118,9 +118,9 @@ class DataSource:
         if self._closed:
             raise DatabaseUnavailable("the console is closing")
         if self._conn is None or self._conn.closed or self._conn.broken:
-            conn = watched(
-                connect(self.dsn, autocommit=True, pooler=self.pooler, connect_timeout=CONNECT_TIMEOUT), self.schema
-            )
+            raw = connect(self.dsn, autocommit=True, pooler=self.pooler, connect_timeout=CONNECT_TIMEOUT)
+            bound_server_end(raw, self.dsn, tcp_bounds(self.dsn), self.pooler)  # before the guard: not a timer read
+            conn = watched(raw, self.schema)
             local = pooler_mode(self.pooler) == "transaction"
             identity = run(conn, session_call(STATEMENT_TIMEOUT, local=local), self.schema)
             self._where = Where(

@@ -8,28 +8,44 @@ from 127.0.0.1, which the cut does not touch."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from jobtui.clients.client import Client
+from jobtui.kernel.db import connect
+from jobtui.kernel.link import Connection, Link, attempt_deadline
 from jobtui.kernel.migrate import migrate
+from jobtui.kernel.server import now_call
 from tests.netns import Topology
+from tests.proxy import Proxy
+from tests.topology import PgBouncer
 
-# In a host: jobtui's connections of each kind, and a job's once() inside an open transaction
-# on a handler's connection made with jobtui.connection_options; then it waits, its sessions
-# idle (the claim's lease is 600 s: only the server's own bounds end them).
+# In a host: jobtui's long-lived connections of each kind (a worker's, on its link; the
+# console's; a client's pool) and a job's once() inside an open transaction on a handler's
+# connection made with jobtui.connection_options; then it waits, its sessions idle (the
+# claim's lease is 600 s: only the server's own bounds end them).
 HOST = """
 import asyncio, sys, time, psycopg, jobtui
 from jobtui.clients.client import Client
 from jobtui.core.registry import Job
-from jobtui.kernel.db import aconnect, connect
+from jobtui.kernel.link import Connection
+from jobtui.kernel.server import now_call
+from jobtui.tui.data import DataSource
 dsn = sys.argv[1]
-plain = connect(dsn, autocommit=True)
-conn = asyncio.run(aconnect(dsn, autocommit=True))
+async def linked():
+    conn = Connection(dsn, "test")
+    await conn.run(now_call(), "jobtui")
+    return conn
+loop = asyncio.new_event_loop()
+worker_conn = loop.run_until_complete(linked())
+console = DataSource(dsn, "jobtui")
+console.fetch()
 client = Client(dsn, max_connections=1)
 [claimed] = client.claim(["t"], worker="cut-host", lease=600)
 handler = psycopg.connect(dsn, **jobtui.connection_options(dsn))
@@ -60,7 +76,7 @@ def test_a_cut_hosts_sessions_end_on_the_server_within_seconds() -> None:
             assert int(host.stdout.readline()) == job_id
             addr = net.hosts[0].addr
             with psycopg.connect(admin_dsn, autocommit=True) as admin:
-                assert sessions_from(admin, addr) == 4  # plain, async, the client's pool, the handler's
+                assert sessions_from(admin, addr) == 4  # the link's, the console's, the pool's, the handler's
                 with net.cut_off(0) as cut_at:
                     while sessions_from(admin, addr) and time.monotonic() - cut_at < 60:
                         time.sleep(0.5)
@@ -79,3 +95,34 @@ def test_a_cut_hosts_sessions_end_on_the_server_within_seconds() -> None:
         finally:
             host.kill()
             host.wait()
+
+
+async def test_a_frozen_server_behind_a_pooler_is_found_within_the_links_bound(dsn: str) -> None:
+    """The statement that bounds the server's end runs on each of a link's new connections
+    under its own deadline: behind a pooler that answers for a frozen server, a worker's link
+    still decides the database unreachable within its bound (a statement that waited `within`,
+    then a new connection that gets no answer within its deadline), and `db.connect` runs no
+    statement, so its `connect_timeout` bounds it alone."""
+    within = 1.0
+    with Proxy(dsn) as proxy, PgBouncer.start(mode="session", upstream_port=proxy.port) as bouncer:
+        pooled = bouncer.dsn(str(conninfo_to_dict(dsn)["dbname"]))
+        link = Link(pooled, within=within)
+        conn = Connection(pooled, "test", link=link)
+        try:
+            await conn.run(now_call(), "jobtui")
+            proxy.freeze()
+            began = time.monotonic()
+            connect(pooled, connect_timeout=3).close()
+            assert time.monotonic() - began < 3
+            waiting = asyncio.ensure_future(conn.run(now_call(), "jobtui"))
+            while link.up and time.monotonic() - began < 30:
+                await asyncio.sleep(0.05)
+            took = time.monotonic() - began
+            assert not link.up, "the link never decided the database unreachable"
+            # The bound: the statement's `within`, then a new connection's deadline; with slack.
+            assert took < within + attempt_deadline(within) + 3, took
+            proxy.thaw()
+            await asyncio.wait_for(waiting, 30)  # back once the server answers again
+        finally:
+            proxy.thaw()
+            await conn.close()

@@ -367,7 +367,7 @@ async def test_kill_lease_while_an_effect_commits_says_try_again(dsn: str) -> No
         with psycopg.connect(dsn) as held:  # the row lock a handler's once() holds
             held.execute("SELECT 1 FROM jobtui.job WHERE id = %s FOR UPDATE", (job,))
             await answer(pilot, app, "y")
-            expected = f"job {job} is committing an effect (job.once()): not killed; try again in a moment"
+            expected = f"job {job} was not killed: a change holds its row now (an effect committing in job.once()"
             await wait_for(pilot, lambda: _toasted(app, expected), what="the toast")
     assert statuses(dsn, [job]) == {job: "running"}
     assert audit(dsn) == [("console", "kill-lease", f"jobs {job}", [], 0)]
