@@ -256,6 +256,42 @@ async def test_a_bulk_discard_over_the_search_deletes_the_jobs_after_yes(dsn: st
     assert (detail["discarded"], detail["filter"]) == (4, {"statuses": ["dead", "failed"], "types": ["invoice.render"]})
 
 
+async def test_a_bulk_discard_changes_only_the_jobs_its_question_counted(dsn: str) -> None:
+    """Jobs that die while the question is open (one enqueued before the count, one after) are
+    left dead, and the toast says so; pressing d again counts them."""
+    s = seed(dsn)
+    with Client(dsn, max_connections=1) as q:
+        was_ready = q.enqueue("invoice.render", {"n": 1})
+    async with console(dsn, actor="olga") as (app, pilot):
+        screen = await search(pilot, app, "type:invoice.render status:dead")
+        await wait_for(pilot, lambda: len(keys(screen.query_one(KeyedTable))) == 3, what="the dead jobs")
+        await pilot.press("d")
+        question = await confirm_question(pilot, app)
+        assert "3 row(s) will change" in question
+        query(dsn, "UPDATE jobtui.job SET status = 'dead', finished_at = now() WHERE id = %s RETURNING id", was_ready)
+        [(newcomer,)] = query(
+            dsn,
+            "INSERT INTO jobtui.job (type, payload, status, attempts, max_attempts, last_error, finished_at)"
+            " VALUES ('invoice.render', '{}', 'dead', 3, 3, 'KeyError: x', now()) RETURNING id",
+        )
+        await answer(pilot, app, "y")
+        await wait_for(pilot, lambda: statuses(dsn, s.dead_billing) == {}, what="the counted jobs deleted")
+        said = "discarded 3 job(s) (bulk run 1); 2 job(s) matched after the count and were left: press d again"
+        await wait_for(
+            pilot,
+            lambda: any(said in str(n.message) for n in app._notifications),
+            what=f"the toast, got {[str(n.message) for n in app._notifications]}",
+        )
+        assert statuses(dsn, [was_ready, newcomer]) == {was_ready: "dead", newcomer: "dead"}
+        assert "Jobs that match after this count are left: press d again for them." in question
+        await wait_for(pilot, lambda: "2 job(s) match" in status_line(screen), what="the search read again")
+        await pilot.press("d")
+        assert "2 row(s) will change" in await confirm_question(pilot, app)
+        await answer(pilot, app, "n")
+    [row] = audit(dsn)
+    assert (row[1], row[4]) == ("bulk-discard", 3)
+
+
 async def test_a_bulk_cancel_over_the_search_fails_the_ready_jobs_after_yes(dsn: str) -> None:
     s = seed(dsn)
     ready = [*s.ready, *s.delayed]
