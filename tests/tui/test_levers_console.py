@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.types.json import Jsonb
 
 from jobtui.clients.client import Client
@@ -91,6 +92,33 @@ async def test_a_paused_queue_is_resumed_with_a_ramp(dsn: str) -> None:
         )
         await wait_for(pilot, lambda: "→" in str(table(app, "queues").get_row("queue:default")), what="ramp shown")
     assert [a[1] for a in audit(dsn)] == ["queue-pause", "queue-resume"]
+
+
+async def test_a_ramp_of_a_type_rated_below_1_per_second_says_its_rate_holds(dsn: str) -> None:
+    """control_rate starts a ramp at 1/s or at the rate, when lower: at 0.5/s it does not rise,
+    and the question says so instead of "at 1/s, rising tenfold"."""
+    seed(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        queues.set_rate(conn, "type", "sms.send", 0.5, actor="olga")
+        queues.pause(conn, "type", "sms.send", actor="olga")
+    async with console(dsn, actor="olga") as (app, pilot):
+        await queue_row(pilot, app, "type:sms.send")
+        await wait_for(pilot, lambda: "by olga" in str(table(app, "queues").get_row("type:sms.send")), what="paused")
+        await pilot.press("u")
+        await wait_for(pilot, lambda: app.screen.__class__.__name__ == "ValueScreen", what="the ramp box")
+        await pilot.press("enter")
+        question = await confirm_question(pilot, app)
+        assert "come back at 30/min from the start" in question and "rising" not in question, question
+        await answer(pilot, app, "y")
+        resumed = "SELECT paused_at IS NULL, ramp_until > now() FROM jobtui.queue_control WHERE kind = 'type'"
+        await wait_for(pilot, lambda: query(dsn, resumed) == [(True, True)], what="the ramp")
+    # Half way through the ramp, the rate is still the type's own.
+    [(rate,)] = query(
+        dsn,
+        "SELECT jobtui.control_rate(rate_per_second, ramp_from, ramp_until, ramp_from + (ramp_until - ramp_from) / 2)"
+        " FROM jobtui.queue_control WHERE kind = 'type' AND name = 'sms.send'",
+    )
+    assert rate == pytest.approx(0.5)
 
 
 async def search(pilot: Any, app: Any, words: str) -> JobSearchScreen:
