@@ -1,6 +1,7 @@
 """`jobtui bulk requeue|discard|cancel`: a bulk action over any filter, in batches (bulk.py),
 counted first, asked before, with a progress bar on stderr; Ctrl-C stops it between two
-batches, and the same command again resumes it."""
+batches, and the same command again resumes it. The run changes only the jobs its count
+could see: those that matched since are left, and it says how many."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def cmd_bulk(args: argparse.Namespace, dsn: str) -> int:
                         timeout=parse_duration(args.timeout), rest=args.rest)  # fmt: skip
         pending = job.pending()
         what = f"{' and '.join(bulk.SCOPE[job.action])} jobs matching {filt.describe()}"
+        tally: bulk.Tally | None = None
         if pending is not None:
             said = (
                 f"resuming bulk run {pending.id} ({pending.state}, started by {pending.started_by} at"
@@ -57,7 +59,8 @@ def cmd_bulk(args: argparse.Namespace, dsn: str) -> int:
             print(line(said), file=sys.stderr)
         else:
             with progress_bar("counting") as update:
-                count = job.count(progress=lambda done, n: update(done, f"{n:,} found"))
+                tally = job.tally(progress=lambda done, n: update(done, f"{n:,} found"))
+            count = tally.jobs
             if args.dry_run:
                 print(line(f"would {VERBS[action]} {count:,} {what} (dry run, nothing changed)"))
                 return 0
@@ -71,7 +74,9 @@ def cmd_bulk(args: argparse.Namespace, dsn: str) -> int:
         if args.dry_run:
             print(line(f"a run of this filter is pending ({pending.id if pending else '-'}): run without --dry-run"))
             return 0
-        started = job.start()
+        # At the count's mark: a job that matched after the count (while the question was
+        # asked) is not changed by a run the count did not show.
+        started = job.start(None if tally is None else tally.mark)
         try:
             with progress_bar(bulk.PAST[job.action]) as update:
                 outcome = job.run(started, progress=lambda done, n: update(done, f"{n:,} {bulk.PAST[job.action]}"))
@@ -81,10 +86,23 @@ def cmd_bulk(args: argparse.Namespace, dsn: str) -> int:
                 file=sys.stderr,
             )
             return 130
-    done = f"{bulk.PAST[job.action]} {outcome.changed:,} job(s) (bulk run {outcome.run}"
+        try:
+            with progress_bar("counting what matched since") as update:
+                later: int | None = job.tally(started.mark, progress=lambda done, n: update(done)).later
+        except KeyboardInterrupt:
+            later = None  # the run is done; only this count was stopped
+    counted = None if tally is None or outcome.resumed else tally.jobs
+    gone = 0 if counted is None else counted - outcome.changed - len(outcome.busy)
+    changed = f"{outcome.changed:,} of the {counted:,} job(s) counted" if gone > 0 else f"{outcome.changed:,} job(s)"
+    done = f"{bulk.PAST[job.action]} {changed} (bulk run {outcome.run}"
     done += f", {outcome.changed_in_all:,} in all)" if outcome.resumed else ")"
+    if gone > 0:
+        done += f": {gone:,} no longer matched (changed elsewhere meanwhile)"
     if outcome.busy:
         done += f"; {len(outcome.busy)} job(s) were held by another transaction: run the command again for them"
+    if later:
+        since = "the count" if counted is not None else f"bulk run {outcome.run} began"
+        done += f"; {later:,} job(s) matched after {since} and were left: run the command again for them"
     print(line(done))
     return 0
 

@@ -72,7 +72,7 @@ def cmd_resume(args: argparse.Namespace, dsn: str) -> int:
         changed = queues.resume(conn, args.kind, args.name, actor=args.actor, ramp=ramp, schema=args.schema)
     said = "resumed" if changed else "was not paused"
     if changed and ramp is not None:
-        said += f", its rate rising over {args.ramp} from 1/s"
+        said += f", its rate rising over {args.ramp}"
     print(f"{args.kind} {quote(args.name)} {said}")
     return 0
 
@@ -112,7 +112,7 @@ def add_parsers(sub: Any) -> None:
             "--ramp",
             metavar="DURATION",
             help="let the backlog back in at a rate that rises over this long (e.g. 60s), tenfold in equal steps"
-            " from 1/s to the rate (none set: 10,000/s)",
+            " from 1/s to the rate (none set: 10,000/s); a rate below 1/s holds from the start",
         )
         a.set_defaults(func=with_dsn(cmd_resume), kind=kind)
         a = tsub.add_parser("rate", help=f"at most N of this {kind}'s jobs claimed per second or minute, fleet-wide")

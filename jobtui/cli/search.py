@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
+from datetime import timedelta
 from typing import Any
 
 from rich.console import Console
@@ -28,6 +29,7 @@ from jobtui.kernel.durations import parse_duration
 from jobtui.kernel.errors import InvalidInput
 from jobtui.kernel.jobfilter import JobFilter, payload_of
 from jobtui.kernel.safetext import line
+from jobtui.kernel.server import now_call
 from jobtui.reads.jobquery import JobCount, SearchCancelled, search, search_count
 
 
@@ -212,11 +214,9 @@ def _jobs_page(args: argparse.Namespace, client: Client) -> int:
         return _print_counts(counts, as_json=args.json)
     since = None
     if args.since is not None:
-        from datetime import UTC, datetime, timedelta
-
-        from jobtui.kernel.durations import parse_duration
-
-        since = datetime.now(UTC) - timedelta(seconds=parse_duration(args.since))
+        ago = timedelta(seconds=parse_duration(args.since))
+        # By the database's clock, as every time of the queue: this machine's may be off.
+        since = client.run(now_call()) - ago
     page = client.jobs(status=statuses, type=args.type, queue=args.queue, since=since, error=args.error,
                       limit=args.limit, before=args.before)  # fmt: skip
     if args.json:

@@ -4,17 +4,19 @@ ready and running ones, a batch at a time.
 Each batch is one statement in a short transaction of its own (sql/bulk.sql, bulk_*_batch):
 it changes at most `batch` jobs, locks them SKIP LOCKED (a job a worker or another operator
 holds is passed over, and tried again at the end), and writes the run's progress with them.
-Workers claim meanwhile. A run walks the ids down from the newest job there was when it
-began, and changes only jobs that finished (requeue, discard) or were enqueued (cancel)
-before that moment: a second run with the same action and filter resumes a run that was
-stopped or killed, from where it got to, and changes nothing twice. Each invocation writes
-one audit row with the filter and the counts. Nothing outlives a transaction, so it works
-through a transaction pooler.
+Workers claim meanwhile. A run begins at the mark of its count (the database's now() and the
+newest job's id when the count began): it walks the ids down from that job, and changes only
+jobs that finished (requeue, discard) or were enqueued (cancel) before that moment, so a job
+that matched after the count is left alone. A second run with the same action and filter
+resumes a run that was stopped or killed, at its mark, from where it got to, and changes
+nothing twice. Each invocation writes one audit row with the filter and the counts. Nothing
+outlives a transaction, so it works through a transaction pooler.
 
     with connect(dsn, autocommit=True) as conn:
         bulk = Bulk(conn, "requeue", JobFilter(types=("invoice.render",)), actor="olga")
-        print(bulk.count(), "would be requeued")
-        outcome = bulk.run(bulk.start())
+        tally = bulk.tally()
+        print(tally.jobs, "would be requeued")
+        outcome = bulk.run(bulk.start(tally.mark))
 """
 
 from __future__ import annotations
@@ -59,6 +61,24 @@ Progress = Callable[[float, int], None]  # (share of the ids done, jobs changed 
 
 
 @dataclass(frozen=True, slots=True)
+class Mark:
+    """Where a count began: the database's now() and the newest job's id then. A run begun at
+    it changes only the jobs the count could see."""
+
+    cutoff: datetime
+    last_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """A count of the filter's jobs the action applies to, on either side of its mark."""
+
+    mark: Mark
+    jobs: int  # within the mark: what a run begun at it changes
+    later: int  # past it (enqueued, or finished, since): what such a run leaves
+
+
+@dataclass(frozen=True, slots=True)
 class BulkRun:
     """A run of `bulk_run`: what it does, over which jobs, and how far it got."""
 
@@ -74,6 +94,10 @@ class BulkRun:
     started_by: str
     started_at: datetime
     resumed: bool = False
+
+    @property
+    def mark(self) -> Mark:
+        return Mark(self.cutoff, self.last_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,21 +165,42 @@ class Bulk:
         bounds = self._timed(bounds_call(self.schema))
         return int(bounds["lowest"] or 0)
 
+    def mark(self) -> Mark:
+        """The database's now() and the newest job's id: where a count begins."""
+        got = self._timed(Call("bulk_mark", {}, Rows.dicts))[0]
+        return Mark(got["cutoff"], int(got["last_id"]))
+
     def count(self, progress: Progress | None = None, stop: threading.Event | None = None) -> int:
-        """How many jobs the action would change now: the dry run, window by window."""
+        """How many jobs a run begun now would change: the dry run, window by window."""
+        return self.tally(progress=progress, stop=stop).jobs
+
+    def tally(
+        self, mark: Mark | None = None, progress: Progress | None = None, stop: threading.Event | None = None
+    ) -> Tally:
+        """The dry run, window by window: the jobs a run begun at `mark` (a new one when None:
+        give `start` the tally's) changes, and those it leaves, having matched since."""
+        mark = self.mark() if mark is None else mark
         bounds = self._timed(bounds_call(self.schema))
         lowest, top = int(bounds["lowest"] or 0), int(bounds["highest"] or 0) + 1
-        below, total = top, 0
-        params = {**self.filter.params(), "at": None, "scope": list(SCOPE[self.action])}
+        below, jobs, later = top, 0, 0
+        params = {
+            **self.filter.params(),
+            "at": mark.cutoff,  # ages as the run counts them
+            "scope": list(SCOPE[self.action]),
+            "cancel": self.action == "cancel",
+            "cutoff": mark.cutoff,
+            "last_id": mark.last_id,
+        }
         while below > lowest:
             if stop is not None and stop.is_set():
                 raise InvalidInput("the count was stopped; nothing was changed")
             floor = max(lowest, below - self.window)
-            total += self._timed(Call("bulk_count", {**params, "floor": floor, "below": below}, lambda r: int(r[0][0])))
+            got = self._timed(Call("bulk_count", {**params, "floor": floor, "below": below}, Rows.dicts))[0]
+            jobs, later = jobs + int(got["jobs"]), later + int(got["later"])
             below = floor
             if progress is not None:
-                progress((top - below) / max(1, top - lowest), total)
-        return total
+                progress((top - below) / max(1, top - lowest), jobs)
+        return Tally(mark, jobs, later)
 
     def pending(self) -> BulkRun | None:
         """The run of this action and filter that a second run would resume, if any."""
@@ -163,21 +208,31 @@ class Bulk:
         found = run(self.conn, Call("bulk_run_find", params, _runs), self.schema)
         return found[0] if found else None
 
-    def start(self) -> BulkRun:
-        """Resume the pending run, or begin one (its cutoff: now)."""
+    def start(self, mark: Mark | None = None) -> BulkRun:
+        """Resume the pending run (at its own mark), or begin one at `mark`: the one of the
+        count the operator was shown (None: a new mark, now)."""
         pending = self.pending()
         if pending is not None:
             with self.conn.transaction():
                 run(self.conn, Call("bulk_run_state", {"run": pending.id, "state": "running"}, len), self.schema)
             return BulkRun(**{**_fields(pending), "state": "running", "resumed": True})
-        params = {"action": self.action, "filter": self.filter_json, "actor": self.actor}
+        mark = self.mark() if mark is None else mark
+        params = {
+            "action": self.action,
+            "filter": self.filter_json,
+            "actor": self.actor,
+            "cutoff": mark.cutoff,
+            "last_id": mark.last_id,
+        }
         with self.conn.transaction():
             return run(self.conn, Call("bulk_run_start", params, _runs), self.schema)[0]
 
     def _batch(self, job_run: BulkRun, floor: int, below: int, ids: list[int] | None) -> dict[str, Any]:
         params = {
             **self.filter.params(),
-            "at": job_run.started_at,
+            # Ages count from the cutoff, as the count did (a run begun without a count's mark
+            # has its start as its cutoff).
+            "at": job_run.cutoff,
             "run": job_run.id,
             "floor": floor,
             "below": below,

@@ -17,7 +17,7 @@ from textual.widgets import Button, Footer, Label, Static
 
 from jobtui.kernel.errors import first_line
 from jobtui.kernel.explain import explain
-from jobtui.kernel.safetext import block, line
+from jobtui.kernel.safetext import block, line, shorten
 from jobtui.reads.backlog import READY_EXACT_CAP
 from jobtui.reads.joblists import DeadJob, ReadyJob
 from jobtui.tui import changes, render
@@ -30,7 +30,14 @@ class ConfirmScreen(ModalScreen[bool]):
 
     The question comes as lines, each escaped on its own: they quote job types and errors,
     and a newline in those must not add a line to the question (`0 row(s) will change`).
+    Each is then cut to LINE characters (its start and end kept): a type or an error can be
+    as long as a hand insert makes it, and the count and the buttons must stay on an 80x24
+    screen.
     """
+
+    # Two or three rows of the dialog: longer than any line of a question's own text, short
+    # enough that a question of six lines all quoting data fits on 24 rows with its buttons.
+    LINE = 120
 
     BINDINGS = [
         Binding("y", "answer(True)", "Yes"),
@@ -49,7 +56,9 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def __init__(self, question: str | list[str]) -> None:
         super().__init__()
-        self.question = "\n".join(line(part) for part in ([question] if isinstance(question, str) else question))
+        parts = [question] if isinstance(question, str) else question
+        # Escaped first, so the cut bounds what is drawn, escapes included.
+        self.question = "\n".join(shorten(line(part), self.LINE) for part in parts)
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):

@@ -3,8 +3,9 @@
 first, a page at a time, with the search's progress while it reads and a count that goes on
 after the page; escape cancels it. Over the same filter, `r` requeues, `d` discards (dead and
 failed jobs) and `c` cancels (ready and running ones) in bulk: counted first, asked, then
-run batch by batch with a progress bar (bulk.py); escape stops it, and a second run
-resumes it."""
+run batch by batch with a progress bar (bulk.py), over only the jobs the count could see (a
+job that matched after it is left, and the toast says so); escape stops it, and a second
+run resumes it."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from textual.widgets import Footer, Label, ProgressBar
 
 from jobtui.core import bulk
 from jobtui.kernel.db import connect, first_line
+from jobtui.kernel.errors import InvalidInput
 from jobtui.kernel.jobfilter import JobFilter
 from jobtui.kernel.safetext import line
 from jobtui.reads.jobquery import JobSummary, SearchCancelled, SearchResult, search, search_count
@@ -255,7 +257,7 @@ class JobSearchScreen(Screen[None]):
                 job = bulk.Bulk(conn, action, self.filter, actor=actions.actor, schema=actions.schema)
                 pending = job.pending()
                 said = self._reporter(lambda d, n: f"counting: {n:,} found")
-                count = None if pending is not None else job.count(stop=self._stop, progress=said)
+                tally = None if pending is not None else job.tally(stop=self._stop, progress=said)
         except Exception as exc:
             self.app.call_from_thread(self._status, f"cannot count: {first_line(exc)}")
             return
@@ -263,6 +265,7 @@ class JobSearchScreen(Screen[None]):
             self._conn = None
             self.app.call_from_thread(self._ended)
         scope = " and ".join(bulk.SCOPE[job.action])
+        count = None if tally is None else tally.jobs
         if pending is not None:
             question = [
                 f"{VERB[action]} the {scope} jobs matching {self.filter.describe()}?",
@@ -276,12 +279,13 @@ class JobSearchScreen(Screen[None]):
             question = [
                 f"{VERB[action]} the {count:,} {scope} jobs matching {self.filter.describe()}?",
                 f"{count:,} row(s) will change, {bulk.BATCH:,} per transaction; workers go on meanwhile.",
+                f"Jobs that match after this count are left: press {action[0]} again for them.",
                 "Escape stops it between two batches; doing it again resumes it.",
             ]
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self._run_bulk(action)
+                self._run_bulk(action, tally)
             elif self.result is not None:
                 self._shown(self.result)  # the status line says what is shown again
 
@@ -290,28 +294,55 @@ class JobSearchScreen(Screen[None]):
         self.app.call_from_thread(self.app.push_screen, ConfirmScreen(question), answered)
 
     @work(thread=True, exclusive=True, group="search")
-    def _run_bulk(self, action: str) -> None:
+    def _run_bulk(self, action: str, tally: bulk.Tally | None) -> None:
+        """Run the action from the count's mark (`tally`, None when resuming a run: its own
+        mark), then count what matched past the mark, which the run left."""
         actions = self.console.actions_
         assert actions is not None
         past = bulk.PAST[cast(bulk.Action, action)]
         self.app.call_from_thread(self._began, action)
+        later: int | None = None
         try:
             with self._connect() as conn:
                 job = bulk.Bulk(conn, action, self.filter, actor=actions.actor, schema=actions.schema)
                 said = self._reporter(lambda d, n: f"{action}: {n:,} {past}, {d:.0%} of the table")
-                outcome = job.run(job.start(), stop=self._stop, progress=said)
+                started = job.start(None if tally is None else tally.mark)
+                outcome = job.run(started, stop=self._stop, progress=said)
+                if not outcome.stopped:
+                    self.app.call_from_thread(
+                        self._status, f"{past} {outcome.changed:,}; counting what matched since the count"
+                    )
+                    # The toast says what changed without it if this count fails or is stopped.
+                    with contextlib.suppress(psycopg.Error, InvalidInput):
+                        later = job.tally(started.mark, stop=self._stop).later
         except Exception as exc:
             why = first_line(exc)
             self.app.call_from_thread(self.app.notify, f"{action} failed: {why}", severity="error", timeout=8)
             return
         finally:
             self.app.call_from_thread(self._ended)
-        toast = f"{past} {outcome.changed:,} job(s) (bulk run {outcome.run}"
-        toast += f", {outcome.changed_in_all:,} in all)" if outcome.resumed else ")"
-        if outcome.stopped:
-            toast += f"; stopped: press {action[0]} again to resume"
-        if outcome.busy:
-            toast += f"; {len(outcome.busy)} job(s) were busy: press {action[0]} again for them"
-        self.app.call_from_thread(self.app.notify, toast, timeout=8)
+        counted = None if tally is None or outcome.resumed else tally.jobs
+        self.app.call_from_thread(self.app.notify, bulk_toast(action, outcome, counted, later), timeout=8)
         self.total = None
         self.app.call_from_thread(self.load)
+
+
+def bulk_toast(action: str, outcome: bulk.BulkOutcome, counted: int | None, later: int | None) -> str:
+    """What a bulk run did, against what its question said: `counted` jobs (None: a resumed
+    run, whose question gave no count), and `later` ones that matched past its mark."""
+    past = bulk.PAST[cast(bulk.Action, action)]
+    key = action[0]
+    gone = 0 if counted is None or outcome.stopped else counted - outcome.changed - len(outcome.busy)
+    done = f"{outcome.changed:,} of the {counted:,} job(s) counted" if gone > 0 else f"{outcome.changed:,} job(s)"
+    toast = f"{past} {done} (bulk run {outcome.run}"
+    toast += f", {outcome.changed_in_all:,} in all)" if outcome.resumed else ")"
+    if gone > 0:
+        toast += f": {gone:,} no longer matched (changed elsewhere meanwhile)"
+    if outcome.stopped:
+        toast += f"; stopped: press {key} again to resume"
+    if outcome.busy:
+        toast += f"; {len(outcome.busy)} job(s) were busy: press {key} again for them"
+    if later:
+        since = "the count" if counted is not None else f"bulk run {outcome.run} began"
+        toast += f"; {later:,} job(s) matched after {since} and were left: press {key} again for them"
+    return toast

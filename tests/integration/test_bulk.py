@@ -105,6 +105,51 @@ def test_a_stopped_run_is_resumed_and_changes_nothing_twice(conn: Conn, dsn: str
     assert audit[0][1]["stopped"] and audit[1][1]["resumed"] and audit[1][1]["requeued_in_all"] == 400
 
 
+def test_a_run_begun_at_its_counts_mark_leaves_the_jobs_that_matched_after_the_count(conn: Conn, dsn: str) -> None:
+    """Jobs that die while the operator reads the question (a new one, and one that was ready
+    when counted) are not requeued, and the count after the run finds them; a run stopped
+    half-way and resumed keeps the count's mark."""
+    counted = dead_jobs(dsn, conn, 100)
+    with Client(dsn) as q:
+        [was_ready] = q.enqueue_many([NewJob("x", {"n": -1})])
+    job = Bulk(conn, "requeue", JobFilter(types=("x",)), actor="olga", batch=20, window=30)
+    tally = job.tally()
+    assert (tally.jobs, tally.later, tally.mark.last_id) == (100, 0, was_ready)
+    # Meanwhile: the ready job dies, and a new one dies.
+    conn.execute("UPDATE jobtui.job SET status = 'dead', finished_at = now() WHERE id = %s", (was_ready,))
+    late = dead_jobs(dsn, conn, 1)
+    conn.execute("UPDATE jobtui.job SET finished_at = now() WHERE id = ANY(%s)", (late,))
+    assert job.count() == 102  # a new count sees them
+    stop = threading.Event()
+    started = job.start(tally.mark)
+    assert (started.cutoff, started.last_id) == (tally.mark.cutoff, tally.mark.last_id)
+    first = job.run(started, progress=lambda d, n: stop.set() if n >= 40 else None, stop=stop)
+    assert first.stopped and first.changed < 100
+    again = Bulk(conn, "requeue", JobFilter(types=("x",)), actor="olga", batch=20, window=30)
+    resumed = again.start()
+    assert resumed.resumed and (resumed.cutoff, resumed.last_id) == (tally.mark.cutoff, tally.mark.last_id)
+    outcome = again.run(resumed)
+    assert outcome.changed_in_all == 100
+    assert count(conn, "id = ANY(%s) AND status = 'ready'", counted) == 100
+    assert count(conn, "id = ANY(%s) AND status = 'dead'", [was_ready, *late]) == 2
+    assert again.tally(resumed.mark).later == 2
+    [(rows,)] = conn.execute("SELECT sum(rows) FROM jobtui.audit WHERE action = 'bulk-requeue'").fetchall()
+    assert rows == 100
+
+
+def test_a_cancel_begun_at_its_counts_mark_leaves_the_jobs_enqueued_after_the_count(conn: Conn, dsn: str) -> None:
+    with Client(dsn) as q:
+        counted = q.enqueue_many([NewJob("y", {"n": i}) for i in range(5)])
+        job = Bulk(conn, "cancel", JobFilter(types=("y",)), actor="olga")
+        tally = job.tally()
+        late = q.enqueue_many([NewJob("y", {"n": i}) for i in range(3)])
+    outcome = job.run(job.start(tally.mark))
+    assert (tally.jobs, outcome.changed) == (5, 5)
+    assert count(conn, "id = ANY(%s) AND status = 'failed'", counted) == 5
+    assert count(conn, "id = ANY(%s) AND status = 'ready'", late) == 3
+    assert job.tally(tally.mark).later == 3
+
+
 def test_discard_and_cancel_and_the_busy_jobs(conn: Conn, dsn: str) -> None:
     dead = dead_jobs(dsn, conn, 30, queue_name="q")
     with Client(dsn) as q:

@@ -11,8 +11,10 @@ import pytest
 
 import jobtui
 from jobtui import AsyncClient, Client, Failure, InvalidInput, JobStatus, NewJob
+from tests import cli
 from tests.integration.test_cli import jobtui as run_cli
 from tests.integration.test_cli import ok
+from tests.integration.test_scheduler import faketime_env
 
 
 def _fill(queue: Client) -> dict[str, list[int]]:
@@ -115,6 +117,17 @@ def test_migrate_and_check_for_code_that_deploys_itself(empty_dsn: str) -> None:
     assert jobtui.check_schema(empty_dsn) == jobtui.kernel.migrate.code_version()
     with psycopg.connect(empty_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM jobtui.migration").fetchone() == (len(applied),)
+
+
+def test_cli_since_goes_by_the_database_clock(dsn: str) -> None:
+    """`jobtui jobs --since 1h` on a machine whose clock is 3 hours ahead still lists the job
+    enqueued a moment ago, and leaves out one enqueued 2 hours ago, by the database's clock."""
+    with Client(dsn) as queue:
+        old, new = queue.enqueue_many([NewJob("email.send", {"n": 1}), NewJob("email.send", {"n": 2})])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE jobtui.job SET created_at = now() - interval '2 hours' WHERE id = %s", (old,))
+    ahead = cli.run_cli("jobs", "--since", "1h", "--json", env={**cli.clean_env(dsn), **faketime_env(hours=3)})
+    assert [j["id"] for j in json.loads(ok(ahead))] == [new]
 
 
 def test_cli_lists_and_counts_through_the_api(dsn: str) -> None:

@@ -507,11 +507,12 @@ def test_bad_schedules_via_cli_are_one_line_errors_and_write_nothing(dsn: str, c
 # -- clock skew -------------------------------------------------------------------------------
 
 
-def faketime_env() -> dict[str, str]:
-    """The environment that puts a process 3 hours behind, or skip when it does not work."""
+def faketime_env(hours: int = -3) -> dict[str, str]:
+    """The environment that puts a process's clock `hours` off (3 hours behind by default), or
+    skip when it does not work."""
     if not FAKETIME_LIB.exists():
         pytest.skip(f"libfaketime is not installed ({FAKETIME_LIB} missing); cannot skew a clock")
-    env = {"FAKETIME": "-3h", "LD_PRELOAD": str(FAKETIME_LIB)}
+    env = {"FAKETIME": f"{hours:+d}h", "LD_PRELOAD": str(FAKETIME_LIB)}
     probe = subprocess.run(
         [sys.executable, "-c", "import time; print(time.time())"],
         env={**os.environ, **env},
@@ -521,9 +522,9 @@ def faketime_env() -> dict[str, str]:
     )
     if probe.returncode != 0:
         pytest.skip(f"a Python process does not start under libfaketime: {probe.stderr.strip()[:200]}")
-    shift = time.time() - float(probe.stdout)
-    if abs(shift - 3 * 3600) > 60:
-        pytest.skip(f"libfaketime did not shift the clock by 3 h (shift {shift:.0f} s)")
+    shift = float(probe.stdout) - time.time()
+    if abs(shift - hours * 3600) > 60:
+        pytest.skip(f"libfaketime did not shift the clock by {hours:+d} h (shift {shift:.0f} s)")
     return env
 
 

@@ -31,11 +31,11 @@ CHANGES = ("requeue", "kill_lease", "cancel", "pause_schedule", "run_now")
 
 
 @asynccontextmanager
-async def console(dsn: str, **kwargs: Any) -> AsyncIterator[tuple[JobtuiApp, Any]]:
+async def console(dsn: str, size: tuple[int, int] = SIZE, **kwargs: Any) -> AsyncIterator[tuple[JobtuiApp, Any]]:
     """The console on `dsn`, after its first read has reached the tables."""
     app = JobtuiApp(dsn, refresh_interval=0.25, **kwargs)
     app.animation_level = "none"  # no sliding tab underlines to wait for
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=size) as pilot:
         await wait_for(pilot, lambda: app.latest is not None, what="the first read")
         await pilot.pause(0.05)
         yield app, pilot
@@ -71,6 +71,11 @@ async def open_pane(pilot: Any, app: JobtuiApp, pane: str, key: str | None = Non
 async def confirm_question(pilot: Any, app: JobtuiApp) -> str:
     await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
     return text(app.screen.query_one("#question"))
+
+
+def on_screen(app: JobtuiApp) -> list[str]:
+    """The rows of characters the terminal shows now, top to bottom."""
+    return [strip.text for strip in app.screen._compositor.render_strips()]
 
 
 async def answer(pilot: Any, app: JobtuiApp, key: str) -> None:
@@ -217,6 +222,31 @@ async def test_answering_no_changes_nothing(dsn: str) -> None:
     assert set(statuses(dsn, s.running).values()) == {"running"}
     assert query(dsn, "SELECT count(*) FROM jobtui.job WHERE type = 'report.build'") == [(2,)]
     assert audit(dsn) == []
+
+
+async def test_a_question_quoting_a_huge_type_still_shows_its_count_and_buttons(dsn: str) -> None:
+    """A 5,000-character type (a hand insert) is cut in the question: on 80x24 the count and
+    the buttons stay on the screen, and yes requeues the job."""
+    huge = "inv." + "x" * 4990 + ".render"
+    [(job_id, fingerprint)] = query(
+        dsn,
+        "INSERT INTO jobtui.job (type, payload, status, attempts, max_attempts, last_error, finished_at)"
+        " VALUES (%s, '{}', 'dead', 3, 3, 'KeyError: customer 7 has no billing address', now())"
+        " RETURNING id, error_fingerprint",
+        huge,
+    )
+    key = dead_pane.dead_key(DeadGroup("dead", huge, fingerprint, 0, None, None, 0, 0))
+    async with console(dsn, size=(80, 24)) as (app, pilot):
+        await open_pane(pilot, app, "dead", key)
+        await pilot.press("r")
+        question = await confirm_question(pilot, app)
+        dialog = app.screen.query_one("#question")
+        await wait_for(pilot, lambda: dialog.region.height > 0, what="the dialog laid out")
+        shown = "\n".join(on_screen(app))
+        assert "1 row(s) will change" in shown and "Yes (y)" in shown and "No (n)" in shown, shown
+        assert "characters cut" in question and question.count("x") < 500
+        await answer(pilot, app, "y")
+        await wait_for(pilot, lambda: statuses(dsn, [job_id]) == {job_id: "ready"}, what="the requeue")
 
 
 async def test_requeue_one_job_then_the_rest_from_the_group_list(dsn: str) -> None:

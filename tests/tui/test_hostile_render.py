@@ -18,7 +18,7 @@ from rich.text import Text
 
 from jobtui.kernel.domain import ErrorEntry, JobRow, JobStatus
 from jobtui.kernel.explain import explain, first_line
-from jobtui.kernel.safetext import SafeFormatter
+from jobtui.kernel.safetext import SafeFormatter, shorten
 from jobtui.reads.joblists import DeadJob, ReadyJob, RunningJob
 from jobtui.reads.metrics import DeadGroup, LeaseExpiry, ScheduleHealth, TypeCounts
 from jobtui.tui import render, screens
@@ -131,9 +131,10 @@ def test_a_job_explained_shows_every_field_escaped(values: list[str], payload: d
 def test_confirmations_and_drill_down_titles_keep_each_line_of_their_own(values: list[str]) -> None:
     a, b, c, _d, _e = values
     question = ConfirmScreen([f"Requeue every dead job of type {a} with error", f"  {b}", "3 row(s) will change"])
+    # Each line escaped, then cut to the dialog's length (its start and end kept).
     assert question.question.split("\n") == [
-        f"Requeue every dead job of type {visible(a)} with error",
-        f"  {visible(b)}",
+        shorten(f"Requeue every dead job of type {visible(a)} with error", ConfirmScreen.LINE),
+        shorten(f"  {visible(b)}", ConfirmScreen.LINE),
         "3 row(s) will change",
     ]
     title = JobListScreen("dead", f"dead jobs of {a}: {c}", job_type=a).title_text

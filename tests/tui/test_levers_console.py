@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.types.json import Jsonb
 
 from jobtui.clients.client import Client
@@ -91,6 +92,33 @@ async def test_a_paused_queue_is_resumed_with_a_ramp(dsn: str) -> None:
         )
         await wait_for(pilot, lambda: "→" in str(table(app, "queues").get_row("queue:default")), what="ramp shown")
     assert [a[1] for a in audit(dsn)] == ["queue-pause", "queue-resume"]
+
+
+async def test_a_ramp_of_a_type_rated_below_1_per_second_says_its_rate_holds(dsn: str) -> None:
+    """control_rate starts a ramp at 1/s or at the rate, when lower: at 0.5/s it does not rise,
+    and the question says so instead of "at 1/s, rising tenfold"."""
+    seed(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        queues.set_rate(conn, "type", "sms.send", 0.5, actor="olga")
+        queues.pause(conn, "type", "sms.send", actor="olga")
+    async with console(dsn, actor="olga") as (app, pilot):
+        await queue_row(pilot, app, "type:sms.send")
+        await wait_for(pilot, lambda: "by olga" in str(table(app, "queues").get_row("type:sms.send")), what="paused")
+        await pilot.press("u")
+        await wait_for(pilot, lambda: app.screen.__class__.__name__ == "ValueScreen", what="the ramp box")
+        await pilot.press("enter")
+        question = await confirm_question(pilot, app)
+        assert "come back at 30/min from the start" in question and "rising" not in question, question
+        await answer(pilot, app, "y")
+        resumed = "SELECT paused_at IS NULL, ramp_until > now() FROM jobtui.queue_control WHERE kind = 'type'"
+        await wait_for(pilot, lambda: query(dsn, resumed) == [(True, True)], what="the ramp")
+    # Half way through the ramp, the rate is still the type's own.
+    [(rate,)] = query(
+        dsn,
+        "SELECT jobtui.control_rate(rate_per_second, ramp_from, ramp_until, ramp_from + (ramp_until - ramp_from) / 2)"
+        " FROM jobtui.queue_control WHERE kind = 'type' AND name = 'sms.send'",
+    )
+    assert rate == pytest.approx(0.5)
 
 
 async def search(pilot: Any, app: Any, words: str) -> JobSearchScreen:
@@ -254,6 +282,42 @@ async def test_a_bulk_discard_over_the_search_deletes_the_jobs_after_yes(dsn: st
     assert row == ("olga", "bulk-discard", f"bulk run {run}: status=dead,failed type=invoice.render", [], 4)
     [(detail,)] = query(dsn, "SELECT detail FROM jobtui.audit")
     assert (detail["discarded"], detail["filter"]) == (4, {"statuses": ["dead", "failed"], "types": ["invoice.render"]})
+
+
+async def test_a_bulk_discard_changes_only_the_jobs_its_question_counted(dsn: str) -> None:
+    """Jobs that die while the question is open (one enqueued before the count, one after) are
+    left dead, and the toast says so; pressing d again counts them."""
+    s = seed(dsn)
+    with Client(dsn, max_connections=1) as q:
+        was_ready = q.enqueue("invoice.render", {"n": 1})
+    async with console(dsn, actor="olga") as (app, pilot):
+        screen = await search(pilot, app, "type:invoice.render status:dead")
+        await wait_for(pilot, lambda: len(keys(screen.query_one(KeyedTable))) == 3, what="the dead jobs")
+        await pilot.press("d")
+        question = await confirm_question(pilot, app)
+        assert "3 row(s) will change" in question
+        query(dsn, "UPDATE jobtui.job SET status = 'dead', finished_at = now() WHERE id = %s RETURNING id", was_ready)
+        [(newcomer,)] = query(
+            dsn,
+            "INSERT INTO jobtui.job (type, payload, status, attempts, max_attempts, last_error, finished_at)"
+            " VALUES ('invoice.render', '{}', 'dead', 3, 3, 'KeyError: x', now()) RETURNING id",
+        )
+        await answer(pilot, app, "y")
+        await wait_for(pilot, lambda: statuses(dsn, s.dead_billing) == {}, what="the counted jobs deleted")
+        said = "discarded 3 job(s) (bulk run 1); 2 job(s) matched after the count and were left: press d again"
+        await wait_for(
+            pilot,
+            lambda: any(said in str(n.message) for n in app._notifications),
+            what=f"the toast, got {[str(n.message) for n in app._notifications]}",
+        )
+        assert statuses(dsn, [was_ready, newcomer]) == {was_ready: "dead", newcomer: "dead"}
+        assert "Jobs that match after this count are left: press d again for them." in question
+        await wait_for(pilot, lambda: "2 job(s) match" in status_line(screen), what="the search read again")
+        await pilot.press("d")
+        assert "2 row(s) will change" in await confirm_question(pilot, app)
+        await answer(pilot, app, "n")
+    [row] = audit(dsn)
+    assert (row[1], row[4]) == ("bulk-discard", 3)
 
 
 async def test_a_bulk_cancel_over_the_search_fails_the_ready_jobs_after_yes(dsn: str) -> None:

@@ -5,10 +5,22 @@
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;
 -- values are always bound parameters; time is always the database's now().
 
+-- name: bulk_mark
+-- Where a count begins (bulk.py's Mark): the database's now() and the newest job's id. A run
+-- begun at it changes only the jobs the count could count.
+SELECT now() AS cutoff, coalesce(max(id), 0) AS last_id FROM {schema}.job;
+
 -- name: bulk_count
--- A bulk action's dry run, one window of ids at a time (bulk.py): how many jobs of the filter
--- the action would change now (%(scope)s: the statuses it applies to).
-SELECT count(*) AS jobs FROM {schema}.job AS j
+-- A bulk action's dry run, one window of ids at a time (bulk.py): the jobs of the filter the
+-- action applies to (%(scope)s: its statuses), in two figures. `jobs`: those within the
+-- count's mark, enqueued up to %(last_id)s and finished (requeue, discard) or enqueued
+-- (cancel, %(cancel)s) before %(cutoff)s, which a run begun at the mark changes, as the
+-- bulk_*_batch statements choose. `later`: those past it, which such a run leaves.
+SELECT count(*) FILTER (WHERE j.id <= %(last_id)s::bigint AND CASE WHEN %(cancel)s::boolean
+                          THEN j.created_at ELSE j.finished_at END < %(cutoff)s::timestamptz) AS jobs,
+       count(*) FILTER (WHERE j.id > %(last_id)s::bigint OR CASE WHEN %(cancel)s::boolean
+                          THEN j.created_at ELSE j.finished_at END >= %(cutoff)s::timestamptz) AS later
+FROM {schema}.job AS j
 WHERE j.id < %(below)s AND j.id >= %(floor)s AND j.status = ANY(%(scope)s::text[])
       AND {jobfilter_predicate};
 
@@ -20,10 +32,11 @@ WHERE action = %(action)s AND filter = %(filter)s::jsonb AND state <> 'done'
 ORDER BY id DESC LIMIT 1;
 
 -- name: bulk_run_start
--- A new run: its cutoff is now, and it walks down from the newest job there is.
+-- A new run at a count's mark (bulk_mark): its cutoff is the mark's, and it walks down from
+-- the newest job there was then, so it changes no job the count could not see.
 INSERT INTO {schema}.bulk_run (action, filter, cutoff, last_id, next_id, started_by)
-SELECT %(action)s, %(filter)s::jsonb, now(), m.last_id, m.last_id + 1, %(actor)s
-FROM (SELECT coalesce(max(id), 0) AS last_id FROM {schema}.job) AS m
+VALUES (%(action)s, %(filter)s::jsonb, %(cutoff)s::timestamptz, %(last_id)s::bigint, %(last_id)s::bigint + 1,
+        %(actor)s)
 RETURNING id, action, filter, cutoff, last_id, next_id, changed, busy_ids, state, started_by, started_at;
 
 -- name: bulk_run_state

@@ -19,7 +19,7 @@ from jobtui.kernel.db import connect
 from jobtui.kernel.durations import parse_duration
 from jobtui.kernel.errors import InvalidInput
 from jobtui.kernel.forecast import Forecast
-from jobtui.kernel.rates import RAMP_TOP, parse_rate, rate_text
+from jobtui.kernel.rates import RAMP_TOP, parse_rate, ramp_rate, rate_text
 from jobtui.kernel.safetext import line
 from jobtui.reads.flows import line_forecasts
 from jobtui.reads.overview import QueueLine
@@ -373,18 +373,27 @@ class QueuesPane(TablePane):
             return
         kind, name, ready = q.kind, q.name, q.ready
         top = rate_text(q.rate or RAMP_TOP)
+        # A ramp starts at 1/s, or at the rate when that is lower: then it has nothing to rise by.
+        flat = ramp_rate(q.rate, 0.0) >= (q.rate or RAMP_TOP)
+        rises = (
+            f"come back at {top} from the start: a rate of 1/s or less does not rise"
+            if flat
+            else f"come back at 1/s, rising tenfold in equal steps to {top}"
+        )
 
         def ask(ramp: float | None) -> None:
             assert ramp is not None
             question: list[Any] = [
                 f"Resume {kind} {name} with a ramp of {ramp:g}s?",
-                f"Its {ready:,} ready job(s) come back at 1/s, rising tenfold in equal steps to {top}.",
+                f"Its {ready:,} ready job(s) {rises}.",
                 "1 row will change.",
             ]
             self.console.confirm_then(question, resume_ramped, self.console.actions_, kind, name, ramp)
 
         lines = [
-            f"Resume {kind} {name}: how long its rate rises, from 1/s to {top}",
+            f"Resume {kind} {name}: how long its rate rises, from 1/s to {top}"
+            if not flat
+            else f"Resume {kind} {name} with a ramp: its rate of {top} holds from the start",
             "Like 60s or 5m; enter, then confirm.",
         ]
         self._ask_value(ValueScreen(lines, "60s"), lambda text: queues.check_ramp(parse_duration(text)), ask)
