@@ -9,12 +9,14 @@ import argparse
 import sys
 from typing import Any
 
+import psycopg
+
 from jobtui.cli.args import add_error_option, positive_int, with_dsn
 from jobtui.cli.search import progress_bar
 from jobtui.core import bulk
 from jobtui.kernel.db import connect
 from jobtui.kernel.durations import parse_duration
-from jobtui.kernel.errors import InvalidInput
+from jobtui.kernel.errors import DatabaseUnavailable, InvalidInput, first_line
 from jobtui.kernel.jobfilter import JobFilter, payload_of
 from jobtui.kernel.safetext import line
 
@@ -86,24 +88,20 @@ def cmd_bulk(args: argparse.Namespace, dsn: str) -> int:
                 file=sys.stderr,
             )
             return 130
+        later: int | None = None
         try:
             with progress_bar("counting what matched since") as update:
-                later: int | None = job.tally(started.mark, progress=lambda done, n: update(done)).later
+                later = job.tally(started.mark, progress=lambda done, n: update(done)).later
         except KeyboardInterrupt:
-            later = None  # the run is done; only this count was stopped
+            pass  # the run is done; only this count was stopped
+        except (psycopg.Error, DatabaseUnavailable) as exc:
+            # The run is done and audited: a count after it that fails does not undo that.
+            print(
+                line(f"jobtui: could not count the jobs that matched after the run ({first_line(exc)})"),
+                file=sys.stderr,
+            )
     counted = None if tally is None or outcome.resumed else tally.jobs
-    gone = 0 if counted is None else counted - outcome.changed - len(outcome.busy)
-    changed = f"{outcome.changed:,} of the {counted:,} job(s) counted" if gone > 0 else f"{outcome.changed:,} job(s)"
-    done = f"{bulk.PAST[job.action]} {changed} (bulk run {outcome.run}"
-    done += f", {outcome.changed_in_all:,} in all)" if outcome.resumed else ")"
-    if gone > 0:
-        done += f": {gone:,} no longer matched (changed elsewhere meanwhile)"
-    if outcome.busy:
-        done += f"; {len(outcome.busy)} job(s) were held by another transaction: run the command again for them"
-    if later:
-        since = "the count" if counted is not None else f"bulk run {outcome.run} began"
-        done += f"; {later:,} job(s) matched after {since} and were left: run the command again for them"
-    print(line(done))
+    print(line(bulk.outcome_line(job.action, outcome, counted, later, "run the command again")))
     return 0
 
 

@@ -110,6 +110,31 @@ class BulkOutcome:
     resumed: bool
 
 
+def outcome_line(action: Action, outcome: BulkOutcome, counted: int | None, later: int | None, again: str) -> str:
+    """What a run did, against what its question said: `counted` jobs (None: a resumed run,
+    whose question gave no count), and `later` ones that matched past its mark (None: not
+    known); `again` says how to go on ("press d again", "run the command again")."""
+    diff = 0 if counted is None or outcome.stopped else counted - outcome.changed - len(outcome.busy)
+    done = f"{outcome.changed:,} of the {counted:,} job(s) counted" if diff > 0 else f"{outcome.changed:,} job(s)"
+    said = f"{PAST[action]} {done} (bulk run {outcome.run}"
+    said += f", {outcome.changed_in_all:,} in all)" if outcome.resumed else ")"
+    if diff > 0:
+        said += f": {diff:,} no longer matched (changed elsewhere meanwhile)"
+    elif diff < 0:
+        said += (
+            f": {-diff:,} more than counted, whose change (an enqueue, a job's end) was committing"
+            " while the count was made"
+        )
+    if outcome.stopped:
+        said += f"; stopped: {again} to resume"
+    if outcome.busy:
+        said += f"; {len(outcome.busy)} job(s) were held by another transaction: {again} for them"
+    if later:
+        since = "the count" if counted is not None else f"bulk run {outcome.run} began"
+        said += f"; {later:,} job(s) matched after {since} and were left: {again} for them"
+    return said
+
+
 def _runs(rows: Rows) -> list[BulkRun]:
     return [BulkRun(**{**d, "busy_ids": list(d["busy_ids"] or [])}) for d in rows.dicts()]
 
@@ -266,15 +291,17 @@ class Bulk:
                 got = self._batch(job_run, floor, below, None)
                 if not got["running"]:  # ended elsewhere (another invocation finished it)
                     break
+                # Counted before the rest: a Ctrl-C during it must not leave a committed batch
+                # out of the audit row.
+                changed += int(got["changed"])
+                busy += [int(i) for i in got["busy"]]
+                below = int(got["next_id"])
                 if self.rest and int(got["changed"]):
                     pause = (time.monotonic() - took) * self.rest
                     if stop is not None:
                         stop.wait(pause)
                     else:
                         time.sleep(pause)
-                changed += int(got["changed"])
-                busy += [int(i) for i in got["busy"]]
-                below = int(got["next_id"])
                 if progress is not None:
                     progress(min(1.0, (job_run.last_id + 1 - below) / span), before + changed)
             for attempt in range(BUSY_ROUNDS):

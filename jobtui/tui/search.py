@@ -328,21 +328,5 @@ class JobSearchScreen(Screen[None]):
 
 
 def bulk_toast(action: str, outcome: bulk.BulkOutcome, counted: int | None, later: int | None) -> str:
-    """What a bulk run did, against what its question said: `counted` jobs (None: a resumed
-    run, whose question gave no count), and `later` ones that matched past its mark."""
-    past = bulk.PAST[cast(bulk.Action, action)]
-    key = action[0]
-    gone = 0 if counted is None or outcome.stopped else counted - outcome.changed - len(outcome.busy)
-    done = f"{outcome.changed:,} of the {counted:,} job(s) counted" if gone > 0 else f"{outcome.changed:,} job(s)"
-    toast = f"{past} {done} (bulk run {outcome.run}"
-    toast += f", {outcome.changed_in_all:,} in all)" if outcome.resumed else ")"
-    if gone > 0:
-        toast += f": {gone:,} no longer matched (changed elsewhere meanwhile)"
-    if outcome.stopped:
-        toast += f"; stopped: press {key} again to resume"
-    if outcome.busy:
-        toast += f"; {len(outcome.busy)} job(s) were busy: press {key} again for them"
-    if later:
-        since = "the count" if counted is not None else f"bulk run {outcome.run} began"
-        toast += f"; {later:,} job(s) matched after {since} and were left: press {key} again for them"
-    return toast
+    """What a bulk run did, against what its question said (bulk.outcome_line)."""
+    return bulk.outcome_line(cast(bulk.Action, action), outcome, counted, later, f"press {action[0]} again")
