@@ -26,7 +26,7 @@ from jobtui.kernel.checks import (
     check_type,
     encode_payload,
 )
-from jobtui.kernel.db import SERVER_TCP_SETTINGS, Call, Rows, arun, first_int, run, statements, tcp_bounds
+from jobtui.kernel.db import SERVER_TCP_SETTINGS, Call, Rows, arun, first_int, run, server_tcp_params, statements
 from jobtui.kernel.domain import (
     DEFAULT_QUEUE,
     DEFAULT_SCHEMA,
@@ -242,20 +242,19 @@ async def aenqueue(conn: psycopg.AsyncConnection[Any], call: Call[int | None], s
 # -- effects (the handlers' idempotency helper) --------------------------------------------
 
 
-def record_effect_call(key: str, job_id: int | None, token: int | None = None) -> Call[tuple[bool, bool]]:
+def record_effect_call(
+    key: str, job_id: int | None, token: int | None = None, dsn: str = ""
+) -> Call[tuple[bool, bool]]:
     """Record effect `key` as done: (lease held, recorded by this call). With a lease `token`,
-    nothing is recorded unless job `job_id` still runs under that lease."""
+    nothing is recorded unless job `job_id` still runs under that lease. `dsn` is the
+    connection's own (its TCP bounds are the server's for the transaction)."""
     if not key or "\x00" in key:
         raise InvalidInput("an effect key must be a non-empty string without NUL")
-    # The server's end of the connection gives up on a silent client as jobtui's own do (the
-    # statement says why); the bounds of tcp_bounds, for a DSN that sets none of its own.
-    bounds = tcp_bounds("")
-    params = {
-        "key": key,
-        "job_id": job_id,
-        "token": token,
-        **{name: str(bounds[name]) for name in SERVER_TCP_SETTINGS},
-    }
+    # The server's end of the connection gives up on a silent client as the client's end does
+    # (the statement says why); 0, the server's default, where the connection turns
+    # keepalives off.
+    bounds = server_tcp_params(dsn, {}) or dict.fromkeys(SERVER_TCP_SETTINGS, "0")
+    params = {"key": key, "job_id": job_id, "token": token, **bounds}
     return Call("job_effect_record", params, lambda rows: (bool(rows[0][0]), bool(rows[0][1])))
 
 

@@ -295,22 +295,22 @@ class Job:
         """
         if self.lost:
             raise self._refused(key)
-        return self._recorded(run(conn, self._record(key), self._schema), key)
+        return self._recorded(run(conn, self._record(key, conn.info.dsn), self._schema), key)
 
     async def once_async(self, conn: psycopg.AsyncConnection[Any], key: str) -> bool:
         """Async counterpart of `once`."""
         if self.lost:
             raise self._refused(key)
-        return self._recorded(await arun(conn, self._record(key), self._schema), key)
+        return self._recorded(await arun(conn, self._record(key, conn.info.dsn), self._schema), key)
 
     def _refused(self, key: str) -> LeaseLost:
         self.loss_seen = True  # a job never ends done after once() refused one of its effects
         return LeaseLost(f"job {self.id} lost its lease; not recording effect {key!r}")
 
-    def _record(self, key: str) -> Call[tuple[bool, bool]]:
+    def _record(self, key: str, dsn: str) -> Call[tuple[bool, bool]]:
         # Fenced by the lease in the database: this worker may not know yet that it lost it
         # (it was frozen or cut off past its lease, and no heartbeat has told it since).
-        return record_effect_call(key, self.id, self.lease_token)
+        return record_effect_call(key, self.id, self.lease_token, dsn)
 
     def _recorded(self, outcome: tuple[bool, bool], key: str) -> bool:
         held, recorded = outcome

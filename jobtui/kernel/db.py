@@ -439,12 +439,21 @@ def server_bound_call(dsn: str, options: dict[str, Any], pooler: str | None = No
     bounded (the DSN's TCP parameters, else `options`', else tcp_bounds'); None behind a
     transaction pooler, whose server connections other clients share, or when the DSN turns
     keepalives off."""
+    params = server_tcp_params(dsn, options)
+    if transaction_pooled(pooler) or params is None:
+        return None
+    return Call("connection_tcp_bound", params, lambda rows: None)
+
+
+def server_tcp_params(dsn: str, options: dict[str, Any]) -> dict[str, str] | None:
+    """The server's TCP settings for a connection to `dsn` made with `options`: the bounds its
+    client end has (the DSN's, else `options`', else tcp_bounds'); None when it turns
+    keepalives off."""
     given = conninfo_to_dict(dsn)
-    if transaction_pooled(pooler) or str(given.get("keepalives", options.get("keepalives", 1))) == "0":
+    if str(given.get("keepalives", options.get("keepalives", 1))) == "0":
         return None
     defaults = tcp_bounds("")
-    params = {k: str(given.get(k, options.get(k, defaults[k]))) for k in SERVER_TCP_SETTINGS}
-    return Call("connection_tcp_bound", params, lambda rows: None)
+    return {k: str(given.get(k, options.get(k, defaults[k]))) for k in SERVER_TCP_SETTINGS}
 
 
 def bound_server_end(

@@ -910,6 +910,11 @@ def test_an_effects_transaction_bounds_the_servers_wait_on_a_silent_client(q: Cl
             assert tx.execute(settings).fetchone() == ("2", "5000")
         tx.commit()
         assert tx.execute(settings).fetchone() == before
+    # A handler's connection that turns keepalives off keeps the server's defaults.
+    with psycopg.connect(dsn, keepalives=0) as tx:
+        assert Job(claimed, "w1", "jobtui").once(tx, "k-unbounded") is True
+        idle, user_timeout = tx.execute(settings).fetchone() or ("", "")
+        assert idle != "2" and user_timeout == "0"  # 0: the system's (SHOW reads the socket's)
     assert q.kill_lease([job_id], actor="bob") == [job_id]
 
 
