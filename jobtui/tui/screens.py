@@ -90,7 +90,7 @@ HELP = """\
 [b]Actions[/] each change asks first and writes the audit log; hidden with --read-only
 [b]r[/]       requeue the selected dead group (in its list: the job; in a jobs search: all)
 [b]R[/]       requeue the whole group, from a group's list
-[b]k[/]       kill the lease of the selected running job (ready again now; dead after its last attempt)
+[b]k[/]       kill the selected job's lease (ready again; dead if it was its last attempt)
 [b]c[/]       cancel the selected job (failed; its worker stops it); in a jobs search: all
 [b]d[/]       in a jobs search: delete its dead and failed jobs (esc stops, again resumes)
 [b]p[/]       pause/resume the selected schedule; in queues, a queue or type fleet-wide;
