@@ -210,6 +210,12 @@ def _jobs_page(args: argparse.Namespace, client: Client) -> int:
     """A page of jobs through the query API, or with --count their numbers."""
     statuses = args.status.split(",") if args.status else None
     if args.count:
+        if args.since is not None or args.error is not None:
+            # Counts are by status, type and queue: a filter they cannot apply is refused
+            # rather than left out of a number that would then look filtered.
+            raise InvalidInput(
+                "--count counts by --status, --type and --queue only: drop --since/--error, or list the jobs"
+            )
         counts = client.counts(status=statuses, type=args.type, queue=args.queue)
         return _print_counts(counts, as_json=args.json)
     since = None

@@ -141,3 +141,13 @@ def test_cli_lists_and_counts_through_the_api(dsn: str) -> None:
     assert f"--before {sorted(made['all'])[-2]}" in table
     bad = run_cli(dsn, "jobs", "--status", "finished")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown status" in bad.stderr
+
+
+def test_cli_count_refuses_the_filters_it_cannot_count_by(dsn: str) -> None:
+    """`jobs --count` counts by status, type and queue: with --since or --error it says so, in
+    one line and exit code 2, rather than printing a number that looks filtered and is not."""
+    for extra in (("--since", "1h"), ("--error", "timeout")):
+        result = run_cli(dsn, "jobs", "--count", *extra)
+        assert result.returncode == 2, result
+        assert result.stderr.count("\n") == 1 and "--count counts by --status, --type and --queue only" in result.stderr
+        assert result.stdout == ""
