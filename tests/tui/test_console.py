@@ -608,7 +608,7 @@ async def test_number_keys_switch_panes_each_offering_only_its_actions(dsn: str)
         assert any("no embedded worker" in str(n.message) for n in app._notifications)
         await pilot.press("question_mark")
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
-        assert "kill the lease" in text(app.screen.query_one("#help"))
+        assert "kill the selected job's lease" in text(app.screen.query_one("#help"))
         await pilot.press("escape")
         await wait_for(pilot, lambda: app.on_main_screen(), what="help closed")
     assert audit(dsn) == []
