@@ -311,13 +311,29 @@ class Bulk:
                 got = self._batch(job_run, 0, job_run.last_id + 1, sorted(set(busy)))
                 changed += int(got["changed"])
                 busy = [int(i) for i in got["busy"]]
+            self._audit(job_run, changed, before, busy, stopped=stopped, end=True)
         except BaseException:
             # KeyboardInterrupt, a lost connection: every batch committed is recorded in the
-            # run; it is left running, and the next run with the same filter resumes it.
-            self._audit(job_run, changed, before, busy, stopped=True, end=False)
+            # run; it is left running, and the next run with the same filter resumes it. The
+            # run's row counts a batch whose COMMIT the interruption met, and tells whether the
+            # end's own audit row committed before it.
+            committed = self._committed(job_run)
+            if committed is not None:
+                self._audit(job_run, max(changed, committed - before), before, busy, stopped=True, end=False)
             raise
-        self._audit(job_run, changed, before, busy, stopped=stopped, end=True)
         return BulkOutcome(job_run.id, changed, before + changed, busy, stopped, job_run.resumed)
+
+    def _committed(self, job_run: BulkRun) -> int | None:
+        """How many jobs `job_run` changed in all, by its row, while it has not ended; None
+        once it ended (its audit row is written). Unknown (the connection lost): the row's
+        count as this invocation last read it, so that an audit row is still tried."""
+        try:
+            found = self.pending()
+        except psycopg.Error:
+            return job_run.changed
+        if found is None or found.id != job_run.id or found.state != "running":
+            return None
+        return found.changed
 
     def _audit(self, job_run: BulkRun, changed: int, before: int, busy: list[int], *, stopped: bool, end: bool) -> None:
         detail = {

@@ -105,6 +105,51 @@ def test_a_stopped_run_is_resumed_and_changes_nothing_twice(conn: Conn, dsn: str
     assert audit[0][1]["stopped"] and audit[1][1]["resumed"] and audit[1][1]["requeued_in_all"] == 400
 
 
+def test_an_interruption_as_a_batch_commits_leaves_no_batch_out_of_the_audit_row(
+    conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C that lands once a batch committed and before the run counted it (psycopg
+    finishes the COMMIT it waits for, then raises): the audit row takes the count from the
+    run's row, which the batch's own transaction wrote. Interrupted in the end's audit, the
+    row is written once, as stopped, and the run resumes."""
+    dead_jobs(dsn, conn, 40)
+    batch = Bulk._batch
+    calls = 0
+
+    def interrupted_after_the_second(self: Bulk, *args: Any) -> dict[str, Any]:
+        nonlocal calls
+        got = batch(self, *args)
+        calls += 1
+        if calls == 2:
+            raise KeyboardInterrupt
+        return got
+
+    monkeypatch.setattr(Bulk, "_batch", interrupted_after_the_second)
+    job = Bulk(conn, "requeue", JobFilter(types=("x",)), actor="olga", batch=5, window=5, rest=0)
+    with pytest.raises(KeyboardInterrupt):
+        job.run(job.start())
+    assert count(conn, "status = 'ready'") == 10
+    assert conn.execute("SELECT rows FROM jobtui.audit").fetchall() == [(10,)]
+    monkeypatch.undo()
+
+    audit = Bulk._audit
+
+    def interrupted_at_the_end(self: Bulk, *args: Any, end: bool, **kw: Any) -> None:
+        if end:
+            raise KeyboardInterrupt  # before the end's transaction commits anything
+        audit(self, *args, end=end, **kw)
+
+    monkeypatch.setattr(Bulk, "_audit", interrupted_at_the_end)
+    again = Bulk(conn, "requeue", JobFilter(types=("x",)), actor="olga", batch=5, window=5, rest=0)
+    with pytest.raises(KeyboardInterrupt):
+        again.run(again.start())
+    assert count(conn, "status = 'ready'") == 40
+    rows = conn.execute("SELECT rows, detail FROM jobtui.audit ORDER BY id").fetchall()
+    assert [r for r, _ in rows] == [10, 30] and rows[1][1]["stopped"]
+    pending = again.pending()
+    assert pending is not None and pending.changed == 40  # resumable; nothing left to change
+
+
 def test_a_run_begun_at_its_counts_mark_leaves_the_jobs_that_matched_after_the_count(conn: Conn, dsn: str) -> None:
     """Jobs that die while the operator reads the question (a new one, and one that was ready
     when counted) are not requeued, and the count after the run finds them; a run stopped
