@@ -62,7 +62,9 @@ class AsyncClient(ClientBase):
 
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """See Client._configure."""
+        await conn.set_autocommit(True)
         await abound_server_end(conn, self.dsn, self._pool_options()["kwargs"], self.pooler)
+        await conn.set_autocommit(False)
 
     async def _check(self, conn: psycopg.AsyncConnection[Any], generation: int) -> None:
         began = time.monotonic()

@@ -132,8 +132,9 @@ class Client(ClientBase):
         return pool, generation
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
-        """A new pooled connection's server end is bounded as jobtui's own are (db.connect)."""
-        bound_server_end(conn, self.dsn, self._pool_options()["kwargs"], self.pooler)
+        """A new pooled connection's server end is bounded as jobtui's own are (db.bound_server_end),
+        in autocommit, so that the connection is idle after it whatever the server said."""
+        _autocommitted(conn, lambda: bound_server_end(conn, self.dsn, self._pool_options()["kwargs"], self.pooler))
 
     def _check(self, conn: psycopg.Connection[Any], generation: int) -> None:
         began = time.monotonic()

@@ -104,6 +104,14 @@ DeadCallback = Callable[[FailOutcome], Any]
 HandlerHook = Callable[["Job"], Any]
 
 
+def _dsn_of(conn: object) -> str:
+    """A psycopg connection's parameters (never its password), for the bounds once() sets;
+    '' for anything else, which run() then refuses as it always did."""
+    if isinstance(conn, psycopg.Connection | psycopg.AsyncConnection):
+        return conn.info.dsn
+    return ""
+
+
 @dataclass
 class Jobs:
     """The registry of handlers and schedules; a worker loads it with `--app pkg.module:jobs`."""
@@ -295,13 +303,13 @@ class Job:
         """
         if self.lost:
             raise self._refused(key)
-        return self._recorded(run(conn, self._record(key, conn.info.dsn), self._schema), key)
+        return self._recorded(run(conn, self._record(key, _dsn_of(conn)), self._schema), key)
 
     async def once_async(self, conn: psycopg.AsyncConnection[Any], key: str) -> bool:
         """Async counterpart of `once`."""
         if self.lost:
             raise self._refused(key)
-        return self._recorded(await arun(conn, self._record(key, conn.info.dsn), self._schema), key)
+        return self._recorded(await arun(conn, self._record(key, _dsn_of(conn)), self._schema), key)
 
     def _refused(self, key: str) -> LeaseLost:
         self.loss_seen = True  # a job never ends done after once() refused one of its effects

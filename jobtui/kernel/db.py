@@ -17,6 +17,7 @@ SQL builds on it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -459,26 +460,16 @@ def server_tcp_params(dsn: str, options: dict[str, Any]) -> dict[str, str] | Non
 def bound_server_end(
     conn: psycopg.Connection[Any], dsn: str, options: dict[str, Any], pooler: str | None = None
 ) -> None:
-    """Run server_bound_call's statement on a new, long-lived connection, leaving it idle.
+    """Run server_bound_call's statement on a new, long-lived connection in autocommit.
 
     Its callers run it where a statement that waits is watched as any other (the worker's
     link, the console's first read, a pool's new connection); `connect` does not, so that
     its `connect_timeout` bounds it alone. A server that refuses it (set_config revoked) only
     loses the bound, never the connection."""
     call = server_bound_call(dsn, options, pooler)
-    if call is None:
-        return
-    try:
-        run(conn, call)
-    except psycopg.OperationalError:
-        raise
-    except psycopg.Error as exc:
-        _unbounded(exc)
-    if not conn.autocommit:
-        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-            conn.rollback()
-        else:
-            conn.commit()
+    if call is not None:
+        with _refusal_told():
+            run(conn, call)
 
 
 async def abound_server_end(
@@ -486,19 +477,20 @@ async def abound_server_end(
 ) -> None:
     """Async counterpart of `bound_server_end`."""
     call = server_bound_call(dsn, options, pooler)
-    if call is None:
-        return
+    if call is not None:
+        with _refusal_told():
+            await arun(conn, call)
+
+
+@contextlib.contextmanager
+def _refusal_told() -> Iterator[None]:
+    """A refusal of the bound (not a lost connection) is told once, and the connection kept."""
     try:
-        await arun(conn, call)
+        yield
     except psycopg.OperationalError:
         raise
     except psycopg.Error as exc:
         _unbounded(exc)
-    if not conn.autocommit:
-        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-            await conn.rollback()
-        else:
-            await conn.commit()
 
 
 _told_unbounded = False

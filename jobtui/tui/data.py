@@ -119,10 +119,14 @@ class DataSource:
             raise DatabaseUnavailable("the console is closing")
         if self._conn is None or self._conn.closed or self._conn.broken:
             raw = connect(self.dsn, autocommit=True, pooler=self.pooler, connect_timeout=CONNECT_TIMEOUT)
-            bound_server_end(raw, self.dsn, tcp_bounds(self.dsn), self.pooler)  # before the guard: not a timer read
-            conn = watched(raw, self.schema)
-            local = pooler_mode(self.pooler) == "transaction"
-            identity = run(conn, session_call(STATEMENT_TIMEOUT, local=local), self.schema)
+            try:
+                bound_server_end(raw, self.dsn, tcp_bounds(self.dsn), self.pooler)  # before the guard: no timer read
+                conn = watched(raw, self.schema)
+                local = pooler_mode(self.pooler) == "transaction"
+                identity = run(conn, session_call(STATEMENT_TIMEOUT, local=local), self.schema)
+            except BaseException:
+                raw.close()  # never handed out: the next read opens another
+                raise
             self._where = Where(
                 identity["role"],
                 conn.info.host,
