@@ -34,7 +34,7 @@ TIMED: dict[str, str] = {
     # The snapshot: stats, the console's header and panes, the Prometheus scrape.
     "metrics_lock_timeout": "snapshot",
     "server_now": "snapshot",
-    # Not each read: once per new connection of these paths (the console's, a scrape's).
+    # Not each read: once per new connection of the console's refreshes.
     "connection_tcp_bound": "a new connection: the server's end bounded as the client's (no table read)",
     # (Its ready jobs by type are the queue overview's, read beside it: overview.read_with_snapshot.)
     "metrics_ready_size": "snapshot: the oldest age and the planner's estimate",

@@ -27,8 +27,11 @@ def _say(client: str, began: float, exc: BaseException | None) -> None:
     if exc is not None:
         line["error"] = type(exc).__name__
         line["message"] = str(exc).splitlines()[0][:300] if str(exc) else ""
+    # One write of the whole line: the clients' log lines share the pipe (stderr joins
+    # stdout), and print's two writes (the text, then its newline) let one land between them.
     with _print_lock:
-        print(json.dumps(line), flush=True)
+        sys.stdout.write(json.dumps(line) + "\n")
+        sys.stdout.flush()
 
 
 def _sync_loop(dsn: str, gap: float, stop: threading.Event) -> None:
