@@ -341,8 +341,8 @@ def connect_timeout(dsn: str) -> dict[str, Any]:
 # TCP's retransmissions (about 15 minutes on Linux). docs/scaling.md says why and how.
 DEAD_SOCKET_SECONDS = 5.0
 TCP_PARAMETERS = ("keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout")
-# Those the server has too (as tcp_keepalives_idle and so on, set by any role), for its end of
-# a connection whose loss would hold a lock (job_effect_record).
+# Those the server has too (tcp_keepalives_idle and so on, set by any role): its end of a
+# long-lived session (connection_tcp_bound) and of once()'s transaction (job_effect_record).
 SERVER_TCP_SETTINGS = ("keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout")
 
 
