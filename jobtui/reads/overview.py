@@ -33,8 +33,8 @@ from jobtui.reads.backlog import DONE_SAMPLE, MINUTE_ROW_FRESH, PLANNER, READY_E
 from jobtui.reads.metrics import Snapshot, queue_locked, read_transaction, snapshot
 
 Row = dict[str, Any]
-LINE_FIELDS = ("kind", "name", "ready", "due", "running", "done_last_minute", "oldest_age", "max_running",
-               "paused_at", "paused_by", "rate", "ramp_until", "rate_now")  # fmt: skip
+LINE_FIELDS = ("kind", "name", "ready", "due", "running", "oldest_age", "max_running", "paused_at", "paused_by",
+               "rate", "ramp_until", "rate_now")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +72,7 @@ class Overview:
     lines: list[QueueLine]
     counted: bool = True  # every ready job was counted
     source: str = ""  # where the estimates come from, in words ('' when counted)
+    done_read: bool = True  # the lines' done_last_minute was read (else 0: overview(done=False))
 
     def ready_by_type(self) -> ReadyByType:
         """The types' ready figures, for a snapshot taken beside this overview."""
@@ -106,12 +107,16 @@ def overview(
     schema: str = DEFAULT_SCHEMA,
     cap: int | None = None,
     sample: int = DONE_SAMPLE,
+    done: bool = True,
 ) -> Overview:
     """The queues and types, with their figures counted or estimated (see the module); `cap`
-    is backlog.READY_EXACT_CAP unless given, `sample` the done jobs read."""
+    is backlog.READY_EXACT_CAP unless given, `sample` the done jobs read. Without `done` (the
+    console's header, off the Queues pane), the done jobs are not read and every line's
+    done_last_minute is 0 (`Overview.done_read` False)."""
     cap = READY_EXACT_CAP if cap is None else cap
     with read_transaction(conn, schema):
-        rows = run(conn, Call("overview_queues", {"cap": cap, "sample": sample}, _read), schema)
+        rows = run(conn, Call("overview_backlog", {"cap": cap}, _read), schema)
+        done_rows = run(conn, Call("overview_done", {"sample": sample}, _read), schema) if done else []
         heads = {
             r["kind"]: _Head(
                 int(r["head_rows"]) > cap,
@@ -125,8 +130,8 @@ def overview(
             if any(h.partial for h in heads.values())
             else None
         )
-    lines = [QueueLine(**{f: r[f] for f in LINE_FIELDS}) for r in rows]
-    types = [r for r in rows if r["kind"] == "type"]  # every job read is in exactly one type's line
+    lines = _with_done([QueueLine(**{f: r[f] for f in LINE_FIELDS}, done_last_minute=0) for r in rows], done_rows)
+    types = [r for r in done_rows if r["kind"] == "type"]  # every job read is in exactly one type's row
     if sum(int(r["done_last_minute"]) for r in types) > sample:
         # The newest sample + 1 done jobs span fewer than 60 seconds: their rate, per minute.
         span = max((float(r["done_span"]) for r in types if r["done_span"] is not None), default=60.0)
@@ -136,20 +141,37 @@ def overview(
             for q in lines
         ]
     if est is None:
-        return Overview(lines)
+        return Overview(lines, done_read=done)
     minute_age = None if est["minute_age"] is None else float(est["minute_age"])
-    return _estimated(lines, est, heads, minute_age)
+    return replace(_estimated(lines, est, heads, minute_age), done_read=done)
+
+
+def _with_done(lines: list[QueueLine], done_rows: list[Row]) -> list[QueueLine]:
+    """The lines with their done jobs of the last minute; a queue or type with done jobs and
+    nothing ready, running or set gets a line of its own."""
+    done = {(r["kind"], r["name"]): int(r["done_last_minute"]) for r in done_rows}
+    if not done:
+        return lines
+    seen = {(q.kind, q.name) for q in lines}
+    out = [replace(q, done_last_minute=done.get((q.kind, q.name), 0)) for q in lines]
+    out += [
+        QueueLine(kind, name, 0, 0, 0, n, None, None, None, None)
+        for (kind, name), n in done.items()
+        if (kind, name) not in seen
+    ]
+    return out if len(out) == len(lines) else sorted(out, key=lambda q: (q.kind, q.name))
 
 
 def read_with_snapshot(
-    conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, history: DoneHistory | None = None
+    conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, history: DoneHistory | None = None, done: bool = True
 ) -> tuple[Overview, Snapshot]:
     """The queue overview and a snapshot, for a reader that shows both (the console, `stats`,
     `why`, the Prometheus scrape): the ready index's head is read once, by the overview, and
-    the snapshot's ready jobs by type are its type lines, so the Ready and Queues panes agree.
-    Raises QueueLocked, as the snapshot does, when a queue table stays locked."""
+    the snapshot's ready jobs by type are its type lines, so the header, the Ready pane and
+    the Queues pane agree. `done` as overview's. Raises QueueLocked, as the snapshot does,
+    when a queue table stays locked."""
     with queue_locked(conn, schema):
-        view = overview(conn, schema)
+        view = overview(conn, schema, done=done)
     return view, snapshot(conn, schema, history=history, ready=view.ready_by_type())
 
 

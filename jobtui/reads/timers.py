@@ -53,8 +53,10 @@ TIMED: dict[str, str] = {
     "metrics_lock_waits": "snapshot",
     "metrics_oldest_xact": "snapshot",
     "metrics_recovery": "snapshot",
-    # The queues and types: the Queues pane, `queue list`, `stats`, the scrape (overview.py).
-    "overview_queues": "queue overview, and the snapshot's ready jobs by type: counted up to backlog.READY_EXACT_CAP",
+    # The queues and types: the header's findings, the Queues pane, `queue list`, `stats`, the
+    # scrape (overview.py).
+    "overview_backlog": "queue overview, and the snapshot's ready jobs by type: counted up to backlog.READY_EXACT_CAP",
+    "overview_done": "queue overview: done in the last minute (not the header's), up to backlog.DONE_SAMPLE + 1 rows",
     "overview_estimate": "queue overview above the cap: the archiver's minute row, the planner",
     "flow_recent": "the drain forecast: the archiver's flow spans of the last minutes (snapshot, queue list)",
     # The console's lists.

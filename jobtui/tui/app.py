@@ -359,6 +359,10 @@ class JobtuiApp(App[None]):
             self.refresh_data()
         elif not self.source.why_open:
             self.keys.ready(WHY_ROWS)  # left before its rows came: the reads bring none now
+        # The Queues pane's done column is read only while it is open; opened, it reads at once.
+        self.source.queues_open = pane.ID == "queues"
+        if self.source.queues_open and self.latest is not None and not self.latest.queues_done:
+            self.refresh_data()
         view = self.view()
         if view is not None:
             with contextlib.suppress(NoMatches):

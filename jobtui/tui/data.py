@@ -81,6 +81,7 @@ class Fetched:
     running_after: RunningCursor | None = None  # where the page of `running` starts
     queues: list[QueueLine] = field(default_factory=list)  # the Queues pane's lines
     queues_source: str = ""  # where their estimates come from ('' when counted)
+    queues_done: bool = True  # their done jobs of the last minute were read (the Queues pane open)
     fleet: Fleet = field(default_factory=Fleet)  # the Workers pane's processes
     running_worker: str | None = None  # whose jobs `running` holds (None: every worker's)
     # Why the backlog grows (the Why pane, the header's first cause): read while the Why pane
@@ -108,6 +109,9 @@ class DataSource:
         # oldest due job has waited `why_after` seconds (the header names the first cause).
         self.why_open = False
         self.why_after: float | None = None
+        # Whether each refresh reads the done jobs of the last minute by queue and type: only
+        # while the Queues pane, which shows them, is open.
+        self.queues_open = False
         # The panes read from several thread workers at once (a refresh, an action's count,
         # and a cancelled refresh keeps running in its thread); one connection serves them
         # one at a time: a snapshot pipelines its statements, and another thread's statement
@@ -186,7 +190,9 @@ class DataSource:
         return fetched
 
     def _fetch(self, conn: psycopg.Connection[Any], needle: str) -> Fetched:
-        view, snap = read_with_snapshot(conn, self.schema, history=self._history)
+        # The done jobs per queue and type are the Queues pane's alone: the other panes' reads
+        # (the header's findings among them) leave them out.
+        view, snap = read_with_snapshot(conn, self.schema, history=self._history, done=self.queues_open)
         after, worker = self.running_after, self.running_worker
         running = joblists.running_jobs(conn, self.schema, after=after, worker=worker)
         fleet = read_fleet(conn, self.schema)
@@ -201,6 +207,7 @@ class DataSource:
             running_after=after,
             queues=view.lines,
             queues_source=view.source,
+            queues_done=view.done_read,
             fleet=fleet,
             running_worker=worker,
             diagnosis=diagnosis,

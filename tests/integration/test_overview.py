@@ -92,6 +92,34 @@ def test_with_every_due_job_among_the_entries_read_the_due_figures_stay_counted(
     assert "ready" in default.estimated and default.ready >= 5
 
 
+def test_done_jobs_of_the_last_minute_by_queue_and_type_are_read_only_when_asked(dsn: str, conn: Conn) -> None:
+    """The Queues pane's done column: counted per queue and type (a type with done jobs only
+    gets a line), the newest `sample` + 1 read and scaled past that; the header's read leaves
+    them out, and its other figures are the same."""
+    with Client(dsn) as q:
+        q.enqueue_many([NewJob("a", {}) for _ in range(3)] + [NewJob("b", {}, queue="mail") for _ in range(4)])
+        q.enqueue_many([NewJob("gone", {}, queue="mail") for _ in range(2)] + [NewJob("old", {})])
+    conn.execute(
+        "UPDATE jobtui.job SET status = 'done', finished_at = now() - interval '5 seconds'"
+        " WHERE type = 'gone' OR type = 'b' AND id IN (SELECT id FROM jobtui.job WHERE type = 'b' ORDER BY id LIMIT 1)"
+    )
+    conn.execute("UPDATE jobtui.job SET status = 'done', finished_at = now() - interval '2 minutes' WHERE type = 'old'")
+    read = overview(conn)
+    got = {(q.kind, q.name): q.done_last_minute for q in read.lines}
+    assert read.done_read and got[("queue", "mail")] == 3 and got[("queue", "default")] == 0, got
+    assert got[("type", "gone")] == 2 and got[("type", "b")] == 1 and got[("type", "a")] == 0, got
+    assert ("type", "old") not in got, got  # done over a minute ago: no line of its own
+    unread = overview(conn, done=False)
+    assert not unread.done_read and ("type", "gone") not in {(q.kind, q.name) for q in unread.lines}
+    assert all(q.done_last_minute == 0 for q in unread.lines)
+    figures = {(q.kind, q.name): (q.ready, q.due, q.running) for q in read.lines if q.name != "gone"}
+    assert figures == {(q.kind, q.name): (q.ready, q.due, q.running) for q in unread.lines}
+    # Past the sample: the newest sample + 1 read, their rate per minute, marked an estimate.
+    sampled = {(q.kind, q.name): q for q in overview(conn, sample=1).lines}
+    assert "done_last_minute" in sampled[("queue", "mail")].estimated
+    assert sampled[("queue", "mail")].done_last_minute >= 2
+
+
 def test_estimates_are_marked_in_queue_list_and_its_json(app_dsn: str, conn: Conn, flood: None) -> None:
     from jobtui.cli import ops as cli_ops
 
@@ -245,7 +273,8 @@ def test_a_console_refresh_reads_the_head_of_the_ready_jobs_once(
     dsn: str, dead_types_beside_a_flood: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The header, the Ready pane and the Queues pane all come from one read of the first ready
-    jobs in claim order (overview_queues), not one for the snapshot and another for the queues."""
+    jobs in claim order (overview_backlog), not one for the snapshot and another for the queues;
+    the done jobs by queue and type (overview_done) are read only while the Queues pane is open."""
     from jobtui.kernel import db
     from jobtui.tui import data
 
@@ -260,10 +289,17 @@ def test_a_console_refresh_reads_the_head_of_the_ready_jobs_once(
         source.fetch()  # the first: the connection's session too
         Recording.sent = []
         fetched = source.fetch()
+        header_only = Recording.sent
+        source.queues_open = True
+        Recording.sent = []
+        opened = source.fetch()
     finally:
         source.close()
-    assert Recording.sent.count("overview_queues") == 1, Recording.sent
-    assert "metrics_ready" not in Recording.sent, Recording.sent
+    assert header_only.count("overview_backlog") == 1, header_only
+    assert "overview_done" not in header_only and not fetched.queues_done, header_only
+    assert "metrics_ready" not in header_only, header_only
+    assert Recording.sent.count("overview_backlog") == 1 and Recording.sent.count("overview_done") == 1, Recording.sent
+    assert opened.queues_done and "metrics_ready" not in Recording.sent, Recording.sent
     # And what it read is shown: the flood's type, estimated above the lowered cap.
     a = {t.type: t for t in fetched.snapshot.by_type}["a"]
     assert a.ready >= 32 and a.oldest_ready_age is not None and a.oldest_ready_age >= 3600, a

@@ -85,3 +85,20 @@ async def test_read_only_offers_no_lever_and_changes_nothing(dsn: str) -> None:
         await pilot.press("p", "l")
         await stays(pilot, lambda: app.on_main_screen() and not isinstance(app.screen, ConfirmScreen), 0.3)
     assert control(dsn) == [] and audit(dsn) == []
+
+
+async def test_the_done_column_is_read_when_the_pane_opens_and_only_while_it_is_open(dsn: str) -> None:
+    """Off the Queues pane the refreshes leave the done jobs by queue out (the header needs
+    none); opened, the pane reads them at once and shows them, not zeros."""
+    seed(dsn)
+    query(dsn, "UPDATE jobtui.job SET status = 'done', finished_at = now() WHERE type = 'sms.send' RETURNING id")
+    async with console(dsn) as (app, pilot):
+        await wait_for(pilot, lambda: app.latest is not None, what="a first read")
+        assert not app.latest.queues_done and not app.source.queues_open
+        t = await on_default_queue(app, pilot)
+        await wait_for(
+            pilot, lambda: app.latest is not None and app.latest.queues_done, what="a read with the done jobs"
+        )
+        await wait_for(pilot, lambda: str(t.get_row("type:sms.send")[7]) == "1", what="sms.send's done job shown")
+        await pilot.press("1")
+        await wait_for(pilot, lambda: not app.source.queues_open, what="the Ready pane")

@@ -30,7 +30,7 @@ GROUP BY type;
 -- What is cheap about the ready jobs however many there are: the oldest due job's age (the
 -- first entry of the ready index) and the planner's estimate of the index's entries
 -- (pg_class.reltuples, set by VACUUM and ANALYZE). How many there are, up to its cap, is
--- what the queue overview read beside the snapshot (overview_queues) or, for a snapshot
+-- what the queue overview read beside the snapshot (overview_backlog) or, for a snapshot
 -- taken alone, metrics_ready.
 SELECT (SELECT extract(epoch FROM now() - run_at) FROM {schema}.job
         WHERE status = 'ready' AND run_at <= now() ORDER BY run_at, id LIMIT 1)::float8 AS oldest_age,

@@ -57,10 +57,12 @@ def queue_rows(
     needle: str,
     thresholds: render.Thresholds,
     forecasts: Mapping[tuple[str, str], Forecast] | None = None,
+    done_read: bool = True,
 ) -> list[render.Row]:
     """Queues first, then types; a paused one says so in amber, a limit that is reached in
     red, a ramp in amber, a backlog that grows in amber and one that is stalled in red;
-    estimates start with `~`."""
+    estimates start with `~`. Without `done_read` (lines read while the pane was closed, shown
+    until the read it makes when opened), the done column says `…`."""
     rows: list[render.Row] = []
     for q in lines:
         ahead = (forecasts or {}).get((q.kind, q.name))
@@ -82,7 +84,7 @@ def queue_rows(
                     render.styled(marked(q, "oldest_age", render.age(q.oldest_age)), level)
                     if q.oldest_age is not None
                     else oldest,
-                    marked(q, "done_last_minute", f"{q.done_last_minute:,}"),
+                    marked(q, "done_last_minute", f"{q.done_last_minute:,}") if done_read else "…",
                     "-" if q.max_running is None else f"{q.max_running:,}",
                     render.styled(rate_cell(q), "warn") if q.ramping else rate_cell(q),
                     render.styled(f"by {q.paused_by}", "warn") if q.paused else "-",
@@ -245,7 +247,8 @@ class QueuesPane(TablePane):
 
     def rows(self, view: View) -> list[render.Row]:
         lines = view.fetched.queues
-        return queue_rows(lines, view.needle, view.thresholds, line_forecasts(lines, view.snapshot.flows))
+        forecasts = line_forecasts(lines, view.snapshot.flows)
+        return queue_rows(lines, view.needle, view.thresholds, forecasts, view.fetched.queues_done)
 
     def focus_default(self) -> None:
         super().focus_default()
