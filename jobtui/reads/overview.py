@@ -131,6 +131,9 @@ def overview(
             else None
         )
     lines = _with_done([QueueLine(**{f: r[f] for f in LINE_FIELDS}, done_last_minute=0) for r in rows], done_rows)
+    # One order whatever was read (the estimates' lines are sorted so too): by code point, not
+    # by the database's collation, so a line with done jobs only does not reorder the others.
+    lines.sort(key=lambda q: (q.kind, q.name))
     types = [r for r in done_rows if r["kind"] == "type"]  # every job read is in exactly one type's row
     if sum(int(r["done_last_minute"]) for r in types) > sample:
         # The newest sample + 1 done jobs span fewer than 60 seconds: their rate, per minute.
@@ -159,7 +162,7 @@ def _with_done(lines: list[QueueLine], done_rows: list[Row]) -> list[QueueLine]:
         for (kind, name), n in done.items()
         if (kind, name) not in seen
     ]
-    return out if len(out) == len(lines) else sorted(out, key=lambda q: (q.kind, q.name))
+    return out
 
 
 def read_with_snapshot(

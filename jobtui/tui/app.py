@@ -47,6 +47,8 @@ from jobtui.tui.widgets import SubmitBox
 
 HISTORY = 120  # samples of the oldest ready age kept for the sparkline
 WHY_ROWS = ("why", "rows")  # what the keys typed as the Why pane opens wait for (keys.py)
+# The panes whose refreshes read the done jobs of the last minute by queue and type.
+DONE_PANES = ("queues", "workers")
 PANE_ACTIONS: frozenset[str] = frozenset().union(*(pane.actions() for pane in panes.ALL))
 
 
@@ -225,6 +227,8 @@ class JobtuiApp(App[None]):
         self._server_refusal(fetched)
         self.history.append(fetched.snapshot.oldest_ready_age or 0.0)
         self.render_panes()
+        if self.source.done_wanted and not fetched.queues_done:
+            self.refresh_data()  # read before its pane opened (the first read, on a start there)
         if fetched.diagnosis is not None:
             self.keys.ready(WHY_ROWS)
 
@@ -359,9 +363,10 @@ class JobtuiApp(App[None]):
             self.refresh_data()
         elif not self.source.why_open:
             self.keys.ready(WHY_ROWS)  # left before its rows came: the reads bring none now
-        # The Queues pane's done column is read only while it is open; opened, it reads at once.
-        self.source.queues_open = pane.ID == "queues"
-        if self.source.queues_open and self.latest is not None and not self.latest.queues_done:
+        # The done jobs by queue are read only while a pane that uses them is open; opened, it
+        # reads at once (and _apply reads again if a read made before came back after).
+        self.source.done_wanted = pane.ID in DONE_PANES
+        if self.source.done_wanted and self.latest is not None and not self.latest.queues_done:
             self.refresh_data()
         view = self.view()
         if view is not None:

@@ -81,7 +81,7 @@ class Fetched:
     running_after: RunningCursor | None = None  # where the page of `running` starts
     queues: list[QueueLine] = field(default_factory=list)  # the Queues pane's lines
     queues_source: str = ""  # where their estimates come from ('' when counted)
-    queues_done: bool = True  # their done jobs of the last minute were read (the Queues pane open)
+    queues_done: bool = True  # their done jobs of the last minute were read (DataSource.done_wanted)
     fleet: Fleet = field(default_factory=Fleet)  # the Workers pane's processes
     running_worker: str | None = None  # whose jobs `running` holds (None: every worker's)
     # Why the backlog grows (the Why pane, the header's first cause): read while the Why pane
@@ -110,8 +110,9 @@ class DataSource:
         self.why_open = False
         self.why_after: float | None = None
         # Whether each refresh reads the done jobs of the last minute by queue and type: only
-        # while the Queues pane, which shows them, is open.
-        self.queues_open = False
+        # while a pane that uses them is open (the Queues pane shows them; the Workers pane's
+        # filter knows a queue by them). The header needs none.
+        self.done_wanted = False
         # The panes read from several thread workers at once (a refresh, an action's count,
         # and a cancelled refresh keeps running in its thread); one connection serves them
         # one at a time: a snapshot pipelines its statements, and another thread's statement
@@ -190,9 +191,8 @@ class DataSource:
         return fetched
 
     def _fetch(self, conn: psycopg.Connection[Any], needle: str) -> Fetched:
-        # The done jobs per queue and type are the Queues pane's alone: the other panes' reads
-        # (the header's findings among them) leave them out.
-        view, snap = read_with_snapshot(conn, self.schema, history=self._history, done=self.queues_open)
+        # The done jobs per queue and type: see done_wanted.
+        view, snap = read_with_snapshot(conn, self.schema, history=self._history, done=self.done_wanted)
         after, worker = self.running_after, self.running_worker
         running = joblists.running_jobs(conn, self.schema, after=after, worker=worker)
         fleet = read_fleet(conn, self.schema)

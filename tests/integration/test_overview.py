@@ -290,7 +290,7 @@ def test_a_console_refresh_reads_the_head_of_the_ready_jobs_once(
         Recording.sent = []
         fetched = source.fetch()
         header_only = Recording.sent
-        source.queues_open = True
+        source.done_wanted = True
         Recording.sent = []
         opened = source.fetch()
     finally:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobtui import Client
+from jobtui.kernel.domain import NewJob
 from jobtui.tui.panes.queues import QueuesPane
 from jobtui.tui.screens import ConfirmScreen
 from jobtui.tui.widgets import KeyedTable
@@ -94,11 +96,44 @@ async def test_the_done_column_is_read_when_the_pane_opens_and_only_while_it_is_
     query(dsn, "UPDATE jobtui.job SET status = 'done', finished_at = now() WHERE type = 'sms.send' RETURNING id")
     async with console(dsn) as (app, pilot):
         await wait_for(pilot, lambda: app.latest is not None, what="a first read")
-        assert not app.latest.queues_done and not app.source.queues_open
+        assert app.latest is not None and not app.latest.queues_done and not app.source.done_wanted
         t = await on_default_queue(app, pilot)
         await wait_for(
             pilot, lambda: app.latest is not None and app.latest.queues_done, what="a read with the done jobs"
         )
         await wait_for(pilot, lambda: str(t.get_row("type:sms.send")[7]) == "1", what="sms.send's done job shown")
         await pilot.press("1")
-        await wait_for(pilot, lambda: not app.source.queues_open, what="the Ready pane")
+        await wait_for(pilot, lambda: not app.source.done_wanted, what="the Ready pane")
+
+
+async def test_a_console_started_on_a_queue_with_done_jobs_only_reads_them_at_once(dsn: str) -> None:
+    """`--open queue:NAME` on a queue whose jobs are all done: its line, with its done count,
+    comes with the reads of the first moments, not a timer's interval later."""
+    from jobtui.kernel.views import parse_view
+    from jobtui.tui.app import JobtuiApp
+
+    with Client(dsn, max_connections=1) as client:
+        client.enqueue_many([NewJob("fast.ping", {}, queue="fast") for _ in range(3)])
+    query(dsn, "UPDATE jobtui.job SET status = 'done', finished_at = now() WHERE queue = 'fast' RETURNING id")
+    app = JobtuiApp(dsn, refresh_interval=30.0, open_view=parse_view("queue:fast"))
+    app.animation_level = "none"
+    async with app.run_test(size=(160, 40)) as pilot:
+        await wait_for(pilot, lambda: app.latest is not None and app.latest.queues_done, what="the done jobs read")
+        t = table(app, "queues")
+        await wait_for(pilot, lambda: t.selected_key == "queue:fast", what="the cursor on queue fast")
+        assert str(t.get_row("queue:fast")[7]) == "3"
+
+
+async def test_the_workers_pane_knows_a_queue_by_its_done_jobs(dsn: str) -> None:
+    """The Workers pane's filter names a queue whose jobs of the last minute are all done."""
+    from jobtui.tui.panes.workers import known_queues
+
+    with Client(dsn, max_connections=1) as client:
+        client.enqueue_many([NewJob("fast.ping", {}, queue="fast") for _ in range(2)])
+    query(dsn, "UPDATE jobtui.job SET status = 'done', finished_at = now() WHERE queue = 'fast' RETURNING id")
+    async with console(dsn) as (app, pilot):
+        await pilot.press("9")
+        await wait_for(pilot, lambda: app.pane == "workers" and app.source.done_wanted, what="the Workers pane")
+        await wait_for(
+            pilot, lambda: (v := app.view()) is not None and "fast" in known_queues(v), what="queue fast known"
+        )
