@@ -97,6 +97,7 @@ class DataSource:
         self.schema = schema
         self.pooler = pooler  # --pooler (None: JOBTUI_POOLER, as db.pooler_mode reads it)
         self._conn: psycopg.Connection[Any] | None = None
+        self._opening: psycopg.Connection[Any] | None = None  # a connection whose session is being set up
         self._where: Where | None = None
         self._busy_since: float | None = None  # when the read in progress began
         self._closed = False  # after close(), no read opens a connection again
@@ -124,6 +125,9 @@ class DataSource:
             raise DatabaseUnavailable("the console is closing")
         if self._conn is None or self._conn.closed or self._conn.broken:
             raw = connect(self.dsn, autocommit=True, pooler=self.pooler, connect_timeout=CONNECT_TIMEOUT)
+            # Its first statements may wait on a server that stopped answering as they were
+            # sent: give_up_if_hung ends them as it ends a read's.
+            self._opening = raw
             try:
                 bound_server_end(raw, self.dsn, tcp_bounds(self.dsn), self.pooler)  # before the guard: no timer read
                 conn = watched(raw, self.schema)
@@ -132,6 +136,8 @@ class DataSource:
             except BaseException:
                 raw.close()  # never handed out: the next read opens another
                 raise
+            finally:
+                self._opening = None
             self._where = Where(
                 identity["role"],
                 conn.info.host,
@@ -153,7 +159,7 @@ class DataSource:
         """End the read in progress when it has waited `after` seconds: its socket is shut
         down (not closed: the reading thread still owns it), so the read fails at once with
         a lost connection, and the next read connects again. True when it did."""
-        conn = self._conn
+        conn = self._conn or self._opening
         if conn is None or self.busy_for() < after:
             return False
         with contextlib.suppress(OSError, psycopg.Error):

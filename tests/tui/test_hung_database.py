@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from typing import Any
+
+import pytest
 
 from jobtui.tui.app import JobtuiApp
 
 from ..proxy import Proxy
+from ..waits import wait_until
 from .helpers import seed, wait_for
 
 SIZE = (120, 36)
@@ -76,3 +80,44 @@ async def test_quit_while_the_database_hangs_takes_under_a_second(dsn: str) -> N
             await pilot.press("q")
             await wait_for(pilot, lambda: app.return_code is not None, timeout=1.0, what="the console to quit")
         assert time.monotonic() - started < 1.0
+
+
+def test_a_connection_that_hangs_before_its_session_is_set_is_given_up_too(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The partition comes between the connection's opening and the answer to its first
+    statements: the watchdog ends that wait as it ends a read's, and the next read, once the
+    network is back, connects again."""
+    from jobtui.kernel import db
+    from jobtui.tui import data
+
+    with Proxy(dsn) as proxy:
+
+        def opened_then_frozen(*args: Any, **kwargs: Any) -> Any:
+            conn = db.connect(*args, **kwargs)
+            proxy.freeze()
+            return conn
+
+        monkeypatch.setattr(data, "connect", opened_then_frozen)
+        source = data.DataSource(proxy.dsn(dsn), "jobtui")
+        failed: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                source.fetch()
+            except BaseException as exc:  # the outcome under test
+                failed.append(exc)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            wait_until(lambda: source.busy_for() > 1.0, 10.0, "the read waiting on the frozen connection")
+            assert source.give_up_if_hung(after=1.0)
+            reader.join(5.0)
+            assert not reader.is_alive(), "the read still waits on the frozen connection"
+            assert failed, "the read returned although the server never answered"
+        finally:
+            proxy.thaw()
+        monkeypatch.setattr(data, "connect", db.connect)
+        assert source.fetch().snapshot is not None
+        source.close()
