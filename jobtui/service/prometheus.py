@@ -19,6 +19,7 @@ from jobtui.kernel.db import connect
 from jobtui.kernel.domain import DEFAULT_SCHEMA
 from jobtui.kernel.donehistory import DoneHistory
 from jobtui.kernel.forecast import Forecast
+from jobtui.kernel.safetext import line
 from jobtui.reads.fleet import Fleet, holders, read_fleet, unhandled_due
 from jobtui.reads.flows import line_forecasts
 from jobtui.reads.health import Health
@@ -62,10 +63,23 @@ class QueueCollector(Collector):
             return
         up.add_metric([], 1)
         yield up
-        yield from families(snap)
-        yield from queue_families(lines)
-        yield from forecast_families(snap, line_forecasts(lines, snap.flows))
-        yield from fleet_families(fleet, lines, snap)
+        for family in (
+            *families(snap),
+            *queue_families(lines),
+            *forecast_families(snap, line_forecasts(lines, snap.flows)),
+            *fleet_families(fleet, lines, snap),
+        ):
+            yield shown(family)
+
+
+def shown(family: Metric) -> Metric:
+    """`family` with its label values safe for a terminal: a job type, queue, schedule or
+    version is the database's text, and `curl /metrics` prints it. The exposition format
+    escapes only backslashes, quotes and newlines; an ESC in a type would reach the
+    operator's terminal. Control and format characters become visible escapes, as the
+    console shows them (kernel/safetext.py); the value is otherwise the name itself."""
+    family.samples = [s._replace(labels={k: line(v) for k, v in s.labels.items()}) for s in family.samples]
+    return family
 
 
 def fleet_families(fleet: Fleet, lines: list[QueueLine], snap: Snapshot) -> Iterator[Metric]:

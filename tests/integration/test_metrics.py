@@ -1006,6 +1006,20 @@ def test_prometheus_labels_jobs_by_queue_and_says_what_is_paused(dsn: str, conn:
     assert samples["jobtui_paused", (("kind", "type"), ("name", "t"))] == 0
 
 
+def test_prometheus_labels_show_the_databases_text_without_terminal_escapes(dsn: str, metrics_server: int) -> None:
+    """A type, queue or schedule name is the database's text, and `curl /metrics` prints it:
+    no control or format character reaches the exposition raw; each is a visible escape, as
+    the console shows it."""
+    hostile_type, hostile_queue = "evil\x1b]0;pwned\x07\x1b[2J\u202e", "q\x9b31mred"
+    with Client(dsn) as q:
+        q.enqueue(hostile_type, queue=hostile_queue)
+    text = scrape_text(metrics_server)
+    assert not any(ch in text for ch in "\x1b\x07\x9b\u202e"), [line for line in text.splitlines() if "evil" in line]
+    samples = scrape(metrics_server)
+    assert samples["jobtui_jobs", (("status", "ready"), ("type", "evil\\x1b]0;pwned\\x07\\x1b[2J\\u202e"))] == 1
+    assert samples["jobtui_queue_jobs", (("queue", "q\\x9b31mred"), ("status", "ready"))] == 1
+
+
 def test_prometheus_scrapes_within_a_second_share_one_snapshot(
     dsn: str, metrics_server: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
