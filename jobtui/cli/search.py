@@ -69,6 +69,9 @@ def search_filter(args: argparse.Namespace) -> JobFilter:
 
 def cmd_jobs(args: argparse.Namespace, client: Client) -> int:
     """`jobtui jobs`: the query API's page, or with --payload/--payload-path the search."""
+    if args.count and args.before is not None:
+        # --before pages a list; a count that left it out would look like the page's.
+        raise InvalidInput("--count counts every matching job, not a page: drop --before")
     if args.payload is None and not args.payload_path:
         return _jobs_page(args, client)
     filt = search_filter(args)

@@ -151,3 +151,8 @@ def test_cli_count_refuses_the_filters_it_cannot_count_by(dsn: str) -> None:
         assert result.returncode == 2, result
         assert result.stderr.count("\n") == 1 and "--count counts by --status, --type and --queue only" in result.stderr
         assert result.stdout == ""
+    # --before pages a list: with --count, on the list and on the payload search alike.
+    for paging in ((), ("--payload", '{"a": 1}')):
+        result = run_cli(dsn, "jobs", "--count", "--before", "10", *paging)
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result
+        assert "drop --before" in result.stderr and result.stdout == ""
