@@ -545,7 +545,7 @@ async def test_a_retry_without_delay_is_claimed_again_at_once_not_at_the_next_po
     async def again(job: Job) -> None:
         starts.append(time.monotonic())
         if job.attempt == 1 and len(starts) == 1:
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # the attempt's work before its Retry
             raise Retry()
 
     job_id = enqueue(db, "again")

@@ -59,7 +59,7 @@ async def test_a_result_that_comes_with_the_cancellation_does_not_swallow_it() -
         ran_on = True
 
     task = asyncio.create_task(wait_then_go_on())
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # the task waits on the shielded future
     future.set_result("done")
     task.cancel()
     await asyncio.wait([task], timeout=2)
