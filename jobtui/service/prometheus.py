@@ -77,9 +77,16 @@ def shown(family: Metric) -> Metric:
     version is the database's text, and `curl /metrics` prints it. The exposition format
     escapes only backslashes, quotes and newlines; an ESC in a type would reach the
     operator's terminal. Control and format characters become visible escapes, as the
-    console shows them (kernel/safetext.py); the value is otherwise the name itself."""
-    family.samples = [s._replace(labels={k: line(v) for k, v in s.labels.items()}) for s in family.samples]
+    console shows them (kernel/safetext.py), and a backslash is doubled first, so that two
+    names never share a label value (a type holding ESC and one holding the four characters
+    `\\x1b` would, and one of the two series would be dropped)."""
+    family.samples = [s._replace(labels={k: label(v) for k, v in s.labels.items()}) for s in family.samples]
     return family
+
+
+def label(value: str) -> str:
+    """A label value as `shown` writes it: backslashes doubled, then escaped as safetext.line."""
+    return line(value.replace("\\", "\\\\"))
 
 
 def fleet_families(fleet: Fleet, lines: list[QueueLine], snap: Snapshot) -> Iterator[Metric]:

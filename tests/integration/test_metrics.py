@@ -1013,11 +1013,19 @@ def test_prometheus_labels_show_the_databases_text_without_terminal_escapes(dsn:
     hostile_type, hostile_queue = "evil\x1b]0;pwned\x07\x1b[2J\u202e", "q\x9b31mred"
     with Client(dsn) as q:
         q.enqueue(hostile_type, queue=hostile_queue)
+        # A name that holds a backslash and the characters of an escape keeps a label of its own.
+        q.enqueue("mail\x1bsend")
+        q.enqueue("mail\\x1bsend")
+        q.enqueue("mail\\x1bsend")
     text = scrape_text(metrics_server)
     assert not any(ch in text for ch in "\x1b\x07\x9b\u202e"), [line for line in text.splitlines() if "evil" in line]
     samples = scrape(metrics_server)
     assert samples["jobtui_jobs", (("status", "ready"), ("type", "evil\\x1b]0;pwned\\x07\\x1b[2J\\u202e"))] == 1
     assert samples["jobtui_queue_jobs", (("queue", "q\\x9b31mred"), ("status", "ready"))] == 1
+    assert samples["jobtui_jobs", (("status", "ready"), ("type", "mail\\x1bsend"))] == 1
+    assert samples["jobtui_jobs", (("status", "ready"), ("type", "mail\\\\x1bsend"))] == 2
+    series = [line.rsplit(" ", 1)[0] for line in text.splitlines() if not line.startswith("#")]
+    assert len(series) == len(set(series)), "two series share their name and labels"
 
 
 def test_prometheus_scrapes_within_a_second_share_one_snapshot(
