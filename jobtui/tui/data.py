@@ -119,6 +119,8 @@ class DataSource:
         # one at a time: a snapshot pipelines its statements, and another thread's statement
         # in the middle of a pipeline would take the wrong results.
         self._lock = threading.RLock()
+        # Held while the watchdog ends a socket and while a connection is closed (_close).
+        self._ending = threading.Lock()
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._closed:
@@ -127,14 +129,17 @@ class DataSource:
             raw = connect(self.dsn, autocommit=True, pooler=self.pooler, connect_timeout=CONNECT_TIMEOUT)
             # Its first statements may wait on a server that stopped answering as they were
             # sent: give_up_if_hung ends them as it ends a read's.
-            self._opening = raw
+            with self._ending:
+                self._opening = raw
             try:
+                if self._closed:  # the console quit while it connected: no session to set up
+                    raise DatabaseUnavailable("the console is closing")
                 bound_server_end(raw, self.dsn, tcp_bounds(self.dsn), self.pooler)  # before the guard: no timer read
                 conn = watched(raw, self.schema)
                 local = pooler_mode(self.pooler) == "transaction"
                 identity = run(conn, session_call(STATEMENT_TIMEOUT, local=local), self.schema)
             except BaseException:
-                raw.close()  # never handed out: the next read opens another
+                self._close(raw)  # never handed out: the next read opens another
                 raise
             finally:
                 self._opening = None
@@ -159,14 +164,21 @@ class DataSource:
         """End the read in progress when it has waited `after` seconds: its socket is shut
         down (not closed: the reading thread still owns it), so the read fails at once with
         a lost connection, and the next read connects again. True when it did."""
-        conn = self._conn or self._opening
-        if conn is None or self.busy_for() < after:
+        with self._ending:
+            conn = self._conn or self._opening
+            if conn is None or conn.closed or self.busy_for() < after:
+                return False
+            with contextlib.suppress(OSError, psycopg.Error):
+                with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+                return True
             return False
-        with contextlib.suppress(OSError, psycopg.Error):
-            with socket.socket(fileno=os.dup(conn.fileno())) as sock:
-                sock.shutdown(socket.SHUT_RDWR)
-            return True
-        return False
+
+    def _close(self, conn: psycopg.Connection[Any]) -> None:
+        """Close a connection of this source, never while give_up_if_hung reads its socket
+        (closed in between, its number could be another socket's by the time it is ended)."""
+        with self._ending:
+            conn.close()
 
     @property
     def where(self) -> Where | None:
@@ -260,14 +272,14 @@ class DataSource:
             return
         conn, self._conn = self._conn, None
         if conn is not None:
-            conn.close()
+            self._close(conn)
 
     def disconnect(self) -> None:
         """Close the connection; the next read opens a new one. From the read that holds it,
         or while none is in progress."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            conn.close()
+            self._close(conn)
 
 
 class Actions:

@@ -121,3 +121,38 @@ def test_a_connection_that_hangs_before_its_session_is_set_is_given_up_too(
         monkeypatch.setattr(data, "connect", db.connect)
         assert source.fetch().snapshot is not None
         source.close()
+
+
+def test_a_quit_while_the_connection_opens_ends_the_read_at_once(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The console quits as the read's connection is made, and the network then stops: the
+    read sets up no session on the quitting console, so it ends at once, not once the network
+    is back."""
+    from jobtui.kernel import db
+    from jobtui.tui import data
+
+    with Proxy(dsn) as proxy:
+        source = data.DataSource(proxy.dsn(dsn), "jobtui")
+
+        def quit_then_frozen(*args: Any, **kwargs: Any) -> Any:
+            conn = db.connect(*args, **kwargs)
+            source.close()  # the quit, before the read could name its connection
+            proxy.freeze()
+            return conn
+
+        monkeypatch.setattr(data, "connect", quit_then_frozen)
+        failed: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                source.fetch()
+            except BaseException as exc:  # the outcome under test
+                failed.append(exc)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            reader.join(5.0)
+            assert not reader.is_alive(), "the read waits on a frozen connection of a console that quit"
+            assert failed and "closing" in str(failed[0]), failed
+        finally:
+            proxy.thaw()
