@@ -32,6 +32,8 @@ from jobtui.kernel.safetext import line
 from jobtui.kernel.server import now_call
 from jobtui.reads.jobquery import JobCount, SearchCancelled, search, search_count
 
+PAGE = 50  # jobs per page of `jobtui jobs` without --limit
+
 
 @contextmanager
 def progress_bar(what: str, *, total: float = 1.0) -> Iterator[Any]:
@@ -69,9 +71,10 @@ def search_filter(args: argparse.Namespace) -> JobFilter:
 
 def cmd_jobs(args: argparse.Namespace, client: Client) -> int:
     """`jobtui jobs`: the query API's page, or with --payload/--payload-path the search."""
-    if args.count and args.before is not None:
-        # --before pages a list; a count that left it out would look like the page's.
-        raise InvalidInput("--count counts every matching job, not a page: drop --before")
+    if args.count and (args.before is not None or args.limit is not None):
+        # --before and --limit page a list; a count that left them out would look like the page's.
+        raise InvalidInput("--count counts every matching job, not a page: drop --before and --limit")
+    args.limit = PAGE if args.limit is None else args.limit
     if args.payload is None and not args.payload_path:
         return _jobs_page(args, client)
     filt = search_filter(args)
@@ -174,7 +177,7 @@ def add_jobs_parser(sub: Any) -> None:
     p.add_argument("--queue", help="only jobs of this queue")
     p.add_argument("--since", help="created this long ago or less, e.g. 1h")
     p.add_argument("--error", help="regular expression the last error matches")
-    p.add_argument("--limit", type=positive_int, default=50, help="jobs per page (default 50, at most 1000)")
+    p.add_argument("--limit", type=positive_int, help=f"jobs per page (default {PAGE}, at most 1000)")
     p.add_argument("--before", type=job_id, help="the page older than this job id")
     p.add_argument("--count", action="store_true", help="how many jobs match, by status and type")
     p.add_argument("--json", action="store_true")

@@ -151,8 +151,8 @@ def test_cli_count_refuses_the_filters_it_cannot_count_by(dsn: str) -> None:
         assert result.returncode == 2, result
         assert result.stderr.count("\n") == 1 and "--count counts by --status, --type and --queue only" in result.stderr
         assert result.stdout == ""
-    # --before pages a list: with --count, on the list and on the payload search alike.
-    for paging in ((), ("--payload", '{"a": 1}')):
-        result = run_cli(dsn, "jobs", "--count", "--before", "10", *paging)
+    # --before and --limit page a list: with --count, on the list and the payload search alike.
+    for paging in (("--before", "10"), ("--limit", "1"), ("--before", "10", "--payload", '{"a": 1}')):
+        result = run_cli(dsn, "jobs", "--count", *paging)
         assert result.returncode == 2 and result.stderr.count("\n") == 1, result
-        assert "drop --before" in result.stderr and result.stdout == ""
+        assert "drop --before and --limit" in result.stderr and result.stdout == ""
