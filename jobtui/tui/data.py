@@ -138,21 +138,27 @@ class DataSource:
                 conn = watched(raw, self.schema)
                 local = pooler_mode(self.pooler) == "transaction"
                 identity = run(conn, session_call(STATEMENT_TIMEOUT, local=local), self.schema)
+                where = Where(
+                    identity["role"],
+                    conn.info.host,
+                    str(conn.info.port),
+                    identity["database"],
+                    self.schema,
+                    bool(identity["read_only"]),
+                    bool(identity["standby"]),
+                )
+                # Handed out under the lock close() ends it by: a quit before sees it opening,
+                # one after sees it handed out.
+                with self._ending:
+                    if self._closed:
+                        raise DatabaseUnavailable("the console is closing")
+                    self._conn, self._opening = conn, None
             except BaseException:
                 self._close(raw)  # never handed out: the next read opens another
                 raise
             finally:
                 self._opening = None
-            self._where = Where(
-                identity["role"],
-                conn.info.host,
-                str(conn.info.port),
-                identity["database"],
-                self.schema,
-                bool(identity["read_only"]),
-                bool(identity["standby"]),
-            )
-            self._conn = conn
+            self._where = where
         return self._conn
 
     def busy_for(self) -> float:
@@ -199,6 +205,8 @@ class DataSource:
             finally:
                 if outer:
                     self._busy_since = None
+                if self._closed:
+                    self.disconnect()  # the console quit during the read: close() left it this one
         finally:
             self._lock.release()
 

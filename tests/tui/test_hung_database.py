@@ -82,6 +82,21 @@ async def test_quit_while_the_database_hangs_takes_under_a_second(dsn: str) -> N
         assert time.monotonic() - started < 1.0
 
 
+def fetching(source: Any) -> tuple[threading.Thread, list[BaseException]]:
+    """A refresh of `source` running in a thread, as the console's are; what it raised."""
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            source.fetch()
+        except BaseException as exc:  # the outcome under test
+            failed.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return reader, failed
+
+
 def test_a_connection_that_hangs_before_its_session_is_set_is_given_up_too(
     dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -100,16 +115,7 @@ def test_a_connection_that_hangs_before_its_session_is_set_is_given_up_too(
 
         monkeypatch.setattr(data, "connect", opened_then_frozen)
         source = data.DataSource(proxy.dsn(dsn), "jobtui")
-        failed: list[BaseException] = []
-
-        def read() -> None:
-            try:
-                source.fetch()
-            except BaseException as exc:  # the outcome under test
-                failed.append(exc)
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
+        reader, failed = fetching(source)
         try:
             wait_until(lambda: source.busy_for() > 1.0, 10.0, "the read waiting on the frozen connection")
             assert source.give_up_if_hung(after=1.0)
@@ -140,19 +146,38 @@ def test_a_quit_while_the_connection_opens_ends_the_read_at_once(dsn: str, monke
             return conn
 
         monkeypatch.setattr(data, "connect", quit_then_frozen)
-        failed: list[BaseException] = []
-
-        def read() -> None:
-            try:
-                source.fetch()
-            except BaseException as exc:  # the outcome under test
-                failed.append(exc)
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
+        reader, failed = fetching(source)
         try:
             reader.join(5.0)
             assert not reader.is_alive(), "the read waits on a frozen connection of a console that quit"
             assert failed and "closing" in str(failed[0]), failed
         finally:
             proxy.thaw()
+
+
+def test_a_quit_as_the_connection_is_handed_out_leaves_no_connection_open(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The quit lands after the session was set up, as the connection is being handed out:
+    the read does not go on to use it, and no connection of the console is left open."""
+    from jobtui.kernel import db
+    from jobtui.kernel.errors import DatabaseUnavailable
+    from jobtui.tui import data
+
+    source = data.DataSource(dsn, "jobtui")
+    real_where = data.Where
+    opened: list[Any] = []
+
+    def connecting(*args: Any, **kwargs: Any) -> Any:
+        opened.append(db.connect(*args, **kwargs))
+        return opened[-1]
+
+    def quit_then_where(*args: Any, **kwargs: Any) -> Any:
+        source.close()  # the quit, between the session's answer and the hand-out
+        return real_where(*args, **kwargs)
+
+    monkeypatch.setattr(data, "Where", quit_then_where)
+    monkeypatch.setattr(data, "connect", connecting)
+    with pytest.raises(DatabaseUnavailable, match="closing"):
+        source.fetch()
+    assert len(opened) == 1 and opened[0].closed, "the quitting console left its connection open"
