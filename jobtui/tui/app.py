@@ -354,6 +354,8 @@ class JobtuiApp(App[None]):
         return True
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if not self.screen_stack:
+            return  # a tab change that comes as the app exits: no screen left to show it on
         self.refresh_bindings()
         pane = self.active_pane
         # The Why pane's refreshes read the diagnosis; opened, it reads at once.
@@ -559,10 +561,14 @@ class JobtuiApp(App[None]):
                 if not w.running:
                     break
                 await asyncio.sleep(0.1)
+        self.exit()
+
+    def on_exit_app(self) -> None:
+        """However the app exits (q, the web console's stop, a signal), its reads and actions
+        end: a read waiting on a frozen database must not keep the process alive."""
         self.source.close()
         if self.actions_ is not None:
             self.actions_.close()
-        self.exit()
 
 
 def _is_a_console(app: JobtuiApp) -> Console:
