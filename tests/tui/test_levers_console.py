@@ -121,12 +121,16 @@ async def test_a_ramp_of_a_type_rated_below_1_per_second_says_its_rate_holds(dsn
     assert rate == pytest.approx(0.5)
 
 
-async def search(pilot: Any, app: Any, words: str) -> JobSearchScreen:
+async def search(pilot: Any, app: Any, words: str, rows: int | None = None) -> JobSearchScreen:
+    """The search screen for `words`; with `rows`, once it lists that many jobs."""
     await pilot.press("slash")
     await pilot.press(*words, "enter")
     await wait_for(pilot, lambda: isinstance(app.screen, JobSearchScreen), what="the search")
     screen = app.screen
     assert isinstance(screen, JobSearchScreen)
+    if rows is not None:
+        table = screen.query_one(KeyedTable)
+        await wait_for(pilot, lambda: len(keys(table)) == rows, what=f"{rows} jobs listed for {words!r}")
     return screen
 
 
@@ -176,8 +180,7 @@ async def test_escape_cancels_a_search_that_waits(dsn: str) -> None:
 async def test_a_bulk_requeue_over_the_search_asks_with_the_count_then_runs(dsn: str) -> None:
     s = seed(dsn)
     async with console(dsn, actor="olga") as (app, pilot):
-        screen = await search(pilot, app, "type:invoice.render status:dead")
-        await wait_for(pilot, lambda: len(keys(screen.query_one(KeyedTable))) == 3, what="the dead jobs")
+        await search(pilot, app, "type:invoice.render status:dead", rows=3)
         await pilot.press("c")  # cancel applies to ready and running jobs, not dead ones
         await wait_for(
             pilot, lambda: any("applies to ready" in str(n.message) for n in app._notifications), what="toast"
@@ -201,8 +204,7 @@ async def test_read_only_searches_but_offers_no_bulk_action(dsn: str) -> None:
         await queue_row(pilot, app, "queue:default")
         shown = {b.binding.action for b in app.screen.active_bindings.values()}
         assert not shown & {"rate", "ramp"}
-        screen = await search(pilot, app, "type:invoice.render status:dead")
-        await wait_for(pilot, lambda: len(keys(screen.query_one(KeyedTable))) == 3, what="the dead jobs")
+        await search(pilot, app, "type:invoice.render status:dead", rows=3)
         shown = {b.binding.action for b in app.screen.active_bindings.values()}
         assert not any(a.startswith("bulk") for a in shown)
         await pilot.press("r", "d")
@@ -291,8 +293,7 @@ async def test_a_bulk_discard_changes_only_the_jobs_its_question_counted(dsn: st
     with Client(dsn, max_connections=1) as q:
         was_ready = q.enqueue("invoice.render", {"n": 1})
     async with console(dsn, actor="olga") as (app, pilot):
-        screen = await search(pilot, app, "type:invoice.render status:dead")
-        await wait_for(pilot, lambda: len(keys(screen.query_one(KeyedTable))) == 3, what="the dead jobs")
+        screen = await search(pilot, app, "type:invoice.render status:dead", rows=3)
         await pilot.press("d")
         question = await confirm_question(pilot, app)
         assert "3 row(s) will change" in question
@@ -324,8 +325,7 @@ async def test_a_bulk_cancel_over_the_search_fails_the_ready_jobs_after_yes(dsn:
     s = seed(dsn)
     ready = [*s.ready, *s.delayed]
     async with console(dsn, actor="olga") as (app, pilot):
-        screen = await search(pilot, app, "type:email.send status:ready")
-        await wait_for(pilot, lambda: len(keys(screen.query_one(KeyedTable))) == 6, what="the ready jobs")
+        await search(pilot, app, "type:email.send status:ready", rows=6)
         await pilot.press("c")
         question = await confirm_question(pilot, app)
         assert "Cancel the 6 ready and running jobs matching status=ready type=email.send?" in question
