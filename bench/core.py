@@ -36,9 +36,11 @@ import gc
 import json
 import os
 import platform
+import queue
 import shlex
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -305,6 +307,61 @@ class RawLoop:
         gc.set_threshold(WORKER_GC_THRESHOLD, *gc.get_threshold()[1:])
         while self.cycle(batch):
             pass
+
+    def drain_overlapped(self, dsn: str, batch: int) -> None:
+        """As drain, with the completions on a second connection, written by a thread while
+        the next claim runs, as a worker's producer and completer do: what finished while a
+        completion was written joins the next one."""
+        gc.set_threshold(WORKER_GC_THRESHOLD, *gc.get_threshold()[1:])
+        claimed: queue.SimpleQueue[list[Any] | None] = queue.SimpleQueue()
+        failed: list[BaseException] = []
+
+        def complete() -> None:
+            try:
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    conn.execute("SET TimeZone = 'UTC'")
+                    cur = conn.cursor(binary=True)
+                    ended = False
+                    while not ended:
+                        rows = claimed.get()
+                        if rows is None:
+                            break
+                        while True:  # what else was claimed meanwhile joins this write
+                            try:
+                                more = claimed.get_nowait()
+                            except queue.Empty:
+                                break
+                            if more is None:
+                                ended = True
+                                break
+                            rows += more
+                        ids = [Int8(r[0]) for r in rows]
+                        leases = "{" + ",".join([f'"{r[0]}":{r[5]}' for r in rows]) + "}"
+                        cur.execute(self.complete, {"ids": ids, "leases": leases})
+                        if len(cur.fetchall()) < len(ids):
+                            cur.execute(self.complete_kept, {"ids": ids, "leases": leases})
+                            cur.fetchall()
+            except BaseException as exc:  # reported by the claiming thread
+                failed.append(exc)
+
+        completer = threading.Thread(target=complete)
+        completer.start()
+        params = {
+            "types": self.types, "max_attempts": self.limits, "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
+            "worker": self.worker, "limit": batch, "lease": LEASE_SECONDS, "queue": None,
+        }  # fmt: skip
+        try:
+            while not failed:
+                self.cur.execute(self.claim, params)
+                rows = self.cur.fetchall()
+                if not rows:
+                    break
+                claimed.put(rows)
+        finally:
+            claimed.put(None)
+            completer.join()
+        if failed:
+            raise failed[0]
 
     def close(self) -> None:
         self.conn.close()

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/drain_cpu.py [--dsn DSN] [--jobs 200000] [--workers 2]
                                         [--concurrency 200] [--rounds 3] [--delete-on-complete]
-                                        [--configs jobtui,raw-exact,raw-minimal]
+                                        [--configs jobtui,raw-exact,raw-minimal,raw-overlap]
                                         [--tree NAME=PATH ...]
 
 A benchmark, not a test. In its own database (jobtui_bench_drain_cpu, dropped afterwards),
@@ -17,6 +17,9 @@ each round drains --jobs no-op jobs once per configuration, the configurations t
                 it is jobtui's Python
     raw-minimal the same loop with the minimal claim, no lever work (no pause, limit or rate,
                 no queue filter): its gap to raw-exact is the server's lever work
+    raw-overlap raw-exact with its completions on a second connection, written by a thread
+                while the next claim runs, as jobtui's producer and completer overlap: its
+                gap to raw-exact is what the overlap costs the server
     NAME        with --tree NAME=PATH, `jobtui worker` processes running the jobtui of the
                 source tree PATH (started in PATH, with PYTHONPATH=PATH): a commit before a
                 change, checked out with `git worktree add`, against the change in one run.
@@ -81,15 +84,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-RAW = ("raw-exact", "raw-minimal")
+RAW = ("raw-exact", "raw-minimal", "raw-overlap")
 
 
-def raw_loop(dsn: str, batch: int, worker: str, delete: bool, exact: bool) -> None:
+def raw_loop(dsn: str, batch: int, worker: str, delete: bool, config: str) -> None:
     """bench/core.py's raw loop, from a line on stdin until a claim finds nothing."""
-    loop = RawLoop(dsn, job_type=JOB_TYPE, worker=worker, delete=delete, exact=exact)
+    loop = RawLoop(dsn, job_type=JOB_TYPE, worker=worker, delete=delete, exact=config != "raw-minimal")
     try:
         sys.stdin.readline()
-        loop.drain(batch)
+        if config == "raw-overlap":
+            loop.drain_overlapped(dsn, batch)
+        else:
+            loop.drain(batch)
     finally:
         loop.close()
 
@@ -229,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--configs",
         default="jobtui,raw-exact,raw-minimal",
-        help="comma-separated: jobtui, raw-exact, raw-minimal, and the --tree names",
+        help="comma-separated: jobtui, raw-exact, raw-minimal, raw-overlap, and the --tree names",
     )
     parser.add_argument(
         "--tree", action="append", default=[], metavar="NAME=PATH", help="also run the jobtui of source tree PATH"
@@ -303,6 +309,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) == 7 and sys.argv[1] == "--raw-loop":
-        raw_loop(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] == "delete", sys.argv[6] == "raw-exact")
+        raw_loop(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] == "delete", sys.argv[6])
     else:
         sys.exit(main())
