@@ -168,12 +168,14 @@ class Worker(Flights):
         self._pool_claims: dict[str | None, tuple[list[str], str | None]] = {q: (selected, q) for q in sizes}
         builtins = [t for t in BUILTIN_TYPES if t in selected]
         # The slot of jobtui's own jobs claims with claim_builtin, not the claim of the ready index.
-        self._builtin_slot = bool(queues and builtins and BUILTIN_QUEUE not in sizes)
+        self._builtin_slot = bool(builtins and BUILTIN_QUEUE not in sizes)
         if self._builtin_slot:
             # jobtui's own jobs (the archiver) run on every worker, whatever queues it serves:
             # a slot of their own, claiming them from their queue through its own index
-            # (claim_builtin). A scheduler of the previous release put them in 'default',
-            # where the workers serving it run them.
+            # (claim_builtin). A worker of every queue needs it too: its claims take the
+            # oldest jobs first, and an archiver's job, due now, would wait behind any older
+            # backlog. A scheduler of the previous release put them in 'default', where the
+            # workers serving it run them.
             sizes[BUILTIN_QUEUE] = 1
             self._pool_claims[BUILTIN_QUEUE] = (builtins, BUILTIN_QUEUE)
         self.slots = Slots(sizes)

@@ -20,6 +20,7 @@ from tests.workers import ROOT, WorkerProcess
 
 Conn = psycopg.Connection[Any]
 APP = "tests.apps.reports_app:jobs"
+WORKER_APP = "tests.apps.worker_app:jobs"
 
 
 def count(conn: Conn, query: str) -> int:
@@ -95,3 +96,26 @@ def test_the_archivers_jobs_have_a_queue_of_their_own(conn: Conn) -> None:
     jobs = with_builtins(Jobs(), "postgresql://unused.invalid/x", "jobtui", Retention())
     scheduler.sync(conn, jobs.schedule_specs())
     assert [r.queue for r in scheduler.list_schedules(conn) if r.name == ARCHIVE_TYPE] == [BUILTIN_QUEUE]
+
+
+def test_a_worker_of_every_queue_runs_the_archivers_job_ahead_of_an_older_backlog(
+    dsn: str, conn: Conn, tmp_path: Path
+) -> None:
+    # A backlog due an hour ago: a claim of every queue takes the oldest jobs first, so the
+    # archiver's job (due now) would wait behind all of it but for its own slot.
+    conn.execute(
+        "INSERT INTO jobtui.job (type, queue, payload, run_at)"
+        " SELECT 'brief', 'default', '{\"sleep\": 0.5}', now() - interval '1 hour' FROM generate_series(1, 200)"
+    )
+    env = {**os.environ, "JOBTUI_DSN": dsn, "PYTHONUNBUFFERED": "1"}
+    env.pop("DATABASE_URL", None)
+    worker = WorkerProcess("E", ["--concurrency", "1", "--poll", "0.2s"], env, tmp_path / "E.log", app=WORKER_APP)
+    try:
+        worker.wait_started()
+        assert jobtui(dsn, "schedule", "run-now", ARCHIVE_TYPE).returncode == 0
+        archived = f"SELECT count(*) FROM jobtui.job WHERE type = '{ARCHIVE_TYPE}' AND status = 'done'"
+        wait_until(lambda: count(conn, archived) >= 1, 20, "the archiver's job done", worker.log)
+        assert count(conn, "SELECT count(*) FROM jobtui.job WHERE type = 'brief' AND status = 'ready'") > 100
+        assert "every queue x 1, jobtui.builtin x 1" in worker.log()
+    finally:
+        worker.kill()
