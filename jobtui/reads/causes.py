@@ -51,6 +51,10 @@ NOT_CLAIMING_MIN = 5.0
 SLOW = 2.0
 # A lease expiry counts toward a crash loop as long as why.py reads them back.
 CRASH_MINUTES = round(EXPIRY_WINDOW / 60)
+# Workers lost together (one host, one kill) have their leases reaped within about a lease
+# of one another. Expiries of other jobs on several workers this far apart came back after a
+# restart: the type kills what runs it. (The same job expiring again says so sooner.)
+CRASH_SPREAD = 120.0
 # A limit or a rate suggested drains the backlog in this many minutes besides the arrivals.
 DRAIN_MINUTES = 15
 
@@ -382,9 +386,12 @@ def unhandled_here(s: Scene, queue: str, job_type: str) -> Cause | None:
 
 
 def crash_loop(s: Scene, job_type: str) -> Cause | None:
-    """Jobs of `job_type` keep ending in lease expiries: the same jobs again, or on several workers."""
+    """Jobs of `job_type` keep ending in lease expiries: the same jobs again, or on several
+    workers at moments far apart. Workers that died together, once, are lost, not looping."""
     e = s.expiries.get(job_type)
-    if e is None or e.expiries < 2 or (e.jobs >= e.expiries and e.workers < 2):
+    if e is None or e.expiries < 2:
+        return None
+    if e.jobs >= e.expiries and (e.workers < 2 or e.first_ago - e.latest_ago < CRASH_SPREAD):
         return None
     evidence = [f"{plural(e.expiries, 'lease expiry', 'lease expiries')} of {plural(e.jobs, 'job')} in the last"
                 f" {CRASH_MINUTES} min, on {plural(e.workers, 'worker')} ({names(e.worker_names)}), the latest"

@@ -84,6 +84,7 @@ class Expiries:
     workers: int
     worker_names: list[str]
     latest_ago: float
+    first_ago: float
     dead: int
 
 
@@ -180,6 +181,7 @@ def _facts(rows: list[list[Row]], scan: int) -> Facts:
                 int(r["workers"]),
                 list(r["worker_names"] or []),
                 float(r["latest_ago"]),
+                float(r["first_ago"]),
                 int(r["dead"]),
             )
             for r in expiry_rows

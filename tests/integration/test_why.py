@@ -251,6 +251,21 @@ def test_a_handler_that_kills_its_worker_is_a_crash_loop(db: Conn, spawn: Spawn,
     assert subject(why(capsys, app_dsn)[1], "type", "crash") is None
 
 
+def test_workers_killed_together_are_lost_not_a_crash_loop(
+    db: Conn, spawn: Spawn, app_dsn: str, capsys: Capsys
+) -> None:
+    spawn("R", "--queues", "other=1", *POLL, lease="1s")  # serves something else; its reaper returns the leases
+    victims = [spawn(name, *POLL, lease="1s") for name in ("K1", "K2")]
+    jobs = [enqueue(db, "nap", {"sleep": 60}) for _ in range(2)]
+    wait_until(lambda: set(statuses(db, jobs).values()) == {"running"}, 15, "both naps running")
+    for victim in victims:  # one host lost: both at once, each dying once
+        victim.signal(signal.SIGKILL)
+    expired = "SELECT count(*) FROM jobtui.lease_expiry WHERE job_type = 'nap'"
+    wait_until(lambda: db.execute(expired).fetchone() == (2,), 15, "both leases reaped")
+    d = until_why(capsys, app_dsn, lambda d: "workers_lost" in causes(d, "queue", "default"), 15, "the lost workers")
+    assert "crash_loop" not in causes(d, "type", "nap") + causes(d, "queue", "default")
+
+
 def test_a_live_worker_whose_claims_wait_on_a_lock(db: Conn, spawn: Spawn, app_dsn: str, capsys: Capsys) -> None:
     w = spawn("W", *POLL)
     # Due in 2 s: by then the claims cannot take them.

@@ -254,7 +254,7 @@ def facts() -> Facts:
             RunTime(False, "default", "email.send", 220, 0.3, 1.4),
             RunTime(True, "reports", "report.build", 12, 60.0, 80.0),
         ],
-        expiries=[Expiries("image.resize", 2, 1, 2, ["render-2", "worker-c"], 300.0, 1)],
+        expiries=[Expiries("image.resize", 2, 1, 2, ["render-2", "worker-c"], 300.0, 420.0, 1)],
         pauses=[
             Pause("queue", "emails", "ops@bastion", 320.0, 812, "ops@bastion"),
             Pause("type", "sms.send", "ops@bastion", 320.0, 813, "ops@bastion"),

@@ -14,7 +14,7 @@ from jobtui.reads.fleet import Fleet
 from jobtui.reads.metrics import RunningGroup
 from jobtui.reads.overview import QueueLine
 from jobtui.reads.scene import Scene
-from jobtui.reads.why import Facts, Running, Waiting
+from jobtui.reads.why import Expiries, Facts, Running, Waiting
 from tests.tui import fixtures as fx
 
 
@@ -119,3 +119,16 @@ def test_the_database_not_answering_is_all_it_says() -> None:
     told = list(text_of(d))
     assert told[:3] == ["  CRIT: the database is not answering", "      connection refused",
                         "      the figures shown are 12s old"]  # fmt: skip
+
+
+def test_expiries_of_other_jobs_on_several_workers_are_a_crash_loop_only_when_far_apart() -> None:
+    worker = fx.process("w1", "worker", "h", 1, every_queue=10, types=["image.resize"])
+
+    def named(first_ago: float) -> list[str]:
+        expiries = Expiries("image.resize", 2, 2, 2, ["a", "b"], 30.0, first_ago, 0)
+        facts = Facts(expiries=[expiries])
+        lines = [line("queue", "default", 5), line("type", "image.resize", 5)]
+        return causes(diagnose(scene(lines, Fleet([worker]), facts)), "type", "image.resize")
+
+    assert "crash_loop" not in named(40.0)  # two workers lost together
+    assert "crash_loop" in named(400.0)  # lost again after a restart, on other jobs

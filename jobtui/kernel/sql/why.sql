@@ -75,11 +75,12 @@ FROM earlier WHERE took IS NOT NULL GROUP BY queue, type;
 -- name: why_expiries
 -- The lease expiries of the last %(window)s seconds (at most the newest %(most)s), by job
 -- type: how many, of how many jobs, on how many workers (the first five named), how long ago
--- the latest, how many made their job dead. A type whose jobs expire again and again, or on
--- several workers, kills the workers that run it.
+-- the latest and the first, how many made their job dead. A type whose jobs expire again and
+-- again, or on several workers at moments far apart, kills the workers that run it.
 SELECT job_type AS type, count(*) AS expiries, count(DISTINCT job_id) AS jobs, count(DISTINCT worker) AS workers,
        (array_agg(DISTINCT worker ORDER BY worker) FILTER (WHERE worker IS NOT NULL))[1:5] AS worker_names,
        extract(epoch FROM now() - max(reaped_at))::float8 AS latest_ago,
+       extract(epoch FROM now() - min(reaped_at))::float8 AS first_ago,
        count(*) FILTER (WHERE outcome = 'dead') AS dead
 FROM (SELECT job_id, job_type, worker, reaped_at, outcome FROM {schema}.lease_expiry
       WHERE reaped_at > now() - make_interval(secs => %(window)s)
