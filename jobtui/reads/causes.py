@@ -227,6 +227,12 @@ def saturated(s: Scene, queue: str) -> Cause | None:
         return None
     busy = names([f"{p.name} {s.busy(p, queue)}/{p.slots_for(queue)}" for p in servers])
     evidence = [f"all {plural(capacity, 'slot')} serving queue {queue} are busy: {busy}"]
+    if stuck := [p for p in servers if s.held_beyond(p)]:
+        evidence.append(
+            names([f"{p.name} holds {plural(s.held_beyond(p), 'slot')}" for p in stuck])
+            + " for sync handlers that run on in their threads after their jobs were cancelled or their leases"
+            " lost; a restart frees them, and --executor process stops such handlers"
+        )
     now, hour = s.run_time("queue", queue, True), s.run_time("queue", queue, False)
     running = s.running_age(queue)
     took = now[0] if now else None
@@ -263,6 +269,12 @@ def saturated(s: Scene, queue: str) -> Cause | None:
     line = s.line("queue", queue)
     ahead = s.forecast("queue", queue, line.due if line is not None else 0)
     level = "crit" if ahead.state in ("growing", "stalled") else "warn"
+    if stuck:
+        figures["slots_held_beyond_jobs"] = {p.name: s.held_beyond(p) for p in stuck}
+        return Cause("saturated", ("queue", queue), f"every slot serving queue {queue} is busy", level,
+                     tuple(evidence), "restart the worker to free the slots its handlers hold (9, then x); meanwhile "
+                     + action, key="9 x", command=f"jobtui workers stop {quote(stuck[0].name)}", goto="workers",
+                     figures=figures)  # fmt: skip
     return Cause("saturated", ("queue", queue), f"every slot serving queue {queue} is busy", level, tuple(evidence),
                  action, goto="workers", figures=figures)  # fmt: skip
 
