@@ -75,6 +75,22 @@ def rate_text(rate: float | None) -> str:
     raise AssertionError("unreachable")
 
 
+def rate_at_least(rate: float) -> float:
+    """The lowest rate of at least `rate` (and of MIN_RATE) that `rate_text` shows exactly, in
+    the unit it shows it in: a rate suggested as text that the same command takes back.
+
+    >>> rate_text(rate_at_least(1 / 60)), rate_text(rate_at_least(0.0123)), rate_text(rate_at_least(12.34))
+    ('1/min', '44.3/h', '12.4/s')
+    """
+    rate = max(rate, MIN_RATE)
+    for per in (1.0, 60.0, 3600.0):
+        value = rate * per
+        if value >= 1 or per == 3600.0:
+            step = 1.0 if value >= 100 else 0.1
+            return math.ceil(round(value / step, 6)) * step / per
+    raise AssertionError("unreachable")
+
+
 def _number(value: float) -> str:
     rounded = round(value, 1) if value < 100 else round(value)
     return f"{rounded:,.0f}" if float(rounded).is_integer() else f"{rounded:,.1f}"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from shlex import quote
 from typing import Any
 
-from jobtui.kernel.rates import rate_text
+from jobtui.kernel.rates import rate_at_least, rate_text
 from jobtui.reads.fleet import Process
 from jobtui.reads.metrics import TURN_KINDS
 from jobtui.reads.scene import Key, Scene, names, plural, secs
@@ -344,7 +344,7 @@ def rated(s: Scene, kind: str, name: str) -> Cause | None:
             f"{pace.enqueued:,.0f}/min enqueued, {pace.done:,.0f}/min done over the last {secs(pace.window)}"
         )
     wanted = max(now * 1.5, (arrivals + line.due / DRAIN_MINUTES) / 60.0)
-    wanted = round(wanted, 1) if wanted < 10 else float(math.ceil(wanted))
+    wanted = rate_at_least(wanted) if wanted < 10 else float(math.ceil(wanted))
     action = (f"raise the rate to {rate_text(wanted)} (7, then t on its line): it keeps up"
               f"{' with the arrivals' if pace is not None else ''} and drains the {line.due:,} due in"
               f" ~{DRAIN_MINUTES} min, if what it protects allows")  # fmt: skip
