@@ -22,8 +22,8 @@ from jobtui.kernel.safetext import line, quote
 from jobtui.kernel.sizes import size_text
 from jobtui.kernel.version import installed_version
 from jobtui.reads.fleet import Fleet, Holder, Process, findings, holders, read_fleet
-from jobtui.reads.metrics import running_groups_call
-from jobtui.reads.overview import overview
+from jobtui.reads.metrics import QueueLocked, RunningGroup, queue_locked, read_transaction, running_groups_call
+from jobtui.reads.overview import QueueLine, overview
 from jobtui.tui.render import age
 
 STATES = ("running", "quiet", "stopping", "lost")
@@ -105,10 +105,20 @@ def holder_line(h: Holder) -> str:
 
 
 def cmd_list(args: argparse.Namespace, dsn: str) -> int:
+    locked: str | None = None
+    groups: list[RunningGroup] = []
+    lines: list[QueueLine] = []
     with connect(dsn, autocommit=True, pooler=args.pooler) as conn:
         fleet = read_fleet(conn, args.schema)
-        groups = run(conn, running_groups_call(), args.schema)
-        lines = overview(conn, args.schema).lines
+        try:
+            # The job table's reads wait for a lock no longer than the console's do: the
+            # fleet's own table is read, and shown, whatever holds the job table.
+            with queue_locked(conn, args.schema):
+                with read_transaction(conn, args.schema):
+                    groups = run(conn, running_groups_call(), args.schema)
+                lines = overview(conn, args.schema).lines
+        except QueueLocked as exc:
+            locked = str(exc)
     held = holders(fleet, groups)
     found = findings(fleet, lines, held)
     processes = shown(fleet, args)
@@ -117,6 +127,7 @@ def cmd_list(args: argparse.Namespace, dsn: str) -> int:
             "processes": [{**p._asdict(), "status": p.status, "asked": p.asked} for p in processes],
             "lease_holders_without_a_live_row": [asdict(h) for h in held],
             "findings": [asdict(f) for f in found],
+            "job_table_locked": locked,
         }
         print_json(out)
         return 0
@@ -125,6 +136,8 @@ def cmd_list(args: argparse.Namespace, dsn: str) -> int:
         console.print(fleet_table(processes))
     else:
         console.print("no process of the fleet matches" if fleet.processes else "no process is registered")
+    if locked is not None:
+        console.print(Text(line(f"{locked}: the leases held and the findings were not read"), style="bold red"))
     for finding in found:
         console.print(Text(line(finding.text), style="bold red" if finding.level == "crit" else "dark_orange"))
     unregistered = [h for h in held if not h.lost]
@@ -135,7 +148,7 @@ def cmd_list(args: argparse.Namespace, dsn: str) -> int:
         )
         for h in held:
             console.print(holder_line(h))
-    elif not fleet.processes and not unregistered:
+    elif not fleet.processes and not unregistered and locked is None:
         console.print(f"(workers of jobtui before {installed_version()} do not register: they show by their leases)")
     return 0
 

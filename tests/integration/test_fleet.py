@@ -236,3 +236,22 @@ def test_a_bad_open_is_one_line_and_exit_code_2() -> None:
     )  # fmt: skip
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and "job:ID, ID a whole number" in done.stderr, done.stderr
+
+
+def test_the_fleet_shows_while_the_job_table_is_locked_and_says_what_it_could_not_read(
+    db: Conn, app_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.integration.test_fleet_reads import register
+
+    register(db, "w-locked", every_queue=4, types=["nap"])
+    with psycopg.connect(app_dsn) as holder:
+        holder.execute("LOCK TABLE jobtui.job IN ACCESS EXCLUSIVE MODE")  # an ALTER TABLE, a VACUUM FULL
+        code, out, err = cli(capsys, app_dsn, "workers", "--json")
+        assert code == 0, err
+        listed = json.loads(out)
+        assert [p["name"] for p in listed["processes"]] == ["w-locked"]
+        assert "stayed locked" in listed["job_table_locked"]
+        code, out, err = cli(capsys, app_dsn, "workers")
+        assert code == 0 and "w-locked" in out and "the leases held and the findings were not read" in out, out
+    code, out, _ = cli(capsys, app_dsn, "workers", "--json")
+    assert json.loads(out)["job_table_locked"] is None
