@@ -4,6 +4,11 @@
 -- Named blocks (`-- name: NAME`), loaded with every other file of this folder by
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;
 -- values are always bound parameters; time is always the database's now().
+--
+-- A lookup by id writes its status fence as `(j.status = 'ready') IS TRUE`: the same test
+-- (status is never NULL) in a form that no partial index's predicate answers. Written plainly,
+-- statistics from before a burst make the planner take that status's index for a few rows,
+-- and read all of it filtering by id, where the primary key finds each row.
 
 -- fragment: action_requeue_set
 -- An operator's requeue of a job `j` of the job table: back to ready now with a fresh set of
@@ -18,7 +23,7 @@ errors = (j.errors || jsonb_build_array(jsonb_build_object(
 -- Operator: dead or failed jobs back to ready now with a fresh set of attempts.
 UPDATE {schema}.job AS j
 SET {action_requeue_set}
-WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status IN ('dead', 'failed')
+WHERE j.id = ANY(%(ids)s::bigint[]) AND (j.status IN ('dead', 'failed')) IS TRUE
 RETURNING j.id;
 
 -- name: action_dead_group_requeue
@@ -27,7 +32,7 @@ RETURNING j.id;
 -- since (requeued, cancelled, or dead again with another error) is left alone.
 UPDATE {schema}.job AS j
 SET {action_requeue_set}
-WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = %(status)s AND j.type = %(type)s
+WHERE j.id = ANY(%(ids)s::bigint[]) AND (j.status = %(status)s) IS TRUE AND j.type = %(type)s
   AND j.error_fingerprint IS NOT DISTINCT FROM %(fingerprint)s
 RETURNING j.id;
 
@@ -74,7 +79,7 @@ WITH cancelled AS (
                      'at', now(), 'started', j.started_at, 'attempt', j.attempts, 'worker', j.locked_by,
                      'kind', 'cancelled', 'error', format('cancelled by %%s', %(actor)s::text))))
                  - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
-    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status IN ('ready', 'running')
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND (j.status IN ('ready', 'running')) IS TRUE
     RETURNING j.id, j.locked_by
 )
 SELECT id, CASE WHEN locked_by IS NOT NULL

@@ -4,6 +4,11 @@
 -- Named blocks (`-- name: NAME`), loaded with every other file of this folder by
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;
 -- values are always bound parameters; time is always the database's now().
+--
+-- A lookup by id writes its status fence as `(j.status = 'ready') IS TRUE`: the same test
+-- (status is never NULL) in a form that no partial index's predicate answers. Written plainly,
+-- statistics from before a burst make the planner take that status's index for a few rows,
+-- and read all of it filtering by id, where the primary key finds each row.
 
 -- name: bulk_mark
 -- Where a count begins (bulk.py's Mark): the database's now() and the newest job's id. A run
@@ -87,7 +92,7 @@ candidates AS (
     LIMIT %(batch)s
 ), picked AS (
     SELECT j.id FROM {schema}.job AS j
-    WHERE j.id IN (SELECT id FROM candidates) AND j.status IN ('dead', 'failed')
+    WHERE j.id IN (SELECT id FROM candidates) AND (j.status IN ('dead', 'failed')) IS TRUE
     FOR UPDATE SKIP LOCKED
 )
 
@@ -107,7 +112,7 @@ WITH run AS ({bulk_run_locked}), {bulk_finished_picked}, moved AS (
                      'kind', 'requeued',
                      'error', format('requeued from %%s by %%s (bulk run %%s)', j.status, %(actor)s::text, %(run)s))))
                  - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
-    WHERE j.id IN (SELECT id FROM picked) AND j.status IN ('dead', 'failed')
+    WHERE j.id IN (SELECT id FROM picked) AND (j.status IN ('dead', 'failed')) IS TRUE
     RETURNING j.id
 ), progress AS ({bulk_progress})
 SELECT {bulk_batch_columns},
@@ -118,7 +123,7 @@ SELECT {bulk_batch_columns},
 -- recorded effects go with the archiver's pruning.
 WITH run AS ({bulk_run_locked}), {bulk_finished_picked}, moved AS (
     DELETE FROM {schema}.job AS j
-    WHERE j.id IN (SELECT id FROM picked) AND j.status IN ('dead', 'failed')
+    WHERE j.id IN (SELECT id FROM picked) AND (j.status IN ('dead', 'failed')) IS TRUE
     RETURNING j.id
 ), progress AS ({bulk_progress})
 SELECT {bulk_batch_columns};
@@ -137,7 +142,7 @@ WITH run AS ({bulk_run_locked}), candidates AS (
     LIMIT %(batch)s
 ), picked AS (
     SELECT j.id FROM {schema}.job AS j
-    WHERE j.id IN (SELECT id FROM candidates) AND j.status IN ('ready', 'running')
+    WHERE j.id IN (SELECT id FROM candidates) AND (j.status IN ('ready', 'running')) IS TRUE
     FOR UPDATE SKIP LOCKED
 ), moved AS (
     UPDATE {schema}.job AS j
@@ -147,7 +152,7 @@ WITH run AS ({bulk_run_locked}), candidates AS (
                      'at', now(), 'started', j.started_at, 'attempt', j.attempts, 'worker', j.locked_by,
                      'kind', 'cancelled', 'error', format('cancelled by %%s (bulk run %%s)', %(actor)s::text, %(run)s))))
                  - CASE WHEN jsonb_array_length(j.errors) >= 50 THEN 0 ELSE 1000 END
-    WHERE j.id IN (SELECT id FROM picked) AND j.status IN ('ready', 'running')
+    WHERE j.id IN (SELECT id FROM picked) AND (j.status IN ('ready', 'running')) IS TRUE
     RETURNING j.id, CASE WHEN j.locked_by IS NOT NULL THEN pg_notify(%(channel)s::text, 'cancel ' || j.id) END AS told
 ), progress AS ({bulk_progress})
 SELECT {bulk_batch_columns};

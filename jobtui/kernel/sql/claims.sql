@@ -6,6 +6,11 @@
 -- Named blocks (`-- name: NAME`), loaded with every other file of this folder by
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;
 -- values are always bound parameters; time is always the database's now().
+--
+-- A lookup by id writes its status fence as `(j.status = 'ready') IS TRUE`: the same test
+-- (status is never NULL) in a form that no partial index's predicate answers. Written plainly,
+-- statistics from before a burst make the planner take that status's index for a few rows,
+-- and read all of it filtering by id, where the primary key finds each row.
 
 -- fragment: claim_started
 -- What a claim sets on each job it takes (claim_take, claim_take_builtin): running, its next
@@ -44,7 +49,7 @@ SET status = 'running',
 UPDATE {schema}.job AS j
 {claim_started}
 WHERE j.id = ANY((SELECT {schema}.claim_pick(%(queue)s::text, %(types)s::text[], %(limit)s::int))::bigint[])
-  AND j.status = 'ready'
+  AND (j.status = 'ready') IS TRUE
 RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_token,
           j.locked_until, j.created_at, j.run_at, j.uncounted, j.meta::text, j.queue;
 
@@ -67,7 +72,7 @@ WHERE j.id = ANY(ARRAY(
         ORDER BY run_at, id
         LIMIT %(limit)s::int
         FOR UPDATE SKIP LOCKED))
-  AND j.status = 'ready'
+  AND (j.status = 'ready') IS TRUE
 RETURNING j.id, j.type, j.payload::text, j.attempts, j.max_attempts, j.lease_token,
           j.locked_until, j.created_at, j.run_at, j.uncounted, j.meta::text, j.queue;
 

@@ -4,6 +4,11 @@
 -- Named blocks (`-- name: NAME`), loaded with every other file of this folder by
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;
 -- values are always bound parameters; time is always the database's now().
+--
+-- A lookup by id writes its status fence as `(j.status = 'ready') IS TRUE`: the same test
+-- (status is never NULL) in a form that no partial index's predicate answers. Written plainly,
+-- statistics from before a burst make the planner take that status's index for a few rows,
+-- and read all of it filtering by id, where the primary key finds each row.
 
 -- name: joblist_running
 -- Running jobs for the console: oldest lease first, expired leases included; a page at a
@@ -42,7 +47,7 @@ SELECT (SELECT count(*) FROM head) > %(scan)s AS cut, j.id, j.type, j.attempts, 
        extract(epoch FROM now() - j.run_at) AS waiting, extract(epoch FROM now() - j.created_at) AS age,
        coalesce(split_part(j.last_error, E'\n', 1), '') AS last_error
 FROM (SELECT 1) AS one
-LEFT JOIN LATERAL (SELECT * FROM {schema}.job WHERE id IN (SELECT id FROM picked) AND status = 'ready') AS j ON true
+LEFT JOIN LATERAL (SELECT * FROM {schema}.job WHERE id IN (SELECT id FROM picked) AND (status = 'ready') IS TRUE) AS j ON true
 ORDER BY j.run_at, j.id;
 
 -- name: joblist_dead_group
