@@ -57,6 +57,9 @@ PRUNE_AFTER = 3600.0
 PRUNE_MOST = 500
 # How long a clean exit waits for its row's deletion before leaving it to be found lost.
 LEAVE_TIMEOUT = 5.0
+# The most characters of a process's name the fleet keeps (a worker's id is checked against
+# it, so that its row and its leases name it alike).
+MAX_NAME = 200
 # Refreshes that hints bring are at least this far apart: a flood of forged notifications
 # costs each process at most a few small UPDATEs of its own row a second.
 HINT_GAP = 0.2
@@ -135,7 +138,7 @@ def resident_bytes() -> int | None:
 
 def register_call(member: Member, status: Status) -> Call[tuple[int, Answer]]:
     params = {
-        "name": check_text(member.name, "process name")[:200],
+        "name": check_text(member.name, "process name")[:MAX_NAME],
         "kind": member.kind,
         "host": member.host[:255],
         "pid": member.pid,

@@ -10,8 +10,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from jobtui.core.maintenance import ARCHIVE_TYPE, BUILTIN_TYPES, Retention, with_builtins
+from jobtui.core.members import MAX_NAME
 from jobtui.core.middleware import prepared
 from jobtui.core.registry import Jobs, check_executor
+from jobtui.kernel.checks import check_text
 from jobtui.kernel.db import DEAD_SOCKET_SECONDS, check_dsn
 from jobtui.kernel.domain import DEFAULT_LEASE_SECONDS, DEFAULT_SCHEMA
 from jobtui.kernel.errors import InvalidInput
@@ -91,6 +93,8 @@ class WorkerSettings:
             concurrency=self.concurrency, queues=self.queues, lease=self.lease, poll_interval=self.poll_interval
         )
         check_children(self.executor, self.max_jobs_per_child, self.max_memory_per_child)
+        if self.worker_id is not None:
+            check_worker_id(self.worker_id)
         if self.listen_dsn:
             check_dsn(self.listen_dsn)
 
@@ -100,7 +104,17 @@ class WorkerSettings:
 
 
 def default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """host:pid, the host cut to keep it within MAX_NAME."""
+    pid = f":{os.getpid()}"
+    return socket.gethostname()[: MAX_NAME - len(pid)] + pid
+
+
+def check_worker_id(worker_id: str) -> str:
+    """`worker_id` if the fleet's row and the leases can both carry it whole."""
+    check_text(worker_id, "worker id")
+    if not worker_id or len(worker_id) > MAX_NAME:
+        raise InvalidInput(f"a worker id is 1 to {MAX_NAME} characters (the fleet's name), got {len(worker_id)}")
+    return worker_id
 
 
 def check_settings(*, concurrency: int, queues: Mapping[str, int] | None, lease: float, poll_interval: float) -> None:
