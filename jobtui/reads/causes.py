@@ -49,6 +49,9 @@ NOT_CLAIMING_POLLS = 10
 NOT_CLAIMING_MIN = 5.0
 # A claim running longer than this, or a lock waited for this long, holds the claims up.
 SLOW = 2.0
+# A turn at a limit's or a rate's lock lasts one claim's transaction, milliseconds: waited
+# this long, something else holds that lock (a session left open on a bucket's row).
+TURN_STUCK = 5.0
 # A lease expiry counts toward a crash loop as long as why.py reads them back.
 CRASH_MINUTES = round(EXPIRY_WINDOW / 60)
 # Workers lost together (one host, one kill) have their leases reaped within about a lease
@@ -426,9 +429,14 @@ def crash_loop(s: Scene, job_type: str) -> Cause | None:
 
 
 def database(s: Scene) -> Cause | None:
-    """Sessions wait for locks on jobtui's tables (not a limit's or a rate's turn), or claims run slow."""
+    """Sessions wait for locks on jobtui's tables (a limit's or a rate's turn only when it has
+    lasted past TURN_STUCK), or claims run slow."""
     snap, claims = s.snap, s.facts.claims
-    alarming = {k: n for k, n in snap.lock_waits_by_kind.items() if n and k not in TURN_KINDS}
+    alarming = {
+        k: n
+        for k, n in snap.lock_waits_by_kind.items()
+        if n and (k not in TURN_KINDS or snap.longest_lock_wait_by_kind.get(k, 0.0) >= TURN_STUCK)
+    }
     longest = max((snap.longest_lock_wait_by_kind.get(k, 0.0) for k in alarming), default=0.0)
     locked = bool(alarming) and longest >= SLOW
     slow = claims.claims > 0 and claims.longest >= SLOW and (bool(alarming) or claims.waiting == 0)

@@ -288,6 +288,23 @@ def test_slots_held_by_cancelled_sync_handlers_are_busy_not_a_worker_that_stoppe
     assert "worker_not_claiming" not in causes(d, "queue", "default")
 
 
+def test_a_session_holding_a_rates_bucket_is_a_lock_not_the_rate(
+    db: Conn, spawn: Spawn, app_dsn: str, capsys: Capsys
+) -> None:
+    with psycopg.connect(app_dsn) as conn:
+        queues.set_rate(conn, "type", "quick", 100.0, actor="ops@test")
+    spawn("B", *POLL)
+    with psycopg.connect(app_dsn) as holder:
+        # A session left open on the bucket's row: every claim of the type waits behind it.
+        holder.execute("SELECT * FROM jobtui.rate_bucket FOR UPDATE")
+        for _ in range(300):
+            enqueue(db, "quick", {})
+        d = until_why(capsys, app_dsn, lambda d: causes(d, "type", "quick")[:1] == ["database"], 30, "the lock named")
+        cause = first(d, "type", "quick")
+        assert "rate_limit" in cause["figures"]["lock_waits"], cause
+        assert cause["figures"]["longest_lock_wait_seconds"] >= 5, cause
+
+
 def test_a_live_worker_whose_claims_wait_on_a_lock(db: Conn, spawn: Spawn, app_dsn: str, capsys: Capsys) -> None:
     w = spawn("W", *POLL)
     # Due in 2 s: by then the claims cannot take them.
