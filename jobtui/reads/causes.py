@@ -366,9 +366,12 @@ def rated(s: Scene, kind: str, name: str) -> Cause | None:
 
 
 def unhandled(s: Scene, job_type: str) -> Cause | None:
-    """No live worker's app handles `job_type` (workers of an earlier release not seen)."""
+    """No live worker's app handles `job_type`. A worker of a release before the registry that
+    runs jobs of the type may handle it: then nothing is said, as for a queue (`serving`)."""
     line = s.line("type", job_type)
-    if s.fleet.handling(job_type) or s.unregistered or line is None or line.due <= 0:
+    if s.fleet.handling(job_type) or line is None or line.due <= 0:
+        return None
+    if any(r.worker == h.name and r.type == job_type for h in s.unregistered for r in s.facts.running):
         return None
     if not any(p.claims for p in s.fleet.live):
         return None  # no live worker at all: each queue says so

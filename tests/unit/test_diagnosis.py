@@ -146,3 +146,14 @@ def test_a_slow_rates_suggestion_is_a_rate_the_command_takes_and_no_lower_than_n
         suggested = parse_rate(shlex.split(cause.command)[-1])  # raises on a rate the command refuses
         assert suggested is not None and suggested >= cause.figures["suggested_rate_per_second"] * 0.999
         assert suggested >= max(1.5 * rate, due / 15 / 60), cause.command
+
+
+def test_a_worker_of_an_earlier_release_hides_only_the_types_it_runs() -> None:
+    # old-1 has no row and runs jobs of `t`: it may handle `t`. Nothing says it handles
+    # `orphan`, so that type is still named as one no worker handles.
+    worker = fx.process("w1", "worker", "h", 1, every_queue=4, types=["email.send"])
+    facts = Facts(running=[Running("old-1", "default", "t", 2, 0, 5.0, 3.0)])
+    lines = [line("queue", "default", 8, running=2), line("type", "t", 4, running=2), line("type", "orphan", 4)]
+    d = diagnose(scene(lines, Fleet([worker]), facts, running=[RunningGroup("t", "old-1", 2, 0, 1.0)]))
+    assert "no_handler" not in causes(d, "type", "t")
+    assert "no_handler" in causes(d, "type", "orphan")
