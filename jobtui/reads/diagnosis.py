@@ -176,6 +176,10 @@ class _Memo:
         return self.of("pair", queue, job_type, lambda: [c for c in (causes.unhandled_here(s, queue, job_type),) if c])
 
 
+# Of a queue's causes, those that leave its jobs not due yet unrun once they are due.
+NOT_RUN_WHEN_DUE = frozenset({"no_live_worker", "workers_quiet", "workers_stopping", "workers_lost"})
+
+
 def _subject(memo: _Memo, kind: str, name: str, general: list[Cause]) -> Subject | None:
     s = memo.scene
     line = s.line(kind, name)
@@ -184,9 +188,18 @@ def _subject(memo: _Memo, kind: str, name: str, general: list[Cause]) -> Subject
     found: list[Cause] = []
     if line.due <= 0:
         cause = causes.not_due(s, kind, name)
-        return Subject(
-            kind, name, 0, line.ready, line.running, None, False, s.forecast(kind, name, 0), [cause] if cause else []
+        # Nothing waits yet; but when they come due, will anything run them?
+        later = (
+            [replace(c, level="warn") for c in memo.queue(name) if c.cause in NOT_RUN_WHEN_DUE]
+            if kind == "queue"
+            else []
         )
+        if cause is not None and later:
+            cause = replace(cause, action="they come due by themselves, and nothing will run them then: see below")
+        return Subject(
+            kind, name, 0, line.ready, line.running, None, False, s.forecast(kind, name, 0),
+            ([cause] if cause else []) + later,
+        )  # fmt: skip
     if kind == "queue":
         found += memo.queue(name)
         for job_type, jobs in s.paired("queue", name).items():

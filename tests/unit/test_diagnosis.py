@@ -157,3 +157,16 @@ def test_a_worker_of_an_earlier_release_hides_only_the_types_it_runs() -> None:
     d = diagnose(scene(lines, Fleet([worker]), facts, running=[RunningGroup("t", "old-1", 2, 0, 1.0)]))
     assert "no_handler" not in causes(d, "type", "t")
     assert "no_handler" in causes(d, "type", "orphan")
+
+
+def test_jobs_not_due_in_a_queue_no_worker_serves_say_nothing_will_run_them() -> None:
+    worker = fx.process("w1", "worker", "h", 1, queues={"other": 2}, types=["email.send"])
+    d = diagnose(scene([line("queue", "later", 0, ready=8)], Fleet([worker])))
+    [found] = d.subjects
+    assert [c.cause for c in found.causes] == ["not_due", "no_live_worker"], found
+    assert found.causes[1].level == "warn" and "nothing will run them" in found.causes[0].action
+    assert d.waiting  # held for when they come due: why's exit code 1, as for a due backlog
+    served = diagnose(scene([line("queue", "other", 0, ready=3)], Fleet([worker])))
+    [subject] = served.subjects
+    assert [c.cause for c in subject.causes] == ["not_due"]
+    assert subject.causes[0].action == "nothing to do: they come due by themselves"
