@@ -240,10 +240,10 @@ def saturated(s: Scene, queue: str) -> Cause | None:
     running = s.running_age(queue)
     took = now[0] if now else None
     if now and hour:
-        evidence.append(f"its jobs take {secs(now[0])} now ({plural(now[1], 'job')} done in the last 5 min),"
+        evidence.append(f"its jobs take {secs(now[0])} now ({plural(now[1], 'job')} sampled of the last 5 min),"
                         f" {secs(hour[0])} over the hour before ({plural(hour[1], 'job')} sampled)")  # fmt: skip
     elif now:
-        evidence.append(f"its jobs take {secs(now[0])} now ({plural(now[1], 'job')} done in the last 5 min);"
+        evidence.append(f"its jobs take {secs(now[0])} now ({plural(now[1], 'job')} sampled of the last 5 min);"
                         " none sampled in the hour before")  # fmt: skip
     elif running is not None:
         before = f"; {secs(hour[0])} over the hour before ({plural(hour[1], 'job')} sampled)" if hour else ""
