@@ -204,7 +204,10 @@ def not_claiming(s: Scene, queue: str) -> list[Cause]:
             continue
         bound = max(NOT_CLAIMING_MIN, NOT_CLAIMING_POLLS * p.poll)
         free = s.free(p, queue)
-        if p.claim_gap <= bound or free <= 0:
+        # Full by its own count at that refresh, the refresh its claim gap is from: a worker
+        # full of jobs, or of sync handlers that run on in their threads after their jobs were
+        # cancelled or their leases lost (no longer its running rows), does not claim.
+        if p.claim_gap <= bound or free <= 0 or p.in_flight >= p.slots_for(queue):
             continue
         since = "no claim answered since it started" if not p.claimed else "its last answered claim"
         found.append(Cause(
@@ -230,12 +233,6 @@ def saturated(s: Scene, queue: str) -> Cause | None:
         return None
     busy = names([f"{p.name} {s.busy(p, queue)}/{p.slots_for(queue)}" for p in servers])
     evidence = [f"all {plural(capacity, 'slot')} serving queue {queue} are busy: {busy}"]
-    if stuck := [p for p in servers if s.held_beyond(p)]:
-        evidence.append(
-            names([f"{p.name} holds {plural(s.held_beyond(p), 'slot')}" for p in stuck])
-            + " for sync handlers that run on in their threads after their jobs were cancelled or their leases"
-            " lost; a restart frees them, and --executor process stops such handlers"
-        )
     now, hour = s.run_time("queue", queue, True), s.run_time("queue", queue, False)
     running = s.running_age(queue)
     took = now[0] if now else None
@@ -272,12 +269,6 @@ def saturated(s: Scene, queue: str) -> Cause | None:
     line = s.line("queue", queue)
     ahead = s.forecast("queue", queue, line.due if line is not None else 0)
     level = "crit" if ahead.state in ("growing", "stalled") else "warn"
-    if stuck:
-        figures["slots_held_beyond_jobs"] = {p.name: s.held_beyond(p) for p in stuck}
-        return Cause("saturated", ("queue", queue), f"every slot serving queue {queue} is busy", level,
-                     tuple(evidence), "restart the worker to free the slots its handlers hold (9, then x); meanwhile "
-                     + action, key="9 x", command=f"jobtui workers stop {quote(stuck[0].name)}", goto="workers",
-                     figures=figures)  # fmt: skip
     return Cause("saturated", ("queue", queue), f"every slot serving queue {queue} is busy", level, tuple(evidence),
                  action, goto="workers", figures=figures)  # fmt: skip
 

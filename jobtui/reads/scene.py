@@ -115,20 +115,11 @@ class Scene:
 
     def busy(self, p: Process, queue: str) -> int:
         """The jobs `p` runs in the pool that serves `queue`: the queue's own pool, or its pool
-        of every queue (its jobs of the queues it names apart); and the slots it holds beyond
-        its running rows (`held_beyond`), which its row does not place in a pool."""
+        of every queue (its jobs of the queues it names apart)."""
         mine = [r for r in self.facts.running if r.worker == p.name]
         if queue in p.queues:
-            rows = sum(r.jobs for r in mine if r.queue == queue)
-        else:
-            rows = sum(r.jobs for r in mine if r.queue not in p.queues)
-        return rows + min(self.held_beyond(p), max(0, p.slots_for(queue) - rows))
-
-    def held_beyond(self, p: Process) -> int:
-        """Slots `p` held at its last refresh for handlers whose jobs no longer run there: a
-        sync handler in a thread, cancelled or past its lease, runs on until it returns and
-        keeps its slot, though its row is no longer its running job."""
-        return max(0, p.in_flight - sum(r.jobs for r in self.facts.running if r.worker == p.name))
+            return sum(r.jobs for r in mine if r.queue == queue)
+        return sum(r.jobs for r in mine if r.queue not in p.queues)
 
     def free(self, p: Process, queue: str) -> int:
         return max(0, p.slots_for(queue) - self.busy(p, queue))

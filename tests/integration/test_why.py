@@ -266,28 +266,6 @@ def test_workers_killed_together_are_lost_not_a_crash_loop(
     assert "crash_loop" not in causes(d, "type", "nap") + causes(d, "queue", "default")
 
 
-def test_slots_held_by_cancelled_sync_handlers_are_busy_not_a_worker_that_stopped_claiming(
-    db: Conn, spawn: Spawn, app_dsn: str, capsys: Capsys
-) -> None:
-    spawn("T", "--concurrency", "2", "--executor", "thread", *POLL)
-    held = [enqueue(db, "slow_sync", {"sleep": 30, "key": f"held-{i}"}) for i in range(2)]
-    wait_until(lambda: set(statuses(db, held).values()) == {"running"}, 15, "both handlers running")
-    assert main(["--dsn", app_dsn, "cancel", *map(str, held)]) == 0
-    capsys.readouterr()
-    for _ in range(3):
-        enqueue(db, "quick")
-
-    def busy(d: dict[str, Any]) -> bool:
-        found = subject(d, "queue", "default")
-        return found is not None and [c["cause"] for c in found["causes"]][:1] == ["saturated"]
-
-    d = until_why(capsys, app_dsn, busy, 15, "the held slots named")
-    cause = first(d, "queue", "default")
-    assert cause["figures"]["slots_held_beyond_jobs"] == {"T": 2}
-    assert cause["command"] == "jobtui workers stop T"
-    assert "worker_not_claiming" not in causes(d, "queue", "default")
-
-
 def test_a_session_holding_a_rates_bucket_is_a_lock_not_the_rate(
     db: Conn, spawn: Spawn, app_dsn: str, capsys: Capsys
 ) -> None:

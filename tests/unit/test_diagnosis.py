@@ -170,3 +170,16 @@ def test_jobs_not_due_in_a_queue_no_worker_serves_say_nothing_will_run_them() ->
     [subject] = served.subjects
     assert [c.cause for c in subject.causes] == ["not_due"]
     assert subject.causes[0].action == "nothing to do: they come due by themselves"
+
+
+def test_a_worker_full_by_its_own_count_is_not_called_a_worker_that_stopped_claiming() -> None:
+    # At the refresh its claim gap is from, it counted 4 of 4 slots in flight, though none of
+    # its rows runs now: sync handlers running on in their threads after a cancel hold them.
+    full = fx.process("w1", "worker", "h", 1, queues={"bulk": 4}, poll=1.0, claim_gap=42.0, in_flight=4)
+    assert "worker_not_claiming" not in causes(
+        diagnose(scene([line("queue", "bulk", 5)], Fleet([full]))), "queue", "bulk"
+    )
+    room = full._replace(in_flight=3)
+    assert causes(diagnose(scene([line("queue", "bulk", 5)], Fleet([room]))), "queue", "bulk") == [
+        "worker_not_claiming"
+    ]
