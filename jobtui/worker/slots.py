@@ -7,7 +7,7 @@ slots of another on the same worker.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 
 class Slots:
@@ -16,8 +16,10 @@ class Slots:
     A pool is named by its queue; the pool None claims from every queue.
     """
 
-    def __init__(self, sizes: Mapping[str | None, int]) -> None:
+    def __init__(self, sizes: Mapping[str | None, int], polled: Iterable[str | None] = ()) -> None:
         self.sizes = dict(sizes)
+        # Pools whose producers a notification does not wake: they claim once a poll.
+        self.polled = frozenset(polled)
         self.busy = dict.fromkeys(self.sizes, 0)
         self.held = dict.fromkeys(self.sizes, 0)
         # One wake-up per producer: a producer clears its own before claiming, which must not
@@ -52,9 +54,17 @@ class Slots:
             self.kicks[pool].set()
 
     def wake(self) -> None:
-        """Every producer claims again (a notification, a resume, a job that may be ready)."""
+        """Every producer claims again (a resume, a stop, a job that may be ready)."""
         for kick in self.kicks.values():
             kick.set()
+
+    def notified(self) -> None:
+        """A notification (jobs enqueued, a lever changed): the producers claim again, but
+        those of polled pools, whose jobs come a few a minute and would otherwise cost a claim
+        per enqueue."""
+        for pool, kick in self.kicks.items():
+            if pool not in self.polled:
+                kick.set()
 
 
 def describe(sizes: Mapping[str | None, int]) -> str:

@@ -178,7 +178,8 @@ class Worker(Flights):
             # workers serving it run them.
             sizes[BUILTIN_QUEUE] = 1
             self._pool_claims[BUILTIN_QUEUE] = (builtins, BUILTIN_QUEUE)
-        self.slots = Slots(sizes)
+        # jobtui's own jobs come once a minute: their slot polls, woken by no enqueue.
+        self.slots = Slots(sizes, polled=[BUILTIN_QUEUE] if self._builtin_slot else [])
         self.concurrency = self.slots.total
         self.types = selected
         self.timing = settings.timing
@@ -382,7 +383,7 @@ class Worker(Flights):
                 asyncio.create_task(reaper.run(), name="jobtui-reaper"),
             ]
             hinted = partial(self._cancel_hinted, heartbeater)
-            listener = listen(listen_conn, self.slots.wake, hinted, self.poll_interval, presence.hinted)
+            listener = listen(listen_conn, self.slots.notified, hinted, self.poll_interval, presence.hinted)
             background.append(asyncio.create_task(listener, name="jobtui-listen"))
             background.append(asyncio.create_task(presence.run(), name="jobtui-fleet"))
             if self.scheduler is not None:

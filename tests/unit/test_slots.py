@@ -39,3 +39,21 @@ def test_an_outcome_written_wakes_the_producer_only_when_writes_held_its_room() 
         assert slots.room(None) == 1 and not kick.is_set()
 
     asyncio.run(body())
+
+
+def test_a_notification_wakes_every_producer_but_the_polled_builtin_slots() -> None:
+    from jobtui import Jobs, Worker
+    from jobtui.core.maintenance import BUILTIN_QUEUE
+
+    async def body() -> None:
+        # Every worker keeps a slot for jobtui's own jobs, a few a minute: it claims once a
+        # poll, not once per enqueue's notification.
+        worker = Worker(Jobs(), "postgresql://unused.invalid/x", concurrency=3)
+        slots = worker.slots
+        assert slots.sizes == {None: 3, BUILTIN_QUEUE: 1} and slots.polled == {BUILTIN_QUEUE}
+        slots.notified()
+        assert slots.kicks[None].is_set() and not slots.kicks[BUILTIN_QUEUE].is_set()
+        slots.wake()  # a resume, a stop, a job that may be ready again: every producer
+        assert slots.kicks[BUILTIN_QUEUE].is_set()
+
+    asyncio.run(body())
