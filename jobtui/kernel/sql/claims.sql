@@ -7,10 +7,12 @@
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;
 -- values are always bound parameters; time is always the database's now().
 --
--- A lookup by id writes its status fence as `(j.status = 'ready') IS TRUE`: the same test
--- (status is never NULL) in a form that no partial index's predicate answers. Written plainly,
--- statistics from before a burst make the planner take that status's index for a few rows,
--- and read all of it filtering by id, where the primary key finds each row.
+-- A lookup by id of ready, dead or failed jobs writes its status fence as
+-- `(j.status = 'ready') IS TRUE`: the same test (status is never NULL) in a form that no
+-- partial index's predicate answers. Written plainly, statistics from before a burst make the
+-- planner take that status's index for a few rows, and read all of it filtering by id, where
+-- the primary key finds each row. Running jobs' index is bounded by the fleet's slots, so the
+-- outcomes' fences on `running` stay plain.
 
 -- fragment: claim_started
 -- What a claim sets on each job it takes (claim_take, claim_take_builtin): running, its next
@@ -102,7 +104,7 @@ SELECT id, 'held' AS lease FROM held
 UNION ALL
 SELECT j.id, 'cancelled' FROM {schema}.job AS j
 WHERE (SELECT count(*) FROM held) < cardinality(%(ids)s::bigint[])
-  AND j.id = ANY(%(ids)s::bigint[]) AND j.status = 'failed'
+  AND j.id = ANY(%(ids)s::bigint[]) AND (j.status = 'failed') IS TRUE
   AND j.lease_token = (%(leases)s::jsonb ->> j.id::text)::bigint
   AND j.errors -> -1 ->> 'kind' = 'cancelled';
 
