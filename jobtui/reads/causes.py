@@ -345,7 +345,10 @@ def rated(s: Scene, kind: str, name: str) -> Cause | None:
     if ramp_left is not None:
         action = (f"wait: the ramp lets the backlog back in slowly, by design, for {secs(ramp_left)} more; set a rate"
                   " (7, then t) to hold it after")  # fmt: skip
-    command = None if ramp_left is not None else f"jobtui {kind} rate {quote(name)} {rate_text(wanted)}"
+    # The rate as the command takes it: no thousands separator.
+    command = (
+        None if ramp_left is not None else f"jobtui {kind} rate {quote(name)} {rate_text(wanted).replace(',', '')}"
+    )
     return Cause(
         "rate_limit", (kind, name), f"the rate of {rate_text(now)} holds {kind} {name}", "warn", tuple(evidence),
         action, key="7 t", command=command, goto=f"{kind}:{name}",

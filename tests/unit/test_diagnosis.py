@@ -134,11 +134,11 @@ def test_expiries_of_other_jobs_on_several_workers_are_a_crash_loop_only_when_fa
     assert "crash_loop" in named(400.0)  # lost again after a restart, on other jobs
 
 
-def test_a_slow_rates_suggestion_is_a_rate_the_command_takes_and_no_lower_than_needed() -> None:
+def test_a_rates_suggestion_is_a_rate_the_command_takes_and_no_lower_than_needed() -> None:
     from jobtui.kernel.rates import parse_rate
 
     worker = fx.process("w1", "worker", "h", 1, every_queue=10, types=["t1"])
-    for rate, due in ((1 / 60, 10), (1 / 3600, 3), (0.02, 400)):
+    for rate, due in ((1 / 60, 10), (1 / 3600, 3), (0.02, 400), (800.0, 10_000)):
         lines = [line("queue", "default", due), line("type", "t1", due, rate=rate, rate_now=rate)]
         d = diagnose(scene(lines, Fleet([worker])))
         [cause] = [c for c in next(s for s in d.subjects if s.name == "t1").causes if c.cause == "rate_limit"]
