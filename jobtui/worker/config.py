@@ -93,7 +93,7 @@ class WorkerSettings:
             concurrency=self.concurrency, queues=self.queues, lease=self.lease, poll_interval=self.poll_interval
         )
         check_children(self.executor, self.max_jobs_per_child, self.max_memory_per_child)
-        if self.worker_id is not None:
+        if self.worker_id:  # empty (an unset variable in `--id "$ID"`): host:pid
             check_worker_id(self.worker_id)
         if self.listen_dsn:
             check_dsn(self.listen_dsn)
@@ -112,8 +112,8 @@ def default_worker_id() -> str:
 def check_worker_id(worker_id: str) -> str:
     """`worker_id` if the fleet's row and the leases can both carry it whole."""
     check_text(worker_id, "worker id")
-    if not worker_id or len(worker_id) > MAX_NAME:
-        raise InvalidInput(f"a worker id is 1 to {MAX_NAME} characters (the fleet's name), got {len(worker_id)}")
+    if len(worker_id) > MAX_NAME:
+        raise InvalidInput(f"a worker id is at most {MAX_NAME} characters (the fleet's name), got {len(worker_id)}")
     return worker_id
 
 

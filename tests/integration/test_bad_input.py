@@ -604,7 +604,8 @@ def test_json_output_has_no_nan(dsn: str, conn: Conn) -> None:
 
 def test_a_worker_id_longer_than_the_fleet_keeps_is_refused(quiet_dsn: str, quiet: Conn) -> None:
     # Cut to 200 characters in the fleet, whole in its leases, it would hold jobs no row names.
-    user_error(jobtui_process(quiet_dsn, "worker", "--app", APP, "--id", "w" * 201), "a worker id is 1 to 200")
-    with pytest.raises(InvalidInput, match="a worker id is 1 to 200 characters"):
+    user_error(jobtui_process(quiet_dsn, "worker", "--app", APP, "--id", "w" * 201), "a worker id is at most 200")
+    with pytest.raises(InvalidInput, match="a worker id is at most 200 characters"):
         Worker(Jobs(), quiet_dsn, worker_id="w" * 201)
     Worker(Jobs(), quiet_dsn, worker_id="w" * 200)  # the longest the fleet keeps whole
+    assert Worker(Jobs(), quiet_dsn, worker_id="").worker_id.endswith(f":{os.getpid()}")  # `--id "$UNSET"`
