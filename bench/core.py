@@ -253,11 +253,23 @@ class RawLoop:
     label = "raw psycopg, one conn"
 
     def __init__(
-        self, dsn: str, job_type: str = JOB_TYPE, worker: str = WORKER, delete: bool = False, exact: bool = False
+        self,
+        dsn: str,
+        job_type: str = JOB_TYPE,
+        worker: str = WORKER,
+        delete: bool = False,
+        exact: bool = False,
+        overlap: bool = False,
     ) -> None:
         self.conn = psycopg.connect(dsn, autocommit=True)
         # As the worker reads its claims: rows in binary, timestamps in UTC (cheapest to load).
         self.conn.execute("SET TimeZone = 'UTC'")
+        # With `overlap`, the completions' own connection (drain_overlapped), open from the start
+        # as a worker's is, so that its backend's CPU is read from before the drain.
+        self.completing: psycopg.Connection[Any] | None = None
+        if overlap:
+            self.completing = psycopg.connect(dsn, autocommit=True)
+            self.completing.execute("SET TimeZone = 'UTC'")
         self.cur = self.conn.cursor(binary=True)
         self.exact = exact
         self.delete = delete
@@ -308,41 +320,47 @@ class RawLoop:
         while self.cycle(batch):
             pass
 
-    def drain_overlapped(self, dsn: str, batch: int) -> None:
-        """As drain, with the completions on a second connection, written by a thread while
-        the next claim runs, as a worker's producer and completer do: what finished while a
-        completion was written joins the next one."""
+    def drain_overlapped(self, batch: int) -> None:
+        """As drain, with the completions on the second connection (`overlap`), written by a
+        thread while the next claim runs, as a worker's producer and completer do: at most two
+        claims' jobs are held, claimed and not yet completed (a worker holds at most twice its
+        slots), and what was claimed while a completion was written joins the next one."""
         gc.set_threshold(WORKER_GC_THRESHOLD, *gc.get_threshold()[1:])
+        assert self.completing is not None, "RawLoop(overlap=True) opens the completing connection"
+        cur = self.completing.cursor(binary=True)
         claimed: queue.SimpleQueue[list[Any] | None] = queue.SimpleQueue()
+        room = threading.Semaphore(2)
         failed: list[BaseException] = []
 
         def complete() -> None:
+            ended = False
             try:
-                with psycopg.connect(dsn, autocommit=True) as conn:
-                    conn.execute("SET TimeZone = 'UTC'")
-                    cur = conn.cursor(binary=True)
-                    ended = False
-                    while not ended:
-                        rows = claimed.get()
-                        if rows is None:
+                while not ended:
+                    rows = claimed.get()
+                    if rows is None:
+                        break
+                    batches = 1
+                    while True:  # what else was claimed meanwhile joins this write
+                        try:
+                            more = claimed.get_nowait()
+                        except queue.Empty:
                             break
-                        while True:  # what else was claimed meanwhile joins this write
-                            try:
-                                more = claimed.get_nowait()
-                            except queue.Empty:
-                                break
-                            if more is None:
-                                ended = True
-                                break
-                            rows += more
-                        ids = [Int8(r[0]) for r in rows]
-                        leases = "{" + ",".join([f'"{r[0]}":{r[5]}' for r in rows]) + "}"
-                        cur.execute(self.complete, {"ids": ids, "leases": leases})
-                        if len(cur.fetchall()) < len(ids):
-                            cur.execute(self.complete_kept, {"ids": ids, "leases": leases})
-                            cur.fetchall()
+                        if more is None:
+                            ended = True
+                            break
+                        rows += more
+                        batches += 1
+                    ids = [Int8(r[0]) for r in rows]
+                    leases = "{" + ",".join([f'"{r[0]}":{r[5]}' for r in rows]) + "}"
+                    cur.execute(self.complete, {"ids": ids, "leases": leases})
+                    if len(cur.fetchall()) < len(ids):
+                        cur.execute(self.complete_kept, {"ids": ids, "leases": leases})
+                        cur.fetchall()
+                    for _ in range(batches):
+                        room.release()
             except BaseException as exc:  # reported by the claiming thread
                 failed.append(exc)
+                room.release()
 
         completer = threading.Thread(target=complete)
         completer.start()
@@ -352,6 +370,9 @@ class RawLoop:
         }  # fmt: skip
         try:
             while not failed:
+                room.acquire()
+                if failed:
+                    break
                 self.cur.execute(self.claim, params)
                 rows = self.cur.fetchall()
                 if not rows:
@@ -365,6 +386,8 @@ class RawLoop:
 
     def close(self) -> None:
         self.conn.close()
+        if self.completing is not None:
+            self.completing.close()
 
 
 class CoreLoop:

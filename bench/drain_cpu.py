@@ -18,8 +18,9 @@ each round drains --jobs no-op jobs once per configuration, the configurations t
     raw-minimal the same loop with the minimal claim, no lever work (no pause, limit or rate,
                 no queue filter): its gap to raw-exact is the server's lever work
     raw-overlap raw-exact with its completions on a second connection, written by a thread
-                while the next claim runs, as jobtui's producer and completer overlap: its
-                gap to raw-exact is what the overlap costs the server
+                while the next claim runs, as jobtui's producer and completer overlap, at
+                most two claims held uncompleted: its gap to raw-exact is what the overlap
+                costs the server
     NAME        with --tree NAME=PATH, `jobtui worker` processes running the jobtui of the
                 source tree PATH (started in PATH, with PYTHONPATH=PATH): a commit before a
                 change, checked out with `git worktree add`, against the change in one run.
@@ -89,11 +90,12 @@ RAW = ("raw-exact", "raw-minimal", "raw-overlap")
 
 def raw_loop(dsn: str, batch: int, worker: str, delete: bool, config: str) -> None:
     """bench/core.py's raw loop, from a line on stdin until a claim finds nothing."""
-    loop = RawLoop(dsn, job_type=JOB_TYPE, worker=worker, delete=delete, exact=config != "raw-minimal")
+    overlap = config == "raw-overlap"
+    loop = RawLoop(dsn, job_type=JOB_TYPE, worker=worker, delete=delete, exact=config != "raw-minimal", overlap=overlap)
     try:
         sys.stdin.readline()
-        if config == "raw-overlap":
-            loop.drain_overlapped(dsn, batch)
+        if overlap:
+            loop.drain_overlapped(batch)
         else:
             loop.drain(batch)
     finally:
