@@ -125,7 +125,7 @@ def serving(s: Scene, queue: str) -> list[Cause]:
     then nothing is said (the diagnosis says it cannot see them)."""
     if s.fleet.serving(queue):
         return []
-    if any(r.worker == h.name and r.queue == queue for h in s.unregistered for r in s.facts.running):
+    if s.run_by_unregistered(queue=queue):
         return []
     line = s.line("queue", queue)
     due = (
@@ -365,7 +365,7 @@ def unhandled(s: Scene, job_type: str) -> Cause | None:
     line = s.line("type", job_type)
     if s.fleet.handling(job_type) or line is None or line.due <= 0:
         return None
-    if any(r.worker == h.name and r.type == job_type for h in s.unregistered for r in s.facts.running):
+    if s.run_by_unregistered(job_type=job_type):
         return None
     if not any(p.claims for p in s.fleet.live):
         return None  # no live worker at all: each queue says so

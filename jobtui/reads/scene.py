@@ -124,6 +124,15 @@ class Scene:
     def free(self, p: Process, queue: str) -> int:
         return max(0, p.slots_for(queue) - self.busy(p, queue))
 
+    def run_by_unregistered(self, queue: str | None = None, job_type: str | None = None) -> bool:
+        """Whether a worker without a live row (of a release before the registry) runs jobs of
+        `queue`, or of `job_type`: it may serve that queue or handle that type."""
+        names = {h.name for h in self.unregistered}
+        return any(
+            r.worker in names and (queue is None or r.queue == queue) and (job_type is None or r.type == job_type)
+            for r in self.facts.running
+        )
+
     def held_by(self, worker: str, queue: str | None = None) -> list[Running]:
         return [r for r in self.facts.running if r.worker == worker and (queue is None or r.queue == queue)]
 

@@ -5,12 +5,7 @@
 -- jobtui/kernel/db.py. {schema} is the quoted schema name, {channel} its LISTEN channel;
 -- values are always bound parameters; time is always the database's now().
 --
--- A lookup by id of ready, dead or failed jobs writes its status fence as
--- `(j.status = 'ready') IS TRUE`: the same test (status is never NULL) in a form that no
--- partial index's predicate answers. Written plainly, statistics from before a burst make the
--- planner take that status's index for a few rows, and read all of it filtering by id, where
--- the primary key finds each row. Running jobs' index is bounded by the fleet's slots, so the
--- outcomes' fences on `running` stay plain.
+-- Status fences in lookups by id are written `(j.status = ...) IS TRUE`: claims.sql says why.
 
 -- name: joblist_running
 -- Running jobs for the console: oldest lease first, expired leases included; a page at a
